@@ -1,0 +1,99 @@
+// common.h — the error-check vocabulary, dtype helpers and small macros both backends share.
+//
+// Every failure the engine can detect becomes a brrr::Error carrying "file:line: message";
+// bindings.cpp turns it into a Python exception, so nothing here ever aborts the process.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#if defined(__CUDACC__)
+#define BRRR_HOST_DEVICE __host__ __device__
+#else
+#define BRRR_HOST_DEVICE
+#endif
+
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+
+namespace brrr {
+
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+// An allocation the device or host could not satisfy; bindings map it to MemoryError.
+struct OutOfMemory : Error {
+    using Error::Error;
+};
+
+inline std::string where(const char* file, int line) {
+    const char* base = std::strrchr(file, '/');
+    std::ostringstream s;
+    s << (base ? base + 1 : file) << ":" << line << ": ";
+    return s.str();
+}
+
+}  // namespace brrr
+
+// BRRR_CHECK(cond, "message " << value): throws brrr::Error with file:line when cond is false.
+#define BRRR_CHECK(cond, msg)                                               \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            std::ostringstream brrr_os_;                                    \
+            brrr_os_ << brrr::where(__FILE__, __LINE__) << msg;             \
+            throw brrr::Error(brrr_os_.str());                              \
+        }                                                                   \
+    } while (0)
+
+#define BRRR_FAIL(msg) BRRR_CHECK(false, msg)
+
+namespace brrr {
+
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
+
+inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+inline const char* dtype_name(DType t) {
+    return t == DType::F32 ? "f32" : t == DType::F16 ? "f16" : "bf16";
+}
+
+// bf16 is the top half of an fp32; round to nearest even on the way down.
+BRRR_HOST_DEVICE inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+BRRR_HOST_DEVICE inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+// IEEE half -> float without relying on F16C (the SIMD kernels use F16C where present).
+inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else {  // subnormal: renormalize
+            int e = -1;
+            do { mant <<= 1; ++e; } while (!(mant & 0x400u));
+            u = sign | (uint32_t)(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | mant << 13;
+    } else {
+        u = sign | (exp + 127 - 15) << 23 | mant << 13;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+}  // namespace brrr
