@@ -88,22 +88,26 @@ class BuildExtWithCuda(build_ext):
             return list(pool.map(one, CUDA_SOURCES))
 
 
-def cuda_link_args():
+def cuda_paths():
+    """(include dirs, library dirs, libraries) for the host-compiled sources when CUDA is on."""
     if not NVCC:
-        return [], []
-    cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(NVCC)))
-    lib_dirs = [d for d in (os.path.join(cuda_home, "lib64"),
-                            os.path.join(cuda_home, "targets", "x86_64-linux", "lib"))
-                if os.path.isdir(d)]
-    return lib_dirs, ["cudart_static", "rt", "dl", "pthread"]
+        return [], [], []
+    cuda_home = os.environ.get("CUDA_HOME") or os.path.dirname(os.path.dirname(os.path.realpath(NVCC)))
+    if not os.path.exists(os.path.join(cuda_home, "include", "cuda_runtime.h")):
+        cuda_home = "/usr/local/cuda"  # nvcc on PATH may be a wrapper script
+    candidates = (cuda_home, os.path.join(cuda_home, "targets", "x86_64-linux"))
+    incs = [os.path.join(c, "include") for c in candidates if os.path.isdir(os.path.join(c, "include"))]
+    libdirs = [d for c in candidates for d in (os.path.join(c, "lib64"), os.path.join(c, "lib"))
+               if os.path.isdir(d)]
+    return incs, libdirs, ["cudart_static", "rt", "dl", "pthread"]
 
 
-lib_dirs, libs = cuda_link_args()
+cuda_incs, lib_dirs, libs = cuda_paths()
 march = os.environ.get("LLAMA_BRRR_MARCH", "native")
 ext = Pybind11Extension(
     "llama_brrr._C",
     CPP_SOURCES,
-    include_dirs=["csrc"],
+    include_dirs=["csrc"] + cuda_incs,
     define_macros=[("BRRR_WITH_CUDA", "1")] if NVCC else [],
     extra_compile_args=["-O3", f"-march={march}", "-fopenmp", "-ffp-contract=fast"],
     extra_link_args=["-fopenmp"],

@@ -90,12 +90,21 @@ public:
     virtual void init_random(uint64_t seed, float std) = 0;
 
     // Runs n_tokens of one sequence at positions start_pos.. into KV slot `slot`.
-    // logits: [n_tokens, vocab] when all_logits, else [1, vocab] for the last token.
+    // logits: [n_tokens, vocab] when all_logits, else [1, vocab] for the last token; nullptr
+    // (and !all_logits) computes no logits at all.
     virtual void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
                          float* logits, bool all_logits) = 0;
     // One token for each of `batch` sequences; logits: [batch, vocab].
     virtual void decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                         int batch, float* logits) = 0;
+    // One token per sequence from the logits of the most recent prefill (batch must be 1; its
+    // last token) or decode (row i = sequence i), by the rules of cpu/sampling.h. The repetition
+    // penalty covers the tokens of slot slots[i] at positions [0, positions[i]]; the draw uses
+    // uniform01(params[i].seed, steps[i]). tokens, logprobs: [batch]; logprob is log_softmax of
+    // the raw logits at the chosen token.
+    virtual void sample(const int32_t* slots, const int32_t* positions,
+                        const SamplingParams* params, const uint64_t* steps, int batch,
+                        int32_t* tokens, float* logprobs) = 0;
 };
 
 }  // namespace brrr

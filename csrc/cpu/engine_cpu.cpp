@@ -1,0 +1,465 @@
+// engine_cpu.cpp — CpuEngine (see engine_cpu.h): allocation, weight I/O, the forward pass, and
+// the prefill/decode/sample entry points with their argument checks.
+//
+// prefill and decode are the same computation on a different set of rows: each row is one token
+// with its own (slot, position). A prompt is a run of rows of one slot at consecutive positions,
+// a decode step one row per sequence, so forward() never needs to know which one it runs.
+#include "cpu/engine_cpu.h"
+
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/kernels.h"
+#include "cpu/simd.h"
+
+namespace brrr {
+namespace cpu {
+
+template <typename T>
+HostBuffer<T>::HostBuffer(size_t count, const char* what, size_t alignment) : count_(count) {
+    const size_t bytes = std::max<size_t>(CEIL_DIV(count * sizeof(T), alignment) * alignment, alignment);
+    void* p = nullptr;
+    if (count > SIZE_MAX / sizeof(T) || posix_memalign(&p, alignment, bytes) != 0 || p == nullptr) {
+        std::ostringstream s;
+        s << where(__FILE__, __LINE__) << "out of host memory: cannot allocate " << bytes
+          << " bytes (" << (double)bytes / (1 << 30) << " GiB) for " << what
+          << "; lower max_seq_len or max_batch, or use bf16 weights";
+        throw OutOfMemory(s.str());
+    }
+    ptr_.reset(static_cast<T*>(p));
+}
+template class HostBuffer<float>;
+template class HostBuffer<int32_t>;
+template class HostBuffer<uint8_t>;
+
+namespace {
+
+constexpr size_t kHugePage = 2 << 20;
+
+size_t round_up(size_t n, size_t to) { return CEIL_DIV(n, to) * to; }
+
+// dst[i] = src[i] converted, for n elements; src in any input dtype, dst F32 or BF16.
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+    auto read = [&](size_t i) -> float {
+        switch (src_dtype) {
+            case DType::F32: return static_cast<const float*>(src)[i];
+            case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+            default: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+        }
+    };
+    if (src_dtype == dst_dtype) {
+        std::memcpy(dst, src, n * dtype_size(dst_dtype));
+    } else if (dst_dtype == DType::F32) {
+        float* d = static_cast<float*>(dst);
+        for (size_t i = 0; i < n; ++i) d[i] = read(i);
+    } else {
+        uint16_t* d = static_cast<uint16_t*>(dst);
+        for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(read(i));
+    }
+}
+
+// The pair-th couple of N(0, 1) draws of the stream `key`: Box-Muller on two splitmix64
+// outputs, so any element can be drawn on its own (parallel, thread-count independent).
+void normal_pair(uint64_t key, uint64_t pair, float* z0, float* z1) {
+    const uint64_t r1 = splitmix64(key + 2 * pair), r2 = splitmix64(key + 2 * pair + 1);
+    const double u1 = (double)((r1 >> 11) + 1) * 0x1p-53;  // (0, 1]: log(u1) is finite
+    const double u2 = (double)(r2 >> 11) * 0x1p-53;
+    const double radius = std::sqrt(-2.0 * std::log(u1)), angle = 2.0 * M_PI * u2;
+    *z0 = (float)(radius * std::cos(angle));
+    *z1 = (float)(radius * std::sin(angle));
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+    std::ostringstream s;
+    s << "(";
+    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+    s << (shape.size() == 1 ? ",)" : ")");
+    return s.str();
+}
+
+}  // namespace
+
+// ---- construction -----------------------------------------------------------------------------
+
+// Large allocations only reserve address space (Linux overcommits), so an engine far larger than
+// the machine would construct fine and be killed later, mid-prompt. Refuse it up front instead.
+void CpuEngine::check_fits_in_ram(size_t weight_bytes) const {
+    const Config& c = cfg_;
+    const size_t kv_bytes = 2 * (size_t)c.max_batch * c.n_layers * c.max_seq_len * c.kv_dim() * sizeof(float);
+    const size_t scratch_bytes =
+        (size_t)rows_cap_ * (2 * c.dim + c.qkv_dim() + c.q_dim() + 3 * c.hidden_dim) * sizeof(float) +
+        (size_t)c.max_batch * c.vocab_size * (sizeof(float) + 2 * sizeof(float)) +
+        (size_t)c.max_batch * c.max_seq_len * sizeof(int32_t);
+    const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_size <= 0) return;  // unknown: let the allocations decide
+    const size_t ram = (size_t)pages * (size_t)page_size;
+    const size_t total = weight_bytes + kv_bytes + scratch_bytes;
+    if (total > ram) {
+        std::ostringstream s;
+        const double gib = 1 << 30;
+        s << where(__FILE__, __LINE__) << "out of host memory: this engine needs " << total << " bytes ("
+          << total / gib << " GiB: weights " << weight_bytes / gib << ", KV cache " << kv_bytes / gib
+          << ", buffers " << scratch_bytes / gib << ") but the machine has " << ram / gib
+          << " GiB of RAM; lower max_seq_len or max_batch (the KV cache grows with both)";
+        throw OutOfMemory(s.str());
+    }
+}
+
+CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads)
+    : cfg_(config), wdtype_(weight_dtype) {
+    cfg_.validate();
+    BRRR_CHECK(weight_dtype == DType::F32 || weight_dtype == DType::BF16,
+               "the CPU engine stores weights as f32 or bf16, not " << dtype_name(weight_dtype));
+    BRRR_CHECK(n_threads >= 0, "n_threads must be >= 0 (0 = all cores), got " << n_threads);
+    n_threads_ = n_threads > 0 ? n_threads : omp_get_num_procs();
+    const Config& c = cfg_;
+    rows_cap_ = std::max(std::min(kPrefillChunk, c.max_seq_len), c.max_batch);
+    inv_freq_ = rope_inv_freq(c);
+
+    // Weight arena: every matrix back to back, each 64-byte aligned.
+    const size_t esize = dtype_size(wdtype_);
+    size_t offset = 0;
+    auto reserve = [&](int64_t rows, int64_t cols) {
+        size_t at = offset;
+        offset += round_up((size_t)rows * cols * esize, 64);
+        return at;
+    };
+    struct LayerOffsets { size_t wqkv, wo, w13, w2; };
+    std::vector<LayerOffsets> offs(c.n_layers);
+    for (auto& o : offs) {
+        o.wqkv = reserve(c.qkv_dim(), c.dim);
+        o.wo = reserve(c.dim, c.q_dim());
+        o.w13 = reserve(2 * (int64_t)c.hidden_dim, c.dim);
+        o.w2 = reserve(c.dim, c.hidden_dim);
+    }
+    const size_t emb_off = reserve(c.vocab_size, c.dim);
+    const size_t out_off = c.tie_embeddings ? emb_off : reserve(c.vocab_size, c.dim);
+    check_fits_in_ram(offset);
+    weight_arena_ = HostBuffer<uint8_t>(offset, "the weights", kHugePage);
+#ifdef MADV_HUGEPAGE
+    // Fewer TLB misses while decode streams the whole arena every token; advice only.
+    madvise(weight_arena_.data(), round_up(offset, kHugePage), MADV_HUGEPAGE);
+#endif
+    norm_arena_ = HostBuffer<float>((size_t)(2 * c.n_layers + 1) * c.dim, "the norm weights");
+
+    uint8_t* base = weight_arena_.data();
+    layers_.resize(c.n_layers);
+    for (int l = 0; l < c.n_layers; ++l) {
+        layers_[l] = Layer{base + offs[l].wqkv, base + offs[l].wo, base + offs[l].w13,
+                           base + offs[l].w2, norm_arena_.data() + (size_t)(2 * l) * c.dim,
+                           norm_arena_.data() + (size_t)(2 * l + 1) * c.dim};
+    }
+    tok_embeddings_ = base + emb_off;
+    lm_head_ = base + out_off;
+    final_norm_ = norm_arena_.data() + (size_t)(2 * c.n_layers) * c.dim;
+
+    // Canonical name -> where it lives (wq/wk/wv are row ranges of wqkv, w1/w3 of w13).
+    names_ = weight_names(c);
+    tensors_.resize(names_.size());
+    is_set_.assign(names_.size(), 0);
+    auto rows_of = [&](void* matrix, int64_t first_row, int64_t cols) {
+        return static_cast<uint8_t*>(matrix) + (size_t)first_row * cols * esize;
+    };
+    for (size_t i = 0; i < names_.size(); ++i) {
+        const std::string& name = names_[i];
+        name_to_index_[name] = (int)i;
+        const std::vector<int64_t> shape = weight_shape(c, name);
+        TensorSlot& t = tensors_[i];
+        t.rows = shape[0];
+        t.cols = shape.size() > 1 ? shape[1] : 1;
+        if (name == "tok_embeddings") { t.matrix = tok_embeddings_; continue; }
+        if (name == "output") { t.matrix = lm_head_; continue; }
+        if (name == "norm") { t.vector = final_norm_; continue; }
+        const int layer = std::stoi(name.substr(7));
+        const std::string kind = name.substr(name.find('.', 7) + 1);
+        Layer& L = layers_[layer];
+        if (kind == "attn_norm") t.vector = L.attn_norm;
+        else if (kind == "ffn_norm") t.vector = L.ffn_norm;
+        else if (kind == "wq") t.matrix = L.wqkv;
+        else if (kind == "wk") t.matrix = rows_of(L.wqkv, c.q_dim(), c.dim);
+        else if (kind == "wv") t.matrix = rows_of(L.wqkv, c.q_dim() + c.kv_dim(), c.dim);
+        else if (kind == "wo") t.matrix = L.wo;
+        else if (kind == "w1") t.matrix = L.w13;
+        else if (kind == "w3") t.matrix = rows_of(L.w13, c.hidden_dim, c.dim);
+        else if (kind == "w2") t.matrix = L.w2;
+    }
+
+    const size_t cache_elems = (size_t)c.max_batch * c.n_layers * c.max_seq_len * c.kv_dim();
+    k_cache_ = HostBuffer<float>(cache_elems, "the KV cache (keys)", kHugePage);
+    v_cache_ = HostBuffer<float>(cache_elems, "the KV cache (values)", kHugePage);
+    history_ = HostBuffer<int32_t>((size_t)c.max_batch * c.max_seq_len, "the token history");
+    std::fill(history_.data(), history_.data() + history_.size(), -1);
+
+    const size_t R = rows_cap_;
+    x_ = HostBuffer<float>(R * c.dim, "activations");
+    xb_ = HostBuffer<float>(R * c.dim, "activations");
+    qkv_ = HostBuffer<float>(R * c.qkv_dim(), "activations");
+    att_ = HostBuffer<float>(R * c.q_dim(), "activations");
+    h13_ = HostBuffer<float>(R * 2 * c.hidden_dim, "activations");
+    hb_ = HostBuffer<float>(R * c.hidden_dim, "activations");
+    rope_cos_ = HostBuffer<float>(R * (c.head_dim / 2), "rope tables");
+    rope_sin_ = HostBuffer<float>(R * (c.head_dim / 2), "rope tables");
+    row_slots_ = HostBuffer<int32_t>(R, "row slots");
+    row_positions_ = HostBuffer<int32_t>(R, "row positions");
+    last_logits_ = HostBuffer<float>((size_t)c.max_batch * c.vocab_size, "logits");
+    sample_scratch_.resize(c.max_batch);
+}
+
+// ---- weights ----------------------------------------------------------------------------------
+
+int CpuEngine::tensor_index(const std::string& name) const {
+    auto it = name_to_index_.find(name);
+    if (it == name_to_index_.end()) {
+        weight_shape(cfg_, name);  // throws the precise reason (unknown, tied output, bad layer)
+        BRRR_FAIL("unknown weight name '" << name << "'");
+    }
+    return it->second;
+}
+
+void CpuEngine::set_weight(const std::string& name, const void* src, DType src_dtype,
+                           const std::vector<int64_t>& shape) {
+    const int index = tensor_index(name);
+    const std::vector<int64_t> expected = weight_shape(cfg_, name);
+    BRRR_CHECK(shape == expected, "weight '" << name << "' has shape " << shape_str(shape)
+                                            << " but this config expects " << shape_str(expected));
+    const TensorSlot& t = tensors_[index];
+    const size_t row_bytes_in = (size_t)t.cols * dtype_size(src_dtype);
+    begin_call();
+    if (t.vector) {
+        convert(src, src_dtype, t.vector, DType::F32, (size_t)t.rows * t.cols);
+    } else {
+        const size_t row_bytes_out = (size_t)t.cols * dtype_size(wdtype_);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < t.rows; ++r)
+            convert(static_cast<const uint8_t*>(src) + r * row_bytes_in, src_dtype,
+                    static_cast<uint8_t*>(t.matrix) + r * row_bytes_out, wdtype_, t.cols);
+    }
+    is_set_[index] = 1;
+}
+
+void CpuEngine::get_weight(const std::string& name, float* dst) const {
+    const TensorSlot& t = tensors_[tensor_index(name)];
+    if (t.vector)
+        std::memcpy(dst, t.vector, (size_t)t.rows * t.cols * sizeof(float));
+    else
+        convert(t.matrix, wdtype_, dst, DType::F32, (size_t)t.rows * t.cols);
+}
+
+void CpuEngine::init_random(uint64_t seed, float std) {
+    BRRR_CHECK(std::isfinite(std) && std >= 0, "init_random: std must be a finite number >= 0, got " << std);
+    begin_call();
+    for (size_t i = 0; i < names_.size(); ++i) {
+        // Each canonical tensor is contiguous in storage (fused pieces are row ranges), so the
+        // draws can follow its flat index whatever the fusion.
+        const TensorSlot& t = tensors_[i];
+        const uint64_t key = splitmix64(seed ^ splitmix64(i + 1));
+        const int64_t n = t.rows * t.cols;
+        const float mean = t.vector ? 1.f : 0.f;  // norm weights scatter around 1
+        auto store = [&](int64_t e, float z) {
+            const float value = mean + std * z;
+            if (t.vector)
+                t.vector[e] = value;
+            else if (wdtype_ == DType::F32)
+                static_cast<float*>(t.matrix)[e] = value;
+            else
+                static_cast<uint16_t*>(t.matrix)[e] = f32_to_bf16(value);
+        };
+#pragma omp parallel for schedule(static)
+        for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
+            float z0, z1;
+            normal_pair(key, (uint64_t)pair, &z0, &z1);
+            store(2 * pair, z0);
+            if (2 * pair + 1 < n) store(2 * pair + 1, z1);
+        }
+    }
+    std::fill(is_set_.begin(), is_set_.end(), 1);
+    all_set_ = true;
+}
+
+void CpuEngine::check_all_weights_set() {
+    if (all_set_) return;
+    for (size_t i = 0; i < names_.size(); ++i)
+        BRRR_CHECK(is_set_[i], "weight '" << names_[i] << "' was never set: call set_weight for "
+                               "every canonical tensor (or init_random) before running the model");
+    all_set_ = true;
+}
+
+// ---- the forward pass -------------------------------------------------------------------------
+
+void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
+                        const int32_t* positions, int first_logit_row, float* logits) {
+    const Config& c = cfg_;
+    const int D = c.dim, H = c.hidden_dim, hd = c.head_dim, half = c.head_dim / 2;
+    const int q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = c.qkv_dim();
+    const size_t slot_stride = (size_t)c.n_layers * c.max_seq_len * kv_dim;
+    const size_t layer_stride = (size_t)c.max_seq_len * kv_dim;
+    float* x = x_.data();
+    float* xb = xb_.data();
+    float* qkv = qkv_.data();
+    float* att = att_.data();
+
+    // token embeddings into the residual stream
+    for (int m = 0; m < M; ++m) {
+        const uint8_t* row = static_cast<const uint8_t*>(tok_embeddings_) + (size_t)tokens[m] * D * dtype_size(wdtype_);
+        convert(row, wdtype_, x + (size_t)m * D, DType::F32, D);
+    }
+    // cos/sin of every row's position, shared by all layers
+    rope_tables(positions, inv_freq_.data(), M, half, rope_cos_.data(), rope_sin_.data());
+
+    for (int l = 0; l < c.n_layers; ++l) {
+        const Layer& L = layers_[l];
+        float* k_cache = k_cache_.data() + l * layer_stride;
+        float* v_cache = v_cache_.data() + l * layer_stride;
+
+        // attention rmsnorm
+        rmsnorm(x, L.attn_norm, xb, M, D, c.norm_eps);
+        // q|k|v projections in one matmul
+        matmul(xb, L.wqkv, wdtype_, qkv, M, qkv_dim, D, false);
+        // rotary embedding of q and k
+        rope(qkv, M, qkv_dim, c.n_heads, hd, rope_cos_.data(), rope_sin_.data());
+        rope(qkv + q_dim, M, qkv_dim, c.n_kv_heads, hd, rope_cos_.data(), rope_sin_.data());
+        // k and v of each row into its slot's cache at its position
+        for (int m = 0; m < M; ++m) {
+            const size_t at = slots[m] * slot_stride + (size_t)positions[m] * kv_dim;
+            std::memcpy(k_cache + at, qkv + (size_t)m * qkv_dim + q_dim, kv_dim * sizeof(float));
+            std::memcpy(v_cache + at, qkv + (size_t)m * qkv_dim + q_dim + kv_dim, kv_dim * sizeof(float));
+        }
+        // causal GQA attention over the cache
+        attention(qkv, qkv_dim, k_cache, v_cache, slot_stride, kv_dim, slots, positions, att, M,
+                  c.n_heads, c.n_kv_heads, hd);
+        // output projection, added to the residual stream
+        matmul(att, L.wo, wdtype_, x, M, D, q_dim, true);
+        // ffn rmsnorm
+        rmsnorm(x, L.ffn_norm, xb, M, D, c.norm_eps);
+        // gate|up projections in one matmul
+        matmul(xb, L.w13, wdtype_, h13_.data(), M, 2 * H, D, false);
+        // silu(gate) * up
+        swiglu(h13_.data(), hb_.data(), M, H);
+        // down projection, added to the residual stream
+        matmul(hb_.data(), L.w2, wdtype_, x, M, D, H, true);
+    }
+
+    // final rmsnorm and LM head, only for the rows whose logits are wanted
+    const int n_out = M - first_logit_row;
+    if (n_out <= 0) return;
+    rmsnorm(x + (size_t)first_logit_row * D, final_norm_, xb, n_out, D, c.norm_eps);
+    matmul(xb, lm_head_, wdtype_, logits, n_out, c.vocab_size, D, false);
+}
+
+// ---- entry points -----------------------------------------------------------------------------
+
+void CpuEngine::begin_call() const { omp_set_num_threads(n_threads_); }
+
+void CpuEngine::check_slot(int slot, const char* what) const {
+    BRRR_CHECK(slot >= 0 && slot < cfg_.max_batch,
+               what << " " << slot << " is out of range: this engine has max_batch = "
+                    << cfg_.max_batch << " KV slots (0.." << cfg_.max_batch - 1 << ")");
+}
+
+void CpuEngine::check_token(int32_t token, int index) const {
+    BRRR_CHECK(token >= 0 && token < cfg_.vocab_size,
+               "token id " << token << " (at index " << index << ") is out of range for vocab_size "
+                           << cfg_.vocab_size);
+}
+
+void CpuEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
+                        float* logits, bool all_logits) {
+    check_slot(slot, "slot");
+    BRRR_CHECK(n_tokens >= 1, "prefill needs at least one token, got " << n_tokens);
+    BRRR_CHECK(start_pos >= 0, "start_pos must be >= 0, got " << start_pos);
+    BRRR_CHECK((int64_t)start_pos + n_tokens <= cfg_.max_seq_len,
+               "context is full: " << n_tokens << " tokens at start_pos " << start_pos << " need "
+               << (int64_t)start_pos + n_tokens << " positions but max_seq_len is "
+               << cfg_.max_seq_len);
+    BRRR_CHECK(!all_logits || logits, "prefill: all_logits needs an output buffer");
+    for (int i = 0; i < n_tokens; ++i) check_token(tokens[i], i);
+    check_all_weights_set();
+    begin_call();
+
+    const int V = cfg_.vocab_size;
+    last_rows_ = 0;  // until this call completes, the old logits no longer describe the slot
+    for (int c0 = 0; c0 < n_tokens; c0 += rows_cap_) {
+        const int M = std::min(rows_cap_, n_tokens - c0);
+        const bool last_chunk = c0 + M == n_tokens;
+        for (int m = 0; m < M; ++m) {
+            row_slots_.data()[m] = slot;
+            row_positions_.data()[m] = start_pos + c0 + m;
+            history_.data()[(size_t)slot * cfg_.max_seq_len + start_pos + c0 + m] = tokens[c0 + m];
+        }
+        if (all_logits)
+            forward(M, tokens + c0, row_slots_.data(), row_positions_.data(), 0,
+                    logits + (size_t)c0 * V);
+        else  // the LM head reads as many bytes as a layer stack: only for a wanted last row
+            forward(M, tokens + c0, row_slots_.data(), row_positions_.data(),
+                    last_chunk && logits ? M - 1 : M, last_logits_.data());
+    }
+    if (!logits) return;  // no logits computed: sample() refuses until the next prefill/decode
+    if (all_logits)
+        std::memcpy(last_logits_.data(), logits + (size_t)(n_tokens - 1) * V, V * sizeof(float));
+    else
+        std::memcpy(logits, last_logits_.data(), V * sizeof(float));
+    last_rows_ = 1;
+}
+
+void CpuEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                       int batch, float* logits) {
+    BRRR_CHECK(batch >= 1 && batch <= cfg_.max_batch,
+               "decode batch must be in [1, max_batch = " << cfg_.max_batch << "], got " << batch);
+    for (int i = 0; i < batch; ++i) {
+        check_slot(slots[i], "slot");
+        for (int j = 0; j < i; ++j)
+            BRRR_CHECK(slots[j] != slots[i], "decode: slot " << slots[i] << " appears twice in one "
+                                             "batch (rows " << j << " and " << i << ")");
+        BRRR_CHECK(positions[i] >= 0, "decode: position " << positions[i] << " of row " << i
+                                      << " must be >= 0");
+        BRRR_CHECK(positions[i] < cfg_.max_seq_len,
+                   "context is full: row " << i << " (slot " << slots[i] << ") is at position "
+                   << positions[i] << " but max_seq_len is " << cfg_.max_seq_len);
+        check_token(tokens[i], i);
+    }
+    check_all_weights_set();
+    begin_call();
+
+    for (int i = 0; i < batch; ++i)
+        history_.data()[(size_t)slots[i] * cfg_.max_seq_len + positions[i]] = tokens[i];
+    last_rows_ = 0;
+    forward(batch, tokens, slots, positions, 0, last_logits_.data());
+    last_rows_ = batch;
+    if (logits)
+        std::memcpy(logits, last_logits_.data(), (size_t)batch * cfg_.vocab_size * sizeof(float));
+}
+
+void CpuEngine::sample(const int32_t* slots, const int32_t* positions,
+                       const SamplingParams* params, const uint64_t* steps, int batch,
+                       int32_t* tokens, float* logprobs) {
+    BRRR_CHECK(last_rows_ > 0, "sample: there are no logits to sample from; run prefill or "
+                               "decode first");
+    BRRR_CHECK(batch >= 1 && batch <= last_rows_,
+               "sample: batch " << batch << " does not match the " << last_rows_
+               << " row(s) of logits of the latest prefill/decode");
+    for (int i = 0; i < batch; ++i) {
+        check_slot(slots[i], "slot");
+        BRRR_CHECK(positions[i] >= 0 && positions[i] < cfg_.max_seq_len,
+                   "sample: position " << positions[i] << " of row " << i
+                   << " is outside [0, max_seq_len = " << cfg_.max_seq_len << ")");
+        const std::string problem = sampling_params_problem(params[i]);
+        BRRR_CHECK(problem.empty(), "sample: row " << i << ": " << problem);
+    }
+    begin_call();
+    const int V = cfg_.vocab_size;
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+    for (int i = 0; i < batch; ++i) {
+        tokens[i] = sample_row(last_logits_.data() + (size_t)i * V, V,
+                               history_.data() + (size_t)slots[i] * cfg_.max_seq_len,
+                               positions[i] + 1, params[i], steps[i], sample_scratch_[i],
+                               &logprobs[i]);
+    }
+}
+
+}  // namespace cpu
+}  // namespace brrr

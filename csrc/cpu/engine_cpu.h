@@ -1,0 +1,136 @@
+// engine_cpu.h — CpuEngine: the Engine of model.h on the host, in the llama2.c spirit: every
+// buffer allocated once at construction, one straight-line forward() shared by prefill and decode.
+//
+// Storage (all row-major, 64-byte aligned; weights in one arena, 2 MiB aligned for huge pages):
+//   per layer  wqkv [qkv_dim, dim]  wo [dim, q_dim]  w13 [2*hidden, dim]  w2 [dim, hidden]
+//              in the weight dtype (f32, or bf16 bits); attn_norm, ffn_norm [dim] fp32
+//   tok_embeddings [vocab, dim] (also the LM head when tied), output [vocab, dim], norm [dim]
+//   KV cache   k, v fp32 [max_batch][n_layers][max_seq_len][kv_dim]
+//   history    int32 [max_batch][max_seq_len], the token at each position (-1 = never written)
+//   scratch    activations for kRowsCap rows: prompts are run in chunks of at most that many
+//              tokens, decode batches are at most max_batch <= kRowsCap rows
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cpu/sampling.h"
+#include "model.h"
+
+namespace brrr {
+namespace cpu {
+
+// An aligned host array that owns its memory; a failed allocation throws OutOfMemory naming
+// what was being allocated and how many bytes.
+template <typename T>
+class HostBuffer {
+public:
+    HostBuffer() = default;
+    HostBuffer(size_t count, const char* what, size_t alignment = 64);
+    T* data() { return ptr_.get(); }
+    const T* data() const { return ptr_.get(); }
+    size_t size() const { return count_; }
+
+private:
+    struct Free {
+        void operator()(T* p) const { std::free(p); }
+    };
+    std::unique_ptr<T, Free> ptr_;
+    size_t count_ = 0;
+};
+
+class CpuEngine : public Engine {
+public:
+    // weight_dtype: F32 or BF16 (how weights are stored; compute is fp32 either way).
+    // n_threads: OpenMP threads for every call; 0 = all cores.
+    CpuEngine(const Config& config, DType weight_dtype, int n_threads);
+
+    const Config& config() const override { return cfg_; }
+    DType weight_dtype() const { return wdtype_; }
+    int n_threads() const { return n_threads_; }
+
+    void set_weight(const std::string& name, const void* src, DType src_dtype,
+                    const std::vector<int64_t>& shape) override;
+    void get_weight(const std::string& name, float* dst) const override;
+    void init_random(uint64_t seed, float std) override;
+
+    void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos, float* logits,
+                 bool all_logits) override;
+    void decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int batch,
+                float* logits) override;
+    void sample(const int32_t* slots, const int32_t* positions, const SamplingParams* params,
+                const uint64_t* steps, int batch, int32_t* tokens, float* logprobs) override;
+
+    static constexpr int kPrefillChunk = 256;
+
+private:
+    struct Layer {
+        void* wqkv;
+        void* wo;
+        void* w13;
+        void* w2;
+        float* attn_norm;
+        float* ffn_norm;
+    };
+    // Where one canonical tensor lives: `rows` rows of `cols` starting at `matrix` (weight
+    // dtype) or, for norm weights, `vector` (fp32).
+    struct TensorSlot {
+        void* matrix = nullptr;
+        float* vector = nullptr;
+        int64_t rows = 0, cols = 0;
+    };
+
+    // Runs M token rows (row m: token tokens[m] of slot slots[m] at position positions[m])
+    // through the model, filling the KV cache; writes logits of rows [first_logit_row, M) to
+    // `logits` ([M - first_logit_row, vocab]).
+    void forward(int M, const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                 int first_logit_row, float* logits);
+
+    void check_fits_in_ram(size_t weight_bytes) const;  // throws OutOfMemory
+    int tensor_index(const std::string& name) const;
+    void check_slot(int slot, const char* what) const;
+    void check_token(int32_t token, int index) const;
+    void check_all_weights_set();
+    void begin_call() const;  // per-call OpenMP team size
+
+    Config cfg_;
+    DType wdtype_;
+    int n_threads_;
+    int rows_cap_;            // scratch rows: max(prefill chunk, max_batch)
+    std::vector<float> inv_freq_;  // [head_dim/2]
+
+    HostBuffer<uint8_t> weight_arena_;  // every matrix, in the weight dtype
+    HostBuffer<float> norm_arena_;      // every norm weight, fp32
+    std::vector<Layer> layers_;
+    void* tok_embeddings_ = nullptr;    // [vocab, dim]
+    void* lm_head_ = nullptr;           // [vocab, dim]: output, or tok_embeddings when tied
+    float* final_norm_ = nullptr;       // [dim]
+
+    std::vector<std::string> names_;    // canonical names, weight_names() order
+    std::unordered_map<std::string, int> name_to_index_;
+    std::vector<TensorSlot> tensors_;   // [names_.size()]
+    std::vector<uint8_t> is_set_;       // [names_.size()]
+    bool all_set_ = false;
+
+    HostBuffer<float> k_cache_, v_cache_;  // [max_batch][n_layers][max_seq_len][kv_dim]
+    HostBuffer<int32_t> history_;          // [max_batch][max_seq_len]
+
+    HostBuffer<float> x_;       // [rows_cap, dim]       residual stream
+    HostBuffer<float> xb_;      // [rows_cap, dim]       normed input of a matmul
+    HostBuffer<float> qkv_;     // [rows_cap, qkv_dim]   q | k | v
+    HostBuffer<float> att_;     // [rows_cap, q_dim]     attention output
+    HostBuffer<float> h13_;     // [rows_cap, 2*hidden]  gate | up
+    HostBuffer<float> hb_;      // [rows_cap, hidden]    swiglu output
+    HostBuffer<float> rope_cos_, rope_sin_;  // [rows_cap, head_dim/2]
+    HostBuffer<int32_t> row_slots_, row_positions_;  // [rows_cap]
+
+    HostBuffer<float> last_logits_;  // [max_batch, vocab] logits of the latest prefill/decode
+    int last_rows_ = 0;              // rows of last_logits_ that are valid
+    std::vector<SampleScratch> sample_scratch_;  // [max_batch]
+};
+
+}  // namespace cpu
+}  // namespace brrr

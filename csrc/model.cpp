@@ -1,0 +1,129 @@
+// model.cpp — the backend-independent half of model.h: config validation, RoPE frequencies and
+// the canonical weight names and shapes.
+//
+// rope_inv_freq follows HF transformers' fp32 arithmetic step by step (default, "linear" and
+// "llama3" = _compute_llama3_parameters), so the CPU and GPU engines rotate exactly like the
+// oracle and the wavelength thresholds of llama3 fall on the same side for every frequency.
+// Note torch evaluates `scalar / tensor` as `scalar * (1 / tensor)`; the code mirrors that.
+#include "model.h"
+
+#include <cmath>
+
+namespace brrr {
+
+void Config::validate() const {
+    const struct { const char* name; int value; } positive[] = {
+        {"dim", dim}, {"hidden_dim", hidden_dim}, {"n_layers", n_layers}, {"n_heads", n_heads},
+        {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"vocab_size", vocab_size},
+        {"max_seq_len", max_seq_len}, {"max_batch", max_batch}};
+    for (const auto& field : positive)
+        BRRR_CHECK(field.value > 0, "config." << field.name << " must be a positive integer, got "
+                                              << field.value);
+    BRRR_CHECK(n_heads % n_kv_heads == 0, "config.n_heads (" << n_heads
+               << ") must be a multiple of config.n_kv_heads (" << n_kv_heads << ")");
+    BRRR_CHECK(head_dim % 2 == 0, "config.head_dim must be even for RoPE, got " << head_dim);
+    BRRR_CHECK(std::isfinite(norm_eps) && norm_eps > 0,
+               "config.norm_eps must be a finite number > 0, got " << norm_eps);
+    BRRR_CHECK(std::isfinite(rope_theta) && rope_theta > 0,
+               "config.rope_theta must be a finite number > 0, got " << rope_theta);
+    const int rope = static_cast<int>(rope_type);
+    BRRR_CHECK(rope >= 0 && rope <= 2, "config.rope_type must be 0 (default), 1 (llama3) or "
+                                       "2 (linear), got " << rope);
+    if (rope_type != RopeType::Default)
+        BRRR_CHECK(std::isfinite(rope_factor) && rope_factor > 0,
+                   "config.rope_factor must be a finite number > 0, got " << rope_factor);
+    if (rope_type == RopeType::Llama3) {
+        BRRR_CHECK(rope_low_freq_factor > 0 && rope_high_freq_factor > rope_low_freq_factor,
+                   "llama3 rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor, got "
+                       << rope_low_freq_factor << " and " << rope_high_freq_factor);
+        BRRR_CHECK(rope_original_max_pos > 0,
+                   "config.rope_original_max_pos must be > 0, got " << rope_original_max_pos);
+    }
+    // Sizes the engines multiply together in int arithmetic before widening.
+    BRRR_CHECK((int64_t)qkv_dim() * dim < (int64_t)1 << 31 &&
+                   (int64_t)2 * hidden_dim * dim < (int64_t)1 << 31 &&
+                   (int64_t)vocab_size * dim < (int64_t)1 << 31,
+               "config too large: a single weight matrix would exceed 2^31 elements");
+}
+
+std::vector<float> rope_inv_freq(const Config& c) {
+    const int half = c.head_dim / 2;
+    std::vector<float> inv_freq(half);
+    for (int i = 0; i < half; ++i) {
+        float exponent = (float)(2 * i) / (float)c.head_dim;
+        inv_freq[i] = 1.0f / std::pow(c.rope_theta, exponent);
+    }
+    if (c.rope_type == RopeType::Linear) {
+        for (float& f : inv_freq) f /= c.rope_factor;
+    } else if (c.rope_type == RopeType::Llama3) {
+        const float factor = c.rope_factor;
+        const float low = c.rope_low_freq_factor, high = c.rope_high_freq_factor;
+        const float old_context = (float)c.rope_original_max_pos;
+        const float low_freq_wavelen = old_context / low;
+        const float high_freq_wavelen = old_context / high;
+        for (float& f : inv_freq) {
+            const float wavelen = (float)(2 * M_PI) * (1.0f / f);
+            // Long wavelengths are stretched by `factor`, short ones kept, the band between
+            // interpolated smoothly in 1/wavelength.
+            const float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+            const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+            if (medium) {
+                const float smooth = (old_context * (1.0f / wavelen) - low) / (high - low);
+                // volatile: -ffp-contract=fast would fuse these into an FMA, one rounding
+                // fewer than the oracle's separate multiply and add.
+                volatile float stretched = (1 - smooth) * scaled / factor;
+                volatile float kept = smooth * scaled;
+                f = stretched + kept;
+            } else {
+                f = scaled;
+            }
+        }
+    }
+    return inv_freq;
+}
+
+std::vector<int64_t> weight_shape(const Config& c, const std::string& name) {
+    if (name == "tok_embeddings") return {c.vocab_size, c.dim};
+    if (name == "norm") return {c.dim};
+    if (name == "output") {
+        BRRR_CHECK(!c.tie_embeddings, "weight 'output' does not exist in this config: it ties the "
+                                      "LM head to tok_embeddings (tie_embeddings = true)");
+        return {c.vocab_size, c.dim};
+    }
+    const std::string prefix = "layers.";
+    if (name.compare(0, prefix.size(), prefix) == 0) {
+        size_t dot = name.find('.', prefix.size());
+        std::string index = name.substr(prefix.size(), dot == std::string::npos ? std::string::npos
+                                                                                : dot - prefix.size());
+        bool numeric = !index.empty() && index.size() < 9 &&
+                       index.find_first_not_of("0123456789") == std::string::npos &&
+                       (index.size() == 1 || index[0] != '0');
+        if (numeric && dot != std::string::npos) {
+            int layer = std::stoi(index);
+            BRRR_CHECK(layer < c.n_layers, "weight '" << name << "': layer " << layer
+                                                      << " out of range (n_layers = " << c.n_layers << ")");
+            const std::string kind = name.substr(dot + 1);
+            if (kind == "attn_norm" || kind == "ffn_norm") return {c.dim};
+            if (kind == "wq") return {c.q_dim(), c.dim};
+            if (kind == "wk" || kind == "wv") return {c.kv_dim(), c.dim};
+            if (kind == "wo") return {c.dim, c.q_dim()};
+            if (kind == "w1" || kind == "w3") return {c.hidden_dim, c.dim};
+            if (kind == "w2") return {c.dim, c.hidden_dim};
+        }
+    }
+    BRRR_FAIL("unknown weight name '" << name << "'; expected tok_embeddings, norm, output or "
+              "layers.<i>.{attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3}");
+}
+
+std::vector<std::string> weight_names(const Config& c) {
+    std::vector<std::string> names{"tok_embeddings"};
+    static const char* per_layer[] = {"attn_norm", "wq", "wk", "wv", "wo",
+                                      "ffn_norm", "w1", "w3", "w2"};
+    for (int l = 0; l < c.n_layers; ++l)
+        for (const char* kind : per_layer) names.push_back("layers." + std::to_string(l) + "." + kind);
+    names.push_back("norm");
+    if (!c.tie_embeddings) names.push_back("output");
+    return names;
+}
+
+}  // namespace brrr

@@ -1,0 +1,50 @@
+"""Fixtures shared by the test files: the compiled module, a logged random generator, and random
+canonical weights for a ModelConfig."""
+
+import os
+import secrets
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def C():
+    """llama_brrr._C, or a skip that says how to build it."""
+    try:
+        from llama_brrr import _C
+    except ImportError as error:
+        pytest.skip(f"llama_brrr._C is not built ({error}); run "
+                    "`LLAMA_BRRR_CUDA=0 python setup.py build_ext --inplace`")
+    if _C is None:
+        pytest.skip("llama_brrr._C is not built; run `LLAMA_BRRR_CUDA=0 python setup.py build_ext --inplace`")
+    return _C
+
+
+@pytest.fixture
+def rng():
+    """Fresh random inputs each run; the seed is printed (shown on failure) and can be pinned
+    with BRRR_TEST_SEED=<int> to replay a failure."""
+    seed = int(os.environ.get("BRRR_TEST_SEED", secrets.randbits(32)))
+    print(f"rng seed: {seed} (replay with BRRR_TEST_SEED={seed})")
+    return np.random.default_rng(seed)
+
+
+def random_weights(config, rng) -> dict:
+    """Canonical float32 tensors for `config` scaled so activations and logits are O(1):
+    matrices N(0, 1/fan_in), embeddings N(0, 1), norm weights 1 + N(0, 0.1)."""
+    tensors = {}
+    for name, shape in config.tensor_shapes().items():
+        if len(shape) == 1:
+            tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif name == "tok_embeddings":
+            tensors[name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            tensors[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    return tensors
+
+
+@pytest.fixture
+def make_weights():
+    """random_weights(config, rng) as a fixture, so test files need not import conftest."""
+    return random_weights
