@@ -1,0 +1,46 @@
+"""llama_brrr: a Llama-family inference engine — our own C++/CUDA kernels behind a thin Python API.
+
+    from llama_brrr import Llama, SamplingParams
+    llm = Llama.from_pretrained()                    # the default model, fetched when missing
+    out = llm.generate("The capital of France is", max_tokens=16)[0]
+    print(out.text, out.timings["decode_tok_s"])
+"""
+
+__version__ = "0.1.0"
+
+# Loaders, tokenizer and config work without the compiled engine, so a missing _C only fails the
+# names that need it, with a message that says how to build it.
+try:
+    from . import _C
+except ImportError as _error:
+    import importlib.util as _importlib_util
+
+    _C = None
+    _C_MISSING = (
+        "llama_brrr: the C++ extension llama_brrr._C "
+        + ("is not built" if _importlib_util.find_spec("llama_brrr._C") is None
+           else f"does not load ({_error})")
+        + "; run `pip install -e .` (or `python setup.py build_ext --inplace`) in the repository")
+
+from .config import ModelConfig  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
+
+if _C is not None:
+    from .model import Llama, RequestOutput  # noqa: E402
+
+
+def __getattr__(name):
+    if name in ("Llama", "RequestOutput") and _C is None:
+        raise ImportError(_C_MISSING)
+    raise AttributeError(f"module 'llama_brrr' has no attribute {name!r}")
+
+
+def cuda_available() -> bool:
+    """True when this build has CUDA and at least one GPU is visible."""
+    if _C is None:
+        raise ImportError(_C_MISSING)
+    return _C.cuda_device_count() > 0
+
+
+__all__ = ["Llama", "SamplingParams", "RequestOutput", "ModelConfig", "cuda_available",
+           "__version__"]

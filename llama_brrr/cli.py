@@ -1,0 +1,194 @@
+"""The `llama-brrr` command (also `python -m llama_brrr`).
+
+    llama-brrr generate "Once upon a time" --max-new-tokens 64
+    llama-brrr chat --model path/to/model.gguf
+
+Subcommands live in COMMANDS (name -> help, argument setup, handler), so bench / compare / profile /
+calibrate add themselves with one entry. Generated text goes to stdout as it is produced; progress
+bars, statistics and errors go to stderr. A user error prints "llama-brrr: error: <message>" and
+exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import BrrrError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+USER_ERRORS = (BrrrError, ValueError, RuntimeError, MemoryError, FileNotFoundError, ImportError)
+
+
+@dataclass
+class Command:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# ---- shared options ---------------------------------------------------------------------------
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", "-m", default=None,
+                       help="model file or name (default: the default model, downloaded if missing)")
+    group.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    group.add_argument("--dtype", default=None,
+                       help="f32 | bf16 | f16 (default: bf16 on cuda, f32 on cpu)")
+    group.add_argument("--max-seq-len", type=int, default=None,
+                       help="context length in tokens (default: min(model context, 4096))")
+    group.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-new-tokens", type=int, default=256,
+                       help="tokens to generate at most (default 256)")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    group.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    group.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
+    group.add_argument("--min-p", type=float, default=0.0, help="0 = off (default)")
+    group.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off (default)")
+    group.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+
+
+def load_model(args: argparse.Namespace):
+    from . import Llama
+
+    return Llama.from_pretrained(args.model, device=args.device, dtype=args.dtype,
+                                 max_seq_len=args.max_seq_len, n_threads=args.threads,
+                                 progress=True)
+
+
+def sampling_params(args: argparse.Namespace):
+    from .sampling import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed)
+
+
+def timing_line(timings: dict) -> str:
+    """The closing statistics line. The first generated token comes out of the prompt pass, so the
+    generation rate counts the decode steps after it: (generated - 1) / decode time."""
+    return (f"prompt {timings['prompt_tokens']} tok in {timings['prefill_s']:.3f} s "
+            f"({timings['prefill_tok_s']:.1f} tok/s), "
+            f"generated {timings['generated_tokens']} tok in {timings['decode_s']:.3f} s "
+            f"({timings['decode_tok_s']:.1f} tok/s)")
+
+
+def write_stream(pieces) -> None:
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+# ---- generate ---------------------------------------------------------------------------------
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the text to continue")
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    params = sampling_params(args)
+    llm = load_model(args)
+    write_stream(llm.stream(args.prompt, params))
+    print(timing_line(llm.last_output.timings), file=sys.stderr)
+    return 0
+
+
+# ---- chat -------------------------------------------------------------------------------------
+
+def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--system", default=None, help="a system message opening the conversation")
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    params = sampling_params(args)
+    llm = load_model(args)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("chat: type a message; /exit or Ctrl-D ends", file=sys.stderr)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        message = line.strip()
+        if message == "/exit":
+            break
+        if not message:
+            continue
+        history.append({"role": "user", "content": message})
+        drop_old_turns(llm, history)
+        write_stream(llm.chat_stream(history, params))
+        history.append({"role": "assistant", "content": llm.last_output.text})
+        print(timing_line(llm.last_output.timings), file=sys.stderr)
+    return 0
+
+
+def drop_old_turns(llm, history: list[dict]) -> None:
+    """Forgets the oldest exchanges (keeping a system message) until the prompt fits the context."""
+    first = 1 if history and history[0]["role"] == "system" else 0
+    while len(history) - first > 1:
+        text = llm.tokenizer.apply_chat_template(history, add_generation_prompt=True)
+        if len(llm.tokenizer.encode(text)) < llm.max_seq_len:
+            return
+        del history[first:first + 2]
+
+
+# ---- dispatch ---------------------------------------------------------------------------------
+
+COMMANDS: dict[str, Command] = {
+    "generate": Command("continue a prompt, streaming the text", add_generate_arguments,
+                        run_generate),
+    "chat": Command("interactive chat over stdin (history kept; /exit or EOF ends)",
+                    add_chat_arguments, run_chat),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints its own 'prog: error:' line; make it the same prefix as ours."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        print(f"llama-brrr: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = _Parser(prog="llama-brrr", description="llama_brrr: Llama-family inference engine")
+    parser.add_argument("--version", action="version", version=f"llama-brrr {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, command in COMMANDS.items():
+        command.add_arguments(sub.add_parser(name, help=command.help, description=command.help))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command].run(args)
+    except USER_ERRORS as error:
+        sys.stdout.flush()
+        print(f"llama-brrr: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print("\nllama-brrr: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,701 @@
+"""Llama: the user-facing model. It owns one engine handle (`_C.Engine`) and drives it from Python.
+
+The engine does all the math (forward passes and sampling); this file loads weights into it,
+tokenizes, and runs the generation loop:
+
+    prefill prompt[:-1] of each request into its own KV slot (no logits)
+    repeat: one engine.decode over every active sequence (the first step feeds each prompt's last
+            token), engine.sample picks each next token, stop conditions are checked per request
+
+Requests beyond max_batch run in waves of max_batch. Every argument is checked before the engine
+sees it, so a bad request raises a ValueError and leaves the instance usable.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import _C
+from .config import ModelConfig, shape_config
+from .sampling import SamplingParams
+
+_DTYPE_ALIASES = {
+    "f32": "f32", "float32": "f32", "fp32": "f32",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "f16": "f16", "float16": "f16", "fp16": "f16", "half": "f16",
+}
+_DEFAULT_CONTEXT_CAP = 4096
+_DEFAULT_MAX_BATCH = {"cpu": 8, "cuda": 64}
+_RANDOM_INIT_STD = 0.02
+_BUSY_MESSAGE = ("this Llama is already generating (an unfinished stream?); finish or close that "
+                 "generator first: one instance runs one generation at a time")
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request.
+
+    text excludes the prompt, end-of-sequence/stop tokens and any stop string; token_ids are the
+    generated ids (including a final EOS or stop token id, as vLLM does). finish_reason is "stop"
+    (EOS, stop token or stop string) or "length" (max_tokens or the context limit).
+
+    timings (seconds; rates in tokens/s):
+      prompt_tokens, generated_tokens
+      ttft_s     from the generate() call to this request's first token
+      prefill_s  processing the prompt(s) of this request's wave, up to their first tokens
+      decode_s   from the first token to the last (generated_tokens - 1 decode steps)
+      total_s    from the generate() call to the end of this request
+      prefill_tok_s = prompt_tokens / prefill_s
+      decode_tok_s  = (generated_tokens - 1) / decode_s, the steady-state decode rate
+    """
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[float] | None = None
+    timings: dict = field(default_factory=dict)
+
+
+class RandomModelTokenizer:
+    """A byte-level tokenizer for random-weight models, so benchmarks and tests can take text prompts.
+
+    ids 0, 1, 2 are <unk>, <s> (BOS) and </s> (EOS); id 3 + b is the byte b (ids 3..258). Ids above
+    258 exist in the model's vocabulary but decode to nothing. Needs vocab_size >= 259.
+    """
+
+    N_SPECIAL = 3
+    BOS_ID = 1
+    EOS_ID = 2
+
+    def __init__(self, vocab_size: int):
+        if vocab_size < self.N_SPECIAL + 256:
+            raise ValueError(f"RandomModelTokenizer needs vocab_size >= {self.N_SPECIAL + 256}, "
+                             f"got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.bos_id = self.BOS_ID
+        self.eos_ids = (self.EOS_ID,)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = [self.N_SPECIAL + b for b in text.encode("utf-8")]
+        return [self.BOS_ID] + ids if add_bos or add_bos is None else ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        names = {0: "<unk>", self.BOS_ID: "<s>", self.EOS_ID: "</s>"}
+        parts, pending = [], bytearray()
+        for i in ids:
+            if self.N_SPECIAL <= i < self.N_SPECIAL + 256:
+                pending.append(i - self.N_SPECIAL)
+            elif i in names and not skip_special_tokens:
+                parts.append(pending.decode("utf-8", errors="replace"))
+                parts.append(names[i])
+                pending.clear()
+        parts.append(pending.decode("utf-8", errors="replace"))
+        return "".join(parts)
+
+    def stream_decoder(self) -> "_ByteStreamDecoder":
+        return _ByteStreamDecoder(self.N_SPECIAL)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """A plain "role: content" transcript; random weights make no use of a real template."""
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return text + "assistant: " if add_generation_prompt else text
+
+
+class _ByteStreamDecoder:
+    """Incremental decoder for RandomModelTokenizer: never emits half of a UTF-8 character."""
+
+    def __init__(self, n_special: int):
+        self._n_special = n_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        if self._n_special <= token_id < self._n_special + 256:
+            return self._utf8.decode(bytes([token_id - self._n_special]))
+        return ""
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class Llama:
+    """A Llama-family model on one device, ready to generate.
+
+    Build one with Llama.from_pretrained(path) (a GGUF / safetensors / llama2.c file, or None for
+    the default model) or Llama.random(shape) (random weights, for benchmarks and tests).
+    """
+
+    def __init__(self, engine, config: ModelConfig, tokenizer, *, device: str, dtype: str,
+                 max_seq_len: int, max_batch: int, eos_token_ids: Sequence[int] = (),
+                 source: str = ""):
+        self._engine = engine
+        self.config = config
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.max_seq_len = max_seq_len
+        self.max_batch = max_batch
+        self.source = source
+        eos = set(int(i) for i in eos_token_ids)
+        if tokenizer is not None:
+            eos.update(int(i) for i in tokenizer.eos_ids)
+        self.eos_token_ids = tuple(sorted(eos))
+        # The RequestOutput of the most recent finished stream()/chat_stream()/generate() request,
+        # so a caller that consumed a stream can still read its token ids and timings.
+        self.last_output: RequestOutput | None = None
+        self._busy = False
+
+    # ---- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | None = None, device: str = "auto", dtype: str | None = None,
+                        max_seq_len: int | None = None, max_batch: int | None = None,
+                        n_threads: int = 0, progress: bool = True) -> "Llama":
+        """Loads a model onto `device`.
+
+        path: a model file or directory, None / "default" for the default model (fetched when
+        missing; $LLAMA_BRRR_DEFAULT_MODEL overrides it), or "hf:org/name" (see fetch.resolve_model).
+
+        dtype: "f32", "bf16" or "f16" (default bf16 on cuda, f32 on cpu).
+        max_seq_len: KV-cache length per sequence (default min(model context, 4096)).
+        max_batch: sequences decoded together (default 8 on cpu, 64 on cuda).
+        """
+        from . import fetch
+        from .loaders import load_model
+        from .tokenizer import load_tokenizer
+
+        backend, device_index = _parse_device(device)
+        engine_dtype = _parse_dtype(dtype, backend)
+        resolved = fetch.resolve_model(path, progress=progress)
+        loaded = load_model(str(resolved), progress=_LoadProgress("loading") if progress else None)
+        config = loaded.config
+        max_seq_len = _parse_max_seq_len(max_seq_len, config)
+        max_batch = _parse_max_batch(max_batch, backend)
+        engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
+                           device_index, _parse_threads(n_threads))
+        _set_weights(engine, loaded.tensors, config, progress, str(resolved))
+        tokenizer = load_tokenizer(_tokenizer_spec(loaded.tokenizer_spec, str(resolved), config))
+        return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
+                   dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
+                   eos_token_ids=loaded.eos_token_ids or (), source=str(resolved))
+
+    @classmethod
+    def random(cls, shape_name_or_config: str | ModelConfig, seed: int = 0, device: str = "auto",
+               dtype: str | None = None, max_seq_len: int | None = None,
+               max_batch: int | None = None, n_threads: int = 0) -> "Llama":
+        """A model with random weights (N(0, 0.02); norms 1 + N(0, 0.02)), drawn by the engine.
+
+        shape_name_or_config: a name from config.SHAPES (e.g. "llama3.2-1b") or a ModelConfig.
+        Its tokenizer is RandomModelTokenizer (byte-level) when vocab_size >= 259; with a smaller
+        vocabulary there is none and prompts must be token-id lists.
+        """
+        if isinstance(shape_name_or_config, ModelConfig):
+            config = shape_name_or_config
+        elif isinstance(shape_name_or_config, str):
+            config = shape_config(shape_name_or_config)
+        else:
+            raise TypeError(f"Llama.random takes a shape name or a ModelConfig, "
+                            f"got {type(shape_name_or_config).__name__}")
+        backend, device_index = _parse_device(device)
+        engine_dtype = _parse_dtype(dtype, backend)
+        max_seq_len = _parse_max_seq_len(max_seq_len, config)
+        max_batch = _parse_max_batch(max_batch, backend)
+        engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
+                           device_index, _parse_threads(n_threads))
+        engine.init_random(int(seed), _RANDOM_INIT_STD)
+        tokenizer = (RandomModelTokenizer(config.vocab_size)
+                     if config.vocab_size >= RandomModelTokenizer.N_SPECIAL + 256 else None)
+        return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
+                   dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
+                   source=f"random:{config.name}")
+
+    @property
+    def engine(self):
+        """The underlying _C.Engine (for tests and tools; generation goes through this class)."""
+        return self._engine
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Llama(source={self.source!r}, layers={c.n_layers}, dim={c.dim}, "
+                f"heads={c.n_heads}/{c.n_kv_heads}, vocab={c.vocab_size}, "
+                f"params={c.n_params() / 1e6:.1f}M, device={self.device!r}, dtype={self.dtype!r}, "
+                f"max_seq_len={self.max_seq_len}, max_batch={self.max_batch})")
+
+    # ---- public API ---------------------------------------------------------------------------
+
+    def generate(self, prompts, sampling_params: SamplingParams | None = None,
+                 **kwargs) -> list[RequestOutput]:
+        """Generates for one or many prompts, batched; returns one RequestOutput per prompt, in order.
+
+        prompts: a str, a list of str, a list of token ids, or a list of token-id lists. A single
+        prompt (str or one id list) still returns a list of one, as vLLM does.
+        kwargs: SamplingParams fields (instead of sampling_params, not together with it).
+        A prompt that is empty, or has as many tokens as the context (max_seq_len) or more, or
+        holds an id outside the vocabulary, raises ValueError before anything runs.
+        """
+        params = SamplingParams.from_kwargs(sampling_params, kwargs)
+        requests = [self._make_request(text, ids, params) for text, ids in self._prompts(prompts)]
+        with self._exclusive():
+            for _ in self._run(requests):
+                pass
+        outputs = [r.output() for r in requests]
+        self.last_output = outputs[-1]
+        return outputs
+
+    def stream(self, prompt, sampling_params: SamplingParams | None = None,
+               **kwargs) -> Iterator[str]:
+        """Yields the generated text of one prompt (a str or a token-id list) piece by piece.
+
+        Pieces never split a UTF-8 character and never show text that may turn out to be the
+        start of a stop string. When the generator is exhausted, self.last_output holds the
+        RequestOutput (token ids, finish reason, timings).
+        """
+        params = SamplingParams.from_kwargs(sampling_params, kwargs)
+        prompts = self._prompts(prompt)
+        if len(prompts) != 1:
+            raise ValueError(f"stream() takes one prompt, got {len(prompts)}")
+        request = self._make_request(*prompts[0], params)
+        return self._stream_request(request)
+
+    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
+             **kwargs) -> RequestOutput:
+        """Answers a conversation ([{"role": ..., "content": ...}, ...]) through the chat template."""
+        params = SamplingParams.from_kwargs(sampling_params, kwargs)
+        request = self._make_request(*self._chat_prompt(messages), params)
+        with self._exclusive():
+            for _ in self._run([request]):
+                pass
+        self.last_output = request.output()
+        return self.last_output
+
+    def chat_stream(self, messages: list[dict], sampling_params: SamplingParams | None = None,
+                    **kwargs) -> Iterator[str]:
+        """chat() as a stream of text pieces (see stream())."""
+        params = SamplingParams.from_kwargs(sampling_params, kwargs)
+        return self._stream_request(self._make_request(*self._chat_prompt(messages), params))
+
+    def forward(self, token_ids, start_pos: int = 0, slot: int = 0) -> np.ndarray:
+        """Logits [T, vocab] (float32) for every position of token_ids placed at start_pos.. in `slot`.
+
+        The tokens are written into that slot's KV cache, so a later call with start_pos = T
+        continues the same sequence.
+        """
+        ids = self._check_ids(token_ids, "token_ids")
+        if not ids:
+            raise ValueError("forward: token_ids is empty")
+        start_pos = _check_int("start_pos", start_pos)
+        slot = _check_int("slot", slot)
+        if not 0 <= slot < self.max_batch:
+            raise ValueError(f"slot must be in [0, {self.max_batch}) (max_batch={self.max_batch}), "
+                             f"got {slot}")
+        if start_pos < 0 or start_pos + len(ids) > self.max_seq_len:
+            raise ValueError(f"forward: start_pos={start_pos} plus {len(ids)} tokens does not fit "
+                             f"the context max_seq_len={self.max_seq_len}")
+        with self._exclusive():
+            return self._engine.prefill(slot, np.asarray(ids, dtype=np.int32), start_pos, "all")
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def _prompts(self, prompts) -> list[tuple[str | None, list[int]]]:
+        """Normalizes prompts to [(text or None, token ids)]."""
+        if isinstance(prompts, np.ndarray):
+            prompts = prompts.tolist()
+        if isinstance(prompts, str):
+            return [self._encode_prompt(prompts)]
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a str, a list of str, a list of token ids or a list "
+                            f"of token-id lists, got {type(prompts).__name__}")
+        if not prompts:
+            raise ValueError("prompt is empty: prompts is an empty list")
+        if not any(isinstance(p, (str, list, tuple, np.ndarray)) for p in prompts):
+            return [(None, self._check_ids(prompts, "prompt"))]
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                out.append(self._encode_prompt(p, i))
+            elif isinstance(p, (list, tuple, np.ndarray)):
+                out.append((None, self._check_ids(list(p), f"prompt {i}")))
+            else:
+                raise TypeError(f"prompt {i} must be a str or a list of token ids, "
+                                f"got {type(p).__name__}")
+        return out
+
+    def _encode_prompt(self, text: str, index: int | None = None) -> tuple[str, list[int]]:
+        name = "prompt" if index is None else f"prompt {index}"
+        if not text:
+            raise ValueError(f"{name} is empty: give at least one character of text")
+        if self.tokenizer is None:
+            raise ValueError(f"this model has no tokenizer (random weights with vocab_size="
+                             f"{self.config.vocab_size} < 259): pass {name} as a list of token ids")
+        ids = list(self.tokenizer.encode(text))
+        if not ids:
+            raise ValueError(f"{name} is empty: {text!r} encodes to no tokens")
+        return text, ids
+
+    def _check_ids(self, ids, name: str) -> list[int]:
+        vocab = self.config.vocab_size
+        out = []
+        for j, t in enumerate(ids):
+            if not _is_int(t):
+                raise TypeError(f"{name}: token ids must be integers, got {t!r} at index {j}")
+            t = int(t)
+            if not 0 <= t < vocab:
+                raise ValueError(f"{name}: token id {t} at index {j} is outside the vocabulary "
+                                 f"[0, {vocab})")
+            out.append(t)
+        return out
+
+    def _make_request(self, text: str | None, ids: list[int], params: SamplingParams) -> "_Request":
+        if not ids:
+            raise ValueError("prompt is empty: give at least one token")
+        if len(ids) >= self.max_seq_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens but the context holds max_seq_len={self.max_seq_len} "
+                f"tokens including at least one generated token; shorten the prompt or load the "
+                f"model with a larger max_seq_len= (the model was trained on "
+                f"{self.config.max_seq_len})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        decoder = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
+        eos = () if params.ignore_eos else self.eos_token_ids
+        return _Request(text, ids, params, seed, decoder, frozenset(eos) | set(params.stop_token_ids))
+
+    def _chat_prompt(self, messages) -> tuple[str, list[int]]:
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer; this model has none")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        for i, m in enumerate(messages):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)):
+                raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', "
+                                 f"got {m!r}")
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        # Templates that write the BOS text themselves (Llama 3) must not get a second BOS.
+        bos = self.tokenizer.bos_id
+        bos_text = (self.tokenizer.decode([bos], skip_special_tokens=False)
+                    if bos is not None and bos >= 0 else "")
+        add_bos = False if bos_text and text.startswith(bos_text) else None
+        ids = list(self.tokenizer.encode(text, add_bos=add_bos))
+        if not ids:
+            raise ValueError("the chat template produced an empty prompt")
+        return text, ids
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        """One generation at a time: an instance has one engine and one set of KV slots."""
+        if self._busy:
+            raise RuntimeError(_BUSY_MESSAGE)
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+
+    def _stream_request(self, request: "_Request") -> Iterator[str]:
+        # Checked here, not inside the generator, so a second concurrent stream fails at once.
+        if self._busy:
+            raise RuntimeError(_BUSY_MESSAGE)
+
+        def pieces():
+            with self._exclusive():
+                yield from (piece for _, piece in self._run([request]) if piece)
+            self.last_output = request.output()
+
+        return pieces()
+
+    # ---- the generation loop ------------------------------------------------------------------
+
+    def _run(self, requests: list["_Request"]) -> Iterator[tuple["_Request", str]]:
+        """Runs the requests in waves of max_batch; yields (request, new visible text) per token."""
+        t_call = time.perf_counter()
+        for r in requests:
+            r.t_call = t_call
+        for start in range(0, len(requests), self.max_batch):
+            yield from self._run_wave(requests[start:start + self.max_batch])
+
+    def _run_wave(self, wave: list["_Request"]) -> Iterator[tuple["_Request", str]]:
+        engine = self._engine
+        t_wave = time.perf_counter()
+        for slot, r in enumerate(wave):
+            r.slot = slot
+            if len(r.prompt_ids) > 1:
+                engine.prefill(slot, np.asarray(r.prompt_ids[:-1], dtype=np.int32), 0, "none")
+            r.next_token = r.prompt_ids[-1]
+            r.position = len(r.prompt_ids) - 1
+
+        active = list(wave)
+        while active:
+            tokens = np.array([r.next_token for r in active], dtype=np.int32)
+            slots = np.array([r.slot for r in active], dtype=np.int32)
+            positions = np.array([r.position for r in active], dtype=np.int32)
+            engine.decode(tokens, slots, positions, False)
+            new_tokens, logprobs = engine.sample(
+                slots, positions,
+                np.array([r.params.temperature for r in active], dtype=np.float32),
+                np.array([r.params.top_k for r in active], dtype=np.int32),
+                np.array([r.params.top_p for r in active], dtype=np.float32),
+                np.array([r.params.min_p for r in active], dtype=np.float32),
+                np.array([r.params.repetition_penalty for r in active], dtype=np.float32),
+                np.array([r.seed for r in active], dtype=np.uint64),
+                np.array([len(r.token_ids) for r in active], dtype=np.uint64))
+            now = time.perf_counter()
+            still_active = []
+            for r, token, logprob in zip(active, new_tokens.tolist(), logprobs.tolist()):
+                if not r.token_ids:
+                    r.t_first = now
+                    r.t_wave = t_wave
+                piece = r.accept(int(token), float(logprob), self.max_seq_len)
+                if r.finish_reason is None:
+                    r.next_token = int(token)
+                    r.position += 1
+                    still_active.append(r)
+                else:
+                    r.t_done = now
+                yield r, piece
+            active = still_active
+
+
+class _Request:
+    """One sequence in flight: its prompt, parameters, generated tokens and visible text."""
+
+    def __init__(self, prompt_text, prompt_ids, params: SamplingParams, seed: int, decoder,
+                 stop_ids: frozenset):
+        self.prompt_text = prompt_text
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.seed = seed
+        self.decoder = decoder
+        self.stop_ids = stop_ids
+        self.max_stop_len = max((len(s) for s in params.stop), default=0)
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text = ""
+        self.emitted = 0  # characters of text already handed to a stream
+        self.finish_reason: str | None = None
+        self.cut_by_stop_string = False
+        self.slot = self.position = self.next_token = 0
+        self.t_call = self.t_wave = self.t_first = self.t_done = 0.0
+
+    def accept(self, token: int, logprob: float, max_seq_len: int) -> str:
+        """Takes one sampled token, applies the stop rules; returns the text now safe to show."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        if token in self.stop_ids:
+            self.finish_reason = "stop"
+        else:
+            if self.decoder is not None:
+                self._append_text(self.decoder.push(token))
+            if self.finish_reason is None and (
+                    len(self.token_ids) >= self.params.max_tokens
+                    or len(self.prompt_ids) + len(self.token_ids) >= max_seq_len):
+                self.finish_reason = "length"
+        if self.finish_reason is not None:
+            # Bytes of an unfinished character still in the decoder belong to the text, unless a
+            # stop string already cut the text before them.
+            if self.decoder is not None and not self.cut_by_stop_string:
+                self._append_text(self.decoder.flush())
+            visible_end = len(self.text)
+        else:
+            visible_end = len(self.text) - self._held_back()
+        piece = self.text[self.emitted:visible_end]
+        self.emitted = max(self.emitted, visible_end)
+        return piece
+
+    def _append_text(self, piece: str) -> None:
+        if not piece:
+            return
+        # Only a window reaching back max_stop_len - 1 characters can hold a new match.
+        search_from = max(0, len(self.text) - self.max_stop_len + 1)
+        self.text += piece
+        cut = min((i for i in (self.text.find(s, search_from) for s in self.params.stop) if i >= 0),
+                  default=-1)
+        if cut >= 0:
+            self.text = self.text[:cut]
+            self.finish_reason = "stop"
+            self.cut_by_stop_string = True
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of text that is a proper prefix of a stop string."""
+        for n in range(min(self.max_stop_len - 1, len(self.text)), 0, -1):
+            tail = self.text[-n:]
+            if any(s.startswith(tail) for s in self.params.stop):
+                return n
+        return 0
+
+    def output(self) -> RequestOutput:
+        n_prompt, n_gen = len(self.prompt_ids), len(self.token_ids)
+        prefill_s = self.t_first - self.t_wave
+        decode_s = self.t_done - self.t_first
+        timings = {
+            "prompt_tokens": n_prompt,
+            "generated_tokens": n_gen,
+            "ttft_s": self.t_first - self.t_call,
+            "prefill_s": prefill_s,
+            "decode_s": decode_s,
+            "total_s": self.t_done - self.t_call,
+            "prefill_tok_s": n_prompt / prefill_s if prefill_s > 0 else 0.0,
+            "decode_tok_s": (n_gen - 1) / decode_s if decode_s > 0 else 0.0,
+        }
+        return RequestOutput(prompt=self.prompt_text, prompt_token_ids=list(self.prompt_ids),
+                             text=self.text, token_ids=list(self.token_ids),
+                             finish_reason=self.finish_reason,
+                             logprobs=list(self.logprobs) if self.params.logprobs else None,
+                             timings=timings)
+
+
+class _LoadProgress:
+    """A tqdm bar on stderr behind the loader's progress callback: progress(done, total)."""
+
+    def __init__(self, description: str):
+        self._description = description
+        self._bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        from tqdm import tqdm
+        if self._bar is None:
+            self._bar = tqdm(total=total, desc=self._description, unit="tensor", leave=False)
+        self._bar.update(done - self._bar.n)
+        if done >= total:
+            self._bar.close()
+
+
+# ---- argument parsing -------------------------------------------------------------------------
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def _check_int(name: str, value) -> int:
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _parse_device(device: str) -> tuple[str, int]:
+    """"auto" | "cpu" | "cuda" | "cuda:N" -> (backend, device index)."""
+    if not isinstance(device, str):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    name = device.strip().lower()
+    if name == "auto":
+        return ("cuda", 0) if _C.cuda_device_count() > 0 else ("cpu", 0)
+    if name == "cpu":
+        return "cpu", 0
+    if name == "cuda" or name.startswith("cuda:"):
+        index_text = name[5:] if name.startswith("cuda:") else "0"
+        if not index_text.isdigit():
+            raise ValueError(f"device {device!r}: expected 'cuda:N' with N a GPU index")
+        index = int(index_text)
+        if not _C.cuda_compiled():
+            raise RuntimeError(f"device={device!r}: this build of llama_brrr has no CUDA support; "
+                               f"rebuild it where nvcc is installed (LLAMA_BRRR_CUDA=1 pip install "
+                               f"-e .) or use device='cpu'")
+        count = _C.cuda_device_count()
+        if count == 0:
+            raise RuntimeError(f"device={device!r}: no CUDA device is visible (no GPU, no driver, or "
+                               f"CUDA_VISIBLE_DEVICES hides them); use device='cpu'")
+        if index >= count:
+            raise RuntimeError(f"device={device!r}: there are only {count} CUDA device(s) "
+                               f"(cuda:0..cuda:{count - 1})")
+        return "cuda", index
+    raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def _device_name(backend: str, index: int) -> str:
+    return "cpu" if backend == "cpu" else f"cuda:{index}"
+
+
+def _parse_dtype(dtype: str | None, backend: str) -> str:
+    if dtype is None:
+        return "bf16" if backend == "cuda" else "f32"
+    key = str(dtype).strip().lower()
+    if key not in _DTYPE_ALIASES:
+        raise ValueError(f"dtype must be one of 'f32', 'bf16', 'f16' (or float32, bfloat16, "
+                         f"float16), got {dtype!r}")
+    return _DTYPE_ALIASES[key]
+
+
+def _parse_max_seq_len(max_seq_len: int | None, config: ModelConfig) -> int:
+    if max_seq_len is None:
+        return min(config.max_seq_len, _DEFAULT_CONTEXT_CAP)
+    if not _is_int(max_seq_len) or max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be an integer >= 2 (a prompt token and a generated "
+                         f"one), got {max_seq_len!r}")
+    return int(max_seq_len)
+
+
+def _parse_max_batch(max_batch: int | None, backend: str) -> int:
+    if max_batch is None:
+        return _DEFAULT_MAX_BATCH[backend]
+    if not _is_int(max_batch) or max_batch < 1:
+        raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    return int(max_batch)
+
+
+def _parse_threads(n_threads: int) -> int:
+    if not _is_int(n_threads) or n_threads < 0:
+        raise ValueError(f"n_threads must be an integer >= 0 (0 = all cores), got {n_threads!r}")
+    return int(n_threads)
+
+
+def _set_weights(engine, tensors: dict, config: ModelConfig, progress: bool, source: str) -> None:
+    """Hands every canonical tensor to the engine in a dtype it takes without a copy in Python."""
+    from .errors import ModelFileError
+
+    missing = sorted(set(config.tensor_shapes()) - set(tensors))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ModelFileError(source, f"the model file lacks tensor(s) {shown}; the file is "
+                                     f"incomplete or not a Llama-family model")
+    names = list(config.tensor_shapes())
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(names), desc="to engine", unit="tensor", leave=False)
+    try:
+        for name in names:
+            array, dtype = _engine_array(tensors[name])
+            engine.set_weight(name, array, dtype)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _tokenizer_spec(spec: dict, source: str, config: ModelConfig) -> dict:
+    """The loaders' tokenizer_spec ({"format": ...}, loaders/common.py) in the form
+    tokenizer.load_tokenizer reads ({"kind": ...}); the two modules name their keys differently."""
+    if "kind" in spec:
+        return spec
+    fmt = spec.get("format")
+    if fmt == "gguf":
+        return dict(spec, kind="gguf", path=source)
+    if fmt == "hf":
+        return {"kind": "hf", "tokenizer_json": spec.get("tokenizer_json"),
+                "tokenizer_model": spec.get("tokenizer_model"),
+                "tokenizer_config_json": spec.get("tokenizer_config"),
+                "generation_config_json": spec.get("generation_config")}
+    if fmt == "llama2c":
+        return {"kind": "llama2c", "path": spec.get("tokenizer_bin"),
+                "vocab_size": config.vocab_size}
+    raise ValueError(f"{source}: the loader produced a tokenizer spec of unknown format {fmt!r}")
+
+
+def _engine_array(array: np.ndarray) -> tuple[np.ndarray, str]:
+    if array.dtype == np.float32:
+        return np.ascontiguousarray(array), "f32"
+    if array.dtype == np.float16:
+        return np.ascontiguousarray(array), "f16"
+    if array.dtype.name == "bfloat16":
+        return np.ascontiguousarray(array).view(np.uint16), "bf16"
+    return np.ascontiguousarray(array, dtype=np.float32), "f32"

@@ -1,0 +1,145 @@
+"""SamplingParams: how one request picks its tokens and when it stops (vLLM-like names).
+
+The sampling itself runs inside the engine (`_C.Engine.sample`); this module only holds the
+parameters and rejects values the engine must never see.
+
+Defaults differ from vLLM in one place on purpose: temperature defaults to 0.0 (greedy) instead of
+vLLM's 1.0, so that a run without arguments is deterministic and benchmarks are reproducible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling and stopping parameters.
+
+    max_tokens          tokens to generate at most (default 256); generation also ends at the
+                        context limit (max_seq_len), whichever comes first, with finish_reason "length".
+    temperature         0 = greedy (the default here; vLLM's default is 1.0), else softmax(logits / T).
+    top_k               keep the k most likely tokens; 0 = off.
+    top_p               nucleus: keep the smallest set with cumulative probability >= top_p; 1 = off.
+    min_p               drop tokens with probability < min_p * p(most likely); 0 = off.
+    repetition_penalty  HF rule over the prompt and generated tokens; 1 = off.
+    seed                None draws a random seed once per request; an int makes sampling reproducible
+                        (the same seed gives the same tokens whatever the batch layout).
+    stop                string(s) that end generation; the returned text stops before the match.
+    stop_token_ids      token ids that end generation (the id is kept in token_ids, not in text).
+    ignore_eos          keep going past the model's end-of-sequence tokens.
+    logprobs            return the log-probability of each chosen token (under the unmodified
+                        distribution softmax(logits)).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    def __post_init__(self):
+        self.max_tokens = _require_int("max_tokens", self.max_tokens, "an integer >= 1")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens}")
+
+        self.temperature = _require_real("temperature", self.temperature, "a finite number >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+
+        self.top_k = _require_int("top_k", self.top_k, "an integer >= 0 (0 = off)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+
+        self.top_p = _require_real("top_p", self.top_p, "a number in (0, 1]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+
+        self.min_p = _require_real("min_p", self.min_p, "a number in [0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+
+        self.repetition_penalty = _require_real(
+            "repetition_penalty", self.repetition_penalty, "a finite number > 0")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), "
+                             f"got {self.repetition_penalty}")
+
+        if self.seed is not None:
+            self.seed = _require_int("seed", self.seed, "an integer or None")
+            if not 0 <= self.seed < 2**64:
+                raise ValueError(f"seed must be in [0, 2**64) or None, got {self.seed}")
+
+        self.stop = _normalize_stop(self.stop)
+        self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
+        self.ignore_eos = bool(self.ignore_eos)
+        self.logprobs = bool(self.logprobs)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_kwargs(cls, sampling_params: SamplingParams | None, kwargs: dict) -> SamplingParams:
+        """The parameters of a generate()/stream()/chat() call: an object or keyword fields, not both."""
+        if sampling_params is not None and kwargs:
+            raise TypeError(
+                f"pass either sampling_params or keyword sampling arguments, not both "
+                f"(got sampling_params and {', '.join(sorted(kwargs))})")
+        if sampling_params is not None:
+            if not isinstance(sampling_params, SamplingParams):
+                raise TypeError(f"sampling_params must be a SamplingParams, "
+                                f"got {type(sampling_params).__name__}")
+            return sampling_params
+        unknown = sorted(set(kwargs) - set(cls.field_names()))
+        if unknown:
+            raise TypeError(f"unknown sampling argument(s) {', '.join(map(repr, unknown))}; "
+                            f"valid: {', '.join(cls.field_names())}")
+        return cls(**kwargs)
+
+
+def _require_int(name: str, value, allowed: str) -> int:
+    # bool is an int subclass, but top_k=True is a mistake, not a 1; numpy integers are welcome.
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return int(value.__index__())
+
+
+def _require_real(name: str, value, allowed: str) -> float:
+    if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return float(value)
+
+
+def _normalize_stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    stop = list(stop)
+    for s in stop:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+    return stop
+
+
+def _normalize_stop_token_ids(ids) -> list[int]:
+    if ids is None:
+        return []
+    if isinstance(ids, int):
+        ids = [ids]
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not hasattr(t, "__index__"):
+            raise ValueError(f"stop_token_ids must be integers, got {t!r}")
+        out.append(int(t.__index__()))
+    return out

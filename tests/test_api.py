@@ -1,0 +1,422 @@
+"""The Python API (Llama, SamplingParams, RequestOutput) on tiny random models on the CPU engine.
+
+Random N(0, 0.02) weights give nearly uniform logits, where argmax comparisons between two
+numerically different paths (prefill vs decode, batch vs alone) would hinge on float rounding. So
+the fixtures redraw the LM head with std 1: logit gaps become O(1), and a token mismatch means a
+real bug, not a near-tie.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from llama_brrr import Llama, ModelConfig, RequestOutput, SamplingParams
+from llama_brrr.model import RandomModelTokenizer
+
+TINY = dict(dim=48, hidden_dim=80, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=300,
+            max_seq_len=128, name="tiny")
+TIMING_KEYS = {"prompt_tokens", "generated_tokens", "ttft_s", "prefill_s", "decode_s", "total_s",
+               "prefill_tok_s", "decode_tok_s"}
+
+
+def make_tiny(max_batch=8, max_seq_len=None, weight_seed=0, dtype="f32", **overrides) -> Llama:
+    config = ModelConfig(**dict(TINY, **overrides))
+    # One thread: tiny matrices gain nothing from more, and a busy CI box punishes spinning teams.
+    llm = Llama.random(config, seed=weight_seed, device="cpu", max_batch=max_batch,
+                       max_seq_len=max_seq_len, dtype=dtype, n_threads=1)
+    rng = np.random.default_rng(weight_seed + 1000)
+    head = rng.normal(0.0, 1.0, (config.vocab_size, config.dim)).astype(np.float32)
+    llm.engine.set_weight("output", head, "f32")
+    return llm
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return make_tiny()
+
+
+def random_prompts(rng, lengths, vocab=TINY["vocab_size"]):
+    return [rng.integers(3, vocab, size=n).tolist() for n in lengths]
+
+
+def log_softmax(x):
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max()
+    return x - m - math.log(np.exp(x - m).sum())
+
+
+def greedy_by_forward(llm, prompt, n_tokens):
+    """The greedy continuation computed from forward() logits: (tokens, top-2 margins, logprobs)."""
+    logits = llm.forward(prompt)[-1]
+    tokens, margins, logprobs = [], [], []
+    pos = len(prompt)
+    for _ in range(n_tokens):
+        top2 = np.sort(logits)[-2:]
+        token = int(np.argmax(logits))
+        tokens.append(token)
+        margins.append(float(top2[1] - top2[0]))
+        logprobs.append(float(log_softmax(logits)[token]))
+        logits = llm.forward([token], start_pos=pos)[-1]
+        pos += 1
+    return tokens, margins, logprobs
+
+
+def assert_same_up_to_ties(got, expected, margins, min_compared):
+    """Tokens must agree while the expected side's top-2 margin is clear (> 1e-3); after a near-tie
+    the two sequences may legitimately part. At least min_compared positions must be compared."""
+    compared = 0
+    for i, (g, e, m) in enumerate(zip(got, expected, margins)):
+        if m <= 1e-3:
+            break
+        assert g == e, f"token {i}: got {g}, expected {e} (top-2 margin {m:.4f}); {got} vs {expected}"
+        compared += 1
+    assert compared >= min_compared, f"only {compared} clear-margin positions; margins {margins}"
+
+
+# ---- greedy correctness ------------------------------------------------------------------------
+
+def test_greedy_generate_matches_argmax_of_forward(llm, rng):
+    for prompt in random_prompts(rng, [1, 7, 23]):
+        out = llm.generate(prompt, max_tokens=16, ignore_eos=True)[0]
+        expected, margins, _ = greedy_by_forward(llm, prompt, 16)
+        assert len(out.token_ids) == 16
+        assert_same_up_to_ties(out.token_ids, expected, margins, min_compared=14)
+
+
+def test_bf16_weights_on_cpu_generate_their_own_argmax(rng):
+    llm = make_tiny(dtype="bf16")
+    assert llm.dtype == "bf16"
+    prompt = random_prompts(rng, [6])[0]
+    out = llm.generate(prompt, max_tokens=10, ignore_eos=True)[0]
+    expected, margins, _ = greedy_by_forward(llm, prompt, 10)
+    assert_same_up_to_ties(out.token_ids, expected, margins, min_compared=8)
+
+
+def test_greedy_matches_reference_llama(llm, rng):
+    torch = pytest.importorskip("torch")
+    from llama_brrr.reference import ReferenceLlama
+
+    config = llm.config
+    weights = {name: torch.from_numpy(llm.engine.get_weight(name))
+               for name in config.tensor_shapes()}
+    ref = ReferenceLlama(config, weights)
+    prompt = random_prompts(rng, [11])[0]
+    out = llm.generate(prompt, max_tokens=16, ignore_eos=True)[0]
+
+    ids = list(prompt)
+    margins = []
+    with torch.no_grad():
+        for _ in range(16):
+            logits = ref.forward(torch.tensor([ids]))[0, -1].double().numpy()
+            top2 = np.sort(logits)[-2:]
+            margins.append(float(top2[1] - top2[0]))
+            ids.append(int(np.argmax(logits)))
+    assert_same_up_to_ties(out.token_ids, ids[len(prompt):], margins, min_compared=14)
+
+
+def test_forward_in_pieces_equals_forward_at_once(llm, rng):
+    prompt = random_prompts(rng, [19])[0]
+    whole = llm.forward(prompt)
+    head = llm.forward(prompt[:8], slot=2)
+    tail = llm.forward(prompt[8:], start_pos=8, slot=2)
+    assert whole.shape == (19, TINY["vocab_size"]) and whole.dtype == np.float32
+    np.testing.assert_allclose(np.concatenate([head, tail]), whole, atol=1e-4, rtol=1e-4)
+
+
+# ---- batching ----------------------------------------------------------------------------------
+
+def test_batch_of_different_lengths_equals_each_alone(llm, rng):
+    prompts = random_prompts(rng, [1, 13, 5, 30, 2])
+    batch = llm.generate(prompts, max_tokens=12, ignore_eos=True, logprobs=True)
+    assert [o.prompt_token_ids for o in batch] == prompts  # results come back in input order
+    for prompt, out in zip(prompts, batch):
+        alone = llm.generate(prompt, max_tokens=12, ignore_eos=True, logprobs=True)[0]
+        assert out.token_ids == alone.token_ids
+        np.testing.assert_allclose(out.logprobs, alone.logprobs, atol=1e-4)
+
+
+def test_more_requests_than_max_batch_run_in_waves(rng):
+    llm = make_tiny(max_batch=2)
+    prompts = random_prompts(rng, [3, 9, 1, 6, 4])
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.8, seed=11)
+    batch = llm.generate(prompts, params)
+    assert len(batch) == 5
+    for prompt, out in zip(prompts, batch):
+        assert out.prompt_token_ids == prompt
+        assert out.token_ids == llm.generate(prompt, params)[0].token_ids
+
+
+def test_text_prompts_are_tokenized(llm):
+    texts = ["hello", "naïve café ☕"]
+    outs = llm.generate(texts, max_tokens=4, ignore_eos=True)
+    for text, out in zip(texts, outs):
+        assert out.prompt == text
+        assert out.prompt_token_ids == llm.tokenizer.encode(text)
+        assert out.token_ids == llm.generate(out.prompt_token_ids, max_tokens=4,
+                                             ignore_eos=True)[0].token_ids
+
+
+def test_single_prompt_returns_a_list_of_one(llm):
+    for prompt in ("hi there", [5, 6, 7], np.array([5, 6, 7])):
+        outs = llm.generate(prompt, max_tokens=3, ignore_eos=True)
+        assert isinstance(outs, list) and len(outs) == 1 and isinstance(outs[0], RequestOutput)
+
+
+# ---- sampling ----------------------------------------------------------------------------------
+
+def test_seeded_sampling_is_reproducible_and_seeds_differ(llm, rng):
+    prompt = random_prompts(rng, [6])[0]
+
+    def run(seed):
+        return llm.generate(prompt, max_tokens=16, temperature=3.0, seed=seed,
+                            ignore_eos=True)[0].token_ids
+
+    first = run(123)
+    assert run(123) == first
+    others = [run(seed) for seed in (1, 2, 3)]
+    assert any(o != first for o in others)
+    greedy = llm.generate(prompt, max_tokens=16, ignore_eos=True)[0].token_ids
+    assert first != greedy  # temperature 3 on O(1) logit gaps must leave the argmax path
+
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def uniform01(seed, step):
+    """model.h's counter RNG, transcribed: the draw for (seed, step)."""
+    return (splitmix64(splitmix64(seed) ^ ((step * 0xD1B54A32D192ED03) & MASK64)) >> 40) / 2**24
+
+
+def test_sampled_tokens_follow_the_seed_and_step_contract(llm, rng):
+    """Token k of a request is drawn with uniform01(seed, k) from softmax(logits / T) (cpu/sampling.h:
+    heaviest first, first token whose running weight exceeds u * total). Replaying that rule on
+    forward() logits must give the same tokens, which pins the seed and step numbering."""
+    prompt = random_prompts(rng, [5])[0]
+    seed, temperature, n = int(rng.integers(0, 2**63)), 4.0, 12
+    out = llm.generate(prompt, max_tokens=n, temperature=temperature, seed=seed,
+                       ignore_eos=True)[0]
+    logits = llm.forward(prompt)[-1]
+    pos = len(prompt)
+    for step, got in enumerate(out.token_ids):
+        z = logits.astype(np.float64)
+        weights = np.exp((z - z.max()) / temperature)
+        order = np.lexsort((np.arange(len(z)), -weights))  # heaviest first, lower id on ties
+        running = np.cumsum(weights[order])
+        threshold = uniform01(seed, step) * running[-1]
+        pick = int(np.searchsorted(running, threshold, side="right"))
+        # Where the threshold lies within float32 rounding of a boundary, either neighbour is right.
+        close = np.flatnonzero(np.abs(running - threshold) < 1e-5 * running[-1])
+        allowed = {int(order[pick])} | {int(order[i]) for i in close} | {
+            int(order[i + 1]) for i in close if i + 1 < len(order)}
+        assert got in allowed, f"step {step}: got {got}, the rule says {order[pick]}"
+        # Continue from the engine's token, so one borderline draw does not end the comparison.
+        logits = llm.forward([got], start_pos=pos)[-1]
+        pos += 1
+
+
+def test_unseeded_sampling_draws_a_fresh_seed_per_request(llm):
+    prompt = [9, 10, 11]
+    runs = {tuple(llm.generate(prompt, max_tokens=16, temperature=3.0,
+                               ignore_eos=True)[0].token_ids) for _ in range(3)}
+    assert len(runs) > 1
+
+
+def test_seeded_sampling_is_independent_of_batch_layout(llm, rng):
+    prompts = random_prompts(rng, [4, 8, 2])
+    params = SamplingParams(max_tokens=10, temperature=1.5, top_p=0.9, seed=77, ignore_eos=True)
+    batch = llm.generate(prompts, params)
+    for prompt, out in zip(prompts, batch):
+        assert out.token_ids == llm.generate(prompt, params)[0].token_ids
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=1), dict(min_p=1.0), dict(top_p=1e-6)])
+def test_filters_that_keep_only_the_top_token_give_greedy(llm, rng, filters):
+    prompt = random_prompts(rng, [5])[0]
+    greedy = llm.generate(prompt, max_tokens=12, ignore_eos=True)[0].token_ids
+    sampled = llm.generate(prompt, max_tokens=12, ignore_eos=True, temperature=5.0, seed=3,
+                           **filters)[0].token_ids
+    assert sampled == greedy
+
+
+def test_strong_repetition_penalty_forbids_repeats(llm, rng):
+    prompt = random_prompts(rng, [6])[0]
+    plain = llm.generate(prompt, max_tokens=24, ignore_eos=True)[0].token_ids
+    assert len(set(prompt + plain)) < len(prompt + plain), "the plain greedy run should repeat"
+    penalized = llm.generate(prompt, max_tokens=24, ignore_eos=True,
+                             repetition_penalty=1e4)[0].token_ids
+    # The penalty covers the prompt too, so no generated token repeats anything seen before it.
+    assert len(set(prompt + penalized)) == len(prompt + penalized)
+
+
+# ---- logprobs ----------------------------------------------------------------------------------
+
+def test_logprobs_equal_log_softmax_of_forward_logits(llm, rng):
+    prompt = random_prompts(rng, [9])[0]
+    out = llm.generate(prompt, max_tokens=10, ignore_eos=True, logprobs=True)[0]
+    expected_tokens, _, expected_logprobs = greedy_by_forward(llm, prompt, 10)
+    assert out.token_ids == expected_tokens
+    np.testing.assert_allclose(out.logprobs, expected_logprobs, atol=1e-4)
+
+
+def test_sampled_logprobs_are_finite_and_not_positive(llm):
+    outs = llm.generate([[4, 5], [6]], max_tokens=8, ignore_eos=True, temperature=2.0, seed=5,
+                        logprobs=True)
+    for out in outs:
+        assert len(out.logprobs) == len(out.token_ids) == 8
+        assert all(math.isfinite(lp) and lp <= 0 for lp in out.logprobs)
+
+
+def test_logprobs_absent_unless_asked(llm):
+    assert llm.generate([4, 5], max_tokens=2)[0].logprobs is None
+
+
+# ---- stopping ----------------------------------------------------------------------------------
+
+def long_text_run(llm, rng):
+    """A greedy run whose text is long enough to cut stop strings out of."""
+    for _ in range(20):
+        prompt = random_prompts(rng, [4])[0]
+        out = llm.generate(prompt, max_tokens=40, ignore_eos=True)[0]
+        if len(out.text) >= 12 and len(set(out.token_ids)) >= 6:
+            return prompt, out
+    pytest.fail("no greedy run produced 12 characters of text; the tiny model is degenerate")
+
+
+def test_max_tokens_ends_with_length(llm):
+    out = llm.generate([7, 8, 9], max_tokens=5, ignore_eos=True)[0]
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    assert out.timings["generated_tokens"] == 5
+
+
+def test_stop_string_truncates_text(llm, rng):
+    prompt, full = long_text_run(llm, rng)
+    for start, length in ((4, 2), (7, 1), (0, 3)):
+        stop = full.text[start:start + length]
+        cut = full.text.find(stop)
+        out = llm.generate(prompt, max_tokens=40, ignore_eos=True, stop=["\x00never", stop])[0]
+        assert out.finish_reason == "stop"
+        assert out.text == full.text[:cut]
+        assert full.token_ids[:len(out.token_ids)] == out.token_ids
+
+
+def test_stop_token_ids_end_generation_and_keep_the_id(llm, rng):
+    prompt, full = long_text_run(llm, rng)
+    stop_id = full.token_ids[5]
+    first = full.token_ids.index(stop_id)
+    out = llm.generate(prompt, max_tokens=40, ignore_eos=True, stop_token_ids=[stop_id])[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == full.token_ids[:first + 1]
+    assert out.text == llm.tokenizer.decode(full.token_ids[:first])
+
+
+def test_eos_stops_unless_ignored(rng):
+    llm = make_tiny()
+    prompt, full = long_text_run(llm, rng)
+    eos = full.token_ids[3]
+    first = full.token_ids.index(eos)
+    llm.eos_token_ids = (eos,)
+    out = llm.generate(prompt, max_tokens=40)[0]
+    assert out.finish_reason == "stop" and out.token_ids == full.token_ids[:first + 1]
+    ignored = llm.generate(prompt, max_tokens=40, ignore_eos=True)[0]
+    assert ignored.token_ids == full.token_ids and ignored.finish_reason == "length"
+
+
+def test_context_limit_ends_with_length_not_an_error(rng):
+    llm = make_tiny(max_seq_len=24)
+    for prompt_len in (1, 20, 23):
+        prompt = random_prompts(rng, [prompt_len])[0]
+        out = llm.generate(prompt, max_tokens=100, ignore_eos=True)[0]
+        assert out.finish_reason == "length"
+        assert len(prompt) + len(out.token_ids) == 24
+    # a batch in which one request hits the context and the other its max_tokens
+    outs = llm.generate([[5] * 22, [6] * 3], max_tokens=5, ignore_eos=True)
+    assert [len(o.token_ids) for o in outs] == [2, 5]
+
+
+# ---- streaming ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [
+    dict(max_tokens=30, ignore_eos=True),
+    dict(max_tokens=30, ignore_eos=True, temperature=1.0, seed=9),
+])
+def test_stream_pieces_concatenate_to_generate_text(llm, kwargs):
+    prompt = "stream me"
+    pieces = list(llm.stream(prompt, **kwargs))
+    out = llm.generate(prompt, **kwargs)[0]
+    assert "".join(pieces) == out.text
+    assert llm.last_output.text == out.text and llm.last_output.token_ids == out.token_ids
+
+
+def test_stream_never_shows_a_stop_string(llm, rng):
+    prompt, full = long_text_run(llm, rng)
+    stop = full.text[6:9]
+    pieces = list(llm.stream(prompt, max_tokens=40, ignore_eos=True, stop=stop))
+    text = "".join(pieces)
+    assert text == full.text[:full.text.find(stop)]
+    assert llm.last_output.finish_reason == "stop"
+
+
+def test_stream_keeps_multibyte_characters_whole():
+    tokenizer = RandomModelTokenizer(300)
+    decoder = tokenizer.stream_decoder()
+    text = "añ€😀z"
+    pieces = [decoder.push(i) for i in tokenizer.encode(text, add_bos=False)] + [decoder.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_an_unfinished_stream_blocks_other_generations_until_closed(llm):
+    stream = llm.stream([5, 6, 7], max_tokens=50, ignore_eos=True)
+    next(stream)
+    with pytest.raises(RuntimeError, match="already generating"):
+        llm.generate([5], max_tokens=2)
+    stream.close()
+    assert len(llm.generate([5], max_tokens=2, ignore_eos=True)[0].token_ids) == 2
+
+
+# ---- chat, timings, repr -----------------------------------------------------------------------
+
+def test_chat_uses_the_template(llm):
+    messages = [{"role": "user", "content": "hi"}]
+    out = llm.chat(messages, max_tokens=6, ignore_eos=True)
+    assert out.prompt == llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert out.prompt_token_ids == llm.tokenizer.encode(out.prompt)
+    assert "".join(llm.chat_stream(messages, max_tokens=6, ignore_eos=True)) == out.text
+
+
+def test_timings_are_complete_and_consistent(llm):
+    out = llm.generate([[3, 4, 5, 6], [7]], max_tokens=6, ignore_eos=True)
+    for o in out:
+        t = o.timings
+        assert set(t) == TIMING_KEYS
+        assert t["prompt_tokens"] == len(o.prompt_token_ids)
+        assert t["generated_tokens"] == len(o.token_ids) == 6
+        assert 0 < t["prefill_s"] <= t["ttft_s"] <= t["total_s"]
+        assert t["decode_s"] > 0
+        assert t["total_s"] == pytest.approx(t["ttft_s"] + t["decode_s"])
+        assert t["decode_tok_s"] == pytest.approx(5 / t["decode_s"])
+
+
+def test_repr_names_the_essentials(llm):
+    text = repr(llm)
+    for part in ("layers=2", "dim=48", "vocab=300", "device='cpu'", "dtype='f32'"):
+        assert part in text
+
+
+def test_random_shape_names_and_small_vocab_without_tokenizer():
+    llm = Llama.random(ModelConfig(**dict(TINY, vocab_size=64)), device="cpu", max_seq_len=32,
+                       n_threads=1)
+    assert llm.tokenizer is None
+    out = llm.generate([1, 2, 3], max_tokens=4, ignore_eos=True)[0]
+    assert len(out.token_ids) == 4 and out.text == ""
+    with pytest.raises(ValueError, match="token ids"):
+        llm.generate("text", max_tokens=4)

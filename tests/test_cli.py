@@ -1,0 +1,207 @@
+"""The `llama-brrr` command, run as `python -m llama_brrr` in a subprocess.
+
+A tiny GGUF written here (random weights, a byte-level BPE vocabulary, a ChatML template) makes
+the command's whole path run in a second; the real default model runs too when it is on disk.
+What the command prints must be exactly what the Python API generates for the same arguments.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_brrr import Llama, ModelConfig, fetch
+
+REPO = Path(__file__).resolve().parents[1]
+# Progress bars end with "\r" rather than a newline, so the line may start after one.
+STATS_LINE = re.compile(r"(?:^|\r)prompt (\d+) tok in [0-9.]+ s \([0-9.]+ tok/s\), "
+                        r"generated (\d+) tok in [0-9.]+ s \([0-9.]+ tok/s\)$", re.M)
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+          "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = [("h", "e"), ("l", "l"), ("Ġ", "t"), ("he", "ll"), ("o", "Ġ")]
+GGUF_LAYER = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
+              "wo": "attn_output", "ffn_norm": "ffn_norm", "w1": "ffn_gate", "w3": "ffn_up",
+              "w2": "ffn_down"}
+
+
+def byte_symbols():
+    """GPT-2's byte-level alphabet: printable bytes stand for themselves, the other bytes get the
+    code points from 256 upwards in byte order (so every byte is one visible character)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    symbols, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            symbols[b] = chr(b)
+        else:
+            symbols[b] = chr(256 + extra)
+            extra += 1
+    return [symbols[b] for b in range(256)]
+
+
+def pair_order(w, n_heads):
+    """Rotate-half rows -> GGUF's adjacent-pair rows (row i of a head to 2i, i + hd/2 to 2i + 1)."""
+    rows, cols = w.shape
+    head_dim = rows // n_heads
+    return np.ascontiguousarray(
+        w.reshape(n_heads, 2, head_dim // 2, cols).swapaxes(1, 2).reshape(rows, cols))
+
+
+def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
+    import gguf
+
+    tokens = SPECIALS + byte_symbols() + ["".join(m) for m in MERGES]
+    config = ModelConfig(dim=64, hidden_dim=96, n_layers=2, n_heads=4, n_kv_heads=2,
+                         vocab_size=len(tokens), max_seq_len=256, tie_embeddings=True)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny cli test model")
+    writer.add_context_length(config.max_seq_len)
+    writer.add_embedding_length(config.dim)
+    writer.add_feed_forward_length(config.hidden_dim)
+    writer.add_block_count(config.n_layers)
+    writer.add_head_count(config.n_heads)
+    writer.add_head_count_kv(config.n_kv_heads)
+    writer.add_layer_norm_rms_eps(config.norm_eps)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges([" ".join(m) for m in MERGES])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
+    rng = np.random.default_rng(seed)
+    for name, shape in config.tensor_shapes().items():
+        if len(shape) == 1:
+            array = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            array = rng.standard_normal(shape) / np.sqrt(shape[1])
+        array = array.astype(np.float32)
+        if name == "tok_embeddings":
+            file_name = "token_embd.weight"
+        elif name == "norm":
+            file_name = "output_norm.weight"
+        else:
+            _, layer, kind = name.split(".")
+            file_name = f"blk.{layer}.{GGUF_LAYER[kind]}.weight"
+            if kind in ("wq", "wk"):
+                array = pair_order(array, config.n_heads if kind == "wq" else config.n_kv_heads)
+        writer.add_tensor(file_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("cli") / "tiny.gguf")
+
+
+def run_cli(*args, stdin="", env=None, timeout=300):
+    """Runs the command; stdout/stderr decoded as UTF-8 without newline translation, so a "\r" the
+    model generates reaches the comparison unchanged."""
+    full_env = dict(os.environ, PYTHONIOENCODING="utf-8", **(env or {}))
+    result = subprocess.run([sys.executable, "-m", "llama_brrr", *map(str, args)],
+                            input=stdin.encode("utf-8"), capture_output=True, cwd=REPO,
+                            env=full_env, timeout=timeout)
+    return subprocess.CompletedProcess(result.args, result.returncode,
+                                       result.stdout.decode("utf-8"), result.stderr.decode("utf-8"))
+
+
+def test_generate_prints_what_the_api_generates(tiny_gguf):
+    prompt = "hello there"
+    result = run_cli("generate", prompt, "--model", tiny_gguf, "--device", "cpu",
+                     "--max-new-tokens", 12, "--threads", 1)
+    assert result.returncode == 0, result.stderr
+    llm = Llama.from_pretrained(str(tiny_gguf), device="cpu", progress=False, n_threads=1)
+    expected = llm.generate(prompt, max_tokens=12)[0]
+    assert result.stdout == expected.text + "\n"
+    stats = STATS_LINE.search(result.stderr)
+    assert stats, result.stderr
+    assert int(stats.group(1)) == len(expected.prompt_token_ids)
+    assert int(stats.group(2)) == len(expected.token_ids)
+    assert "Traceback" not in result.stderr
+
+
+def test_generate_passes_sampling_options(tiny_gguf):
+    args = ("--temperature", 1.3, "--top-k", 50, "--top-p", 0.9, "--min-p", 0.01,
+            "--repetition-penalty", 1.1, "--seed", 42, "--max-new-tokens", 10, "--max-seq-len", 64)
+    first = run_cli("generate", "ab", "--model", tiny_gguf, "--device", "cpu", *args)
+    second = run_cli("generate", "ab", "--model", tiny_gguf, "--device", "cpu", *args)
+    assert first.returncode == 0, first.stderr
+    llm = Llama.from_pretrained(str(tiny_gguf), device="cpu", progress=False, max_seq_len=64)
+    expected = llm.generate("ab", max_tokens=10, temperature=1.3, top_k=50, top_p=0.9,
+                            min_p=0.01, repetition_penalty=1.1, seed=42)[0]
+    assert first.stdout == second.stdout == expected.text + "\n"
+
+
+def test_chat_reads_stdin_until_exit(tiny_gguf):
+    result = run_cli("chat", "--model", tiny_gguf, "--device", "cpu", "--max-new-tokens", 6,
+                     stdin="hi\n\n/exit\nnever read\n")
+    assert result.returncode == 0, result.stderr
+    llm = Llama.from_pretrained(str(tiny_gguf), device="cpu", progress=False)
+    expected = llm.chat([{"role": "user", "content": "hi"}], max_tokens=6)
+    assert result.stdout == expected.text + "\n"
+    assert len(STATS_LINE.findall(result.stderr)) == 1  # one turn; the empty line is skipped
+
+
+def test_chat_keeps_history_and_ends_at_eof(tiny_gguf):
+    result = run_cli("chat", "--model", tiny_gguf, "--device", "cpu", "--max-new-tokens", 5,
+                     stdin="one\ntwo\n")
+    assert result.returncode == 0, result.stderr
+    llm = Llama.from_pretrained(str(tiny_gguf), device="cpu", progress=False)
+    history = [{"role": "user", "content": "one"}]
+    first = llm.chat(history, max_tokens=5).text
+    history += [{"role": "assistant", "content": first}, {"role": "user", "content": "two"}]
+    second = llm.chat(history, max_tokens=5).text
+    assert result.stdout == f"{first}\n{second}\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("generate", "hi", "--model", "/nonexistent/model.gguf"), "/nonexistent/model.gguf"),
+    (("generate", "hi", "--temperature", "-1"), "temperature"),
+    (("generate", "hi", "--top-p", "0"), "top_p"),
+    (("generate", "hi", "--device", "tpu"), "device"),
+    (("generate", "x" * 80, "--max-seq-len", "16"), "max_seq_len=16"),
+    (("generate", "hi", "--max-new-tokens", "many"), "invalid int value"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_errors_exit_2_with_a_message_and_no_traceback(tiny_gguf, args, message):
+    args = list(args)
+    if "--model" not in args and args[0] == "generate":
+        args += ["--model", str(tiny_gguf), "--device", "cpu"] if "--device" not in args else [
+            "--model", str(tiny_gguf)]
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert "llama-brrr: error:" in result.stderr and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+REAL_MODEL = fetch.local_default_model()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(REAL_MODEL is None, reason=(
+    f"default model not found at {fetch.default_model_path()}: run `python weights/fetch.py` or "
+    f"set {fetch.DEFAULT_MODEL_ENV}"))
+def test_generate_with_the_default_model():
+    # No --model: the default model, found through LLAMA_BRRR_DEFAULT_MODEL when that is set.
+    result = run_cli("generate", "The capital of France is", "--max-new-tokens", 8,
+                     "--device", "cpu", "--max-seq-len", 128,
+                     env={fetch.DEFAULT_MODEL_ENV: str(REAL_MODEL)})
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    stats = STATS_LINE.search(result.stderr)
+    assert stats and int(stats.group(2)) >= 1, result.stderr
