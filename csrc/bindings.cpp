@@ -41,6 +41,7 @@
 // Errors: bad arguments -> ValueError (missing config keys -> KeyError), naming the argument;
 // engine failures -> RuntimeError; allocation failures -> MemoryError with the bytes.
 
+#include <exception>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -288,6 +289,23 @@ std::vector<py::ssize_t> dims(const py::array& a) {
     return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
 }
 
+
+// Runs f with the GIL released. An engine error is carried out of the GIL-free region and
+// rethrown once the GIL is held again, so unwinding never crosses the release guard.
+template <class F>
+void without_gil(F&& f) {
+    std::exception_ptr error;
+    {
+        py::gil_scoped_release release;
+        try {
+            f();
+        } catch (...) {
+            error = std::current_exception();
+        }
+    }
+    if (error) std::rethrow_exception(error);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -372,11 +390,10 @@ PYBIND11_MODULE(_C, m) {
         }
         py::array_t<float> out(std::vector<py::ssize_t>(shape.begin(), shape.end()));
         float* dst = out.mutable_data();
-        {
-            py::gil_scoped_release release;
+        without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
             self.impl->get_weight(name, dst);
-        }
+        });
         return out;
     }, py::arg("name"));
 
@@ -411,11 +428,10 @@ PYBIND11_MODULE(_C, m) {
             result = arr;
         }
         const int32_t* ids = tok.data();
-        {
-            py::gil_scoped_release release;
+        without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
             self.impl->prefill((int)slot, ids, (int)T, (int)start_pos, out, logits == "all");
-        }
+        });
         return result;
     }, py::arg("slot"), py::arg("tokens"), py::arg("start_pos") = 0, py::arg("logits") = "last");
 
@@ -436,11 +452,10 @@ PYBIND11_MODULE(_C, m) {
             result = arr;
         }
         const int32_t *t = tok.data(), *s = sl.data(), *p = pos.data();
-        {
-            py::gil_scoped_release release;
+        without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
             self.impl->decode(t, s, p, (int)B, out);
-        }
+        });
         return result;
     }, py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("logits") = true);
 
@@ -479,11 +494,10 @@ PYBIND11_MODULE(_C, m) {
         float* lp_out = logprobs.mutable_data();
         const int32_t *s = sl.data(), *p = pos.data();
         const uint64_t* steps = st.data();
-        {
-            py::gil_scoped_release release;
+        without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
             self.impl->sample(s, p, params.data(), steps, (int)B, tok_out, lp_out);
-        }
+        });
         return py::make_tuple(tokens, logprobs);
     }, py::arg("slots"), py::arg("positions"), py::arg("temperature"), py::arg("top_k"),
        py::arg("top_p"), py::arg("min_p"), py::arg("repetition_penalty"), py::arg("seed"),

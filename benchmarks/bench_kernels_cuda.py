@@ -1,0 +1,358 @@
+"""Per-kernel benchmark of the CUDA matmul and attention kernels against cuBLAS / PyTorch, one GPU.
+
+Every figure is device time per call from the kernels' own durations (torch.profiler / CUPTI, so
+neither side pays for the host launch or the synchronization of _C.cuda_ops), the median over
+--repeats calls after a warm-up, with min and max. Weights and KV caches rotate among enough
+copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from the previous one.
+
+  gemv          batch-1 decode projections of Llama-3.2-1B and Llama-3-8B (qkv, wo, w13 with the
+                SwiGLU epilogue, w2, LM head): GB/s of our GEMV as a fraction of the measured
+                device-copy bandwidth (read + write of 1 GiB), and against torch.matmul (cuBLAS)
+                of the same [M, K] x [K, N] (cuBLAS does no epilogue).
+  switch        GEMV against the tensor-core GEMM at M = 4, 8, 16: where matmul_bf16 should switch.
+  gemm          prefill projections at M = 128, 512, 2048: TFLOP/s against torch.matmul.
+  flash_decode  one query per sequence over 128 / 2048 / 8192 cached positions (1B: hd 64,
+                8B: hd 128, 32 query / 8 KV heads): GB/s of K/V read, against torch SDPA.
+  prefill       causal attention of T new tokens (T = 512, 2048): TFLOP/s against torch SDPA.
+
+    python benchmarks/bench_kernels_cuda.py --out benchmarks/results/h100/kernels.json
+    python benchmarks/bench_kernels_cuda.py --quick          # 1B shapes only, under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from llama_brrr.config import shape_config  # noqa: E402
+
+STORE_BF16, STORE_F32, ADD_RESIDUAL, SWIGLU = 0, 1, 2, 3
+EPILOGUE_NAMES = {STORE_BF16: "store_bf16", STORE_F32: "store_f32", ADD_RESIDUAL: "add_residual",
+                  SWIGLU: "swiglu"}
+ROTATE_BYTES = 200 * 1024 * 1024  # operand bytes cycled through per kernel: 4x an H100's L2
+INIT_STD = 0.02
+
+
+def device_times(fn, repeats: int, warmup: int = 3) -> dict:
+    """Device seconds per call of fn(i): the summed durations of the kernels call i launched."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(repeats):
+            fn(warmup + i)
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                      and not e.name.startswith(("Memcpy", "Memset"))),
+                     key=lambda e: e.time_range.start)
+    if not kernels:
+        raise RuntimeError("the profiler recorded no kernels (CUPTI unavailable?)")
+    durations = [e.time_range.elapsed_us() * 1e-6 for e in kernels]
+    if len(durations) % repeats == 0:
+        per = len(durations) // repeats
+        times = [sum(durations[i * per:(i + 1) * per]) for i in range(repeats)]
+    else:  # a library that varies its kernel count per call: only the mean is meaningful
+        times = [sum(durations) / repeats] * repeats
+    median = statistics.median(times)
+    return {"median_s": median, "min_s": min(times), "max_s": max(times),
+            "spread_pct": 100.0 * (max(times) - min(times)) / median,
+            "kernels": sorted({e.name[:80] for e in kernels})}
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy of 1 GiB, read + write counted, best of 10 (bytes/s)."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    best = math.inf
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n / best
+
+
+def copies_to_defeat_l2(bytes_each: int) -> int:
+    return max(1, math.ceil(ROTATE_BYTES / bytes_each))
+
+
+def random_bf16(shape, scale=1.0):
+    return (torch.randn(shape, device="cuda") * scale).to(torch.bfloat16)
+
+
+def projections(config):
+    c = config
+    return [("wqkv", c.q_dim + 2 * c.kv_dim, c.dim, STORE_F32), ("wo", c.dim, c.q_dim, ADD_RESIDUAL),
+            ("w13", 2 * c.hidden_dim, c.dim, SWIGLU), ("w2", c.dim, c.hidden_dim, ADD_RESIDUAL),
+            ("lm_head", c.vocab_size, c.dim, STORE_F32)]
+
+
+class Matmul:
+    """Operands of one projection at M rows and the two ways to run it."""
+
+    def __init__(self, ops, M, N, K, epilogue, rotate=True):
+        self.ops, self.M, self.N, self.K, self.epilogue = ops, M, N, K, epilogue
+        self.width = N // 2 if epilogue == SWIGLU else N
+        copies = copies_to_defeat_l2(N * K * 2) if rotate else 1
+        self.weights = [random_bf16((N, K), INIT_STD) for _ in range(copies)]
+        self.x = random_bf16((M, K))
+        self.out = torch.empty((M, self.width), device="cuda",
+                               dtype=torch.float32 if epilogue in (STORE_F32, ADD_RESIDUAL) else torch.bfloat16)
+        self.out.zero_()
+        self.torch_out = torch.empty((M, N), device="cuda", dtype=torch.bfloat16)
+
+    def bytes_moved(self) -> int:
+        out = self.M * self.width * self.out.element_size() * (2 if self.epilogue == ADD_RESIDUAL else 1)
+        return self.N * self.K * 2 + self.M * self.K * 2 + out
+
+    def ours(self, fn_name):
+        fn = getattr(self.ops, fn_name)
+        kw = {"out_f32" if self.epilogue == STORE_F32 else
+              "residual" if self.epilogue == ADD_RESIDUAL else "out": self.out.data_ptr()}
+
+        def run(i):
+            w = self.weights[i % len(self.weights)]
+            fn(self.x.data_ptr(), w.data_ptr(), self.M, self.N, self.K, self.epilogue, **kw)
+        return run
+
+    def cublas(self, i):
+        torch.matmul(self.x, self.weights[i % len(self.weights)].T, out=self.torch_out)
+
+
+def bench_gemv(ops, shapes, repeats, copy_bw):
+    rows = []
+    for shape in shapes:
+        for name, N, K, epilogue in projections(shape_config(shape)):
+            mm = Matmul(ops, 1, N, K, epilogue)
+            ours = device_times(mm.ours("gemv_bf16"), repeats)
+            theirs = device_times(mm.cublas, repeats)
+            moved = mm.bytes_moved()
+            rows.append({"shape": shape, "proj": name, "M": 1, "N": N, "K": K,
+                         "epilogue": EPILOGUE_NAMES[epilogue], "bytes": moved, "ours": ours, "cublas": theirs,
+                         "ours_GBps": moved / ours["median_s"] / 1e9,
+                         "ours_frac_of_copy": moved / ours["median_s"] / copy_bw,
+                         "cublas_GBps": moved / theirs["median_s"] / 1e9,
+                         "speedup_vs_cublas": theirs["median_s"] / ours["median_s"]})
+            del mm
+            torch.cuda.empty_cache()
+    return rows
+
+
+def bench_switch(ops, repeats):
+    """GEMV vs GEMM on the 1B qkv and w13 shapes at the M where matmul_bf16 switches."""
+    rows = []
+    config = shape_config("llama3.2-1b")
+    for name, N, K, epilogue in projections(config):
+        if name not in ("wqkv", "w13"):
+            continue
+        for M in (4, 8, 16):
+            mm = Matmul(ops, M, N, K, epilogue)
+            gemv = device_times(mm.ours("gemv_bf16"), repeats)
+            gemm = device_times(mm.ours("gemm_bf16"), repeats)
+            rows.append({"proj": name, "M": M, "N": N, "K": K, "gemv": gemv, "gemm": gemm,
+                         "gemm_over_gemv": gemm["median_s"] / gemv["median_s"]})
+            del mm
+            torch.cuda.empty_cache()
+    return rows
+
+
+def bench_gemm(ops, shapes, ms, repeats):
+    rows = []
+    for shape in shapes:
+        for name, N, K, epilogue in projections(shape_config(shape))[:4]:
+            for M in ms:
+                mm = Matmul(ops, M, N, K, epilogue, rotate=False)
+                ours = device_times(mm.ours("gemm_bf16"), repeats)
+                theirs = device_times(mm.cublas, repeats)
+                flops = 2.0 * M * N * K
+                rows.append({"shape": shape, "proj": name, "M": M, "N": N, "K": K,
+                             "epilogue": EPILOGUE_NAMES[epilogue], "ours": ours, "cublas": theirs,
+                             "ours_TFLOPs": flops / ours["median_s"] / 1e12,
+                             "cublas_TFLOPs": flops / theirs["median_s"] / 1e12,
+                             "speedup_vs_cublas": theirs["median_s"] / ours["median_s"]})
+                del mm
+                torch.cuda.empty_cache()
+    return rows
+
+
+ATTENTION_SHAPES = {"llama3.2-1b": (32, 8, 64), "llama3-8b": (32, 8, 128)}
+
+
+def engine_max_splits(n_kv_heads, max_seq):
+    """The CUDA engine's flash-decode split limit (csrc/cuda/engine.cu, layer_max_splits)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return max(1, min(math.ceil(2 * sms / n_kv_heads), math.ceil(max_seq / 64), 64))
+
+
+def bench_flash_decode(ops, shapes, contexts, repeats, copy_bw):
+    rows = []
+    for shape in shapes:
+        n_heads, n_kv, hd = ATTENTION_SHAPES[shape]
+        for ctx in contexts:
+            kv_bytes = 2 * ctx * n_kv * hd * 2
+            # One cache per rotation step, each exactly one context long: max_seq = ctx.
+            caches = [(random_bf16((1, ctx, n_kv, hd)), random_bf16((1, ctx, n_kv, hd)))
+                      for _ in range(copies_to_defeat_l2(kv_bytes))]
+            q = random_bf16((1, n_heads, hd))
+            slots = torch.zeros(1, dtype=torch.int32, device="cuda")
+            positions = torch.full((1,), ctx - 1, dtype=torch.int32, device="cuda")
+            out = torch.empty((1, n_heads * hd), device="cuda", dtype=torch.bfloat16)
+            max_splits = engine_max_splits(n_kv, 8192)
+            scratch = torch.empty(ops.flash_decode_scratch_floats(1, n_heads, hd, max_splits),
+                                  device="cuda", dtype=torch.float32)
+
+            def ours(i):
+                k, v = caches[i % len(caches)]
+                ops.flash_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
+                                 positions.data_ptr(), out.data_ptr(), scratch.data_ptr(), 1, n_heads,
+                                 n_kv, hd, ctx, max_splits)
+
+            # SDPA wants [B, H, L, hd]: give it its own head-major copies.
+            q4 = q.view(1, n_heads, 1, hd)
+            head_major = [(k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()) for k, v in caches]
+
+            def sdpa(i):
+                k, v = head_major[i % len(head_major)]
+                F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
+
+            mine = device_times(ours, repeats)
+            row = {"shape": shape, "context": ctx, "n_heads": n_heads, "n_kv_heads": n_kv, "head_dim": hd,
+                   "max_splits": max_splits, "kv_bytes": kv_bytes, "ours": mine,
+                   "ours_GBps": kv_bytes / mine["median_s"] / 1e9,
+                   "ours_frac_of_copy": kv_bytes / mine["median_s"] / copy_bw}
+            try:
+                theirs = device_times(sdpa, repeats)
+                row.update({"torch_sdpa": theirs, "torch_sdpa_GBps": kv_bytes / theirs["median_s"] / 1e9,
+                            "speedup_vs_torch": theirs["median_s"] / mine["median_s"]})
+            except (RuntimeError, TypeError) as error:  # older torch: no enable_gqa
+                row["torch_sdpa"] = {"skipped": str(error)[:200]}
+            rows.append(row)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def bench_prefill(ops, shapes, lengths, repeats):
+    rows = []
+    for shape in shapes:
+        n_heads, n_kv, hd = ATTENTION_SHAPES[shape]
+        for T in lengths:
+            k, v = random_bf16((1, T, n_kv, hd)), random_bf16((1, T, n_kv, hd))
+            q = random_bf16((T, n_heads, hd))
+            out = torch.empty((T, n_heads * hd), device="cuda", dtype=torch.bfloat16)
+
+            def ours(i):
+                ops.attention_prefill(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, 0, T, out.data_ptr(),
+                                      n_heads, n_kv, hd, T)
+
+            qh = q.transpose(0, 1)[None].contiguous()
+            kh, vh = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+
+            def sdpa(i):
+                F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+
+            flops = 2.0 * n_heads * hd * T * T  # QK^T and PV over the causal half: 2 * (2 T^2 hd / 2)
+            mine = device_times(ours, repeats)
+            row = {"shape": shape, "T": T, "ours": mine, "ours_TFLOPs": flops / mine["median_s"] / 1e12}
+            try:
+                theirs = device_times(sdpa, repeats)
+                row.update({"torch_sdpa": theirs, "torch_sdpa_TFLOPs": flops / theirs["median_s"] / 1e12,
+                            "speedup_vs_torch": theirs["median_s"] / mine["median_s"]})
+            except (RuntimeError, TypeError) as error:
+                row["torch_sdpa"] = {"skipped": str(error)[:200]}
+            rows.append(row)
+    return rows
+
+
+def print_tables(result):
+    gpu = result["gpu"]
+    print(f"\n{gpu}: device copy {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s (read + write, measured)")
+    print(f"\n{'gemv M=1':<24}{'N x K':>14}{'ours us':>10}{'GB/s':>8}{'% copy':>8}{'cuBLAS us':>11}{'x cuBLAS':>9}")
+    for r in result["gemv"]:
+        print(f"{r['shape'] + ' ' + r['proj']:<24}{str(r['N']) + 'x' + str(r['K']):>14}"
+              f"{r['ours']['median_s'] * 1e6:>10.1f}{r['ours_GBps']:>8.0f}{100 * r['ours_frac_of_copy']:>7.1f}%"
+              f"{r['cublas']['median_s'] * 1e6:>11.1f}{r['speedup_vs_cublas']:>9.2f}")
+    if result.get("switch"):
+        print(f"\n{'gemv vs gemm (1B)':<24}{'M':>4}{'gemv us':>10}{'gemm us':>10}{'gemm/gemv':>11}")
+        for r in result["switch"]:
+            print(f"{r['proj']:<24}{r['M']:>4}{r['gemv']['median_s'] * 1e6:>10.1f}"
+                  f"{r['gemm']['median_s'] * 1e6:>10.1f}{r['gemm_over_gemv']:>11.2f}")
+    print(f"\n{'gemm':<24}{'M':>6}{'N x K':>14}{'ours TF/s':>11}{'cuBLAS TF/s':>13}{'x cuBLAS':>9}")
+    for r in result["gemm"]:
+        print(f"{r['shape'] + ' ' + r['proj']:<24}{r['M']:>6}{str(r['N']) + 'x' + str(r['K']):>14}"
+              f"{r['ours_TFLOPs']:>11.1f}{r['cublas_TFLOPs']:>13.1f}{r['speedup_vs_cublas']:>9.2f}")
+    print(f"\n{'flash_decode B=1':<24}{'ctx':>6}{'ours us':>10}{'GB/s':>8}{'% copy':>8}{'SDPA us':>10}{'x SDPA':>8}")
+    for r in result["flash_decode"]:
+        sdpa = r["torch_sdpa"].get("median_s")
+        print(f"{r['shape'] + ' hd' + str(r['head_dim']):<24}{r['context']:>6}{r['ours']['median_s'] * 1e6:>10.1f}"
+              f"{r['ours_GBps']:>8.0f}{100 * r['ours_frac_of_copy']:>7.1f}%"
+              + (f"{sdpa * 1e6:>10.1f}{r['speedup_vs_torch']:>8.2f}" if sdpa else f"{'n/a':>10}"))
+    print(f"\n{'attention_prefill':<24}{'T':>6}{'ours us':>10}{'TF/s':>8}{'SDPA TF/s':>11}")
+    for r in result["prefill"]:
+        sdpa = r.get("torch_sdpa_TFLOPs")
+        print(f"{r['shape']:<24}{r['T']:>6}{r['ours']['median_s'] * 1e6:>10.1f}{r['ours_TFLOPs']:>8.1f}"
+              + (f"{sdpa:>11.1f}" if sdpa else f"{'n/a':>11}"))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1B shapes, fewer sizes and repeats (< 60 s)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per kernel (default 30, quick 10)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernels_cuda: no CUDA device visible to torch")
+    from llama_brrr import _C
+    if not _C.cuda_compiled() or _C.cuda_device_count() < 1:
+        sys.exit("bench_kernels_cuda: llama_brrr._C has no usable CUDA backend "
+                 "(build with LLAMA_BRRR_CUDA=1 on a machine with a GPU)")
+    ops = _C.cuda_ops
+    torch.backends.cuda.matmul.allow_tf32 = False
+    repeats = args.repeats or (10 if args.quick else 30)
+    shapes = ["llama3.2-1b"] if args.quick else ["llama3.2-1b", "llama3-8b"]
+    started = time.monotonic()
+
+    copy_bw = copy_bandwidth()
+    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "cuda": torch.version.cuda, "host": platform.node(), "quick": args.quick,
+              "repeats": repeats, "rotate_bytes": ROTATE_BYTES, "copy_bandwidth_Bps": copy_bw,
+              "method": "device time per call from torch.profiler kernel durations; median of repeats"}
+    result["gemv"] = bench_gemv(ops, shapes, repeats, copy_bw)
+    result["switch"] = [] if args.quick else bench_switch(ops, repeats)
+    result["gemm"] = bench_gemm(ops, shapes, [512] if args.quick else [128, 512, 2048], repeats)
+    result["flash_decode"] = bench_flash_decode(ops, shapes, [128, 2048] if args.quick else [128, 2048, 8192],
+                                                repeats, copy_bw)
+    result["prefill"] = bench_prefill(ops, shapes, [512] if args.quick else [512, 2048], repeats)
+    result["wall_s"] = time.monotonic() - started
+    print_tables(result)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

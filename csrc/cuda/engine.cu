@@ -1,0 +1,526 @@
+// engine.cu — CudaEngine (engine.cuh): construction and the one device arena, weight I/O,
+// argument checks (the CPU engine's, message for message), the prefill/decode/sample entry points,
+// and CUDA-graph capture of decode.
+//
+// Host/device traffic per decode token: one 3*rows int32 upload of tokens|slots|positions from
+// pinned staging, a graph launch, and nothing back unless logits are asked for. sample() is the
+// one point where the host waits: it needs the token ids.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "cpu/sampling.h"
+#include "cuda/engine.cuh"
+#include "cuda/engine_cuda.h"
+
+namespace brrr {
+namespace cuda {
+
+namespace {
+
+constexpr size_t kArenaAlign = 256;
+const char* const kShrinkAdvice =
+    "lower max_seq_len or max_batch (the KV cache grows with both), or use a smaller model";
+
+size_t align_up(size_t n, size_t to) { return CEIL_DIV(n, to) * to; }
+
+// Hands out aligned pieces of one arena; with base == nullptr it only measures.
+struct Carver {
+    char* base;
+    size_t offset = 0;
+    template <typename T>
+    T* take(size_t count) {
+        offset = align_up(offset, kArenaAlign);
+        T* p = base ? reinterpret_cast<T*>(base + offset) : nullptr;
+        offset += count * sizeof(T);
+        return p;
+    }
+};
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+    std::ostringstream s;
+    s << "(";
+    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+    s << (shape.size() == 1 ? ",)" : ")");
+    return s.str();
+}
+
+}  // namespace
+
+// ---- construction -----------------------------------------------------------------------------
+
+CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
+    : cfg_(config), device_(device) {
+    cfg_.validate();
+    const Config& c = cfg_;
+    BRRR_CHECK(weight_dtype == DType::BF16,
+               "the CUDA engine stores weights as bf16 (its matmul kernels are bf16), not "
+                   << dtype_name(weight_dtype)
+                   << "; create it with dtype \"bf16\" (f32/f16 arrays given to set_weight are converted)");
+    BRRR_CHECK(c.head_dim == 64 || c.head_dim == 128,
+               "the CUDA engine supports head_dim 64 or 128, got " << c.head_dim);
+    const int n_devices = cuda_device_count();
+    BRRR_CHECK(n_devices > 0, "no CUDA device is available (no GPU, or no NVIDIA driver)");
+    BRRR_CHECK(device >= 0 && device < n_devices,
+               "CUDA device " << device << " does not exist: there are " << n_devices
+                              << " (cuda:0..cuda:" << n_devices - 1 << ")");
+    try {
+        activate();
+        rows_ = std::max(c.max_batch, std::min(kPrefillChunk, c.max_seq_len));
+        logit_rows_ = std::max(c.max_batch, kLogitRows);
+        max_splits_ = layer_max_splits();
+
+        // Sizes first, in double too: an absurd max_seq_len must not wrap size_t into a small number.
+        const double kv_bytes_d = 4.0 * c.n_layers * c.max_batch * (double)c.max_seq_len * c.kv_dim();
+        if (!(kv_bytes_d < 1e18)) {
+            std::ostringstream os;
+            os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_
+               << ": the KV cache alone would need " << kv_bytes_d << " bytes for max_seq_len "
+               << c.max_seq_len << " x max_batch " << c.max_batch << "; " << kShrinkAdvice;
+            throw OutOfMemory(os.str());
+        }
+        size_t weight_bytes = 0, kv_bytes = 0, other_bytes = 0;
+        carve(nullptr, &weight_bytes, &kv_bytes, &other_bytes);
+        const size_t total = weight_bytes + kv_bytes + other_bytes;
+        void* arena = nullptr;
+        const cudaError_t err = cudaMalloc(&arena, total);
+        if (err != cudaSuccess) {
+            cudaGetLastError();  // not sticky: clear it so the process stays usable
+            std::ostringstream os;
+            os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_
+               << ": the engine needs " << total << " bytes (" << gib(total) << ": weights "
+               << gib(weight_bytes) << ", KV cache " << gib(kv_bytes) << " for max_seq_len "
+               << c.max_seq_len << " x max_batch " << c.max_batch << ", activations and scratch "
+               << gib(other_bytes) << ") but only " << free_device_bytes() << " bytes ("
+               << gib(free_device_bytes()) << ") are free (" << cudaGetErrorString(err) << "); "
+               << kShrinkAdvice;
+            if (err == cudaErrorMemoryAllocation) throw OutOfMemory(os.str());
+            throw Error(os.str());
+        }
+        arena_ = static_cast<char*>(arena);
+        carve(arena_, &weight_bytes, &kv_bytes, &other_bytes);
+
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaMallocHost(&h_in_, sizeof(int) * 3 * rows_));
+        CUDA_CHECK(cudaMallocHost(&h_sample_in_, sample_in_bytes_));
+        CUDA_CHECK(cudaMallocHost(&h_out_, (sizeof(int) + sizeof(float)) * c.max_batch));
+
+        // Deterministic contents: get_weight before set_weight reads zeros, attention never
+        // meets uninitialized bits, and the history says "never written" (-1) everywhere.
+        CUDA_CHECK(cudaMemsetAsync(arena_, 0, total, stream_));
+        CUDA_CHECK(cudaMemsetAsync(history_, 0xFF, sizeof(int) * c.max_batch * (size_t)c.max_seq_len,
+                                   stream_));
+        const std::vector<float> inv_freq = rope_inv_freq(c);
+        CUDA_CHECK(cudaMemcpyAsync(inv_freq_, inv_freq.data(), sizeof(float) * inv_freq.size(),
+                                   cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    } catch (...) {
+        release();
+        throw;
+    }
+
+    names_ = weight_names(c);
+    for (size_t i = 0; i < names_.size(); ++i) name_index_[names_[i]] = i;
+    weight_set_.assign(names_.size(), false);
+    decode_warmed_.assign(c.max_batch + 1, false);
+    decode_graphs_.assign(c.max_batch + 1, nullptr);
+}
+
+void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes) {
+    const Config& c = cfg_;
+    const size_t D = c.dim, V = c.vocab_size, H = c.hidden_dim, R = rows_;
+    Carver a{base};
+
+    tok_embeddings_ = a.take<bf16>(V * D);
+    output_ = c.tie_embeddings ? tok_embeddings_ : a.take<bf16>(V * D);
+    norm_ = a.take<bf16>(D);
+    layers_.assign(c.n_layers, LayerWeights{});
+    for (LayerWeights& w : layers_) {
+        w.attn_norm = a.take<bf16>(D);
+        w.ffn_norm = a.take<bf16>(D);
+        w.wqkv = a.take<bf16>((size_t)c.qkv_dim() * D);
+        w.wo = a.take<bf16>(D * c.q_dim());
+        w.w13 = a.take<bf16>(2 * H * D);
+        w.w2 = a.take<bf16>(D * H);
+    }
+    *weights_bytes = a.offset;
+
+    kv_layer_elems_ = (size_t)c.max_batch * c.max_seq_len * c.kv_dim();
+    k_cache_ = a.take<bf16>(kv_layer_elems_ * c.n_layers);
+    v_cache_ = a.take<bf16>(kv_layer_elems_ * c.n_layers);
+    history_ = a.take<int>((size_t)c.max_batch * c.max_seq_len);
+    *kv_bytes = a.offset - *weights_bytes;
+
+    inv_freq_ = a.take<float>(c.head_dim / 2);
+    x_ = a.take<float>(R * D);
+    xn_ = a.take<bf16>(R * D);
+    qkv_ = a.take<float>(R * c.qkv_dim());
+    q_ = a.take<bf16>(R * c.q_dim());
+    att_ = a.take<bf16>(R * c.q_dim());
+    hb_ = a.take<bf16>(R * H);
+    logits_ = a.take<float>((size_t)logit_rows_ * V);
+    attn_scratch_ = a.take<float>(
+        flash_decode_scratch_floats(c.max_batch, c.n_heads, c.head_dim, max_splits_));
+    sample_scratch_ = a.take<char>(sample_scratch_bytes(c.max_batch, c.vocab_size));
+    d_in_ = a.take<int>(3 * R);
+    d_tokens_ = d_in_;
+    d_slots_ = d_in_ ? d_in_ + R : nullptr;
+    d_positions_ = d_in_ ? d_in_ + 2 * R : nullptr;
+
+    // The sampler's inputs as one block, mirrored byte for byte by h_sample_in_.
+    const size_t B = c.max_batch;
+    const size_t sample_in_start = align_up(a.offset, kArenaAlign);
+    d_sample_params_ = a.take<SampleParamsDev>(B);
+    d_steps_ = a.take<uint64_t>(B);
+    d_sample_slots_ = a.take<int>(B);
+    d_sample_positions_ = a.take<int>(B);
+    sample_in_bytes_ = a.offset - sample_in_start;
+    d_out_tokens_ = a.take<int>(2 * B);  // tokens then logprobs, one download
+    d_out_logprobs_ = d_out_tokens_ ? reinterpret_cast<float*>(d_out_tokens_ + B) : nullptr;
+    *other_bytes = a.offset - *weights_bytes - *kv_bytes;
+}
+
+void CudaEngine::release() noexcept {
+    if (cudaSetDevice(device_) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (cudaGraphExec_t& g : decode_graphs_)
+        if (g) cudaGraphExecDestroy(g), g = nullptr;
+    if (inputs_uploaded_) cudaEventDestroy(inputs_uploaded_), inputs_uploaded_ = nullptr;
+    if (stream_) cudaStreamDestroy(stream_), stream_ = nullptr;
+    if (h_in_) cudaFreeHost(h_in_), h_in_ = nullptr;
+    if (h_sample_in_) cudaFreeHost(h_sample_in_), h_sample_in_ = nullptr;
+    if (h_out_) cudaFreeHost(h_out_), h_out_ = nullptr;
+    if (arena_) cudaFree(arena_), arena_ = nullptr;
+    cudaGetLastError();
+}
+
+CudaEngine::~CudaEngine() { release(); }
+
+void CudaEngine::activate() const { CUDA_CHECK(cudaSetDevice(device_)); }
+
+// Flash-decode splits of the KV length: enough (KV head x split) blocks to give every SM two at
+// batch 1, never chunks shorter than 64 positions.
+int CudaEngine::layer_max_splits() const {
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+    const int for_sms = CEIL_DIV(2 * sms, cfg_.n_kv_heads);
+    const int for_len = CEIL_DIV(cfg_.max_seq_len, 64);
+    return std::max(1, std::min({for_sms, for_len, 64}));
+}
+
+// ---- weights ----------------------------------------------------------------------------------
+
+WeightSlot CudaEngine::slot_for(const std::string& name) const {
+    const std::vector<int64_t> shape = weight_shape(cfg_, name);  // throws for unknown names
+    const Config& c = cfg_;
+    WeightSlot s;
+    s.numel = 1;
+    for (int64_t d : shape) s.numel *= (size_t)d;
+    if (name == "tok_embeddings") { s.dst = tok_embeddings_; return s; }
+    if (name == "output") { s.dst = output_; return s; }
+    if (name == "norm") { s.dst = norm_; s.is_norm = true; return s; }
+    const size_t dot = name.find('.', 7);
+    const int layer = std::stoi(name.substr(7, dot - 7));
+    const std::string kind = name.substr(dot + 1);
+    const LayerWeights& w = layers_[layer];
+    const size_t D = c.dim;
+    if (kind == "attn_norm") { s.dst = w.attn_norm; s.is_norm = true; }
+    else if (kind == "ffn_norm") { s.dst = w.ffn_norm; s.is_norm = true; }
+    else if (kind == "wq") s.dst = w.wqkv;
+    else if (kind == "wk") s.dst = w.wqkv + (size_t)c.q_dim() * D;
+    else if (kind == "wv") s.dst = w.wqkv + (size_t)(c.q_dim() + c.kv_dim()) * D;
+    else if (kind == "wo") s.dst = w.wo;
+    else if (kind == "w1") s.dst = w.w13;
+    else if (kind == "w3") s.dst = w.w13 + (size_t)c.hidden_dim * D;
+    else if (kind == "w2") s.dst = w.w2;
+    else BRRR_FAIL("unknown weight name '" << name << "'");
+    return s;
+}
+
+void CudaEngine::set_weight(const std::string& name, const void* src, DType src_dtype,
+                            const std::vector<int64_t>& shape) {
+    activate();
+    const WeightSlot slot = slot_for(name);
+    const std::vector<int64_t> expected = weight_shape(cfg_, name);
+    BRRR_CHECK(shape == expected, "weight '" << name << "' has shape " << shape_str(shape)
+                                            << " but this config expects " << shape_str(expected));
+    BRRR_CHECK(src != nullptr, "weight '" << name << "': null source pointer");
+    std::vector<uint16_t> bits(slot.numel);
+    if (src_dtype == DType::BF16) {
+        std::memcpy(bits.data(), src, slot.numel * sizeof(uint16_t));
+    } else if (src_dtype == DType::F16) {
+        const uint16_t* h = static_cast<const uint16_t*>(src);
+        for (size_t i = 0; i < slot.numel; ++i) bits[i] = f32_to_bf16(f16_to_f32(h[i]));
+    } else {
+        const float* f = static_cast<const float*>(src);
+        for (size_t i = 0; i < slot.numel; ++i) bits[i] = f32_to_bf16(f[i]);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(slot.dst, bits.data(), slot.numel * sizeof(uint16_t),
+                               cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const size_t index = name_index_.at(name);
+    if (!weight_set_[index]) {
+        weight_set_[index] = true;
+        ++n_weights_set_;
+    }
+}
+
+void CudaEngine::get_weight(const std::string& name, float* dst) const {
+    activate();
+    const WeightSlot slot = slot_for(name);
+    std::vector<uint16_t> bits(slot.numel);
+    CUDA_CHECK(cudaMemcpyAsync(bits.data(), slot.dst, slot.numel * sizeof(uint16_t),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < slot.numel; ++i) dst[i] = bf16_to_f32(bits[i]);
+}
+
+void CudaEngine::init_random(uint64_t seed, float std) {
+    BRRR_CHECK(std::isfinite(std) && std >= 0,
+               "init_random: std must be a finite number >= 0, got " << std);
+    activate();
+    for (size_t i = 0; i < names_.size(); ++i) {
+        const WeightSlot slot = slot_for(names_[i]);
+        fill_normal_bf16(slot.dst, slot.numel, init_random_key(seed, i), slot.is_norm ? 1.f : 0.f, std,
+                         stream_);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    weight_set_.assign(names_.size(), true);
+    n_weights_set_ = names_.size();
+}
+
+void CudaEngine::require_weights() const {
+    if (n_weights_set_ == names_.size()) return;
+    for (size_t i = 0; i < names_.size(); ++i)
+        BRRR_CHECK(weight_set_[i], "weight '" << names_[i] << "' was never set: call set_weight for "
+                                   "every canonical tensor (or init_random) before running the model");
+}
+
+// ---- argument checks (the CPU engine's rules and words) ----------------------------------------
+
+void CudaEngine::check_slot(int slot) const {
+    BRRR_CHECK(slot >= 0 && slot < cfg_.max_batch,
+               "slot " << slot << " is out of range: this engine has max_batch = " << cfg_.max_batch
+                       << " KV slots (0.." << cfg_.max_batch - 1 << ")");
+}
+
+void CudaEngine::check_token(int32_t token, int index) const {
+    BRRR_CHECK(token >= 0 && token < cfg_.vocab_size,
+               "token id " << token << " (at index " << index << ") is out of range for vocab_size "
+                           << cfg_.vocab_size);
+}
+
+// ---- entry points -----------------------------------------------------------------------------
+
+void CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots,
+                              const int32_t* positions, int rows) {
+    // The previous upload may still be queued behind a forward pass; h_in_ is its source.
+    CUDA_CHECK(cudaEventSynchronize(inputs_uploaded_));
+    std::memcpy(h_in_, tokens, sizeof(int) * rows);
+    std::memcpy(h_in_ + rows_, slots, sizeof(int) * rows);
+    std::memcpy(h_in_ + 2 * rows_, positions, sizeof(int) * rows);
+    CUDA_CHECK(cudaMemcpyAsync(d_in_, h_in_, sizeof(int) * 3 * rows_, cudaMemcpyHostToDevice,
+                               stream_));
+    CUDA_CHECK(cudaEventRecord(inputs_uploaded_, stream_));
+}
+
+void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
+                         float* logits, bool all_logits) {
+    check_slot(slot);
+    BRRR_CHECK(n_tokens >= 1, "prefill needs at least one token, got " << n_tokens);
+    BRRR_CHECK(start_pos >= 0, "start_pos must be >= 0, got " << start_pos);
+    BRRR_CHECK((int64_t)start_pos + n_tokens <= cfg_.max_seq_len,
+               "context is full: " << n_tokens << " tokens at start_pos " << start_pos << " need "
+                                   << (int64_t)start_pos + n_tokens << " positions but max_seq_len is "
+                                   << cfg_.max_seq_len);
+    BRRR_CHECK(!all_logits || logits, "prefill: all_logits needs an output buffer");
+    BRRR_CHECK(tokens != nullptr, "prefill: null tokens pointer");
+    for (int i = 0; i < n_tokens; ++i) check_token(tokens[i], i);
+    require_weights();
+    activate();
+
+    const int V = cfg_.vocab_size;
+    const int chunk = rows_ >= kPrefillChunk ? kPrefillChunk : rows_;
+    logits_valid_rows_ = 0;  // until this call completes, the old logits no longer describe the slot
+    std::vector<int32_t> row_slots(chunk, slot), row_positions(chunk);
+    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
+        const int T = std::min(chunk, n_tokens - c0);
+        for (int t = 0; t < T; ++t) row_positions[t] = start_pos + c0 + t;
+        stage_inputs(tokens + c0, row_slots.data(), row_positions.data(), T);
+        forward_prefill_layers(slot, start_pos + c0, T);
+        if (all_logits) {
+            for (int r = 0; r < T; r += logit_rows_) {
+                const int rows = std::min(logit_rows_, T - r);
+                forward_lm_head(r, rows);
+                CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)(c0 + r) * V, logits_,
+                                           sizeof(float) * rows * V, cudaMemcpyDeviceToHost, stream_));
+                // sample() reads the prompt's last logits from row 0.
+                if (c0 + r + rows == n_tokens && rows > 1)
+                    CUDA_CHECK(cudaMemcpyAsync(logits_, logits_ + (size_t)(rows - 1) * V,
+                                               sizeof(float) * V, cudaMemcpyDeviceToDevice, stream_));
+            }
+        } else if (c0 + T == n_tokens) {
+            forward_lm_head(T - 1, 1);
+            if (logits)
+                CUDA_CHECK(cudaMemcpyAsync(logits, logits_, sizeof(float) * V,
+                                           cudaMemcpyDeviceToHost, stream_));
+        }
+    }
+    if (logits) CUDA_CHECK(cudaStreamSynchronize(stream_));
+    logits_valid_rows_ = 1;
+}
+
+void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                        int batch, float* logits) {
+    BRRR_CHECK(batch >= 1 && batch <= cfg_.max_batch,
+               "decode batch must be in [1, max_batch = " << cfg_.max_batch << "], got " << batch);
+    BRRR_CHECK(tokens && slots && positions, "decode: null tokens, slots or positions pointer");
+    for (int i = 0; i < batch; ++i) {
+        check_slot(slots[i]);
+        for (int j = 0; j < i; ++j)
+            BRRR_CHECK(slots[j] != slots[i], "decode: slot " << slots[i] << " appears twice in one "
+                                             "batch (rows " << j << " and " << i << ")");
+        BRRR_CHECK(positions[i] >= 0, "decode: position " << positions[i] << " of row " << i
+                                      << " must be >= 0");
+        BRRR_CHECK(positions[i] < cfg_.max_seq_len,
+                   "context is full: row " << i << " (slot " << slots[i] << ") is at position "
+                   << positions[i] << " but max_seq_len is " << cfg_.max_seq_len);
+        check_token(tokens[i], i);
+    }
+    require_weights();
+    activate();
+
+    logits_valid_rows_ = 0;
+    stage_inputs(tokens, slots, positions, batch);
+    run_decode(batch);
+    logits_valid_rows_ = batch;
+    if (logits) {
+        CUDA_CHECK(cudaMemcpyAsync(logits, logits_, sizeof(float) * batch * cfg_.vocab_size,
+                                   cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+}
+
+// Eager on the first call of a batch size (it also warms up every kernel), captured into a graph
+// on the second, replayed from then on. The graph reads d_tokens_/d_slots_/d_positions_, whose
+// addresses never change, so a replay sees each call's inputs.
+void CudaEngine::run_decode(int B) {
+    if (!use_graphs_) {
+        forward_decode(B);
+        return;
+    }
+    if (decode_graphs_[B]) {
+        CUDA_CHECK(cudaGraphLaunch(decode_graphs_[B], stream_));
+        return;
+    }
+    if (!decode_warmed_[B]) {
+        forward_decode(B);
+        decode_warmed_[B] = true;
+        return;
+    }
+    // Relaxed: a launcher that sets a kernel attribute must not invalidate the capture.
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    try {
+        forward_decode(B);
+    } catch (...) {
+        cudaGraph_t partial = nullptr;
+        cudaStreamEndCapture(stream_, &partial);
+        if (partial) cudaGraphDestroy(partial);
+        cudaGetLastError();
+        throw;
+    }
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(err);
+    decode_graphs_[B] = exec;
+    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+}
+
+void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
+                        const SamplingParams* params, const uint64_t* steps, int batch,
+                        int32_t* tokens, float* logprobs) {
+    BRRR_CHECK(logits_valid_rows_ > 0, "sample: there are no logits to sample from; run prefill or "
+                                       "decode first");
+    BRRR_CHECK(batch >= 1 && batch <= logits_valid_rows_,
+               "sample: batch " << batch << " does not match the " << logits_valid_rows_
+                                << " row(s) of logits of the latest prefill/decode");
+    BRRR_CHECK(slots && positions && params && steps && tokens,
+               "sample: null slots, positions, params, steps or tokens pointer");
+    for (int i = 0; i < batch; ++i) {
+        check_slot(slots[i]);
+        BRRR_CHECK(positions[i] >= 0 && positions[i] < cfg_.max_seq_len,
+                   "sample: position " << positions[i] << " of row " << i
+                   << " is outside [0, max_seq_len = " << cfg_.max_seq_len << ")");
+        const std::string problem = cpu::sampling_params_problem(params[i]);
+        BRRR_CHECK(problem.empty(), "sample: row " << i << ": " << problem);
+    }
+    activate();
+
+    // Pack the inputs into the pinned mirror of the device block (the last sample() waited for
+    // its own upload, so the mirror is free).
+    char* base = h_sample_in_;
+    auto mirror = [&](const void* device_ptr) {
+        return base + (static_cast<const char*>(device_ptr) - reinterpret_cast<const char*>(d_sample_params_));
+    };
+    SampleParamsDev* hp = reinterpret_cast<SampleParamsDev*>(mirror(d_sample_params_));
+    uint64_t* hs = reinterpret_cast<uint64_t*>(mirror(d_steps_));
+    int* hsl = reinterpret_cast<int*>(mirror(d_sample_slots_));
+    int* hpos = reinterpret_cast<int*>(mirror(d_sample_positions_));
+    for (int i = 0; i < batch; ++i) {
+        hp[i] = SampleParamsDev{params[i].temperature, params[i].top_p, params[i].min_p,
+                                params[i].repetition_penalty, params[i].top_k, params[i].seed};
+        hs[i] = steps[i];
+        hsl[i] = slots[i];
+        hpos[i] = positions[i];
+    }
+    CUDA_CHECK(cudaMemcpyAsync(d_sample_params_, h_sample_in_, sample_in_bytes_,
+                               cudaMemcpyHostToDevice, stream_));
+    sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
+                  d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_,
+                  d_out_logprobs_, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, (sizeof(int) + sizeof(float)) * cfg_.max_batch,
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(tokens, h_out_, sizeof(int) * batch);
+    if (logprobs) std::memcpy(logprobs, h_out_ + sizeof(int) * cfg_.max_batch, sizeof(float) * batch);
+}
+
+}  // namespace cuda
+
+// ---- engine_cuda.h ----------------------------------------------------------------------------
+
+std::unique_ptr<Engine> make_cuda_engine(const Config& config, DType weight_dtype, int device) {
+    return std::make_unique<cuda::CudaEngine>(config, weight_dtype, device);
+}
+
+uint64_t init_random_key(uint64_t seed, size_t tensor_index) {
+    return splitmix64(seed ^ splitmix64(tensor_index + 1));
+}
+
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // "no driver" / "no device" is an answer here, not an error
+        return 0;
+    }
+    return n;
+}
+
+void cuda_set_use_graphs(Engine& engine, bool on) {
+    if (auto* e = dynamic_cast<cuda::CudaEngine*>(&engine)) e->set_use_graphs(on);
+}
+
+bool cuda_use_graphs(const Engine& engine) {
+    const auto* e = dynamic_cast<const cuda::CudaEngine*>(&engine);
+    return e != nullptr && e->use_graphs();
+}
+
+}  // namespace brrr

@@ -1,0 +1,157 @@
+// engine.cuh — CudaEngine: the Engine of model.h with everything on one GPU. Shared by engine.cu
+// (construction, weights, validation, the public calls, CUDA graphs) and forward.cu (the forward
+// passes, one straight-line function per phase).
+//
+// Device memory is one arena, carved at construction and never grown:
+//   weights (bf16)  tok_embeddings [V, D], output [V, D] (unless tied), norm [D]
+//                   per layer: attn_norm, ffn_norm [D], wqkv [(Hq + 2 Hkv) hd, D] (wq|wk|wv),
+//                              wo [D, Hq hd], w13 [2 H, D] (w1 gate | w3 up), w2 [D, H]
+//   KV cache (bf16) k, v: [n_layers][max_batch][max_seq][Hkv][hd]
+//   history (i32)   [max_batch][max_seq]: the tokens each slot has seen (repetition penalty)
+//   activations     rows = max(max_batch, prefill chunk): x f32 [rows, D], xn bf16 [rows, D],
+//                   qkv f32 [rows, qkv_dim], q, att bf16 [rows, Hq hd], hb bf16 [rows, H]
+//   logits (f32)    [max(max_batch, kLogitRows), V]; prefill "all" goes through it kLogitRows at a time
+//   inputs          tokens, slots, positions i32 [rows] each, filled from pinned host staging;
+//                   decode graphs read these fixed buffers
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/check.cuh"
+#include "cuda/ops.h"
+#include "model.h"
+
+namespace brrr {
+namespace cuda {
+
+struct LayerWeights {
+    bf16* attn_norm = nullptr;
+    bf16* ffn_norm = nullptr;
+    bf16* wqkv = nullptr;
+    bf16* wo = nullptr;
+    bf16* w13 = nullptr;
+    bf16* w2 = nullptr;
+};
+
+// Where one canonical tensor lives inside the fused device storage.
+struct WeightSlot {
+    bf16* dst = nullptr;
+    size_t numel = 0;
+    bool is_norm = false;
+};
+
+class CudaEngine final : public Engine {
+public:
+    // Prompt tokens go through the layers this many at a time, bounding the activation scratch.
+    static constexpr int kPrefillChunk = 512;
+    // LM-head rows per step when a prefill wants the logits of every token.
+    static constexpr int kLogitRows = 64;
+
+    CudaEngine(const Config& config, DType weight_dtype, int device);
+    ~CudaEngine() override;
+    CudaEngine(const CudaEngine&) = delete;
+    CudaEngine& operator=(const CudaEngine&) = delete;
+
+    const Config& config() const override { return cfg_; }
+    void set_weight(const std::string& name, const void* src, DType src_dtype,
+                    const std::vector<int64_t>& shape) override;
+    void get_weight(const std::string& name, float* dst) const override;
+    void init_random(uint64_t seed, float std) override;
+    void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos, float* logits,
+                 bool all_logits) override;
+    void decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int batch,
+                float* logits) override;
+    void sample(const int32_t* slots, const int32_t* positions, const SamplingParams* params,
+                const uint64_t* steps, int batch, int32_t* tokens, float* logprobs) override;
+
+    void set_use_graphs(bool on) { use_graphs_ = on; }
+    bool use_graphs() const { return use_graphs_; }
+
+private:
+    // ---- forward.cu ----
+    // Decode of B sequences from d_tokens_/d_slots_/d_positions_ rows [0, B); logits_ [B, V].
+    void forward_decode(int B);
+    // Layers over T prompt tokens of one slot (inputs rows [0, T)); leaves the residual in x_.
+    void forward_prefill_layers(int slot, int start_pos, int T);
+    // Final norm and LM head of x_ rows [row, row + rows) into logits_ rows [0, rows).
+    void forward_lm_head(int row, int rows);
+
+    // ---- engine.cu ----
+    void carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes);
+    void release() noexcept;  // frees everything; safe on a half-built engine
+    void check_slot(int slot) const;
+    void check_token(int32_t token, int index) const;
+    WeightSlot slot_for(const std::string& name) const;
+    void require_weights() const;
+    void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                      int rows);
+    void run_decode(int B);
+    void activate() const;
+    int layer_max_splits() const;
+
+    Config cfg_;
+    int device_ = 0;
+    cudaStream_t stream_ = nullptr;
+    int rows_ = 0;        // activation rows: max(max_batch, prefill chunk)
+    int logit_rows_ = 0;  // rows of logits_
+    int max_splits_ = 1;  // flash-decode KV splits
+
+    char* arena_ = nullptr;
+    bf16* tok_embeddings_ = nullptr;
+    bf16* output_ = nullptr;  // == tok_embeddings_ when tied
+    bf16* norm_ = nullptr;
+    std::vector<LayerWeights> layers_;
+    bf16* k_cache_ = nullptr;
+    bf16* v_cache_ = nullptr;
+    size_t kv_layer_elems_ = 0;  // max_batch * max_seq * Hkv * hd
+    int* history_ = nullptr;
+    float* inv_freq_ = nullptr;
+    float* x_ = nullptr;
+    bf16* xn_ = nullptr;
+    float* qkv_ = nullptr;
+    bf16* q_ = nullptr;
+    bf16* att_ = nullptr;
+    bf16* hb_ = nullptr;
+    float* logits_ = nullptr;
+    float* attn_scratch_ = nullptr;
+    void* sample_scratch_ = nullptr;
+    int* d_in_ = nullptr;  // [3][rows_]: tokens | slots | positions
+    int* d_tokens_ = nullptr;
+    int* d_slots_ = nullptr;
+    int* d_positions_ = nullptr;
+    SampleParamsDev* d_sample_params_ = nullptr;  // [max_batch]
+    uint64_t* d_steps_ = nullptr;                 // [max_batch]
+    int* d_sample_slots_ = nullptr;               // [max_batch]
+    int* d_sample_positions_ = nullptr;           // [max_batch]
+    int* d_out_tokens_ = nullptr;                 // [max_batch], followed by
+    float* d_out_logprobs_ = nullptr;             // [max_batch]
+    size_t sample_in_bytes_ = 0;
+
+    // Pinned host mirrors of the input/output blocks, so copies are truly asynchronous.
+    int* h_in_ = nullptr;
+    char* h_sample_in_ = nullptr;  // same layout as the device block starting at d_sample_params_
+    char* h_out_ = nullptr;        // tokens then logprobs, like d_out_tokens_
+    // Recorded after each input upload: h_in_ may be rewritten once it has fired.
+    cudaEvent_t inputs_uploaded_ = nullptr;
+
+    // Which canonical tensors have been written (by name index in weight_names order).
+    std::vector<std::string> names_;
+    std::unordered_map<std::string, size_t> name_index_;
+    std::vector<bool> weight_set_;
+    size_t n_weights_set_ = 0;
+
+    // Rows of logits_ that hold the latest logits: B after decode, 1 after a prefill that
+    // computed logits, 0 when there are none to sample from.
+    int logits_valid_rows_ = 0;
+
+    bool use_graphs_ = true;
+    std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B
+    std::vector<cudaGraphExec_t> decode_graphs_;  // [max_batch + 1]
+};
+
+}  // namespace cuda
+}  // namespace brrr

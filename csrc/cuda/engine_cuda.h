@@ -1,0 +1,33 @@
+// engine_cuda.h — the CUDA backend as the host code sees it: a factory and a device count.
+// Plain C++ (no CUDA types), so bindings.cpp and other host sources can include it; the engine
+// itself lives in engine.cu.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "model.h"
+
+namespace brrr {
+
+// An Engine whose weights, KV cache and forward pass live on GPU `device`. weight_dtype is the
+// storage type of the weights on the device (bf16; f16 inputs are converted to it).
+// Throws brrr::Error for a bad config or device, brrr::OutOfMemory when the model, KV cache and
+// scratch do not fit (the message names the bytes requested and free, and what to lower).
+std::unique_ptr<Engine> make_cuda_engine(const Config& config, DType weight_dtype, int device);
+
+// Number of usable CUDA devices; 0 when there is no GPU or no driver. Never throws.
+int cuda_device_count();
+
+// The key of canonical tensor `tensor_index` (weight_names order) under init_random(seed): the
+// CPU engine's rule. With fill_normal_bf16(p, numel, key, mean, std) it reproduces the engine's
+// random weights anywhere (benchmarks build their PyTorch opponents from it).
+uint64_t init_random_key(uint64_t seed, size_t tensor_index);
+
+// Decode replays one CUDA graph per batch size (on by default); off runs every kernel eagerly.
+// A no-op for engines that are not CUDA engines, so callers need not know the backend.
+void cuda_set_use_graphs(Engine& engine, bool on);
+bool cuda_use_graphs(const Engine& engine);
+
+}  // namespace brrr

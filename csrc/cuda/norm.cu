@@ -1,0 +1,129 @@
+// norm.cu — RMSNorm on the fp32 residual stream, with an optional residual add fused in front.
+//
+//   x[m, :] += residual[m, :]                       (only when residual != nullptr; x updated in place)
+//   y[m, :]  = bf16(x[m, :] * rsqrt(mean(x[m, :]^2) + eps) * w)     x [M, D] f32, w [D] bf16, y [M, D] bf16
+//
+// One block per row. Statistics stay in fp32 and y is rounded to bf16 once, at the end. When D is a
+// multiple of 8 every thread moves 16-byte chunks (two float4 of x, eight bf16 of w and y); the
+// second pass re-reads x, which the first pass just pulled into L1/L2, instead of holding a
+// D-sized row in registers of unknown size. At decode (M = 1 or a few rows) this kernel is pure
+// latency, so the block has as many threads as the row has chunks (up to 1024): one load round
+// trip per pass instead of a loop.
+#include <algorithm>
+
+#include "cuda/check.cuh"
+#include "cuda/ops.h"
+
+namespace brrr {
+namespace cuda {
+
+namespace {
+
+constexpr int kMaxThreads = 1024;
+
+// Threads for `chunks` units of work: a whole number of warps, at most one unit short of enough.
+int threads_for(int chunks) { return std::min(kMaxThreads, std::max(32, CEIL_DIV(chunks, 32) * 32)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Sum over the block; every thread gets the result. Called once per kernel.
+__device__ float block_sum(float v) {
+    __shared__ float warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int n_warps = (blockDim.x + 31) >> 5;
+        v = lane < n_warps ? warp_sums[lane] : 0.f;
+        v = warp_sum(v);
+        if (lane == 0) warp_sums[0] = v;
+    }
+    __syncthreads();
+    return warp_sums[0];
+}
+
+__global__ void rmsnorm_vec8_kernel(float* __restrict__ x, const float* __restrict__ residual,
+                                    const bf16* __restrict__ w, bf16* __restrict__ y, int D,
+                                    float eps) {
+    const size_t row = (size_t)blockIdx.x * D;
+    float4* x4 = reinterpret_cast<float4*>(x + row);
+    const float4* r4 = residual ? reinterpret_cast<const float4*>(residual + row) : nullptr;
+    const uint4* w8 = reinterpret_cast<const uint4*>(w);
+    uint4* y8 = reinterpret_cast<uint4*>(y + row);
+    const int n_vec = D / 8;
+
+    float sum_sq = 0.f;
+    for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
+        float4 a = x4[2 * i], b = x4[2 * i + 1];
+        if (r4) {
+            float4 ra = r4[2 * i], rb = r4[2 * i + 1];
+            a.x += ra.x; a.y += ra.y; a.z += ra.z; a.w += ra.w;
+            b.x += rb.x; b.y += rb.y; b.z += rb.z; b.w += rb.w;
+            x4[2 * i] = a;
+            x4[2 * i + 1] = b;
+        }
+        sum_sq += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        sum_sq += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    }
+    const float rstd = rsqrtf(block_sum(sum_sq) / (float)D + eps);
+
+    for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
+        const float4 a = x4[2 * i], b = x4[2 * i + 1];
+        uint4 wp = w8[i];
+        const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&wp);
+        const float2 w0 = __bfloat1622float2(wh[0]), w1 = __bfloat1622float2(wh[1]);
+        const float2 w2 = __bfloat1622float2(wh[2]), w3 = __bfloat1622float2(wh[3]);
+        uint4 out;
+        __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&out);
+        oh[0] = __floats2bfloat162_rn(a.x * rstd * w0.x, a.y * rstd * w0.y);
+        oh[1] = __floats2bfloat162_rn(a.z * rstd * w1.x, a.w * rstd * w1.y);
+        oh[2] = __floats2bfloat162_rn(b.x * rstd * w2.x, b.y * rstd * w2.y);
+        oh[3] = __floats2bfloat162_rn(b.z * rstd * w3.x, b.w * rstd * w3.y);
+        y8[i] = out;
+    }
+}
+
+__global__ void rmsnorm_scalar_kernel(float* __restrict__ x, const float* __restrict__ residual,
+                                      const bf16* __restrict__ w, bf16* __restrict__ y, int D,
+                                      float eps) {
+    const size_t row = (size_t)blockIdx.x * D;
+    float sum_sq = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = x[row + i];
+        if (residual) {
+            v += residual[row + i];
+            x[row + i] = v;
+        }
+        sum_sq += v * v;
+    }
+    const float rstd = rsqrtf(block_sum(sum_sq) / (float)D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        y[row + i] = __float2bfloat16_rn(x[row + i] * rstd * __bfloat162float(w[i]));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D,
+                      float eps, cudaStream_t stream) {
+    BRRR_CHECK(M >= 0 && D > 0, "rmsnorm_residual: bad sizes M=" << M << " D=" << D);
+    BRRR_CHECK(eps > 0.f, "rmsnorm_residual: eps must be > 0, got " << eps);
+    if (M == 0) return;
+    const bool vec = D % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
+                     (residual == nullptr || aligned16(residual));
+    if (vec) {
+        rmsnorm_vec8_kernel<<<M, threads_for(D / 8), 0, stream>>>(x, residual, w, y, D, eps);
+        CUDA_CHECK_LAUNCH("rmsnorm_vec8_kernel");
+    } else {
+        rmsnorm_scalar_kernel<<<M, threads_for(D), 0, stream>>>(x, residual, w, y, D, eps);
+        CUDA_CHECK_LAUNCH("rmsnorm_scalar_kernel");
+    }
+}
+
+}  // namespace cuda
+}  // namespace brrr

@@ -1,0 +1,81 @@
+// ops.h — every CUDA kernel launcher on one screen, one comment line each.
+// Shapes are row-major; W is [N, K] (out, in). The residual stream x is fp32; activations that
+// feed a matmul are bf16; accumulation is fp32 everywhere. All launchers are asynchronous on
+// `stream`, check their launch with CUDA_CHECK_LAUNCH (file:line) and never synchronize.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace brrr {
+namespace cuda {
+
+using bf16 = __nv_bfloat16;
+
+// What a matmul does with its fp32 result y[m, n] before it leaves the chip.
+enum class Epilogue : int {
+    StoreBf16 = 0,    // out_bf16[m, n] = y
+    StoreF32 = 1,     // out_f32[m, n] = y                       (logits, qkv)
+    AddResidual = 2,  // residual_f32[m, n] += y                 (wo, w2)
+    SwiGLU = 3,       // out_bf16[m, j] = silu(y[m, j]) * y[m, H + j], j < H = N / 2  (w13)
+};
+struct EpilogueArgs {
+    bf16* out_bf16 = nullptr;   // [M, N] or [M, N/2] for SwiGLU
+    float* out_f32 = nullptr;   // [M, N]
+    float* residual = nullptr;  // [M, N], updated in place
+    int ld_out = 0;             // row stride of the output in elements (0 = packed)
+};
+
+// Device-side copy of SamplingParams (model.h) for one sequence.
+struct SampleParamsDev {
+    float temperature, top_p, min_p, repetition_penalty;
+    int top_k;
+    uint64_t seed;
+};
+
+// ---- embed.cu / norm.cu ---------------------------------------------------------------------
+// x[m, :] = table[tokens[m], :] as fp32; tokens [M], table [V, D] bf16 (a row with an id outside [0, V) becomes NaN).
+void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, cudaStream_t stream);
+// history[slots[m], positions[m]] = tokens[m]; history [max_batch, max_seq] int32 (read by sample_tokens).
+void record_tokens(const int* tokens, const int* slots, const int* positions, int* history, int M, int max_batch, int max_seq, cudaStream_t stream);
+// x += residual (when residual != nullptr), then y = x * rsqrt(mean(x^2) + eps) * w; x [M, D] fp32.
+void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D, float eps, cudaStream_t stream);
+
+// ---- gemv.cu: decode, M <= 16 rows, memory-bound: every weight byte streamed once ------------
+void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+
+// ---- gemm.cu: prefill, tensor cores (mma.sync bf16 -> fp32), any M, N, K ----------------------
+void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// The engine's choice between the two by shape (the switch point is measured, see gemm.cu).
+void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+
+// ---- rope.cu: rotate-half RoPE on q and k, k and v appended to the cache ----------------------
+// qkv [M, (Hq + 2 Hkv) * hd] fp32 from the QKV matmul; row m is token `positions[m]` of slot
+// `slots[m]`. Writes q_out [M, Hq, hd] bf16 and k/v into k_cache/v_cache of this layer,
+// laid out [max_batch][max_seq][Hkv][hd]. inv_freq [hd/2] on the device.
+void rope_kv_append(const float* qkv, const int* positions, const int* slots, const float* inv_freq, bf16* q_out, bf16* k_cache, bf16* v_cache, int M, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
+
+// ---- attention.cu ----------------------------------------------------------------------------
+// Flash-decoding: one query token per sequence b (q [B, Hq, hd]) over its cached positions
+// [0, positions[b]]; split over the KV length into `n_splits` chunks, GQA-aware (each K/V element
+// read once per KV head), then a combine step. partial: scratch of attention_scratch_floats().
+size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_splits);
+void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream);
+// Causal prefill: T query tokens of one sequence at positions start_pos.. over cache [0, start_pos+t].
+void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
+
+// ---- sampling.cu: one token per sequence on the device, no host round trip --------------------
+// logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].
+size_t sample_scratch_bytes(int B, int V);
+void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions, const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, cudaStream_t stream);
+
+// ---- init.cu ---------------------------------------------------------------------------------
+// p[i] = mean + std * N(0, 1), pair k Box-Muller of splitmix64(key + 2k), splitmix64(key + 2k + 1)
+// (the CPU engine's stream): same key, same weights, any GPU or backend.
+void fill_normal_bf16(bf16* p, size_t n, uint64_t key, float mean, float std, cudaStream_t stream);
+void convert_f32_to_bf16(const float* src, bf16* dst, size_t n, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace brrr

@@ -1,0 +1,432 @@
+// sampling.cu — one token per sequence, chosen on the device by exactly the rules of
+// cpu/sampling.h (so a seed means the same thing on both backends):
+//   penalty (distinct history tokens) -> greedy argmax when T == 0, else weights
+//   w_i = exp((z_i - max z) / T) -> top-k -> top-p -> min-p -> draw with uniform01(seed, step),
+//   walking the kept tokens heaviest first (ties: lower index first) until the running sum
+//   exceeds u * kept mass. logprob = log_softmax(raw logits)[token].
+//
+//   logits [B, V] f32, history [max_batch, max_seq] i32, scratch [B, V] f32 (the weights w)
+//
+// One block of 1024 threads per row. The trick is that every filter and the draw is "walk the
+// tokens heaviest first until a running sum (of 1s for top-k, of w for top-p and the draw)
+// reaches a target" — and that needs no sort. Non-negative floats order like their bit patterns,
+// so a radix select over the 32-bit keys of w finds the stopping key in three histogram passes
+// (11 + 11 + 10 bits, the histogram in shared memory), and one ordered pass over the tokens with
+// exactly that key finds the index among ties. A kept set is always a prefix of the heaviest-first
+// order, stored as a Cut (key, idx): token i is kept iff key_i > key, or key_i == key and i <= idx.
+//
+// Bitwise agreement with the CPU: the build uses fast math, so the arithmetic that decides which
+// token wins is spelled out in IEEE-rounded intrinsics, exp is taken in double and rounded to
+// float (what glibc's expf returns), and masses are summed in double as on the CPU. Only the
+// summation order differs, which moves a boundary by ~1e-16 relative.
+#include <cfloat>
+#include <climits>
+#include <cmath>
+
+#include "cuda/check.cuh"
+#include "cuda/ops.h"
+#include "model.h"
+
+namespace brrr {
+namespace cuda {
+
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxBins = 2048;
+constexpr int kPasses = 3;
+__constant__ int kDigitShift[kPasses] = {21, 10, 0};
+__constant__ int kDigitBits[kPasses] = {11, 11, 10};
+
+struct Cut {
+    uint32_t key;
+    int idx;
+};
+constexpr Cut kKeepAll = {0u, INT_MAX};
+
+__device__ __forceinline__ bool in_cut(uint32_t key, int i, Cut c) {
+    return key > c.key || (key == c.key && i <= c.idx);
+}
+// The intersection of two kept prefixes is the shorter one.
+__device__ __forceinline__ Cut shorter(Cut a, Cut b) {
+    return (a.key > b.key || (a.key == b.key && a.idx < b.idx)) ? a : b;
+}
+__device__ __forceinline__ uint32_t key_of(float w) { return __float_as_uint(w); }
+
+struct Shared {
+    double mass[kMaxBins];
+    int count[kMaxBins];
+    double warp_d[kWarps];
+    float warp_f[kWarps];
+    int warp_i[kWarps];
+    int choice_pos, lo_pos, found;
+    double choice_above;
+};
+
+// ---- block-wide reductions (every thread gets the result) ------------------------------------
+
+__device__ double block_sum(double v, Shared& sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) sh.warp_d[warp] = v;
+    __syncthreads();
+    double total = 0;
+    for (int i = 0; i < kWarps; ++i) total += sh.warp_d[i];
+    __syncthreads();
+    return total;
+}
+
+// Exclusive prefix sum over threads in threadIdx order.
+__device__ double block_exclusive_scan(double v, Shared& sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double inclusive = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const double up = __shfl_up_sync(0xffffffffu, inclusive, o);
+        if (lane >= o) inclusive += up;
+    }
+    if (lane == 31) sh.warp_d[warp] = inclusive;
+    __syncthreads();
+    double offset = 0;
+    for (int i = 0; i < warp; ++i) offset += sh.warp_d[i];
+    __syncthreads();
+    return offset + inclusive - v;
+}
+
+// Largest value, lowest index among equals (the CPU's strict-greater scan from index 0).
+__device__ void block_argmax(float& v, int& idx, Shared& sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
+    }
+    if (lane == 0) { sh.warp_f[warp] = v; sh.warp_i[warp] = idx; }
+    __syncthreads();
+    v = sh.warp_f[0];
+    idx = sh.warp_i[0];
+    for (int i = 1; i < kWarps; ++i)
+        if (sh.warp_f[i] > v || (sh.warp_f[i] == v && sh.warp_i[i] < idx)) { v = sh.warp_f[i]; idx = sh.warp_i[i]; }
+    __syncthreads();
+}
+
+// Running log-sum-exp state (max m, sum s of exp(x - m)). Each thread adds its ~V/1024 terms in
+// fp32 (single-instruction exp: this pass sits on every token's path), threads merge in double;
+// the logprob it feeds is reported, never used to choose, so ~1e-6 is plenty.
+struct Lse {
+    float m = -INFINITY;
+    double s = 0.0;
+};
+struct LseF {
+    float m = -INFINITY;
+    float s = 0.f;
+};
+__device__ __forceinline__ void lse_add(LseF& a, float x) {
+    if (x > a.m) {
+        a.s = (a.m == -INFINITY ? 0.f : a.s * __expf(a.m - x)) + 1.f;
+        a.m = x;
+    } else if (x != -INFINITY) {
+        a.s += __expf(x - a.m);
+    }
+}
+__device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
+    if (b.m == -INFINITY) return a;
+    if (a.m == -INFINITY) return b;
+    Lse r;
+    r.m = fmaxf(a.m, b.m);
+    r.s = a.s * exp((double)a.m - r.m) + b.s * exp((double)b.m - r.m);
+    return r;
+}
+__device__ double block_log_sum_exp(Lse v, Shared& sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        Lse other;
+        other.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+        other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+        v = lse_merge(v, other);
+    }
+    if (lane == 0) { sh.warp_f[warp] = v.m; sh.warp_d[warp] = v.s; }
+    __syncthreads();
+    Lse total;
+    for (int i = 0; i < kWarps; ++i) {
+        Lse w;
+        w.m = sh.warp_f[i];
+        w.s = sh.warp_d[i];
+        total = lse_merge(total, w);
+    }
+    __syncthreads();
+    return (double)total.m + log(total.s);
+}
+
+// ---- the heaviest-first walk ------------------------------------------------------------------
+
+__device__ double mass_of(const float* w, int V, Cut c, Shared& sh) {
+    double sum = 0;
+    for (int i = threadIdx.x; i < V; i += kThreads) {
+        const float wi = w[i];
+        if (in_cut(key_of(wi), i, c)) sum += (double)wi;
+    }
+    return block_sum(sum, sh);
+}
+
+// Index of the j-th token (0-based, in index order) of cut c whose key is exactly `key`.
+__device__ int nth_with_key(const float* w, int V, Cut c, uint32_t key, int j, Shared& sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) sh.found = -1;
+    __syncthreads();
+    int base = 0;
+    for (int start = 0; start < V; start += kThreads) {
+        const int i = start + threadIdx.x;
+        bool hit = false;
+        if (i < V) {
+            const uint32_t k = key_of(w[i]);
+            hit = k == key && in_cut(k, i, c);
+        }
+        const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) sh.warp_i[warp] = __popc(ballot);
+        __syncthreads();
+        int offset = 0, total = 0;
+        for (int wi = 0; wi < kWarps; ++wi) {
+            if (wi < warp) offset += sh.warp_i[wi];
+            total += sh.warp_i[wi];
+        }
+        const int rank = base + offset + __popc(ballot & ((1u << lane) - 1u));
+        if (hit && rank == j) sh.found = i;
+        __syncthreads();
+        if (sh.found >= 0) break;
+        base += total;
+    }
+    const int found = sh.found;
+    __syncthreads();
+    return found;
+}
+
+struct Walk {
+    Cut cut;     // the kept prefix ending at the stopping token
+    int token;   // the stopping token
+    double cum;  // running sum including it
+};
+
+// Walks the tokens of `within` heaviest first, summing 1 per token (unit) or w, and stops at
+// the first token where the sum reaches the target (sum >= target; sum > target when strict).
+// When the sum never gets there (rounding at the very end), stops at the last token.
+//
+// Each pass picks the highest digit whose running sum reaches the target. "Highest" is an
+// atomicMin over bin positions rather than a test of one interval per bin, so that sums rounded
+// differently by neighbouring threads can never yield two choices, or none.
+__device__ Walk walk_heaviest_first(const float* w, int V, Cut within, bool unit, double target,
+                                    bool strict, Shared& sh) {
+    bool take_last = false;
+    uint32_t prefix = 0, prefix_mask = 0;
+    double above = 0;  // weight of `within` tokens with keys above the current prefix range
+    for (int pass = 0; pass < kPasses; ++pass) {
+        const int shift = kDigitShift[pass], n_bins = 1 << kDigitBits[pass];
+        for (int d = threadIdx.x; d < n_bins; d += kThreads) {
+            sh.mass[d] = 0.0;
+            sh.count[d] = 0;
+        }
+        if (threadIdx.x == 0) {
+            sh.choice_pos = INT_MAX;
+            sh.lo_pos = -1;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < V; i += kThreads) {
+            const float wi = w[i];
+            const uint32_t k = key_of(wi);
+            if ((k & prefix_mask) != prefix || !in_cut(k, i, within)) continue;
+            const int d = (int)((k >> shift) & (uint32_t)(n_bins - 1));
+            atomicAdd(&sh.count[d], 1);
+            if (!unit) atomicAdd(&sh.mass[d], (double)wi);
+        }
+        __syncthreads();
+
+        // Thread t owns the bins at descending positions 2t and 2t + 1 (position 0 = top digit).
+        double own[2] = {0.0, 0.0}, before[2] = {0.0, 0.0};
+        int own_count[2] = {0, 0};
+        for (int s = 0; s < 2; ++s) {
+            const int pos = 2 * threadIdx.x + s;
+            if (pos < n_bins) {
+                const int d = n_bins - 1 - pos;
+                own_count[s] = sh.count[d];
+                own[s] = unit ? (double)own_count[s] : sh.mass[d];
+                if (own_count[s] > 0) atomicMax(&sh.lo_pos, pos);
+            }
+        }
+        before[0] = above + block_exclusive_scan(own[0] + own[1], sh);
+        before[1] = before[0] + own[0];
+        if (!take_last) {
+            for (int s = 0; s < 2; ++s) {
+                const double after = before[s] + own[s];
+                if (own_count[s] > 0 && (strict ? after > target : after >= target))
+                    atomicMin(&sh.choice_pos, 2 * threadIdx.x + s);
+            }
+        }
+        __syncthreads();
+        for (int s = 0; s < 2; ++s)
+            if (2 * (int)threadIdx.x + s == sh.choice_pos) sh.choice_above = before[s];
+        __syncthreads();
+        int pos;
+        if (!take_last && sh.choice_pos != INT_MAX) {
+            pos = sh.choice_pos;
+            above = sh.choice_above;
+        } else {
+            take_last = true;
+            pos = sh.lo_pos;
+            for (int p = 0; p < pos; ++p) {  // everything above the lowest bin is walked past
+                const int d = n_bins - 1 - p;
+                above += unit ? (double)sh.count[d] : sh.mass[d];
+            }
+        }
+        pos = max(pos, 0);  // lo_pos is -1 only for an empty cut, which the callers never pass
+        const int digit = n_bins - 1 - pos;
+        const int n_ties = sh.count[digit];
+        __syncthreads();
+        prefix |= (uint32_t)digit << shift;
+        prefix_mask |= (uint32_t)(n_bins - 1) << shift;
+        if (pass == kPasses - 1) {
+            // Every token left has key == prefix and the same weight t: pick the j-th in index order.
+            const double t = unit ? 1.0 : (double)__uint_as_float(prefix);
+            int j;
+            if (take_last || !(t > 0.0)) {
+                j = n_ties - 1;
+            } else {
+                const double need = (target - above) / t;
+                const double jd = strict ? floor(need) : ceil(need) - 1.0;
+                j = (int)fmax(0.0, fmin((double)(n_ties - 1), jd));  // clamps NaN and overflow too
+            }
+            const int idx = nth_with_key(w, V, within, prefix, j, sh);
+            Walk r;
+            r.cut = Cut{prefix, idx};
+            r.token = idx;
+            r.cum = above + (double)(j + 1) * t;
+            return r;
+        }
+    }
+    return Walk{within, -1, 0.0};  // unreachable: the last pass returns
+}
+
+// ---- the kernel -------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(const float* __restrict__ logits, const int* __restrict__ history,
+                  const int* __restrict__ slots, const int* __restrict__ positions,
+                  const SampleParamsDev* __restrict__ params, const uint64_t* __restrict__ steps,
+                  int V, int max_seq, float* w_all, int* __restrict__ out_tokens,
+                  float* __restrict__ out_logprobs) {
+    extern __shared__ unsigned seen[];  // [ceil(V / 32)] history marks
+    __shared__ Shared sh;
+    const int b = blockIdx.x;
+    const float* row = logits + (size_t)b * V;
+    float* w = w_all + (size_t)b * V;
+    const SampleParamsDev p = params[b];
+    const float penalty = p.repetition_penalty;
+    const bool penalize = penalty != 1.f;
+
+    if (penalize) {
+        const int n_words = (V + 31) / 32;
+        for (int i = threadIdx.x; i < n_words; i += kThreads) seen[i] = 0u;
+        __syncthreads();
+        const int slot = slots[b];
+        const int n_history = min(max(positions[b] + 1, 0), max_seq);
+        const int* h = history + (size_t)slot * max_seq;
+        for (int i = threadIdx.x; i < n_history; i += kThreads) {
+            const int t = h[i];
+            if (t >= 0 && t < V) atomicOr(&seen[t >> 5], 1u << (t & 31));
+        }
+        __syncthreads();
+    }
+    auto penalized = [&](int i, float l) {
+        if (!penalize || !((seen[i >> 5] >> (i & 31)) & 1u)) return l;
+        return l > 0.f ? __fdiv_rn(l, penalty) : __fmul_rn(l, penalty);
+    };
+
+    // Pass A: log-sum-exp of the raw logits (for the logprob) and the argmax of the penalized z.
+    LseF raw_thread;
+    float z_best = -INFINITY;
+    int i_best = INT_MAX;
+    for (int i = threadIdx.x; i < V; i += kThreads) {
+        const float l = row[i];
+        lse_add(raw_thread, l);
+        const float z = penalized(i, l);
+        if (z > z_best || (z == z_best && i < i_best)) { z_best = z; i_best = i; }
+    }
+    Lse raw;
+    raw.m = raw_thread.m;
+    raw.s = raw_thread.s;
+    const double log_total = block_log_sum_exp(raw, sh);
+    block_argmax(z_best, i_best, sh);
+    if (i_best == INT_MAX) i_best = 0;  // every z NaN: the CPU scan keeps index 0
+
+    int token = i_best;
+    if (p.temperature != 0.f) {
+        // Pass B: weights; the top token gets exactly exp(0) = 1.
+        double sum = 0;
+        for (int i = threadIdx.x; i < V; i += kThreads) {
+            const float z = penalized(i, row[i]);
+            const float wi = (float)exp((double)__fdiv_rn(__fsub_rn(z, z_best), p.temperature));
+            w[i] = wi;
+            sum += (double)wi;
+        }
+        double mass = block_sum(sum, sh);  // its barrier also publishes w to the whole block
+
+        Cut kept = kKeepAll;
+        if (p.top_k > 0 && p.top_k < V) {
+            kept = walk_heaviest_first(w, V, kept, true, (double)p.top_k, false, sh).cut;
+            mass = mass_of(w, V, kept, sh);
+        }
+        if (p.top_p < 1.f) {
+            const Walk r = walk_heaviest_first(w, V, kept, false, (double)p.top_p * mass, false, sh);
+            kept = r.cut;
+            mass = r.cum;
+        }
+        if (p.min_p > 0.f) {
+            kept = shorter(kept, Cut{key_of(p.min_p), INT_MAX});
+            mass = mass_of(w, V, kept, sh);
+        }
+        const double target = (double)uniform01(p.seed, steps[b]) * mass;
+        token = walk_heaviest_first(w, V, kept, false, target, true, sh).token;
+    }
+    // The walk always lands on a token of the kept set; this only keeps a broken invariant from
+    // turning into an out-of-bounds read below.
+    if (token < 0 || token >= V) token = i_best;
+    if (threadIdx.x == 0) {
+        out_tokens[b] = token;
+        if (out_logprobs) out_logprobs[b] = (float)((double)row[token] - log_total);
+    }
+}
+
+size_t seen_bytes(int V) { return (size_t)((V + 31) / 32) * sizeof(unsigned); }
+
+}  // namespace
+
+size_t sample_scratch_bytes(int B, int V) {
+    BRRR_CHECK(B >= 0 && V > 0, "sample_scratch_bytes: bad sizes B=" << B << " V=" << V);
+    return (size_t)B * (size_t)V * sizeof(float);
+}
+
+void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions,
+                   const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq,
+                   void* scratch, int* out_tokens, float* out_logprobs, cudaStream_t stream) {
+    BRRR_CHECK(B >= 0 && V > 0 && max_seq > 0,
+               "sample_tokens: bad sizes B=" << B << " V=" << V << " max_seq=" << max_seq);
+    if (B == 0) return;
+    const size_t smem = seen_bytes(V);
+    // The history bitmap is V bits of shared memory; beyond the default 48 KiB opt in.
+    if (smem + sizeof(Shared) > 48 * 1024) {
+        int device = 0, optin = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        BRRR_CHECK(smem + sizeof(Shared) <= (size_t)optin,
+                   "sample_tokens: vocab_size " << V << " needs " << smem + sizeof(Shared)
+                                                << " bytes of shared memory; this GPU allows " << optin);
+        CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+    }
+    sample_kernel<<<B, kThreads, smem, stream>>>(logits, history, slots, positions, params, steps, V,
+                                                 max_seq, static_cast<float*>(scratch), out_tokens,
+                                                 out_logprobs);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cuda
+}  // namespace brrr

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# gpu_check.sh — the one script to run on the GPU machine (repo root, no network): builds the CUDA
+# module, runs the CUDA tests (and the CPU tests, quickly), a compute-sanitizer memcheck of a short
+# generation, and the decode benchmark; everything lands in $OUT (default ./out):
+#   build.log      nvidia-smi, the build
+#   tests.log      pytest -m cuda, then pytest -m "not cuda"
+#   sanitizer.log  compute-sanitizer --tool memcheck on a tiny model, 8 tokens, graphs on and off
+#   bench.log      benchmarks/bench_decode.py --quick
+#   decode.json    its results
+#   summary.txt    the table printed last
+# The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit and the
+# benchmark gets what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
+#   OUT=/path/to/out bash scripts/gpu_check.sh
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/out}
+TOTAL_S=${TOTAL_S:-540}
+mkdir -p "$OUT"
+START=$(date +%s)
+SUMMARY=()
+
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( TOTAL_S - $(elapsed) )); }
+
+# phase NAME LIMIT_S LOG CMD...: runs CMD with a time limit, appends to LOG, records the outcome.
+phase() {
+    local name=$1 limit=$2 log=$3
+    shift 3
+    local budget
+    budget=$(left)
+    if (( budget < 15 )); then
+        SUMMARY+=("$(printf '%-12s %-8s %6s  %s' "$name" skipped - "no time left of TOTAL_S=$TOTAL_S")")
+        return 1
+    fi
+    (( limit > budget - 10 )) && limit=$(( budget - 10 ))
+    local t0 rc
+    t0=$(date +%s)
+    echo "==== $name: $* (limit ${limit}s) ====" >> "$log"
+    timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
+    rc=$?
+    local status=ok
+    (( rc == 124 || rc == 137 )) && status=timeout
+    (( rc != 0 && rc != 124 && rc != 137 )) && status="rc=$rc"
+    # the pytest/sanitizer/bench verdict line of this phase, else its last line
+    local detail
+    detail=$(sed -n "/^==== $name: /,\$p" "$log" | grep -E " passed| failed|[0-9] errors?|ERROR SUMMARY|^wrote " \
+             | tail -n 1)
+    [[ -z "$detail" ]] && detail=$(grep -v '^\s*$' "$log" | tail -n 1)
+    echo "==== $name: $status after $(( $(date +%s) - t0 ))s ====" >> "$log"
+    SUMMARY+=("$(printf '%-12s %-8s %6s  %s' "$name" "$status" "$(( $(date +%s) - t0 ))s" "${detail:0:100}")")
+    return $rc
+}
+
+# ---- environment ---------------------------------------------------------------------------------
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/build.log" 2>&1
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+# A carried model file (weights/*.gguf is git-ignored) serves as the default model for the tests.
+if [[ -z "${LLAMA_BRRR_DEFAULT_MODEL:-}" ]]; then
+    for f in weights/*.gguf; do
+        [[ -f "$f" ]] && export LLAMA_BRRR_DEFAULT_MODEL="$ROOT/$f" && break
+    done
+fi
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+
+{
+    echo "date: $(date -u)"; echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "python: $(python3 --version 2>&1)"; echo "default model: ${LLAMA_BRRR_DEFAULT_MODEL:-none}"
+    nvidia-smi 2>&1
+    nvcc --version 2>&1 | tail -n 2
+} >> "$OUT/build.log"
+
+# ---- build ----------------------------------------------------------------------------------------
+export LLAMA_BRRR_CUDA=1 LLAMA_BRRR_CUDA_ARCHS=${LLAMA_BRRR_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
+if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace \
+        && phase import 30 "$OUT/build.log" python3 -c \
+            "from llama_brrr import _C; n = _C.cuda_device_count(); print('cuda devices:', n); assert _C.cuda_compiled() and n > 0"; then
+
+    # ---- tests ------------------------------------------------------------------------------------
+    phase cuda-tests 200 "$OUT/tests.log" python3 -m pytest -q -rf --maxfail=60 -m cuda tests/ -p no:cacheprovider
+    phase cpu-tests 90 "$OUT/tests.log" python3 -m pytest -q -m "not cuda and not slow" tests/ -p no:cacheprovider
+
+    # ---- compute-sanitizer ------------------------------------------------------------------------
+    cat > /tmp/brrr_sanitize.py <<'EOF'
+# A tiny model through prefill (chunked), decode (graphed and eager) and sampling, 8 tokens each.
+import numpy as np
+from llama_brrr import _C
+from llama_brrr.config import ModelConfig
+
+config = ModelConfig(dim=136, hidden_dim=200, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
+                     vocab_size=1001, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 64})
+for graphs in (True, False):
+    engine = _C.Engine("cuda", config.engine_dict(600, 2), "bf16", 0)
+    engine.use_cuda_graphs = graphs
+    engine.init_random(7, 0.02)
+    engine.prefill(1, np.arange(530, dtype=np.int32) % 1001, 0, "all")
+    engine.prefill(0, np.array([5, 6, 7], np.int32), 0, "none")
+    tokens, positions, slots = np.array([8, 9], np.int32), np.array([3, 530], np.int32), np.array([0, 1], np.int32)
+    ones = np.ones(2, np.float32)
+    for step in range(8):
+        engine.decode(tokens, slots, positions, step % 3 == 0)
+        tokens, _ = engine.sample(slots, positions, np.full(2, 0.8, np.float32), np.full(2, 40, np.int32),
+                                  np.full(2, 0.9, np.float32), np.full(2, 0.02, np.float32), 1.1 * ones,
+                                  np.array([1, 2], np.uint64), np.full(2, step, np.uint64))
+        tokens = tokens.astype(np.int32)
+        positions += 1
+    print("graphs" if graphs else "eager", "tokens", tokens.tolist())
+print("sanitized run done")
+EOF
+    phase sanitizer 120 "$OUT/sanitizer.log" "$SANITIZER" --tool memcheck --error-exitcode 1 \
+        --leak-check no python3 /tmp/brrr_sanitize.py
+
+    # ---- benchmark --------------------------------------------------------------------------------
+    BENCH_S=$(( $(left) - 25 ))
+    phase bench $(( BENCH_S + 15 )) "$OUT/bench.log" python3 benchmarks/bench_decode.py --quick \
+        --budget-s "$BENCH_S" --out "$OUT/decode.json"
+fi
+
+# ---- summary --------------------------------------------------------------------------------------
+{
+    echo
+    echo "==== gpu_check summary ($(elapsed)s of TOTAL_S=$TOTAL_S) ===="
+    printf '%-12s %-8s %6s  %s\n' phase status time detail
+    printf '%s\n' "${SUMMARY[@]}"
+    if [[ -f "$OUT/bench.log" ]]; then
+        echo
+        sed -n '/ GB weights + /,$p' "$OUT/bench.log" | tail -n 40
+    fi
+} | tee "$OUT/summary.txt"

@@ -1,0 +1,297 @@
+"""The CUDA matmul and attention kernels (gemv.cu, gemm.cu, attention.cu) against PyTorch, through
+_C.cuda_ops on device pointers.
+
+Tolerance (DESIGN.md): the relative error (Frobenius norm) against an fp64 reference computed from
+the same bf16 inputs may be at most twice the error of the same computation done by PyTorch in
+bf16; outputs kept in fp32 must also be within 1e-4 (fp32 accumulation, any order). Outputs,
+padding columns, split scratch and every cache entry a kernel must not read are NaN-poisoned, so
+a stray read or a missed write shows up as NaN. Inputs are random each run (seed printed by the
+rng fixture; BRRR_TEST_SEED replays it)."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.cuda
+
+STORE_BF16, STORE_F32, ADD_RESIDUAL, SWIGLU = 0, 1, 2, 3
+EPILOGUES = {"store_bf16": STORE_BF16, "store_f32": STORE_F32, "add_residual": ADD_RESIDUAL,
+             "swiglu": SWIGLU}
+
+
+@pytest.fixture(scope="module")
+def ops():
+    try:
+        from llama_brrr import _C
+    except ImportError as error:
+        pytest.skip(f"llama_brrr._C is not built ({error})")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to torch")
+    if not _C.cuda_compiled():
+        pytest.skip("llama_brrr._C was built without CUDA (LLAMA_BRRR_CUDA=1 to build it)")
+    if _C.cuda_device_count() < 1:
+        pytest.skip("_C.cuda_device_count() is 0")
+    return _C.cuda_ops
+
+
+@pytest.fixture
+def gen(rng):
+    """A torch generator seeded from the logged rng, so torch draws replay too."""
+    return torch.Generator(device="cuda").manual_seed(int(rng.integers(2**62)))
+
+
+def randn(shape, gen, scale=1.0, dtype=torch.bfloat16):
+    return (torch.randn(shape, generator=gen, device="cuda") * scale).to(dtype)
+
+
+def nan_full(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def rel_err(got, ref):
+    got, ref = got.double(), ref.double()
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def assert_design_tolerance(name, got, ref, torch_bf16):
+    """got must be finite and at most 2x as far from ref as PyTorch's bf16 computation is."""
+    assert torch.isfinite(got).all(), f"{name}: {(~torch.isfinite(got)).sum().item()} non-finite outputs"
+    ours, theirs = rel_err(got, ref), rel_err(torch_bf16, ref)
+    # 1e-6 only absorbs norm round-off where both are exact (e.g. attention over one position).
+    assert ours <= 2 * theirs + 1e-6, f"{name}: relative error {ours:.3e} > 2 x torch bf16's {theirs:.3e}"
+
+
+def misaligned_copy(t):
+    """The same values at an address 2 bytes past a 16-byte boundary (selects the scalar paths)."""
+    flat = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+    view = flat[1:1 + t.numel()].view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 16 != 0
+    return view
+
+
+# ---- matmuls --------------------------------------------------------------------------------
+
+def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0):
+    """Runs cuda_ops.<fn> on x [M, K], W [N, K]; returns (result, reference, torch bf16 result,
+    output tensor including its padding columns, padding as it was before the call)."""
+    M, K = x.shape
+    N = W.shape[0]
+    width = N // 2 if epilogue == SWIGLU else N
+    ld = width + ld_extra
+    ref_y = x.double() @ W.double().T
+    bf_y = x @ W.T
+    out = out_f32 = residual = None
+    if epilogue in (STORE_BF16, SWIGLU):
+        out = nan_full((M, ld), torch.bfloat16)
+    elif epilogue == STORE_F32:
+        out_f32 = nan_full((M, ld), torch.float32)
+    else:
+        residual = torch.randn((M, ld), generator=gen, device="cuda")
+    target = next(t for t in (out, out_f32, residual) if t is not None)
+    before = target.clone()
+    getattr(ops, fn)(x.data_ptr(), W.data_ptr(), M, N, K, epilogue,
+                     out=out.data_ptr() if out is not None else 0,
+                     out_f32=out_f32.data_ptr() if out_f32 is not None else 0,
+                     residual=residual.data_ptr() if residual is not None else 0,
+                     ld_out=ld if ld_extra else 0)
+    torch.cuda.synchronize()
+    if epilogue == SWIGLU:
+        ref = torch.nn.functional.silu(ref_y[:, :width]) * ref_y[:, width:]
+        bf = torch.nn.functional.silu(bf_y[:, :width]) * bf_y[:, width:]
+    elif epilogue == ADD_RESIDUAL:
+        ref = before[:, :width].double() + ref_y
+        bf = before[:, :width] + bf_y.float()  # the engine's residual stream stays fp32
+    else:
+        ref, bf = ref_y, bf_y
+    return target[:, :width], ref, bf, target, before
+
+
+def check_matmul(ops, fn, M, N, K, epilogue, gen, ld_extra=0, misaligned=False):
+    if epilogue == SWIGLU and N % 2:
+        N *= 2
+    x = randn((M, K), gen)
+    W = randn((N, K), gen, scale=1.0 / math.sqrt(K))
+    if misaligned:
+        x, W = misaligned_copy(x), misaligned_copy(W)
+    got, ref, bf, target, before = run_matmul(ops, fn, x, W, epilogue, gen, ld_extra)
+    name = f"{fn} M={M} N={N} K={K} epilogue={epilogue}"
+    assert_design_tolerance(name, got, ref, bf)
+    if epilogue in (STORE_F32, ADD_RESIDUAL):
+        assert rel_err(got, ref) <= 1e-4, f"{name}: fp32 output off by {rel_err(got, ref):.2e}"
+    if ld_extra:
+        width = got.shape[1]
+        pad_now, pad_before = target[:, width:], before[:, width:]
+        assert torch.equal(pad_now.isnan(), pad_before.isnan()) and torch.equal(
+            pad_now.nan_to_num(0.0), pad_before.nan_to_num(0.0)), f"{name}: wrote past its row"
+
+
+GEMV_SHAPES = [(193, 577), (6144, 4096), (576, 576)]  # tail + scalar path, an 8B-like shape, SmolLM2
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
+@pytest.mark.parametrize("N,K", GEMV_SHAPES, ids=[f"{n}x{k}" for n, k in GEMV_SHAPES])
+@pytest.mark.parametrize("M", [1, 2, 5, 16])
+def test_gemv_matches_torch(ops, gen, M, N, K, epilogue):
+    check_matmul(ops, "gemv_bf16", M, N, K, epilogue, gen)
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
+def test_gemv_row_stride_and_misaligned_pointers(ops, gen, epilogue):
+    check_matmul(ops, "gemv_bf16", 3, 264, 1024, epilogue, gen, ld_extra=5)
+    check_matmul(ops, "gemv_bf16", 3, 130, 1024, epilogue, gen, misaligned=True)
+
+
+def test_gemv_k_chunks_at_sixteen_rows(ops, gen):
+    """M = 16 stages x in 1024-column chunks: K = 14336 takes 14 of them."""
+    check_matmul(ops, "gemv_bf16", 16, 128, 14336, STORE_F32, gen)
+    check_matmul(ops, "gemv_bf16", 16, 96, 2056, SWIGLU, gen)
+
+
+GEMM_SHAPES = [(960, 576), (3072, 576), (576, 1536), (193, 577), (250, 200)]
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
+@pytest.mark.parametrize("N,K", GEMM_SHAPES, ids=[f"{n}x{k}" for n, k in GEMM_SHAPES])
+@pytest.mark.parametrize("M", [17, 64, 129, 1000])
+def test_gemm_matches_torch(ops, gen, M, N, K, epilogue):
+    check_matmul(ops, "gemm_bf16", M, N, K, epilogue, gen)
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
+def test_gemm_row_stride_and_misaligned_pointers(ops, gen, epilogue):
+    check_matmul(ops, "gemm_bf16", 77, 264, 200, epilogue, gen, ld_extra=3)
+    check_matmul(ops, "gemm_bf16", 77, 130, 256, epilogue, gen, misaligned=True)
+
+
+@pytest.mark.parametrize("M", [1, 16, 17, 300])
+def test_matmul_dispatch_is_correct_on_both_sides(ops, gen, M):
+    check_matmul(ops, "matmul_bf16", M, 640, 576, STORE_F32, gen)
+    check_matmul(ops, "matmul_bf16", M, 640, 576, SWIGLU, gen)
+
+
+def test_gemm_accepts_small_m(ops, gen):
+    check_matmul(ops, "gemm_bf16", 1, 200, 64, STORE_BF16, gen)
+
+
+def test_matmul_bad_arguments_raise(ops, gen):
+    x = randn((4, 64), gen)
+    W = randn((33, 64), gen)
+    out = nan_full((4, 64), torch.bfloat16)
+    with pytest.raises(ValueError, match="even N"):
+        ops.gemm_bf16(x.data_ptr(), W.data_ptr(), 4, 33, 64, SWIGLU, out=out.data_ptr())
+    with pytest.raises(ValueError, match="at most 16"):
+        ops.gemv_bf16(x.data_ptr(), W.data_ptr(), 17, 33, 64, STORE_BF16, out=out.data_ptr())
+    with pytest.raises(ValueError, match="epilogue"):
+        ops.matmul_bf16(x.data_ptr(), W.data_ptr(), 4, 33, 64, 4, out=out.data_ptr())
+    with pytest.raises(ValueError, match="out_f32"):
+        ops.matmul_bf16(x.data_ptr(), W.data_ptr(), 4, 33, 64, STORE_F32, out=out.data_ptr())
+    with pytest.raises(ValueError, match="ld_out"):
+        ops.gemm_bf16(x.data_ptr(), W.data_ptr(), 4, 33, 64, STORE_BF16, out=out.data_ptr(), ld_out=20)
+    with pytest.raises(ValueError, match="N and K"):
+        ops.gemv_bf16(x.data_ptr(), W.data_ptr(), 4, 33, 0, STORE_BF16, out=out.data_ptr())
+    assert torch.isnan(out.float()).all(), "a rejected call must not touch the output"
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+def reference_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(hd) + mask) v per head in the dtype given; q [Hq, T, hd], k/v
+    [Hq, L, hd] (KV heads already repeated for GQA), mask [T, L] bool (True = may attend)."""
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask, float("-inf"))
+    softmax_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.softmax(scores.to(softmax_dtype), dim=-1).to(q.dtype) @ v
+
+
+def poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim):
+    return (nan_full((max_batch, max_seq, n_kv_heads, head_dim), torch.bfloat16),
+            nan_full((max_batch, max_seq, n_kv_heads, head_dim), torch.bfloat16))
+
+
+DECODE_HEADS = [(4, 4), (9, 3), (16, 4), (16, 1)]  # GQA groups 1, 3, 4 and 16 (two head blocks)
+
+
+@pytest.mark.parametrize("max_splits", [1, 16])
+@pytest.mark.parametrize("n_heads,n_kv_heads", DECODE_HEADS, ids=[f"{h}q{kv}kv" for h, kv in DECODE_HEADS])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads, max_splits):
+    lengths = [1, 37, 1000]
+    B, max_batch, max_seq = len(lengths), 5, 1024
+    group = n_heads // n_kv_heads
+    k_cache, v_cache = poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim)
+    slots = [int(s) for s in rng.permutation(max_batch)[:B]]
+    for slot, length in zip(slots, lengths):  # only [0, length) of each used slot is valid
+        k_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
+        v_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
+    q = randn((B, n_heads, head_dim), gen)
+    d_slots = torch.tensor(slots, dtype=torch.int32, device="cuda")
+    d_positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int32, device="cuda")
+    out = nan_full((B, n_heads * head_dim), torch.bfloat16)
+    scratch = nan_full((ops.flash_decode_scratch_floats(B, n_heads, head_dim, max_splits),), torch.float32)
+    ops.flash_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), d_slots.data_ptr(),
+                     d_positions.data_ptr(), out.data_ptr(), scratch.data_ptr(), B, n_heads,
+                     n_kv_heads, head_dim, max_seq, max_splits)
+    torch.cuda.synchronize()
+    for b, (slot, length) in enumerate(zip(slots, lengths)):
+        k = k_cache[slot, :length].transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, L, hd]
+        v = v_cache[slot, :length].transpose(0, 1).repeat_interleave(group, dim=0)
+        mask = torch.ones((1, length), dtype=torch.bool, device="cuda")
+        qb = q[b].unsqueeze(1)  # [Hq, 1, hd]
+        ref = reference_attention(qb.double(), k.double(), v.double(), mask).squeeze(1)
+        bf = reference_attention(qb, k, v, mask).squeeze(1)
+        got = out[b].view(n_heads, head_dim)
+        assert_design_tolerance(f"flash_decode b={b} length={length}", got, ref, bf)
+
+
+@pytest.mark.parametrize("start_pos", [0, 45])
+@pytest.mark.parametrize("T", [1, 17, 300])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 2), (3, 3), (9, 3)])
+def test_attention_prefill_matches_sdpa(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    max_batch, max_seq, slot = 3, 400, 2
+    group = n_heads // n_kv_heads
+    total = start_pos + T
+    k_cache, v_cache = poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim)
+    k_cache[slot, :total] = randn((total, n_kv_heads, head_dim), gen)
+    v_cache[slot, :total] = randn((total, n_kv_heads, head_dim), gen)
+    q = randn((T, n_heads, head_dim), gen)
+    out = nan_full((T, n_heads * head_dim), torch.bfloat16)
+    ops.attention_prefill(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slot, start_pos, T,
+                          out.data_ptr(), n_heads, n_kv_heads, head_dim, max_seq)
+    torch.cuda.synchronize()
+
+    qh = q.transpose(0, 1)  # [Hq, T, hd]
+    k = k_cache[slot, :total].transpose(0, 1).repeat_interleave(group, dim=0)
+    v = v_cache[slot, :total].transpose(0, 1).repeat_interleave(group, dim=0)
+    query_pos = torch.arange(start_pos, total, device="cuda")
+    mask = torch.arange(total, device="cuda")[None, :] <= query_pos[:, None]  # [T, total]
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(qh.double(), k.double(), v.double(), attn_mask=mask)
+    bf = reference_attention(qh, k, v, mask)
+    got = out.view(T, n_heads, head_dim).transpose(0, 1)
+    assert_design_tolerance(f"attention_prefill T={T} start_pos={start_pos}", got, ref, bf)
+
+
+def test_attention_bad_arguments_raise(ops, gen):
+    q = randn((4, 2, 64), gen)
+    cache = randn((1, 16, 2, 64), gen)
+    out = nan_full((4, 128), torch.bfloat16)
+    with pytest.raises(ValueError, match="exceeds max_seq"):
+        ops.attention_prefill(q.data_ptr(), cache.data_ptr(), cache.data_ptr(), 0, 14, 4,
+                              out.data_ptr(), 2, 2, 64, 16)
+    with pytest.raises(ValueError, match="head_dim"):
+        ops.attention_prefill(q.data_ptr(), cache.data_ptr(), cache.data_ptr(), 0, 0, 4,
+                              out.data_ptr(), 2, 2, 96, 16)
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        ops.attention_prefill(q.data_ptr(), cache.data_ptr(), cache.data_ptr(), 0, 0, 4,
+                              out.data_ptr(), 3, 2, 64, 16)
+    ints = torch.zeros(4, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="scratch"):
+        ops.flash_decode(q.data_ptr(), cache.data_ptr(), cache.data_ptr(), ints.data_ptr(),
+                         ints.data_ptr(), out.data_ptr(), 0, 1, 2, 2, 64, 16, 4)
+    assert torch.isnan(out.float()).all(), "a rejected call must not touch the output"
