@@ -50,7 +50,6 @@
 #include <limits>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -76,7 +75,7 @@ namespace {
 [[noreturn]] void bad_argument(const std::string& message) { throw py::value_error(message); }
 
 std::string shape_of(const py::array& a) {
-    std::ostringstream s;
+    brrr::Message s;
     s << "(";
     for (py::ssize_t i = 0; i < a.ndim(); ++i) s << (i ? ", " : "") << a.shape(i);
     s << (a.ndim() == 1 ? ",)" : ")");
@@ -99,7 +98,7 @@ py::array_t<T> checked_array(const py::handle& obj, const char* name, std::vecto
               a.ndim() == (py::ssize_t)shape.size();
     for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
     if (!ok) {
-        std::ostringstream s;
+        brrr::Message s;
         s << name << " must be a C-contiguous " << expected << "; got a "
           << ((a.flags() & py::array::c_style) ? "" : "non-contiguous ") << dtype_of(a)
           << " array of shape " << shape_of(a);
@@ -369,7 +368,7 @@ PYBIND11_MODULE(_C, m) {
         const std::vector<py::ssize_t> d = dims(array);
         const std::vector<int64_t> shape(d.begin(), d.end());
         if (shape != expected) {
-            std::ostringstream s;
+            brrr::Message s;
             s << "weight '" << name << "' has shape " << shape_of(array) << " but the config expects (";
             for (size_t i = 0; i < expected.size(); ++i) s << (i ? ", " : "") << expected[i];
             s << (expected.size() == 1 ? ",)" : ")");

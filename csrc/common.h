@@ -6,7 +6,8 @@
 
 #include <cstdint>
 #include <cstring>
-#include <sstream>
+#include <cstdio>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 
@@ -28,11 +29,35 @@ struct OutOfMemory : Error {
     using Error::Error;
 };
 
+// Message: the string builder of every error message. It formats with std::to_string rather
+// than iostreams: on the GPU machine (g++ 13, Python 3.12) an ostringstream inside the extension
+// crashed the process on the first error it formatted, so no message goes through iostreams.
+class Message {
+public:
+    Message& operator<<(const std::string& v) { text_ += v; return *this; }
+    Message& operator<<(const char* v) { text_ += v ? v : "(null)"; return *this; }
+    Message& operator<<(char v) { text_ += v; return *this; }
+    Message& operator<<(bool v) { text_ += v ? "true" : "false"; return *this; }
+    template <class T, class = typename std::enable_if<std::is_arithmetic<T>::value>::type>
+    Message& operator<<(T v) { text_ += number(v); return *this; }
+    const std::string& str() const { return text_; }
+
+private:
+    template <class T>
+    static std::string number(T v) {
+        if (std::is_floating_point<T>::value) {
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "%g", (double)v);
+            return buf;
+        }
+        return std::to_string(v);
+    }
+    std::string text_;
+};
+
 inline std::string where(const char* file, int line) {
     const char* base = std::strrchr(file, '/');
-    std::ostringstream s;
-    s << (base ? base + 1 : file) << ":" << line << ": ";
-    return s.str();
+    return std::string(base ? base + 1 : file) + ":" + std::to_string(line) + ": ";
 }
 
 }  // namespace brrr
@@ -41,7 +66,7 @@ inline std::string where(const char* file, int line) {
 #define BRRR_CHECK(cond, msg)                                               \
     do {                                                                    \
         if (!(cond)) {                                                      \
-            std::ostringstream brrr_os_;                                    \
+            brrr::Message brrr_os_;                                    \
             brrr_os_ << brrr::where(__FILE__, __LINE__) << msg;             \
             throw brrr::Error(brrr_os_.str());                              \
         }                                                                   \

@@ -25,7 +25,7 @@ HostBuffer<T>::HostBuffer(size_t count, const char* what, size_t alignment) : co
     const size_t bytes = std::max<size_t>(CEIL_DIV(count * sizeof(T), alignment) * alignment, alignment);
     void* p = nullptr;
     if (count > SIZE_MAX / sizeof(T) || posix_memalign(&p, alignment, bytes) != 0 || p == nullptr) {
-        std::ostringstream s;
+        brrr::Message s;
         s << where(__FILE__, __LINE__) << "out of host memory: cannot allocate " << bytes
           << " bytes (" << (double)bytes / (1 << 30) << " GiB) for " << what
           << "; lower max_seq_len or max_batch, or use bf16 weights";
@@ -75,7 +75,7 @@ void normal_pair(uint64_t key, uint64_t pair, float* z0, float* z1) {
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
-    std::ostringstream s;
+    brrr::Message s;
     s << "(";
     for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
     s << (shape.size() == 1 ? ",)" : ")");
@@ -100,7 +100,7 @@ void CpuEngine::check_fits_in_ram(size_t weight_bytes) const {
     const size_t ram = (size_t)pages * (size_t)page_size;
     const size_t total = weight_bytes + kv_bytes + scratch_bytes;
     if (total > ram) {
-        std::ostringstream s;
+        brrr::Message s;
         const double gib = 1 << 30;
         s << where(__FILE__, __LINE__) << "out of host memory: this engine needs " << total << " bytes ("
           << total / gib << " GiB: weights " << weight_bytes / gib << ", KV cache " << kv_bytes / gib

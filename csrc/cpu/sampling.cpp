@@ -11,13 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <sstream>
 
 namespace brrr {
 namespace cpu {
 
 std::string sampling_params_problem(const SamplingParams& p) {
-    std::ostringstream s;
+    brrr::Message s;
     if (!(std::isfinite(p.temperature) && p.temperature >= 0))
         s << "temperature must be a finite number >= 0 (0 = greedy), got " << p.temperature;
     else if (p.top_k < 0)

@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <sstream>
 #include <string>
 
 #include "common.h"
@@ -24,10 +23,9 @@ namespace brrr {
 namespace cuda {
 
 inline std::string gib(size_t bytes) {
-    std::ostringstream s;
-    s.precision(3);
-    s << (double)bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
-    return s.str();
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g GiB", (double)bytes / (1024.0 * 1024.0 * 1024.0));
+    return buf;
 }
 
 // Free device memory right now, or 0 when even that query fails (the message still helps).
@@ -44,7 +42,7 @@ inline size_t free_device_bytes() {
                                           int line) {
     // A failed allocation is not sticky: clear it so the next launch check does not report it.
     if (err == cudaErrorMemoryAllocation) cudaGetLastError();
-    std::ostringstream os;
+    brrr::Message os;
     os << brrr::where(file, line) << what << ": " << cudaGetErrorName(err) << " ("
        << cudaGetErrorString(err) << ")";
     if (err == cudaErrorMemoryAllocation) {

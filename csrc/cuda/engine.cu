@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <sstream>
 
 #include "cpu/sampling.h"
 #include "cuda/engine.cuh"
@@ -39,7 +38,7 @@ struct Carver {
 };
 
 std::string shape_str(const std::vector<int64_t>& shape) {
-    std::ostringstream s;
+    brrr::Message s;
     s << "(";
     for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
     s << (shape.size() == 1 ? ",)" : ")");
@@ -74,7 +73,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
         // Sizes first, in double too: an absurd max_seq_len must not wrap size_t into a small number.
         const double kv_bytes_d = 4.0 * c.n_layers * c.max_batch * (double)c.max_seq_len * c.kv_dim();
         if (!(kv_bytes_d < 1e18)) {
-            std::ostringstream os;
+            brrr::Message os;
             os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_
                << ": the KV cache alone would need " << kv_bytes_d << " bytes for max_seq_len "
                << c.max_seq_len << " x max_batch " << c.max_batch << "; " << kShrinkAdvice;
@@ -87,7 +86,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
         const cudaError_t err = cudaMalloc(&arena, total);
         if (err != cudaSuccess) {
             cudaGetLastError();  // not sticky: clear it so the process stays usable
-            std::ostringstream os;
+            brrr::Message os;
             os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_
                << ": the engine needs " << total << " bytes (" << gib(total) << ": weights "
                << gib(weight_bytes) << ", KV cache " << gib(kv_bytes) << " for max_seq_len "
