@@ -7,6 +7,7 @@
 #   sanitizer.log  compute-sanitizer --tool memcheck on a tiny model, 8 tokens, graphs on and off
 #   bench.log      benchmarks/bench_decode.py --quick
 #   decode.json    its results
+#   kernels.json   benchmarks/bench_kernels_cuda.py --quick
 #   summary.txt    the table printed last
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit and the
 # benchmark gets what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
@@ -115,7 +116,8 @@ EOF
     phase sanitizer 120 "$OUT/sanitizer.log" "$SANITIZER" --tool memcheck --error-exitcode 1 \
         --leak-check no python3 /tmp/brrr_sanitize.py
 
-    # ---- benchmark --------------------------------------------------------------------------------
+    # ---- benchmarks -------------------------------------------------------------------------------
+    phase kernels 120 "$OUT/bench.log" python3 benchmarks/bench_kernels_cuda.py --quick --out "$OUT/kernels.json"
     BENCH_S=$(( $(left) - 25 ))
     phase bench $(( BENCH_S + 15 )) "$OUT/bench.log" python3 benchmarks/bench_decode.py --quick \
         --budget-s "$BENCH_S" --out "$OUT/decode.json"
