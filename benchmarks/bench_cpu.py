@@ -45,6 +45,7 @@ import multiprocessing
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -291,7 +292,10 @@ def serve(conn, spec: Spec) -> None:
         return
     conn.send(("ok", contestant.settings))
     while True:
-        method, args = conn.recv()
+        try:
+            method, args = conn.recv()
+        except EOFError:  # the parent is gone
+            return
         if method == "stop":
             return
         try:
@@ -358,7 +362,7 @@ class Remote:
         if self.process.is_alive():
             with contextlib.suppress(OSError):
                 self.conn.send(("stop", ()))
-            self.process.join(timeout=30)
+            self.process.join(timeout=5)  # an idle worker leaves at once; a busy one is ended
         if self.process.is_alive():
             self.process.terminate()
             self.process.join()
@@ -890,7 +894,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def exit_on_sigterm(signum, frame):
+    # SystemExit unwinds through main's `finally`, which stops the worker processes.
+    raise SystemExit(f"bench_cpu: stopped by signal {signum}")
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
         sys.exit(main())
     except (BenchError, BrrrError) as error:
