@@ -877,7 +877,7 @@ def main(argv=None) -> int:
     json_path.write_text(json.dumps(result, indent=1) + "\n")
     title = (f"SmolLM2-135M batch-1, {result['machine']['cpu']}, {args.threads} threads, "
              f"{len(prompt_ids)}-token prompt, {args.tokens} generated, median of {args.repeats} "
-             f"(bars: min-max); load {load_before[0]:.1f}")
+             f"(bars: min-max); load {load_before[0]:.2f}")
     if ratio:
         title += "\ndecode: " + ",  ".join(f"{name} = {r['decode_tok_s']:.2f}x"
                                            for name, r in ratio.items())
