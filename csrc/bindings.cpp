@@ -888,6 +888,7 @@ PYBIND11_MODULE(_C, m) {
                     args.out_f32 = static_cast<float*>(CudaOp::ptr(out_f32, "out_f32")); break;
                 case brrr::cuda::Epilogue::AddResidual:
                     args.residual = static_cast<float*>(CudaOp::ptr(residual, "residual")); break;
+                case brrr::cuda::Epilogue::RopeKV: break;  // refused above: it needs rmsnorm_matmul_bf16's arguments
             }
             args.ld_out = (int)ld_out;
             const int width = ep == brrr::cuda::Epilogue::SwiGLU ? (int)N / 2 : (int)N;
@@ -920,6 +921,49 @@ PYBIND11_MODULE(_C, m) {
     }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
        "the engine's matmul: GEMV for small M, tensor-core GEMM above");
+
+    cuda_ops.def("rmsnorm_matmul_bf16", [](uintptr_t x, uintptr_t norm_w, float eps, uintptr_t W, int64_t M,
+                                           int64_t N, int64_t K, int64_t epilogue, uintptr_t out,
+                                           uintptr_t out_f32, uintptr_t residual, int64_t ld_out, uintptr_t xn,
+                                           uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
+                                           uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
+                                           int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
+                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
+        if (epilogue < 0 || epilogue > 4)
+            bad_argument("rmsnorm_matmul_bf16: epilogue must be 0 StoreBf16, 1 StoreF32, 2 AddResidual, "
+                         "3 SwiGLU or 4 RopeKV, got " + std::to_string(epilogue));
+        brrr::cuda::EpilogueArgs args;
+        args.out_bf16 = reinterpret_cast<brrr::cuda::bf16*>(out);
+        args.out_f32 = reinterpret_cast<float*>(out_f32);
+        args.residual = reinterpret_cast<float*>(residual);
+        args.ld_out = (int)ld_out;
+        args.rope.positions = reinterpret_cast<const int*>(positions);
+        args.rope.slots = reinterpret_cast<const int*>(slots);
+        args.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
+        args.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
+        args.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
+        args.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
+        args.rope.n_heads = (int)n_heads;
+        args.rope.n_kv_heads = (int)n_kv_heads;
+        args.rope.head_dim = (int)head_dim;
+        args.rope.max_seq = (int)max_seq;
+        const auto* xp = static_cast<const float*>(CudaOp::ptr(x, "x"));
+        const auto* np = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(norm_w, "norm_w"));
+        const auto* wp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(W, "W"));
+        py::gil_scoped_release release;
+        brrr::cuda::rmsnorm_matmul_bf16(xp, np, eps, wp, (int)M, (int)N, (int)K,
+                                        static_cast<brrr::cuda::Epilogue>(epilogue), args,
+                                        reinterpret_cast<brrr::cuda::bf16*>(xn), 0);
+        CudaOp::finish("cuda_ops.rmsnorm_matmul_bf16");
+    }, py::arg("x"), py::arg("norm_w"), py::arg("eps"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"),
+       py::arg("epilogue"), py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0,
+       py::arg("ld_out") = 0, py::arg("xn") = 0, py::arg("positions") = 0, py::arg("slots") = 0,
+       py::arg("inv_freq") = 0, py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0,
+       py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0,
+       "y = bf16(rmsnorm(x) * norm_w) @ W.T with the epilogue (4 RopeKV: q -> q_out, k/v -> caches "
+       "at (slots[m], positions[m])); x f32 [M, K]; M > 16 uses xn bf16 [M, K] (and out_f32 [M, N] "
+       "for RopeKV) as scratch");
 
     struct CudaAttention {
         static void check_heads(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {

@@ -13,7 +13,8 @@
 //   scratch and a combine kernel merges the splits. Positions live on the device (CUDA-graph
 //   replay), so the launcher fixes the number of splits from the shapes alone and each CTA cuts
 //   its sequence's actual length into that many chunks; a chunk past the end writes an empty
-//   partial (max -inf, sum 0) that the combine weighs by zero.
+//   partial (max -inf, sum 0) that the combine weighs by zero. Both kernels are launched with PDL
+//   (launch.cuh), so their launch overlaps the tail of the kernel before.
 //
 // attention_prefill (T new tokens of one sequence, their K/V already in the cache):
 //   FlashAttention-2 on tensor cores. A CTA owns 64 queries of one head (4 warps x 16 rows);
@@ -27,6 +28,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 
@@ -85,6 +87,10 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
     float* alpha_s = reinterpret_cast<float*>(smem + L::stat_off);
     float* max_s = alpha_s + GMAX;
     float* sum_s = max_s + GMAX;
+
+    // Launched with PDL: q, positions and this token's K/V come from the kernels before.
+    pdl_wait();
+    pdl_launch_dependents();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int split = blockIdx.x, b = blockIdx.z;
@@ -274,6 +280,8 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
 __global__ void flash_decode_combine_kernel(const float* __restrict__ part_ml,
                                             const float* __restrict__ part_acc, bf16* __restrict__ out,
                                             int n_splits, int head_dim) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int bh = blockIdx.x, d = threadIdx.x;
     const float* ml = part_ml + (size_t)bh * n_splits * 2;
     float global_max = -INFINITY;
@@ -289,24 +297,13 @@ __global__ void flash_decode_combine_kernel(const float* __restrict__ part_ml,
     out[(size_t)bh * head_dim + d] = __float2bfloat16_rn(den > 0.f ? num / den : 0.f);
 }
 
-int sm_count() {
-    static std::atomic<int> cached[64];  // per device id; 0 = not asked yet
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < 64 && cached[dev].load() > 0) return cached[dev].load();
-    int sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    if (dev >= 0 && dev < 64) cached[dev].store(sms);
-    return sms;
-}
-
 template <int HD, int GMAX>
 void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
     using L = DecodeSmem<HD, GMAX>;
     auto kernel = flash_decode_kernel<HD, GMAX>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
     const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
-    kernel<<<grid, kDecThreads, L::bytes, stream>>>(a);
+    launch_pdl(kernel, grid, dim3(kDecThreads), L::bytes, stream, a);
     CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
@@ -562,7 +559,7 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
     // Splits from shapes only (positions are on the device): about two CTAs per SM at this
     // batch, never more than max_splits or than 64-position chunks of max_seq.
     const int ctas_per_split = B * n_kv_heads * a.head_blocks;
-    const int want = CEIL_DIV(2 * sm_count(), ctas_per_split);
+    const int want = CEIL_DIV(2 * device_facts().sm_count, ctas_per_split);
     a.n_splits = std::max(1, std::min({want, max_splits, CEIL_DIV(max_seq, kDecTile)}));
     a.part_ml = scratch;
     a.part_acc = scratch ? scratch + (size_t)B * n_heads * max_splits * 2 : nullptr;
@@ -570,8 +567,8 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
     if (head_dim == 64) launch_decode_group<64>(a, gmax, B, stream);
     else launch_decode_group<128>(a, gmax, B, stream);
     if (a.n_splits > 1) {
-        flash_decode_combine_kernel<<<B * n_heads, head_dim, 0, stream>>>(a.part_ml, a.part_acc, out,
-                                                                        a.n_splits, head_dim);
+        launch_pdl(flash_decode_combine_kernel, dim3(B * n_heads), dim3(head_dim), 0, stream,
+                   a.part_ml, a.part_acc, out, a.n_splits, head_dim);
         CUDA_CHECK_LAUNCH("flash_decode_combine_kernel");
     }
 }

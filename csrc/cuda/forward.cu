@@ -2,15 +2,17 @@
 // to bottom, one kernel per step. Everything is enqueued on the engine's stream; nothing here
 // synchronizes or allocates, so forward_decode can be captured into a CUDA graph as is.
 //
-// Per layer:  xn = rmsnorm(x) * attn_norm
-//             qkv = xn · wqkv^T                (fp32, q|k|v)
-//             q = rope(q); cache[k, v] <- rope(k), v
+// Per layer:  q, cache[k, v] = rope(rmsnorm(x) * attn_norm · wqkv^T)   (one launch: the norm runs
+//                                                 in the matmul's prologue, RoPE + KV append in its
+//                                                 epilogue; see rmsnorm_matmul_bf16 in ops.h)
 //             att = attention(q, cache)
-//             x += att · wo^T                   (residual add in the matmul epilogue)
-//             xn = rmsnorm(x) * ffn_norm
-//             hb = silu(xn · w1^T) * (xn · w3^T) (one matmul over w13, SwiGLU epilogue)
+//             x += att · wo^T                    (residual add in the matmul epilogue)
+//             hb = silu(xn · w1^T) * (xn · w3^T), xn = rmsnorm(x) * ffn_norm   (one launch over w13)
 //             x += hb · w2^T
 // End:        logits = rmsnorm(x) * norm · output^T
+// At decode (B <= 16 rows) each matmul line is one GEMV kernel and the kernels overlap through
+// programmatic dependent launch (launch.cuh); larger row counts take the tensor-core GEMM, with the
+// norm and RoPE as separate kernels behind the same calls.
 #include "cuda/engine.cuh"
 
 namespace brrr {
@@ -34,12 +36,31 @@ EpilogueArgs add_to(float* residual) {
     return a;
 }
 
+// The RopeKV destinations of layer l's q, k and v for the rows staged in d_positions_/d_slots_.
+EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, const float* inv_freq,
+                       bf16* q, bf16* k_cache, bf16* v_cache, float* staging) {
+    EpilogueArgs a;
+    a.out_f32 = staging;
+    a.rope.positions = positions;
+    a.rope.slots = slots;
+    a.rope.inv_freq = inv_freq;
+    a.rope.q_out = q;
+    a.rope.k_cache = k_cache;
+    a.rope.v_cache = v_cache;
+    a.rope.n_heads = c.n_heads;
+    a.rope.n_kv_heads = c.n_kv_heads;
+    a.rope.head_dim = c.head_dim;
+    a.rope.max_seq = c.max_seq_len;
+    return a;
+}
+
 }  // namespace
 
 void CudaEngine::forward_decode(int B) {
     const Config& c = cfg_;
     const int D = c.dim, H = c.hidden_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const int S = c.max_seq_len;
+    const float eps = c.norm_eps;
     cudaStream_t s = stream_;
 
     embed(d_tokens_, tok_embeddings_, x_, B, D, c.vocab_size, s);
@@ -49,26 +70,26 @@ void CudaEngine::forward_decode(int B) {
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
         bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
         // attention block
-        rmsnorm_residual(x_, nullptr, w.attn_norm, xn_, B, D, c.norm_eps, s);
-        matmul_bf16(xn_, w.wqkv, B, c.qkv_dim(), D, Epilogue::StoreF32, store_f32(qkv_), s);
-        rope_kv_append(qkv_, d_positions_, d_slots_, inv_freq_, q_, kc, vc, B, Hq, Hkv, hd, S, s);
+        rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, B, c.qkv_dim(), D, Epilogue::RopeKV,
+                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_), xn_, s);
         flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, B, Hq, Hkv, hd, S,
                      max_splits_, s);
         matmul_bf16(att_, w.wo, B, D, c.q_dim(), Epilogue::AddResidual, add_to(x_), s);
         // MLP block
-        rmsnorm_residual(x_, nullptr, w.ffn_norm, xn_, B, D, c.norm_eps, s);
-        matmul_bf16(xn_, w.w13, B, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_), s);
+        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, B, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_),
+                            xn_, s);
         matmul_bf16(hb_, w.w2, B, D, H, Epilogue::AddResidual, add_to(x_), s);
     }
     // final norm + LM head over all B rows
-    rmsnorm_residual(x_, nullptr, norm_, xn_, B, D, c.norm_eps, s);
-    matmul_bf16(xn_, output_, B, c.vocab_size, D, Epilogue::StoreF32, store_f32(logits_), s);
+    rmsnorm_matmul_bf16(x_, norm_, eps, output_, B, c.vocab_size, D, Epilogue::StoreF32,
+                        store_f32(logits_), xn_, s);
 }
 
 void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
     const Config& c = cfg_;
     const int D = c.dim, H = c.hidden_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const int S = c.max_seq_len;
+    const float eps = c.norm_eps;
     cudaStream_t s = stream_;
 
     embed(d_tokens_, tok_embeddings_, x_, T, D, c.vocab_size, s);
@@ -78,24 +99,21 @@ void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
         bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
         // attention block: causal over the cache [0, start_pos + t] for row t
-        rmsnorm_residual(x_, nullptr, w.attn_norm, xn_, T, D, c.norm_eps, s);
-        matmul_bf16(xn_, w.wqkv, T, c.qkv_dim(), D, Epilogue::StoreF32, store_f32(qkv_), s);
-        rope_kv_append(qkv_, d_positions_, d_slots_, inv_freq_, q_, kc, vc, T, Hq, Hkv, hd, S, s);
+        rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, T, c.qkv_dim(), D, Epilogue::RopeKV,
+                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_), xn_, s);
         attention_prefill(q_, kc, vc, slot, start_pos, T, att_, Hq, Hkv, hd, S, s);
         matmul_bf16(att_, w.wo, T, D, c.q_dim(), Epilogue::AddResidual, add_to(x_), s);
         // MLP block
-        rmsnorm_residual(x_, nullptr, w.ffn_norm, xn_, T, D, c.norm_eps, s);
-        matmul_bf16(xn_, w.w13, T, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_), s);
+        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, T, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_),
+                            xn_, s);
         matmul_bf16(hb_, w.w2, T, D, H, Epilogue::AddResidual, add_to(x_), s);
     }
 }
 
 void CudaEngine::forward_lm_head(int row, int rows) {
     const Config& c = cfg_;
-    float* x_rows = x_ + (size_t)row * c.dim;
-    rmsnorm_residual(x_rows, nullptr, norm_, xn_, rows, c.dim, c.norm_eps, stream_);
-    matmul_bf16(xn_, output_, rows, c.vocab_size, c.dim, Epilogue::StoreF32, store_f32(logits_),
-                stream_);
+    rmsnorm_matmul_bf16(x_ + (size_t)row * c.dim, norm_, c.norm_eps, output_, rows, c.vocab_size,
+                        c.dim, Epilogue::StoreF32, store_f32(logits_), xn_, stream_);
 }
 
 }  // namespace cuda

@@ -1,25 +1,38 @@
-// gemv.cu — decode matmuls: y[m, n] = sum_k x[m, k] * W[n, k] for M <= 16 rows, epilogue fused.
+// gemv.cu — decode matmuls: y[m, n] = sum_k x[m, k] * W[n, k] for M <= 16 rows, with the input
+// RMSNorm and the epilogue fused.
 //
-//   x [M, K] bf16, W [N, K] bf16 ([out, in], row-major), fp32 accumulation, y handled per Epilogue.
+//   x [M, K] bf16, or the fp32 residual stream normalized on the fly (rmsnorm_matmul_bf16);
+//   W [N, K] bf16 ([out, in], row-major), fp32 accumulation, y handled per Epilogue.
 //
 // At batch 1 every weight byte is used exactly once, so the kernel is a memory stream: its time is
-// bytes / HBM bandwidth and everything here is about keeping enough 16-byte loads in flight.
+// bytes / HBM bandwidth and everything here is about keeping enough 16-byte loads in flight and
+// about not losing time between kernels.
 //   * Each warp owns a few output columns ("units") and streams their W rows end to end with
 //     16-byte loads (8 bf16 per lane, 512 contiguous bytes per warp instruction), about eight
 //     loads per lane issued before any math consumes them, bypassing L1.
+//   * Launched with PDL (launch.cuh): before waiting for the previous kernel, each warp asks L2 to
+//     prefetch its whole W rows, so the weight stream of this projection overlaps the attention
+//     or the projection before it; the loads after the wait mostly hit L2.
 //   * x (all M rows) is staged in shared memory once per CTA, in K chunks that stay small at
 //     M = 16. One x vector read from shared memory feeds every row the warp streams, which is why
 //     warps own more rows as M grows: otherwise shared-memory bandwidth, not HBM, would bind.
+//   * Fused RMSNorm: each CTA reduces sum(x^2) of its rows itself (K fp32 values per row, from L2)
+//     and stages bf16(x * rstd * norm_w), which is what rmsnorm_residual would have written to HBM
+//     and this kernel would have read back. The reduction order is fixed per row (thread t sums
+//     chunks t, t + 128, ...; then warps in order), so a row's result does not depend on M.
 //   * fp32 accumulators per (m, row) live in registers (M is a template parameter); a butterfly
 //     shuffle reduces them across the warp and the epilogue runs on the reduced values.
-//   * SwiGLU: a unit is the pair of w13 rows (gate j, up H + j), so silu(g) * u is formed in
-//     registers and only [M, H] bf16 leaves the chip.
+//   * Paired units: SwiGLU streams the pair of w13 rows (gate j, up H + j), so silu(g) * u is formed
+//     in registers and only [M, H] bf16 leaves the chip; RopeKV streams the rotation pair (dim i,
+//     dim i + hd/2) of one q/k/v head, so RoPE and the KV-cache append happen in the epilogue and
+//     the fp32 qkv never exists.
 // K % 8 != 0 or x / W not 16-byte aligned selects a scalar-load variant of the same kernel:
 // correct, slower; real model shapes always take the vector path (decided at the launcher).
 #include <algorithm>
 
 #include "cuda/check.cuh"
 #include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 
@@ -30,46 +43,144 @@ namespace {
 
 constexpr int kMaxRows = 16;             // largest M this kernel takes (the contract in ops.h)
 constexpr int kWarps = 4;                // 128 threads: many small CTAs fill the SMs evenly
+constexpr int kThreads = kWarps * 32;
 constexpr int kXChunkBytes = 32 * 1024;  // x slice (all M rows) held in shared memory at once
 
+// Which W rows a unit (one output column, or one pair) streams.
+enum class Pairing { None, SwiGLU, Rope };
+
 // Output columns per warp. More columns per warp = more W rows per shared-memory x read.
-constexpr int units_per_warp(int M, bool swiglu) {
-    return swiglu ? (M >= 4 ? 2 : 1) : (M >= 4 ? 4 : M >= 2 ? 2 : 1);
+constexpr int units_per_warp(int M, Pairing pairing) {
+    return pairing != Pairing::None ? (M >= 4 ? 2 : 1) : (M >= 4 ? 4 : M >= 2 ? 2 : 1);
 }
 
-// One CTA: WARPS warps x UNITS output columns each. n_units = output width (N, or H for
-// SwiGLU whose up rows start at half_n = H). chunk = x elements per row staged per K step.
-template <int M, int UNITS, int WARPS, bool SWIGLU, bool VEC>
-__global__ void __launch_bounds__(WARPS * 32)
-gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ W, int n_units, int half_n, int K,
-            int chunk, Epilogue ep, EpilogueArgs args) {
-    constexpr int kThreads = WARPS * 32;
-    constexpr int R = SWIGLU ? 2 * UNITS : UNITS;  // W rows streamed together
-    constexpr int U = R >= 8 ? 1 : 8 / R;          // loads per row in flight: R * U = 8 per lane
+struct GemvArgs {
+    const bf16* x;        // [M, K] bf16 (NORM = false)
+    const float* x_f32;   // [M, K] fp32 residual stream (NORM = true)
+    const bf16* norm_w;   // [K] (NORM = true)
+    float eps;
+    const bf16* W;        // [N, K]
+    int n_units;          // output columns, or pairs
+    int half_n;           // SwiGLU: offset of the up rows (H); Rope: head_dim / 2
+    int K, chunk;         // chunk = x elements per row staged per K step
+    Epilogue ep;
+    EpilogueArgs out;
+};
+
+// First W row of unit c, and its partner row for paired units.
+template <Pairing P>
+__device__ __forceinline__ int2 unit_rows(int c, int half_n) {
+    if (P == Pairing::SwiGLU) return make_int2(c, c + half_n);
+    if (P == Pairing::Rope) {
+        const int head = c / half_n, i = c - head * half_n;
+        const int r0 = head * 2 * half_n + i;
+        return make_int2(r0, r0 + half_n);
+    }
+    return make_int2(c, c);
+}
+
+// rstd[m] = rsqrt(mean(x[m, :]^2) + eps) for the M rows, into shared memory. Thread t sums the
+// 4-float chunks t, t + kThreads, ... of a row; warps are then added in order: a fixed order per
+// row, whatever M is.
+template <int M, bool VEC>
+__device__ void row_rstd(const float* __restrict__ x, int K, float eps, float* rstd) {
+    __shared__ float warp_sums[kWarps][M];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float sum[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        sum[m] = 0.f;
+        if (VEC) {
+            const float4* row = reinterpret_cast<const float4*>(x + (size_t)m * K);
+            for (int i = threadIdx.x; i < K / 4; i += kThreads) {
+                const float4 v = row[i];
+                sum[m] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        } else {
+            for (int k = threadIdx.x; k < K; k += kThreads) sum[m] += x[(size_t)m * K + k] * x[(size_t)m * K + k];
+        }
+        sum[m] = util::warp_sum(sum[m]);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) warp_sums[warp][m] = sum[m];
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) total += warp_sums[w][threadIdx.x];
+        rstd[threadIdx.x] = rsqrtf(total / (float)K + eps);
+    }
+    // The chunk loop starts with a barrier, which publishes rstd.
+}
+
+// Eight consecutive x values of row m from k, as the bf16 the matmul consumes: plain bf16 input, or
+// bf16(x * rstd * w) exactly as rmsnorm_residual rounds it.
+template <bool NORM>
+__device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, const float* rstd) {
+    if (!NORM) return __ldg(reinterpret_cast<const uint4*>(a.x + (size_t)m * a.K + k));
+    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + (size_t)m * a.K + k);
+    const float4 lo = x4[0], hi = x4[1];
+    const uint4 wp = __ldg(reinterpret_cast<const uint4*>(a.norm_w + k));
+    const float r = rstd[m];
+    uint4 out;
+    out.x = util::pack_bf16x2(lo.x * r * util::bf16_lo(wp.x), lo.y * r * util::bf16_hi(wp.x));
+    out.y = util::pack_bf16x2(lo.z * r * util::bf16_lo(wp.y), lo.w * r * util::bf16_hi(wp.y));
+    out.z = util::pack_bf16x2(hi.x * r * util::bf16_lo(wp.z), hi.y * r * util::bf16_hi(wp.z));
+    out.w = util::pack_bf16x2(hi.z * r * util::bf16_lo(wp.w), hi.w * r * util::bf16_hi(wp.w));
+    return out;
+}
+template <bool NORM>
+__device__ __forceinline__ uint16_t staged_x1(const GemvArgs& a, int m, int k, const float* rstd) {
+    const size_t i = (size_t)m * a.K + k;
+    if (!NORM) return reinterpret_cast<const uint16_t*>(a.x)[i];
+    const float y = a.x_f32[i] * rstd[m] * __bfloat162float(a.norm_w[k]);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(y));
+}
+
+// One CTA: WARPS warps x UNITS units each.
+template <int M, int UNITS, Pairing P, bool VEC, bool NORM>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
+    constexpr int R = P != Pairing::None ? 2 * UNITS : UNITS;  // W rows streamed together
+    constexpr int U = R >= 8 ? 1 : 8 / R;                       // loads per row in flight: R * U = 8 per lane
+    const int K = a.K, chunk = a.chunk;
 
     uint16_t* xs = ptx::dynamic_smem<uint16_t>();  // [M][chunk] bf16 bits
-    const uint16_t* xbits = reinterpret_cast<const uint16_t*>(x);
+    __shared__ float rstd[M];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int unit0 = (blockIdx.x * WARPS + warp) * UNITS;
+    const int unit0 = (blockIdx.x * kWarps + warp) * UNITS;
 
-    // Columns past the end keep a valid row pointer (row 0) but never load or store.
+    // Units past the end keep a valid row pointer (row 0) but never load or store.
     const uint16_t* rows[R];
     bool row_ok[R];
+    const uint16_t* wbits = reinterpret_cast<const uint16_t*>(a.W);
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
         const int col = unit0 + u;
-        const bool ok = col < n_units;
-        const size_t c = ok ? (size_t)col : 0;
-        const uint16_t* wbits = reinterpret_cast<const uint16_t*>(W);
-        if (SWIGLU) {
-            rows[2 * u] = wbits + c * K;
-            rows[2 * u + 1] = wbits + (c + (ok ? half_n : 0)) * K;
+        const bool ok = col < a.n_units;
+        const int2 r = unit_rows<P>(ok ? col : 0, a.half_n);
+        if (P != Pairing::None) {
+            rows[2 * u] = wbits + (size_t)r.x * K;
+            rows[2 * u + 1] = wbits + (size_t)r.y * K;
             row_ok[2 * u] = row_ok[2 * u + 1] = ok;
         } else {
-            rows[u] = wbits + c * K;
+            rows[u] = wbits + (size_t)r.x * K;
             row_ok[u] = ok;
         }
     }
+
+    // Weights do not depend on the previous kernel: start pulling this warp's rows into L2 before
+    // waiting for it (launch.cuh).
+    if (VEC) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (lane == r && row_ok[r]) prefetch_l2(rows[r], (unsigned)K * sizeof(uint16_t));
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+
+    if (NORM) row_rstd<M, VEC>(a.x_f32, K, a.eps, rstd);
 
     float acc[M][R];
 #pragma unroll
@@ -79,18 +190,17 @@ gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ W, int n_units,
 
     for (int k0 = 0; k0 < K; k0 += chunk) {
         const int len = min(chunk, K - k0);
-        __syncthreads();  // every warp is done with the previous chunk of xs
+        __syncthreads();  // every warp is done with the previous chunk of xs (and rstd is written)
         if (VEC) {
             const int n8 = len / 8;
             for (int i = threadIdx.x; i < M * n8; i += kThreads) {
                 const int m = i / n8, v = i - m * n8;
-                reinterpret_cast<uint4*>(xs + (size_t)m * chunk)[v] =
-                    __ldg(reinterpret_cast<const uint4*>(xbits + (size_t)m * K + k0) + v);
+                reinterpret_cast<uint4*>(xs + (size_t)m * chunk)[v] = staged_x8<NORM>(a, m, k0 + 8 * v, rstd);
             }
         } else {
             for (int i = threadIdx.x; i < M * len; i += kThreads) {
                 const int m = i / len, k = i - m * len;
-                xs[(size_t)m * chunk + k] = __ldg(xbits + (size_t)m * K + k0 + k);
+                xs[(size_t)m * chunk + k] = staged_x1<NORM>(a, m, k0 + k, rstd);
             }
         }
         __syncthreads();
@@ -159,63 +269,121 @@ gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ W, int n_units,
 #pragma unroll
         for (int u = 0; u < UNITS; ++u) {
             const int col = unit0 + u;
-            if (lane == (m * UNITS + u) % 32 && col < n_units) {
-                const size_t idx = (size_t)m * args.ld_out + col;
-                if (SWIGLU) {
-                    util::store_swiglu(args, idx, acc[m][2 * u], acc[m][2 * u + 1]);
+            if (lane == (m * UNITS + u) % 32 && col < a.n_units) {
+                if (P == Pairing::Rope) {
+                    const int head = col / a.half_n;
+                    util::store_rope_kv(a.out.rope, m, head, col - head * a.half_n, acc[m][2 * u],
+                                        acc[m][2 * u + 1]);
+                } else if (P == Pairing::SwiGLU) {
+                    util::store_swiglu(a.out, (size_t)m * a.out.ld_out + col, acc[m][2 * u], acc[m][2 * u + 1]);
                 } else {
-                    util::store_result(ep, args, idx, acc[m][u]);
+                    util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + col, acc[m][u]);
                 }
             }
         }
     }
 }
 
-template <int M, bool SWIGLU, bool VEC>
-void launch_variant(const bf16* x, const bf16* W, int width, int half_n, int K, int chunk,
-                    Epilogue ep, const EpilogueArgs& args, cudaStream_t stream) {
-    constexpr int units = units_per_warp(M, SWIGLU);
-    const int blocks = CEIL_DIV(width, kWarps * units);
-    const size_t smem = (size_t)M * chunk * sizeof(uint16_t);
-    auto kernel = gemv_kernel<M, units, kWarps, SWIGLU, VEC>;
-    kernel<<<blocks, kWarps * 32, smem, stream>>>(x, W, width, half_n, K, chunk, ep, args);
+template <int M, Pairing P, bool VEC, bool NORM>
+void launch_variant(const GemvArgs& a, cudaStream_t stream) {
+    constexpr int units = units_per_warp(M, P);
+    const int blocks = CEIL_DIV(a.n_units, kWarps * units);
+    const size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
+    launch_pdl(gemv_kernel<M, units, P, VEC, NORM>, dim3(blocks), dim3(kThreads), smem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_kernel");
+}
+
+template <int M, Pairing P>
+void launch_flags(bool vec, bool norm, const GemvArgs& a, cudaStream_t stream) {
+    if (vec) {
+        if (norm) launch_variant<M, P, true, true>(a, stream);
+        else launch_variant<M, P, true, false>(a, stream);
+    } else {
+        if (norm) launch_variant<M, P, false, true>(a, stream);
+        else launch_variant<M, P, false, false>(a, stream);
+    }
 }
 
 // Runtime M -> template M (1..kMaxRows).
 template <int M>
-void launch_rows(int rows, bool swiglu, bool vec, const bf16* x, const bf16* W, int width,
-                 int half_n, int K, int chunk, Epilogue ep, const EpilogueArgs& args,
-                 cudaStream_t stream) {
+void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs& a, cudaStream_t stream) {
     if (rows != M) {
-        if constexpr (M < kMaxRows)
-            launch_rows<M + 1>(rows, swiglu, vec, x, W, width, half_n, K, chunk, ep, args, stream);
+        if constexpr (M < kMaxRows) launch_rows<M + 1>(rows, pairing, vec, norm, a, stream);
         return;
     }
-    if (swiglu) {
-        if (vec) launch_variant<M, true, true>(x, W, width, half_n, K, chunk, ep, args, stream);
-        else launch_variant<M, true, false>(x, W, width, half_n, K, chunk, ep, args, stream);
-    } else {
-        if (vec) launch_variant<M, false, true>(x, W, width, half_n, K, chunk, ep, args, stream);
-        else launch_variant<M, false, false>(x, W, width, half_n, K, chunk, ep, args, stream);
+    switch (pairing) {
+        case Pairing::None: launch_flags<M, Pairing::None>(vec, norm, a, stream); break;
+        case Pairing::SwiGLU: launch_flags<M, Pairing::SwiGLU>(vec, norm, a, stream); break;
+        case Pairing::Rope: launch_flags<M, Pairing::Rope>(vec, norm, a, stream); break;
     }
+}
+
+// The shared launcher of gemv_bf16 (x bf16) and the fused-norm path (x_f32 + norm_w).
+void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* norm_w, float eps,
+                 const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args_in,
+                 cudaStream_t stream) {
+    const bool norm = x_f32 != nullptr;
+    EpilogueArgs args = args_in;
+    // check_matmul only looks at x's alignment; the normalized path hands it the fp32 pointer.
+    const bf16* x_any = norm ? reinterpret_cast<const bf16*>(x_f32) : x;
+    const int width = util::check_matmul(op, x_any, W, M, N, K, ep, args, /*allow_rope=*/true);
+    BRRR_CHECK(M <= kMaxRows, op << ": M=" << M << " rows; the GEMV takes at most " << kMaxRows
+                                 << " (use matmul_bf16 or gemm_bf16)");
+    if (norm) {
+        BRRR_CHECK(norm_w != nullptr, op << ": norm_w must be a device pointer, got null");
+        BRRR_CHECK(eps > 0.f, op << ": eps must be > 0, got " << eps);
+    }
+    if (M == 0) return;
+    const bool vec = K % 8 == 0 && util::aligned_to(W, 16) &&
+                     (norm ? util::aligned_to(x_f32, 16) && util::aligned_to(norm_w, 16)
+                           : util::aligned_to(x, 16));
+    // Whole rows of x when they fit, else the largest multiple of 256 (one warp-wide vector step).
+    const int max_elems = kXChunkBytes / (int)(sizeof(uint16_t) * M);
+    GemvArgs a;
+    a.x = x;
+    a.x_f32 = x_f32;
+    a.norm_w = norm_w;
+    a.eps = eps;
+    a.W = W;
+    a.n_units = width;
+    a.half_n = ep == Epilogue::RopeKV ? args.rope.head_dim / 2 : N / 2;
+    a.K = K;
+    a.chunk = K <= max_elems ? K : max_elems / 256 * 256;
+    a.ep = ep;
+    a.out = args;
+    const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
+                            : ep == Epilogue::RopeKV ? Pairing::Rope
+                                                     : Pairing::None;
+    launch_rows<1>(M, pairing, vec, norm, a, stream);
 }
 
 }  // namespace
 
 void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
-               const EpilogueArgs& args_in, cudaStream_t stream) {
-    EpilogueArgs args = args_in;
-    const int width = util::check_matmul("gemv_bf16", x, W, M, N, K, ep, args);
-    BRRR_CHECK(M <= kMaxRows, "gemv_bf16: M=" << M << " rows; the GEMV takes at most " << kMaxRows
-                                              << " (use matmul_bf16 or gemm_bf16)");
-    if (M == 0) return;
-    const bool vec = K % 8 == 0 && util::aligned_to(x, 16) && util::aligned_to(W, 16);
-    // Whole rows of x when they fit, else the largest multiple of 256 (one warp-wide vector step).
-    const int max_elems = kXChunkBytes / (int)(sizeof(uint16_t) * M);
-    const int chunk = K <= max_elems ? K : max_elems / 256 * 256;
-    const bool swiglu = ep == Epilogue::SwiGLU;
-    launch_rows<1>(M, swiglu, vec, x, W, width, N / 2, K, chunk, ep, args, stream);
+               const EpilogueArgs& args, cudaStream_t stream) {
+    launch_gemv("gemv_bf16", x, nullptr, nullptr, 0.f, W, M, N, K, ep, args, stream);
+}
+
+void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N,
+                         int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream) {
+    BRRR_CHECK(x != nullptr, "rmsnorm_matmul_bf16: x must be a device pointer, got null");
+    if (M <= kMaxRows) {
+        launch_gemv("rmsnorm_matmul_bf16", nullptr, x, norm_w, eps, W, M, N, K, ep, args, stream);
+        return;
+    }
+    BRRR_CHECK(xn != nullptr, "rmsnorm_matmul_bf16: M=" << M << " > " << kMaxRows
+                                                       << " needs the xn scratch [M, K]; got null");
+    rmsnorm_residual(const_cast<float*>(x), nullptr, norm_w, xn, M, K, eps, stream);
+    if (ep != Epilogue::RopeKV) {
+        gemm_bf16(xn, W, M, N, K, ep, args, stream);
+        return;
+    }
+    BRRR_CHECK(args.out_f32 != nullptr,
+               "rmsnorm_matmul_bf16: RopeKV with M=" << M << " stages q|k|v in args.out_f32; got null");
+    EpilogueArgs staged;
+    staged.out_f32 = args.out_f32;
+    gemm_bf16(xn, W, M, N, K, Epilogue::StoreF32, staged, stream);
+    rope_kv_append(args.out_f32, args.rope, M, stream);
 }
 
 }  // namespace cuda

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "common.h"
@@ -67,25 +68,84 @@ __device__ __forceinline__ void store_swiglu(const EpilogueArgs& a, size_t idx, 
     a.out_bf16[idx] = __float2bfloat16_rn(silu(gate) * up);
 }
 
+// The rotation pair (dim i, dim i + hd/2) of head `head` of row m's q|k|v, x0 and x1 in fp32:
+// q and k heads are rotated by positions[m] * inv_freq[i]; q goes to q_out, k and v (v unrotated)
+// into the caches. cos/sin are taken in double of the fp32 angle: positions reach 1e5 radians,
+// where the fast-math sin/cos the build enables would be off by whole percents. A position the
+// cache cannot hold writes no cache entry and leaves q as NaN, so the mistake cannot pass unseen.
+__device__ __forceinline__ void store_rope_kv(const RopeKVArgs& r, int m, int head, int i, float x0,
+                                              float x1) {
+    const int half = r.head_dim / 2;
+    const int pos = r.positions[m], slot = r.slots[m];
+    const bool pos_ok = pos >= 0 && pos < r.max_seq && slot >= 0;
+    const auto cache_row = [&](bf16* cache, int kv_head) {
+        return cache + (((size_t)slot * r.max_seq + pos) * r.n_kv_heads + kv_head) * r.head_dim;
+    };
+    if (head >= r.n_heads + r.n_kv_heads) {
+        if (!pos_ok) return;
+        bf16* dst = cache_row(r.v_cache, head - r.n_heads - r.n_kv_heads);
+        dst[i] = __float2bfloat16_rn(x0);
+        dst[i + half] = __float2bfloat16_rn(x1);
+        return;
+    }
+    const float angle = (float)pos * r.inv_freq[i];
+    double s, c;
+    sincos((double)angle, &s, &c);
+    const float sin_a = (float)s, cos_a = (float)c;
+    const float r0 = x0 * cos_a - x1 * sin_a;
+    const float r1 = x1 * cos_a + x0 * sin_a;
+    if (head < r.n_heads) {
+        bf16* dst = r.q_out + ((size_t)m * r.n_heads + head) * r.head_dim;
+        dst[i] = __float2bfloat16_rn(pos_ok ? r0 : NAN);
+        dst[i + half] = __float2bfloat16_rn(pos_ok ? r1 : NAN);
+    } else if (pos_ok) {
+        bf16* dst = cache_row(r.k_cache, head - r.n_heads);
+        dst[i] = __float2bfloat16_rn(r0);
+        dst[i + half] = __float2bfloat16_rn(r1);
+    }
+}
+
+// Checks the destinations of a RopeKV epilogue (or rope_kv_append) for M rows.
+inline void check_rope_kv(const char* op, const RopeKVArgs& r, int M) {
+    BRRR_CHECK(M >= 0 && r.n_heads > 0 && r.n_kv_heads > 0 && r.max_seq > 0,
+               op << ": bad sizes M=" << M << " n_heads=" << r.n_heads << " n_kv_heads="
+                  << r.n_kv_heads << " max_seq=" << r.max_seq);
+    BRRR_CHECK(r.head_dim >= 2 && r.head_dim % 2 == 0 && r.head_dim <= 2048,
+               op << ": head_dim must be even and <= 2048, got " << r.head_dim);
+    BRRR_CHECK(r.positions && r.slots && r.inv_freq && r.q_out && r.k_cache && r.v_cache,
+               op << ": RoPE needs positions, slots, inv_freq, q_out, k_cache and v_cache; one is null");
+}
+
 inline bool aligned_to(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
 
 // Checks one matmul's operands and resolves args.ld_out (0 = packed) to the real row stride.
 // Returns the output width: N, or N / 2 for SwiGLU.
+// RopeKV is accepted only where the caller implements it (allow_rope).
 inline int check_matmul(const char* op, const bf16* x, const bf16* W, int M, int N, int K,
-                        Epilogue ep, EpilogueArgs& args) {
+                        Epilogue ep, EpilogueArgs& args, bool allow_rope = false) {
     BRRR_CHECK(M >= 0 && N >= 1 && K >= 1,
                op << ": sizes must be M >= 0, N >= 1, K >= 1; got M=" << M << " N=" << N << " K=" << K);
     BRRR_CHECK(x != nullptr && W != nullptr, op << ": x and W must be device pointers, got null");
     BRRR_CHECK(aligned_to(x, 2) && aligned_to(W, 2), op << ": x and W must be 2-byte aligned (bf16)");
     const int ep_id = static_cast<int>(ep);
-    BRRR_CHECK(ep_id >= 0 && ep_id <= 3, op << ": unknown epilogue " << ep_id
-                                            << " (0 StoreBf16, 1 StoreF32, 2 AddResidual, 3 SwiGLU)");
+    BRRR_CHECK(ep_id >= 0 && ep_id <= 4, op << ": unknown epilogue " << ep_id
+                                            << " (0 StoreBf16, 1 StoreF32, 2 AddResidual, 3 SwiGLU, 4 RopeKV)");
+    BRRR_CHECK(allow_rope || ep != Epilogue::RopeKV,
+               op << ": the RopeKV epilogue is not implemented here (gemv_bf16 / rmsnorm_matmul_bf16 have it)");
     int width = N;
     if (ep == Epilogue::SwiGLU) {
         BRRR_CHECK(N % 2 == 0, op << ": SwiGLU needs an even N (gate rows | up rows), got N=" << N);
         width = N / 2;
+    }
+    if (ep == Epilogue::RopeKV) {
+        check_rope_kv(op, args.rope, M);
+        const RopeKVArgs& r = args.rope;
+        BRRR_CHECK(N == (r.n_heads + 2 * r.n_kv_heads) * r.head_dim,
+                   op << ": RopeKV needs N = (n_heads + 2 n_kv_heads) * head_dim = "
+                      << (r.n_heads + 2 * r.n_kv_heads) * r.head_dim << ", got N=" << N);
+        return N / 2;  // rotation pairs; the destinations are packed, ld_out is unused
     }
     BRRR_CHECK(args.ld_out >= 0, op << ": ld_out must be >= 0 (0 = packed), got " << args.ld_out);
     if (args.ld_out == 0) args.ld_out = width;
@@ -105,6 +165,7 @@ inline int check_matmul(const char* op, const bf16* x, const bf16* W, int M, int
             BRRR_CHECK(args.residual != nullptr && aligned_to(args.residual, 4),
                        op << ": AddResidual updates args.residual, which is null or not 4-byte aligned");
             break;
+        case Epilogue::RopeKV: break;  // checked above
     }
     return width;
 }

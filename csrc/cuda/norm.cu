@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 
 namespace brrr {
@@ -49,6 +50,8 @@ __device__ float block_sum(float v) {
 __global__ void rmsnorm_vec8_kernel(float* __restrict__ x, const float* __restrict__ residual,
                                     const bf16* __restrict__ w, bf16* __restrict__ y, int D,
                                     float eps) {
+    pdl_wait();  // launched with PDL: x comes from the kernel before
+    pdl_launch_dependents();
     const size_t row = (size_t)blockIdx.x * D;
     float4* x4 = reinterpret_cast<float4*>(x + row);
     const float4* r4 = residual ? reinterpret_cast<const float4*>(residual + row) : nullptr;
@@ -90,6 +93,8 @@ __global__ void rmsnorm_vec8_kernel(float* __restrict__ x, const float* __restri
 __global__ void rmsnorm_scalar_kernel(float* __restrict__ x, const float* __restrict__ residual,
                                       const bf16* __restrict__ w, bf16* __restrict__ y, int D,
                                       float eps) {
+    pdl_wait();  // launched with PDL: x comes from the kernel before
+    pdl_launch_dependents();
     const size_t row = (size_t)blockIdx.x * D;
     float sum_sq = 0.f;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
@@ -117,10 +122,10 @@ void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, i
     const bool vec = D % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
                      (residual == nullptr || aligned16(residual));
     if (vec) {
-        rmsnorm_vec8_kernel<<<M, threads_for(D / 8), 0, stream>>>(x, residual, w, y, D, eps);
+        launch_pdl(rmsnorm_vec8_kernel, dim3(M), dim3(threads_for(D / 8)), 0, stream, x, residual, w, y, D, eps);
         CUDA_CHECK_LAUNCH("rmsnorm_vec8_kernel");
     } else {
-        rmsnorm_scalar_kernel<<<M, threads_for(D), 0, stream>>>(x, residual, w, y, D, eps);
+        launch_pdl(rmsnorm_scalar_kernel, dim3(M), dim3(threads_for(D)), 0, stream, x, residual, w, y, D, eps);
         CUDA_CHECK_LAUNCH("rmsnorm_scalar_kernel");
     }
 }

@@ -20,12 +20,26 @@ enum class Epilogue : int {
     StoreF32 = 1,     // out_f32[m, n] = y                       (logits, qkv)
     AddResidual = 2,  // residual_f32[m, n] += y                 (wo, w2)
     SwiGLU = 3,       // out_bf16[m, j] = silu(y[m, j]) * y[m, H + j], j < H = N / 2  (w13)
+    RopeKV = 4,       // y = q|k|v of token positions[m]: RoPE on q and k, q -> rope.q_out,
+                      // k and v appended to the caches (wqkv; N = (Hq + 2 Hkv) * hd)
+};
+// Where the RopeKV epilogue (and rope_kv_append) put a token's q, k and v. Rotate-half pairing:
+// dim i with i + hd/2, angle positions[m] * inv_freq[i].
+struct RopeKVArgs {
+    const int* positions = nullptr;   // [M] position of row m in its sequence
+    const int* slots = nullptr;       // [M] the sequence's cache slot
+    const float* inv_freq = nullptr;  // [hd / 2]
+    bf16* q_out = nullptr;            // [M, Hq, hd]
+    bf16* k_cache = nullptr;          // [max_batch][max_seq][Hkv][hd], this layer's slice
+    bf16* v_cache = nullptr;          // same layout
+    int n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
 };
 struct EpilogueArgs {
     bf16* out_bf16 = nullptr;   // [M, N] or [M, N/2] for SwiGLU
-    float* out_f32 = nullptr;   // [M, N]
+    float* out_f32 = nullptr;   // [M, N]; RopeKV on the GEMM path stages y here
     float* residual = nullptr;  // [M, N], updated in place
     int ld_out = 0;             // row stride of the output in elements (0 = packed)
+    RopeKVArgs rope;            // RopeKV only
 };
 
 // Device-side copy of SamplingParams (model.h) for one sequence.
@@ -45,6 +59,8 @@ void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, i
 
 // ---- gemv.cu: decode, M <= 16 rows, memory-bound: every weight byte streamed once ------------
 void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: M <= 16 normalizes inside the GEMV, larger M runs rmsnorm_residual into xn [M, K] then gemm_bf16 (RopeKV: via args.out_f32 and rope_kv_append).
+void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream);
 
 // ---- gemm.cu: prefill, tensor cores (mma.sync bf16 -> fp32), any M, N, K ----------------------
 void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
@@ -56,6 +72,8 @@ void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
 // `slots[m]`. Writes q_out [M, Hq, hd] bf16 and k/v into k_cache/v_cache of this layer,
 // laid out [max_batch][max_seq][Hkv][hd]. inv_freq [hd/2] on the device.
 void rope_kv_append(const float* qkv, const int* positions, const int* slots, const float* inv_freq, bf16* q_out, bf16* k_cache, bf16* v_cache, int M, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
+// The same with the destinations of an EpilogueArgs (what rmsnorm_matmul_bf16's GEMM path runs).
+void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------------
 // Flash-decoding: one query token per sequence b (q [B, Hq, hd]) over its cached positions

@@ -1,0 +1,94 @@
+// launch.cuh — programmatic dependent launch (PDL) for the decode chain, and the device facts the
+// launchers ask for (SM count, compute capability), cached per device.
+//
+// A batch-1 decode step is ~100 short kernels; between two of them the GPU normally drains the
+// first grid completely before the second one's CTAs start, a gap of a few microseconds per kernel
+// that no amount of bandwidth wins back. On Hopper a kernel launched with PDL may start while its
+// predecessor is still running: it does the work that does not depend on the predecessor (a GEMV
+// prefetches its weight rows into L2), then blocks in pdl_wait() until the predecessor has finished
+// and its writes are visible. Each PDL kernel calls pdl_launch_dependents() right after its own
+// wait, so at most two grids overlap and the chain stays ordered:
+//
+//   kernel N-1   [=========== body ===========]
+//   kernel N          [prefetch W | wait .....][==== body ====]
+//
+// Rules for a kernel launched through launch_pdl: before pdl_wait() it may only read data no
+// earlier kernel of the stream writes (weights); after it, anything. Kernels launched plainly after
+// a PDL kernel are fully ordered as usual. Below sm_90 both device calls compile to nothing and the
+// launch attribute is not set, so the same code runs serialized on Ampere. CUDA graphs capture the
+// attribute as a programmatic edge, so replayed decode steps overlap the same way.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+#include "cuda/check.cuh"
+
+namespace brrr {
+namespace cuda {
+
+// Blocks until every earlier grid of the stream has completed and its memory is visible.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next PDL kernel of the stream start launching its CTAs.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks L2 to fetch [p, p + bytes) without waiting for it (p 16-byte aligned, bytes % 16 == 0).
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// Facts of the current device, asked once per device id.
+struct DeviceFacts {
+    int sm_count;
+    int major;  // compute capability
+};
+
+inline DeviceFacts device_facts() {
+    static std::atomic<int> cached_sms[64], cached_major[64];  // 0 = not asked yet
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    const bool cacheable = dev >= 0 && dev < 64;
+    if (cacheable && cached_sms[dev].load() > 0) return {cached_sms[dev].load(), cached_major[dev].load()};
+    DeviceFacts f{0, 0};
+    CUDA_CHECK(cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (cacheable) {
+        cached_major[dev].store(f.major);
+        cached_sms[dev].store(f.sm_count);
+    }
+    return f;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization on sm_90+.
+// The caller checks the launch with CUDA_CHECK_LAUNCH as after any launch.
+template <typename... KernelArgs, typename... Args>
+void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                cudaStream_t stream, Args&&... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = device_facts().major >= 9 ? 1 : 0;
+    // A launch error is left for the caller's CUDA_CHECK_LAUNCH, exactly like <<<...>>>.
+    (void)cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
+}
+
+}  // namespace cuda
+}  // namespace brrr
