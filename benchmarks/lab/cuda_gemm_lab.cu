@@ -448,9 +448,14 @@ int main(int argc, char** argv) {
     LAB_CHECK(cudaGetDeviceProperties(&prop, 0));
     g_sms = prop.multiProcessorCount;
     std::printf("%s, %d SMs, cc %d.%d\n", prop.name, g_sms, prop.major, prop.minor);
+    cudaFuncAttributes attr;
+    LAB_CHECK(cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false>));
     int sms = 0;
-    if (!hopper_device(&sms)) {
-        std::fprintf(stderr, "not a Hopper device with sm_90a code: the wgmma variants cannot run here\n");
+    const bool production_uses_sm90 = hopper_device(&sms);
+    std::printf("sm90 kernel binaryVersion %d; gemm_bf16 takes the sm90 path here: %s\n", attr.binaryVersion,
+                production_uses_sm90 ? "yes" : "NO");
+    if (prop.major != 9) {
+        std::fprintf(stderr, "not a Hopper device: the wgmma variants cannot run here\n");
         return 2;
     }
     LAB_CUBLAS(cublasCreate(&g_cublas));
