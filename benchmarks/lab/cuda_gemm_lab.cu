@@ -14,7 +14,10 @@
 //          shape, then timed with CUDA events (3 warm-ups, median of 25) beside cublasGemmEx with
 //          bf16 output; TFLOP/s, % of cuBLAS, relative error. JSON lines to argv[2].
 //
-// Build and run: benchmarks/lab/run_gemm_lab.sh (nvcc ... -gencode=arch=compute_90a,code=sm_90a -lcublas).
+//          Then the GEMV/GEMM switch point (M = 1..16) and the fused epilogues at full size.
+//
+// Build and run: benchmarks/lab/run_gemm_lab.sh (nvcc ... -gencode=arch=compute_90a,code=sm_90a
+// cuda_gemm_lab.cu csrc/cuda/gemv.cu -lcublas; gemv.cu for matmul_bf16's other side).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -395,6 +398,28 @@ void run_bench(FILE* json, const std::vector<std::string>& only) {
         std::fflush(stdout);
         std::fflush(json);
     }
+    // Where matmul_bf16 should switch from the GEMV (gemv.cu, M <= 16) to this GEMM: both sides
+    // timed on decode-sized M for the Llama-3.2-1B and Llama-3-8B projections.
+    std::printf("\nGEMV vs GEMM at small M (StoreBf16, microseconds)\n%6s %6s %6s %10s %10s %10s\n", "M", "N", "K",
+                "gemv", "gemm_auto", "mma_sync");
+    const Shape decode_nk[] = {{0, 2048, 2048, 0}, {0, 3072, 2048, 0}, {0, 6144, 4096, 0}, {0, 4096, 14336, 0}};
+    for (const Shape& s : decode_nk) {
+        fill_inputs(16, s.N, s.K);
+        for (int M : {1, 2, 4, 8, 12, 16}) {
+            EpilogueArgs out;
+            out.out_bf16 = g_buf.out_bf16;
+            const GemmArgs p = prepare_args(g_buf.x, g_buf.W, M, s.N, s.K, Epilogue::StoreBf16, out);
+            const float gemv_ms = median_ms([&] { gemv_bf16(g_buf.x, g_buf.W, M, s.N, s.K, Epilogue::StoreBf16, out, 0); });
+            const float gemm_ms = median_ms([&] { launch_sm90_auto(p, g_sms, 0); });
+            const float mma_ms = median_ms([&] { launch_mma_sync(p, 0); });
+            std::printf("%6d %6d %6d %10.2f %10.2f %10.2f\n", M, s.N, s.K, gemv_ms * 1e3, gemm_ms * 1e3, mma_ms * 1e3);
+            std::fprintf(json,
+                         "{\"mode\":\"switch\",\"M\":%d,\"N\":%d,\"K\":%d,\"gemv_us\":%.2f,\"gemm_auto_us\":%.2f,"
+                         "\"mma_sync_us\":%.2f}\n",
+                         M, s.N, s.K, gemv_ms * 1e3, gemm_ms * 1e3, mma_ms * 1e3);
+        }
+    }
+
     // The fused epilogues at full size, on the production dispatch: the MLP's w13 (SwiGLU) and w2
     // (AddResidual), attention's wo, the qkv (StoreF32), timed too.
     const Variant& prod = kVariants[sizeof kVariants / sizeof kVariants[0] - 1];
