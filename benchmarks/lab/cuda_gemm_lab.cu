@@ -291,6 +291,26 @@ Result check_variant(const Variant& v, int M, int N, int K, Epilogue ep, int ld_
             std::printf("; first at row %d col %d: got %.5g want %.5g", m, n, got, want);
         }
         std::printf("\n");
+        // A few got/want pairs of rows 0, 1, 8, 64 (a permutation shows as values in the wrong place).
+        const int show = std::min(width, 12);
+        for (int m : {0, 1, 8, 64}) {
+            if (m >= M) break;
+            float want[12], got[12];
+            LAB_CHECK(cudaMemcpy(want, g_buf.expected + (size_t)m * width, show * sizeof(float), cudaMemcpyDeviceToHost));
+            if (ep == Epilogue::StoreF32 || ep == Epilogue::AddResidual) {
+                const float* src = (ep == Epilogue::StoreF32 ? g_buf.out_f32 : g_buf.residual) + (size_t)m * ld;
+                LAB_CHECK(cudaMemcpy(got, src, show * sizeof(float), cudaMemcpyDeviceToHost));
+            } else {
+                bf16 h[12];
+                LAB_CHECK(cudaMemcpy(h, g_buf.out_bf16 + (size_t)m * ld, show * sizeof(bf16), cudaMemcpyDeviceToHost));
+                for (int i = 0; i < show; ++i) got[i] = __bfloat162float(h[i]);
+            }
+            std::printf("    row %3d got :", m);
+            for (int i = 0; i < show; ++i) std::printf(" %8.4f", got[i]);
+            std::printf("\n    row %3d want:", m);
+            for (int i = 0; i < show; ++i) std::printf(" %8.4f", want[i]);
+            std::printf("\n");
+        }
     }
     return r;
 }
@@ -310,7 +330,11 @@ struct Shape {
     int M, N, K, ld_extra;
 };
 
-void run_checks(FILE* json) {
+bool selected(const Variant& v, const std::vector<std::string>& only) {
+    return only.empty() || std::find(only.begin(), only.end(), std::string(v.name).substr(0, 2)) != only.end();
+}
+
+void run_checks(FILE* json, const std::vector<std::string>& only) {
     const Shape shapes[] = {
         {37, 960, 576, 0},     {300, 3072, 576, 0},   {300, 576, 1536, 0},   {129, 576, 576, 0},
         {200, 250, 200, 0},    {77, 130, 264, 0},     {1000, 386, 1000, 0},  {77, 264, 200, 3},
@@ -323,6 +347,7 @@ void run_checks(FILE* json) {
         cublas_gemm(s.M, s.N, s.K, g_buf.y_ref, CUDA_R_32F);
         LAB_CHECK(cudaDeviceSynchronize());
         for (const Variant& v : kVariants) {
+            if (!selected(v, only)) continue;
             for (Epilogue ep : eps) {
                 const Result r = check_variant(v, s.M, s.N, s.K, ep, s.ld_extra, true);
                 print_check(v, s.M, s.N, s.K, ep, s.ld_extra, r);
@@ -376,8 +401,7 @@ void run_bench(FILE* json, const std::vector<std::string>& only) {
         std::fprintf(json, "{\"mode\":\"bench\",\"variant\":\"cublas\",\"M\":%d,\"N\":%d,\"K\":%d,\"ms\":%.4f,\"tflops\":%.1f}\n",
                      s.M, s.N, s.K, cublas_ms, cublas_tf);
         for (const Variant& v : kVariants) {
-            if (!only.empty() && std::find(only.begin(), only.end(), std::string(v.name).substr(0, 2)) == only.end())
-                continue;
+            if (!selected(v, only)) continue;
             const Result r = check_variant(v, s.M, s.N, s.K, Epilogue::StoreBf16, 0, true);
             if (!r.ok) {
                 print_check(v, s.M, s.N, s.K, Epilogue::StoreBf16, 0, r);
@@ -398,6 +422,9 @@ void run_bench(FILE* json, const std::vector<std::string>& only) {
         std::fflush(stdout);
         std::fflush(json);
     }
+    const Variant& prod = kVariants[sizeof kVariants / sizeof kVariants[0] - 1];
+    if (!selected(prod, only)) return;  // the sections below run the production dispatch
+
     // Where matmul_bf16 should switch from the GEMV (gemv.cu, M <= 16) to this GEMM: both sides
     // timed on decode-sized M for the Llama-3.2-1B and Llama-3-8B projections.
     std::printf("\nGEMV vs GEMM at small M (StoreBf16, microseconds)\n%6s %6s %6s %10s %10s %10s\n", "M", "N", "K",
@@ -422,7 +449,6 @@ void run_bench(FILE* json, const std::vector<std::string>& only) {
 
     // The fused epilogues at full size, on the production dispatch: the MLP's w13 (SwiGLU) and w2
     // (AddResidual), attention's wo, the qkv (StoreF32), timed too.
-    const Variant& prod = kVariants[sizeof kVariants / sizeof kVariants[0] - 1];
     struct EpShape {
         Shape s;
         Epilogue ep;
@@ -458,7 +484,7 @@ void run_bench(FILE* json, const std::vector<std::string>& only) {
 int main(int argc, char** argv) {
     using namespace lab;
     if (argc < 3 || (std::strcmp(argv[1], "check") != 0 && std::strcmp(argv[1], "bench") != 0)) {
-        std::fprintf(stderr, "usage: %s check|bench OUT.jsonl [variant numbers, e.g. 01,05]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s check|bench OUT.jsonl [variant numbers, e.g. 01,05; default all]\n", argv[0]);
         return 2;
     }
     std::vector<std::string> only;
@@ -491,7 +517,7 @@ int main(int argc, char** argv) {
     }
     alloc_buffers((size_t)8192 * 14336, (size_t)128256 * 2048, (size_t)8192 * 28672);
     try {
-        if (std::strcmp(argv[1], "check") == 0) run_checks(json);
+        if (std::strcmp(argv[1], "check") == 0) run_checks(json, only);
         else run_bench(json, only);
     } catch (const brrr::Error& e) {
         std::fprintf(stderr, "brrr::Error: %s\n", e.what());

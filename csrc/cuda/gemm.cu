@@ -2,22 +2,35 @@
 //
 //   x [M, K] bf16 (row-major), W [N, K] bf16 ([out, in]), fp32 accumulation, any M, N, K.
 //
-// A CTA computes a 128 x 128 tile of y with 8 warps (2 x 4, 64 x 32 each) issuing
-// mma.sync.m16n8k16 (bf16 in, fp32 accumulate). W row-major [N, K] is exactly the "col" B operand
-// of mma, so neither operand is transposed. K advances 32 at a time through a 3-stage cp.async
-// ring in shared memory; rows are padded to 40 elements (80 bytes) so the eight 16-byte row reads
-// of one ldmatrix land in eight different bank groups. Tails in M, N and K are zero-filled loads
-// (cp.async with src-size 0) and predicated stores, so any shape is exact.
+// Two kernels behind gemm_bf16, chosen per call by the device:
 //
-// SwiGLU trick: the CTA's 128 W rows are 64 gate rows j0..j0+63 and the 64 matching up rows
-// H+j0..H+j0+63, interleaved in groups of 8 (gate 8, up 8, gate 8, ...). Each warp's n-fragments
-// then come in (gate, up) pairs holding the same output columns in the same registers, so
-// silu(gate) * up is formed in registers and the [M, 2H] intermediate never exists.
+// Hopper (sm_90a; gemm_sm90_kernel). wgmma.mma_async fed by TMA. A CTA of three warpgroups owns
+// a 128 x BN tile (BN = 256, or 128 when wide tiles would leave more of the last wave idle):
+// warpgroup 0 is the producer, one thread copying each 128 x 64 slice of x and BN x 64 slice of W
+// with cp.async.bulk.tensor into a ring of 3-6 shared-memory stages (128-byte swizzle, mbarrier
+// full/empty pairs); warpgroups 1 and 2 each multiply 64 rows by BN columns with m64nBNk16 wgmma
+// straight from shared memory, keeping one k slice of MMAs in flight, and hand a slot back as
+// soon as its MMAs retire. setmaxnreg moves registers from the producer (40) to the consumers
+// (232). The grid is persistent: one CTA per SM walks the tiles in L2-friendly groups of 8 tile
+// rows, and the producer fills the ring for the next tile while the consumers run the epilogue.
+// TMA zero-fills boxes past M, N and K, so tails cost nothing but predicated stores. Needs
+// K % 8 == 0 and 16-byte aligned x and W (TMA's stride and address rules).
 //
-// K % 8 != 0 or x / W not 16-byte aligned: the same kernel fills shared memory with ordinary
-// element loads instead of cp.async (correct, slower; real shapes never need it).
+// Everything else (sm_80/sm_89, or shapes TMA cannot describe): a 128 x 128 tile with 8 warps
+// (2 x 4, 64 x 32 each) issuing mma.sync.m16n8k16. W row-major [N, K] is exactly the "col" B
+// operand of mma, so neither operand is transposed. K advances 32 at a time through a 3-stage
+// cp.async ring; rows are padded to 40 elements (80 bytes) so the eight 16-byte row reads of one
+// ldmatrix land in eight different bank groups. Tails in M, N and K are zero-filled loads
+// (cp.async with src-size 0) and predicated stores. K % 8 != 0 or x / W not 16-byte aligned:
+// shared memory is filled with ordinary element loads instead of cp.async (correct, slower).
 //
-// matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, this kernel above.
+// SwiGLU: a tile's W rows are gate rows j0.. and the matching up rows H + j0.., so the gate and
+// up value of one output sit in the same thread's registers and silu(gate) * up is formed there;
+// the [M, 2H] intermediate never exists. mma.sync interleaves them in groups of 8 rows; the
+// Hopper kernel loads them as two TMA boxes, gate column c landing BN / 2 accumulator columns
+// before its up column.
+//
+// matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 

@@ -51,7 +51,9 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
     const uint32_t addr = ptx::smem_addr(bar);
     uint32_t done = 0;
 #ifdef BRRR_MBARRIER_TIMEOUT
-    long long spins = 0;  // lab builds: a lost arrival traps instead of hanging the machine
+    // Lab builds: a lost arrival traps after 2 s instead of hanging the machine.
+    uint64_t start_ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start_ns));
 #endif
     do {
         asm volatile(
@@ -62,7 +64,9 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
             : "r"(addr), "r"(parity)
             : "memory");
 #ifdef BRRR_MBARRIER_TIMEOUT
-        if (++spins > (1ll << 28)) __trap();
+        uint64_t now_ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now_ns));
+        if (!done && now_ns - start_ns > 2000000000ull) __trap();
 #endif
     } while (!done);
 }
