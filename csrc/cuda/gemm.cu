@@ -305,15 +305,22 @@ struct TileMap {
 
 // One CTA: warpgroup 0 is the producer (one thread issues the TMA copies of each k tile into a
 // ring of STAGES slots), warpgroups 1 and 2 consume (each 64 rows x BN columns of wgmma). Slot s
-// has two barriers: full[s] completes when its bytes have landed, empty[s] when all 8 consumer
-// warps are done reading it. Both sides walk the same tiles (blockIdx.x, + gridDim.x, ...), so
-// the ring simply continues from one tile into the next and the producer runs ahead into the
-// next tile while the consumers are in their epilogue.
-template <int BN, int STAGES, bool SWIGLU>
+// has two barriers: full[s] completes when its bytes have landed, empty[s] when every consumer
+// warp that reads it is done. Both sides walk the same tiles (one work item per CTA, + the grid,
+// ...), so the ring simply continues from one tile into the next and the producer runs ahead
+// into the next tile while the consumers are in their epilogue.
+//
+// CLUSTER = 2: two CTAs of a cluster take vertically adjacent tiles with the same W columns;
+// each CTA loads its own x box and one of the two W boxes, multicast into both CTAs, halving the
+// W traffic out of L2. A slot is then free only when the consumers of both CTAs are done with it
+// (empty[s] counts 2 x 8 warps, each consumer warp arrives locally and remotely), and neither CTA
+// may exit while its peer can still arrive on its barriers (the final cluster_sync).
+template <int BN, int STAGES, bool SWIGLU, int CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                      GemmArgs p, TileMap tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
     using L = Layout<BN, STAGES>;
     // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512.
     constexpr int kProducerRegs = 40, kConsumerRegs = 232;
@@ -323,114 +330,130 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * L::kStageBytes);
     uint64_t* empty = full + STAGES;
     const int warpgroup = threadIdx.x / 128;
+    const uint32_t rank = CLUSTER == 1 ? 0 : hopper::cluster_rank();
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             hopper::mbarrier_init(full + s, 1);
-            hopper::mbarrier_init(empty + s, kConsumers * 4);
+            hopper::mbarrier_init(empty + s, kConsumers * 4 * CLUSTER);
         }
         hopper::fence_barrier_init();
     }
-    __syncthreads();
+    if (CLUSTER == 1) __syncthreads();
+    else hopper::cluster_sync();  // the peer's barriers exist before anything reaches them
 
     const int k_tiles = CEIL_DIV(p.K, kBK);
-    const int num_tiles = tiles.tiles_m * tiles.tiles_n;
-    auto tile_coords = [&](int tile, int& tm, int& tn) {
+    // A work item is CLUSTER vertically adjacent tiles; CTA `rank` of a cluster takes the rank-th.
+    const int units_m = CEIL_DIV(tiles.tiles_m, CLUSTER);
+    const int num_work = units_m * tiles.tiles_n;
+    const int first_work = blockIdx.x / CLUSTER, work_stride = gridDim.x / CLUSTER;
+    auto tile_coords = [&](int work, int& tm, int& tn) {
         const int per_group = tiles.group_m * tiles.tiles_n;
-        const int first_m = (tile / per_group) * tiles.group_m;
-        const int rows = min(tiles.group_m, tiles.tiles_m - first_m);
-        const int in_group = tile % per_group;
-        tm = first_m + in_group % rows;
+        const int first_m = (work / per_group) * tiles.group_m;
+        const int rows = min(tiles.group_m, units_m - first_m);
+        const int in_group = work % per_group;
+        tm = (first_m + in_group % rows) * CLUSTER + rank;
         tn = in_group / rows;
     };
 
     if (warpgroup == 0) {
         hopper::regs_decrease<kProducerRegs>();
-        if (threadIdx.x != 0) return;
-        hopper::prefetch_tensor_map(&x_map);
-        hopper::prefetch_tensor_map(&w_map);
+        if (threadIdx.x == 0) {
+            hopper::prefetch_tensor_map(&x_map);
+            hopper::prefetch_tensor_map(&w_map);
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int work = first_work; work < num_work; work += work_stride) {
+                int tm, tn;
+                tile_coords(work, tm, tn);
+                const int m0 = tm * kBM, col0 = tn * kTileCols;
+                // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
+                // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
+                const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    hopper::mbarrier_wait(empty + stage, phase ^ 1);
+                    unsigned char* a = smem + stage * L::kStageBytes;
+                    unsigned char* b = a + L::kABytes;
+                    hopper::mbarrier_arrive_expect_tx(full + stage, L::kStageBytes);
+                    hopper::tma_load_2d(a, &x_map, kt * kBK, m0, full + stage);
+                    if (CLUSTER == 1) {
+                        hopper::tma_load_2d(b, &w_map, kt * kBK, b_row0, full + stage);
+                        hopper::tma_load_2d(b + L::kBBytes / 2, &w_map, kt * kBK, b_row1, full + stage);
+                    } else {
+                        hopper::tma_load_2d_multicast(b + rank * (L::kBBytes / 2), &w_map, kt * kBK,
+                                                      rank ? b_row1 : b_row0, full + stage, 0x3);
+                    }
+                    if (++stage == STAGES) {
+                        stage = 0;
+                        phase ^= 1;
+                    }
+                }
+            }
+        }
+    } else {
+        hopper::regs_increase<kConsumerRegs>();
+        const int consumer = warpgroup - 1;
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
+        auto release = [&](int slot) {
+            if (lane != 0) return;
+            hopper::mbarrier_arrive(empty + slot);
+            if (CLUSTER == 2) hopper::mbarrier_arrive_cluster(empty + slot, rank ^ 1);
+        };
         int stage = 0;
         uint32_t phase = 0;
-        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        float acc[BN / 2];
+        for (int work = first_work; work < num_work; work += work_stride) {
             int tm, tn;
-            tile_coords(tile, tm, tn);
+            tile_coords(work, tm, tn);
             const int m0 = tm * kBM, col0 = tn * kTileCols;
-            // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
-            // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
-            const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
+            int prev_stage = 0;
             for (int kt = 0; kt < k_tiles; ++kt) {
-                hopper::mbarrier_wait(empty + stage, phase ^ 1);
-                unsigned char* a = smem + stage * L::kStageBytes;
-                unsigned char* b = a + L::kABytes;
-                hopper::mbarrier_arrive_expect_tx(full + stage, L::kStageBytes);
-                hopper::tma_load_2d(a, &x_map, kt * kBK, m0, full + stage);
-                hopper::tma_load_2d(b, &w_map, kt * kBK, b_row0, full + stage);
-                hopper::tma_load_2d(b + L::kBBytes / 2, &w_map, kt * kBK, b_row1, full + stage);
+                hopper::mbarrier_wait(full + stage, phase);
+                const unsigned char* a = smem + stage * L::kStageBytes + consumer * 64 * (kBK * 2);
+                const unsigned char* b = smem + stage * L::kStageBytes + L::kABytes;
+                hopper::fence_accumulators(acc);
+                hopper::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBK / 16; ++kk) {
+                    hopper::wgmma_bf16<BN>(acc, hopper::sw128_descriptor(a + 32 * kk),
+                                           hopper::sw128_descriptor(b + 32 * kk), kt > 0 || kk > 0);
+                }
+                hopper::wgmma_commit();
+                hopper::fence_accumulators(acc);
+                // The previous k tile's MMAs have finished reading: hand its slot back.
+                hopper::wgmma_wait<1>();
+                if (kt > 0) release(prev_stage);
+                prev_stage = stage;
                 if (++stage == STAGES) {
                     stage = 0;
                     phase ^= 1;
                 }
             }
-        }
-        return;
-    }
-
-    hopper::regs_increase<kConsumerRegs>();
-    const int consumer = warpgroup - 1;
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
-    int stage = 0;
-    uint32_t phase = 0;
-    float acc[BN / 2];
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        int tm, tn;
-        tile_coords(tile, tm, tn);
-        const int m0 = tm * kBM, col0 = tn * kTileCols;
-        int prev_stage = 0;
-        for (int kt = 0; kt < k_tiles; ++kt) {
-            hopper::mbarrier_wait(full + stage, phase);
-            const unsigned char* a = smem + stage * L::kStageBytes + consumer * 64 * (kBK * 2);
-            const unsigned char* b = smem + stage * L::kStageBytes + L::kABytes;
+            hopper::wgmma_wait<0>();
             hopper::fence_accumulators(acc);
-            hopper::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kBK / 16; ++kk) {
-                hopper::wgmma_bf16<BN>(acc, hopper::sw128_descriptor(a + 32 * kk),
-                                       hopper::sw128_descriptor(b + 32 * kk), kt > 0 || kk > 0);
-            }
-            hopper::wgmma_commit();
-            hopper::fence_accumulators(acc);
-            // The previous k tile's MMAs have finished reading: hand its slot back.
-            hopper::wgmma_wait<1>();
-            if (kt > 0 && lane == 0) hopper::mbarrier_arrive(empty + prev_stage);
-            prev_stage = stage;
-            if (++stage == STAGES) {
-                stage = 0;
-                phase ^= 1;
-            }
-        }
-        hopper::wgmma_wait<0>();
-        hopper::fence_accumulators(acc);
-        if (lane == 0) hopper::mbarrier_arrive(empty + prev_stage);
+            release(prev_stage);
 
-        const int g = lane >> 2, t = lane & 3;
+            const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = m0 + consumer * 64 + warp * 16 + g + 8 * h;
-            if (SWIGLU) {
-                // Gate column c sits in accumulator group c / 8, its up column BN / 16 groups later.
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + consumer * 64 + warp * 16 + g + 8 * h;
+                if (SWIGLU) {
+                    // Gate column c sits in accumulator group c / 8, its up column BN / 16 groups later.
 #pragma unroll
-                for (int i = 0; i < BN / 16; ++i) {
-                    const float* gate = acc + 4 * i + 2 * h;
-                    const float* up = acc + 4 * (i + BN / 16) + 2 * h;
-                    store_swiglu_pair(p, row, col0 + 8 * i + 2 * t, gate[0], up[0], gate[1], up[1]);
-                }
-            } else {
+                    for (int i = 0; i < BN / 16; ++i) {
+                        const float* gate = acc + 4 * i + 2 * h;
+                        const float* up = acc + 4 * (i + BN / 16) + 2 * h;
+                        store_swiglu_pair(p, row, col0 + 8 * i + 2 * t, gate[0], up[0], gate[1], up[1]);
+                    }
+                } else {
 #pragma unroll
-                for (int i = 0; i < BN / 8; ++i) {
-                    store_pair(p, row, col0 + 8 * i + 2 * t, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                    for (int i = 0; i < BN / 8; ++i) {
+                        store_pair(p, row, col0 + 8 * i + 2 * t, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                    }
                 }
             }
         }
     }
+    if (CLUSTER == 2) hopper::cluster_sync();  // no remote arrival may target an exited CTA
 #else
     __trap();  // built without sm_90a: the host never launches this (see hopper_device)
 #endif
@@ -469,20 +492,36 @@ CUtensorMap make_tensor_map(const bf16* base, int rows, int K, int box_rows) {
     return map;
 }
 
-// One configuration: BN columns of W per tile, STAGES ring slots; at most `max_ctas` CTAs walk
-// the tiles (0: one CTA per tile).
-template <int BN, int STAGES>
+// One configuration: BN columns of W per tile, STAGES ring slots, CLUSTER CTAs sharing W
+// tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile).
+template <int BN, int STAGES, int CLUSTER = 1>
 void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream) {
     const bool swiglu = p.ep == Epilogue::SwiGLU;
     const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
     const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
-    const TileMap tiles{CEIL_DIV(p.M, kBM), CEIL_DIV(p.width, swiglu ? BN / 2 : BN), group_m};
-    const int num_tiles = tiles.tiles_m * tiles.tiles_n;
-    const int grid = max_ctas > 0 ? std::min(num_tiles, max_ctas) : num_tiles;
+    const TileMap tiles{CEIL_DIV(p.M, kBM), CEIL_DIV(p.width, swiglu ? BN / 2 : BN), std::max(1, group_m / CLUSTER)};
+    const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n;
+    const int grid = CLUSTER * (max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas / CLUSTER)) : num_work);
     constexpr size_t smem = Layout<BN, STAGES>::kSmemBytes;
-    auto kernel = swiglu ? gemm_sm90_kernel<BN, STAGES, true> : gemm_sm90_kernel<BN, STAGES, false>;
+    auto kernel = swiglu ? gemm_sm90_kernel<BN, STAGES, true, CLUSTER> : gemm_sm90_kernel<BN, STAGES, false, CLUSTER>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, p, tiles);
+    if (CLUSTER == 1) {
+        kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, p, tiles);
+    } else {
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3(grid);
+        config.blockDim = dim3(kThreads);
+        config.dynamicSmemBytes = smem;
+        config.stream = stream;
+        cudaLaunchAttribute cluster;
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = CLUSTER;
+        cluster.val.clusterDim.y = 1;
+        cluster.val.clusterDim.z = 1;
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, p, tiles));
+    }
     CUDA_CHECK_LAUNCH("gemm_sm90_kernel");
 }
 
@@ -504,7 +543,7 @@ bool hopper_device(int* sm_count) {
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         cudaFuncAttributes attr;
-        const bool has_code = cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false>) == cudaSuccess &&
+        const bool has_code = cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 1>) == cudaSuccess &&
                               attr.binaryVersion == 90;
         cudaGetLastError();  // a missing image is an answer here, not an error to report later
         state = major == 9 && has_code ? 1 : 2;

@@ -71,6 +71,26 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
     } while (!done);
 }
 
+// ---- clusters (thread block clusters of 2: the W tile is multicast to both CTAs) ------------
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// Every thread of every CTA in the cluster arrives, then waits for all of them.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// An arrival on the barrier at the same offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(ptx::smem_addr(bar)),
+        "r"(rank)
+        : "memory");
+}
+
 // ---- TMA --------------------------------------------------------------------------------------
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -83,6 +103,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3}], [%4];" ::"r"(ptx::smem_addr(dst)),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(ptx::smem_addr(bar))
+        : "memory");
+}
+
+// The same copy delivered to the same shared-memory offset of every CTA in `cta_mask`, each
+// CTA's barrier at that offset receiving the transaction bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int inner, int outer,
+                                                      uint64_t* bar, uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(ptx::smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(ptx::smem_addr(bar)), "h"(cta_mask)
         : "memory");
 }
 
