@@ -155,6 +155,7 @@ const Variant kVariants[] = {
     {"08_auto_gemm_bf16", true, [](const GemmArgs& p, cudaStream_t s) { launch_sm90_auto(p, g_sms, s); }},
     {"09_wgmma_128x256_s4_persist_cluster2", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<256, 4, 2>(p, g_sms, 8, s); }},
     {"10_wgmma_128x128_s6_persist_cluster2", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<128, 6, 2>(p, g_sms, 8, s); }},
+    {"11_wgmma_128x192_s5_persist", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<192, 5>(p, g_sms, 8, s); }},
 };
 
 // ---- buffers ----------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ fi
 
 # One process per variant for the check: a variant that faults (or traps on a lost mbarrier
 # arrival) cannot take the others' results with it. Only variants that pass are benchmarked.
-VARIANTS="01 02 03 04 05 06 07 08 09 10"
+VARIANTS="01 02 03 04 05 06 07 08 09 10 11"
 passed=""
 : > "$OUT/check.log"
 : > "$OUT/check.jsonl"
