@@ -150,7 +150,9 @@ def test_gemv_k_chunks_at_sixteen_rows(ops, gen):
     check_matmul(ops, "gemv_bf16", 16, 96, 2056, SWIGLU, gen)
 
 
-GEMM_SHAPES = [(960, 576), (3072, 576), (576, 1536), (193, 577), (250, 200)]
+# SmolLM2's qkv/w13/w2 (K = 576, 1536), N = 192 (one k/v projection), K % 64 != 0 (TMA zero-fills
+# the last k tile on Hopper), K % 8 != 0 (mma.sync fallback everywhere), N not a tile multiple.
+GEMM_SHAPES = [(960, 576), (3072, 576), (576, 1536), (192, 576), (264, 1000), (193, 577), (250, 200)]
 
 
 @pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
@@ -170,6 +172,21 @@ def test_gemm_row_stride_and_misaligned_pointers(ops, gen, epilogue):
 def test_matmul_dispatch_is_correct_on_both_sides(ops, gen, M):
     check_matmul(ops, "matmul_bf16", M, 640, 576, STORE_F32, gen)
     check_matmul(ops, "matmul_bf16", M, 640, 576, SWIGLU, gen)
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
+def test_gemm_many_tiles_per_cta(ops, gen, epilogue):
+    """More tiles than SMs: on Hopper each persistent CTA walks several tiles, its shared-memory
+    ring running on from one tile into the next; M and N end mid-tile."""
+    check_matmul(ops, "gemm_bf16", 2000, 4104, 576, epilogue, gen)
+
+
+@pytest.mark.parametrize("M,N,K", [(300, 4096, 4096), (2048, 6144, 4096), (515, 4096, 14336)],
+                         ids=["narrow-tiles", "wide-tiles", "long-k"])
+def test_gemm_llama_shapes(ops, gen, M, N, K):
+    """Llama-3-8B projections: Hopper picks 128- or 256-wide tiles by the wave count."""
+    check_matmul(ops, "gemm_bf16", M, N, K, ADD_RESIDUAL, gen)
+    check_matmul(ops, "gemm_bf16", M, N, K, SWIGLU, gen)
 
 
 def test_gemm_accepts_small_m(ops, gen):

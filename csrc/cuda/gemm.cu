@@ -2,25 +2,43 @@
 //
 //   x [M, K] bf16 (row-major), W [N, K] bf16 ([out, in]), fp32 accumulation, any M, N, K.
 //
-// A CTA computes a 128 x 128 tile of y with 8 warps (2 x 4, 64 x 32 each) issuing
-// mma.sync.m16n8k16 (bf16 in, fp32 accumulate). W row-major [N, K] is exactly the "col" B operand
-// of mma, so neither operand is transposed. K advances 32 at a time through a 3-stage cp.async
-// ring in shared memory; rows are padded to 40 elements (80 bytes) so the eight 16-byte row reads
-// of one ldmatrix land in eight different bank groups. Tails in M, N and K are zero-filled loads
-// (cp.async with src-size 0) and predicated stores, so any shape is exact.
+// Two kernels behind gemm_bf16, chosen per call by the device:
 //
-// SwiGLU trick: the CTA's 128 W rows are 64 gate rows j0..j0+63 and the 64 matching up rows
-// H+j0..H+j0+63, interleaved in groups of 8 (gate 8, up 8, gate 8, ...). Each warp's n-fragments
-// then come in (gate, up) pairs holding the same output columns in the same registers, so
-// silu(gate) * up is formed in registers and the [M, 2H] intermediate never exists.
+// Hopper (sm_90a; gemm_sm90_kernel). wgmma.mma_async fed by TMA. A CTA of three warpgroups owns
+// a 128 x BN tile (BN = 256, or 128 when wide tiles would leave more of the last wave idle):
+// warpgroup 0 is the producer, one thread copying each 128 x 64 slice of x and BN x 64 slice of W
+// with cp.async.bulk.tensor into a ring of 3-6 shared-memory stages (128-byte swizzle, mbarrier
+// full/empty pairs); warpgroups 1 and 2 each multiply 64 rows by BN columns with m64nBNk16 wgmma
+// straight from shared memory, keeping one k slice of MMAs in flight, and hand a slot back as
+// soon as its MMAs retire. setmaxnreg moves registers from the producer (40) to the consumers
+// (232). The grid is persistent: one CTA per SM walks the tiles in L2-friendly groups of 8 tile
+// rows, and the producer fills the ring for the next tile while the consumers run the epilogue.
+// TMA zero-fills boxes past M, N and K, so tails cost nothing but predicated stores. Needs
+// K % 8 == 0 and 16-byte aligned x and W (TMA's stride and address rules).
 //
-// K % 8 != 0 or x / W not 16-byte aligned: the same kernel fills shared memory with ordinary
-// element loads instead of cp.async (correct, slower; real shapes never need it).
+// Everything else (sm_80/sm_89, or shapes TMA cannot describe): a 128 x 128 tile with 8 warps
+// (2 x 4, 64 x 32 each) issuing mma.sync.m16n8k16. W row-major [N, K] is exactly the "col" B
+// operand of mma, so neither operand is transposed. K advances 32 at a time through a 3-stage
+// cp.async ring; rows are padded to 40 elements (80 bytes) so the eight 16-byte row reads of one
+// ldmatrix land in eight different bank groups. Tails in M, N and K are zero-filled loads
+// (cp.async with src-size 0) and predicated stores. K % 8 != 0 or x / W not 16-byte aligned:
+// shared memory is filled with ordinary element loads instead of cp.async (correct, slower).
 //
-// matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, this kernel above.
+// SwiGLU: a tile's W rows are gate rows j0.. and the matching up rows H + j0.., so the gate and
+// up value of one output sit in the same thread's registers and silu(gate) * up is formed there;
+// the [M, 2H] intermediate never exists. mma.sync interleaves them in groups of 8 rows; the
+// Hopper kernel loads them as two TMA boxes, gate column c landing BN / 2 accumulator columns
+// before its up column.
+//
+// matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
+#include <atomic>
 
 #include "cuda/check.cuh"
+#include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
@@ -238,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmArgs p) {
 }
 
 template <bool SWIGLU, bool VEC>
-void launch_gemm(const GemmArgs& p, cudaStream_t stream) {
+void launch_mma_sync_kernel(const GemmArgs& p, cudaStream_t stream) {
     auto kernel = gemm_kernel<SWIGLU, VEC>;
     // Over the 48 KB default: opt in (per device and cheap, so simply on every launch).
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -247,16 +265,319 @@ void launch_gemm(const GemmArgs& p, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("gemm_kernel");
 }
 
-}  // namespace
+// The sm_80 path, and every shape or pointer TMA cannot describe.
+void launch_mma_sync(const GemmArgs& p, cudaStream_t stream) {
+    BRRR_CHECK(CEIL_DIV(p.M, kBM) <= 65535, "gemm_bf16: M=" << p.M << " rows exceed the grid limit of "
+                                                              << 65535 * kBM);
+    const bool vec = p.K % 8 == 0 && util::aligned_to(p.x, 16) && util::aligned_to(p.W, 16);
+    const bool swiglu = p.ep == Epilogue::SwiGLU;
+    if (swiglu) {
+        if (vec) launch_mma_sync_kernel<true, true>(p, stream);
+        else launch_mma_sync_kernel<true, false>(p, stream);
+    } else {
+        if (vec) launch_mma_sync_kernel<false, true>(p, stream);
+        else launch_mma_sync_kernel<false, false>(p, stream);
+    }
+}
 
-void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
-               const EpilogueArgs& args, cudaStream_t stream) {
+// ---- Hopper: wgmma fed by TMA, warp-specialized, persistent ----------------------------------
+namespace sm90 {
+
+constexpr int kBM = 128, kBK = 64;   // kBK * 2 bytes = one 128-byte swizzle row
+constexpr int kConsumers = 2;        // warpgroups, 64 tile rows each
+constexpr int kThreads = 128 * (1 + kConsumers);
+
+template <int BN, int STAGES>
+struct Layout {
+    static constexpr int kABytes = kBM * kBK * 2;
+    static constexpr int kBBytes = BN * kBK * 2;
+    static constexpr int kStageBytes = kABytes + kBBytes;
+    // + 1024: the dynamic window is only 16-byte aligned and the swizzle atoms need 1024.
+    static constexpr size_t kSmemBytes = 1024 + (size_t)STAGES * kStageBytes + 2 * STAGES * sizeof(uint64_t);
+    static_assert(kSmemBytes <= 227 * 1024, "stages do not fit in shared memory");
+};
+
+// Tile order: consecutive tiles walk down `group_m` tile rows before moving one tile column
+// right, so the CTAs resident at one time share a band of x rows and a band of W rows in L2.
+struct TileMap {
+    int tiles_m, tiles_n, group_m;
+};
+
+// One CTA: warpgroup 0 is the producer (one thread issues the TMA copies of each k tile into a
+// ring of STAGES slots), warpgroups 1 and 2 consume (each 64 rows x BN columns of wgmma). Slot s
+// has two barriers: full[s] completes when its bytes have landed, empty[s] when every consumer
+// warp that reads it is done. Both sides walk the same tiles (one work item per CTA, + the grid,
+// ...), so the ring simply continues from one tile into the next and the producer runs ahead
+// into the next tile while the consumers are in their epilogue.
+//
+// CLUSTER = 2: two CTAs of a cluster take vertically adjacent tiles with the same W columns;
+// each CTA loads its own x box and one of the two W boxes, multicast into both CTAs, halving the
+// W traffic out of L2. A slot is then free only when the consumers of both CTAs are done with it
+// (empty[s] counts 2 x 8 warps, each consumer warp arrives locally and remotely), and neither CTA
+// may exit while its peer can still arrive on its barriers (the final cluster_sync).
+template <int BN, int STAGES, bool SWIGLU, int CLUSTER>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                     GemmArgs p, TileMap tiles) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
+    using L = Layout<BN, STAGES>;
+    // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512.
+    constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+    constexpr int kTileCols = SWIGLU ? BN / 2 : BN;  // output columns per tile
+    unsigned char* raw = ptx::dynamic_smem<unsigned char>();
+    unsigned char* smem = raw + ((1024 - (ptx::smem_addr(raw) & 1023)) & 1023);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * L::kStageBytes);
+    uint64_t* empty = full + STAGES;
+    const int warpgroup = threadIdx.x / 128;
+    const uint32_t rank = CLUSTER == 1 ? 0 : hopper::cluster_rank();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            hopper::mbarrier_init(full + s, 1);
+            hopper::mbarrier_init(empty + s, kConsumers * 4 * CLUSTER);
+        }
+        hopper::fence_barrier_init();
+    }
+    if (CLUSTER == 1) __syncthreads();
+    else hopper::cluster_sync();  // the peer's barriers exist before anything reaches them
+
+    const int k_tiles = CEIL_DIV(p.K, kBK);
+    // A work item is CLUSTER vertically adjacent tiles; CTA `rank` of a cluster takes the rank-th.
+    const int units_m = CEIL_DIV(tiles.tiles_m, CLUSTER);
+    const int num_work = units_m * tiles.tiles_n;
+    const int first_work = blockIdx.x / CLUSTER, work_stride = gridDim.x / CLUSTER;
+    auto tile_coords = [&](int work, int& tm, int& tn) {
+        const int per_group = tiles.group_m * tiles.tiles_n;
+        const int first_m = (work / per_group) * tiles.group_m;
+        const int rows = min(tiles.group_m, units_m - first_m);
+        const int in_group = work % per_group;
+        tm = (first_m + in_group % rows) * CLUSTER + rank;
+        tn = in_group / rows;
+    };
+
+    if (warpgroup == 0) {
+        hopper::regs_decrease<kProducerRegs>();
+        if (threadIdx.x == 0) {
+            hopper::prefetch_tensor_map(&x_map);
+            hopper::prefetch_tensor_map(&w_map);
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int work = first_work; work < num_work; work += work_stride) {
+                int tm, tn;
+                tile_coords(work, tm, tn);
+                const int m0 = tm * kBM, col0 = tn * kTileCols;
+                // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
+                // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
+                const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    hopper::mbarrier_wait(empty + stage, phase ^ 1);
+                    unsigned char* a = smem + stage * L::kStageBytes;
+                    unsigned char* b = a + L::kABytes;
+                    hopper::mbarrier_arrive_expect_tx(full + stage, L::kStageBytes);
+                    hopper::tma_load_2d(a, &x_map, kt * kBK, m0, full + stage);
+                    if (CLUSTER == 1) {
+                        hopper::tma_load_2d(b, &w_map, kt * kBK, b_row0, full + stage);
+                        hopper::tma_load_2d(b + L::kBBytes / 2, &w_map, kt * kBK, b_row1, full + stage);
+                    } else {
+                        hopper::tma_load_2d_multicast(b + rank * (L::kBBytes / 2), &w_map, kt * kBK,
+                                                      rank ? b_row1 : b_row0, full + stage, 0x3);
+                    }
+                    if (++stage == STAGES) {
+                        stage = 0;
+                        phase ^= 1;
+                    }
+                }
+            }
+        }
+    } else {
+        hopper::regs_increase<kConsumerRegs>();
+        const int consumer = warpgroup - 1;
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
+        auto release = [&](int slot) {
+            if (lane != 0) return;
+            hopper::mbarrier_arrive(empty + slot);
+            if (CLUSTER == 2) hopper::mbarrier_arrive_cluster(empty + slot, rank ^ 1);
+        };
+        int stage = 0;
+        uint32_t phase = 0;
+        float acc[BN / 2];
+        for (int work = first_work; work < num_work; work += work_stride) {
+            int tm, tn;
+            tile_coords(work, tm, tn);
+            const int m0 = tm * kBM, col0 = tn * kTileCols;
+            int prev_stage = 0;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                hopper::mbarrier_wait(full + stage, phase);
+                const unsigned char* a = smem + stage * L::kStageBytes + consumer * 64 * (kBK * 2);
+                const unsigned char* b = smem + stage * L::kStageBytes + L::kABytes;
+                hopper::fence_accumulators(acc);
+                hopper::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBK / 16; ++kk) {
+                    hopper::wgmma_bf16<BN>(acc, hopper::sw128_descriptor(a + 32 * kk),
+                                           hopper::sw128_descriptor(b + 32 * kk), kt > 0 || kk > 0);
+                }
+                hopper::wgmma_commit();
+                hopper::fence_accumulators(acc);
+                // The previous k tile's MMAs have finished reading: hand its slot back.
+                hopper::wgmma_wait<1>();
+                if (kt > 0) release(prev_stage);
+                prev_stage = stage;
+                if (++stage == STAGES) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+            hopper::wgmma_wait<0>();
+            hopper::fence_accumulators(acc);
+            release(prev_stage);
+
+            const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + consumer * 64 + warp * 16 + g + 8 * h;
+                if (SWIGLU) {
+                    // Gate column c sits in accumulator group c / 8, its up column BN / 16 groups later.
+#pragma unroll
+                    for (int i = 0; i < BN / 16; ++i) {
+                        const float* gate = acc + 4 * i + 2 * h;
+                        const float* up = acc + 4 * (i + BN / 16) + 2 * h;
+                        store_swiglu_pair(p, row, col0 + 8 * i + 2 * t, gate[0], up[0], gate[1], up[1]);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < BN / 8; ++i) {
+                        store_pair(p, row, col0 + 8 * i + 2 * t, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                    }
+                }
+            }
+        }
+    }
+    if (CLUSTER == 2) hopper::cluster_sync();  // no remote arrival may target an exited CTA
+#else
+    __trap();  // built without sm_90a: the host never launches this (see hopper_device)
+#endif
+}
+
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+
+// The driver's tensor-map encoder, found through the runtime (no -lcuda needed).
+EncodeTiled tensor_map_encoder() {
+    static const EncodeTiled encoder = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+        BRRR_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+                   "gemm_bf16: the CUDA driver has no cuTensorMapEncodeTiled (driver older than CUDA 12?)");
+        return reinterpret_cast<EncodeTiled>(fn);
+    }();
+    return encoder;
+}
+
+// [rows, K] bf16 row-major, boxes of box_rows x 64 in the 128-byte swizzle; out-of-bounds boxes
+// read zeros. Encoding is a few hundred host nanoseconds and allocates nothing, so every launch
+// builds its own (the map travels by value in the kernel's parameters).
+CUtensorMap make_tensor_map(const bf16* base, int rows, int K, int box_rows) {
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)K * sizeof(bf16)};
+    const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)box_rows};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base),
+                                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    BRRR_CHECK(r == CUDA_SUCCESS, "gemm_bf16: cuTensorMapEncodeTiled failed (error " << (int)r << ") for a ["
+                                      << rows << ", " << K << "] bf16 matrix");
+    return map;
+}
+
+// One configuration: BN columns of W per tile, STAGES ring slots, CLUSTER CTAs sharing W
+// tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile).
+template <int BN, int STAGES, int CLUSTER = 1>
+void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream) {
+    const bool swiglu = p.ep == Epilogue::SwiGLU;
+    const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
+    const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
+    const TileMap tiles{CEIL_DIV(p.M, kBM), CEIL_DIV(p.width, swiglu ? BN / 2 : BN), std::max(1, group_m / CLUSTER)};
+    const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n;
+    const int grid = CLUSTER * (max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas / CLUSTER)) : num_work);
+    constexpr size_t smem = Layout<BN, STAGES>::kSmemBytes;
+    auto kernel = swiglu ? gemm_sm90_kernel<BN, STAGES, true, CLUSTER> : gemm_sm90_kernel<BN, STAGES, false, CLUSTER>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (CLUSTER == 1) {
+        kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, p, tiles);
+    } else {
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3(grid);
+        config.blockDim = dim3(kThreads);
+        config.dynamicSmemBytes = smem;
+        config.stream = stream;
+        cudaLaunchAttribute cluster;
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = CLUSTER;
+        cluster.val.clusterDim.y = 1;
+        cluster.val.clusterDim.z = 1;
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, p, tiles));
+    }
+    CUDA_CHECK_LAUNCH("gemm_sm90_kernel");
+}
+
+}  // namespace sm90
+
+// Per device: 0 unknown, 1 runs the sm90 kernels, 2 does not. Plus its SM count.
+constexpr int kMaxDevices = 64;
+std::atomic<int> g_hopper_state[kMaxDevices];
+std::atomic<int> g_sm_count[kMaxDevices];
+
+// A Hopper device, and this build holds sm_90 code for the kernel (LLAMA_BRRR_CUDA_ARCHS has 90a).
+bool hopper_device(int* sm_count) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= kMaxDevices) return false;
+    int state = g_hopper_state[dev].load(std::memory_order_relaxed);
+    if (state == 0) {
+        int major = 0, sms = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        cudaFuncAttributes attr;
+        const bool has_code = cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 1>) == cudaSuccess &&
+                              attr.binaryVersion == 90;
+        cudaGetLastError();  // a missing image is an answer here, not an error to report later
+        state = major == 9 && has_code ? 1 : 2;
+        g_sm_count[dev].store(sms, std::memory_order_relaxed);
+        g_hopper_state[dev].store(state, std::memory_order_relaxed);
+    }
+    *sm_count = g_sm_count[dev].load(std::memory_order_relaxed);
+    return state == 1;
+}
+
+// TMA needs 16-byte aligned bases and row strides (K % 8 == 0).
+bool tma_compatible(const GemmArgs& p) {
+    return p.K % 8 == 0 && util::aligned_to(p.x, 16) && util::aligned_to(p.W, 16);
+}
+
+// Tile width: 256 columns unless the tile count then leaves more of the last wave idle than 128
+// does (time ~ waves x tile width; M = 512 x N = 4096 is one wave of 64 wide tiles on 132 SMs
+// but one wave of 128 narrow ones, twice as fast).
+void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
+    const int tiles_m = CEIL_DIV(p.M, sm90::kBM);
+    const int cols_wide = p.ep == Epilogue::SwiGLU ? 128 : 256, cols_narrow = cols_wide / 2;
+    const long long waves_wide = CEIL_DIV((long long)tiles_m * CEIL_DIV(p.width, cols_wide), sm_count);
+    const long long waves_narrow = CEIL_DIV((long long)tiles_m * CEIL_DIV(p.width, cols_narrow), sm_count);
+    if (2 * waves_wide <= waves_narrow) {
+        sm90::launch<256, 4>(p, sm_count, 8, stream);
+    } else {
+        sm90::launch<128, 6>(p, sm_count, 8, stream);
+    }
+}
+
+GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args) {
     GemmArgs p;
     p.out = args;
     p.width = util::check_matmul("gemm_bf16", x, W, M, N, K, ep, p.out);
-    if (M == 0) return;
-    BRRR_CHECK(CEIL_DIV(M, kBM) <= 65535, "gemm_bf16: M=" << M << " rows exceed the grid limit of "
-                                                            << 65535 * kBM);
     p.x = x;
     p.W = W;
     p.M = M;
@@ -271,14 +592,20 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
         case Epilogue::StoreF32: p.pair_stores = even_ld && util::aligned_to(p.out.out_f32, 8); break;
         case Epilogue::AddResidual: p.pair_stores = even_ld && util::aligned_to(p.out.residual, 8); break;
     }
-    const bool vec = K % 8 == 0 && util::aligned_to(x, 16) && util::aligned_to(W, 16);
-    const bool swiglu = ep == Epilogue::SwiGLU;
-    if (swiglu) {
-        if (vec) launch_gemm<true, true>(p, stream);
-        else launch_gemm<true, false>(p, stream);
+    return p;
+}
+
+}  // namespace
+
+void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args,
+               cudaStream_t stream) {
+    const GemmArgs p = prepare_args(x, W, M, N, K, ep, args);
+    if (M == 0) return;
+    int sm_count = 0;
+    if (tma_compatible(p) && hopper_device(&sm_count)) {
+        launch_sm90_auto(p, sm_count, stream);
     } else {
-        if (vec) launch_gemm<false, true>(p, stream);
-        else launch_gemm<false, false>(p, stream);
+        launch_mma_sync(p, stream);
     }
 }
 
