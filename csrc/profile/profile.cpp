@@ -46,7 +46,7 @@ void resolve(std::vector<Record>& records, Clock& clock) {
     for (Record& r : records) {
         if (r.start_mark < 0) continue;
         r.t0 = clock.seconds(r.start_mark);
-        r.t1 = r.end_mark >= 0 ? clock.seconds(r.end_mark) : r.t0;
+        r.t1 = r.end_mark >= 0 ? r.t0 + clock.elapsed(r.start_mark, r.end_mark) : r.t0;
         r.start_mark = r.end_mark = -1;
     }
 }

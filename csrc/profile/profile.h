@@ -84,6 +84,9 @@ public:
     virtual bool separate_end_marks() const = 0;
     virtual void wait() {}                    // until every mark so far has happened
     virtual double seconds(int64_t mark) = 0;  // after wait(): the mark's time on the host clock
+    // Seconds from mark a to mark b; a clock whose absolute times are coarse (float milliseconds
+    // since profiling began) measures short intervals directly.
+    virtual double elapsed(int64_t a, int64_t b) { return seconds(b) - seconds(a); }
     virtual void recycle() {}                 // marks taken so far will not be asked for again
 };
 
@@ -120,6 +123,7 @@ public:
     // Starts recording with `clock` (owned by the engine, alive until stop()); nullptr stops.
     void start(Clock* clock) { clock_ = clock; }
     void stop() { clock_ = nullptr; open_ = false; }
+    Clock* clock() const { return clock_; }
 
     void set_phase(Phase p) { phase_ = p; }
     Phase phase() const { return phase_; }
