@@ -505,6 +505,14 @@ def _shape_bytes(evt) -> float:
     return float(sum(sizes) + max(sizes))
 
 
+def _tree_flops(evt) -> float:
+    """torch's FLOP estimate of an op: its own, else its children's (aten::matmul -> aten::mm)."""
+    own = float(getattr(evt, "flops", 0) or 0)
+    if own:
+        return own
+    return sum(_tree_flops(child) for child in getattr(evt, "cpu_children", None) or [])
+
+
 def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, phase="decode",
                   peaks=None, **kwargs) -> ProfileSummary:
     """Runs fn(*args, **kwargs) (e.g. a HF model's generate) under torch.profiler and reports it as
@@ -545,7 +553,7 @@ def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, ph
     records = []
     for e in ops:
         a, b = (e.time_range.start - base) * 1e-6, (e.time_range.end - base) * 1e-6
-        flops = float(getattr(e, "flops", 0) or 0)
+        flops = _tree_flops(e)
         records.append((e.name, "kernel", _torch_class(e.name), phase, flops, _shape_bytes(e),
                         a, b, -1, False))
     first = min((r[6] for r in records), default=0.0)
