@@ -58,6 +58,7 @@
 #include "cpu/sampling.h"
 #include "cpu/simd.h"
 #include "model.h"
+#include "profile/profile.h"
 
 #ifdef BRRR_WITH_CUDA
 #include "cuda/engine_cuda.h"
@@ -217,8 +218,21 @@ struct PyEngine {
     std::string backend;
     brrr::DType dtype;
     std::mutex mutex;
+    brrr::profile::Profiled* profiled = nullptr;  // impl's profiling face (both engines have one)
 
     const brrr::Config& cfg() const { return impl->config(); }
+
+    // A host span for one entry point (dispatch and argument checks inside the engine included).
+    void record_call(const char* name, brrr::profile::Phase phase, double t0) {
+        if (!profiled || !profiled->profile_enabled()) return;
+        brrr::profile::Record r;
+        r.name = name;
+        r.kind = brrr::profile::Kind::Call;
+        r.phase = phase;
+        r.t0 = t0;
+        r.t1 = brrr::profile::now();
+        profiled->recorder().add(r);
+    }
 
     void check_slot(int64_t slot, const char* what) const {
         if (slot < 0 || slot >= cfg().max_batch)
@@ -349,6 +363,7 @@ PYBIND11_MODULE(_C, m) {
         e->backend = backend;
         e->dtype = parse_dtype(dtype, "dtype");
         e->impl = make_engine(backend, cfg, e->dtype, device, n_threads);
+        e->profiled = dynamic_cast<brrr::profile::Profiled*>(e->impl.get());
         return e;
     }), py::arg("backend"), py::arg("config"), py::arg("dtype"), py::arg("device") = 0,
        py::arg("n_threads") = 0);
@@ -429,7 +444,9 @@ PYBIND11_MODULE(_C, m) {
         const int32_t* ids = tok.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
             self.impl->prefill((int)slot, ids, (int)T, (int)start_pos, out, logits == "all");
+            self.record_call("prefill", brrr::profile::Phase::Prefill, t0);
         });
         return result;
     }, py::arg("slot"), py::arg("tokens"), py::arg("start_pos") = 0, py::arg("logits") = "last");
@@ -453,7 +470,9 @@ PYBIND11_MODULE(_C, m) {
         const int32_t *t = tok.data(), *s = sl.data(), *p = pos.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
             self.impl->decode(t, s, p, (int)B, out);
+            self.record_call("decode", brrr::profile::Phase::Decode, t0);
         });
         return result;
     }, py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("logits") = true);
@@ -495,12 +514,55 @@ PYBIND11_MODULE(_C, m) {
         const uint64_t* steps = st.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
             self.impl->sample(s, p, params.data(), steps, (int)B, tok_out, lp_out);
+            self.record_call("sample", brrr::profile::Phase::Sample, t0);
         });
         return py::make_tuple(tokens, logprobs);
     }, py::arg("slots"), py::arg("positions"), py::arg("temperature"), py::arg("top_k"),
        py::arg("top_p"), py::arg("min_p"), py::arg("repetition_penalty"), py::arg("seed"),
        py::arg("step"));
+
+    // ---- profiling (llama_brrr/profiler.py reads these) -------------------------------------------
+    //   profile_now() -> float                 seconds on the clock every record uses (steady_clock)
+    //   Engine.profile_enabled (read/write)    on: every launch is timed (see csrc/profile/profile.h)
+    //   Engine.profile_records() -> list of (name, kind, op_class, phase, flops, bytes, t0, t1,
+    //        group, sampled), oldest first; the engine's records are handed over and forgotten
+    //   Engine.profile_clear()                 drops the records without reading them
+    m.def("profile_now", [] { return brrr::profile::now(); },
+          "Seconds on the host steady_clock, the timeline of every profile record");
+    engine_cls.def_property("profile_enabled",
+        [](PyEngine& self) { return self.profiled && self.profiled->profile_enabled(); },
+        [](PyEngine& self, bool on) {
+            if (!self.profiled) throw std::runtime_error("this engine cannot be profiled");
+            without_gil([&] {
+                std::lock_guard<std::mutex> lock(self.mutex);
+                self.profiled->profile_enable(on);
+            });
+        }, "time every kernel launch (and CUDA-graph replay) of this engine");
+    engine_cls.def("profile_records", [](PyEngine& self) {
+        std::vector<brrr::profile::Record> records;
+        if (self.profiled)
+            without_gil([&] {
+                std::lock_guard<std::mutex> lock(self.mutex);
+                records = self.profiled->profile_take();
+            });
+        py::list out;
+        for (const brrr::profile::Record& r : records)
+            out.append(py::make_tuple(r.name, brrr::profile::kind_name(r.kind),
+                                      brrr::profile::op_class_name(r.op_class),
+                                      brrr::profile::phase_name(r.phase), r.cost.flops, r.cost.bytes,
+                                      r.t0, r.t1, r.group, r.sampled));
+        return out;
+    }, "the records so far as (name, kind, op_class, phase, flops, bytes, t0, t1, group, sampled); "
+       "taking them empties the engine's list");
+    engine_cls.def("profile_clear", [](PyEngine& self) {
+        if (!self.profiled) return;
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.profiled->profile_take();
+        });
+    }, "drops every record not yet taken");
 
 #ifndef BRRR_WITH_CUDA
     // The CUDA build defines this property in its region; here it exists so callers need not

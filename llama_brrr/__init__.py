@@ -24,6 +24,8 @@ except ImportError as _error:
 
 from .config import ModelConfig  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
+from . import peaks  # noqa: E402
+from .profiler import ProfileSummary, profile, profile_torch  # noqa: E402
 
 if _C is not None:
     from .model import Llama, RequestOutput  # noqa: E402
@@ -43,4 +45,4 @@ def cuda_available() -> bool:
 
 
 __all__ = ["Llama", "SamplingParams", "RequestOutput", "ModelConfig", "cuda_available",
-           "__version__"]
+           "profile", "profile_torch", "ProfileSummary", "peaks", "__version__"]

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from . import cli_profile
 from .errors import BrrrError
 
 EXIT_USER_ERROR = 2
@@ -156,6 +157,12 @@ COMMANDS: dict[str, Command] = {
                         run_generate),
     "chat": Command("interactive chat over stdin (history kept; /exit or EOF ends)",
                     add_chat_arguments, run_chat),
+    "profile": Command("profile a generation: compute / memory / overhead per phase, per kernel; "
+                       "PNGs and a Chrome trace with --out",
+                       cli_profile.add_profile_arguments, cli_profile.run_profile),
+    "calibrate": Command("measure this device's copy bandwidth and best matmul rate (cached for "
+                         "profile reports)", cli_profile.add_calibrate_arguments,
+                         cli_profile.run_calibrate),
 }
 
 

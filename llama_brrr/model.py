@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import _C
+from . import _C, profiler
 from .config import ModelConfig, shape_config
 from .sampling import SamplingParams
 
@@ -242,7 +242,9 @@ class Llama:
         holds an id outside the vocabulary, raises ValueError before anything runs.
         """
         params = SamplingParams.from_kwargs(sampling_params, kwargs)
+        t_tokenize = profiler.mark()
         requests = [self._make_request(text, ids, params) for text, ids in self._prompts(prompts)]
+        profiler.record_span("tokenize", None, t_tokenize)
         with self._exclusive():
             for _ in self._run(requests):
                 pass
@@ -299,7 +301,8 @@ class Llama:
         if start_pos < 0 or start_pos + len(ids) > self.max_seq_len:
             raise ValueError(f"forward: start_pos={start_pos} plus {len(ids)} tokens does not fit "
                              f"the context max_seq_len={self.max_seq_len}")
-        with self._exclusive():
+        with self._exclusive(), profiler.span("forward", "prefill", len(ids)):
+            profiler.attach(self._engine)
             return self._engine.prefill(slot, np.asarray(ids, dtype=np.int32), start_pos, "all")
 
     # ---- requests -----------------------------------------------------------------------------
@@ -417,6 +420,7 @@ class Llama:
 
     def _run(self, requests: list["_Request"]) -> Iterator[tuple["_Request", str]]:
         """Runs the requests in waves of max_batch; yields (request, new visible text) per token."""
+        profiler.attach(self._engine)
         t_call = time.perf_counter()
         for r in requests:
             r.t_call = t_call
@@ -426,13 +430,16 @@ class Llama:
     def _run_wave(self, wave: list["_Request"]) -> Iterator[tuple["_Request", str]]:
         engine = self._engine
         t_wave = time.perf_counter()
+        t_prefill = profiler.mark()
         for slot, r in enumerate(wave):
             r.slot = slot
             if len(r.prompt_ids) > 1:
                 engine.prefill(slot, np.asarray(r.prompt_ids[:-1], dtype=np.int32), 0, "none")
             r.next_token = r.prompt_ids[-1]
             r.position = len(r.prompt_ids) - 1
+        profiler.record_span("prefill", "prefill", t_prefill, sum(len(r.prompt_ids) - 1 for r in wave))
 
+        t_decode = profiler.mark()
         active = list(wave)
         while active:
             tokens = np.array([r.next_token for r in active], dtype=np.int32)
@@ -463,6 +470,7 @@ class Llama:
                     r.t_done = now
                 yield r, piece
             active = still_active
+        profiler.record_span("decode", "decode", t_decode, sum(len(r.token_ids) for r in wave))
 
 
 class _Request:

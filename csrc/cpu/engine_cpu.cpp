@@ -303,12 +303,27 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
     float* qkv = qkv_.data();
     float* att = att_.data();
 
+    const int wb = (int)dtype_size(wdtype_);
+    // Attention cost: row m attends to positions[m] + 1 cached positions; the cache positions of
+    // each slot are read once (a prompt's rows share theirs). Summed only when profiling.
+    profile::Cost attention_cost;
+    if (prof_.on()) {
+        double seen = 0, distinct = 0;
+        for (int m = 0; m < M; ++m) {
+            seen += positions[m] + 1.0;
+            const bool last_of_slot = m + 1 == M || slots[m + 1] != slots[m];
+            if (last_of_slot) distinct += positions[m] + 1.0;
+        }
+        attention_cost = {4.0 * c.n_heads * hd * seen, 2.0 * kv_dim * distinct * 4 + 8.0 * M * q_dim};
+    }
     // token embeddings into the residual stream
+    prof_.op("embed", profile::OpClass::Copy, profile::copy_cost((double)M * D * 4));
     for (int m = 0; m < M; ++m) {
         const uint8_t* row = static_cast<const uint8_t*>(tok_embeddings_) + (size_t)tokens[m] * D * dtype_size(wdtype_);
         convert(row, wdtype_, x + (size_t)m * D, DType::F32, D);
     }
     // cos/sin of every row's position, shared by all layers
+    prof_.op("rope_tables", profile::OpClass::Elementwise, profile::elementwise_cost(2.0 * M * half, 8.0 * M * half));
     rope_tables(positions, inv_freq_.data(), M, half, rope_cos_.data(), rope_sin_.data());
 
     for (int l = 0; l < c.n_layers; ++l) {
@@ -317,38 +332,52 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
         float* v_cache = v_cache_.data() + l * layer_stride;
 
         // attention rmsnorm
+        prof_.op("attn_norm", profile::OpClass::Norm, profile::norm_cost(M, D, 4, 4, 4));
         rmsnorm(x, L.attn_norm, xb, M, D, c.norm_eps);
         // q|k|v projections in one matmul
+        prof_.op("wqkv", profile::OpClass::Matmul, profile::matmul_cost(M, qkv_dim, D, wb, 4, 4));
         matmul(xb, L.wqkv, wdtype_, qkv, M, qkv_dim, D, false);
         // rotary embedding of q and k
+        prof_.op("rope", profile::OpClass::Elementwise, profile::elementwise_cost(6.0 * M * (q_dim + kv_dim) / 2, 8.0 * M * (q_dim + kv_dim)));
         rope(qkv, M, qkv_dim, c.n_heads, hd, rope_cos_.data(), rope_sin_.data());
         rope(qkv + q_dim, M, qkv_dim, c.n_kv_heads, hd, rope_cos_.data(), rope_sin_.data());
         // k and v of each row into its slot's cache at its position
+        prof_.op("kv_append", profile::OpClass::Copy, profile::copy_cost(2.0 * M * kv_dim * 4));
         for (int m = 0; m < M; ++m) {
             const size_t at = slots[m] * slot_stride + (size_t)positions[m] * kv_dim;
             std::memcpy(k_cache + at, qkv + (size_t)m * qkv_dim + q_dim, kv_dim * sizeof(float));
             std::memcpy(v_cache + at, qkv + (size_t)m * qkv_dim + q_dim + kv_dim, kv_dim * sizeof(float));
         }
         // causal GQA attention over the cache
+        prof_.op("attention", profile::OpClass::Attention, attention_cost);
         attention(qkv, qkv_dim, k_cache, v_cache, slot_stride, kv_dim, slots, positions, att, M,
                   c.n_heads, c.n_kv_heads, hd);
         // output projection, added to the residual stream
+        prof_.op("wo", profile::OpClass::Matmul, profile::matmul_cost(M, D, q_dim, wb, 4, 8));
         matmul(att, L.wo, wdtype_, x, M, D, q_dim, true);
         // ffn rmsnorm
+        prof_.op("ffn_norm", profile::OpClass::Norm, profile::norm_cost(M, D, 4, 4, 4));
         rmsnorm(x, L.ffn_norm, xb, M, D, c.norm_eps);
         // gate|up projections in one matmul
+        prof_.op("w13", profile::OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, wb, 4, 4));
         matmul(xb, L.w13, wdtype_, h13_.data(), M, 2 * H, D, false);
         // silu(gate) * up
+        prof_.op("swiglu", profile::OpClass::Elementwise, profile::elementwise_cost(6.0 * M * H, 12.0 * M * H));
         swiglu(h13_.data(), hb_.data(), M, H);
         // down projection, added to the residual stream
+        prof_.op("w2", profile::OpClass::Matmul, profile::matmul_cost(M, D, H, wb, 4, 8));
         matmul(hb_.data(), L.w2, wdtype_, x, M, D, H, true);
     }
 
     // final rmsnorm and LM head, only for the rows whose logits are wanted
     const int n_out = M - first_logit_row;
-    if (n_out <= 0) return;
-    rmsnorm(x + (size_t)first_logit_row * D, final_norm_, xb, n_out, D, c.norm_eps);
-    matmul(xb, lm_head_, wdtype_, logits, n_out, c.vocab_size, D, false);
+    if (n_out > 0) {
+        prof_.op("final_norm", profile::OpClass::Norm, profile::norm_cost(n_out, D, 4, 4, 4));
+        rmsnorm(x + (size_t)first_logit_row * D, final_norm_, xb, n_out, D, c.norm_eps);
+        prof_.op("lm_head", profile::OpClass::Matmul, profile::matmul_cost(n_out, c.vocab_size, D, wb, 4, 4));
+        matmul(xb, lm_head_, wdtype_, logits, n_out, c.vocab_size, D, false);
+    }
+    prof_.end();
 }
 
 // ---- entry points -----------------------------------------------------------------------------
@@ -381,6 +410,7 @@ void CpuEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start
     check_all_weights_set();
     begin_call();
 
+    prof_.set_phase(profile::Phase::Prefill);
     const int V = cfg_.vocab_size;
     last_rows_ = 0;  // until this call completes, the old logits no longer describe the slot
     for (int c0 = 0; c0 < n_tokens; c0 += rows_cap_) {
@@ -425,6 +455,7 @@ void CpuEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_
     check_all_weights_set();
     begin_call();
 
+    prof_.set_phase(profile::Phase::Decode);
     for (int i = 0; i < batch; ++i)
         history_.data()[(size_t)slots[i] * cfg_.max_seq_len + positions[i]] = tokens[i];
     last_rows_ = 0;
@@ -452,6 +483,8 @@ void CpuEngine::sample(const int32_t* slots, const int32_t* positions,
     }
     begin_call();
     const int V = cfg_.vocab_size;
+    prof_.set_phase(profile::Phase::Sample);
+    prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, V));
 #pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
     for (int i = 0; i < batch; ++i) {
         tokens[i] = sample_row(last_logits_.data() + (size_t)i * V, V,
@@ -459,6 +492,13 @@ void CpuEngine::sample(const int32_t* slots, const int32_t* positions,
                                positions[i] + 1, params[i], steps[i], sample_scratch_[i],
                                &logprobs[i]);
     }
+    prof_.end();
+}
+
+void CpuEngine::profile_enable(bool on) {
+    if (on == prof_.on()) return;
+    prof_.clear();
+    prof_.start(on ? &prof_clock_ : nullptr);
 }
 
 }  // namespace cpu

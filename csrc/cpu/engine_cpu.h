@@ -19,6 +19,7 @@
 
 #include "cpu/sampling.h"
 #include "model.h"
+#include "profile/profile.h"
 
 namespace brrr {
 namespace cpu {
@@ -42,7 +43,7 @@ private:
     size_t count_ = 0;
 };
 
-class CpuEngine : public Engine {
+class CpuEngine : public Engine, public profile::Profiled {
 public:
     // weight_dtype: F32 or BF16 (how weights are stored; compute is fp32 either way).
     // n_threads: OpenMP threads for every call; 0 = all cores.
@@ -65,6 +66,12 @@ public:
                 const uint64_t* steps, int batch, int32_t* tokens, float* logprobs) override;
 
     static constexpr int kPrefillChunk = 256;
+
+    // profile::Profiled: every kernel of forward() and sample() timed with host steady_clock.
+    profile::Recorder& recorder() override { return prof_; }
+    void profile_enable(bool on) override;
+    bool profile_enabled() const override { return prof_.on(); }
+    std::vector<profile::Record> profile_take() override { return prof_.take(); }
 
 private:
     struct Layer {
@@ -130,6 +137,9 @@ private:
     HostBuffer<float> last_logits_;  // [max_batch, vocab] logits of the latest prefill/decode
     int last_rows_ = 0;              // rows of last_logits_ that are valid
     std::vector<SampleScratch> sample_scratch_;  // [max_batch]
+
+    profile::HostClock prof_clock_;
+    profile::Recorder prof_;
 };
 
 }  // namespace cpu

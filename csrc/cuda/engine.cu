@@ -5,6 +5,15 @@
 // Host/device traffic per decode token: one 3*rows int32 upload of tokens|slots|positions from
 // pinned staging, a graph launch, and nothing back unless logits are asked for. sample() is the
 // one point where the host waits: it needs the token ids.
+//
+// Profiling (csrc/profile/profile.h; on only after profile_enable(true)): every launch of an eager
+// pass (prefill, un-graphed decode, the first decode of each batch size, sampling) is bracketed by
+// events from EventClock's pool. Graph-replayed decode keeps its true cost: a plain replay is
+// timed by two events around the graph launch (its wall on the GPU), and one step in
+// kProfileEvery replays instead a second graph of the same pass captured with an event node
+// around every kernel, waited for at once and read into Kernel records marked `sampled`. The
+// report (llama_brrr/profiler.py) scales the sampled kernels by replays / sampled replays of the
+// same graph; kernel times stay true GPU times, and the gaps inside graphs stay overhead.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -125,6 +134,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
     weight_set_.assign(names_.size(), false);
     decode_warmed_.assign(c.max_batch + 1, false);
     decode_graphs_.assign(c.max_batch + 1, nullptr);
+    prof_graphs_.resize(c.max_batch + 1);
 }
 
 void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes) {
@@ -189,6 +199,13 @@ void CudaEngine::release() noexcept {
     if (stream_) cudaStreamSynchronize(stream_);
     for (cudaGraphExec_t& g : decode_graphs_)
         if (g) cudaGraphExecDestroy(g), g = nullptr;
+    for (ProfiledGraph& g : prof_graphs_) {
+        if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
+        for (cudaEvent_t e : g.events) cudaEventDestroy(e);
+        g.events.clear();
+    }
+    prof_.stop();
+    prof_clock_.release();
     if (inputs_uploaded_) cudaEventDestroy(inputs_uploaded_), inputs_uploaded_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_), stream_ = nullptr;
     if (h_in_) cudaFreeHost(h_in_), h_in_ = nullptr;
@@ -343,6 +360,7 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
     require_weights();
     activate();
 
+    prof_.set_phase(profile::Phase::Prefill);
     const int V = cfg_.vocab_size;
     const int chunk = rows_ >= kPrefillChunk ? kPrefillChunk : rows_;
     logits_valid_rows_ = 0;  // until this call completes, the old logits no longer describe the slot
@@ -356,18 +374,23 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
             for (int r = 0; r < T; r += logit_rows_) {
                 const int rows = std::min(logit_rows_, T - r);
                 forward_lm_head(r, rows);
+                prof_.op("logits_to_host", profile::OpClass::Copy, profile::copy_cost(4.0 * rows * V));
                 CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)(c0 + r) * V, logits_,
                                            sizeof(float) * rows * V, cudaMemcpyDeviceToHost, stream_));
                 // sample() reads the prompt's last logits from row 0.
                 if (c0 + r + rows == n_tokens && rows > 1)
                     CUDA_CHECK(cudaMemcpyAsync(logits_, logits_ + (size_t)(rows - 1) * V,
                                                sizeof(float) * V, cudaMemcpyDeviceToDevice, stream_));
+                prof_.end();
             }
         } else if (c0 + T == n_tokens) {
             forward_lm_head(T - 1, 1);
-            if (logits)
+            if (logits) {
+                prof_.op("logits_to_host", profile::OpClass::Copy, profile::copy_cost(4.0 * V));
                 CUDA_CHECK(cudaMemcpyAsync(logits, logits_, sizeof(float) * V,
                                            cudaMemcpyDeviceToHost, stream_));
+                prof_.end();
+            }
         }
     }
     if (logits) CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -395,12 +418,15 @@ void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32
     activate();
 
     logits_valid_rows_ = 0;
+    prof_.set_phase(profile::Phase::Decode);
     stage_inputs(tokens, slots, positions, batch);
     run_decode(batch);
     logits_valid_rows_ = batch;
     if (logits) {
+        prof_.op("logits_to_host", profile::OpClass::Copy, profile::copy_cost(4.0 * batch * cfg_.vocab_size));
         CUDA_CHECK(cudaMemcpyAsync(logits, logits_, sizeof(float) * batch * cfg_.vocab_size,
                                    cudaMemcpyDeviceToHost, stream_));
+        prof_.end();
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
 }
@@ -413,15 +439,35 @@ void CudaEngine::run_decode(int B) {
         forward_decode(B);
         return;
     }
-    if (decode_graphs_[B]) {
-        CUDA_CHECK(cudaGraphLaunch(decode_graphs_[B], stream_));
+    if (!decode_graphs_[B]) {
+        if (!decode_warmed_[B]) {
+            forward_decode(B);
+            decode_warmed_[B] = true;
+            return;
+        }
+        decode_graphs_[B] = capture_decode(B, false);
+    }
+    if (prof_.on()) {
+        replay_profiled(B);
         return;
     }
-    if (!decode_warmed_[B]) {
-        forward_decode(B);
-        decode_warmed_[B] = true;
-        return;
-    }
+    CUDA_CHECK(cudaGraphLaunch(decode_graphs_[B], stream_));
+}
+
+// Captures forward_decode(B). Plain: recording paused, so the graph is the unprofiled one.
+// Instrumented: the clock turns every mark into an event node owned by prof_graphs_[B], and the
+// records made during capture move into prof_graphs_[B].ops.
+cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented) {
+    profile::Clock* clock = prof_.clock();
+    const size_t first_record = prof_.size();
+    if (instrumented)
+        prof_clock_.capture_into(&prof_graphs_[B].events);
+    else
+        prof_.stop();
+    auto restore = [&] {
+        prof_clock_.capture_into(nullptr);
+        if (!instrumented && clock) prof_.start(clock);
+    };
     // Relaxed: a launcher that sets a kernel attribute must not invalidate the capture.
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
@@ -431,7 +477,15 @@ void CudaEngine::run_decode(int B) {
         cudaStreamEndCapture(stream_, &partial);
         if (partial) cudaGraphDestroy(partial);
         cudaGetLastError();
+        restore();
+        if (instrumented) prof_.records().resize(first_record);
         throw;
+    }
+    restore();
+    if (instrumented) {
+        std::vector<profile::Record>& records = prof_.records();
+        prof_graphs_[B].ops.assign(records.begin() + first_record, records.end());
+        records.resize(first_record);
     }
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
@@ -439,8 +493,69 @@ void CudaEngine::run_decode(int B) {
     const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     CUDA_CHECK(err);
-    decode_graphs_[B] = exec;
-    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    return exec;
+}
+
+void CudaEngine::replay_profiled(int B) {
+    if (prof_steps_++ % kProfileEvery != 0) {
+        const int64_t start = prof_clock_.stamp();
+        CUDA_CHECK(cudaGraphLaunch(decode_graphs_[B], stream_));
+        prof_.add_marked("decode_graph", profile::Kind::Replay, start, prof_clock_.stamp(), B);
+        return;
+    }
+    ProfiledGraph& g = prof_graphs_[B];
+    if (!g.exec) g.exec = capture_decode(B, true);
+    CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const Config& c = cfg_;
+    const double context = decode_context(B);
+    profile::Record step;
+    step.name = "decode_graph";
+    step.kind = profile::Kind::Replay;
+    step.phase = profile::Phase::Decode;
+    step.group = B;
+    step.sampled = true;
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+        profile::Record r = g.ops[i];
+        const cudaEvent_t start = g.events[(size_t)r.start_mark], end = g.events[(size_t)r.end_mark];
+        r.t0 = prof_clock_.seconds_of(start);
+        r.t1 = r.t0 + prof_clock_.elapsed_between(start, end);
+        r.start_mark = r.end_mark = -1;
+        r.group = B;
+        r.sampled = true;
+        // The template's attention cost is the capture step's; this step reads more positions.
+        if (r.op_class == profile::OpClass::Attention)
+            r.cost = profile::attention_decode_cost(B, context, c.n_heads, c.n_kv_heads, c.head_dim, 2);
+        if (i == 0) step.t0 = r.t0;
+        step.t1 = r.t1;
+        prof_.add(r);
+    }
+    prof_.add(step);
+}
+
+double CudaEngine::decode_context(int B) const {
+    if (!prof_.on()) return 0;
+    double positions = 0;
+    for (int b = 0; b < B; ++b) positions += h_in_[2 * rows_ + b] + 1.0;
+    return positions;
+}
+
+void CudaEngine::profile_enable(bool on) {
+    if (on == prof_.on()) return;
+    activate();
+    prof_.clear();
+    if (on) {
+        prof_clock_.begin(stream_);
+        prof_steps_ = 0;
+        prof_.start(&prof_clock_);
+    } else {
+        prof_.stop();
+    }
+}
+
+std::vector<profile::Record> CudaEngine::profile_take() {
+    activate();
+    return prof_.take();
 }
 
 void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
@@ -462,6 +577,7 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
         BRRR_CHECK(problem.empty(), "sample: row " << i << ": " << problem);
     }
     activate();
+    prof_.set_phase(profile::Phase::Sample);
 
     // Pack the inputs into the pinned mirror of the device block (the last sample() waited for
     // its own upload, so the mirror is free).
@@ -480,13 +596,17 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
         hsl[i] = slots[i];
         hpos[i] = positions[i];
     }
+    prof_.op("sample_inputs", profile::OpClass::Copy, profile::copy_cost((double)sample_in_bytes_));
     CUDA_CHECK(cudaMemcpyAsync(d_sample_params_, h_sample_in_, sample_in_bytes_,
                                cudaMemcpyHostToDevice, stream_));
+    prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
     sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
                   d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_,
                   d_out_logprobs_, stream_);
+    prof_.op("sample_outputs", profile::OpClass::Copy, profile::copy_cost(8.0 * cfg_.max_batch));
     CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, (sizeof(int) + sizeof(float)) * cfg_.max_batch,
                                cudaMemcpyDeviceToHost, stream_));
+    prof_.end();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::memcpy(tokens, h_out_, sizeof(int) * batch);
     if (logprobs) std::memcpy(logprobs, h_out_ + sizeof(int) * cfg_.max_batch, sizeof(float) * batch);

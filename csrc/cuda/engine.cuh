@@ -23,7 +23,9 @@
 
 #include "cuda/check.cuh"
 #include "cuda/ops.h"
+#include "cuda/profile_events.cuh"
 #include "model.h"
+#include "profile/profile.h"
 
 namespace brrr {
 namespace cuda {
@@ -44,7 +46,15 @@ struct WeightSlot {
     bool is_norm = false;
 };
 
-class CudaEngine final : public Engine {
+// A decode graph captured with an event node around every kernel (profiling only, see engine.cu):
+// its events, and one Kernel record per launch whose marks index `events`.
+struct ProfiledGraph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<cudaEvent_t> events;
+    std::vector<profile::Record> ops;
+};
+
+class CudaEngine final : public Engine, public profile::Profiled {
 public:
     // Prompt tokens go through the layers this many at a time, bounding the activation scratch.
     static constexpr int kPrefillChunk = 512;
@@ -71,6 +81,14 @@ public:
     void set_use_graphs(bool on) { use_graphs_ = on; }
     bool use_graphs() const { return use_graphs_; }
 
+    // profile::Profiled (engine.cu): events between launches; decode graphs as described there.
+    profile::Recorder& recorder() override { return prof_; }
+    void profile_enable(bool on) override;
+    bool profile_enabled() const override { return prof_.on(); }
+    std::vector<profile::Record> profile_take() override;
+    // One decode step in kProfileEvery replays the instrumented graph.
+    static constexpr int kProfileEvery = 8;
+
 private:
     // ---- forward.cu ----
     // Decode of B sequences from d_tokens_/d_slots_/d_positions_ rows [0, B); logits_ [B, V].
@@ -92,6 +110,10 @@ private:
     void run_decode(int B);
     void activate() const;
     int layer_max_splits() const;
+    cudaGraphExec_t capture_decode(int B, bool instrumented);
+    void replay_profiled(int B);
+    // Cached positions the next decode's attention reads, summed over its B rows (0 when not profiling).
+    double decode_context(int B) const;
 
     Config cfg_;
     int device_ = 0;
@@ -151,6 +173,11 @@ private:
     bool use_graphs_ = true;
     std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B
     std::vector<cudaGraphExec_t> decode_graphs_;  // [max_batch + 1]
+
+    profile::Recorder prof_;
+    EventClock prof_clock_;
+    int64_t prof_steps_ = 0;                     // graph-replayed decode steps while profiling
+    std::vector<ProfiledGraph> prof_graphs_;     // [max_batch + 1]
 };
 
 }  // namespace cuda

@@ -13,12 +13,16 @@
 // At decode (B <= 16 rows) each matmul line is one GEMV kernel and the kernels overlap through
 // programmatic dependent launch (launch.cuh); larger row counts take the tensor-core GEMM, with the
 // norm and RoPE as separate kernels behind the same calls.
+// Each launch is preceded by prof_.op(name, class, cost) (csrc/profile/profile.h): a no-op unless
+// profiling is on. A fused call is one op; its cost counts the fp32 residual read as its input.
 #include "cuda/engine.cuh"
 
 namespace brrr {
 namespace cuda {
 
 namespace {
+
+using profile::OpClass;
 
 EpilogueArgs store_f32(float* out) {
     EpilogueArgs a;
@@ -63,26 +67,36 @@ void CudaEngine::forward_decode(int B) {
     const float eps = c.norm_eps;
     cudaStream_t s = stream_;
 
+    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * B * D));
     embed(d_tokens_, tok_embeddings_, x_, B, D, c.vocab_size, s);
+    prof_.op("record_tokens", OpClass::Copy, profile::copy_cost(4.0 * B));
     record_tokens(d_tokens_, d_slots_, d_positions_, history_, B, c.max_batch, S, s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
         bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
         // attention block
+        prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(B, c.qkv_dim(), D, 2, 4, 2));
         rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, B, c.qkv_dim(), D, Epilogue::RopeKV,
                             rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_), xn_, s);
+        prof_.op("flash_decode", OpClass::Attention,
+                 profile::attention_decode_cost(B, decode_context(B), Hq, Hkv, hd, 2));
         flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, B, Hq, Hkv, hd, S,
                      max_splits_, s);
+        prof_.op("wo", OpClass::Matmul, profile::matmul_cost(B, D, c.q_dim(), 2, 2, 8));
         matmul_bf16(att_, w.wo, B, D, c.q_dim(), Epilogue::AddResidual, add_to(x_), s);
         // MLP block
+        prof_.op("w13", OpClass::Matmul, profile::matmul_cost(B, 2 * H, D, 2, 4, 1));
         rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, B, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_),
                             xn_, s);
+        prof_.op("w2", OpClass::Matmul, profile::matmul_cost(B, D, H, 2, 2, 8));
         matmul_bf16(hb_, w.w2, B, D, H, Epilogue::AddResidual, add_to(x_), s);
     }
     // final norm + LM head over all B rows
+    prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(B, c.vocab_size, D, 2, 4, 4));
     rmsnorm_matmul_bf16(x_, norm_, eps, output_, B, c.vocab_size, D, Epilogue::StoreF32,
                         store_f32(logits_), xn_, s);
+    prof_.end();
 }
 
 void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
@@ -92,28 +106,39 @@ void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
     const float eps = c.norm_eps;
     cudaStream_t s = stream_;
 
+    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * T * D));
     embed(d_tokens_, tok_embeddings_, x_, T, D, c.vocab_size, s);
+    prof_.op("record_tokens", OpClass::Copy, profile::copy_cost(4.0 * T));
     record_tokens(d_tokens_, d_slots_, d_positions_, history_, T, c.max_batch, S, s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
         bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
         // attention block: causal over the cache [0, start_pos + t] for row t
+        prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(T, c.qkv_dim(), D, 2, 4, 2));
         rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, T, c.qkv_dim(), D, Epilogue::RopeKV,
                             rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_), xn_, s);
+        prof_.op("attention_prefill", OpClass::Attention,
+                 profile::attention_prefill_cost(T, start_pos, Hq, Hkv, hd, 2));
         attention_prefill(q_, kc, vc, slot, start_pos, T, att_, Hq, Hkv, hd, S, s);
+        prof_.op("wo", OpClass::Matmul, profile::matmul_cost(T, D, c.q_dim(), 2, 2, 8));
         matmul_bf16(att_, w.wo, T, D, c.q_dim(), Epilogue::AddResidual, add_to(x_), s);
         // MLP block
+        prof_.op("w13", OpClass::Matmul, profile::matmul_cost(T, 2 * H, D, 2, 4, 1));
         rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, T, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_),
                             xn_, s);
+        prof_.op("w2", OpClass::Matmul, profile::matmul_cost(T, D, H, 2, 2, 8));
         matmul_bf16(hb_, w.w2, T, D, H, Epilogue::AddResidual, add_to(x_), s);
     }
+    prof_.end();
 }
 
 void CudaEngine::forward_lm_head(int row, int rows) {
     const Config& c = cfg_;
+    prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(rows, c.vocab_size, c.dim, 2, 4, 4));
     rmsnorm_matmul_bf16(x_ + (size_t)row * c.dim, norm_, c.norm_eps, output_, rows, c.vocab_size,
                         c.dim, Epilogue::StoreF32, store_f32(logits_), xn_, stream_);
+    prof_.end();
 }
 
 }  // namespace cuda
