@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from . import cli_bench
 from .errors import BrrrError
 
 EXIT_USER_ERROR = 2
@@ -156,6 +157,10 @@ COMMANDS: dict[str, Command] = {
                         run_generate),
     "chat": Command("interactive chat over stdin (history kept; /exit or EOF ends)",
                     add_chat_arguments, run_chat),
+    "bench": Command("time llama_brrr on prefill / decode workloads (llama-bench style table)",
+                     cli_bench.add_bench_arguments, cli_bench.run_bench),
+    "compare": Command("llama_brrr against PyTorch eager, HF, torch.compile and llama.cpp, as ratios",
+                       cli_bench.add_compare_arguments, cli_bench.run_compare),
 }
 
 
