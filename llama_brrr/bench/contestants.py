@@ -84,7 +84,7 @@ class _Torch:
         if self.device.startswith("cuda"):
             self.torch.cuda.synchronize()
 
-    def ids(self, prompts) -> "torch.Tensor":
+    def ids(self, prompts):
         return self.torch.as_tensor(np.asarray(prompts), dtype=self.torch.long, device=self.device)
 
     def tokens_list(self, tokens) -> list[int]:

@@ -300,8 +300,11 @@ def default_dtype(device: str) -> str:
 
 # ---- compare ----------------------------------------------------------------------------------------------
 
-def build_opponent(key: str, opts: Options, llm, weights: dict, device: str, w: Workload):
-    """One PyTorch / llama.cpp contestant for workload w, or Skip with the reason."""
+def build_opponent(key: str, opts: Options, llm, weights: dict, device: str, w: Workload,
+                   max_seq: int, compiled: dict):
+    """One PyTorch / llama.cpp contestant for workload w, or Skip with the reason. A compiled
+    decoder is kept in `compiled` per batch size: recompiling it for every workload of a group
+    would spend the run's time in torch.compile."""
     from .weights import canonical, torch_dtype
 
     config, dtype = llm.config, torch_dtype(llm.dtype)
@@ -310,7 +313,9 @@ def build_opponent(key: str, opts: Options, llm, weights: dict, device: str, w: 
     if key in ("hf-eager", "hf-sdpa"):
         return HuggingFace(config, weights, device, dtype, key.partition("-")[2])
     if key == "torch-compile":
-        return Compiled(config, weights, device, dtype, w.batch, max(w.prompt + w.generate + 1, CHECK_PROMPT))
+        if w.batch not in compiled:
+            compiled[w.batch] = Compiled(config, weights, device, dtype, w.batch, max_seq)
+        return compiled[w.batch]
     if key == "llama.cpp":
         if not llama_cpp_available():
             raise Skip(f"llama-cpp-python is not installed ({LLAMA_CPP_INSTALL})")
@@ -403,16 +408,19 @@ def run_compare(opts: Options, groups: list[list[Workload]]) -> dict:
         except ImportError as error:
             weights, checker = None, None
             result["skipped"].append({"model": model_label(opts), "note": f"PyTorch opponents: {error}"})
+        compiled: dict = {}
         for w in group:
             result["runs"].append(compare_workload(opts, w, llm, ours, weights, checker, device,
-                                                   peak, budget))
-        del ours, llm, weights, checker
+                                                   peak, budget, max_seq, compiled))
+        del ours, llm, weights, checker, compiled
+        _reset_dynamo()
         gc.collect()
         _empty_cache(device)
     return result
 
 
-def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget) -> dict:
+def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget, max_seq,
+                     compiled) -> dict:
     config = llm.config
     prompts = prompts_for(config, w)
     run = {"model": model_label(opts), "dtype": llm.dtype, "workload": w.__dict__, "name": w.name,
@@ -434,7 +442,7 @@ def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget)
             continue
         print(f"[{run['model']} {w.name}] {key} ...", file=sys.stderr, flush=True)
         try:
-            contestant = build_opponent(key, opts, llm, weights, device, w)
+            contestant = build_opponent(key, opts, llm, weights, device, w, max_seq, compiled)
             started = time.perf_counter()
             timed = measure(contestant, prompts, w.generate, opts.repeats, opts.warmup)
             entries[key] = {"label": contestant.label, "note": contestant.note,
@@ -479,6 +487,16 @@ def ratio(ours: dict, theirs: dict) -> dict:
         if metric in ours and metric in theirs:
             out[metric] = ours[metric]["median"] / theirs[metric]["median"]
     return out
+
+
+def _reset_dynamo() -> None:
+    """Frees torch.compile's graphs (and their CUDA-graph memory pools) of the finished group."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch._dynamo.reset()
 
 
 def _empty_cache(device: str) -> None:
