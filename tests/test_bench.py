@@ -184,3 +184,34 @@ def test_readme_results_block(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="results:begin"):
         module.rewrite(readme, REPO / "benchmarks" / "results")
+
+
+def test_static_cache_decoder_matches_the_reference(C, rng, make_weights):
+    """The torch.compile opponent's model (run uncompiled here) computes what reference.py does:
+    prefill, then decode steps through its static cache, at batch 2."""
+    torch = pytest.importorskip("torch")
+    from llama_brrr.bench.compiled import StaticCacheLlama
+    from llama_brrr.reference import ReferenceLlama
+
+    config = ModelConfig(dim=64, hidden_dim=96, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=300,
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+                         name="tiny")
+    tensors = {k: torch.from_numpy(v) for k, v in make_weights(config, rng).items()}
+    for i in range(config.n_layers):
+        p = f"layers.{i}."
+        tensors[p + "wqkv"] = torch.cat([tensors[p + "wq"], tensors[p + "wk"], tensors[p + "wv"]])
+        tensors[p + "w13"] = torch.cat([tensors[p + "w1"], tensors[p + "w3"]])
+    reference = ReferenceLlama(config, {k: tensors[k] for k in config.tensor_shapes()})
+    static = StaticCacheLlama(config, tensors, batch=2, max_seq=40, device="cpu", dtype=torch.float32)
+    prompts = torch.as_tensor(rng.integers(0, config.vocab_size, size=(2, int(rng.integers(3, 20)))))
+    T = prompts.shape[1]
+    want = reference.forward(prompts)[:, -1]
+    got = static.forward(prompts, torch.arange(T))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    token = want.argmax(-1)
+    for step in range(3):
+        want = reference.forward(token[:, None], start_pos=T + step)[:, -1]
+        got = static.forward(token[:, None], torch.tensor([T + step]))
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        token = want.argmax(-1)

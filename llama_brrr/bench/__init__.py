@@ -4,6 +4,7 @@ llama.cpp on the same weights, checked to agree, as ratios).
 
   harness.py      workloads, timing, agreement checks, sweeps
   contestants.py  llama_brrr and the PyTorch opponents behind one prefill / decode interface
+  compiled.py     the torch.compile opponent (static KV cache, CUDA graphs)
   llamacpp.py     llama.cpp through llama-cpp-python, and llama.cpp-written F32 / F16 GGUF twins
   weights.py      the engine's weights as torch tensors
   metrics.py      statistics, analytic FLOPs / bytes, peaks, machine and version facts

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..config import shape_config
 from . import metrics
-from .contestants import Compiled, Engine, HuggingFace, Reference, Skip
+from .contestants import Engine, HuggingFace, Reference, Skip
 from .llamacpp import BenchError, LlamaCpp, LLAMA_CPP_INSTALL, available as llama_cpp_available
 
 SEED = 1234
@@ -313,6 +313,8 @@ def build_opponent(key: str, opts: Options, llm, weights: dict, device: str, w: 
     if key in ("hf-eager", "hf-sdpa"):
         return HuggingFace(config, weights, device, dtype, key.partition("-")[2])
     if key == "torch-compile":
+        from .compiled import Compiled
+
         if w.batch not in compiled:
             compiled[w.batch] = Compiled(config, weights, device, dtype, w.batch, max_seq)
         return compiled[w.batch]
