@@ -15,7 +15,7 @@ from llama_brrr.bench import metrics
 from llama_brrr.config import ModelConfig, shape_config
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--device", "cpu", "--threads", "2", "--shape", "smollm2-135m", "-p", "12", "-n", "3",
+TINY = ["--device", "cpu", "--threads", "2", "--shape", "smollm2-135m", "-p", "8", "-n", "3",
         "--repeats", "2", "--warmup", "1"]
 
 
@@ -33,7 +33,7 @@ def test_bench_cli_smoke(C, tmp_path):
     result = json.loads(out.read_text())
     assert result["benchmark"] == "bench" and result["device"] == "cpu"
     assert result["command"] and result["versions"]["llama_brrr"]
-    assert [r["name"] for r in result["runs"]] == ["b1 pp12 tg3", "b2 pp12 tg3"]
+    assert [r["name"] for r in result["runs"]] == ["b1 pp8 tg3", "b2 pp8 tg3"]
     for run in result["runs"]:
         assert len(run["ttft_s"]["repeats"]) == 2 and run["ttft_s"]["min"] > 0
         w = run["workload"]
@@ -44,7 +44,7 @@ def test_bench_cli_smoke(C, tmp_path):
             [w["batch"] * w["prompt"] / t for t in run["ttft_s"]["repeats"]], rel=1e-12)
         assert run["ms_per_token"] == pytest.approx(1e3 * run["decode_s"]["median"] / 3)
         assert run["prefill"]["flops"] > 0 and run["decode"]["bytes"] > 0
-    assert "| smollm2-135m | f32   | 2     | tg3@12" in done.stdout
+    assert "| smollm2-135m | f32   | 2     | tg3@8" in done.stdout
 
 
 def test_compare_cli_smoke(C, tmp_path):
