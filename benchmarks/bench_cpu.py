@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime
-import importlib.metadata
 import importlib.util
 import json
 import multiprocessing
@@ -47,7 +45,6 @@ import platform
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,11 +59,11 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from llama_brrr.bench.llamacpp import (LLAMA_CPP_INSTALL, BenchError, LlamaCpp,  # noqa: E402
+                                       reference_gguf)
+from llama_brrr.bench.metrics import cpu_flags, cpu_model, versions  # noqa: E402
 from llama_brrr.errors import BrrrError  # noqa: E402
 
-LLAMA_CPP_VERSION = "0.3.36"
-LLAMA_CPP_INSTALL = (f'CMAKE_ARGS="-DGGML_CUDA=OFF" pip install '
-                     f"llama-cpp-python=={LLAMA_CPP_VERSION}   (builds from source, minutes)")
 RESULT_NAME = "decode_smollm2"
 N_CTX = 512
 CALL_TIMEOUT_S = 1200  # loading or one run; generous for a loaded 2-core box, finite for a hang
@@ -86,10 +83,6 @@ PROMPT_MESSAGES = [
                  "journey the keeper takes to follow the map to its very end. Use many paragraphs "
                  "and do not stop early.")},
 ]
-
-
-class BenchError(RuntimeError):
-    """A benchmark that cannot run as asked; the message says what to do."""
 
 
 # ---- one measured run ----------------------------------------------------------------------------
@@ -152,31 +145,13 @@ class BrrrContestant:
         return self.llm.tokenizer.decode(list(ids))
 
 
-class LlamaCppContestant:
-    """llama.cpp through llama-cpp-python, driven token by token with greedy argmax.
-
-    Its eval() and the logits pointer are the whole per-token path (llama-cpp-python's own sampler
-    is bypassed), so generation continues through EOS exactly like ignore_eos, and the Python
-    around it costs microseconds against milliseconds of decode. llama.cpp's internal timers are
-    recorded beside the wall clock.
-    """
+class LlamaCppContestant(LlamaCpp):
+    """llama.cpp through llama-cpp-python (llama_brrr.bench.llamacpp.LlamaCpp: eval() plus greedy
+    argmax over its logits, so generation continues through EOS exactly like ignore_eos), with
+    llama.cpp's internal timers recorded beside the wall clock."""
 
     def __init__(self, model_path: str, threads: int):
-        import llama_cpp
-
-        self.lc = llama_cpp
-        self.llm = llama_cpp.Llama(model_path, n_ctx=N_CTX, n_batch=N_CTX, n_threads=threads,
-                                   n_threads_batch=threads, n_gpu_layers=0, verbose=False)
-        self.n_vocab = self.llm.n_vocab()
-        self.settings = {"model_file": model_path, "n_threads": threads,
-                         "n_threads_batch": threads, "n_ctx": N_CTX, "n_batch": N_CTX,
-                         "flash_attn": False, "kv_cache": "f16 (llama.cpp default)",
-                         "llama_cpp_python": llama_cpp.__version__,
-                         "system_info": llama_cpp.llama_print_system_info().decode().strip()}
-
-    def _last_logits(self) -> np.ndarray:
-        pointer = self.lc.llama_get_logits_ith(self.llm.ctx, -1)
-        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+        super().__init__(model_path, threads, N_CTX)
 
     def run(self, prompt_ids: list[int], n_tokens: int) -> Run:
         lc, llm = self.lc, self.llm
@@ -196,11 +171,6 @@ class LlamaCppContestant:
         if perf.t_eval_ms > 0:
             extra["internal_decode_tok_s"] = perf.n_eval / (perf.t_eval_ms / 1e3)
         return Run(tokens, t_first - t0, t_last - t_first, len(prompt_ids), extra=extra)
-
-    def last_logits(self, ids: list[int]) -> np.ndarray:
-        self.llm.reset()
-        self.llm.eval(list(ids))
-        return self._last_logits().copy()
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
@@ -368,70 +338,6 @@ class Remote:
             self.process.join()
 
 
-# ---- the F32 / F16 GGUFs, written by llama.cpp's quantize ----------------------------------------
-
-@contextlib.contextmanager
-def stderr_to(path: Path):
-    """Points file descriptor 2 at `path` (llama.cpp logs from C, past Python's sys.stderr)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(path, "wb") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def gguf_matrix_types(path: Path) -> set[str]:
-    """The tensor types of a GGUF's matrices (1-D norm weights stay F32 in every llama.cpp type)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    return {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
-
-
-def reference_gguf(source: Path, source_sha256: str, file_type: str, cache: Path,
-                   threads: int) -> Path:
-    """`source` rewritten by llama.cpp as an all-F32 or mostly-F16 GGUF; made once, then cached."""
-    import llama_cpp
-
-    ftype = {"F32": llama_cpp.LLAMA_FTYPE_ALL_F32,
-             "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}[file_type]
-    # The source's hash is in the name, so a different source file never meets a stale copy.
-    target = cache / f"{source.stem}.{source_sha256[:12]}.{file_type}.gguf"
-    if target.is_file():
-        with contextlib.suppress(Exception):  # any unreadable cached file is simply rewritten
-            if gguf_matrix_types(target) == {file_type}:
-                return target
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
-    log = target.with_name(f"{target.name}.log")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.allow_requantize = True  # the source is already quantized (Q4_1 / Q8_0)
-    params.nthread = threads
-    print(f"writing {target} with llama.cpp's quantize ...", flush=True)
-    with stderr_to(log):
-        status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(),
-                                                ctypes.byref(params))
-    if status != 0 or not partial.is_file():
-        partial.unlink(missing_ok=True)
-        last_lines = [line for line in log.read_text(errors="replace").splitlines() if line][-2:]
-        raise BenchError(f"llama.cpp could not convert {source} to {file_type} (status {status}): "
-                         + " | ".join(last_lines)
-                         + f"; is it a complete llama GGUF? (full log: {log})")
-    log.unlink()
-    if gguf_matrix_types(partial) != {file_type}:
-        found = gguf_matrix_types(partial)
-        partial.unlink()
-        raise BenchError(f"llama.cpp's {file_type} conversion of {source} holds matrices of types "
-                         f"{sorted(found)}; expected only {file_type}")
-    os.replace(partial, target)
-    return target
-
-
 # ---- agreement checks ----------------------------------------------------------------------------
 
 def first_difference(a: list[int], b: list[int], n: int) -> int | None:
@@ -503,49 +409,6 @@ def detail(check: dict) -> str:
         margin = check["reference_top2_margin_at_difference"]
         text += f" (reference top-2 margin there {margin:.2e})"
     return text
-
-
-# ---- machine facts -------------------------------------------------------------------------------
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def cpu_flags() -> list[str]:
-    wanted = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni",
-              "amx_bf16")
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                present = set(line.split(":", 1)[1].split())
-                return [f for f in wanted if f in present]
-    return []
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-def versions() -> dict:
-    import llama_brrr
-
-    found = {"python": platform.python_version(), "llama_brrr": llama_brrr.__version__,
-             "llama_brrr_commit": git_commit(), "numpy": np.__version__}
-    for name, distribution in (("torch", "torch"), ("llama_cpp_python", "llama_cpp_python")):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            found[name] = importlib.metadata.version(distribution)
-    return found
 
 
 # ---- running -------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from . import cli_profile
+from . import cli_bench, cli_profile
 from .errors import BrrrError
 
 EXIT_USER_ERROR = 2
@@ -157,6 +157,10 @@ COMMANDS: dict[str, Command] = {
                         run_generate),
     "chat": Command("interactive chat over stdin (history kept; /exit or EOF ends)",
                     add_chat_arguments, run_chat),
+    "bench": Command("time llama_brrr on prefill / decode workloads (llama-bench style table)",
+                     cli_bench.add_bench_arguments, cli_bench.run_bench),
+    "compare": Command("llama_brrr against PyTorch eager, HF, torch.compile and llama.cpp, as ratios",
+                       cli_bench.add_compare_arguments, cli_bench.run_compare),
     "profile": Command("profile a generation: compute / memory / overhead per phase, per kernel; "
                        "PNGs and a Chrome trace with --out",
                        cli_profile.add_profile_arguments, cli_profile.run_profile),

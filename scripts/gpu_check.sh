@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one script to run on the GPU machine (repo root, no network): builds the CUDA
 # module, runs the CUDA tests (and the CPU tests, quickly), a compute-sanitizer memcheck of a short
-# generation, and the decode benchmark; everything lands in $OUT (default ./out):
+# generation, and the benchmarks; everything lands in $OUT (default ./out):
 #   build.log      nvidia-smi, the build
 #   tests.log      pytest -m cuda, then pytest -m "not cuda"
 #   sanitizer.log  compute-sanitizer --tool memcheck on a tiny model, 8 tokens, graphs on and off
-#   bench.log      benchmarks/bench_decode.py --quick
-#   decode.json    its results
-#   kernels.json   benchmarks/bench_kernels_cuda.py --quick
+#   bench.log      the benchmarks' tables
+#   kernels.json   benchmarks/bench_kernels.py --quick
+#   compare.json   llama-brrr compare on llama3.2-1b, batch 1: decode (128-token prompt) and
+#   compare.png    prefill of 2048 tokens against torch eager, HF eager / sdpa, torch.compile
+#   sweep.json     llama-brrr bench --sweep --quick (3 shapes, decode batch x context, prefill)
 #   summary.txt    the table printed last
-# The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit and the
-# benchmark gets what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
+# The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
+# sweep gets up to 150 s and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 #   OUT=/path/to/out bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -117,10 +119,12 @@ EOF
         --leak-check no python3 /tmp/brrr_sanitize.py
 
     # ---- benchmarks -------------------------------------------------------------------------------
-    phase kernels 120 "$OUT/bench.log" python3 benchmarks/bench_kernels_cuda.py --quick --out "$OUT/kernels.json"
+    phase kernels 120 "$OUT/bench.log" python3 benchmarks/bench_kernels.py --quick --out "$OUT/kernels.json"
+    phase sweep 150 "$OUT/bench.log" python3 -m llama_brrr bench --sweep --quick --device cuda \
+        --json "$OUT/sweep.json"
     BENCH_S=$(( $(left) - 25 ))
-    phase bench $(( BENCH_S + 15 )) "$OUT/bench.log" python3 benchmarks/bench_decode.py --quick \
-        --budget-s "$BENCH_S" --out "$OUT/decode.json"
+    phase compare $(( BENCH_S + 15 )) "$OUT/bench.log" python3 -m llama_brrr compare --shape llama3.2-1b \
+        --device cuda -b 1 -p 128,2048 -n 128 --repeats 3 --budget-s "$BENCH_S" --out-dir "$OUT"
 fi
 
 # ---- summary --------------------------------------------------------------------------------------
@@ -131,6 +135,6 @@ fi
     printf '%s\n' "${SUMMARY[@]}"
     if [[ -f "$OUT/bench.log" ]]; then
         echo
-        sed -n '/ GB weights + /,$p' "$OUT/bench.log" | tail -n 40
+        sed -n '/^==== compare: /,$p' "$OUT/bench.log" | grep -v '^\[' | tail -n 40
     fi
 } | tee "$OUT/summary.txt"

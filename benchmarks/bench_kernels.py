@@ -10,13 +10,16 @@ copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from 
                 device-copy bandwidth (read + write of 1 GiB), and against torch.matmul (cuBLAS)
                 of the same [M, K] x [K, N] (cuBLAS does no epilogue).
   switch        GEMV against the tensor-core GEMM at M = 4, 8, 16: where matmul_bf16 should switch.
-  gemm          prefill projections at M = 128, 512, 2048: TFLOP/s against torch.matmul.
+  gemm          prefill projections at M = 128, 512, 2048: TFLOP/s against torch.matmul, and as a
+                fraction of the measured GEMM ceiling (best cuBLAS TFLOP/s of an 8192^3 bf16
+                matmul).
   flash_decode  one query per sequence over 128 / 2048 / 8192 cached positions (1B: hd 64,
                 8B: hd 128, 32 query / 8 KV heads): GB/s of K/V read, against torch SDPA.
-  prefill       causal attention of T new tokens (T = 512, 2048): TFLOP/s against torch SDPA.
+  prefill       causal attention of T new tokens (T = 512, 2048): TFLOP/s against torch SDPA and
+                as a fraction of the GEMM ceiling.
 
-    python benchmarks/bench_kernels_cuda.py --out benchmarks/results/h100/kernels.json
-    python benchmarks/bench_kernels_cuda.py --quick          # 1B shapes only, under a minute
+    python benchmarks/bench_kernels.py --out benchmarks/results/h100/kernels.json
+    python benchmarks/bench_kernels.py --quick          # 1B shapes only, under a minute
 """
 
 from __future__ import annotations
@@ -91,6 +94,27 @@ def copy_bandwidth() -> float:
     del a, b
     torch.cuda.empty_cache()
     return 2 * n / best
+
+
+def gemm_ceiling() -> float:
+    """Best bf16 FLOP/s of cuBLAS on an 8192^3 matmul (best of 10 after warm-up): the compute
+    roof the prefill kernels are held against, measured rather than read off the datasheet."""
+    n = 8192
+    a, b = random_bf16((n, n)), random_bf16((n, n))
+    out = torch.empty((n, n), device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        torch.matmul(a, b, out=out)
+    best = math.inf
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(a, b, out=out)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del a, b, out
+    torch.cuda.empty_cache()
+    return 2.0 * n ** 3 / best
 
 
 def copies_to_defeat_l2(bytes_each: int) -> int:
@@ -177,7 +201,7 @@ def bench_switch(ops, repeats):
     return rows
 
 
-def bench_gemm(ops, shapes, ms, repeats):
+def bench_gemm(ops, shapes, ms, repeats, ceiling):
     rows = []
     for shape in shapes:
         for name, N, K, epilogue in projections(shape_config(shape))[:4]:
@@ -189,6 +213,7 @@ def bench_gemm(ops, shapes, ms, repeats):
                 rows.append({"shape": shape, "proj": name, "M": M, "N": N, "K": K,
                              "epilogue": EPILOGUE_NAMES[epilogue], "ours": ours, "cublas": theirs,
                              "ours_TFLOPs": flops / ours["median_s"] / 1e12,
+                             "ours_frac_of_gemm_ceiling": flops / ours["median_s"] / ceiling,
                              "cublas_TFLOPs": flops / theirs["median_s"] / 1e12,
                              "speedup_vs_cublas": theirs["median_s"] / ours["median_s"]})
                 del mm
@@ -252,7 +277,7 @@ def bench_flash_decode(ops, shapes, contexts, repeats, copy_bw):
     return rows
 
 
-def bench_prefill(ops, shapes, lengths, repeats):
+def bench_prefill(ops, shapes, lengths, repeats, ceiling):
     rows = []
     for shape in shapes:
         n_heads, n_kv, hd = ATTENTION_SHAPES[shape]
@@ -273,7 +298,8 @@ def bench_prefill(ops, shapes, lengths, repeats):
 
             flops = 2.0 * n_heads * hd * T * T  # QK^T and PV over the causal half: 2 * (2 T^2 hd / 2)
             mine = device_times(ours, repeats)
-            row = {"shape": shape, "T": T, "ours": mine, "ours_TFLOPs": flops / mine["median_s"] / 1e12}
+            row = {"shape": shape, "T": T, "ours": mine, "ours_TFLOPs": flops / mine["median_s"] / 1e12,
+                   "ours_frac_of_gemm_ceiling": flops / mine["median_s"] / ceiling}
             try:
                 theirs = device_times(sdpa, repeats)
                 row.update({"torch_sdpa": theirs, "torch_sdpa_TFLOPs": flops / theirs["median_s"] / 1e12,
@@ -286,7 +312,8 @@ def bench_prefill(ops, shapes, lengths, repeats):
 
 def print_tables(result):
     gpu = result["gpu"]
-    print(f"\n{gpu}: device copy {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s (read + write, measured)")
+    print(f"\n{gpu}: device copy {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s (read + write, measured), "
+          f"GEMM ceiling {result['gemm_ceiling_FLOPs'] / 1e12:.0f} TFLOP/s (cuBLAS 8192^3 bf16)")
     print(f"\n{'gemv M=1':<24}{'N x K':>14}{'ours us':>10}{'GB/s':>8}{'% copy':>8}{'cuBLAS us':>11}{'x cuBLAS':>9}")
     for r in result["gemv"]:
         print(f"{r['shape'] + ' ' + r['proj']:<24}{str(r['N']) + 'x' + str(r['K']):>14}"
@@ -297,10 +324,11 @@ def print_tables(result):
         for r in result["switch"]:
             print(f"{r['proj']:<24}{r['M']:>4}{r['gemv']['median_s'] * 1e6:>10.1f}"
                   f"{r['gemm']['median_s'] * 1e6:>10.1f}{r['gemm_over_gemv']:>11.2f}")
-    print(f"\n{'gemm':<24}{'M':>6}{'N x K':>14}{'ours TF/s':>11}{'cuBLAS TF/s':>13}{'x cuBLAS':>9}")
+    print(f"\n{'gemm':<24}{'M':>6}{'N x K':>14}{'ours TF/s':>11}{'% ceil':>8}{'cuBLAS TF/s':>13}{'x cuBLAS':>9}")
     for r in result["gemm"]:
         print(f"{r['shape'] + ' ' + r['proj']:<24}{r['M']:>6}{str(r['N']) + 'x' + str(r['K']):>14}"
-              f"{r['ours_TFLOPs']:>11.1f}{r['cublas_TFLOPs']:>13.1f}{r['speedup_vs_cublas']:>9.2f}")
+              f"{r['ours_TFLOPs']:>11.1f}{100 * r['ours_frac_of_gemm_ceiling']:>7.1f}%"
+              f"{r['cublas_TFLOPs']:>13.1f}{r['speedup_vs_cublas']:>9.2f}")
     print(f"\n{'flash_decode B=1':<24}{'ctx':>6}{'ours us':>10}{'GB/s':>8}{'% copy':>8}{'SDPA us':>10}{'x SDPA':>8}")
     for r in result["flash_decode"]:
         sdpa = r["torch_sdpa"].get("median_s")
@@ -323,10 +351,10 @@ def main(argv=None):
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if not torch.cuda.is_available():
-        sys.exit("bench_kernels_cuda: no CUDA device visible to torch")
+        sys.exit("bench_kernels: no CUDA device visible to torch")
     from llama_brrr import _C
     if not _C.cuda_compiled() or _C.cuda_device_count() < 1:
-        sys.exit("bench_kernels_cuda: llama_brrr._C has no usable CUDA backend "
+        sys.exit("bench_kernels: llama_brrr._C has no usable CUDA backend "
                  "(build with LLAMA_BRRR_CUDA=1 on a machine with a GPU)")
     ops = _C.cuda_ops
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -335,16 +363,18 @@ def main(argv=None):
     started = time.monotonic()
 
     copy_bw = copy_bandwidth()
+    ceiling = gemm_ceiling()
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "cuda": torch.version.cuda, "host": platform.node(), "quick": args.quick,
               "repeats": repeats, "rotate_bytes": ROTATE_BYTES, "copy_bandwidth_Bps": copy_bw,
+              "gemm_ceiling_FLOPs": ceiling, "command": " ".join([sys.executable] + sys.argv),
               "method": "device time per call from torch.profiler kernel durations; median of repeats"}
     result["gemv"] = bench_gemv(ops, shapes, repeats, copy_bw)
     result["switch"] = [] if args.quick else bench_switch(ops, repeats)
-    result["gemm"] = bench_gemm(ops, shapes, [512] if args.quick else [128, 512, 2048], repeats)
+    result["gemm"] = bench_gemm(ops, shapes, [512] if args.quick else [128, 512, 2048], repeats, ceiling)
     result["flash_decode"] = bench_flash_decode(ops, shapes, [128, 2048] if args.quick else [128, 2048, 8192],
                                                 repeats, copy_bw)
-    result["prefill"] = bench_prefill(ops, shapes, [512] if args.quick else [512, 2048], repeats)
+    result["prefill"] = bench_prefill(ops, shapes, [512] if args.quick else [512, 2048], repeats, ceiling)
     result["wall_s"] = time.monotonic() - started
     print_tables(result)
     if args.out:

@@ -1,0 +1,509 @@
+"""The benchmark harness behind `llama-brrr bench` and `llama-brrr compare`.
+
+A workload is B sequences of a P-token random prompt, then G greedy tokens each:
+  TTFT            prompts in -> first tokens out (prefill of every sequence + the first sample)
+  prefill tok/s   B x P / TTFT
+  decode tok/s    B x G / (time of the G decode steps after the first token)
+  ms per token    decode time / G (the latency one sequence sees per output token)
+  MFU, MBU        analytic FLOPs and bytes of the phase (metrics.py) / (time x peak)
+Every contestant gets one or more warm-up runs (first use of each kernel, graph capture,
+torch.compile), then --repeats timed runs; medians with min / max and the spread. The timer's
+edges wait for the device (a host copy of sampled tokens, or torch.cuda.synchronize).
+
+Before speeds are compared (compare), every contestant's last-position logits on a check prompt
+are compared with an fp32 PyTorch oracle on the same weights: the fp32 CPU path must be within
+1e-3 (max |diff|); a 16-bit contestant's relative error (L2) must be at most 2x that of PyTorch
+doing the same computation in that dtype (DESIGN.md). On a real model the greedy tokens are also
+compared with llama_brrr's. A contestant that disagrees keeps its numbers but is marked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import shape_config
+from . import metrics
+from .contestants import Engine, HuggingFace, Reference, Skip
+from .llamacpp import BenchError, LlamaCpp, LLAMA_CPP_INSTALL, available as llama_cpp_available
+
+SEED = 1234
+INIT_STD = 0.02
+CHECK_PROMPT = 32         # tokens of the agreement-check prompt
+AGREE_TOKENS = 32         # greedy tokens compared on a real model (DESIGN.md)
+F32_LOGIT_TOLERANCE = 1e-3
+OPPONENTS = ("torch-eager", "hf-eager", "hf-sdpa", "torch-compile", "llama.cpp")
+
+# Sweeps (issue 6): decode at batch x context, prefill at prompt lengths, three shapes.
+SWEEP_SHAPES = ("smollm2-135m", "llama3.2-1b", "llama3-8b")
+SWEEP_DECODE_BATCHES = (1, 4, 16, 64)
+SWEEP_DECODE_CONTEXTS = (128, 2048)
+SWEEP_PREFILL = (128, 512, 2048, 8192)
+
+
+@dataclass(frozen=True)
+class Workload:
+    batch: int
+    prompt: int
+    generate: int
+
+    @property
+    def name(self) -> str:
+        return f"b{self.batch} pp{self.prompt}" + (f" tg{self.generate}" if self.generate else "")
+
+
+@dataclass
+class Options:
+    shape: str | None = "smollm2-135m"   # a config.SHAPES name, random weights
+    model: str | None = None              # or a model file (wins over shape)
+    device: str = "auto"
+    dtype: str | None = None
+    threads: int = 0
+    repeats: int = 3
+    warmup: int = 1
+    contestants: tuple = ("llama_brrr",)
+    budget_s: float = 1e9
+    split: bool = True                    # the compute / memory / overhead split, when available
+    command: str = field(default_factory=lambda: shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
+
+
+def sweep_groups(shape: str, decode_tokens: int, quick: bool) -> list[list[Workload]]:
+    """The sweep's workloads, in groups that share one engine (decode: one KV cache sized for the
+    largest batch x context; prefill: batch 1, the longest prompt)."""
+    batches = (1, 16, 64) if quick else SWEEP_DECODE_BATCHES
+    decode = [Workload(b, ctx, decode_tokens) for ctx in SWEEP_DECODE_CONTEXTS for b in batches]
+    prefill = [Workload(1, p, 0) for p in SWEEP_PREFILL]
+    return [decode, prefill]
+
+
+class Budget:
+    """Wall-clock allowance for a run; what would not fit is skipped, named."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+# ---- one timed workload ------------------------------------------------------------------------------
+
+def measure(contestant, prompts: np.ndarray, generate: int, repeats: int, warmup: int) -> dict:
+    """Times prefill + `generate` decode steps; returns TTFT and decode seconds per repeat and the
+    greedy tokens of sequence 0 (last repeat)."""
+    ttft, decode = [], []
+    length = prompts.shape[1]
+    for run in range(warmup + repeats):
+        contestant.sync()
+        t0 = time.perf_counter()
+        token = contestant.prefill(prompts)
+        contestant.sync()
+        t1 = time.perf_counter()
+        produced = [token]
+        for step in range(generate):
+            token = contestant.decode(token, length + step)
+            produced.append(token)
+        contestant.sync()
+        t2 = time.perf_counter()
+        if run >= warmup:
+            ttft.append(t1 - t0)
+            decode.append(t2 - t1)
+    tokens = [contestant.tokens_list(t)[0] for t in produced]
+    return {"ttft_s": ttft, "decode_s": decode if generate else [], "tokens": tokens}
+
+
+def rates(timed: dict, w: Workload, config, dtype: str, peak: dict) -> dict:
+    """The table's numbers from measure()'s seconds."""
+    out = {"ttft_s": metrics.summarize(timed["ttft_s"]),
+           "prefill_tok_s": metrics.summarize([w.batch * w.prompt / t for t in timed["ttft_s"]])}
+    work = metrics.prefill_work(config, w.batch, w.prompt, dtype)
+    out["prefill"] = {**work, **metrics.utilization(work, out["ttft_s"]["median"], peak)}
+    if w.generate:
+        out["decode_s"] = metrics.summarize(timed["decode_s"])
+        out["decode_tok_s"] = metrics.summarize([w.batch * w.generate / t for t in timed["decode_s"]])
+        out["ms_per_token"] = 1e3 * out["decode_s"]["median"] / w.generate
+        work = metrics.decode_work(config, w.batch, w.prompt, w.generate, dtype)
+        out["decode"] = {**work, **metrics.utilization(work, out["decode_s"]["median"], peak)}
+    return out
+
+
+def split(contestant, prompts: np.ndarray, w: Workload, config, dtype: str) -> dict:
+    """compute / memory / overhead seconds per phase from the instrumentation layer, or why not."""
+    import llama_brrr
+
+    if not hasattr(llama_brrr, "profile"):
+        return {"unavailable": "this llama_brrr has no instrumentation layer (llama_brrr.profile)"}
+    keys = ("wall_s", "compute_s", "memory_s", "overhead_s", "mfu", "mbu", "dominant")
+    try:
+        if isinstance(contestant, Engine):
+            prof = llama_brrr.profile()
+            with prof:
+                measure(contestant, prompts, w.generate, 1, 0)
+            phases = prof.summary().to_dict()["phases"]
+        elif hasattr(llama_brrr, "profile_torch") and hasattr(contestant, "torch"):
+            phases = {}
+            work = metrics.prefill_work(config, w.batch, w.prompt, dtype)
+            first = []
+            summary = llama_brrr.profile_torch(lambda: first.append(contestant.prefill(prompts)),
+                                               model_flops=work["flops"], model_bytes=work["bytes"],
+                                               tokens=work["tokens"], phase="prefill")
+            phases["prefill"] = summary.to_dict()["phases"]["prefill"]
+            if w.generate:
+                work = metrics.decode_work(config, w.batch, w.prompt, w.generate, dtype)
+
+                def steps():
+                    token = first[-1]
+                    for step in range(w.generate):
+                        token = contestant.decode(token, w.prompt + step)
+
+                summary = llama_brrr.profile_torch(steps, model_flops=work["flops"],
+                                                   model_bytes=work["bytes"], tokens=work["tokens"],
+                                                   phase="decode")
+                phases["decode"] = summary.to_dict()["phases"]["decode"]
+        else:
+            return {"unavailable": "no profiler for this contestant"}
+    except Exception as error:  # the split is an add-on: its failure never costs the timing
+        return {"unavailable": f"{type(error).__name__}: {str(error)[:200]}"}
+    return {phase: {k: v.get(k) for k in keys} for phase, v in phases.items()}
+
+
+# ---- the model and its weights -------------------------------------------------------------------------
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(int(device.partition(":")[2] or 0))
+    return metrics.cpu_model()
+
+
+def resolve_device(device: str) -> str:
+    from llama_brrr import _C
+
+    if device == "auto":
+        return "cuda" if _C.cuda_device_count() > 0 else "cpu"
+    return device
+
+
+def free_memory(device: str) -> float | None:
+    """Bytes free on `device` (None when unknown)."""
+    if device.startswith("cuda"):
+        try:
+            import torch
+
+            return float(torch.cuda.mem_get_info(int(device.partition(":")[2] or 0))[0])
+        except (ImportError, RuntimeError):
+            return None
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return None
+
+
+def fits(config, dtype: str, device: str, batch: int, max_seq: int, copies: float) -> str | None:
+    """None when `copies` sets of weights plus the KV cache fit in free memory, else the note."""
+    need = copies * metrics.weight_bytes(config, dtype) + metrics.kv_bytes(config, batch * max_seq,
+                                                                         metrics.kv_dtype(dtype))
+    free = free_memory(device)
+    if free is not None and need > 0.9 * free:
+        return (f"skipped: needs ~{need / 2**30:.1f} GiB ({copies:g} weight copies + KV cache for "
+                f"batch {batch} x {max_seq} positions), {free / 2**30:.1f} GiB free on {device}")
+    return None
+
+
+def build_llm(opts: Options, device: str, batch: int, max_seq: int):
+    from llama_brrr import Llama
+
+    if opts.model:
+        return Llama.from_pretrained(opts.model, device=device, dtype=opts.dtype, max_seq_len=max_seq,
+                                     max_batch=batch, n_threads=opts.threads, progress=False)
+    return Llama.random(opts.shape, seed=SEED, device=device, dtype=opts.dtype, max_seq_len=max_seq,
+                        max_batch=batch, n_threads=opts.threads)
+
+
+def check_not_constant(llm) -> None:
+    """Random weights must be random: zeros or constants hide bugs and run faster than data."""
+    for name in ("layers.0.wo", "layers.0.attn_norm"):
+        w = llm.engine.get_weight(name)
+        if not np.isfinite(w).all() or float(w.std()) == 0.0:
+            raise BenchError(f"weight {name} of {llm.source} is constant or not finite "
+                             f"(std {float(w.std())}): refusing to time it")
+
+
+def prompts_for(config, w: Workload) -> np.ndarray:
+    return np.random.default_rng(SEED + w.prompt).integers(3, config.vocab_size,
+                                                           size=(w.batch, w.prompt)).astype(np.int32)
+
+
+# ---- bench ------------------------------------------------------------------------------------------------
+
+def header(opts: Options, kind: str, device: str) -> dict:
+    return {"benchmark": kind, "command": opts.command,
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": device, "device_name": device_name(device), "machine": metrics.machine(),
+            "versions": metrics.versions(), "peaks": metrics.peaks(device_name(device)),
+            "repeats": opts.repeats, "warmup": opts.warmup,
+            "definitions": {"ttft_s": "prompts in -> first tokens out (all sequences)",
+                            "prefill_tok_s": "batch x prompt / ttft_s",
+                            "decode_tok_s": "batch x generated / decode time after the first token",
+                            "ms_per_token": "decode time / generated tokens",
+                            "mfu": "analytic FLOPs / (time x peak bf16 FLOP/s)",
+                            "mbu": "weights + KV bytes that must move / (time x peak bandwidth)"},
+            "runs": [], "skipped": []}
+
+
+def model_label(opts: Options) -> str:
+    return os.path.basename(opts.model) if opts.model else opts.shape
+
+
+def run_bench(opts: Options, groups: list[list[Workload]]) -> dict:
+    """llama_brrr alone on each workload."""
+    device = resolve_device(opts.device)
+    result = header(opts, "bench", device)
+    peak = result["peaks"]
+    for group in groups:
+        batch = max(w.batch for w in group)
+        max_seq = max(w.prompt + w.generate + 1 for w in group)
+        config = shape_config(opts.shape) if not opts.model else None
+        if config is not None:
+            note = fits(config, opts.dtype or default_dtype(device), device, batch, max_seq, 1)
+            if note:
+                result["skipped"].append({"model": model_label(opts), "workloads": [w.name for w in group],
+                                          "note": note})
+                continue
+        llm = build_llm(opts, device, batch, max_seq)
+        check_not_constant(llm)
+        ours = Engine(llm)
+        for w in group:
+            prompts = prompts_for(llm.config, w)
+            timed = measure(ours, prompts, w.generate, opts.repeats, opts.warmup)
+            run = {"model": model_label(opts), "dtype": llm.dtype, "workload": w.__dict__,
+                   "name": w.name, **rates(timed, w, llm.config, llm.dtype, peak)}
+            if opts.split:
+                run["split"] = split(ours, prompts, w, llm.config, llm.dtype)
+            result["runs"].append(run)
+        del ours, llm
+        gc.collect()
+    return result
+
+
+def default_dtype(device: str) -> str:
+    return "bf16" if device.startswith("cuda") else "f32"
+
+
+# ---- compare ----------------------------------------------------------------------------------------------
+
+def build_opponent(key: str, opts: Options, llm, weights: dict, device: str, w: Workload,
+                   max_seq: int, compiled: dict):
+    """One PyTorch / llama.cpp contestant for workload w, or Skip with the reason. A compiled
+    decoder is kept in `compiled` per batch size: recompiling it for every workload of a group
+    would spend the run's time in torch.compile."""
+    from .weights import canonical, torch_dtype
+
+    config, dtype = llm.config, torch_dtype(llm.dtype)
+    if key == "torch-eager":
+        return Reference(config, canonical(weights, config), device, dtype)
+    if key in ("hf-eager", "hf-sdpa"):
+        return HuggingFace(config, weights, device, dtype, key.partition("-")[2])
+    if key == "torch-compile":
+        from .compiled import Compiled
+
+        if w.batch not in compiled:
+            compiled[w.batch] = Compiled(config, weights, device, dtype, w.batch, max_seq)
+        return compiled[w.batch]
+    if key == "llama.cpp":
+        if not llama_cpp_available():
+            raise Skip(f"llama-cpp-python is not installed ({LLAMA_CPP_INSTALL})")
+        if not opts.model or not str(opts.model).endswith(".gguf"):
+            raise Skip("llama.cpp runs GGUF model files, not random shapes: pass --model FILE.gguf")
+        if w.batch != 1:
+            raise Skip("llama.cpp is compared at batch 1 only")
+        return LlamaCpp(str(llm.source), opts.threads or os.cpu_count(), w.prompt + w.generate + 1)
+    raise ValueError(f"unknown contestant {key!r}; choose from llama_brrr, {', '.join(OPPONENTS)}")
+
+
+def relative_error(x: np.ndarray, oracle: np.ndarray) -> float:
+    return float(np.linalg.norm(x.astype(np.float64) - oracle) / np.linalg.norm(oracle))
+
+
+class Checker:
+    """The fp32 oracle's logits on the check prompt, and the error budget a contestant gets."""
+
+    def __init__(self, llm, weights: dict, device: str):
+        import torch
+
+        from ..reference import ReferenceLlama
+        from .weights import canonical, torch_dtype
+
+        config = llm.config
+        self.dtype = llm.dtype
+        self.ids = list(np.random.default_rng(SEED).integers(3, config.vocab_size, size=CHECK_PROMPT))
+        self.note = None
+        self.oracle = self.torch_error = None
+        if fits(config, "f32", device, 1, CHECK_PROMPT, 1.2):
+            self.note = "unchecked: the fp32 oracle does not fit in free memory"
+            return
+        oracle = ReferenceLlama(config, {k: v.float() for k, v in canonical(weights, config).items()},
+                                dtype=torch.float32, device=device)
+        self.oracle = oracle.forward([self.ids])[0, -1].cpu().numpy().astype(np.float64)
+        del oracle
+        if self.dtype != "f32":
+            same = ReferenceLlama(config, canonical(weights, config), dtype=torch_dtype(self.dtype),
+                                  device=device)
+            self.torch_error = relative_error(same.forward([self.ids])[0, -1].cpu().numpy(), self.oracle)
+            del same
+        gc.collect()
+
+    def check(self, contestant) -> dict:
+        if self.oracle is None:
+            return {"agrees": None, "note": self.note}
+        logits = np.asarray(contestant.last_logits(self.ids), dtype=np.float64)
+        if self.dtype == "f32" and contestant.key != "llama.cpp":
+            diff = float(np.abs(logits - self.oracle).max())
+            return {"agrees": diff < F32_LOGIT_TOLERANCE, "max_abs_diff": diff,
+                    "limit": F32_LOGIT_TOLERANCE, "rule": "fp32: max |logit - oracle| < 1e-3"}
+        error = relative_error(logits, self.oracle)
+        limit = 2 * self.torch_error if self.torch_error else None
+        if limit is None:  # llama.cpp on an f32 run: its own weight / KV widths, so information only
+            return {"agrees": True, "relative_error": error, "rule": "information only"}
+        return {"agrees": error <= limit, "relative_error": error, "limit": limit,
+                "rule": f"relative L2 error vs the fp32 oracle <= 2x torch {self.dtype}'s "
+                        f"({self.torch_error:.2e})"}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def run_compare(opts: Options, groups: list[list[Workload]]) -> dict:
+    """llama_brrr and the opponents on each workload, on the same weights, checked, as ratios."""
+    device = resolve_device(opts.device)
+    result = header(opts, "compare", device)
+    result["contestants_requested"] = list(opts.contestants)
+    peak = result["peaks"]
+    budget = Budget(opts.budget_s)
+    for group in groups:
+        batch = max(w.batch for w in group)
+        max_seq = max([w.prompt + w.generate + 1 for w in group] + [CHECK_PROMPT])
+        dtype = opts.dtype or default_dtype(device)
+        if not opts.model:
+            note = fits(shape_config(opts.shape), dtype, device, batch, max_seq, 2)
+            if note:
+                result["skipped"].append({"model": model_label(opts), "workloads": [w.name for w in group],
+                                          "note": note})
+                continue
+        llm = build_llm(opts, device, batch, max_seq)
+        check_not_constant(llm)
+        ours = Engine(llm)
+        try:
+            from .weights import shared_weights
+
+            weights = shared_weights(llm, None if opts.model else SEED, INIT_STD, device)
+            checker = Checker(llm, weights, device)
+        except ImportError as error:
+            weights, checker = None, None
+            result["skipped"].append({"model": model_label(opts), "note": f"PyTorch opponents: {error}"})
+        compiled: dict = {}
+        for w in group:
+            result["runs"].append(compare_workload(opts, w, llm, ours, weights, checker, device,
+                                                   peak, budget, max_seq, compiled))
+        del ours, llm, weights, checker, compiled
+        _reset_dynamo()
+        gc.collect()
+        _empty_cache(device)
+    return result
+
+
+def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget, max_seq,
+                     compiled) -> dict:
+    config = llm.config
+    prompts = prompts_for(config, w)
+    run = {"model": model_label(opts), "dtype": llm.dtype, "workload": w.__dict__, "name": w.name,
+           "contestants": {}, "ratios": {}}
+    print(f"[{run['model']} {w.name}] llama_brrr ...", file=sys.stderr, flush=True)
+    entries = run["contestants"]
+    timed = measure(ours, prompts, w.generate, opts.repeats, opts.warmup)
+    reference_tokens = timed["tokens"]
+    entries["llama_brrr"] = {"label": ours.label, "note": ours.note,
+                             **rates(timed, w, config, llm.dtype, peak)}
+    contestants = [("llama_brrr", ours)]
+    for key in (k for k in opts.contestants if k != "llama_brrr"):
+        if weights is None and key != "llama.cpp":
+            entries[key] = {"skipped": "PyTorch is not installed"}
+            continue
+        need = 120 if key == "torch-compile" else 15
+        if budget.left() < need:
+            entries[key] = {"skipped": f"out of --budget-s (needs ~{need} s, {max(budget.left(), 0):.0f} s left)"}
+            continue
+        print(f"[{run['model']} {w.name}] {key} ...", file=sys.stderr, flush=True)
+        try:
+            contestant = build_opponent(key, opts, llm, weights, device, w, max_seq, compiled)
+            started = time.perf_counter()
+            timed = measure(contestant, prompts, w.generate, opts.repeats, opts.warmup)
+            entries[key] = {"label": contestant.label, "note": contestant.note,
+                            "wall_s": time.perf_counter() - started,
+                            **rates(timed, w, config, llm.dtype, peak)}
+            if opts.model and w.generate:
+                n = min(AGREE_TOKENS, w.generate + 1)
+                where = first_difference(timed["tokens"][:n], reference_tokens[:n])
+                entries[key]["greedy_tokens_match_llama_brrr"] = {"compared": n, "first_difference": where}
+            contestants.append((key, contestant))
+        except Skip as why:
+            entries[key] = {"skipped": str(why)}
+        except (ImportError, RuntimeError, TypeError, ValueError, AttributeError, NotImplementedError,
+                MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            entries[key] = {"skipped": f"{type(error).__name__}: {str(error)[:300]}"}
+            _empty_cache(device)
+    for key, contestant in contestants:
+        entry = entries[key]
+        if checker is not None:
+            try:
+                entry["check"] = checker.check(contestant)
+            except (RuntimeError, ValueError) as error:
+                entry["check"] = {"agrees": None, "note": f"check failed to run: {error}"}
+        match = entry.get("greedy_tokens_match_llama_brrr")
+        if match and match["first_difference"] is not None and entry.get("check", {}).get("agrees"):
+            entry["check"]["agrees"] = False
+            entry["check"]["note"] = f"greedy tokens differ from llama_brrr's at {match['first_difference']}"
+        if opts.split:
+            entry["split"] = split(contestant, prompts, w, config, llm.dtype)
+        if key != "llama_brrr":
+            run["ratios"][key] = ratio(entries["llama_brrr"], entry)
+    del contestants
+    gc.collect()
+    _empty_cache(device)
+    return run
+
+
+def ratio(ours: dict, theirs: dict) -> dict:
+    """llama_brrr's median rate over the opponent's, per phase; flagged when they disagree."""
+    out = {"agrees": theirs.get("check", {}).get("agrees")}
+    for metric in ("prefill_tok_s", "decode_tok_s"):
+        if metric in ours and metric in theirs:
+            out[metric] = ours[metric]["median"] / theirs[metric]["median"]
+    return out
+
+
+def _reset_dynamo() -> None:
+    """Frees torch.compile's graphs (and their CUDA-graph memory pools) of the finished group."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch._dynamo.reset()
+
+
+def _empty_cache(device: str) -> None:
+    if device.startswith("cuda"):
+        with contextlib.suppress(ImportError):
+            import torch
+
+            torch.cuda.empty_cache()

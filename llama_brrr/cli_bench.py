@@ -1,0 +1,174 @@
+"""`llama-brrr bench` and `llama-brrr compare` (entries in cli.COMMANDS; the work is in
+llama_brrr.bench).
+
+    llama-brrr bench --shape llama3.2-1b -b 1,16 -p 512 -n 128 --device cuda
+    llama-brrr bench --sweep --quick --json out/sweep.json
+    llama-brrr compare --shape llama3.2-1b -p 128,2048 -n 128 --out-dir benchmarks/results/h100-sxm
+    llama-brrr compare --model SmolLM2-135M-Instruct.Q4_1.gguf --device cpu --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+QUICK = {"repeats": 2, "warmup": 1, "generate": 32, "sweep_generate": 16}
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, compare: bool) -> None:
+    what = parser.add_argument_group("what to run")
+    what.add_argument("--shape", default=None,
+                      help="random-weight shape(s), comma-separated config.SHAPES names (default "
+                           "smollm2-135m; with --sweep: smollm2-135m,llama3.2-1b,llama3-8b)")
+    what.add_argument("--model", "-m", default=None, help="a model file instead of random weights")
+    what.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    what.add_argument("--dtype", default=None, help="f32 | bf16 | f16 (default bf16 on cuda, f32 on cpu)")
+    what.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
+    what.add_argument("-b", "--batch", type=_ints, default=[1], help="batch sizes, comma-separated (1)")
+    what.add_argument("-p", "--prompt", type=_ints, default=[128, 2048] if compare else [512],
+                      help=f"prompt tokens, comma-separated ({'128,2048' if compare else '512'})")
+    what.add_argument("-n", "--generate", type=_ints, default=None,
+                      help="generated tokens after the first, comma-separated; 0 = prefill only "
+                           "(128; 32 with --quick)")
+    what.add_argument("--sweep", action="store_true",
+                      help="decode at batch 1,4,16,64 x context 128,2048 and prefill at "
+                           "128,512,2048,8192 tokens, on every --shape")
+    how = parser.add_argument_group("how")
+    how.add_argument("--repeats", type=int, default=None, help="timed repeats (default 5; 2 with --quick)")
+    how.add_argument("--warmup", type=int, default=None, help="warm-up runs (default 1)")
+    how.add_argument("--quick", action="store_true",
+                     help="fewer tokens, repeats and sweep points (a GPU sweep in minutes)")
+    how.add_argument("--no-split", action="store_true",
+                     help="skip the compute / memory / overhead split (one extra profiled run)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, default=None, help="write the results JSON here")
+    out.add_argument("--out-dir", type=Path, default=None,
+                     help="write <out-dir>/{bench,sweep,compare}.json (and compare.png) here, e.g. "
+                          "benchmarks/results/<gpu>")
+    if compare:
+        from .bench.harness import OPPONENTS
+
+        parser.add_argument("--contestants", default=",".join(OPPONENTS),
+                            help=f"opponents, comma-separated (default all: {','.join(OPPONENTS)}); "
+                                 f"one that cannot run here is skipped with a note")
+        parser.add_argument("--budget-s", type=float, default=1e9,
+                            help="skip opponents that would run past this many seconds")
+        parser.add_argument("--png", type=Path, default=None,
+                            help="grouped bar chart path (default: beside the JSON)")
+        parser.add_argument("--no-png", action="store_true", help="no bar chart")
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, compare=False)
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, compare=True)
+
+
+def _plan(args: argparse.Namespace):
+    """(Options template, [(shape or None, workload groups)]) from the arguments, checked."""
+    from .bench.harness import SWEEP_SHAPES, Options, Workload, sweep_groups
+    from .config import shape_config
+
+    repeats = args.repeats if args.repeats is not None else (QUICK["repeats"] if args.quick else 5)
+    warmup = args.warmup if args.warmup is not None else 1
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need --repeats >= 1 and --warmup >= 0, got {repeats} and {warmup}")
+    generate = args.generate or [QUICK["generate"] if args.quick else 128]
+    if min(generate) < 0 or min(args.prompt) < 1 or min(args.batch) < 1:
+        raise ValueError("need --prompt >= 1, --batch >= 1 and --generate >= 0")
+    if args.model and args.shape:
+        raise ValueError("give --model or --shape, not both")
+    if args.model and args.sweep:
+        raise ValueError("--sweep runs random-weight shapes; leave out --model")
+    shapes = [s.strip() for s in (args.shape or "").split(",") if s.strip()]
+    shapes = shapes or ([None] if args.model else list(SWEEP_SHAPES) if args.sweep else ["smollm2-135m"])
+    for shape in shapes:
+        if shape is not None:
+            shape_config(shape)  # a ConfigError (ValueError) naming the known shapes
+    if args.sweep:
+        tokens = args.generate[0] if args.generate else (QUICK["sweep_generate"] if args.quick else 128)
+        groups = sweep_groups(None, tokens, args.quick)
+    else:
+        groups = [[Workload(b, p, n) for b in args.batch for p in args.prompt for n in generate]]
+    options = Options(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
+                      repeats=repeats, warmup=warmup, split=not args.no_split)
+    return options, [(shape, groups) for shape in shapes]
+
+
+def _run(args: argparse.Namespace, kind: str) -> dict:
+    import dataclasses
+
+    from .bench import harness
+
+    options, plan = _plan(args)
+    if kind == "compare":
+        wanted = [c.strip() for c in args.contestants.split(",") if c.strip()]
+        unknown = [c for c in wanted if c not in harness.OPPONENTS]
+        if unknown:
+            raise ValueError(f"--contestants: unknown {unknown}; choose from {', '.join(harness.OPPONENTS)}")
+        options.contestants = ("llama_brrr", *wanted)
+        options.budget_s = args.budget_s
+    result = None
+    for shape, groups in plan:
+        opts = dataclasses.replace(options, shape=shape)
+        part = (harness.run_compare if kind == "compare" else harness.run_bench)(opts, groups)
+        if result is None:
+            result = part
+        else:
+            result["runs"] += part["runs"]
+            result["skipped"] += part["skipped"]
+    result["sweep"] = bool(args.sweep)
+    return result
+
+
+def _outputs(args, result: dict, name: str) -> list[Path]:
+    from .bench import report
+
+    paths = [p for p in (args.json, args.out_dir and args.out_dir / f"{name}.json") if p]
+    for path in paths:
+        report.write_json(result, path)
+    return paths
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .bench import report
+
+    result = _run(args, "bench")
+    print(report.print_bench(result))
+    for path in _outputs(args, result, "sweep" if args.sweep else "bench"):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from .bench import report
+
+    result = _run(args, "compare")
+    print(report.print_compare(result))
+    paths = _outputs(args, result, "compare_sweep" if args.sweep else "compare")
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
+    png = args.png or (paths[0].with_suffix(".png") if paths else None)
+    if png and not args.no_png:
+        report.plot_compare(result, png)
+        print(f"wrote {png}", file=sys.stderr)
+    disagree = [f"{run['name']} {key}" for run in result["runs"] for key, r in run["ratios"].items()
+                if r.get("agrees") is False]
+    if disagree:
+        print(f"llama-brrr compare: outputs disagree ({', '.join(disagree)}): those speeds compare "
+              f"different work", file=sys.stderr)
+        return 1
+    return 0
