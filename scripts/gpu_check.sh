@@ -10,21 +10,27 @@
 #   compare.json   llama-brrr compare on llama3.2-1b, batch 1: decode (128-token prompt) and
 #   compare.png    prefill of 2048 tokens against torch eager, HF eager / sdpa, torch.compile
 #   sweep.json     llama-brrr bench --sweep --quick (3 shapes, decode batch x context, prefill)
+#   profile/       llama-brrr profile of 1B-shape decode: report, roofline / breakdown PNGs, trace
+#   gemm_lab/      benchmarks/lab/run_gemm_lab.sh: GEMM variants checked and timed against cuBLAS
 #   summary.txt    the table printed last
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
 # sweep gets up to 150 s and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
-#   OUT=/path/to/out bash scripts/gpu_check.sh
+# PHASES picks what runs after the build (default: all of them, in this order):
+#   cuda-tests cpu-tests sanitizer kernels gemmlab profile sweep compare
+#   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
+PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels gemmlab profile sweep compare}
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY=()
 
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( TOTAL_S - $(elapsed) )); }
+wanted() { [[ " $PHASES " == *" $1 "* ]]; }
 
 # phase NAME LIMIT_S LOG CMD...: runs CMD with a time limit, appends to LOG, records the outcome.
 phase() {
@@ -83,8 +89,10 @@ if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace \
             "from llama_brrr import _C; n = _C.cuda_device_count(); print('cuda devices:', n); assert _C.cuda_compiled() and n > 0"; then
 
     # ---- tests ------------------------------------------------------------------------------------
-    phase cuda-tests 200 "$OUT/tests.log" python3 -m pytest -q -rf --maxfail=60 -m cuda tests/ -p no:cacheprovider
-    phase cpu-tests 90 "$OUT/tests.log" python3 -m pytest -q -m "not cuda and not slow" tests/ -p no:cacheprovider
+    wanted cuda-tests && phase cuda-tests 240 "$OUT/tests.log" python3 -m pytest -q -rf --maxfail=60 -m cuda \
+        tests/ -p no:cacheprovider
+    wanted cpu-tests && phase cpu-tests 90 "$OUT/tests.log" python3 -m pytest -q -m "not cuda and not slow" \
+        tests/ -p no:cacheprovider
 
     # ---- compute-sanitizer ------------------------------------------------------------------------
     cat > /tmp/brrr_sanitize.py <<'EOF'
@@ -115,16 +123,21 @@ for graphs in (True, False):
     print("graphs" if graphs else "eager", "tokens", tokens.tolist())
 print("sanitized run done")
 EOF
-    phase sanitizer 120 "$OUT/sanitizer.log" "$SANITIZER" --tool memcheck --error-exitcode 1 \
-        --leak-check no python3 /tmp/brrr_sanitize.py
+    wanted sanitizer && phase sanitizer 120 "$OUT/sanitizer.log" "$SANITIZER" --tool memcheck \
+        --error-exitcode 1 --leak-check no python3 /tmp/brrr_sanitize.py
 
     # ---- benchmarks -------------------------------------------------------------------------------
-    phase kernels 120 "$OUT/bench.log" python3 benchmarks/bench_kernels.py --quick --out "$OUT/kernels.json"
-    phase sweep 150 "$OUT/bench.log" python3 -m llama_brrr bench --sweep --quick --device cuda \
+    wanted kernels && phase kernels 120 "$OUT/bench.log" python3 benchmarks/bench_kernels.py --quick \
+        --out "$OUT/kernels.json"
+    wanted gemmlab && phase gemmlab 240 "$OUT/bench.log" env OUT="$OUT/gemm_lab" bash benchmarks/lab/run_gemm_lab.sh
+    wanted profile && phase profile 90 "$OUT/bench.log" python3 -m llama_brrr profile --shape llama3.2-1b \
+        --device cuda --max-new-tokens 128 --torch --out "$OUT/profile"
+    wanted sweep && phase sweep 150 "$OUT/bench.log" python3 -m llama_brrr bench --sweep --quick --device cuda \
         --json "$OUT/sweep.json"
     BENCH_S=$(( $(left) - 25 ))
-    phase compare $(( BENCH_S + 15 )) "$OUT/bench.log" python3 -m llama_brrr compare --shape llama3.2-1b \
-        --device cuda -b 1 -p 128,2048 -n 128 --repeats 3 --budget-s "$BENCH_S" --out-dir "$OUT"
+    wanted compare && phase compare $(( BENCH_S + 15 )) "$OUT/bench.log" python3 -m llama_brrr compare \
+        --shape "${COMPARE_SHAPES:-llama3.2-1b}" --device cuda -b 1 -p 128,2048 -n 128 --repeats 3 \
+        --budget-s "$BENCH_S" --out-dir "$OUT"
 fi
 
 # ---- summary --------------------------------------------------------------------------------------
