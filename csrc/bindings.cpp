@@ -69,6 +69,9 @@ namespace py = pybind11;
 
 namespace {
 
+// Rounds one Engine.decode_steps call may run (CudaEngine::kMaxDecodeSteps, its token ring).
+constexpr int64_t kMaxDecodeSteps = 64;
+
 // ---- argument checking ------------------------------------------------------------------------
 // Arguments are checked here, before any backend sees them, so both backends raise the same
 // ValueError for the same mistake; the engines check again for their C++ callers.
@@ -522,6 +525,66 @@ PYBIND11_MODULE(_C, m) {
     }, py::arg("slots"), py::arg("positions"), py::arg("temperature"), py::arg("top_k"),
        py::arg("top_p"), py::arg("min_p"), py::arg("repetition_penalty"), py::arg("seed"),
        py::arg("step"));
+
+    engine_cls.def("decode_steps", [](PyEngine& self, const py::object& tokens, const py::object& slots,
+                                      const py::object& positions, const py::object& temperature,
+                                      const py::object& top_k, const py::object& top_p,
+                                      const py::object& min_p, const py::object& repetition_penalty,
+                                      const py::object& seed, const py::object& step, int64_t n_steps) {
+        auto tok = checked_array<int32_t>(tokens, "tokens", {-1}, "int32 array of shape (B,)");
+        const py::ssize_t B = tok.shape(0);
+        auto sl = checked_array<int32_t>(slots, "slots", {B}, "int32 array of shape (B,) like tokens");
+        auto pos = checked_array<int32_t>(positions, "positions", {B}, "int32 array of shape (B,) like tokens");
+        auto temp = checked_array<float>(temperature, "temperature", {B}, "float32 array of shape (B,)");
+        auto tk = checked_array<int32_t>(top_k, "top_k", {B}, "int32 array of shape (B,)");
+        auto tp = checked_array<float>(top_p, "top_p", {B}, "float32 array of shape (B,)");
+        auto mp = checked_array<float>(min_p, "min_p", {B}, "float32 array of shape (B,)");
+        auto rp = checked_array<float>(repetition_penalty, "repetition_penalty", {B}, "float32 array of shape (B,)");
+        auto sd = checked_array<uint64_t>(seed, "seed", {B}, "uint64 array of shape (B,)");
+        auto st = checked_array<uint64_t>(step, "step", {B}, "uint64 array of shape (B,)");
+        self.check_batch(B);
+        if (n_steps < 1 || n_steps > kMaxDecodeSteps)
+            bad_argument("n_steps must be in [1, " + std::to_string(kMaxDecodeSteps) + "], got " +
+                         std::to_string(n_steps));
+        self.check_rows(sl.data(), pos.data(), B);
+        for (py::ssize_t i = 0; i < B; ++i)
+            if (pos.data()[i] + n_steps - 1 >= self.cfg().max_seq_len)
+                bad_argument("context is full: positions[" + std::to_string(i) + "] = " +
+                             std::to_string(pos.data()[i]) + " leaves room for " +
+                             std::to_string(self.cfg().max_seq_len - pos.data()[i]) + " of the " +
+                             std::to_string(n_steps) + " steps asked for (max_seq_len is " +
+                             std::to_string(self.cfg().max_seq_len) + ")");
+        self.check_tokens(tok.data(), B, "tokens");
+        std::vector<brrr::SamplingParams> params(B);
+        for (py::ssize_t i = 0; i < B; ++i) {
+            brrr::SamplingParams& p = params[i];
+            p.temperature = temp.data()[i];
+            p.top_k = tk.data()[i];
+            p.top_p = tp.data()[i];
+            p.min_p = mp.data()[i];
+            p.repetition_penalty = rp.data()[i];
+            p.seed = sd.data()[i];
+            const std::string problem = brrr::cpu::sampling_params_problem(p);
+            if (!problem.empty()) bad_argument("sampling row " + std::to_string(i) + ": " + problem);
+        }
+        py::array_t<int32_t> out_tokens({(py::ssize_t)n_steps, B});
+        py::array_t<float> out_logprobs({(py::ssize_t)n_steps, B});
+        int32_t* tok_out = out_tokens.mutable_data();
+        float* lp_out = out_logprobs.mutable_data();
+        const int32_t *t = tok.data(), *s = sl.data(), *p = pos.data();
+        const uint64_t* steps = st.data();
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
+            self.impl->decode_steps(t, s, p, params.data(), steps, (int)B, (int)n_steps, tok_out, lp_out);
+            self.record_call("decode_steps", brrr::profile::Phase::Decode, t0);
+        });
+        return py::make_tuple(out_tokens, out_logprobs);
+    }, py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("temperature"),
+       py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("repetition_penalty"),
+       py::arg("seed"), py::arg("step"), py::arg("n_steps"),
+       "n_steps rounds of decode + sample, each round's tokens fed back as the next round's inputs "
+       "(on the device for CUDA); returns (tokens, logprobs), each of shape (n_steps, B)");
 
     // ---- profiling (llama_brrr/profiler.py reads these) -------------------------------------------
     //   profile_now() -> float                 seconds on the clock every record uses (steady_clock)

@@ -105,6 +105,27 @@ public:
     virtual void sample(const int32_t* slots, const int32_t* positions,
                         const SamplingParams* params, const uint64_t* steps, int batch,
                         int32_t* tokens, float* logprobs) = 0;
+    // n_steps rounds of decode + sample for `batch` sequences: round s decodes each row's token
+    // (round 0: tokens[i]; then the token row i sampled in round s - 1) at positions[i] + s and
+    // samples with steps[i] + s. out_tokens, out_logprobs: [n_steps, batch]. The same tokens as
+    // calling decode and sample in turn; this default does exactly that, the CUDA engine keeps
+    // the loop on the device and reads the tokens back once (no host round trip per token).
+    virtual void decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                              const SamplingParams* params, const uint64_t* steps, int batch,
+                              int n_steps, int32_t* out_tokens, float* out_logprobs) {
+        std::vector<int32_t> cur(tokens, tokens + batch), pos(positions, positions + batch);
+        std::vector<uint64_t> step(steps, steps + batch);
+        for (int s = 0; s < n_steps; ++s) {
+            decode(cur.data(), slots, pos.data(), batch, nullptr);
+            sample(slots, pos.data(), params, step.data(), batch, out_tokens + (size_t)s * batch,
+                   out_logprobs + (size_t)s * batch);
+            for (int i = 0; i < batch; ++i) {
+                cur[i] = out_tokens[(size_t)s * batch + i];
+                ++pos[i];
+                ++step[i];
+            }
+        }
+    }
 };
 
 }  // namespace brrr

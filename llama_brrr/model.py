@@ -4,8 +4,12 @@ The engine does all the math (forward passes and sampling); this file loads weig
 tokenizes, and runs the generation loop:
 
     prefill prompt[:-1] of each request into its own KV slot (no logits)
-    repeat: one engine.decode over every active sequence (the first step feeds each prompt's last
-            token), engine.sample picks each next token, stop conditions are checked per request
+    repeat: engine.decode_steps over every active sequence runs n rounds of decode + sample (the
+            first round feeds each prompt's last token, later rounds the token just sampled),
+            then the stop conditions are checked token by token per request
+On CUDA the rounds of one decode_steps call stay on the device (no host round trip per token);
+n is 1 for the first token (time to first token) and up to DECODE_CHUNK after, never past a
+request's max_tokens or the context. Tokens sampled after a request stopped are dropped.
 
 Requests beyond max_batch run in waves of max_batch. Every argument is checked before the engine
 sees it, so a bad request raises a ValueError and leaves the instance usable.
@@ -418,6 +422,10 @@ class Llama:
 
     # ---- the generation loop ------------------------------------------------------------------
 
+    # Rounds per decode_steps call after the first token: CUDA runs them without returning to
+    # Python (bursts of this many tokens for a stream); the CPU gains nothing from it.
+    DECODE_CHUNK = {"cuda": 16, "cpu": 1}
+
     def _run(self, requests: list["_Request"]) -> Iterator[tuple["_Request", str]]:
         """Runs the requests in waves of max_batch; yields (request, new visible text) per token."""
         profiler.attach(self._engine)
@@ -440,36 +448,41 @@ class Llama:
         profiler.record_span("prefill", "prefill", t_prefill, sum(len(r.prompt_ids) - 1 for r in wave))
 
         t_decode = profiler.mark()
+        chunk = self.DECODE_CHUNK["cuda" if self.device.startswith("cuda") else "cpu"]
         active = list(wave)
         while active:
-            tokens = np.array([r.next_token for r in active], dtype=np.int32)
-            slots = np.array([r.slot for r in active], dtype=np.int32)
-            positions = np.array([r.position for r in active], dtype=np.int32)
-            engine.decode(tokens, slots, positions, False)
-            new_tokens, logprobs = engine.sample(
-                slots, positions,
+            # Rounds every active request can still use: its max_tokens and the context bound it.
+            room = min(min(r.params.max_tokens - len(r.token_ids),
+                           self.max_seq_len - len(r.prompt_ids) - len(r.token_ids) + 1) for r in active)
+            n_steps = max(1, min(room, chunk if all(r.token_ids for r in active) else 1))
+            new_tokens, logprobs = engine.decode_steps(
+                np.array([r.next_token for r in active], dtype=np.int32),
+                np.array([r.slot for r in active], dtype=np.int32),
+                np.array([r.position for r in active], dtype=np.int32),
                 np.array([r.params.temperature for r in active], dtype=np.float32),
                 np.array([r.params.top_k for r in active], dtype=np.int32),
                 np.array([r.params.top_p for r in active], dtype=np.float32),
                 np.array([r.params.min_p for r in active], dtype=np.float32),
                 np.array([r.params.repetition_penalty for r in active], dtype=np.float32),
                 np.array([r.seed for r in active], dtype=np.uint64),
-                np.array([len(r.token_ids) for r in active], dtype=np.uint64))
+                np.array([len(r.token_ids) for r in active], dtype=np.uint64),
+                n_steps)
             now = time.perf_counter()
-            still_active = []
-            for r, token, logprob in zip(active, new_tokens.tolist(), logprobs.tolist()):
-                if not r.token_ids:
-                    r.t_first = now
-                    r.t_wave = t_wave
-                piece = r.accept(int(token), float(logprob), self.max_seq_len)
-                if r.finish_reason is None:
+            new_tokens, logprobs = new_tokens.tolist(), logprobs.tolist()
+            for i, r in enumerate(active):
+                for token, logprob in zip((row[i] for row in new_tokens), (row[i] for row in logprobs)):
+                    if not r.token_ids:
+                        r.t_first = now
+                        r.t_wave = t_wave
+                    piece = r.accept(int(token), float(logprob), self.max_seq_len)
+                    if r.finish_reason is not None:
+                        r.t_done = now
+                        yield r, piece
+                        break
                     r.next_token = int(token)
                     r.position += 1
-                    still_active.append(r)
-                else:
-                    r.t_done = now
-                yield r, piece
-            active = still_active
+                    yield r, piece
+            active = [r for r in active if r.finish_reason is None]
         profiler.record_span("decode", "decode", t_decode, sum(len(r.token_ids) for r in wave))
 
 

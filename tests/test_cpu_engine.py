@@ -236,6 +236,32 @@ def test_engine_sample_matches_sample_row_with_slot_history(C, rng, make_weights
         assert got[i] == C.cpu_ops.sample_row(rows[i], history.astype(np.int32), repetition_penalty=1.5)[0]
 
 
+def test_decode_steps_equals_decode_and_sample_in_turn(C, rng, make_weights):
+    """Engine.decode_steps (the loop model.py runs) against decode + sample called in turn."""
+    config = CONFIGS["gqa"]
+    tensors = make_weights(config, rng)
+    looped, stepped = build_engine(C, config, tensors), build_engine(C, config, tensors)
+    for slot, n in ((0, 7), (2, 3)):
+        prompt = tokens(rng, config, n)
+        looped.prefill(slot, prompt, 0, "none")
+        stepped.prefill(slot, prompt, 0, "none")
+    slots, positions = np.array([2, 0], np.int32), np.array([3, 7], np.int32)
+    args = sample_args(2, temperature=0.8, top_k=20, penalty=1.2, seed=5)[:-1]
+    steps, current = np.array([0, 4], np.uint64), tokens(rng, config, 2)
+    got_tokens, got_logprobs = looped.decode_steps(current, slots, positions, *args, steps, 6)
+    assert got_tokens.shape == got_logprobs.shape == (6, 2)
+    for s in range(6):
+        stepped.decode(current, slots, positions + s, False)
+        chosen, logprobs = stepped.sample(slots, positions + s, *args, steps + s)
+        np.testing.assert_array_equal(got_tokens[s], chosen)
+        np.testing.assert_array_equal(got_logprobs[s], logprobs)
+        current = chosen.astype(np.int32)
+    with pytest.raises(ValueError, match="context is full"):
+        looped.decode_steps(current, slots, np.array([3, 318], np.int32), *args, steps, 3)
+    with pytest.raises(ValueError, match="n_steps"):
+        looped.decode_steps(current, slots, positions, *args, steps, 0)
+
+
 def test_prefill_without_logits_leaves_nothing_to_sample(C, rng, make_weights):
     config = CONFIGS["gqa"]
     engine = build_engine(C, config, make_weights(config, rng))

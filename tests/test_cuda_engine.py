@@ -239,6 +239,73 @@ def test_decode_without_logits_then_sample(C, rng, make_weights):
     assert agree >= total - 1, f"{agree}/{total} sampled tokens agree with the CPU sampler"
 
 
+def step_by_step(engine, tokens, slots, positions, params, steps, n_steps):
+    """What model.py did before decode_steps: decode and sample in turn, tokens fed back by the host."""
+    tokens, positions, steps = tokens.copy(), positions.copy(), steps.copy()
+    out_tokens, out_logprobs = [], []
+    for _ in range(n_steps):
+        assert engine.decode(tokens, slots, positions, False) is None
+        chosen, logprobs = engine.sample(slots, positions, *params, steps)
+        out_tokens.append(chosen)
+        out_logprobs.append(logprobs)
+        tokens, positions, steps = chosen.astype(np.int32), positions + 1, steps + 1
+    return np.stack(out_tokens), np.stack(out_logprobs)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_decode_steps_equals_decode_and_sample_in_turn(C, rng, make_weights, graphs):
+    """The device-side loop (tokens fed back on the GPU) gives the host loop's tokens and logprobs
+    bit for bit: greedy, sampled and penalized rows of mixed lengths in one batch."""
+    config = CONFIGS["gqa-untied-hd64"]
+    tensors = make_weights(config, rng)
+    looped = make_engine(C, config, tensors, max_seq=64, max_batch=3, graphs=graphs)
+    stepped = make_engine(C, config, tensors, max_seq=64, max_batch=3, graphs=graphs)
+    lengths = (4, 9, 13)
+    for slot, n in enumerate(lengths):
+        prompt = rng.integers(0, config.vocab_size, size=n).astype(np.int32)
+        looped.prefill(slot, prompt, 0, "none")
+        stepped.prefill(slot, prompt, 0, "none")
+    slots = np.array([2, 0, 1], np.int32)  # rows need not follow slot order
+    positions = np.array([lengths[s] for s in slots], np.int32)
+    tokens = rng.integers(0, config.vocab_size, size=3).astype(np.int32)
+    params = (np.array([0.0, 0.9, 1.0], np.float32), np.array([0, 40, 0], np.int32),
+              np.array([1.0, 0.9, 1.0], np.float32), np.array([0.0, 0.0, 0.05], np.float32),
+              np.array([1.3, 1.1, 1.0], np.float32), rng.integers(0, 2**63, size=3).astype(np.uint64))
+    steps = np.array([0, 5, 2], np.uint64)
+    expected_tokens, expected_logprobs = step_by_step(stepped, tokens, slots, positions, params, steps, 7)
+    got_tokens, got_logprobs = looped.decode_steps(tokens, slots, positions, *params, steps, 7)
+    assert got_tokens.shape == (7, 3) and got_logprobs.shape == (7, 3)
+    np.testing.assert_array_equal(got_tokens, expected_tokens)
+    np.testing.assert_array_equal(got_logprobs, expected_logprobs)
+    # The loop continues where it left off, in chunks of any size, including one round.
+    positions, steps, tokens = positions + 7, steps + 7, got_tokens[-1].astype(np.int32)
+    expected_tokens, _ = step_by_step(stepped, tokens, slots, positions, params, steps, 3)
+    first, _ = looped.decode_steps(tokens, slots, positions, *params, steps, 1)
+    rest, _ = looped.decode_steps(first[0].astype(np.int32), slots, positions + 1, *params, steps + 1, 2)
+    np.testing.assert_array_equal(np.concatenate([first, rest]), expected_tokens)
+
+
+def test_decode_steps_bad_arguments_raise_and_leave_the_engine_usable(C, rng, make_weights):
+    config = CONFIGS["mha-odd-dims"]
+    engine = make_engine(C, config, make_weights(config, rng), max_seq=32, max_batch=2)
+    engine.prefill(0, np.arange(5, dtype=np.int32), 0, "none")
+    one = np.ones(1, np.float32)
+    params = (np.zeros(1, np.float32), np.zeros(1, np.int32), one, np.zeros(1, np.float32), one,
+              np.zeros(1, np.uint64))
+    args = (np.array([5], np.int32), np.array([0], np.int32), np.array([5], np.int32))
+    with pytest.raises(ValueError, match="n_steps"):
+        engine.decode_steps(*args, *params, np.zeros(1, np.uint64), 0)
+    with pytest.raises(ValueError, match="n_steps"):
+        engine.decode_steps(*args, *params, np.zeros(1, np.uint64), 65)
+    with pytest.raises(ValueError, match="context is full"):
+        engine.decode_steps(*args, *params, np.zeros(1, np.uint64), 28)  # positions 5..32 > 31
+    with pytest.raises(ValueError, match="top_k"):
+        engine.decode_steps(*args, params[0], np.full(1, -1, np.int32), *params[2:],
+                            np.zeros(1, np.uint64), 2)
+    tokens, _ = engine.decode_steps(*args, *params, np.zeros(1, np.uint64), 27)  # positions 5..31
+    assert tokens.shape == (27, 1) and ((0 <= tokens) & (tokens < config.vocab_size)).all()
+
+
 def test_sample_after_prefill_uses_its_last_logits(C, rng, make_weights):
     config = CONFIGS["mha-odd-dims"]
     tensors = make_weights(config, rng)

@@ -113,7 +113,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
         CUDA_CHECK(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
         CUDA_CHECK(cudaMallocHost(&h_in_, sizeof(int) * 3 * rows_));
         CUDA_CHECK(cudaMallocHost(&h_sample_in_, sample_in_bytes_));
-        CUDA_CHECK(cudaMallocHost(&h_out_, (sizeof(int) + sizeof(float)) * c.max_batch));
+        CUDA_CHECK(cudaMallocHost(&h_out_, (sizeof(int) + sizeof(float)) * kMaxDecodeSteps * c.max_batch));
 
         // Deterministic contents: get_weight before set_weight reads zeros, attention never
         // meets uninitialized bits, and the history says "never written" (-1) everywhere.
@@ -186,8 +186,9 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     d_sample_slots_ = a.take<int>(B);
     d_sample_positions_ = a.take<int>(B);
     sample_in_bytes_ = a.offset - sample_in_start;
-    d_out_tokens_ = a.take<int>(2 * B);  // tokens then logprobs, one download
-    d_out_logprobs_ = d_out_tokens_ ? reinterpret_cast<float*>(d_out_tokens_ + B) : nullptr;
+    // The token ring of decode_steps (sample() uses its first row): tokens, then logprobs.
+    d_out_tokens_ = a.take<int>(2 * kMaxDecodeSteps * B);
+    d_out_logprobs_ = d_out_tokens_ ? reinterpret_cast<float*>(d_out_tokens_ + kMaxDecodeSteps * B) : nullptr;
     *other_bytes = a.offset - *weights_bytes - *kv_bytes;
 }
 
@@ -397,8 +398,8 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
     logits_valid_rows_ = 1;
 }
 
-void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
-                        int batch, float* logits) {
+void CudaEngine::check_decode_rows(const int32_t* tokens, const int32_t* slots,
+                                   const int32_t* positions, int batch, int n_steps) const {
     BRRR_CHECK(batch >= 1 && batch <= cfg_.max_batch,
                "decode batch must be in [1, max_batch = " << cfg_.max_batch << "], got " << batch);
     BRRR_CHECK(tokens && slots && positions, "decode: null tokens, slots or positions pointer");
@@ -409,11 +410,17 @@ void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32
                                              "batch (rows " << j << " and " << i << ")");
         BRRR_CHECK(positions[i] >= 0, "decode: position " << positions[i] << " of row " << i
                                       << " must be >= 0");
-        BRRR_CHECK(positions[i] < cfg_.max_seq_len,
+        BRRR_CHECK((int64_t)positions[i] + n_steps - 1 < cfg_.max_seq_len,
                    "context is full: row " << i << " (slot " << slots[i] << ") is at position "
-                   << positions[i] << " but max_seq_len is " << cfg_.max_seq_len);
+                   << positions[i] << "; " << n_steps << " step(s) need positions up to "
+                   << (int64_t)positions[i] + n_steps - 1 << " but max_seq_len is " << cfg_.max_seq_len);
         check_token(tokens[i], i);
     }
+}
+
+void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                        int batch, float* logits) {
+    check_decode_rows(tokens, slots, positions, batch, 1);
     require_weights();
     activate();
 
@@ -536,7 +543,7 @@ void CudaEngine::replay_profiled(int B) {
 double CudaEngine::decode_context(int B) const {
     if (!prof_.on()) return 0;
     double positions = 0;
-    for (int b = 0; b < B; ++b) positions += h_in_[2 * rows_ + b] + 1.0;
+    for (int b = 0; b < B; ++b) positions += h_in_[2 * rows_ + b] + steps_ahead_ + 1.0;
     return positions;
 }
 
@@ -566,21 +573,86 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
     BRRR_CHECK(batch >= 1 && batch <= logits_valid_rows_,
                "sample: batch " << batch << " does not match the " << logits_valid_rows_
                                 << " row(s) of logits of the latest prefill/decode");
-    BRRR_CHECK(slots && positions && params && steps && tokens,
-               "sample: null slots, positions, params, steps or tokens pointer");
+    BRRR_CHECK(steps && tokens, "sample: null steps or tokens pointer");
+    check_sample_rows(slots, positions, params, batch, 1);
+    activate();
+    prof_.set_phase(profile::Phase::Sample);
+    upload_sample_inputs(slots, positions, params, steps, batch);
+    prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
+    sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
+                  d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_,
+                  d_out_logprobs_, stream_);
+    prof_.op("sample_outputs", profile::OpClass::Copy, profile::copy_cost(8.0 * batch));
+    CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, sizeof(int) * batch, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(h_out_ + sizeof(int) * batch, d_out_logprobs_, sizeof(float) * batch,
+                               cudaMemcpyDeviceToHost, stream_));
+    prof_.end();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(tokens, h_out_, sizeof(int) * batch);
+    if (logprobs) std::memcpy(logprobs, h_out_ + sizeof(int) * batch, sizeof(float) * batch);
+}
+
+// The loop of model.py's decode, on the device: round s replays the decode graph, samples into
+// row s of the token ring and feeds the tokens back as round s + 1's inputs (positions and RNG
+// steps advance on the device too). The host enqueues every round without waiting, so the GPU
+// never idles for Python between tokens; one download at the end.
+void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                              const SamplingParams* params, const uint64_t* steps, int batch,
+                              int n_steps, int32_t* out_tokens, float* out_logprobs) {
+    BRRR_CHECK(n_steps >= 1 && n_steps <= kMaxDecodeSteps,
+               "decode_steps: n_steps must be in [1, " << kMaxDecodeSteps << "], got " << n_steps);
+    BRRR_CHECK(steps && out_tokens && out_logprobs, "decode_steps: null steps or output pointer");
+    check_decode_rows(tokens, slots, positions, batch, n_steps);
+    check_sample_rows(slots, positions, params, batch, n_steps);
+    require_weights();
+    activate();
+
+    logits_valid_rows_ = 0;
+    stage_inputs(tokens, slots, positions, batch);
+    upload_sample_inputs(slots, positions, params, steps, batch);
+    for (int s = 0; s < n_steps; ++s) {
+        steps_ahead_ = s;
+        prof_.set_phase(profile::Phase::Decode);
+        run_decode(batch);
+        prof_.set_phase(profile::Phase::Sample);
+        int* ring_tokens = d_out_tokens_ + (size_t)s * batch;
+        prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
+        sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
+                      d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, ring_tokens,
+                      d_out_logprobs_ + (size_t)s * batch, stream_);
+        prof_.op("feed_back", profile::OpClass::Copy, profile::copy_cost(20.0 * batch));
+        feed_back_samples(ring_tokens, d_tokens_, d_positions_, d_sample_positions_, d_steps_, batch,
+                          stream_);
+        prof_.end();
+    }
+    steps_ahead_ = 0;
+    logits_valid_rows_ = batch;
+    const size_t n = (size_t)n_steps * batch;
+    CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, sizeof(int) * n, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(h_out_ + sizeof(int) * n, d_out_logprobs_, sizeof(float) * n,
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(out_tokens, h_out_, sizeof(int) * n);
+    std::memcpy(out_logprobs, h_out_ + sizeof(int) * n, sizeof(float) * n);
+}
+
+void CudaEngine::check_sample_rows(const int32_t* slots, const int32_t* positions,
+                                   const SamplingParams* params, int batch, int n_steps) const {
+    BRRR_CHECK(slots && positions && params, "sample: null slots, positions or params pointer");
     for (int i = 0; i < batch; ++i) {
         check_slot(slots[i]);
-        BRRR_CHECK(positions[i] >= 0 && positions[i] < cfg_.max_seq_len,
+        BRRR_CHECK(positions[i] >= 0 && (int64_t)positions[i] + n_steps - 1 < cfg_.max_seq_len,
                    "sample: position " << positions[i] << " of row " << i
                    << " is outside [0, max_seq_len = " << cfg_.max_seq_len << ")");
         const std::string problem = cpu::sampling_params_problem(params[i]);
         BRRR_CHECK(problem.empty(), "sample: row " << i << ": " << problem);
     }
-    activate();
-    prof_.set_phase(profile::Phase::Sample);
+}
 
-    // Pack the inputs into the pinned mirror of the device block (the last sample() waited for
-    // its own upload, so the mirror is free).
+// Packs the sampler's inputs into the pinned mirror of the device block and uploads it (every
+// caller waits for its stream before returning, so the mirror is free again).
+void CudaEngine::upload_sample_inputs(const int32_t* slots, const int32_t* positions,
+                                      const SamplingParams* params, const uint64_t* steps, int batch) {
     char* base = h_sample_in_;
     auto mirror = [&](const void* device_ptr) {
         return base + (static_cast<const char*>(device_ptr) - reinterpret_cast<const char*>(d_sample_params_));
@@ -599,17 +671,7 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
     prof_.op("sample_inputs", profile::OpClass::Copy, profile::copy_cost((double)sample_in_bytes_));
     CUDA_CHECK(cudaMemcpyAsync(d_sample_params_, h_sample_in_, sample_in_bytes_,
                                cudaMemcpyHostToDevice, stream_));
-    prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
-    sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
-                  d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_,
-                  d_out_logprobs_, stream_);
-    prof_.op("sample_outputs", profile::OpClass::Copy, profile::copy_cost(8.0 * cfg_.max_batch));
-    CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, (sizeof(int) + sizeof(float)) * cfg_.max_batch,
-                               cudaMemcpyDeviceToHost, stream_));
     prof_.end();
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::memcpy(tokens, h_out_, sizeof(int) * batch);
-    if (logprobs) std::memcpy(logprobs, h_out_ + sizeof(int) * cfg_.max_batch, sizeof(float) * batch);
 }
 
 }  // namespace cuda

@@ -60,6 +60,8 @@ public:
     static constexpr int kPrefillChunk = 512;
     // LM-head rows per step when a prefill wants the logits of every token.
     static constexpr int kLogitRows = 64;
+    // Most rounds one decode_steps call runs (the depth of the on-device token ring).
+    static constexpr int kMaxDecodeSteps = 64;
 
     CudaEngine(const Config& config, DType weight_dtype, int device);
     ~CudaEngine() override;
@@ -77,6 +79,9 @@ public:
                 float* logits) override;
     void sample(const int32_t* slots, const int32_t* positions, const SamplingParams* params,
                 const uint64_t* steps, int batch, int32_t* tokens, float* logprobs) override;
+    void decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                      const SamplingParams* params, const uint64_t* steps, int batch, int n_steps,
+                      int32_t* out_tokens, float* out_logprobs) override;
 
     void set_use_graphs(bool on) { use_graphs_ = on; }
     bool use_graphs() const { return use_graphs_; }
@@ -87,7 +92,7 @@ public:
     bool profile_enabled() const override { return prof_.on(); }
     std::vector<profile::Record> profile_take() override;
     // One decode step in kProfileEvery replays the instrumented graph.
-    static constexpr int kProfileEvery = 8;
+    static constexpr int kProfileEvery = 16;
 
 private:
     // ---- forward.cu ----
@@ -108,6 +113,14 @@ private:
     void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                       int rows);
     void run_decode(int B);
+    // decode()'s and sample()'s argument checks, shared with decode_steps.
+    void check_decode_rows(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                           int batch, int n_steps) const;
+    void check_sample_rows(const int32_t* slots, const int32_t* positions,
+                           const SamplingParams* params, int batch, int n_steps) const;
+    // Packs the sampler's inputs into h_sample_in_ and uploads them (d_sample_params_ ...).
+    void upload_sample_inputs(const int32_t* slots, const int32_t* positions,
+                              const SamplingParams* params, const uint64_t* steps, int batch);
     void activate() const;
     int layer_max_splits() const;
     cudaGraphExec_t capture_decode(int B, bool instrumented);
@@ -149,14 +162,15 @@ private:
     uint64_t* d_steps_ = nullptr;                 // [max_batch]
     int* d_sample_slots_ = nullptr;               // [max_batch]
     int* d_sample_positions_ = nullptr;           // [max_batch]
-    int* d_out_tokens_ = nullptr;                 // [max_batch], followed by
-    float* d_out_logprobs_ = nullptr;             // [max_batch]
+    int* d_out_tokens_ = nullptr;                 // [kMaxDecodeSteps][max_batch], followed by
+    float* d_out_logprobs_ = nullptr;             // [kMaxDecodeSteps][max_batch]
     size_t sample_in_bytes_ = 0;
 
     // Pinned host mirrors of the input/output blocks, so copies are truly asynchronous.
     int* h_in_ = nullptr;
     char* h_sample_in_ = nullptr;  // same layout as the device block starting at d_sample_params_
     char* h_out_ = nullptr;        // tokens then logprobs, like d_out_tokens_
+    int steps_ahead_ = 0;          // decode_steps: rounds run past the positions in h_in_
     // Recorded after each input upload: h_in_ may be rewritten once it has fired.
     cudaEvent_t inputs_uploaded_ = nullptr;
 

@@ -87,6 +87,9 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
 // ---- sampling.cu: one token per sequence on the device, no host round trip --------------------
 // logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].
 size_t sample_scratch_bytes(int B, int V);
+// decode_steps: the sampled tokens become the next round's inputs; positions, the sampler's
+// positions and the RNG steps advance by one. All [B].
+void feed_back_samples(const int* sampled, int* tokens, int* positions, int* sample_positions, uint64_t* steps, int B, cudaStream_t stream);
 void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions, const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, cudaStream_t stream);
 
 // ---- init.cu ---------------------------------------------------------------------------------

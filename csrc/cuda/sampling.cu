@@ -15,6 +15,9 @@
 // exactly that key finds the index among ties. A kept set is always a prefix of the heaviest-first
 // order, stored as a Cut (key, idx): token i is kept iff key_i > key, or key_i == key and i <= idx.
 //
+// feed_back_samples closes the loop of engine.decode_steps on the device: the tokens just
+// sampled become the next decode's inputs and every row moves one position on.
+//
 // Bitwise agreement with the CPU: the build uses fast math, so the arithmetic that decides which
 // token wins is spelled out in IEEE-rounded intrinsics, exp is taken in double and rounded to
 // float (what glibc's expf returns), and masses are summed in double as on the CPU. Only the
@@ -395,9 +398,29 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+__global__ void feed_back_kernel(const int* __restrict__ sampled, int* __restrict__ tokens,
+                                 int* __restrict__ positions, int* __restrict__ sample_positions,
+                                 uint64_t* __restrict__ steps, int B) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= B) return;
+    tokens[b] = sampled[b];
+    ++positions[b];
+    ++sample_positions[b];
+    ++steps[b];
+}
+
 size_t seen_bytes(int V) { return (size_t)((V + 31) / 32) * sizeof(unsigned); }
 
 }  // namespace
+
+void feed_back_samples(const int* sampled, int* tokens, int* positions, int* sample_positions,
+                       uint64_t* steps, int B, cudaStream_t stream) {
+    BRRR_CHECK(B >= 0, "feed_back_samples: bad batch B=" << B);
+    if (B == 0) return;
+    feed_back_kernel<<<CEIL_DIV(B, 64), 64, 0, stream>>>(sampled, tokens, positions, sample_positions,
+                                                          steps, B);
+    CUDA_CHECK_LAUNCH("feed_back_kernel");
+}
 
 size_t sample_scratch_bytes(int B, int V) {
     BRRR_CHECK(B >= 0 && V > 0, "sample_scratch_bytes: bad sizes B=" << B << " V=" << V);
