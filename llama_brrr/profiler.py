@@ -14,7 +14,10 @@ report, by the definitions of DESIGN.md ("Instrumentation"):
   compute, memory   busy split in the ratio of compute- and memory-bound kernel time, so
             compute + memory + overhead = wall exactly
   MFU, MBU  kernel FLOPs (bytes) of the phase / (wall x peak); *_measured against calibrated peaks
-Kernels sampled from instrumented CUDA-graph replays count for every replay of their graph.
+Kernels sampled from instrumented CUDA-graph replays count for every replay of their graph, and
+are then scaled so that a graph's kernels add up to its measured replay time: inside a plain
+replay consecutive kernels overlap (programmatic dependent launch), which the event nodes of an
+instrumented replay prevent, so the serialized times are each kernel's share, not its wall time.
 """
 
 from __future__ import annotations
@@ -197,8 +200,20 @@ def build_summary(records, spans, peaks, backend: str, device: str | None = None
         n_replays[r.group] += 1
         n_sampled[r.group] += r.sampled
 
+    # Per graph: replay time actually measured / the sampled kernels' time standing for it (<= 1).
+    replay_s, sampled_s = defaultdict(float), defaultdict(float)
+    for r in replays:
+        replay_s[r.group] += r.t1 - r.t0
+    for r in kernels:
+        if r.sampled:
+            sampled_s[r.group] += (r.t1 - r.t0) * n_replays[r.group] / n_sampled[r.group]
+    overlap = {g: min(1.0, replay_s[g] / sampled_s[g]) if sampled_s[g] > 0 else 1.0 for g in sampled_s}
+
     def weight(r: _Rec) -> float:
         return n_replays[r.group] / n_sampled[r.group] if r.sampled else 1.0
+
+    def duration(r: _Rec) -> float:
+        return (r.t1 - r.t0) * (overlap[r.group] if r.sampled else 1.0)
 
     phases, kernel_rows = {}, []
     for ph in PHASES:
@@ -212,7 +227,7 @@ def build_summary(records, spans, peaks, backend: str, device: str | None = None
         if not wall and mine:
             wall = max(r.t1 for r in mine) - min(r.t0 for r in mine)
         busy = (_union((r.t0, r.t1) for r in mine if not r.sampled)
-                + sum((r.t1 - r.t0) * weight(r) for r in mine if r.sampled))
+                + sum(duration(r) * weight(r) for r in mine if r.sampled))
         busy = min(busy, wall)
 
         agg = {}
@@ -221,7 +236,7 @@ def build_summary(records, spans, peaks, backend: str, device: str | None = None
             a = agg.setdefault(key, [0.0, 0.0, 0.0, 0.0])
             w = weight(r)
             a[0] += w
-            a[1] += (r.t1 - r.t0) * w
+            a[1] += duration(r) * w
             a[2] += r.flops * w
             a[3] += r.bytes * w
         raw = {"compute": 0.0, "memory": 0.0}

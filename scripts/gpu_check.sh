@@ -13,6 +13,7 @@
 #   profile/       llama-brrr profile of 1B-shape decode: report, roofline / breakdown PNGs, trace
 #   gemm_lab/      benchmarks/lab/run_gemm_lab.sh: GEMM variants checked and timed against cuBLAS
 #   summary.txt    the table printed last
+#   results.tar.gz everything above but summary.txt, packed (PACK=0 leaves the files as they are)
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
 # sweep gets up to 150 s and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
@@ -151,3 +152,11 @@ fi
         sed -n '/^==== compare: /,$p' "$OUT/bench.log" | grep -v '^\[' | tail -n 40
     fi
 } | tee "$OUT/summary.txt"
+
+# The device returns few files: everything but the summary travels as one archive (big traces
+# stay behind).
+if [[ -n "${PACK:-1}" && "${PACK:-1}" != 0 ]]; then
+    find "$OUT" -type f -size +20M -delete
+    tar -czf /tmp/gpu_check_results.tar.gz -C "$OUT" --exclude summary.txt . && \
+        find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/gpu_check_results.tar.gz "$OUT/results.tar.gz"
+fi

@@ -90,7 +90,7 @@ def test_kernel_times_match_cupti(C, rng):
             cls = _torch_class(e.name)
             cupti[cls] = cupti.get(cls, 0.0) + (e.time_range.end - e.time_range.start) * 1e-6
             launches[cls] = launches.get(cls, 0) + 1
-    for cls in ("matmul", "attention", "norm"):
+    for cls in ("matmul", "attention"):  # the norms run inside the matmuls (rmsnorm_matmul_bf16)
         tolerance = max(0.05 * cupti[cls], 2e-6 * launches[cls])
         # Eager launches add the wait between an event and its kernel: ours may only be longer.
         assert cupti[cls] - tolerance <= ours[cls], cls

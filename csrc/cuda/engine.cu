@@ -443,12 +443,12 @@ void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32
 // addresses never change, so a replay sees each call's inputs.
 void CudaEngine::run_decode(int B) {
     if (!use_graphs_) {
-        forward_decode(B);
+        forward_decode_eager(B);
         return;
     }
     if (!decode_graphs_[B]) {
         if (!decode_warmed_[B]) {
-            forward_decode(B);
+            forward_decode_eager(B);
             decode_warmed_[B] = true;
             return;
         }
@@ -459,6 +459,23 @@ void CudaEngine::run_decode(int B) {
         return;
     }
     CUDA_CHECK(cudaGraphLaunch(decode_graphs_[B], stream_));
+}
+
+// forward_decode(B) launched kernel by kernel; while profiling the stream is held until the whole
+// pass is enqueued (EventClock::hold), so each kernel's marks time the kernel, not the host.
+void CudaEngine::forward_decode_eager(int B) {
+    if (!prof_.on()) {
+        forward_decode(B);
+        return;
+    }
+    prof_clock_.hold();
+    try {
+        forward_decode(B);
+    } catch (...) {
+        prof_clock_.release_hold();
+        throw;
+    }
+    prof_clock_.release_hold();
 }
 
 // Captures forward_decode(B). Plain: recording paused, so the graph is the unprofiled one.

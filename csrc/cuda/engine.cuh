@@ -113,6 +113,7 @@ private:
     void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                       int rows);
     void run_decode(int B);
+    void forward_decode_eager(int B);
     // decode()'s and sample()'s argument checks, shared with decode_steps.
     void check_decode_rows(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                            int batch, int n_steps) const;

@@ -1,5 +1,8 @@
-// profile_events.cu — EventClock (profile_events.cuh): cudaEvent timestamps for the profiler.
-// No kernels here: only event bookkeeping on the engine stream.
+// profile_events.cu — EventClock (profile_events.cuh): cudaEvent timestamps for the profiler, and
+// the one kernel of the profiler, hold_kernel: a single thread that sleeps until the host releases
+// the stream (or a timeout passes).
+#include <atomic>
+
 #include "cuda/check.cuh"
 #include "cuda/profile_events.cuh"
 
@@ -8,6 +11,34 @@ namespace cuda {
 
 namespace {
 constexpr size_t kFirstPool = 1024;
+constexpr unsigned long long kHoldTimeoutNs = 100ull * 1000 * 1000;
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void hold_kernel(const volatile unsigned* gate, unsigned generation) {
+    const unsigned long long t0 = global_ns();
+    while ((int)(*gate - generation) < 0 && global_ns() - t0 < kHoldTimeoutNs) __nanosleep(1000);
+}
+}  // namespace
+
+void EventClock::hold() {
+    if (!gate_) {
+        CUDA_CHECK(cudaHostAlloc(&gate_, sizeof(unsigned), cudaHostAllocMapped));
+        *gate_ = generation_;
+        CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&gate_device_), gate_, 0));
+    }
+    hold_kernel<<<1, 1, 0, stream_>>>(gate_device_, ++generation_);
+    CUDA_CHECK_LAUNCH("hold_kernel");
+}
+
+void EventClock::release_hold() {
+    if (!gate_) return;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    *reinterpret_cast<volatile unsigned*>(gate_) = generation_;
 }
 
 void EventClock::begin(cudaStream_t stream) {
@@ -25,6 +56,12 @@ void EventClock::begin(cudaStream_t stream) {
 }
 
 void EventClock::release() noexcept {
+    if (gate_) {
+        *reinterpret_cast<volatile unsigned*>(gate_) = generation_;  // a held stream goes on
+        if (stream_) cudaStreamSynchronize(stream_);
+        cudaFreeHost(gate_);
+        gate_ = gate_device_ = nullptr;
+    }
     for (cudaEvent_t e : pool_) cudaEventDestroy(e);
     pool_.clear();
     if (ref_) cudaEventDestroy(ref_), ref_ = nullptr;

@@ -7,6 +7,13 @@
 // Capture mode: while capture_into(list) is set, each stamp creates a fresh event, records it as an
 // external event node of the graph being captured (cudaEventRecordExternal) and returns its index in
 // `list`; the graph owns those events and the engine reads them after each replay (seconds_of).
+//
+// Hold: an eager decode pass launched while profiling is bracketed by hold() / release(). hold()
+// enqueues a kernel that spins until release() flips a flag in mapped host memory, so the GPU
+// starts the pass only once the host has enqueued all of it. Without it a GPU that outruns the
+// host waits inside a kernel's [start, end] marks for the host to launch that kernel, and launch
+// overhead would be booked as kernel time. The spin time itself is in no record: it is overhead.
+// The wait gives up after kHoldTimeoutNs, so a host that blocks while holding costs time, not a hang.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +40,8 @@ public:
     void recycle() override { used_ = 0; }
 
     void capture_into(std::vector<cudaEvent_t>* list) { capture_ = list; }
+    void hold();
+    void release_hold();
     // A completed event's time on the host timeline.
     double seconds_of(cudaEvent_t event);
     double elapsed_between(cudaEvent_t a, cudaEvent_t b);
@@ -44,6 +53,9 @@ private:
     std::vector<cudaEvent_t> pool_;
     size_t used_ = 0;
     std::vector<cudaEvent_t>* capture_ = nullptr;
+    unsigned* gate_ = nullptr;         // mapped pinned host memory: the generation released last
+    unsigned* gate_device_ = nullptr;  // its device address
+    unsigned generation_ = 0;
 };
 
 }  // namespace cuda
