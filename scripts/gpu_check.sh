@@ -9,6 +9,7 @@
 #   kernels.json   benchmarks/bench_kernels.py --quick
 #   compare.json   llama-brrr compare on llama3.2-1b, batch 1: decode (128-token prompt) and
 #   compare.png    prefill of 2048 tokens against torch eager, HF eager / sdpa, torch.compile
+#   bench.json     llama-brrr bench: batch-1 decode, 128-token prompt, 256 new tokens, 1B and 8B shapes
 #   sweep.json     llama-brrr bench --sweep --quick (3 shapes, decode batch x context, prefill)
 #   profile/       llama-brrr profile of 1B-shape decode: report, roofline / breakdown PNGs, trace
 #   gemm_lab/      benchmarks/lab/run_gemm_lab.sh: GEMM variants checked and timed against cuBLAS
@@ -17,14 +18,14 @@
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
 # sweep gets up to 150 s and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
-#   cuda-tests cpu-tests sanitizer kernels gemmlab profile sweep compare
+#   cuda-tests cpu-tests sanitizer kernels gemmlab profile decode sweep compare
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
-PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels gemmlab profile sweep compare}
+PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels gemmlab profile decode sweep compare}
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY=()
@@ -133,6 +134,8 @@ EOF
     wanted gemmlab && phase gemmlab 240 "$OUT/bench.log" env OUT="$OUT/gemm_lab" bash benchmarks/lab/run_gemm_lab.sh
     wanted profile && phase profile 90 "$OUT/bench.log" python3 -m llama_brrr profile --shape llama3.2-1b \
         --device cuda --max-new-tokens 128 --torch --out "$OUT/profile"
+    wanted decode && phase decode 90 "$OUT/bench.log" python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b \
+        --device cuda -b 1 -p 128 -n 256 --repeats 5 --json "$OUT/bench.json"
     wanted sweep && phase sweep 150 "$OUT/bench.log" python3 -m llama_brrr bench --sweep --quick --device cuda \
         --json "$OUT/sweep.json"
     BENCH_S=$(( $(left) - 25 ))

@@ -394,7 +394,9 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
             }
         }
     }
-    if (logits) CUDA_CHECK(cudaStreamSynchronize(stream_));
+    // While profiling, a prefill ends when its kernels do, so the phase's wall (model.py's span
+    // around this call) holds them instead of leaving them to the decode that follows.
+    if (logits || prof_.on()) CUDA_CHECK(cudaStreamSynchronize(stream_));
     logits_valid_rows_ = 1;
 }
 
@@ -464,7 +466,7 @@ void CudaEngine::run_decode(int B) {
 // forward_decode(B) launched kernel by kernel; while profiling the stream is held until the whole
 // pass is enqueued (EventClock::hold), so each kernel's marks time the kernel, not the host.
 void CudaEngine::forward_decode_eager(int B) {
-    if (!prof_.on()) {
+    if (!prof_.on() || prof_clock_.holding()) {
         forward_decode(B);
         return;
     }
@@ -629,18 +631,28 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     upload_sample_inputs(slots, positions, params, steps, batch);
     for (int s = 0; s < n_steps; ++s) {
         steps_ahead_ = s;
-        prof_.set_phase(profile::Phase::Decode);
-        run_decode(batch);
-        prof_.set_phase(profile::Phase::Sample);
-        int* ring_tokens = d_out_tokens_ + (size_t)s * batch;
-        prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
-        sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
-                      d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, ring_tokens,
-                      d_out_logprobs_ + (size_t)s * batch, stream_);
-        prof_.op("feed_back", profile::OpClass::Copy, profile::copy_cost(20.0 * batch));
-        feed_back_samples(ring_tokens, d_tokens_, d_positions_, d_sample_positions_, d_steps_, batch,
-                          stream_);
-        prof_.end();
+        // Profiling an eager round: hold the stream over the whole round, sampling included
+        // (forward_decode_eager explains why); graph replays need no hold.
+        const bool hold = prof_.on() && (!use_graphs_ || !decode_warmed_[batch]);
+        if (hold) prof_clock_.hold();
+        try {
+            prof_.set_phase(profile::Phase::Decode);
+            run_decode(batch);
+            prof_.set_phase(profile::Phase::Sample);
+            int* ring_tokens = d_out_tokens_ + (size_t)s * batch;
+            prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
+            sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
+                          d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_,
+                          ring_tokens, d_out_logprobs_ + (size_t)s * batch, stream_);
+            prof_.op("feed_back", profile::OpClass::Copy, profile::copy_cost(20.0 * batch));
+            feed_back_samples(ring_tokens, d_tokens_, d_positions_, d_sample_positions_, d_steps_,
+                              batch, stream_);
+            prof_.end();
+        } catch (...) {
+            if (hold) prof_clock_.release_hold();
+            throw;
+        }
+        if (hold) prof_clock_.release_hold();
     }
     steps_ahead_ = 0;
     logits_valid_rows_ = batch;

@@ -562,13 +562,22 @@ bool tma_compatible(const GemmArgs& p) {
 // Tile width: 256 columns unless the tile count then leaves more of the last wave idle than 128
 // does (time ~ waves x tile width; M = 512 x N = 4096 is one wave of 64 wide tiles on 132 SMs
 // but one wave of 128 narrow ones, twice as fast).
+// Tile width by a wave model: time ~ waves x tile width (a tile's work grows with its width,
+// and a partly filled last wave costs a full one). The cheapest of 256 / 192 / 128 columns wins,
+// the wider on a tie (fewer re-reads of x). In the lab (benchmarks/lab, H100) this picks the best
+// of variants 05 / 11 / 04 on most Llama-3-8B shapes at M = 512 .. 8192.
 void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
-    const int tiles_m = CEIL_DIV(p.M, sm90::kBM);
-    const int cols_wide = p.ep == Epilogue::SwiGLU ? 128 : 256, cols_narrow = cols_wide / 2;
-    const long long waves_wide = CEIL_DIV((long long)tiles_m * CEIL_DIV(p.width, cols_wide), sm_count);
-    const long long waves_narrow = CEIL_DIV((long long)tiles_m * CEIL_DIV(p.width, cols_narrow), sm_count);
-    if (2 * waves_wide <= waves_narrow) {
+    const long long tiles_m = CEIL_DIV(p.M, sm90::kBM);
+    const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;  // a SwiGLU tile yields BN / 2 outputs
+    auto cost = [&](int bn) {
+        const long long tiles = tiles_m * CEIL_DIV(p.width, bn / out_per_col);
+        return CEIL_DIV(tiles, (long long)sm_count) * bn;
+    };
+    const long long c256 = cost(256), c192 = cost(192), c128 = cost(128);
+    if (c256 <= c192 && c256 <= c128) {
         sm90::launch<256, 4>(p, sm_count, 8, stream);
+    } else if (c192 <= c128) {
+        sm90::launch<192, 5>(p, sm_count, 8, stream);
     } else {
         sm90::launch<128, 6>(p, sm_count, 8, stream);
     }

@@ -33,12 +33,14 @@ void EventClock::hold() {
     }
     hold_kernel<<<1, 1, 0, stream_>>>(gate_device_, ++generation_);
     CUDA_CHECK_LAUNCH("hold_kernel");
+    holding_ = true;
 }
 
 void EventClock::release_hold() {
     if (!gate_) return;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     *reinterpret_cast<volatile unsigned*>(gate_) = generation_;
+    holding_ = false;
 }
 
 void EventClock::begin(cudaStream_t stream) {

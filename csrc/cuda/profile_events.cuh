@@ -33,7 +33,8 @@ public:
     void release() noexcept;
 
     int64_t stamp() override;
-    bool separate_end_marks() const override { return true; }
+    // Held, the GPU runs the ops back to back: one mark between two ops is their boundary.
+    bool separate_end_marks() const override { return !holding_; }
     void wait() override;
     double seconds(int64_t mark) override { return seconds_of(pool_[(size_t)mark]); }
     double elapsed(int64_t a, int64_t b) override;
@@ -42,6 +43,7 @@ public:
     void capture_into(std::vector<cudaEvent_t>* list) { capture_ = list; }
     void hold();
     void release_hold();
+    bool holding() const { return holding_; }
     // A completed event's time on the host timeline.
     double seconds_of(cudaEvent_t event);
     double elapsed_between(cudaEvent_t a, cudaEvent_t b);
@@ -56,6 +58,7 @@ private:
     unsigned* gate_ = nullptr;         // mapped pinned host memory: the generation released last
     unsigned* gate_device_ = nullptr;  // its device address
     unsigned generation_ = 0;
+    bool holding_ = false;
 };
 
 }  // namespace cuda
