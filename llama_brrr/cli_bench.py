@@ -122,6 +122,15 @@ def _run(args: argparse.Namespace, kind: str) -> dict:
         options.contestants = ("llama_brrr", *wanted)
         options.budget_s = args.budget_s
     result = None
+    name = ("compare" if kind == "compare" else "bench") if not args.sweep else \
+        ("compare_sweep" if kind == "compare" else "sweep")
+
+    def save_partial(part: dict) -> None:
+        # Written after every workload, so a run cut short (a time limit) leaves what it measured.
+        earlier = result["runs"] if result is not None else []
+        _outputs(args, {**part, "runs": earlier + part["runs"], "partial": True}, name)
+
+    options.on_run = save_partial
     for shape, groups in plan:
         opts = dataclasses.replace(options, shape=shape)
         part = (harness.run_compare if kind == "compare" else harness.run_bench)(opts, groups)

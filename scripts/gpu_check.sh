@@ -6,9 +6,12 @@
 #   tests.log      pytest -m cuda, then pytest -m "not cuda"
 #   sanitizer.log  compute-sanitizer --tool memcheck on a tiny model, 8 tokens, graphs on and off
 #   bench.log      the benchmarks' tables
-#   kernels.json   benchmarks/bench_kernels.py --quick
-#   compare.json   llama-brrr compare on llama3.2-1b, batch 1: decode (128-token prompt) and
-#   compare.png    prefill of 2048 tokens against torch eager, HF eager / sdpa, torch.compile
+#   kernels.json   benchmarks/bench_kernels.py $KERNELS_ARGS (default --quick: 1B shapes)
+#   variants/      benchmarks/lab/decode_variants.sh: decode with each fusion switched off
+#   compare.json   llama-brrr compare on $COMPARE_SHAPES (llama3.2-1b) with $COMPARE_ARGS (default
+#   compare.png    batch 1, prompts of 128 and 2048, 128 new tokens, no split) against torch eager,
+#                  HF eager / sdpa, torch.compile; written after each workload, so a cut run keeps
+#                  what it measured
 #   bench.json     llama-brrr bench: batch-1 decode, 128-token prompt, 256 new tokens, 1B and 8B shapes
 #   sweep.json     llama-brrr bench --sweep --quick (3 shapes, decode batch x context, prefill)
 #   profile/       llama-brrr profile of 1B-shape decode: report, roofline / breakdown PNGs, trace
@@ -18,14 +21,14 @@
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
 # sweep gets up to 150 s and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
-#   cuda-tests cpu-tests sanitizer kernels gemmlab profile decode sweep compare
+#   cuda-tests cpu-tests sanitizer kernels variants gemmlab profile decode sweep compare
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
-PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels gemmlab profile decode sweep compare}
+PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels variants gemmlab profile decode sweep compare}
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY=()
@@ -129,8 +132,10 @@ EOF
         --error-exitcode 1 --leak-check no python3 /tmp/brrr_sanitize.py
 
     # ---- benchmarks -------------------------------------------------------------------------------
-    wanted kernels && phase kernels 120 "$OUT/bench.log" python3 benchmarks/bench_kernels.py --quick \
+    # shellcheck disable=SC2086  # KERNELS_ARGS is a list of arguments
+    wanted kernels && phase kernels 180 "$OUT/bench.log" python3 benchmarks/bench_kernels.py ${KERNELS_ARGS:---quick} \
         --out "$OUT/kernels.json"
+    wanted variants && phase variants 200 "$OUT/bench.log" env OUT="$OUT/variants" bash benchmarks/lab/decode_variants.sh
     wanted gemmlab && phase gemmlab 240 "$OUT/bench.log" env OUT="$OUT/gemm_lab" bash benchmarks/lab/run_gemm_lab.sh
     wanted profile && phase profile 90 "$OUT/bench.log" python3 -m llama_brrr profile --shape llama3.2-1b \
         --device cuda --max-new-tokens 128 --torch --out "$OUT/profile"
@@ -139,8 +144,9 @@ EOF
     wanted sweep && phase sweep 150 "$OUT/bench.log" python3 -m llama_brrr bench --sweep --quick --device cuda \
         --json "$OUT/sweep.json"
     BENCH_S=$(( $(left) - 25 ))
+    # shellcheck disable=SC2086  # COMPARE_ARGS is a list of arguments
     wanted compare && phase compare $(( BENCH_S + 15 )) "$OUT/bench.log" python3 -m llama_brrr compare \
-        --shape "${COMPARE_SHAPES:-llama3.2-1b}" --device cuda -b 1 -p 128,2048 -n 128 --repeats 3 \
+        --shape "${COMPARE_SHAPES:-llama3.2-1b}" --device cuda ${COMPARE_ARGS:--b 1 -p 128,2048 -n 128 --repeats 3 --no-split} \
         --budget-s "$BENCH_S" --out-dir "$OUT"
 fi
 

@@ -44,6 +44,11 @@ def test_bench_cli_smoke(C, tmp_path):
             [w["batch"] * w["prompt"] / t for t in run["ttft_s"]["repeats"]], rel=1e-12)
         assert run["ms_per_token"] == pytest.approx(1e3 * run["decode_s"]["median"] / 3)
         assert run["prefill"]["flops"] > 0 and run["decode"]["bytes"] > 0
+        # The instrumentation layer's split of our own run: every second accounted for.
+        for phase in ("prefill", "decode"):
+            part = run["split"][phase]
+            assert part["wall_s"] > 0, run["split"]
+            assert part["compute_s"] + part["memory_s"] + part["overhead_s"] == pytest.approx(part["wall_s"], rel=1e-6)
     assert "| smollm2-135m | f32   | 2     | tg3@8" in done.stdout
 
 

@@ -29,6 +29,8 @@
 // K % 8 != 0 or x / W not 16-byte aligned selects a scalar-load variant of the same kernel:
 // correct, slower; real model shapes always take the vector path (decided at the launcher).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/check.cuh"
 #include "cuda/kernel_util.cuh"
@@ -63,6 +65,7 @@ struct GemvArgs {
     int n_units;          // output columns, or pairs
     int half_n;           // SwiGLU: offset of the up rows (H); Rope: head_dim / 2
     int K, chunk;         // chunk = x elements per row staged per K step
+    bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 
     // Weights do not depend on the previous kernel: start pulling this warp's rows into L2 before
     // waiting for it (launch.cuh).
-    if (VEC) {
+    if (VEC && a.prefetch) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
             if (lane == r && row_ok[r]) prefetch_l2(rows[r], (unsigned)K * sizeof(uint16_t));
@@ -318,6 +321,22 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
     }
 }
 
+// Diagnostics for measuring what the fusions buy (benchmarks/lab/decode_variants.sh), read once:
+// LLAMA_BRRR_GEMV_PREFETCH=0 drops the L2 prefetch, LLAMA_BRRR_GEMV_NORM=0 runs the input RMSNorm
+// as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
+bool env_on(const char* name) {
+    const char* v = std::getenv(name);
+    return !(v && std::strcmp(v, "0") == 0);
+}
+bool prefetch_enabled() {
+    static const bool on = env_on("LLAMA_BRRR_GEMV_PREFETCH");
+    return on;
+}
+bool fused_norm_enabled() {
+    static const bool on = env_on("LLAMA_BRRR_GEMV_NORM");
+    return on;
+}
+
 // The shared launcher of gemv_bf16 (x bf16) and the fused-norm path (x_f32 + norm_w).
 void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* norm_w, float eps,
                  const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args_in,
@@ -351,6 +370,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.chunk = K <= max_elems ? K : max_elems / 256 * 256;
     a.ep = ep;
     a.out = args;
+    a.prefetch = prefetch_enabled();
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
@@ -367,8 +387,13 @@ void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N,
                          int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream) {
     BRRR_CHECK(x != nullptr, "rmsnorm_matmul_bf16: x must be a device pointer, got null");
-    if (M <= kMaxRows) {
+    if (M <= kMaxRows && (fused_norm_enabled() || xn == nullptr)) {
         launch_gemv("rmsnorm_matmul_bf16", nullptr, x, norm_w, eps, W, M, N, K, ep, args, stream);
+        return;
+    }
+    if (M <= kMaxRows) {
+        rmsnorm_residual(const_cast<float*>(x), nullptr, norm_w, xn, M, K, eps, stream);
+        launch_gemv("rmsnorm_matmul_bf16", xn, nullptr, nullptr, 0.f, W, M, N, K, ep, args, stream);
         return;
     }
     BRRR_CHECK(xn != nullptr, "rmsnorm_matmul_bf16: M=" << M << " > " << kMaxRows

@@ -22,6 +22,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/check.cuh"
 
@@ -71,6 +73,15 @@ inline DeviceFacts device_facts() {
     return f;
 }
 
+// LLAMA_BRRR_PDL=0 launches plainly (a diagnostic for benchmarks/lab/decode_variants.sh), read once.
+inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("LLAMA_BRRR_PDL");
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
+    return on;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization on sm_90+.
 // The caller checks the launch with CUDA_CHECK_LAUNCH as after any launch.
 template <typename... KernelArgs, typename... Args>
@@ -85,7 +96,7 @@ void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t sme
     attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attribute;
-    config.numAttrs = device_facts().major >= 9 ? 1 : 0;
+    config.numAttrs = device_facts().major >= 9 && pdl_enabled() ? 1 : 0;
     // A launch error is left for the caller's CUDA_CHECK_LAUNCH, exactly like <<<...>>>.
     (void)cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
 }

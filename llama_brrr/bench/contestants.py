@@ -62,6 +62,26 @@ class Engine:
         self.engine.decode(tokens.astype(np.int32), slots, positions, False)
         return self._greedy(slots, positions)
 
+    def decode_run(self, tokens: np.ndarray, position: int, n: int) -> list[np.ndarray]:
+        """n greedy rounds the way Llama.generate runs them: decode_steps in chunks (on CUDA the
+        rounds of a chunk stay on the device), one host copy per chunk."""
+        from ..model import Llama
+
+        chunk = Llama.DECODE_CHUNK["cuda" if self.llm.device.startswith("cuda") else "cpu"]
+        b = len(tokens)
+        slots, zeros_u64 = np.arange(b, dtype=np.int32), np.zeros(b, np.uint64)
+        out: list[np.ndarray] = []
+        tokens = tokens.astype(np.int32)
+        while len(out) < n:
+            steps = min(chunk, n - len(out))
+            rounds, _ = self.engine.decode_steps(
+                tokens, slots, np.full(b, position + len(out), np.int32), np.zeros(b, np.float32),
+                np.zeros(b, np.int32), np.ones(b, np.float32), np.zeros(b, np.float32),
+                np.ones(b, np.float32), zeros_u64, zeros_u64, steps)
+            out.extend(np.asarray(r, np.int32) for r in rounds)
+            tokens = out[-1]
+        return out
+
     def last_logits(self, ids: list[int]) -> np.ndarray:
         return self.engine.prefill(0, np.asarray(ids, np.int32), 0, "last")[0]
 

@@ -72,6 +72,7 @@ class Options:
     contestants: tuple = ("llama_brrr",)
     budget_s: float = 1e9
     split: bool = True                    # the compute / memory / overhead split, when available
+    on_run: object = None                 # called with the result so far after each workload
     command: str = field(default_factory=lambda: shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
 
 
@@ -108,9 +109,12 @@ def measure(contestant, prompts: np.ndarray, generate: int, repeats: int, warmup
         contestant.sync()
         t1 = time.perf_counter()
         produced = [token]
-        for step in range(generate):
-            token = contestant.decode(token, length + step)
-            produced.append(token)
+        if hasattr(contestant, "decode_run"):  # llama_brrr: rounds in chunks, as generate() runs them
+            produced += contestant.decode_run(token, length, generate)
+        else:
+            for step in range(generate):
+                token = contestant.decode(token, length + step)
+                produced.append(token)
         contestant.sync()
         t2 = time.perf_counter()
         if run >= warmup:
@@ -146,6 +150,7 @@ def split(contestant, prompts: np.ndarray, w: Workload, config, dtype: str) -> d
         if isinstance(contestant, Engine):
             prof = llama_brrr.profile()
             with prof:
+                prof.attach(contestant.engine)  # the contestant drives the _C engine directly
                 measure(contestant, prompts, w.generate, 1, 0)
             phases = prof.summary().to_dict()["phases"]
         elif hasattr(llama_brrr, "profile_torch") and hasattr(contestant, "torch"):
@@ -289,6 +294,8 @@ def run_bench(opts: Options, groups: list[list[Workload]]) -> dict:
             if opts.split:
                 run["split"] = split(ours, prompts, w, llm.config, llm.dtype)
             result["runs"].append(run)
+            if opts.on_run:
+                opts.on_run(result)
         del ours, llm
         gc.collect()
     return result
@@ -414,6 +421,8 @@ def run_compare(opts: Options, groups: list[list[Workload]]) -> dict:
         for w in group:
             result["runs"].append(compare_workload(opts, w, llm, ours, weights, checker, device,
                                                    peak, budget, max_seq, compiled))
+            if opts.on_run:
+                opts.on_run(result)
         del ours, llm, weights, checker, compiled
         _reset_dynamo()
         gc.collect()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# decode_variants.sh — what each decode fusion buys, measured end to end: batch-1 decode of the
+# Llama-3.2-1B and Llama-3-8B shapes (128-token prompt, 256 new tokens, CUDA graphs on) under the
+# engine's diagnostic switches, all in one process per variant and one run of this script:
+#   01 shipped      fused RMSNorm in the GEMV prologue, L2 weight prefetch, PDL
+#   02 no-prefetch  LLAMA_BRRR_GEMV_PREFETCH=0: no cp.async.bulk.prefetch.L2 of the W rows
+#   03 no-norm      LLAMA_BRRR_GEMV_NORM=0: rmsnorm_residual into xn, then the plain GEMV
+#   04 no-pdl       LLAMA_BRRR_PDL=0: kernels launched plainly (each waits for the last to drain)
+#   05 none         02 + 03 + 04
+# Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
+# holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
+# $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
+#   OUT=/tmp/variants bash benchmarks/lab/decode_variants.sh [repeats]
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/decode_variants}
+REPEATS=${1:-3}
+mkdir -p "$OUT"
+variants=(
+    "01-shipped|"
+    "02-no-prefetch|LLAMA_BRRR_GEMV_PREFETCH=0"
+    "03-no-norm|LLAMA_BRRR_GEMV_NORM=0"
+    "04-no-pdl|LLAMA_BRRR_PDL=0"
+    "05-none|LLAMA_BRRR_GEMV_PREFETCH=0 LLAMA_BRRR_GEMV_NORM=0 LLAMA_BRRR_PDL=0"
+)
+for v in "${variants[@]}"; do
+    name=${v%%|*}
+    envs=${v#*|}
+    echo "== $name: ${envs:-(defaults)}"
+    env $envs python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b --device cuda -b 1 -p 128 -n 256 \
+        --repeats "$REPEATS" --no-split --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1 \
+        || { echo "   failed: see $name.log"; tail -n 5 "$OUT/$name.log"; }
+done
+python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+rows, base = [], {}
+for path in sorted(out.glob("0*.json")):
+    for run in json.loads(path.read_text())["runs"]:
+        tok = run["decode_tok_s"]
+        rows.append((path.stem, run["model"], tok["median"], tok["spread_pct"], run["ms_per_token"]))
+        base.setdefault(run["model"], tok["median"])
+print(f"{'variant':16} {'shape':12} {'tok/s':>8} {'spread%':>8} {'ms/tok':>7} {'vs 01':>6}")
+for name, model, tps, spread, ms in rows:
+    print(f"{name:16} {model:12} {tps:8.1f} {spread:8.2f} {ms:7.3f} {tps / base[model]:6.3f}")
+PY
