@@ -2,11 +2,12 @@
 # decode_variants.sh — what each decode fusion buys, measured end to end: batch-1 decode of the
 # Llama-3.2-1B and Llama-3-8B shapes (128-token prompt, 256 new tokens, CUDA graphs on) under the
 # engine's diagnostic switches, all in one process per variant and one run of this script:
-#   01 shipped      fused RMSNorm in the GEMV prologue, L2 weight prefetch, PDL
-#   02 no-prefetch  LLAMA_BRRR_GEMV_PREFETCH=0: no cp.async.bulk.prefetch.L2 of the W rows
+#   01 shipped      fused RMSNorm in the GEMV prologue, PDL, no L2 weight prefetch
+#   02 prefetch     LLAMA_BRRR_GEMV_PREFETCH=1: cp.async.bulk.prefetch.L2 of the W rows before the
+#                   PDL wait (shipped until 2026-11-23: it measured 8-13% slower)
 #   03 no-norm      LLAMA_BRRR_GEMV_NORM=0: rmsnorm_residual into xn, then the plain GEMV
 #   04 no-pdl       LLAMA_BRRR_PDL=0: kernels launched plainly (each waits for the last to drain)
-#   05 none         02 + 03 + 04
+#   05 none         03 + 04
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -18,10 +19,10 @@ REPEATS=${1:-3}
 mkdir -p "$OUT"
 variants=(
     "01-shipped|"
-    "02-no-prefetch|LLAMA_BRRR_GEMV_PREFETCH=0"
+    "02-prefetch|LLAMA_BRRR_GEMV_PREFETCH=1"
     "03-no-norm|LLAMA_BRRR_GEMV_NORM=0"
     "04-no-pdl|LLAMA_BRRR_PDL=0"
-    "05-none|LLAMA_BRRR_GEMV_PREFETCH=0 LLAMA_BRRR_GEMV_NORM=0 LLAMA_BRRR_PDL=0"
+    "05-none|LLAMA_BRRR_GEMV_NORM=0 LLAMA_BRRR_PDL=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -10,9 +10,12 @@
 //   * Each warp owns a few output columns ("units") and streams their W rows end to end with
 //     16-byte loads (8 bf16 per lane, 512 contiguous bytes per warp instruction), about eight
 //     loads per lane issued before any math consumes them, bypassing L1.
-//   * Launched with PDL (launch.cuh): before waiting for the previous kernel, each warp asks L2 to
-//     prefetch its whole W rows, so the weight stream of this projection overlaps the attention
-//     or the projection before it; the loads after the wait mostly hit L2.
+//   * Launched with PDL (launch.cuh), so the CTAs of this projection are resident and waiting when
+//     the kernel before it ends. Prefetching the W rows into L2 before that wait (so the weight
+//     stream would overlap the previous kernel) measured slower on H100: 1B decode -8%, 8B -13%
+//     (benchmarks/lab/decode_variants.sh; the prefetches compete with the running kernel's stream
+//     and a multi-wave projection's rows are evicted before use). It stays as a switch,
+//     LLAMA_BRRR_GEMV_PREFETCH=1, off by default.
 //   * x (all M rows) is staged in shared memory once per CTA, in K chunks that stay small at
 //     M = 16. One x vector read from shared memory feeds every row the warp streams, which is why
 //     warps own more rows as M grows: otherwise shared-memory bandwidth, not HBM, would bind.
@@ -173,8 +176,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         }
     }
 
-    // Weights do not depend on the previous kernel: start pulling this warp's rows into L2 before
-    // waiting for it (launch.cuh).
+    // Weights do not depend on the previous kernel, so they may be requested before the wait
+    // (off by default: see the banner).
     if (VEC && a.prefetch) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
@@ -321,19 +324,20 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
     }
 }
 
-// Diagnostics for measuring what the fusions buy (benchmarks/lab/decode_variants.sh), read once:
-// LLAMA_BRRR_GEMV_PREFETCH=0 drops the L2 prefetch, LLAMA_BRRR_GEMV_NORM=0 runs the input RMSNorm
-// as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
-bool env_on(const char* name) {
+// Switches for measuring what each fusion buys (benchmarks/lab/decode_variants.sh), read once:
+// LLAMA_BRRR_GEMV_PREFETCH=1 turns the L2 weight prefetch on, LLAMA_BRRR_GEMV_NORM=0 runs the
+// input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
+bool env_flag(const char* name, bool fallback) {
     const char* v = std::getenv(name);
-    return !(v && std::strcmp(v, "0") == 0);
+    if (!v || !*v) return fallback;
+    return std::strcmp(v, "0") != 0;
 }
 bool prefetch_enabled() {
-    static const bool on = env_on("LLAMA_BRRR_GEMV_PREFETCH");
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
     return on;
 }
 bool fused_norm_enabled() {
-    static const bool on = env_on("LLAMA_BRRR_GEMV_NORM");
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
     return on;
 }
 

@@ -4,13 +4,13 @@
 // A batch-1 decode step is ~100 short kernels; between two of them the GPU normally drains the
 // first grid completely before the second one's CTAs start, a gap of a few microseconds per kernel
 // that no amount of bandwidth wins back. On Hopper a kernel launched with PDL may start while its
-// predecessor is still running: it does the work that does not depend on the predecessor (a GEMV
-// prefetches its weight rows into L2), then blocks in pdl_wait() until the predecessor has finished
-// and its writes are visible. Each PDL kernel calls pdl_launch_dependents() right after its own
-// wait, so at most two grids overlap and the chain stays ordered:
+// predecessor is still running: its CTAs become resident, set up (and may do work that does not
+// depend on the predecessor), then block in pdl_wait() until the predecessor has finished and its
+// writes are visible. Each PDL kernel calls pdl_launch_dependents() right after its own wait, so
+// at most two grids overlap and the chain stays ordered:
 //
 //   kernel N-1   [=========== body ===========]
-//   kernel N          [prefetch W | wait .....][==== body ====]
+//   kernel N          [setup | wait ..........][==== body ====]
 //
 // Rules for a kernel launched through launch_pdl: before pdl_wait() it may only read data no
 // earlier kernel of the stream writes (weights); after it, anything. Kernels launched plainly after
