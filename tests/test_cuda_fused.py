@@ -44,7 +44,8 @@ def normalized(x, w):
 
 @pytest.mark.parametrize("epilogue", [STORE_BF16, STORE_F32, ADD_RESIDUAL, SWIGLU],
                          ids=[k for k in EPILOGUES])
-@pytest.mark.parametrize("N,K", [(193, 577), (576, 576), (1030, 2048)], ids=["tail", "smollm", "wide"])
+@pytest.mark.parametrize("N,K", [(193, 577), (576, 576), (1030, 2048), (4096, 14344)],
+                         ids=["tail", "smollm", "wide", "sliced-x"])
 @pytest.mark.parametrize("M", [1, 3, 16, 17, 40])
 def test_rmsnorm_matmul_matches_torch(ops, gen, M, N, K, epilogue):
     if epilogue == SWIGLU and N % 2:

@@ -144,6 +144,14 @@ def test_gemv_row_stride_and_misaligned_pointers(ops, gen, epilogue):
     check_matmul(ops, "gemv_bf16", 3, 130, 1024, epilogue, gen, misaligned=True)
 
 
+@pytest.mark.parametrize("epilogue", [STORE_F32, ADD_RESIDUAL], ids=["store_f32", "add_residual"])
+@pytest.mark.parametrize("K", [14336, 14344], ids=["8b-w2", "uneven-chunks"])
+def test_gemv_long_rows_in_one_wave(ops, gen, K, epilogue):
+    """Llama-3-8B's w2 at M = 1: the grid fits on the GPU at once, whole 28 KB rows of x would
+    not let it, so x is staged in shorter slices (K = 14344 leaves a short last one)."""
+    check_matmul(ops, "gemv_bf16", 1, 4096, K, epilogue, gen)
+
+
 def test_gemv_k_chunks_at_sixteen_rows(ops, gen):
     """M = 16 stages x in 1024-column chunks: K = 14336 takes 14 of them."""
     check_matmul(ops, "gemv_bf16", 16, 128, 14336, STORE_F32, gen)

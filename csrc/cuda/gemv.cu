@@ -290,12 +290,46 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     }
 }
 
+// The x slice per CTA, shrunk where shared memory (not registers or threads) would split a grid
+// that fits on the GPU at once into a second, mostly idle wave. Llama-3-8B's w2 at M = 1:
+// 1024 CTAs, whole 28 KB rows of x allow 7 CTAs per SM (924 resident), registers allow 8 (1056):
+// a 16 KB slice keeps all 1024 streaming together. The answers are remembered per thread (a
+// decode step asks about the same few launches over and over; the occupancy query costs µs).
+int resident_chunk(void (*kernel)(GemvArgs), int M, int chunk, int blocks) {
+    struct Entry {
+        void (*kernel)(GemvArgs);
+        int dev, chunk, blocks, result;
+    };
+    constexpr int kEntries = 16;
+    thread_local Entry seen[kEntries] = {};
+    thread_local int next = 0;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    for (const Entry& e : seen)
+        if (e.kernel == kernel && e.dev == dev && e.chunk == chunk && e.blocks == blocks) return e.result;
+    const int sms = device_facts().sm_count;
+    auto resident = [&](int c) {
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
+                                                                 (size_t)M * c * sizeof(uint16_t)));
+        return per_sm * sms;
+    };
+    int result = chunk;
+    if (chunk > 256 && resident(256) >= blocks)
+        while (result > 256 && resident(result) < blocks) result = std::max(256, result / 2 / 256 * 256);
+    seen[next] = Entry{kernel, dev, chunk, blocks, result};
+    next = (next + 1) % kEntries;
+    return result;
+}
+
 template <int M, Pairing P, bool VEC, bool NORM>
-void launch_variant(const GemvArgs& a, cudaStream_t stream) {
+void launch_variant(GemvArgs a, cudaStream_t stream) {
     constexpr int units = units_per_warp(M, P);
+    auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
     const int blocks = CEIL_DIV(a.n_units, kWarps * units);
+    a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     const size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
-    launch_pdl(gemv_kernel<M, units, P, VEC, NORM>, dim3(blocks), dim3(kThreads), smem, stream, a);
+    launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_kernel");
 }
 

@@ -7,9 +7,10 @@
 // (z_2k, z_2k+1) is Box-Muller on splitmix64(key + 2k) and splitmix64(key + 2k + 1). Element i
 // depends only on (key, i): the same key gives the same weights whatever the grid, the GPU or the
 // backend, and an 8B-parameter model fills at memory speed without a byte crossing PCIe.
-// The CPU evaluates the transform in double; here it is fp32 with IEEE-rounded sqrt and the
-// accurate log1p/sincospi (immune to --use_fast_math), which moves a weight by at most one bf16
-// rounding step in rare cases.
+// The radius is computed in double as on the CPU: u1 goes down to 2^-53, and in fp32 any u1 below
+// ~2^-25 rounds log's argument to 0 (a pair in ~3e7 became inf / NaN: a 1B-parameter model drew
+// dozens). The angle is fp32 sincospi (accurate, immune to --use_fast_math), which moves a weight
+// by at most one bf16 rounding step in rare cases.
 #include <cmath>
 
 #include "cuda/check.cuh"
@@ -30,10 +31,10 @@ __global__ void fill_normal_bf16_kernel(bf16* __restrict__ p, size_t n, uint64_t
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n_pairs; k += stride) {
         const uint64_t r1 = splitmix64(key + 2 * (uint64_t)k);
         const uint64_t r2 = splitmix64(key + 2 * (uint64_t)k + 1);
-        // u1 in (0, 1] with 53 bits, so log(u1) is finite; log1p keeps -log(u1) accurate near 1.
+        // u1 in (0, 1] with 53 bits, so log(u1) is finite.
         const double u1 = (double)((r1 >> 11) + 1) * 0x1p-53;
         const double u2 = (double)(r2 >> 11) * 0x1p-53;
-        const float radius = __fsqrt_rn(-2.0f * log1pf((float)(u1 - 1.0)));
+        const float radius = (float)sqrt(-2.0 * log(u1));
         float s, c;
         sincospif((float)(2.0 * u2), &s, &c);
         p[2 * k] = __float2bfloat16_rn(mean + std_dev * (radius * c));
