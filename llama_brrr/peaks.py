@@ -39,6 +39,12 @@ DATASHEET: list[tuple[str, str, float, float]] = [
 
 CACHE_NAME = "peaks.json"
 
+# Below this much roofline time per launch a GPU kernel's duration is the launch itself: the time
+# to ramp a grid up, drain it and hand over to the next kernel (about 2 us per kernel on H100, in
+# a stream or a graph), not its bytes or FLOPs. Such a kernel is latency-bound and its time counts
+# as overhead: only fewer launches (fusion, graphs) shorten it. The CPU has no such floor.
+GPU_LAUNCH_FLOOR_S = 2e-6
+
 
 @dataclass
 class Peaks:
@@ -50,6 +56,7 @@ class Peaks:
     flops_measured: float | None = None
     bw_measured: float | None = None
     label: str = ""
+    launch_floor_s: float | None = None   # see GPU_LAUNCH_FLOOR_S; None on the CPU
 
     @property
     def flops(self) -> float | None:
@@ -62,7 +69,8 @@ class Peaks:
 
     def to_dict(self) -> dict:
         return {"flops_datasheet": self.flops_datasheet, "bw_datasheet": self.bw_datasheet,
-                "flops_measured": self.flops_measured, "bw_measured": self.bw_measured}
+                "flops_measured": self.flops_measured, "bw_measured": self.bw_measured,
+                "launch_floor_s": self.launch_floor_s}
 
 
 def datasheet(device_name: str) -> tuple[str, float, float] | None:
@@ -161,7 +169,8 @@ def get_peaks(device_name_or_backend: str) -> Peaks:
         label, flops, bw = row if row else ("unknown GPU", None, None)
     entry = cached(key) or {}
     return Peaks(device=key, flops_datasheet=flops, bw_datasheet=bw,
-                 flops_measured=entry.get("flops"), bw_measured=entry.get("bw"), label=label)
+                 flops_measured=entry.get("flops"), bw_measured=entry.get("bw"), label=label,
+                 launch_floor_s=None if key.startswith("cpu") else GPU_LAUNCH_FLOOR_S)
 
 
 # ---- calibration ------------------------------------------------------------------------------

@@ -9,9 +9,12 @@ The engines time every kernel launch while a profile is active (csrc/profile/pro
 the clocks, engine.cu the CUDA-graph sampling); this module only turns their records into the
 report, by the definitions of DESIGN.md ("Instrumentation"):
   wall      host time inside the phase's spans (model.py marks prefill and decode)
-  busy      time some kernel ran; overhead = wall - busy (the device idle, waiting for the host)
-  bound     a kernel is compute-bound when flops / peak_flops > bytes / peak_bw, else memory-bound
-  compute, memory   busy split in the ratio of compute- and memory-bound kernel time, so
+  busy      time some kernel ran
+  bound     a kernel is compute-bound when flops / peak_flops > bytes / peak_bw, else memory-bound;
+            on a GPU, latency-bound when even the larger of the two is under the launch floor
+            per call (peaks.GPU_LAUNCH_FLOOR_S): its time is the launch, not its work
+  compute, memory   busy split in the ratio of compute-, memory- and latency-bound kernel time;
+  overhead  wall - busy (the device idle, waiting for the host) + the latency-bound share, so
             compute + memory + overhead = wall exactly
   MFU, MBU  kernel FLOPs (bytes) of the phase / (wall x peak); *_measured against calibrated peaks
 Kernels sampled from instrumented CUDA-graph replays count for every replay of their graph, and
@@ -177,10 +180,16 @@ def _union(intervals) -> float:
     return total
 
 
-def _bound(flops: float, nbytes: float, peaks) -> str:
+def _bound(flops: float, nbytes: float, peaks, calls: float = 1.0) -> str:
+    """compute, memory, or latency (GPU kernels whose roofline time per call is under the launch
+    floor). flops and bytes are the totals over `calls` launches."""
     if not peaks.flops or not peaks.bw:
         return "memory" if nbytes else "compute"
-    return "compute" if flops / peaks.flops > nbytes / peaks.bw else "memory"
+    t_compute, t_memory = flops / peaks.flops, nbytes / peaks.bw
+    floor = getattr(peaks, "launch_floor_s", None)
+    if floor and calls > 0 and max(t_compute, t_memory) / calls < floor:
+        return "latency"
+    return "compute" if t_compute > t_memory else "memory"
 
 
 def _phase_of(phase: str) -> str:
@@ -239,19 +248,20 @@ def build_summary(records, spans, peaks, backend: str, device: str | None = None
             a[1] += duration(r) * w
             a[2] += r.flops * w
             a[3] += r.bytes * w
-        raw = {"compute": 0.0, "memory": 0.0}
+        raw = {"compute": 0.0, "memory": 0.0, "latency": 0.0}
         flops = nbytes = 0.0
         for (name, cls), (n, t, f, b) in agg.items():
-            bound = _bound(f, b, peaks)
+            bound = _bound(f, b, peaks, n)
             raw[bound] += t
             flops += f
             nbytes += b
             kernel_rows.append({"name": name, "op_class": cls, "phase": ph, "calls": round(n, 3),
                                 "time_s": t, "flops": f, "bytes": b, "bound": bound})
-        total_raw = raw["compute"] + raw["memory"]
+        total_raw = sum(raw.values())
         compute_s = busy * raw["compute"] / total_raw if total_raw else 0.0
-        memory_s = busy - compute_s
-        overhead_s = wall - busy
+        latency_s = busy * raw["latency"] / total_raw if total_raw else 0.0
+        memory_s = busy - compute_s - latency_s
+        overhead_s = wall - busy + latency_s
         tokens = sum(n for _, p, _, _, n in spans if p == ph)
 
         def util(amount, peak):
@@ -260,7 +270,7 @@ def build_summary(records, spans, peaks, backend: str, device: str | None = None
         split = {"compute": compute_s, "memory": memory_s, "overhead": overhead_s}
         phases[ph] = {
             "wall_s": wall, "compute_s": compute_s, "memory_s": memory_s, "overhead_s": overhead_s,
-            "busy_s": busy, "flops": flops, "bytes": nbytes, "tokens": tokens,
+            "busy_s": busy, "latency_s": latency_s, "flops": flops, "bytes": nbytes, "tokens": tokens,
             "tokens_per_s": tokens / wall if wall and tokens else None,
             "mfu": util(flops, peaks.flops_datasheet), "mbu": util(nbytes, peaks.bw_datasheet),
             "mfu_measured": util(flops, peaks.flops_measured),
@@ -352,7 +362,9 @@ class ProfileSummary:
             lines.append(f"== {ph}: wall {_fmt_time(wall)}{tps}; dominant: {P['dominant']}")
             lines.append(f"   compute {_fmt_time(P['compute_s'])} ({_fmt_pct(P['compute_s'] / wall if wall else None)})"
                          f" | memory {_fmt_time(P['memory_s'])} ({_fmt_pct(P['memory_s'] / wall if wall else None)})"
-                         f" | overhead {_fmt_time(P['overhead_s'])} ({_fmt_pct(P['overhead_s'] / wall if wall else None)})")
+                         f" | overhead {_fmt_time(P['overhead_s'])} ({_fmt_pct(P['overhead_s'] / wall if wall else None)})"
+                         + (f", of which latency-bound kernels {_fmt_time(P['latency_s'])}"
+                            if P.get("latency_s") else ""))
             lines.append(f"   MFU {_fmt_pct(P['mfu'])} (measured peak {_fmt_pct(P['mfu_measured'])})"
                          f" | MBU {_fmt_pct(P['mbu'])} (measured peak {_fmt_pct(P['mbu_measured'])})")
             rows = [k for k in d["kernels"] if k["phase"] == ph]
@@ -466,8 +478,9 @@ def _bound_of(row: dict, summary: ProfileSummary) -> str:
     class _P:
         flops = summary._peak("flops")
         bw = summary._peak("bw")
+        launch_floor_s = summary.data["peaks"].get("launch_floor_s")
 
-    return _bound(row["flops"], row["bytes"], _P)
+    return _bound(row["flops"], row["bytes"], _P, row.get("calls", 1.0))
 
 
 def _pyplot():

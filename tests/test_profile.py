@@ -114,15 +114,18 @@ def test_summary_json_round_trip(tiny, rng):
     assert back.to_dict() == d
     assert back.table() == s.table()
     assert d["backend"] == "cpu"
-    assert set(d["peaks"]) == {"flops_datasheet", "bw_datasheet", "flops_measured", "bw_measured"}
+    assert set(d["peaks"]) == {"flops_datasheet", "bw_datasheet", "flops_measured", "bw_measured",
+                               "launch_floor_s"}
+    assert d["peaks"]["launch_floor_s"] is None  # the CPU has no launch floor
     for k in d["kernels"]:
         assert set(k) >= {"name", "op_class", "phase", "calls", "time_s", "flops", "bytes", "bound"}
         assert k["op_class"] in ("matmul", "attention", "norm", "elementwise", "sampling", "copy")
         assert k["bound"] in ("compute", "memory")
     P = d["phases"]["decode"]
-    assert set(P) == {"wall_s", "compute_s", "memory_s", "overhead_s", "busy_s", "flops", "bytes",
-                      "tokens", "tokens_per_s", "mfu", "mbu", "mfu_measured", "mbu_measured",
+    assert set(P) == {"wall_s", "compute_s", "memory_s", "overhead_s", "busy_s", "latency_s", "flops",
+                      "bytes", "tokens", "tokens_per_s", "mfu", "mbu", "mfu_measured", "mbu_measured",
                       "dominant"}
+    assert P["latency_s"] == 0.0
     with pytest.raises(ValueError, match="missing keys"):
         ProfileSummary.from_dict({"device": "x"})
 
@@ -234,3 +237,30 @@ def test_cli_profile_and_calibrate(C, tmp_path, capsys):
     for name in ("summary.json", "trace.json", "roofline.png", "breakdown.png"):
         assert (out / name).stat().st_size > 0
     assert main(["profile", "--shape", "smollm2-135m", "--device", "cpu", "--max-new-tokens", "0"]) == 2
+
+
+def test_latency_bound_kernels_count_as_overhead():
+    """A GPU kernel whose roofline time per launch is under the launch floor is latency-bound; its
+    time moves from busy to overhead, and the three parts still add up to the wall time."""
+    from llama_brrr.peaks import Peaks
+    from llama_brrr.profiler import _bound, build_summary
+
+    gpu = Peaks(device="test GPU", flops_datasheet=1e15, bw_datasheet=1e12, launch_floor_s=2e-6)
+    assert _bound(0.0, 1e6, gpu) == "latency"                 # 1 us of bytes: the launch dominates
+    assert _bound(0.0, 1e7, gpu) == "memory"                  # 10 us of bytes
+    assert _bound(0.0, 1e7, gpu, calls=10) == "latency"       # 1 us per launch
+    assert _bound(1e10, 1e6, gpu) == "compute"                # 10 us of FLOPs
+    cpu = Peaks(device="cpu", flops_datasheet=1e12, bw_datasheet=1e10)
+    assert _bound(0.0, 1.0, cpu) == "memory"                  # no floor on the CPU
+
+    # Engine records (name, kind, op class, phase, flops, bytes, t0, t1, graph, sampled): two
+    # launches, 10 us moving 10 MB and 5 us moving 1 KB, in a 20 us decode span.
+    recs = [("big", "kernel", "matmul", "decode", 0.0, 1e7, 0.0, 10e-6, -1, False),
+            ("tiny", "kernel", "copy", "decode", 0.0, 1e3, 10e-6, 15e-6, -1, False)]
+    spans = [("decode", "decode", 0.0, 20e-6, 1)]
+    P = build_summary(recs, spans, gpu, "cuda").to_dict()["phases"]["decode"]
+    assert P["busy_s"] == pytest.approx(15e-6)
+    assert P["memory_s"] == pytest.approx(10e-6)
+    assert P["latency_s"] == pytest.approx(5e-6)
+    assert P["overhead_s"] == pytest.approx(10e-6)  # 5 us idle + 5 us of launch
+    assert P["compute_s"] + P["memory_s"] + P["overhead_s"] == pytest.approx(P["wall_s"])
