@@ -13,14 +13,8 @@
 //   scratch and a combine kernel merges the splits. Positions live on the device (CUDA-graph
 //   replay), so the launcher fixes the number of splits from the shapes alone and each CTA cuts
 //   its sequence's actual length into that many chunks; a chunk past the end writes an empty
-//   partial (max -inf, sum 0) that the combine weighs by zero. The combine needs no kernel of its
-//   own: each split CTA counts itself in with an atomic on its (sequence, head block) counter
-//   after its partial is visible, and the last one to arrive merges all splits and re-arms the
-//   counter to zero (one launch per layer instead of two: ~2 us each at batch 1). The scratch is
-//   per sequence, [B][counters Hq int32 | max,sum Hq x max_splits x 2 | acc Hq x max_splits x hd],
-//   so a sequence's counters sit at the same place whatever B or the split count of a call; they
-//   must be zero before the first call (the engine's arena is), and every call leaves them zero.
-//   Launched with PDL (launch.cuh), so the launch overlaps the tail of the kernel before.
+//   partial (max -inf, sum 0) that the combine weighs by zero. Both kernels are launched with PDL
+//   (launch.cuh), so their launch overlaps the tail of the kernel before.
 //
 // attention_prefill (T new tokens of one sequence, their K/V already in the cache):
 //   FlashAttention-2 on tensor cores. A CTA owns 64 queries of one head (4 warps x 16 rows);
@@ -70,62 +64,11 @@ struct DecodeArgs {
     const int* slots;
     const int* positions;
     bf16* out;
-    float* scratch;   // [B][seq_floats]: the per-sequence layout in the banner
-    int n_heads, n_kv_heads, group, head_blocks, max_seq, n_splits, max_splits;
+    float* part_ml;   // [B][Hq][n_splits][2] (max in log2 units, sum)
+    float* part_acc;  // [B][Hq][n_splits][hd]
+    int n_heads, n_kv_heads, group, head_blocks, max_seq, n_splits;
     float scale_log2;
 };
-
-// Floats of scratch per sequence.
-__host__ __device__ inline size_t decode_seq_floats(int n_heads, int head_dim, int max_splits) {
-    return (size_t)n_heads * (1 + (size_t)max_splits * (head_dim + 2));
-}
-
-// Where sequence b's counters and the (max, sum) / acc partials of its head h, split s live.
-struct DecodeScratch {
-    float* base;  // sequence b's block
-    int n_heads, max_splits, hd;
-    __device__ DecodeScratch(const DecodeArgs& a, int b, int head_dim)
-        : base(a.scratch + (size_t)b * decode_seq_floats(a.n_heads, head_dim, a.max_splits)),
-          n_heads(a.n_heads), max_splits(a.max_splits), hd(head_dim) {}
-    __device__ int* counter(int head_block) const { return reinterpret_cast<int*>(base) + head_block; }
-    __device__ float* ml(int h, int s) const { return base + n_heads + ((size_t)h * max_splits + s) * 2; }
-    __device__ float* acc(int h, int s) const {
-        return base + n_heads + (size_t)n_heads * max_splits * 2 + ((size_t)h * max_splits + s) * hd;
-    }
-};
-
-// Every thread of a split CTA calls this once its partials are written. The last split CTA of
-// this (sequence, head block) to arrive weighs each split by 2^(max_s - max), normalizes by the
-// weighted sums, writes out, and re-arms the counter. Partials of other CTAs are read from L2.
-template <int HD>
-__device__ void combine_if_last(const DecodeArgs& a, const DecodeScratch& sc, int b, int head0, int n_g) {
-    __shared__ int is_last;
-    __threadfence();  // this CTA's partials reach L2 before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* counter = sc.counter(blockIdx.y);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        is_last = arrived == a.n_splits;
-        if (is_last) *counter = 0;  // every split has arrived: nobody else touches it this call
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < n_g * HD; i += kDecThreads) {
-        const int h = head0 + i / HD, d = i % HD;
-        float global_max = -INFINITY;
-        for (int s = 0; s < a.n_splits; ++s) global_max = fmaxf(global_max, __ldcg(sc.ml(h, s)));
-        float num = 0.f, den = 0.f;
-        if (global_max != -INFINITY) {  // -inf only for an empty sequence (position < 0)
-            for (int s = 0; s < a.n_splits; ++s) {
-                const float w = exp2f(__ldcg(sc.ml(h, s)) - global_max);
-                den += w * __ldcg(sc.ml(h, s) + 1);
-                num += w * __ldcg(sc.acc(h, s) + d);
-            }
-        }
-        a.out[((size_t)b * a.n_heads + h) * HD + d] = __float2bfloat16_rn(den > 0.f ? num / den : 0.f);
-    }
-}
 
 // GMAX = query heads per CTA (the group, or a block of it when the group is larger).
 template <int HD, int GMAX>
@@ -162,22 +105,21 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
     const int c0 = split * per_split, c1 = min(len, c0 + per_split);
 
     const int d = tid % HD;
-    const DecodeScratch sc(a, b, HD);
+    auto partial = [&](int g) { return ((size_t)b * a.n_heads + head0 + g) * a.n_splits + split; };
 
     if (c0 >= c1) {  // nothing to attend to in this chunk
         for (int i = tid; i < n_g * HD; i += kDecThreads) {
-            const int h = head0 + i / HD;
+            const int g = i / HD;
             if (a.n_splits == 1) {
-                a.out[((size_t)b * a.n_heads + h) * HD + i % HD] = __float2bfloat16_rn(0.f);
+                a.out[((size_t)b * a.n_heads + head0 + g) * HD + i % HD] = __float2bfloat16_rn(0.f);
             } else {
-                sc.acc(h, split)[i % HD] = 0.f;
+                a.part_acc[partial(g) * HD + i % HD] = 0.f;
                 if (i % HD == 0) {
-                    sc.ml(h, split)[0] = -INFINITY;
-                    sc.ml(h, split)[1] = 0.f;
+                    a.part_ml[partial(g) * 2] = -INFINITY;
+                    a.part_ml[partial(g) * 2 + 1] = 0.f;
                 }
             }
         }
-        if (a.n_splits > 1) combine_if_last<HD>(a, sc, b, head0, n_g);
         return;
     }
 
@@ -323,15 +265,36 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
             if (a.n_splits == 1) {
                 a.out[((size_t)b * a.n_heads + head0 + g) * HD + d] = __float2bfloat16_rn(acc[j] / sum_s[g]);
             } else {
-                sc.acc(head0 + g, split)[d] = acc[j];
+                a.part_acc[partial(g) * HD + d] = acc[j];
                 if (d == 0) {
-                    sc.ml(head0 + g, split)[0] = max_s[g];
-                    sc.ml(head0 + g, split)[1] = sum_s[g];
+                    a.part_ml[partial(g) * 2] = max_s[g];
+                    a.part_ml[partial(g) * 2 + 1] = sum_s[g];
                 }
             }
         }
     }
-    if (a.n_splits > 1) combine_if_last<HD>(a, sc, b, head0, n_g);
+}
+
+// One CTA per (sequence, query head), one thread per output element: weigh each split by
+// 2^(max_s - max) and normalize by the weighted sums.
+__global__ void flash_decode_combine_kernel(const float* __restrict__ part_ml,
+                                            const float* __restrict__ part_acc, bf16* __restrict__ out,
+                                            int n_splits, int head_dim) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int bh = blockIdx.x, d = threadIdx.x;
+    const float* ml = part_ml + (size_t)bh * n_splits * 2;
+    float global_max = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) global_max = fmaxf(global_max, ml[2 * s]);
+    float num = 0.f, den = 0.f;
+    if (global_max != -INFINITY) {  // -inf only for an empty sequence (position < 0)
+        for (int s = 0; s < n_splits; ++s) {
+            const float w = exp2f(ml[2 * s] - global_max);
+            den += w * ml[2 * s + 1];
+            num += w * part_acc[((size_t)bh * n_splits + s) * head_dim + d];
+        }
+    }
+    out[(size_t)bh * head_dim + d] = __float2bfloat16_rn(den > 0.f ? num / den : 0.f);
 }
 
 template <int HD, int GMAX>
@@ -557,7 +520,7 @@ size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_spl
                "flash_decode_scratch_floats: bad sizes B=" << B << " n_heads=" << n_heads
                                                            << " head_dim=" << head_dim
                                                            << " max_splits=" << max_splits);
-    return (size_t)B * decode_seq_floats(n_heads, head_dim, max_splits);
+    return (size_t)B * n_heads * max_splits * (head_dim + 2);
 }
 
 void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots,
@@ -598,11 +561,16 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
     const int ctas_per_split = B * n_kv_heads * a.head_blocks;
     const int want = CEIL_DIV(2 * device_facts().sm_count, ctas_per_split);
     a.n_splits = std::max(1, std::min({want, max_splits, CEIL_DIV(max_seq, kDecTile)}));
-    a.max_splits = max_splits;
-    a.scratch = scratch;
+    a.part_ml = scratch;
+    a.part_acc = scratch ? scratch + (size_t)B * n_heads * max_splits * 2 : nullptr;
 
     if (head_dim == 64) launch_decode_group<64>(a, gmax, B, stream);
     else launch_decode_group<128>(a, gmax, B, stream);
+    if (a.n_splits > 1) {
+        launch_pdl(flash_decode_combine_kernel, dim3(B * n_heads), dim3(head_dim), 0, stream,
+                   a.part_ml, a.part_acc, out, a.n_splits, head_dim);
+        CUDA_CHECK_LAUNCH("flash_decode_combine_kernel");
+    }
 }
 
 void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,

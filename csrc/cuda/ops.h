@@ -77,9 +77,8 @@ void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_
 
 // ---- attention.cu ----------------------------------------------------------------------------
 // Flash-decoding: one query token per sequence b (q [B, Hq, hd]) over its cached positions
-// [0, positions[b]]; split over the KV length, GQA-aware (each K/V element read once per KV head),
-// the last split CTA combining. scratch: flash_decode_scratch_floats(B, ...) floats whose per-sequence
-// counters start at zero (a zeroed buffer; each call leaves them zero), reused across layers.
+// [0, positions[b]]; split over the KV length into `n_splits` chunks, GQA-aware (each K/V element
+// read once per KV head), then a combine step. partial: scratch of attention_scratch_floats().
 size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_splits);
 void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream);
 // Causal prefill: T query tokens of one sequence at positions start_pos.. over cache [0, start_pos+t].
