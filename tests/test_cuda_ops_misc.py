@@ -396,6 +396,30 @@ def test_repetition_penalty(ops, C):
     assert greedy(logits, history, 5, 0.1) == 30   # -1 * 0.1 > -0.5
 
 
+def test_greedy_penalty_across_row_slices(ops, C):
+    """The greedy pass is split over ~2048-logit slices of the row (5 slices of 2002 here):
+    penalized history tokens in several slices, the winner in another, an exact tie across a
+    slice boundary (the lower index wins), a NaN row (index 0, as the CPU scan keeps it), all
+    against the CPU sampler."""
+    V, S = 10_007, 8
+    logits = np.zeros((3, V), dtype=np.float32)
+    logits[0, [5, 4100, 8001]] = [9.0, 8.0, 7.5]      # 5 and 8001 penalized below 4100
+    logits[1, [2001, 2002, 9999]] = [6.0, 6.0, 6.0]   # a tie across the boundary of slices 0 and 1
+    logits[2] = np.nan
+    history = np.full((3, S), -1, dtype=np.int32)
+    history[0, :3] = [5, 8001, 5]
+    history[1, :2] = [9999, 3]
+    positions = np.array([2, 1, 0], dtype=np.int32)
+    tokens, logprobs = Sampler(ops, logits, history, positions)(temperature=0.0, penalty=2.0)
+    for b in range(3):
+        cpu_token, cpu_lp = C.cpu_ops.sample_row(logits[b], history[b, : positions[b] + 1], 0.0, 0,
+                                                 1.0, 0.0, 2.0, 0, 0)
+        assert tokens[b] == cpu_token, b
+        if b < 2:
+            assert abs(logprobs[b] - cpu_lp) <= 1e-5 * max(1.0, abs(cpu_lp)), b
+    assert list(tokens) == [4100, 2001, 0]
+
+
 SAMPLING_CASES = [
     dict(temperature=0.0),
     dict(temperature=0.0, penalty=1.3),

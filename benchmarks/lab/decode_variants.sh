@@ -2,20 +2,25 @@
 # decode_variants.sh — what each decode fusion buys, measured end to end: batch-1 decode of the
 # Llama-3.2-1B and Llama-3-8B shapes (128-token prompt, 256 new tokens, CUDA graphs on) under the
 # engine's diagnostic switches, all in one process per variant and one run of this script:
-#   01 shipped      fused RMSNorm in the GEMV prologue, PDL, no L2 weight prefetch
+#   01 shipped      fused RMSNorm in the GEMV prologue, PDL, first weight loads before the PDL
+#                   wait, no L2 weight prefetch
 #   02 prefetch     LLAMA_BRRR_GEMV_PREFETCH=1: cp.async.bulk.prefetch.L2 of the W rows before the
 #                   PDL wait (shipped until 2026-11-23: it measured 8-13% slower)
 #   03 no-norm      LLAMA_BRRR_GEMV_NORM=0: rmsnorm_residual into xn, then the plain GEMV
 #   04 no-pdl       LLAMA_BRRR_PDL=0: kernels launched plainly (each waits for the last to drain)
 #   05 none         03 + 04
+#   06 no-early     LLAMA_BRRR_GEMV_EARLY=0: the GEMV's first weight loads wait for the previous
+#                   kernel instead of being issued before the PDL wait
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
-#   OUT=/tmp/variants bash benchmarks/lab/decode_variants.sh [repeats]
+# ONLY="01 06" runs just the variants with those numbers.
+#   OUT=/tmp/variants [ONLY="01 06"] bash benchmarks/lab/decode_variants.sh [repeats]
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/decode_variants}
 REPEATS=${1:-3}
+ONLY=${ONLY:-}
 mkdir -p "$OUT"
 variants=(
     "01-shipped|"
@@ -23,10 +28,12 @@ variants=(
     "03-no-norm|LLAMA_BRRR_GEMV_NORM=0"
     "04-no-pdl|LLAMA_BRRR_PDL=0"
     "05-none|LLAMA_BRRR_GEMV_NORM=0 LLAMA_BRRR_PDL=0"
+    "06-no-early|LLAMA_BRRR_GEMV_EARLY=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}
     envs=${v#*|}
+    [[ -z "$ONLY" || " $ONLY " == *" ${name%%-*} "* ]] || continue
     echo "== $name: ${envs:-(defaults)}"
     env $envs python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b --device cuda -b 1 -p 128 -n 256 \
         --repeats "$REPEATS" --no-split --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1 \

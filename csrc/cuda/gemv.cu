@@ -16,6 +16,11 @@
 //     (benchmarks/lab/decode_variants.sh; the prefetches compete with the running kernel's stream
 //     and a multi-wave projection's rows are evicted before use). It stays as a switch,
 //     LLAMA_BRRR_GEMV_PREFETCH=1, off by default.
+//   * The first eight 16-byte loads per lane of the warp's rows are issued before that wait, into
+//     the registers the first step consumes: weights never depend on the kernel before, so the
+//     stream starts while it drains and while this CTA reduces and stages x. Unlike the L2
+//     prefetch this asks for no byte that is not consumed at once (LLAMA_BRRR_GEMV_EARLY=0 turns
+//     it off, for measuring).
 //   * x (all M rows) is staged in shared memory once per CTA, in K chunks that stay small at
 //     M = 16. One x vector read from shared memory feeds every row the warp streams, which is why
 //     warps own more rows as M grows: otherwise shared-memory bandwidth, not HBM, would bind.
@@ -69,6 +74,7 @@ struct GemvArgs {
     int half_n;           // SwiGLU: offset of the up rows (H); Rope: head_dim / 2
     int K, chunk;         // chunk = x elements per row staged per K step
     bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
+    bool early;           // issue the first W loads into registers before that wait
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -183,6 +189,23 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         for (int r = 0; r < R; ++r)
             if (lane == r && row_ok[r]) prefetch_l2(rows[r], (unsigned)K * sizeof(uint16_t));
     }
+    // W[r][u]: the loads of one step, U per row, 32 * 8 * U contiguous elements per row per warp.
+    uint4 w[R][U];
+    auto load_w = [&](int k0, int v0, int n8) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int v = v0 + 32 * u;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
+    bool preloaded = false;
+    if (VEC && a.early) {
+        load_w(0, lane, min(chunk, K) / 8);
+        preloaded = true;
+    }
     pdl_wait();
     pdl_launch_dependents();
 
@@ -216,15 +239,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
             const uint4* xs8 = reinterpret_cast<const uint4*>(xs);
             const int chunk8 = chunk / 8;
             for (int v0 = lane; v0 < n8; v0 += 32 * U) {
-                uint4 w[R][U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const int v = v0 + 32 * u;
-#pragma unroll
-                    for (int r = 0; r < R; ++r)
-                        w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v)
-                                                        : make_uint4(0u, 0u, 0u, 0u);
-                }
+                if (!preloaded) load_w(k0, v0, n8);
+                preloaded = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int v = v0 + 32 * u;
@@ -359,7 +375,8 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 }
 
 // Switches for measuring what each fusion buys (benchmarks/lab/decode_variants.sh), read once:
-// LLAMA_BRRR_GEMV_PREFETCH=1 turns the L2 weight prefetch on, LLAMA_BRRR_GEMV_NORM=0 runs the
+// LLAMA_BRRR_GEMV_PREFETCH=1 turns the L2 weight prefetch on, LLAMA_BRRR_GEMV_EARLY=0 waits for
+// the previous kernel before the first weight load, LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
 bool env_flag(const char* name, bool fallback) {
     const char* v = std::getenv(name);
@@ -368,6 +385,10 @@ bool env_flag(const char* name, bool fallback) {
 }
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
+    return on;
+}
+bool early_loads_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY", true);
     return on;
 }
 bool fused_norm_enabled() {
@@ -409,6 +430,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.ep = ep;
     a.out = args;
     a.prefetch = prefetch_enabled();
+    a.early = early_loads_enabled();
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
