@@ -499,7 +499,7 @@ def _pyplot():
 
 def _torch_class(name: str) -> str:
     n = name.lower()
-    if any(k in n for k in ("gemm", "gemv", "matmul", "aten::mm", "addmm", "linear", "bmm", "cutlass", "sm90_xmma", "ampere_bf16")):
+    if any(k in n for k in ("gemm", "gemv", "matmul", "aten::mm", "addmm", "linear", "bmm", "cutlass", "sm90_xmma", "ampere_bf16", "nvjet")):
         return "matmul"
     if any(k in n for k in ("flash", "sdpa", "attention", "fmha", "scaled_dot")):
         return "attention"
@@ -516,7 +516,8 @@ def _shape_bytes(evt) -> float:
     """Bytes an op moves, from its recorded input shapes: every input read once and an output the
     size of the largest input written once (elements of 4 bytes unless the dtype says 2)."""
     shapes = getattr(evt, "input_shapes", None) or []
-    types = getattr(evt, "input_types", None) or [""] * len(shapes)
+    types = list(getattr(evt, "input_types", None) or [])
+    types += [""] * (len(shapes) - len(types))
     sizes = []
     for shape, dtype in zip(shapes, types):
         if not shape:
@@ -528,9 +529,25 @@ def _shape_bytes(evt) -> float:
         sizes.append(n * width)
     if not sizes:
         return 0.0
-    if _torch_class(evt.name) == "matmul" and len(shapes) >= 2 and len(shapes[0]) >= 2 and len(shapes[-1]) >= 2:
-        return float(sum(sizes) + sizes[0] // max(shapes[0][-1], 1) * max(shapes[-1][0], 1))
-    return float(sum(sizes) + max(sizes))
+    out = _matmul_out_bytes(evt.name.lower(), shapes, types)
+    return float(sum(sizes) + (out if out is not None else max(sizes)))
+
+
+def _matmul_out_bytes(name: str, shapes, types) -> float | None:
+    """Bytes of a matmul op's output: rows of A x columns of B, where A and B sit in the argument
+    order of each op (linear(x, W[N, K]); addmm(bias, A, B[K, N]); mm / bmm / matmul(A, B[.., K, N]))."""
+    if "linear" in name and len(shapes) >= 2 and shapes[0] and len(shapes[1]) == 2:
+        a, n, dtype = shapes[0], shapes[1][0], types[0]
+    elif "addmm" in name and len(shapes) >= 3 and shapes[1] and shapes[2]:
+        a, n, dtype = shapes[1], shapes[2][-1], types[1]
+    elif any(k in name for k in ("aten::mm", "bmm", "matmul")) and len(shapes) >= 2 and shapes[0] and shapes[1]:
+        a, n, dtype = shapes[0], shapes[1][-1], types[0]
+    else:
+        return None
+    rows = 1
+    for d in a[:-1]:
+        rows *= d
+    return rows * n * (2 if dtype and ("Half" in dtype or "BFloat16" in dtype) else 4)
 
 
 def _tree_flops(evt) -> float:
@@ -539,6 +556,35 @@ def _tree_flops(evt) -> float:
     if own:
         return own
     return sum(_tree_flops(child) for child in getattr(evt, "cpu_children", None) or [])
+
+
+def _duration(evt) -> float:
+    return evt.time_range.end - evt.time_range.start
+
+
+def _gpu_kernel_costs(kernels, cpu_events) -> list[tuple[str, float, float]]:
+    """(op class, FLOPs, bytes) of each CUDA kernel event. A kernel carries no shapes or FLOP
+    estimate itself; the CPU op that launched it (its linked_correlation_id, e.g. aten::mm for a
+    cuBLAS kernel) does, and is shared among that op's kernels by their durations. A kernel with
+    no linked op keeps (0, 0) and is classed by its own name."""
+    # Runtime calls (cudaLaunchKernel) are CPU events too, numbered in another id space.
+    ops = {e.id: e for e in cpu_events if not e.name.startswith(("cuda", "cuLaunch", "cuMem"))}
+    launched = defaultdict(float)  # op id -> total duration of its kernels
+    for k in kernels:
+        op = ops.get(getattr(k, "linked_correlation_id", None))
+        if op is not None:
+            launched[op.id] += _duration(k)
+    costs = []
+    for k in kernels:
+        op = ops.get(getattr(k, "linked_correlation_id", None))
+        if op is None:
+            costs.append((_torch_class(k.name), 0.0, 0.0))
+            continue
+        share = _duration(k) / launched[op.id] if launched[op.id] > 0 else 1.0
+        op_class = _torch_class(op.name)
+        costs.append((op_class if op_class != "elementwise" else _torch_class(k.name),
+                      _tree_flops(op) * share, _shape_bytes(op) * share))
+    return costs
 
 
 def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, phase="decode",
@@ -578,12 +624,15 @@ def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, ph
             backend_peaks = peaks_module.calibrate("cpu", quick=True)
     # Re-based on the host span: torch's clock (microseconds) starts anywhere.
     base = min((e.time_range.start for e in ops), default=0.0)
+    if on_gpu:
+        cpu_events = [e for e in events if not str(getattr(e, "device_type", "")).endswith("CUDA")]
+        costs = _gpu_kernel_costs(ops, cpu_events)
+    else:
+        costs = [(_torch_class(e.name), _tree_flops(e), _shape_bytes(e)) for e in ops]
     records = []
-    for e in ops:
+    for e, (op_class, flops, nbytes) in zip(ops, costs):
         a, b = (e.time_range.start - base) * 1e-6, (e.time_range.end - base) * 1e-6
-        flops = _tree_flops(e)
-        records.append((e.name, "kernel", _torch_class(e.name), phase, flops, _shape_bytes(e),
-                        a, b, -1, False))
+        records.append((e.name, "kernel", op_class, phase, flops, nbytes, a, b, -1, False))
     first = min((r[6] for r in records), default=0.0)
     spans = [("torch_fn", phase, first, first + wall, int(tokens or 0))]
     summary = build_summary(records, spans, backend_peaks, "torch",

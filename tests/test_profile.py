@@ -223,6 +223,35 @@ def test_profile_torch_cpu(rng):
         profile_torch(work, phase="warmup")
 
 
+def test_gpu_kernels_take_the_cost_of_the_op_that_launched_them():
+    """A CUDA kernel event has no shapes or FLOPs; its launching CPU op (linked_correlation_id)
+    does, shared among the op's kernels by duration. Runtime calls never count as the op."""
+    from types import SimpleNamespace as NS
+
+    from llama_brrr.profiler import _gpu_kernel_costs
+
+    def evt(id_, name, start, end, link=None, flops=0, shapes=(), types=()):
+        return NS(id=id_, name=name, time_range=NS(start=start, end=end), linked_correlation_id=link,
+                  flops=flops, input_shapes=list(shapes), input_types=list(types), cpu_children=[])
+
+    mm = evt(7, "aten::mm", 0, 50, flops=2 * 4 * 64 * 32, shapes=[[4, 64], [64, 32]],
+             types=["c10::BFloat16", "c10::BFloat16"])
+    add = evt(9, "aten::add", 60, 70, shapes=[[4, 32], [4, 32]], types=["float", "float"])
+    launch = evt(8, "cudaLaunchKernel", 1, 2, flops=10**9)
+    kernels = [evt(100, "nvjet_sm90_tst_64x8_splitK", 10, 40, link=7),
+               evt(101, "nvjet_sm90_splitK_reduce", 40, 50, link=7),
+               evt(102, "void at::native::elementwise_kernel", 62, 64, link=9),
+               evt(103, "void mystery_kernel", 80, 81, link=8),
+               evt(104, "flash_fwd_kernel", 90, 95)]
+    costs = _gpu_kernel_costs(kernels, [mm, add, launch])
+    mm_flops, mm_bytes = 2 * 4 * 64 * 32, (4 * 64 + 64 * 32) * 2 + 4 * 32 * 2
+    assert costs[0] == ("matmul", pytest.approx(0.75 * mm_flops), pytest.approx(0.75 * mm_bytes))
+    assert costs[1] == ("matmul", pytest.approx(0.25 * mm_flops), pytest.approx(0.25 * mm_bytes))
+    assert costs[2] == ("elementwise", 0.0, pytest.approx(3 * 4 * 32 * 4))
+    assert costs[3] == ("elementwise", 0.0, 0.0)  # linked to a runtime call: no op
+    assert costs[4] == ("attention", 0.0, 0.0)    # no link: classed by its name
+
+
 def test_cli_profile_and_calibrate(C, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from llama_brrr.cli import main
