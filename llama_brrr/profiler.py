@@ -562,21 +562,37 @@ def _duration(evt) -> float:
     return evt.time_range.end - evt.time_range.start
 
 
-def _gpu_kernel_costs(kernels, cpu_events) -> list[tuple[str, float, float]]:
+def _kernel_links(tp) -> dict:
+    """Kernel event id -> id of the CPU op that launched it, from the profiler's raw kineto events:
+    FunctionEvent carries linked_correlation_id itself only in recent torch (2.13, not 2.11)."""
+    try:
+        raw = tp.profiler.kineto_results.events()
+    except AttributeError:
+        return {}
+    return {e.correlation_id(): e.linked_correlation_id() for e in raw
+            if not str(e.device_type()).endswith("CPU")}
+
+
+def _gpu_kernel_costs(kernels, cpu_events, links=None) -> list[tuple[str, float, float]]:
     """(op class, FLOPs, bytes) of each CUDA kernel event. A kernel carries no shapes or FLOP
-    estimate itself; the CPU op that launched it (its linked_correlation_id, e.g. aten::mm for a
-    cuBLAS kernel) does, and is shared among that op's kernels by their durations. A kernel with
-    no linked op keeps (0, 0) and is classed by its own name."""
+    estimate itself; the CPU op that launched it (its linked_correlation_id, or links[kernel id],
+    e.g. aten::mm for a cuBLAS kernel) does, and is shared among that op's kernels by their
+    durations. A kernel with no linked op keeps (0, 0) and is classed by its own name."""
     # Runtime calls (cudaLaunchKernel) are CPU events too, numbered in another id space.
     ops = {e.id: e for e in cpu_events if not e.name.startswith(("cuda", "cuLaunch", "cuMem"))}
+    links = links or {}
+
+    def launcher(k):
+        return ops.get(getattr(k, "linked_correlation_id", 0) or links.get(k.id))
+
     launched = defaultdict(float)  # op id -> total duration of its kernels
     for k in kernels:
-        op = ops.get(getattr(k, "linked_correlation_id", None))
+        op = launcher(k)
         if op is not None:
             launched[op.id] += _duration(k)
     costs = []
     for k in kernels:
-        op = ops.get(getattr(k, "linked_correlation_id", None))
+        op = launcher(k)
         if op is None:
             costs.append((_torch_class(k.name), 0.0, 0.0))
             continue
@@ -626,7 +642,7 @@ def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, ph
     base = min((e.time_range.start for e in ops), default=0.0)
     if on_gpu:
         cpu_events = [e for e in events if not str(getattr(e, "device_type", "")).endswith("CUDA")]
-        costs = _gpu_kernel_costs(ops, cpu_events)
+        costs = _gpu_kernel_costs(ops, cpu_events, _kernel_links(tp))
     else:
         costs = [(_torch_class(e.name), _tree_flops(e), _shape_bytes(e)) for e in ops]
     records = []

@@ -251,6 +251,29 @@ def test_gpu_kernels_take_the_cost_of_the_op_that_launched_them():
     assert costs[3] == ("elementwise", 0.0, 0.0)  # linked to a runtime call: no op
     assert costs[4] == ("attention", 0.0, 0.0)    # no link: classed by its name
 
+    # torch 2.11's events lack linked_correlation_id: the links come from the kineto events.
+    for k in kernels:
+        del k.linked_correlation_id
+    assert _gpu_kernel_costs(kernels, [mm, add, launch]) == [("matmul", 0.0, 0.0)] * 2 + [
+        ("elementwise", 0.0, 0.0)] * 2 + [("attention", 0.0, 0.0)]
+    links = {100: 7, 101: 7, 102: 9, 103: 8}
+    assert _gpu_kernel_costs(kernels, [mm, add, launch], links) == costs
+
+
+def test_kernel_links_read_the_raw_kineto_events():
+    from types import SimpleNamespace as NS
+
+    from llama_brrr.profiler import _kernel_links
+
+    def raw(corr, link, device):
+        return NS(correlation_id=lambda: corr, linked_correlation_id=lambda: link,
+                  device_type=lambda: f"DeviceType.{device}")
+
+    events = [raw(7, 0, "CPU"), raw(100, 7, "CUDA"), raw(8, 7, "CPU"), raw(101, 7, "CUDA")]
+    tp = NS(profiler=NS(kineto_results=NS(events=lambda: events)))
+    assert _kernel_links(tp) == {100: 7, 101: 7}
+    assert _kernel_links(NS(profiler=None)) == {}
+
 
 def test_cli_profile_and_calibrate(C, tmp_path, capsys):
     pytest.importorskip("matplotlib")
