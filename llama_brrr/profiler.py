@@ -512,11 +512,12 @@ def _torch_class(name: str) -> str:
     return "elementwise"
 
 
-def _shape_bytes(evt) -> float:
+def _shape_bytes(evt, dtypes=None) -> float:
     """Bytes an op moves, from its recorded input shapes: every input read once and an output the
-    size of the largest input written once (elements of 4 bytes unless the dtype says 2)."""
+    size of the largest input written once (elements of 4 bytes unless the dtype says 2). The
+    dtypes come from the event (input_dtypes) or else from dtypes[event id] (_kineto_maps)."""
     shapes = getattr(evt, "input_shapes", None) or []
-    types = list(getattr(evt, "input_types", None) or [])
+    types = list(getattr(evt, "input_dtypes", None) or (dtypes or {}).get(evt.id) or [])
     types += [""] * (len(shapes) - len(types))
     sizes = []
     for shape, dtype in zip(shapes, types):
@@ -562,18 +563,24 @@ def _duration(evt) -> float:
     return evt.time_range.end - evt.time_range.start
 
 
-def _kernel_links(tp) -> dict:
-    """Kernel event id -> id of the CPU op that launched it, from the profiler's raw kineto events:
-    FunctionEvent carries linked_correlation_id itself only in recent torch (2.13, not 2.11)."""
+def _kineto_maps(tp) -> tuple[dict, dict]:
+    """From the profiler's raw kineto events: kernel event id -> id of the CPU op that launched it,
+    and CPU op id -> its input dtypes. FunctionEvent carries both itself only in recent torch
+    (linked_correlation_id and input_dtypes in 2.13, neither in 2.11)."""
     try:
         raw = tp.profiler.kineto_results.events()
     except AttributeError:
-        return {}
-    return {e.correlation_id(): e.linked_correlation_id() for e in raw
-            if not str(e.device_type()).endswith("CPU")}
+        return {}, {}
+    links, dtypes = {}, {}
+    for e in raw:
+        if str(e.device_type()).endswith("CPU"):
+            dtypes[e.correlation_id()] = list(e.dtypes())
+        else:
+            links[e.correlation_id()] = e.linked_correlation_id()
+    return links, dtypes
 
 
-def _gpu_kernel_costs(kernels, cpu_events, links=None) -> list[tuple[str, float, float]]:
+def _gpu_kernel_costs(kernels, cpu_events, links=None, dtypes=None) -> list[tuple[str, float, float]]:
     """(op class, FLOPs, bytes) of each CUDA kernel event. A kernel carries no shapes or FLOP
     estimate itself; the CPU op that launched it (its linked_correlation_id, or links[kernel id],
     e.g. aten::mm for a cuBLAS kernel) does, and is shared among that op's kernels by their
@@ -599,7 +606,7 @@ def _gpu_kernel_costs(kernels, cpu_events, links=None) -> list[tuple[str, float,
         share = _duration(k) / launched[op.id] if launched[op.id] > 0 else 1.0
         op_class = _torch_class(op.name)
         costs.append((op_class if op_class != "elementwise" else _torch_class(k.name),
-                      _tree_flops(op) * share, _shape_bytes(op) * share))
+                      _tree_flops(op) * share, _shape_bytes(op, dtypes) * share))
     return costs
 
 
@@ -642,9 +649,10 @@ def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, ph
     base = min((e.time_range.start for e in ops), default=0.0)
     if on_gpu:
         cpu_events = [e for e in events if not str(getattr(e, "device_type", "")).endswith("CUDA")]
-        costs = _gpu_kernel_costs(ops, cpu_events, _kernel_links(tp))
+        costs = _gpu_kernel_costs(ops, cpu_events, *_kineto_maps(tp))
     else:
-        costs = [(_torch_class(e.name), _tree_flops(e), _shape_bytes(e)) for e in ops]
+        dtypes = _kineto_maps(tp)[1]
+        costs = [(_torch_class(e.name), _tree_flops(e), _shape_bytes(e, dtypes)) for e in ops]
     records = []
     for e, (op_class, flops, nbytes) in zip(ops, costs):
         a, b = (e.time_range.start - base) * 1e-6, (e.time_range.end - base) * 1e-6

@@ -232,7 +232,7 @@ def test_gpu_kernels_take_the_cost_of_the_op_that_launched_them():
 
     def evt(id_, name, start, end, link=None, flops=0, shapes=(), types=()):
         return NS(id=id_, name=name, time_range=NS(start=start, end=end), linked_correlation_id=link,
-                  flops=flops, input_shapes=list(shapes), input_types=list(types), cpu_children=[])
+                  flops=flops, input_shapes=list(shapes), input_dtypes=list(types), cpu_children=[])
 
     mm = evt(7, "aten::mm", 0, 50, flops=2 * 4 * 64 * 32, shapes=[[4, 64], [64, 32]],
              types=["c10::BFloat16", "c10::BFloat16"])
@@ -258,21 +258,27 @@ def test_gpu_kernels_take_the_cost_of_the_op_that_launched_them():
         ("elementwise", 0.0, 0.0)] * 2 + [("attention", 0.0, 0.0)]
     links = {100: 7, 101: 7, 102: 9, 103: 8}
     assert _gpu_kernel_costs(kernels, [mm, add, launch], links) == costs
+    # ... and so do the dtypes: without them every element counts 4 bytes.
+    dtypes = {7: mm.input_dtypes, 9: add.input_dtypes}
+    mm.input_dtypes = add.input_dtypes = None
+    assert _gpu_kernel_costs(kernels, [mm, add, launch], links)[0][2] == pytest.approx(1.5 * mm_bytes)
+    assert _gpu_kernel_costs(kernels, [mm, add, launch], links, dtypes) == costs
 
 
-def test_kernel_links_read_the_raw_kineto_events():
+def test_kineto_maps_read_the_raw_kineto_events():
     from types import SimpleNamespace as NS
 
-    from llama_brrr.profiler import _kernel_links
+    from llama_brrr.profiler import _kineto_maps
 
-    def raw(corr, link, device):
+    def raw(corr, link, device, dtypes=()):
         return NS(correlation_id=lambda: corr, linked_correlation_id=lambda: link,
-                  device_type=lambda: f"DeviceType.{device}")
+                  device_type=lambda: f"DeviceType.{device}", dtypes=lambda: list(dtypes))
 
-    events = [raw(7, 0, "CPU"), raw(100, 7, "CUDA"), raw(8, 7, "CPU"), raw(101, 7, "CUDA")]
+    events = [raw(7, 0, "CPU", ["c10::BFloat16", "float"]), raw(100, 7, "CUDA"), raw(8, 7, "CPU"),
+              raw(101, 7, "CUDA")]
     tp = NS(profiler=NS(kineto_results=NS(events=lambda: events)))
-    assert _kernel_links(tp) == {100: 7, 101: 7}
-    assert _kernel_links(NS(profiler=None)) == {}
+    assert _kineto_maps(tp) == ({100: 7, 101: 7}, {7: ["c10::BFloat16", "float"], 8: []})
+    assert _kineto_maps(NS(profiler=None)) == ({}, {})
 
 
 def test_cli_profile_and_calibrate(C, tmp_path, capsys):
