@@ -512,9 +512,22 @@ def _torch_class(name: str) -> str:
     return "elementwise"
 
 
+def _dtype_width(dtype: str) -> int:
+    """Bytes per element of a profiler dtype name ("c10::BFloat16", "long int", "float", ...);
+    4 when unknown."""
+    d = (dtype or "").lower()
+    if any(k in d for k in ("half", "bfloat16")):
+        return 2
+    if any(k in d for k in ("long", "double", "int64")):
+        return 8
+    if any(k in d for k in ("bool", "char", "int8", "byte")):
+        return 1
+    return 4
+
+
 def _shape_bytes(evt, dtypes=None) -> float:
     """Bytes an op moves, from its recorded input shapes: every input read once and an output the
-    size of the largest input written once (elements of 4 bytes unless the dtype says 2). The
+    size of the largest input written once (elements of 4 bytes unless the dtype says otherwise). The
     dtypes come from the event (input_dtypes) or else from dtypes[event id] (_kineto_maps)."""
     shapes = getattr(evt, "input_shapes", None) or []
     types = list(getattr(evt, "input_dtypes", None) or (dtypes or {}).get(evt.id) or [])
@@ -526,12 +539,30 @@ def _shape_bytes(evt, dtypes=None) -> float:
         n = 1
         for d in shape:
             n *= d
-        width = 2 if dtype and ("Half" in dtype or "BFloat16" in dtype) else 4
-        sizes.append(n * width)
+        sizes.append(n * _dtype_width(dtype))
     if not sizes:
         return 0.0
+    gathered = _gather_bytes(evt.name.lower(), shapes, sizes)
+    if gathered is not None:
+        return gathered
     out = _matmul_out_bytes(evt.name.lower(), shapes, types)
     return float(sum(sizes) + (out if out is not None else max(sizes)))
+
+
+def _gather_bytes(name: str, shapes, sizes) -> float | None:
+    """A table lookup (embedding(W[V, D], ids), index_select(W, 0, ids)) reads only the rows it
+    gathers, not the table: ids read, then their rows read and written."""
+    if "embedding" in name and len(shapes) >= 2 and len(shapes[0]) == 2 and shapes[1]:
+        ids = shapes[1]
+    elif "index_select" in name and len(shapes) >= 3 and len(shapes[0]) == 2 and shapes[2]:
+        ids = shapes[2]
+    else:
+        return None
+    rows = 1
+    for d in ids:
+        rows *= d
+    row_bytes = sizes[0] / shapes[0][0]
+    return float(sum(sizes[1:]) + 2 * rows * row_bytes)
 
 
 def _matmul_out_bytes(name: str, shapes, types) -> float | None:
@@ -548,7 +579,7 @@ def _matmul_out_bytes(name: str, shapes, types) -> float | None:
     rows = 1
     for d in a[:-1]:
         rows *= d
-    return rows * n * (2 if dtype and ("Half" in dtype or "BFloat16" in dtype) else 4)
+    return rows * n * _dtype_width(dtype)
 
 
 def _tree_flops(evt) -> float:

@@ -137,7 +137,7 @@ EOF
         --out "$OUT/kernels.json"
     wanted variants && phase variants 200 "$OUT/bench.log" env OUT="$OUT/variants" bash benchmarks/lab/decode_variants.sh
     wanted gemmlab && phase gemmlab 240 "$OUT/bench.log" env OUT="$OUT/gemm_lab" bash benchmarks/lab/run_gemm_lab.sh
-    wanted profile && phase profile 110 "$OUT/bench.log" python3 -m llama_brrr profile --shape llama3.2-1b \
+    wanted profile && phase profile 160 "$OUT/bench.log" python3 -m llama_brrr profile --shape llama3.2-1b \
         --device cuda --max-new-tokens 128 --torch --out "$OUT/profile"
     wanted decode && phase decode 90 "$OUT/bench.log" python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b \
         --device cuda -b 1 -p 128 -n 256 --repeats 5 --json "$OUT/bench.json"

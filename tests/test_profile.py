@@ -322,3 +322,20 @@ def test_latency_bound_kernels_count_as_overhead():
     assert P["latency_s"] == pytest.approx(5e-6)
     assert P["overhead_s"] == pytest.approx(10e-6)  # 5 us idle + 5 us of launch
     assert P["compute_s"] + P["memory_s"] + P["overhead_s"] == pytest.approx(P["wall_s"])
+
+
+def test_a_table_lookup_moves_the_rows_it_gathers_not_the_table():
+    from types import SimpleNamespace as NS
+
+    from llama_brrr.profiler import _shape_bytes
+
+    def op(name, shapes, types):
+        return NS(id=1, name=name, input_shapes=shapes, input_dtypes=types)
+
+    table = [128256, 2048]
+    emb = op("aten::embedding", [table, [1, 3]], ["c10::BFloat16", "long int"])
+    assert _shape_bytes(emb) == 3 * 8 + 2 * 3 * 2048 * 2
+    sel = op("aten::index_select", [table, [], [5]], ["c10::BFloat16", "Scalar", "long int"])
+    assert _shape_bytes(sel) == 5 * 8 + 2 * 5 * 2048 * 2
+    mm = op("aten::mm", [[3, 2048], [2048, 64]], ["c10::BFloat16"] * 2)
+    assert _shape_bytes(mm) == (3 * 2048 + 2048 * 64 + 3 * 64) * 2
