@@ -107,7 +107,7 @@ class ReferenceLlama:
         causal = torch.arange(n_keys, device=self.device)[None, :] <= \
             torch.arange(start_pos, n_keys, device=self.device)[:, None]  # [T, n_keys]
 
-        x = self.w["tok_embeddings"][tokens]
+        x = F.embedding(tokens, self.w["tok_embeddings"])  # an op whose recorded shapes tell the rows read
         for i in range(c.n_layers):
             p = f"layers.{i}."
             h = self._rmsnorm(x, self.w[p + "attn_norm"])
