@@ -63,7 +63,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, compare: bool) -> None
                             help=f"opponents, comma-separated (default all: {','.join(OPPONENTS)}); "
                                  f"one that cannot run here is skipped with a note")
         parser.add_argument("--budget-s", type=float, default=1e9,
-                            help="skip opponents that would run past this many seconds")
+                            help="skip opponents and profiled splits that would run past this many seconds")
         parser.add_argument("--png", type=Path, default=None,
                             help="grouped bar chart path (default: beside the JSON)")
         parser.add_argument("--no-png", action="store_true", help="no bar chart")

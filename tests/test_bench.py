@@ -76,6 +76,18 @@ def test_compare_cli_smoke(C, tmp_path):
     assert "DISAGREES" not in done.stdout
 
 
+def test_compare_out_of_budget_skips_what_would_not_fit(C, tmp_path):
+    """--budget-s bounds the opponents and the profiled splits alike; each skip says why."""
+    pytest.importorskip("torch")
+    out = tmp_path / "compare.json"
+    cli("compare", *TINY, "--contestants", "torch-eager", "--budget-s", "0", "--json", str(out), "--no-png")
+    (run,) = json.loads(out.read_text())["runs"]
+    entries = run["contestants"]
+    assert "budget" in entries["torch-eager"]["skipped"]
+    assert "budget" in entries["llama_brrr"]["split"]["unavailable"]
+    assert entries["llama_brrr"]["decode_tok_s"]["median"] > 0
+
+
 def test_compare_png(C, tmp_path):
     pytest.importorskip("matplotlib")
     from llama_brrr.bench import report

@@ -482,7 +482,12 @@ def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget,
             entry["check"]["agrees"] = False
             entry["check"]["note"] = f"greedy tokens differ from llama_brrr's at {match['first_difference']}"
         if opts.split:
-            entry["split"] = split(contestant, prompts, w, config, llm.dtype)
+            # A profiled PyTorch decode and the parsing of its ~10^5 events take about a minute
+            # (timed on the H100, 1B shape, 128 tokens); a run without the time left says so.
+            need = 10 if key == "llama_brrr" else 60
+            entry["split"] = (split(contestant, prompts, w, config, llm.dtype) if budget.left() >= need
+                              else {"unavailable": f"out of --budget-s (the split needs ~{need} s, "
+                                                   f"{max(budget.left(), 0):.0f} s left)"})
         if key != "llama_brrr":
             run["ratios"][key] = ratio(entries["llama_brrr"], entry)
     del contestants
