@@ -26,6 +26,7 @@ instrumented replay prevent, so the serialized times are each kernel's share, no
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -536,10 +537,7 @@ def _shape_bytes(evt, dtypes=None) -> float:
     for shape, dtype in zip(shapes, types):
         if not shape:
             continue
-        n = 1
-        for d in shape:
-            n *= d
-        sizes.append(n * _dtype_width(dtype))
+        sizes.append(math.prod(shape) * _dtype_width(dtype))
     if not sizes:
         return 0.0
     gathered = _gather_bytes(evt.name.lower(), shapes, sizes)
@@ -558,11 +556,8 @@ def _gather_bytes(name: str, shapes, sizes) -> float | None:
         ids = shapes[2]
     else:
         return None
-    rows = 1
-    for d in ids:
-        rows *= d
     row_bytes = sizes[0] / shapes[0][0]
-    return float(sum(sizes[1:]) + 2 * rows * row_bytes)
+    return float(sum(sizes[1:]) + 2 * math.prod(ids) * row_bytes)
 
 
 def _matmul_out_bytes(name: str, shapes, types) -> float | None:
@@ -576,10 +571,7 @@ def _matmul_out_bytes(name: str, shapes, types) -> float | None:
         a, n, dtype = shapes[0], shapes[1][-1], types[0]
     else:
         return None
-    rows = 1
-    for d in a[:-1]:
-        rows *= d
-    return rows * n * _dtype_width(dtype)
+    return math.prod(a[:-1]) * n * _dtype_width(dtype)
 
 
 def _tree_flops(evt) -> float:
@@ -678,11 +670,11 @@ def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, ph
             backend_peaks = peaks_module.calibrate("cpu", quick=True)
     # Re-based on the host span: torch's clock (microseconds) starts anywhere.
     base = min((e.time_range.start for e in ops), default=0.0)
+    links, dtypes = _kineto_maps(tp)
     if on_gpu:
         cpu_events = [e for e in events if not str(getattr(e, "device_type", "")).endswith("CUDA")]
-        costs = _gpu_kernel_costs(ops, cpu_events, *_kineto_maps(tp))
+        costs = _gpu_kernel_costs(ops, cpu_events, links, dtypes)
     else:
-        dtypes = _kineto_maps(tp)[1]
         costs = [(_torch_class(e.name), _tree_flops(e), _shape_bytes(e, dtypes)) for e in ops]
     records = []
     for e, (op_class, flops, nbytes) in zip(ops, costs):
