@@ -244,8 +244,8 @@ def bench_flash_decode(ops, shapes, contexts, repeats, copy_bw):
             positions = torch.full((1,), ctx - 1, dtype=torch.int32, device="cuda")
             out = torch.empty((1, n_heads * hd), device="cuda", dtype=torch.bfloat16)
             max_splits = engine_max_splits(n_kv, 8192)
-            scratch = torch.empty(ops.flash_decode_scratch_floats(1, n_heads, hd, max_splits),
-                                  device="cuda", dtype=torch.float32)
+            scratch = torch.zeros(ops.flash_decode_scratch_floats(1, n_heads, hd, max_splits),
+                                  device="cuda", dtype=torch.float32)  # arrival counters start at zero
 
             def ours(i):
                 k, v = caches[i % len(caches)]

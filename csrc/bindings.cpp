@@ -1104,7 +1104,7 @@ PYBIND11_MODULE(_C, m) {
         if (max_splits < 1) bad_argument("max_splits must be >= 1");
         return brrr::cuda::flash_decode_scratch_floats((int)B, (int)n_heads, (int)head_dim, (int)max_splits);
     }, py::arg("B"), py::arg("n_heads"), py::arg("head_dim"), py::arg("max_splits"),
-       "floats of scratch flash_decode needs for this batch and split limit");
+       "floats of scratch flash_decode needs for this batch and split limit; zero it before the first call");
     cuda_ops.def("flash_decode", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slots,
                                     uintptr_t positions, uintptr_t out, uintptr_t scratch, int64_t B,
                                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,

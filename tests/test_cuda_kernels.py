@@ -243,7 +243,7 @@ DECODE_HEADS = [(4, 4), (9, 3), (16, 4), (16, 1)]  # GQA groups 1, 3, 4 and 16 (
 @pytest.mark.parametrize("n_heads,n_kv_heads", DECODE_HEADS, ids=[f"{h}q{kv}kv" for h, kv in DECODE_HEADS])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads, max_splits):
-    lengths = [1, 37, 1000]
+    lengths = [1, 37, 129, 1000]  # one chunk, two (the second one row), several
     B, max_batch, max_seq = len(lengths), 5, 1024
     group = n_heads // n_kv_heads
     k_cache, v_cache = poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim)
@@ -254,12 +254,19 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
     q = randn((B, n_heads, head_dim), gen)
     d_slots = torch.tensor(slots, dtype=torch.int32, device="cuda")
     d_positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int32, device="cuda")
-    out = nan_full((B, n_heads * head_dim), torch.bfloat16)
-    scratch = nan_full((ops.flash_decode_scratch_floats(B, n_heads, head_dim, max_splits),), torch.float32)
-    ops.flash_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), d_slots.data_ptr(),
-                     d_positions.data_ptr(), out.data_ptr(), scratch.data_ptr(), B, n_heads,
-                     n_kv_heads, head_dim, max_seq, max_splits)
-    torch.cuda.synchronize()
+    # Scratch poisoned but for each sequence's arrival counters (its first n_heads words), which
+    # the contract asks to be zero before the first call; every call must leave them zero.
+    per_sequence = ops.flash_decode_scratch_floats(1, n_heads, head_dim, max_splits)
+    scratch = nan_full((B * per_sequence,), torch.float32)
+    counters = scratch.view(B, per_sequence)[:, :n_heads]
+    counters.zero_()
+    for call in range(2):
+        out = nan_full((B, n_heads * head_dim), torch.bfloat16)
+        ops.flash_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), d_slots.data_ptr(),
+                         d_positions.data_ptr(), out.data_ptr(), scratch.data_ptr(), B, n_heads,
+                         n_kv_heads, head_dim, max_seq, max_splits)
+        torch.cuda.synchronize()
+        assert (counters.view(torch.int32) == 0).all(), f"call {call} left arrival counters armed"
     for b, (slot, length) in enumerate(zip(slots, lengths)):
         k = k_cache[slot, :length].transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, L, hd]
         v = v_cache[slot, :length].transpose(0, 1).repeat_interleave(group, dim=0)

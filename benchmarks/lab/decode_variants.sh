@@ -11,6 +11,16 @@
 #   05 none         03 + 04
 #   06 no-early     LLAMA_BRRR_GEMV_EARLY=0: the GEMV's first weight loads wait for the previous
 #                   kernel instead of being issued before the PDL wait
+#   07 fd-chunk128  LLAMA_BRRR_DECODE_CHUNK=128: flash_decode splits of at least two 64-position
+#                   tiles (fewer CTAs, less merging); shipped: 64
+#   08 fd-chunk256  LLAMA_BRRR_DECODE_CHUNK=256
+#   09 fd-no-early  LLAMA_BRRR_DECODE_EARLY=0: flash_decode's first K/V tile waits for the QKV GEMV
+#   10 fd-threads128  LLAMA_BRRR_DECODE_THREADS=128: flash_decode CTAs of 128 threads (shipped: 256)
+#   11 fd-late      LLAMA_BRRR_DECODE_LATE_TRIGGER=1: the wo GEMV launches as flash_decode's CTAs
+#                   exit, not while they run (shipped: late at hd 128 only)
+#   13 fd-early     LLAMA_BRRR_DECODE_LATE_TRIGGER=0: the wo GEMV may launch once flash_decode's
+#                   first tile is issued, at every head dim
+#   12 fd-1-per-sm  LLAMA_BRRR_DECODE_CTAS_PER_SM=1: a grid of one flash_decode CTA per SM (shipped: 2)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -29,6 +39,13 @@ variants=(
     "04-no-pdl|LLAMA_BRRR_PDL=0"
     "05-none|LLAMA_BRRR_GEMV_NORM=0 LLAMA_BRRR_PDL=0"
     "06-no-early|LLAMA_BRRR_GEMV_EARLY=0"
+    "07-fd-chunk128|LLAMA_BRRR_DECODE_CHUNK=128"
+    "08-fd-chunk256|LLAMA_BRRR_DECODE_CHUNK=256"
+    "09-fd-no-early|LLAMA_BRRR_DECODE_EARLY=0"
+    "10-fd-threads128|LLAMA_BRRR_DECODE_THREADS=128"
+    "11-fd-late|LLAMA_BRRR_DECODE_LATE_TRIGGER=1"
+    "12-fd-1-per-sm|LLAMA_BRRR_DECODE_CTAS_PER_SM=1"
+    "13-fd-early|LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}
@@ -45,7 +62,7 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 rows, base = [], {}
-for path in sorted(out.glob("0*.json")):
+for path in sorted(out.glob("[0-9][0-9]-*.json")):
     for run in json.loads(path.read_text())["runs"]:
         tok = run["decode_tok_s"]
         rows.append((path.stem, run["model"], tok["median"], tok["spread_pct"], run["ms_per_token"]))

@@ -6,15 +6,23 @@
 //   softmax runs on exp2.
 //
 // flash_decode (one query per sequence, memory-bound: the KV bytes are the cost):
-//   grid (split, KV head x head block, sequence). A CTA streams one chunk of ONE KV head's K/V
-//   through shared memory (cp.async, double-buffered, 64 positions per tile) and serves every
-//   query head of that group from it, so each K/V byte is read once per token, not once per
-//   query head. Online softmax in fp32; each split writes (max, sum, unnormalized acc[hd]) to
-//   scratch and a combine kernel merges the splits. Positions live on the device (CUDA-graph
-//   replay), so the launcher fixes the number of splits from the shapes alone and each CTA cuts
-//   its sequence's actual length into that many chunks; a chunk past the end writes an empty
-//   partial (max -inf, sum 0) that the combine weighs by zero. Both kernels are launched with PDL
-//   (launch.cuh), so their launch overlaps the tail of the kernel before.
+//   grid (split, KV head x head block, sequence), one launch. A CTA streams one chunk of ONE KV
+//   head's K/V through shared memory (cp.async, double-buffered, 64 positions per tile) and
+//   serves every query head of that group from it, so each K/V byte is read once per token, not
+//   once per query head. Online softmax in fp32.
+//   Splits: positions live on the device (CUDA-graph replay), so the grid is fixed from the shapes
+//   (about two CTAs per SM) and each CTA decides on the device how many splits its sequence needs:
+//   chunks of at least min_chunk positions, so a short context runs as one chunk per KV head and
+//   writes its output directly; the CTAs past the last chunk exit at once. With several chunks,
+//   each writes (max, sum, unnormalized acc[hd]) to scratch, counts itself in with an atomic on
+//   its (sequence, head block) arrival counter, and the last to arrive merges them (weights
+//   computed once per split in shared memory, then independent loads) and re-arms the counter.
+//   Scratch per sequence: [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq x
+//   max_splits x hd], so a sequence's counters sit in one place whatever the batch of a call; they
+//   must be zero before the first call (the engine's arena is) and every call leaves them zero.
+//   Launched with PDL (launch.cuh): before its wait a CTA already reads positions and slots and
+//   starts loading its first tile, all written two or more kernels back; only this token's K/V
+//   row and q come from the kernel just before, and they are loaded after the wait.
 //
 // attention_prefill (T new tokens of one sequence, their K/V already in the cache):
 //   FlashAttention-2 on tensor cores. A CTA owns 64 queries of one head (4 warps x 16 rows);
@@ -42,18 +50,18 @@ constexpr float kLog2e = 1.4426950408889634f;
 // ==== flash decode ============================================================================
 
 constexpr int kDecTile = 64;  // KV positions per shared-memory tile
-constexpr int kDecThreads = 2 * kDecTile;
-constexpr int kDecWarps = kDecThreads / 32;
 
-// Shared memory of one decode CTA, byte offsets (each 16-byte aligned).
-template <int HD, int GMAX>
+// Shared memory of one decode CTA of THREADS threads, byte offsets (each 16-byte aligned). The
+// scores of a tile come in kParts partial sums, one per slice of hd (phase 1 below).
+template <int HD, int GMAX, int THREADS>
 struct DecodeSmem {
+    static constexpr int kParts = THREADS / kDecTile;
     static constexpr int kPitchK = HD + 8;  // K rows are read one per thread: pad across banks
     static constexpr size_t k_off = 0;                                            // bf16 [2][tile][HD+8]
     static constexpr size_t v_off = k_off + 2 * kDecTile * kPitchK * 2;           // bf16 [2][tile][HD]
     static constexpr size_t q_off = v_off + 2 * kDecTile * HD * 2;                // f32 [GMAX][HD]
-    static constexpr size_t s_off = q_off + GMAX * HD * 4;                        // f32 [2][GMAX][tile]
-    static constexpr size_t stat_off = s_off + 2 * GMAX * kDecTile * 4;           // f32 [3][GMAX]
+    static constexpr size_t s_off = q_off + GMAX * HD * 4;                        // f32 [kParts][GMAX][tile]
+    static constexpr size_t stat_off = s_off + kParts * GMAX * kDecTile * 4;      // f32 [3][GMAX]
     static constexpr size_t bytes = stat_off + 3 * GMAX * 4;
 };
 
@@ -64,20 +72,58 @@ struct DecodeArgs {
     const int* slots;
     const int* positions;
     bf16* out;
-    float* part_ml;   // [B][Hq][n_splits][2] (max in log2 units, sum)
-    float* part_acc;  // [B][Hq][n_splits][hd]
-    int n_heads, n_kv_heads, group, head_blocks, max_seq, n_splits;
+    float* scratch;  // [B][seq_floats]: the per-sequence layout in the banner
+    int n_heads, n_kv_heads, group, head_blocks, max_seq, n_splits, max_splits;
+    int min_chunk;   // fewest positions a split takes
+    int threads;     // per CTA: 128 or 256
+    bool early_kv;   // start loading the first tile before the PDL wait
+    bool late_trigger;  // let the next kernel launch only as CTAs exit, not once tile 0 is issued
     float scale_log2;
 };
 
+// Splits of one decode launch never exceed this: the merge keeps a weight per split and head in
+// the score buffer (GMAX x 2 tiles of floats).
+constexpr int kDecMaxSplits = 2 * kDecTile;
+
+// Floats of scratch per sequence.
+__host__ __device__ inline size_t decode_seq_floats(int n_heads, int head_dim, int max_splits) {
+    return (size_t)n_heads * (1 + (size_t)max_splits * (head_dim + 2));
+}
+
+// Where sequence b's counters and the (max, sum) / acc partials of its head h, split s live.
+struct DecodeScratch {
+    float* base;  // sequence b's block
+    int n_heads, max_splits, hd;
+    __device__ DecodeScratch(const DecodeArgs& a, int b, int head_dim)
+        : base(a.scratch + (size_t)b * decode_seq_floats(a.n_heads, head_dim, a.max_splits)),
+          n_heads(a.n_heads), max_splits(a.max_splits), hd(head_dim) {}
+    __device__ int* counter(int head_block) const { return reinterpret_cast<int*>(base) + head_block; }
+    __device__ float* ml(int h, int s) const { return base + n_heads + ((size_t)h * max_splits + s) * 2; }
+    __device__ float* acc(int h, int s) const {
+        return base + n_heads + (size_t)n_heads * max_splits * 2 + ((size_t)h * max_splits + s) * hd;
+    }
+};
+
+// How a sequence of len positions is cut: n chunks of `per` positions (the last may be shorter),
+// none empty. Every CTA of the sequence computes the same cut from the same len.
+struct DecodeCut {
+    int n, per;
+    __device__ DecodeCut(int len, int min_chunk, int n_splits) {
+        n = max(1, min(CEIL_DIV(len, min_chunk), n_splits));
+        per = max(kDecTile, CEIL_DIV(CEIL_DIV(len, n), kDecTile) * kDecTile);
+        n = max(1, CEIL_DIV(len, per));  // rounding per up may leave the last split empty: drop it
+    }
+};
+
 // GMAX = query heads per CTA (the group, or a block of it when the group is larger).
-template <int HD, int GMAX>
-__global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a) {
-    using L = DecodeSmem<HD, GMAX>;
-    constexpr int kPitchK = L::kPitchK;
-    constexpr int kHeadsPerPass = kDecThreads / HD;  // phase 3: thread -> (head, d)
+template <int HD, int GMAX, int THREADS>
+__global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
+    using L = DecodeSmem<HD, GMAX, THREADS>;
+    constexpr int kPitchK = L::kPitchK, kParts = L::kParts, kSlice = HD / kParts;
+    constexpr int kWarps = THREADS / 32;
+    constexpr int kHeadsPerPass = THREADS / HD;  // phase 3: thread -> (head, d)
     constexpr int kAccHeads = (GMAX + kHeadsPerPass - 1) / kHeadsPerPass;
-    constexpr int kStatHeads = (GMAX + kDecWarps - 1) / kDecWarps;  // phase 2: warp -> heads
+    constexpr int kStatHeads = (GMAX + kWarps - 1) / kWarps;  // phase 2: warp -> heads
 
     unsigned char* smem = ptx::dynamic_smem<unsigned char>();
     uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + L::k_off);
@@ -88,64 +134,70 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
     float* max_s = alpha_s + GMAX;
     float* sum_s = max_s + GMAX;
 
-    // Launched with PDL: q, positions and this token's K/V come from the kernels before.
-    pdl_wait();
-    pdl_launch_dependents();
-
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int split = blockIdx.x, b = blockIdx.z;
     const int kvh = blockIdx.y / a.head_blocks, hb = blockIdx.y % a.head_blocks;
     const int n_g = min(GMAX, a.group - hb * GMAX);  // query heads served here
     const int head0 = kvh * a.group + hb * GMAX;     // first of them
 
-    // The engine validates positions before upload; here they only must not leave the cache.
-    const int pos = a.positions[b];
+    // Positions and slots were written two kernels back at the latest (launch.cuh): read through
+    // L2 before the wait. The engine validates positions; here they only must not leave the cache.
+    if (!a.early_kv) pdl_wait();
+    const int pos = __ldcg(a.positions + b);
     const int len = pos < 0 ? 0 : min(pos + 1, a.max_seq);
-    const int per_split = CEIL_DIV(CEIL_DIV(len, a.n_splits), kDecTile) * kDecTile;
-    const int c0 = split * per_split, c1 = min(len, c0 + per_split);
-
+    const DecodeCut cut(len, a.min_chunk, a.n_splits);
+    if (split >= cut.n) {  // past the last chunk of this sequence
+        pdl_wait();
+        return;
+    }
+    const int c0 = split * cut.per, c1 = min(len, c0 + cut.per);
     const int d = tid % HD;
-    auto partial = [&](int g) { return ((size_t)b * a.n_heads + head0 + g) * a.n_splits + split; };
+    const DecodeScratch sc(a, b, HD);
+    auto out_at = [&](int g, int dd) -> bf16& { return a.out[((size_t)b * a.n_heads + head0 + g) * HD + dd]; };
 
-    if (c0 >= c1) {  // nothing to attend to in this chunk
-        for (int i = tid; i < n_g * HD; i += kDecThreads) {
-            const int g = i / HD;
-            if (a.n_splits == 1) {
-                a.out[((size_t)b * a.n_heads + head0 + g) * HD + i % HD] = __float2bfloat16_rn(0.f);
-            } else {
-                a.part_acc[partial(g) * HD + i % HD] = 0.f;
-                if (i % HD == 0) {
-                    a.part_ml[partial(g) * 2] = -INFINITY;
-                    a.part_ml[partial(g) * 2 + 1] = 0.f;
-                }
-            }
-        }
+    if (c0 >= c1) {  // an empty sequence (position < 0): one split, zeros out
+        pdl_wait();
+        pdl_launch_dependents();
+        for (int i = tid; i < n_g * HD; i += THREADS) out_at(i / HD, i % HD) = __float2bfloat16_rn(0.f);
         return;
     }
 
     const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
     const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
-    const size_t slot_base = (size_t)a.slots[b] * a.max_seq;
-    auto load_tile = [&](int stage, int p0) {
+    const size_t slot_base = (size_t)__ldcg(a.slots + b) * a.max_seq;
+    // Tile rows p0 + r with lo <= p0 + r < hi into stage; rows at or past end are zero-filled.
+    auto load_rows = [&](int stage, int p0, int lo, int hi, int end) {
         uint16_t* Kst = Ks + stage * kDecTile * kPitchK;
         uint16_t* Vst = Vs + stage * kDecTile * HD;
         constexpr int kChunks = kDecTile * HD / 8;
-        for (int c = tid; c < kChunks; c += kDecThreads) {
+        for (int c = tid; c < kChunks; c += THREADS) {
             const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
             const int p = p0 + r;
-            const bool ok = p < c1;
+            if (p < lo || p >= hi) continue;
+            const bool ok = p < end;
             const size_t off = ((slot_base + (ok ? p : c0)) * a.n_kv_heads + kvh) * HD + col;
             ptx::cp_async_16(Kst + r * kPitchK + col, kbits + off, ok);
             ptx::cp_async_16(Vst + r * HD + col, vbits + off, ok);
         }
     };
 
-    const int n_tiles = CEIL_DIV(c1 - c0, kDecTile);
-    load_tile(0, c0);
+    // The first tile: every row but this token's (len - 1, written by the kernel just before) may
+    // load before the wait; that row and the zero rows after it join the same cp.async group after
+    // it (two copies to one shared address are not ordered, so no row is issued twice).
+    const int last = len - 1, tile_end = c0 + kDecTile;
+    if (a.early_kv) {
+        const bool last_here = last < tile_end;
+        load_rows(0, c0, c0, last_here ? last : tile_end, c1);
+        pdl_wait();
+        if (last_here) load_rows(0, c0, last, tile_end, c1);
+    } else {
+        load_rows(0, c0, c0, tile_end, c1);
+    }
+    if (!a.late_trigger) pdl_launch_dependents();
     ptx::cp_async_commit();
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
-    for (int i = tid; i < GMAX * HD; i += kDecThreads) {
+    for (int i = tid; i < GMAX * HD; i += THREADS) {
         const int g = i / HD;
         qs[i] = g < n_g ? util::bf16_bits(qbits[((size_t)b * a.n_heads + head0 + g) * HD + i % HD]) * a.scale_log2
                         : 0.f;
@@ -158,10 +210,11 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
 #pragma unroll
     for (int j = 0; j < kAccHeads; ++j) acc[j] = 0.f;
 
+    const int n_tiles = CEIL_DIV(c1 - c0, kDecTile);
     for (int t = 0; t < n_tiles; ++t) {
         const int stage = t & 1, p0 = c0 + t * kDecTile;
         if (t + 1 < n_tiles) {
-            load_tile(stage ^ 1, p0 + kDecTile);
+            load_rows(stage ^ 1, p0 + kDecTile, p0 + kDecTile, p0 + 2 * kDecTile, c1);
             ptx::cp_async_commit();
             ptx::cp_async_wait<1>();
         } else {
@@ -169,17 +222,17 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
         }
         __syncthreads();  // tile t (and qs) visible to all
 
-        // Phase 1: scores. Thread -> (position r, half of hd); a warp covers 32 positions, and
+        // Phase 1: scores. Thread -> (position r, slice of hd); a warp covers 32 positions, and
         // with the padded pitch their 16-byte reads fall in distinct bank groups.
         {
-            const int r = tid % kDecTile, half = tid / kDecTile;
-            const uint16_t* krow = Ks + stage * kDecTile * kPitchK + r * kPitchK + half * (HD / 2);
-            const float* qh = qs + half * (HD / 2);
+            const int r = tid % kDecTile, part = tid / kDecTile;
+            const uint16_t* krow = Ks + stage * kDecTile * kPitchK + r * kPitchK + part * kSlice;
+            const float* qh = qs + part * kSlice;
             float s[GMAX];
 #pragma unroll
             for (int g = 0; g < GMAX; ++g) s[g] = 0.f;
 #pragma unroll 2
-            for (int c = 0; c < HD / 2; c += 8) {
+            for (int c = 0; c < kSlice; c += 8) {
                 const uint4 kv = *reinterpret_cast<const uint4*>(krow + c);
                 const float k8[8] = {util::bf16_lo(kv.x), util::bf16_hi(kv.x), util::bf16_lo(kv.y),
                                      util::bf16_hi(kv.y), util::bf16_lo(kv.z), util::bf16_hi(kv.z),
@@ -193,21 +246,24 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
                 }
             }
 #pragma unroll
-            for (int g = 0; g < GMAX; ++g) S[(half * GMAX + g) * kDecTile + r] = s[g];
+            for (int g = 0; g < GMAX; ++g) S[(part * GMAX + g) * kDecTile + r] = s[g];
         }
         __syncthreads();
 
         // Phase 2: online softmax per head; S[0] becomes the probabilities of this tile.
 #pragma unroll
         for (int j = 0; j < kStatHeads; ++j) {
-            const int g = warp + kDecWarps * j;
+            const int g = warp + kWarps * j;
             if (g < n_g) {
                 float sv[kDecTile / 32];
                 float tile_max = -INFINITY;
 #pragma unroll
                 for (int e = 0; e < kDecTile / 32; ++e) {
                     const int r = lane + 32 * e;
-                    sv[e] = p0 + r < c1 ? S[g * kDecTile + r] + S[(GMAX + g) * kDecTile + r] : -INFINITY;
+                    float dot = 0.f;
+#pragma unroll
+                    for (int part = 0; part < kParts; ++part) dot += S[(part * GMAX + g) * kDecTile + r];
+                    sv[e] = p0 + r < c1 ? dot : -INFINITY;
                     tile_max = fmaxf(tile_max, sv[e]);
                 }
                 // Finite: position p0 < c1 is always in the tile.
@@ -249,72 +305,178 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(DecodeArgs a)
         __syncthreads();  // stage and S are rewritten next iteration
     }
 
+    // One chunk: the output is final.
+    if (cut.n == 1) {
+#pragma unroll
+        for (int j = 0; j < kStatHeads; ++j) {
+            const int g = warp + kWarps * j;
+            if (g < n_g && lane == 0) sum_s[g] = run_sum[j];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kAccHeads; ++j) {
+            const int g = tid / HD + j * kHeadsPerPass;
+            if (g < n_g) out_at(g, d) = __float2bfloat16_rn(acc[j] / sum_s[g]);
+        }
+        return;
+    }
+
+    // Several chunks: publish this one's partial, count in; the last to arrive merges.
 #pragma unroll
     for (int j = 0; j < kStatHeads; ++j) {
-        const int g = warp + kDecWarps * j;
+        const int g = warp + kWarps * j;
         if (g < n_g && lane == 0) {
-            max_s[g] = run_max[j];
-            sum_s[g] = run_sum[j];
+            sc.ml(head0 + g, split)[0] = run_max[j];
+            sc.ml(head0 + g, split)[1] = run_sum[j];
         }
     }
-    __syncthreads();
 #pragma unroll
     for (int j = 0; j < kAccHeads; ++j) {
         const int g = tid / HD + j * kHeadsPerPass;
+        if (g < n_g) sc.acc(head0 + g, split)[d] = acc[j];
+    }
+    __shared__ int is_last;
+    __threadfence();  // this CTA's partial reaches L2 before it is counted
+    __syncthreads();
+    if (tid == 0) {
+        int* counter = sc.counter(blockIdx.y);
+        is_last = atomicAdd(counter, 1) + 1 == cut.n;
+        if (is_last) *counter = 0;  // every chunk has arrived: nobody else touches it this call
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+
+    // Merge: warp -> head, lane -> splits. Split s weighs w_s = 2^(m_s - M) / sum_s' 2^(m_s' - M) l_s'
+    // (M the largest max, l the sums); out = sum_s w_s acc_s.
+    float* weight = S;  // [GMAX][kDecMaxSplits] (fits: kParts >= 2), the scores are dead
+#pragma unroll
+    for (int j = 0; j < kStatHeads; ++j) {
+        const int g = warp + kWarps * j;
         if (g < n_g) {
-            if (a.n_splits == 1) {
-                a.out[((size_t)b * a.n_heads + head0 + g) * HD + d] = __float2bfloat16_rn(acc[j] / sum_s[g]);
-            } else {
-                a.part_acc[partial(g) * HD + d] = acc[j];
-                if (d == 0) {
-                    a.part_ml[partial(g) * 2] = max_s[g];
-                    a.part_ml[partial(g) * 2 + 1] = sum_s[g];
-                }
+            float m[kDecMaxSplits / 32], l[kDecMaxSplits / 32];
+            float global_max = -INFINITY;
+#pragma unroll
+            for (int e = 0; e < kDecMaxSplits / 32; ++e) {
+                const int sp = lane + 32 * e;
+                m[e] = sp < cut.n ? __ldcg(sc.ml(head0 + g, sp)) : -INFINITY;
+                l[e] = sp < cut.n ? __ldcg(sc.ml(head0 + g, sp) + 1) : 0.f;
+                global_max = fmaxf(global_max, m[e]);
             }
+            global_max = util::warp_max(global_max);  // finite: every chunk is non-empty
+            float den = 0.f;
+#pragma unroll
+            for (int e = 0; e < kDecMaxSplits / 32; ++e) {
+                m[e] = exp2f(m[e] - global_max);
+                den += m[e] * l[e];
+            }
+            den = util::warp_sum(den);
+#pragma unroll
+            for (int e = 0; e < kDecMaxSplits / 32; ++e) weight[g * kDecMaxSplits + lane + 32 * e] = m[e] / den;
         }
+    }
+    __syncthreads();
+    for (int i = tid; i < n_g * HD; i += THREADS) {
+        const int g = i / HD, dd = i % HD;
+        const float* w = weight + g * kDecMaxSplits;
+        float o = 0.f;
+#pragma unroll 8
+        for (int sp = 0; sp < cut.n; ++sp) o += w[sp] * __ldcg(sc.acc(head0 + g, sp) + dd);
+        out_at(g, dd) = __float2bfloat16_rn(o);
     }
 }
 
-// One CTA per (sequence, query head), one thread per output element: weigh each split by
-// 2^(max_s - max) and normalize by the weighted sums.
-__global__ void flash_decode_combine_kernel(const float* __restrict__ part_ml,
-                                            const float* __restrict__ part_acc, bf16* __restrict__ out,
-                                            int n_splits, int head_dim) {
-    pdl_wait();
-    pdl_launch_dependents();
-    const int bh = blockIdx.x, d = threadIdx.x;
-    const float* ml = part_ml + (size_t)bh * n_splits * 2;
-    float global_max = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) global_max = fmaxf(global_max, ml[2 * s]);
-    float num = 0.f, den = 0.f;
-    if (global_max != -INFINITY) {  // -inf only for an empty sequence (position < 0)
-        for (int s = 0; s < n_splits; ++s) {
-            const float w = exp2f(ml[2 * s] - global_max);
-            den += w * ml[2 * s + 1];
-            num += w * part_acc[((size_t)bh * n_splits + s) * head_dim + d];
-        }
-    }
-    out[(size_t)bh * head_dim + d] = __float2bfloat16_rn(den > 0.f ? num / den : 0.f);
-}
-
-template <int HD, int GMAX>
+template <int HD, int GMAX, int THREADS>
 void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
-    using L = DecodeSmem<HD, GMAX>;
-    auto kernel = flash_decode_kernel<HD, GMAX>;
+    using L = DecodeSmem<HD, GMAX, THREADS>;
+    auto kernel = flash_decode_kernel<HD, GMAX, THREADS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
     const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
-    launch_pdl(kernel, grid, dim3(kDecThreads), L::bytes, stream, a);
+    launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
     CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
-template <int HD>
-void launch_decode_group(const DecodeArgs& a, int gmax, int B, cudaStream_t stream) {
-    switch (gmax) {
-        case 1: launch_decode<HD, 1>(a, B, stream); break;
-        case 2: launch_decode<HD, 2>(a, B, stream); break;
-        case 4: launch_decode<HD, 4>(a, B, stream); break;
-        default: launch_decode<HD, 8>(a, B, stream); break;
-    }
+template <int HD, int THREADS>
+void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream) {
+    if (a.group <= 1) launch_decode<HD, 1, THREADS>(a, B, stream);
+    else if (a.group <= 2) launch_decode<HD, 2, THREADS>(a, B, stream);
+    else if (a.group <= 4) launch_decode<HD, 4, THREADS>(a, B, stream);
+    else launch_decode<HD, 8, THREADS>(a, B, stream);
+}
+
+// Query heads per decode CTA: the GQA group rounded up to a kernel instance, at most 8.
+inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
+
+// The shipped launch choices; the lab (benchmarks/lab/cuda_flash_decode_lab.cu) varies them.
+constexpr int kDecMinChunk = 64;
+constexpr int kDecThreads = 256;
+constexpr int kDecCtasPerSm = 2;
+
+// Diagnostic switches for benchmarks/lab/decode_variants.sh, read once: LLAMA_BRRR_DECODE_CHUNK=N
+// makes N positions the fewest a split takes; LLAMA_BRRR_DECODE_THREADS=128 runs CTAs of 128
+// threads instead of 256; LLAMA_BRRR_DECODE_CTAS_PER_SM=N sizes the grid; LLAMA_BRRR_DECODE_EARLY=0
+// loads the first K/V tile only after the PDL wait; LLAMA_BRRR_DECODE_LATE_TRIGGER=0/1 overrides
+// the trigger choice of decode_args().
+int decode_min_chunk() {
+    static const int n = env_int("LLAMA_BRRR_DECODE_CHUNK", kDecMinChunk);
+    return n >= 1 ? n : kDecMinChunk;
+}
+int decode_threads() {
+    static const int n = env_int("LLAMA_BRRR_DECODE_THREADS", kDecThreads);
+    return n == 128 ? 128 : 256;
+}
+int decode_ctas_per_sm() {
+    static const int n = env_int("LLAMA_BRRR_DECODE_CTAS_PER_SM", kDecCtasPerSm);
+    return n >= 1 && n <= 8 ? n : kDecCtasPerSm;
+}
+// When the wo GEMV after flash_decode may launch. Measured end to end on H100 (decode_variants.sh
+// 11): at hd 128 letting it launch only as the decode CTAs exit is 1.035x faster (Llama-3-8B),
+// at hd 64 0.979x (Llama-3.2-1B). Our reading, not verified: a 74 KB decode CTA leaves too little
+// shared memory beside it for a GEMV CTA, so an early GEMV grid crowds onto the SMs the decode
+// does not use and runs unbalanced; a 37 KB one leaves room.
+bool decode_late_trigger(int head_dim) {
+    static const int forced = env_int("LLAMA_BRRR_DECODE_LATE_TRIGGER", -1);
+    return forced >= 0 ? forced != 0 : head_dim >= 128;
+}
+bool decode_early_kv() {
+    static const bool on = env_int("LLAMA_BRRR_DECODE_EARLY", 1) != 0;
+    return on;
+}
+
+// Splits from shapes only (positions are on the device): about two CTAs per SM at this batch,
+// never more than max_splits, kDecMaxSplits or 64-position chunks of max_seq.
+DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots,
+                       const int* positions, bf16* out, float* scratch, int B, int n_heads,
+                       int n_kv_heads, int head_dim, int max_seq, int max_splits) {
+    DecodeArgs a;
+    a.q = q;
+    a.k_cache = k_cache;
+    a.v_cache = v_cache;
+    a.slots = slots;
+    a.positions = positions;
+    a.out = out;
+    a.scratch = scratch;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv_heads;
+    a.group = n_heads / n_kv_heads;
+    a.head_blocks = CEIL_DIV(a.group, decode_gmax(a.group));
+    a.max_seq = max_seq;
+    a.max_splits = max_splits;
+    const int ctas_per_split = B * n_kv_heads * a.head_blocks;
+    const int want = CEIL_DIV(decode_ctas_per_sm() * device_facts().sm_count, ctas_per_split);
+    a.n_splits = std::max(1, std::min({want, max_splits, kDecMaxSplits, CEIL_DIV(max_seq, kDecTile)}));
+    a.min_chunk = decode_min_chunk();
+    a.threads = decode_threads();
+    a.early_kv = decode_early_kv();
+    a.late_trigger = decode_late_trigger(head_dim);
+    a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
+    return a;
+}
+
+void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaStream_t stream) {
+    const bool wide = a.threads == 256;
+    if (head_dim == 64) wide ? launch_decode_group<64, 256>(a, B, stream) : launch_decode_group<64, 128>(a, B, stream);
+    else wide ? launch_decode_group<128, 256>(a, B, stream) : launch_decode_group<128, 128>(a, B, stream);
 }
 
 // ==== prefill =================================================================================
@@ -520,7 +682,7 @@ size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_spl
                "flash_decode_scratch_floats: bad sizes B=" << B << " n_heads=" << n_heads
                                                            << " head_dim=" << head_dim
                                                            << " max_splits=" << max_splits);
-    return (size_t)B * n_heads * max_splits * (head_dim + 2);
+    return (size_t)B * decode_seq_floats(n_heads, head_dim, max_splits);
 }
 
 void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots,
@@ -541,36 +703,9 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
                                            << "flash_decode_scratch_floats(); got null");
     if (B == 0) return;
 
-    const int group = n_heads / n_kv_heads;
-    const int gmax = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
-    DecodeArgs a;
-    a.q = q;
-    a.k_cache = k_cache;
-    a.v_cache = v_cache;
-    a.slots = slots;
-    a.positions = positions;
-    a.out = out;
-    a.n_heads = n_heads;
-    a.n_kv_heads = n_kv_heads;
-    a.group = group;
-    a.head_blocks = CEIL_DIV(group, gmax);
-    a.max_seq = max_seq;
-    a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
-    // Splits from shapes only (positions are on the device): about two CTAs per SM at this
-    // batch, never more than max_splits or than 64-position chunks of max_seq.
-    const int ctas_per_split = B * n_kv_heads * a.head_blocks;
-    const int want = CEIL_DIV(2 * device_facts().sm_count, ctas_per_split);
-    a.n_splits = std::max(1, std::min({want, max_splits, CEIL_DIV(max_seq, kDecTile)}));
-    a.part_ml = scratch;
-    a.part_acc = scratch ? scratch + (size_t)B * n_heads * max_splits * 2 : nullptr;
-
-    if (head_dim == 64) launch_decode_group<64>(a, gmax, B, stream);
-    else launch_decode_group<128>(a, gmax, B, stream);
-    if (a.n_splits > 1) {
-        launch_pdl(flash_decode_combine_kernel, dim3(B * n_heads), dim3(head_dim), 0, stream,
-                   a.part_ml, a.part_acc, out, a.n_splits, head_dim);
-        CUDA_CHECK_LAUNCH("flash_decode_combine_kernel");
-    }
+    launch_flash_decode(decode_args(q, k_cache, v_cache, slots, positions, out, scratch, B, n_heads,
+                                    n_kv_heads, head_dim, max_seq, max_splits),
+                        B, head_dim, stream);
 }
 
 void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,

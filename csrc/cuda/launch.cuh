@@ -12,11 +12,15 @@
 //   kernel N-1   [=========== body ===========]
 //   kernel N          [setup | wait ..........][==== body ====]
 //
-// Rules for a kernel launched through launch_pdl: before pdl_wait() it may only read data no
-// earlier kernel of the stream writes (weights); after it, anything. Kernels launched plainly after
-// a PDL kernel are fully ordered as usual. Below sm_90 both device calls compile to nothing and the
-// launch attribute is not set, so the same code runs serialized on Ampere. CUDA graphs capture the
-// attribute as a programmatic edge, so replayed decode steps overlap the same way.
+// Rules for a kernel launched through launch_pdl: every CTA waits before it triggers or exits.
+// Before pdl_wait() it may read data no earlier kernel of the stream writes (weights) and data
+// written two or more kernels back: it started only after its predecessor passed its own wait, so
+// every kernel before the predecessor has completed. Read the latter through L2 (ld.global.cg,
+// cp.async.cg), never L1, which an earlier kernel may have left stale. After the wait, anything.
+// Kernels launched plainly after a PDL kernel are fully ordered as usual. Below sm_90 both device
+// calls compile to nothing and the launch attribute is not set, so the same code runs serialized
+// on Ampere. CUDA graphs capture the attribute as a programmatic edge, so replayed decode steps
+// overlap the same way.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -71,6 +75,16 @@ inline DeviceFacts device_facts() {
         cached_sms[dev].store(f.sm_count);
     }
     return f;
+}
+
+// An integer from the environment, or fallback when unset, empty or not a number: the
+// diagnostic switches of benchmarks/lab/decode_variants.sh, each read once by its user.
+inline int env_int(const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return fallback;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return *end == '\0' ? (int)n : fallback;
 }
 
 // LLAMA_BRRR_PDL=0 launches plainly (a diagnostic for benchmarks/lab/decode_variants.sh), read once.

@@ -77,8 +77,10 @@ void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_
 
 // ---- attention.cu ----------------------------------------------------------------------------
 // Flash-decoding: one query token per sequence b (q [B, Hq, hd]) over its cached positions
-// [0, positions[b]]; split over the KV length into `n_splits` chunks, GQA-aware (each K/V element
-// read once per KV head), then a combine step. partial: scratch of attention_scratch_floats().
+// [0, positions[b]]; split over the KV length into at most `max_splits` chunks, GQA-aware (each
+// K/V element read once per KV head), merged by the last chunk to finish. scratch: floats of
+// flash_decode_scratch_floats() (the largest B of any call), zeroed once before the first call:
+// it holds arrival counters, and every call leaves them zero.
 size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_splits);
 void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream);
 // Causal prefill: T query tokens of one sequence at positions start_pos.. over cache [0, start_pos+t].

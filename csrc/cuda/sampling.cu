@@ -147,14 +147,16 @@ __device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
     r.s = a.s * exp((double)a.m - r.m) + b.s * exp((double)b.m - r.m);
     return r;
 }
+// The Lse of the lane `offset` away (xor): one butterfly step of a warp-wide merge.
+__device__ __forceinline__ Lse lse_shfl_xor(Lse v, int offset) {
+    Lse other;
+    other.m = __shfl_xor_sync(0xffffffffu, v.m, offset);
+    other.s = __shfl_xor_sync(0xffffffffu, v.s, offset);
+    return other;
+}
 __device__ double block_log_sum_exp(Lse v, Shared& sh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) {
-        Lse other;
-        other.m = __shfl_xor_sync(0xffffffffu, v.m, o);
-        other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
-        v = lse_merge(v, other);
-    }
+    for (int o = 16; o > 0; o >>= 1) v = lse_merge(v, lse_shfl_xor(v, o));
     if (lane == 0) { sh.warp_f[warp] = v.m; sh.warp_d[warp] = v.s; }
     __syncthreads();
     Lse total;
@@ -402,10 +404,7 @@ __global__ void __launch_bounds__(kScanThreads)
     v.s = lse.s;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
-        Lse other;
-        other.m = __shfl_xor_sync(0xffffffffu, v.m, o);
-        other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
-        v = lse_merge(v, other);
+        v = lse_merge(v, lse_shfl_xor(v, o));
         const float oz = __shfl_xor_sync(0xffffffffu, z_best, o);
         const int oi = __shfl_xor_sync(0xffffffffu, i_best, o);
         if (oz > z_best || (oz == z_best && oi < i_best)) { z_best = oz; i_best = oi; }

@@ -1,0 +1,350 @@
+// cuda_flash_decode_lab.cu — variants of flash_decode's launch choices, each checked against a
+// float64 reference and timed where it runs in the engine: in a CUDA graph, between PDL kernels
+// that stream a weight matrix and then write q and this token's K/V row (what the fused QKV GEMV
+// does before attention).
+//
+// This file includes attention.cu, so every variant runs the production kernel; they differ only
+// in DecodeArgs: the fewest positions a split takes (min_chunk), threads per CTA, whether the
+// first K/V tile starts loading before the PDL wait (early_kv) and whether the next kernel may
+// launch before the CTAs exit (late_trigger). 01 is what ships (decode_args()).
+//
+//   nvcc -O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
+//        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu -o fd_lab
+//   ./fd_lab check    every variant on odd lengths, batches and GQA groups; exit 1 on a failure
+//   ./fd_lab bench    Llama-3.2-1B and Llama-3-8B heads at contexts 128..16384, JSON lines on stdout
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/attention.cu"
+
+using brrr::cuda::bf16;
+
+namespace lab {
+
+using namespace brrr::cuda;
+
+struct Variant {
+    const char* name;
+    int min_chunk;     // 0: the shipped value
+    int threads;       // 0: the shipped value
+    bool early_kv;     // shipped: true
+    int late_trigger;  // -1: the shipped choice (late at hd 128), else 0 / 1
+};
+
+const Variant kVariants[] = {
+    {"01_shipped", 0, 0, true, -1},
+    {"02_chunk128", 128, 0, true, -1},
+    {"03_chunk256", 256, 0, true, -1},
+    {"04_chunk512", 512, 0, true, -1},
+    {"05_one_chunk", 1 << 30, 0, true, -1},
+    {"06_no_early_kv", 0, 0, false, -1},
+    {"07_threads128", 0, 128, true, -1},
+    {"08_late_trigger", 0, 0, true, 1},
+    {"09_early_trigger", 0, 0, true, 0},
+};
+
+DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
+    if (v.min_chunk) a.min_chunk = v.min_chunk;
+    if (v.threads) a.threads = v.threads;
+    a.early_kv = v.early_kv;
+    if (v.late_trigger >= 0) a.late_trigger = v.late_trigger != 0;
+    return a;
+}
+
+uint16_t to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+float from_bf16(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+template <class T>
+T* device_copy(const std::vector<T>& h) {
+    T* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, h.size() * sizeof(T)));
+    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// One decode problem: B sequences in distinct cache slots, each with its own length.
+struct Problem {
+    int Hq, Hkv, hd, max_seq, max_batch, max_splits;
+    std::vector<int> lengths, slots;
+    std::vector<uint16_t> q, k, v;  // q [B][Hq][hd]; caches [max_batch][max_seq][Hkv][hd]
+    bf16 *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
+    int *dslots = nullptr, *dpos = nullptr;
+    float* dscratch = nullptr;
+    size_t scratch_floats = 0;
+
+    int B() const { return (int)lengths.size(); }
+    void build(std::mt19937& rng) {
+        std::normal_distribution<float> n01;
+        const size_t cache = (size_t)max_batch * max_seq * Hkv * hd;
+        q.resize((size_t)B() * Hq * hd);
+        k.assign(cache, 0xFFFF);  // NaN outside the valid rows: a stray read poisons the output
+        v.assign(cache, 0xFFFF);
+        for (auto& x : q) x = to_bf16(n01(rng));
+        for (int b = 0; b < B(); ++b)
+            for (size_t i = 0; i < (size_t)lengths[b] * Hkv * hd; ++i) {
+                const size_t at = (size_t)slots[b] * max_seq * Hkv * hd + i;
+                k[at] = to_bf16(n01(rng));
+                v[at] = to_bf16(n01(rng));
+            }
+        std::vector<int> pos(B());
+        for (int b = 0; b < B(); ++b) pos[b] = lengths[b] - 1;
+        dq = reinterpret_cast<bf16*>(device_copy(q));
+        dk = reinterpret_cast<bf16*>(device_copy(k));
+        dv = reinterpret_cast<bf16*>(device_copy(v));
+        dslots = device_copy(slots);
+        dpos = device_copy(pos);
+        CUDA_CHECK(cudaMalloc(&dout, (size_t)B() * Hq * hd * 2));
+        scratch_floats = flash_decode_scratch_floats(B(), Hq, hd, max_splits);
+        CUDA_CHECK(cudaMalloc(&dscratch, scratch_floats * 4));
+        CUDA_CHECK(cudaMemset(dscratch, 0, scratch_floats * 4));
+    }
+    void free() {
+        for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dout, (void*)dslots, (void*)dpos, (void*)dscratch})
+            cudaFree(p);
+    }
+    DecodeArgs args() const {
+        return decode_args(dq, dk, dv, dslots, dpos, dout, dscratch, B(), Hq, Hkv, hd, max_seq, max_splits);
+    }
+    // softmax(q k^T / sqrt(hd)) v in float64 for sequence b, head h.
+    std::vector<double> reference(int b, int h) const {
+        const int kvh = h / (Hq / Hkv), L = lengths[b];
+        std::vector<double> s(L), o(hd, 0.0);
+        double mx = -INFINITY;
+        for (int p = 0; p < L; ++p) {
+            double dot = 0;
+            for (int d = 0; d < hd; ++d)
+                dot += (double)from_bf16(q[((size_t)b * Hq + h) * hd + d]) *
+                       from_bf16(k[(((size_t)slots[b] * max_seq + p) * Hkv + kvh) * hd + d]);
+            s[p] = dot / std::sqrt((double)hd);
+            mx = std::max(mx, s[p]);
+        }
+        double sum = 0;
+        for (int p = 0; p < L; ++p) sum += s[p] = std::exp(s[p] - mx);
+        for (int p = 0; p < L; ++p)
+            for (int d = 0; d < hd; ++d)
+                o[d] += s[p] / sum * from_bf16(v[(((size_t)slots[b] * max_seq + p) * Hkv + kvh) * hd + d]);
+        return o;
+    }
+};
+
+// Runs variant v twice on a poisoned output; checks both results and that the arrival counters
+// are zero again after each call. Returns the number of failures printed.
+int check_one(const Variant& v, Problem& pr) {
+    int fails = 0;
+    for (int call = 0; call < 2; ++call) {
+        CUDA_CHECK(cudaMemset(pr.dout, 0xFF, (size_t)pr.B() * pr.Hq * pr.hd * 2));
+        launch_flash_decode(variant_args(v, pr.args()), pr.B(), pr.hd, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> out((size_t)pr.B() * pr.Hq * pr.hd);
+        CUDA_CHECK(cudaMemcpy(out.data(), pr.dout, out.size() * 2, cudaMemcpyDeviceToHost));
+        double err2 = 0, ref2 = 0, max_err = 0;
+        bool finite = true;
+        for (int b = 0; b < pr.B(); ++b)
+            for (int h = 0; h < pr.Hq; ++h) {
+                const std::vector<double> ref = pr.reference(b, h);
+                for (int d = 0; d < pr.hd; ++d) {
+                    const double got = from_bf16(out[((size_t)b * pr.Hq + h) * pr.hd + d]);
+                    finite = finite && std::isfinite(got);
+                    err2 += (got - ref[d]) * (got - ref[d]);
+                    ref2 += ref[d] * ref[d];
+                    max_err = std::max(max_err, std::fabs(got - ref[d]));
+                }
+            }
+        std::vector<float> scratch(pr.scratch_floats);
+        CUDA_CHECK(cudaMemcpy(scratch.data(), pr.dscratch, scratch.size() * 4, cudaMemcpyDeviceToHost));
+        int armed = 0;  // counters left non-zero
+        const size_t per_seq = flash_decode_scratch_floats(1, pr.Hq, pr.hd, pr.max_splits);
+        for (int b = 0; b < pr.B(); ++b)
+            for (int h = 0; h < pr.Hq; ++h) armed += reinterpret_cast<const int*>(scratch.data() + b * per_seq)[h] != 0;
+        const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+        // bf16 output: 2^-8 relative rounding per element; the reference is float64.
+        const bool ok = finite && rel < 1e-2 && max_err < 2e-2 && armed == 0;
+        if (!ok) {
+            std::string lens;
+            for (int L : pr.lengths) lens += std::to_string(L) + " ";
+            std::printf("FAIL %s Hq=%d Hkv=%d hd=%d lengths=%s call %d: rel %.3g max %.3g finite %d counters %d\n",
+                        v.name, pr.Hq, pr.Hkv, pr.hd, lens.c_str(), call, rel, max_err, (int)finite, armed);
+            ++fails;
+        }
+    }
+    return fails;
+}
+
+int check() {
+    std::mt19937 rng(7);
+    struct Heads { int Hq, Hkv, hd; };
+    const Heads heads[] = {{32, 8, 64}, {32, 8, 128}, {4, 4, 64}, {9, 3, 128}, {16, 1, 64}};
+    const std::vector<std::vector<int>> batches = {
+        {1}, {2}, {63}, {64}, {65}, {127}, {129}, {300}, {1000}, {4097}, {1, 64, 129, 2500}};
+    int fails = 0, runs = 0;
+    for (const Heads& hs : heads)
+        for (const auto& lengths : batches) {
+            Problem pr{hs.Hq, hs.Hkv, hs.hd, 4200, 5, 33};
+            pr.lengths = lengths;
+            for (int b = 0; b < pr.B(); ++b) pr.slots.push_back((b * 3 + 1) % pr.max_batch);
+            pr.build(rng);
+            for (const Variant& v : kVariants) fails += check_one(v, pr), runs += 2;
+            pr.free();
+        }
+    std::printf("check: %d calls, %d failures\n", runs, fails);
+    return fails ? 1 : 0;
+}
+
+// ---- timing: 16 layers of [QKV stand-in, flash_decode] in one CUDA graph ------------------------
+
+// Streams its layer's weight and then writes q and this token's K/V row: what the fused QKV GEMV
+// leaves for attention. Like the engine's GEMV it issues only its first loads before the PDL
+// wait, so the decode kernel before it is not hidden behind the whole stream.
+__global__ void qkv_stand_in(const uint4* __restrict__ weight, size_t n16, const bf16* __restrict__ q_src,
+                             bf16* __restrict__ q, bf16* k_cache, bf16* v_cache, const int* __restrict__ pos,
+                             int q_elems, int row_elems) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    uint32_t acc = i < n16 ? __ldcs(weight + i).x : 0u;
+    pdl_wait();
+    pdl_launch_dependents();
+    for (i += stride; i < n16; i += stride) acc ^= __ldcs(weight + i).x;
+    // One CTA finishes the stream's work for all: a reduction would only add time to the model.
+    if (blockIdx.x != 0) return;
+    const bf16 zero = __float2bfloat16_rn(acc == 0x12345678u ? 1.f : 0.f);  // keeps the stream live
+    const size_t row = (size_t)pos[0] * row_elems;
+    for (int j = threadIdx.x; j < q_elems; j += blockDim.x) q[j] = __hadd(q_src[j], zero);
+    for (int j = threadIdx.x; j < row_elems; j += blockDim.x) {
+        k_cache[row + j] = __hadd(k_cache[row + j], zero);
+        v_cache[row + j] = __hadd(v_cache[row + j], zero);
+    }
+}
+
+struct Timing {
+    double chain_us;     // graph of 16 x [stand-in, decode] minus the graph of 16 stand-ins, per layer
+    double isolated_us;  // graph of 16 decodes back to back, per call
+};
+
+template <class F>
+double graph_us(cudaStream_t s, int layers, F&& body) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int l = 0; l < layers; ++l) body(l);
+    CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int r = 0; r < 25; ++r) {
+        CUDA_CHECK(cudaEventRecord(e0, s));
+        CUDA_CHECK(cudaGraphLaunch(ge, s));
+        CUDA_CHECK(cudaEventRecord(e1, s));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float t;
+        CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+        if (r >= 3) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    return ms[ms.size() / 2] * 1e3;
+}
+
+Timing time_variant(const Variant* v, Problem& pr, const std::vector<uint4*>& weights, size_t weight_bytes,
+                    cudaStream_t s) {
+    const int layers = (int)weights.size();
+    bf16* q_src = nullptr;
+    CUDA_CHECK(cudaMalloc(&q_src, (size_t)pr.B() * pr.Hq * pr.hd * 2));
+    CUDA_CHECK(cudaMemcpy(q_src, pr.dq, (size_t)pr.B() * pr.Hq * pr.hd * 2, cudaMemcpyDeviceToDevice));
+    auto stand_in = [&](int l) {
+        launch_pdl(qkv_stand_in, dim3(132), dim3(512), 0, s, (const uint4*)weights[l], weight_bytes / 16,
+                   (const bf16*)q_src, pr.dq, pr.dk, pr.dv, (const int*)pr.dpos, pr.Hq * pr.hd, pr.Hkv * pr.hd);
+        CUDA_CHECK_LAUNCH("qkv_stand_in");
+    };
+    const double base = graph_us(s, layers, stand_in);
+    Timing t{0, 0};
+    if (v) {
+        const DecodeArgs a = variant_args(*v, pr.args());
+        const double both = graph_us(s, layers, [&](int l) {
+            stand_in(l);
+            launch_flash_decode(a, pr.B(), pr.hd, s);
+        });
+        t.isolated_us = graph_us(s, layers, [&](int) { launch_flash_decode(a, pr.B(), pr.hd, s); }) / layers;
+        t.chain_us = (both - base) / layers;
+    } else {
+        t.chain_us = base / layers;  // the stand-in alone
+    }
+    cudaFree(q_src);
+    return t;
+}
+
+int bench() {
+    std::mt19937 rng(11);
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    struct Shape { const char* name; int Hq, Hkv, hd, qkv_rows, dim; };
+    const Shape shapes[] = {{"llama3.2-1b", 32, 8, 64, 3072, 2048}, {"llama3-8b", 32, 8, 128, 6144, 4096}};
+    const int contexts[] = {128, 256, 384, 1024, 4096, 16384};
+    const int layers = 16;
+    for (const Shape& sh : shapes) {
+        // One weight per layer, 16 of them: more than L2, as in the engine.
+        const size_t wbytes = (size_t)sh.qkv_rows * sh.dim * 2;
+        std::vector<uint4*> weights(layers);
+        for (auto& w : weights) {
+            CUDA_CHECK(cudaMalloc(&w, wbytes));
+            CUDA_CHECK(cudaMemset(w, 1, wbytes));
+        }
+        for (int ctx : contexts) {
+            Problem pr{sh.Hq, sh.Hkv, sh.hd, 16384, 1, 33};
+            pr.lengths = {ctx};
+            pr.slots = {0};
+            pr.build(rng);
+            const double stand_in_us = time_variant(nullptr, pr, weights, wbytes, s).chain_us;
+            const double kv_bytes = 2.0 * ctx * sh.Hkv * sh.hd * 2;
+            for (const Variant& v : kVariants) {
+                const Timing t = time_variant(&v, pr, weights, wbytes, s);
+                std::printf("{\"shape\": \"%s\", \"context\": %d, \"variant\": \"%s\", \"chain_us\": %.3f, "
+                            "\"isolated_us\": %.3f, \"stand_in_us\": %.3f, \"kv_bytes\": %.0f, "
+                            "\"isolated_GBps\": %.1f}\n",
+                            sh.name, ctx, v.name, t.chain_us, t.isolated_us, stand_in_us, kv_bytes,
+                            kv_bytes / (t.isolated_us * 1e3));
+                std::fflush(stdout);
+            }
+            pr.free();
+        }
+        for (auto* w : weights) cudaFree(w);
+    }
+    cudaStreamDestroy(s);
+    return 0;
+}
+
+}  // namespace lab
+
+int main(int argc, char** argv) {
+    const std::string mode = argc > 1 ? argv[1] : "";
+    try {
+        if (mode == "check") return lab::check();
+        if (mode == "bench") return lab::bench();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 2;
+    }
+    std::fprintf(stderr, "usage: %s check|bench\n", argv[0]);
+    return 2;
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# run_flash_decode_lab.sh — builds cuda_flash_decode_lab.cu for sm_90a, checks every variant
+# against the float64 reference, then times them in a graphed decode chain. Output in $OUT:
+#   build.log, check.log, bench.jsonl (one line per shape x context x variant), table.txt
+#   OUT=/tmp/fd benchmarks/lab/run_flash_decode_lab.sh      # on a Hopper GPU, about a minute
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/flash_decode_lab}
+mkdir -p "$OUT"
+BIN=/tmp/flash_decode_lab.bin
+if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
+        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu -o "$BIN" \
+        > "$OUT/build.log" 2>&1; then
+    echo "build failed:"; tail -40 "$OUT/build.log"; exit 2
+fi
+timeout 120 "$BIN" check > "$OUT/check.log" 2>&1
+rc=$?
+tail -n 20 "$OUT/check.log"
+(( rc == 0 )) || { echo "check failed (exit $rc): no timing"; exit 1; }
+timeout 240 "$BIN" bench > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
+python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1] + "/bench.jsonl")]
+variants = list(dict.fromkeys(r["variant"] for r in rows))
+print("us per layer added to a graphed chain behind a QKV stand-in (isolated us per call in brackets)")
+print(f"{'shape':<12}{'ctx':>6}" + "".join(f"{v:>18}" for v in variants))
+for key in dict.fromkeys((r["shape"], r["context"]) for r in rows):
+    cells = {r["variant"]: r for r in rows if (r["shape"], r["context"]) == key}
+    print(f"{key[0]:<12}{key[1]:>6}" + "".join(
+        f"{cells[v]['chain_us']:>10.2f} ({cells[v]['isolated_us']:>5.2f})" for v in variants))
+PY
