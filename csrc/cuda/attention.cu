@@ -396,16 +396,19 @@ void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
-template <int HD, int THREADS>
-void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream) {
-    if (a.group <= 1) launch_decode<HD, 1, THREADS>(a, B, stream);
-    else if (a.group <= 2) launch_decode<HD, 2, THREADS>(a, B, stream);
-    else if (a.group <= 4) launch_decode<HD, 4, THREADS>(a, B, stream);
-    else launch_decode<HD, 8, THREADS>(a, B, stream);
-}
-
 // Query heads per decode CTA: the GQA group rounded up to a kernel instance, at most 8.
 inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
+
+// The instance decode_args() sized head_blocks for: both read decode_gmax.
+template <int HD, int THREADS>
+void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream) {
+    switch (decode_gmax(a.group)) {
+        case 1: launch_decode<HD, 1, THREADS>(a, B, stream); break;
+        case 2: launch_decode<HD, 2, THREADS>(a, B, stream); break;
+        case 4: launch_decode<HD, 4, THREADS>(a, B, stream); break;
+        default: launch_decode<HD, 8, THREADS>(a, B, stream); break;
+    }
+}
 
 // The shipped launch choices; the lab (benchmarks/lab/cuda_flash_decode_lab.cu) varies them.
 constexpr int kDecMinChunk = 64;
