@@ -1,0 +1,517 @@
+// attention_prefill_variants.cuh — the kernels compared by cuda_attention_prefill_lab.cu. Each
+// variant is a launcher with attention_prefill's signature. 01 is the first production kernel
+// (kept here as it was), 11 is attention_prefill as it ships (07's kernel, grid order by L2 fit);
+// 12 and 13 run the shipped kernel on its other paths: 32-position K/V tiles at hd 128 (what
+// GPUs with 99 KB of shared memory per CTA get) and the grid order of a K/V larger than L2.
+//
+// The first kernel (01) gives each warp 16 query rows, so every K or V fragment a warp reads
+// from shared memory with ldmatrix feeds two mma.sync: on H100 shared memory then binds before the
+// tensor cores do (a 512-byte ldmatrix.x4 is 4 clocks of the SM's 128 B/clock, two m16n8k16 are
+// about 3). The variants here come from one template, prefill_tiled_kernel<HD, WARPS, MT, QREG>:
+//   WARPS  warps per CTA;  MT  16-row m-tiles per warp (query rows per CTA = 16 * WARPS * MT);
+//   QREG   Q fragments kept in registers for the whole KV loop (else re-read from shared memory
+//          at every k-step: at hd 128 and MT 2 they would not fit beside the accumulators).
+//   KV     positions per K/V tile (64, or 32: half the S registers);
+//   HEADS_FAST  grid x = head, y = query tile (longest first): the first wave is every head's
+//          longest tiles and the heads of one KV group run side by side (the production grid has
+//          x = query tile, so a wave is a few heads' tiles, long and short alike).
+// With MT = 2 every K/V fragment feeds four mma instead of two. The template also skips the KV
+// tiles that lie wholly above a warp's diagonal (the production kernel masks them), and applies
+// the softmax scale inside the exponent's FFMA instead of a separate multiply.
+#pragma once
+
+namespace lab {
+
+using PrefillLauncher = void (*)(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
+                                 int start_pos, int T, bf16* out, int n_heads, int n_kv_heads,
+                                 int head_dim, int max_seq, cudaStream_t stream);
+
+struct PrefillVariant {
+    const char* name;
+    PrefillLauncher launch;
+};
+
+using brrr::cuda::PrefillArgs;
+namespace ptx = brrr::cuda::ptx;
+namespace util = brrr::cuda::util;
+
+// ---- 01: the first production kernel, 64 queries per CTA (4 warps x 16 rows) --------------------
+
+constexpr int kRows64 = 64, kRows64KV = 64, kRows64Threads = 128;
+
+template <int HD>
+__global__ void __launch_bounds__(kRows64Threads) prefill_rows64_kernel(PrefillArgs a) {
+    constexpr int P = HD + 8;  // padded pitch: ldmatrix rows in distinct bank groups
+    constexpr int kKSteps = HD / 16;
+    constexpr int kOutFrags = HD / 8;
+    uint16_t* Qs = ptx::dynamic_smem<uint16_t>();
+    uint16_t* Ks = Qs + kRows64 * P;  // [2][kRows64KV][P]
+    uint16_t* Vs = Ks + 2 * kRows64KV * P;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    const int hq = blockIdx.y, kvh = hq / a.group;
+    const int q0 = q_tile * kRows64;
+    const int kv_total = a.start_pos + a.T;                       // filled cache positions
+    const int kv_end = a.start_pos + min(q0 + kRows64, a.T);     // what this tile's last row sees
+    const int n_tiles = CEIL_DIV(kv_end, kRows64KV);
+    const size_t slot_base = (size_t)a.slot * a.max_seq;
+
+    const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
+    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
+    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
+    constexpr int kChunks = kRows64 * HD / 8;  // 16-byte chunks per tile (Q, K or V)
+    for (int c = tid; c < kChunks; c += kRows64Threads) {
+        const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+        const bool ok = q0 + r < a.T;
+        ptx::cp_async_16(Qs + r * P + col, qbits + ((size_t)(ok ? q0 + r : 0) * a.n_heads + hq) * HD + col, ok);
+    }
+    auto load_kv = [&](int stage, int p0) {
+        uint16_t* Kst = Ks + stage * kRows64KV * P;
+        uint16_t* Vst = Vs + stage * kRows64KV * P;
+        for (int c = tid; c < kChunks; c += kRows64Threads) {
+            const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+            const int p = p0 + r;
+            const bool ok = p < kv_total;
+            const size_t off = ((slot_base + (ok ? p : 0)) * a.n_kv_heads + kvh) * HD + col;
+            ptx::cp_async_16(Kst + r * P + col, kbits + off, ok);
+            ptx::cp_async_16(Vst + r * P + col, vbits + off, ok);
+        }
+    };
+    load_kv(0, 0);
+    ptx::cp_async_commit();
+
+    // This thread's two rows (g and g + 8 of the warp's 16) and their absolute positions.
+    const int row_pos[2] = {a.start_pos + q0 + warp * 16 + g, a.start_pos + q0 + warp * 16 + g + 8};
+    const int warp_first_pos = a.start_pos + q0 + warp * 16;
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.f, 0.f};  // this thread's share; the quad is summed at the end
+    float o[kOutFrags][4];
+#pragma unroll
+    for (int f = 0; f < kOutFrags; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.f;
+    uint32_t qf[kKSteps][4];
+
+    for (int kt = 0; kt < n_tiles; ++kt) {
+        const int stage = kt & 1, kv0 = kt * kRows64KV;
+        if (kt + 1 < n_tiles) {
+            load_kv(stage ^ 1, kv0 + kRows64KV);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (kt == 0) {
+#pragma unroll
+            for (int ks = 0; ks < kKSteps; ++ks)
+                ptx::ldmatrix_x4(qf[ks], Qs + (warp * 16 + (lane & 15)) * P + ks * 16 + (lane >> 4) * 8);
+        }
+        const uint16_t* Kst = Ks + stage * kRows64KV * P;
+        const uint16_t* Vst = Vs + stage * kRows64KV * P;
+
+        // S = Q K^T for the warp's 16 rows x 64 positions.
+        float s[kRows64KV / 8][4];
+#pragma unroll
+        for (int f = 0; f < kRows64KV / 8; ++f) s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+            for (int nj = 0; nj < kRows64KV / 16; ++nj) {
+                uint32_t r[4];
+                ptx::ldmatrix_x4(r, Kst + (nj * 16 + (lane >> 4) * 8 + (lane & 7)) * P + ks * 16 + ((lane >> 3) & 1) * 8);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                ptx::mma_bf16_16816(s[2 * nj], qf[ks], b0);
+                ptx::mma_bf16_16816(s[2 * nj + 1], qf[ks], b1);
+            }
+        }
+
+        // Scale into log2 units; mask the future (only tiles reaching past the warp's first row).
+        const bool diagonal = kv0 + kRows64KV - 1 > warp_first_pos;
+#pragma unroll
+        for (int f = 0; f < kRows64KV / 8; ++f) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[f][e] *= a.scale_log2;
+                if (diagonal && kv0 + f * 8 + 2 * t4 + (e & 1) > row_pos[e >> 1]) s[f][e] = -INFINITY;
+            }
+        }
+
+        // Online softmax: a row lives in the 4 threads of a quad.
+        float alpha[2], base[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int f = 0; f < kRows64KV / 8; ++f) mx = fmaxf(mx, fmaxf(s[f][2 * h], s[f][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float new_max = fmaxf(row_max[h], mx);
+            base[h] = new_max == -INFINITY ? 0.f : new_max;  // a fully masked row so far
+            alpha[h] = exp2f(row_max[h] - base[h]);
+            row_max[h] = new_max;
+            row_sum[h] *= alpha[h];
+        }
+#pragma unroll
+        for (int f = 0; f < kRows64KV / 8; ++f) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[f][e] = exp2f(s[f][e] - base[e >> 1]);
+                row_sum[e >> 1] += s[f][e];
+            }
+        }
+#pragma unroll
+        for (int f = 0; f < kOutFrags; ++f) {
+            o[f][0] *= alpha[0];
+            o[f][1] *= alpha[0];
+            o[f][2] *= alpha[1];
+            o[f][3] *= alpha[1];
+        }
+
+        // O += P V: the S accumulators of positions 16j..16j+15 are the A fragment of k-step j.
+#pragma unroll
+        for (int j = 0; j < kRows64KV / 16; ++j) {
+            const uint32_t pa[4] = {util::pack_bf16x2(s[2 * j][0], s[2 * j][1]),
+                                    util::pack_bf16x2(s[2 * j][2], s[2 * j][3]),
+                                    util::pack_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1]),
+                                    util::pack_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+            for (int i = 0; i < HD / 16; ++i) {
+                // Matrices: (pos 0-7, d 0-7), (pos 8-15, d 0-7), (pos 0-7, d 8-15), (pos 8-15, d 8-15).
+                uint32_t r[4];
+                ptx::ldmatrix_x4_trans(r, Vst + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + i * 16 + (lane >> 4) * 8);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                ptx::mma_bf16_16816(o[2 * i], pa, b0);
+                ptx::mma_bf16_16816(o[2 * i + 1], pa, b1);
+            }
+        }
+        __syncthreads();  // the stage is overwritten by the next iteration's prefetch
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = row_sum[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = q0 + warp * 16 + g + 8 * h;
+        if (row < a.T) {
+            const float inv = 1.f / l;
+            uint32_t* dst = reinterpret_cast<uint32_t*>(a.out + ((size_t)row * a.n_heads + hq) * HD);
+#pragma unroll
+            for (int f = 0; f < kOutFrags; ++f)
+                dst[(f * 8 + 2 * t4) / 2] = util::pack_bf16x2(o[f][2 * h] * inv, o[f][2 * h + 1] * inv);
+        }
+    }
+}
+
+void launch_rows64(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
+                   int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
+                   cudaStream_t stream) {
+    brrr::cuda::check_attention_shapes("prefill_rows64", n_heads, n_kv_heads, head_dim, max_seq);
+    if (T == 0) return;
+    PrefillArgs a{};
+    a.q = q;
+    a.k_cache = k_cache;
+    a.v_cache = v_cache;
+    a.out = out;
+    a.slot = slot;
+    a.start_pos = start_pos;
+    a.T = T;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv_heads;
+    a.group = n_heads / n_kv_heads;
+    a.max_seq = max_seq;
+    a.scale_log2 = brrr::cuda::kLog2e / std::sqrt((float)head_dim);
+    const dim3 grid(CEIL_DIV(T, kRows64), n_heads);
+    const size_t smem = (size_t)(kRows64 + 4 * kRows64KV) * (head_dim + 8) * sizeof(uint16_t);
+    auto kernel = head_dim == 64 ? prefill_rows64_kernel<64> : prefill_rows64_kernel<128>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, kRows64Threads, smem, stream>>>(a);
+    CUDA_CHECK_LAUNCH("prefill_rows64_kernel");
+}
+
+// ---- 02-10: one template --------------------------------------------------------------------------
+
+template <int HD, int WARPS, int MT, int KV>
+constexpr size_t tiled_smem_bytes() {
+    return (size_t)(16 * WARPS * MT + 4 * KV) * (HD + 8) * sizeof(uint16_t);
+}
+
+template <int HD, int WARPS, int MT, bool QREG, int KV, bool HEADS_FAST>
+__global__ void __launch_bounds__(WARPS * 32) prefill_tiled_kernel(PrefillArgs a) {
+    constexpr int P = HD + 8;  // padded pitch: ldmatrix rows in distinct bank groups
+    constexpr int kKSteps = HD / 16, kOutFrags = HD / 8;
+    constexpr int kRows = 16 * WARPS * MT, kThreads = 32 * WARPS;
+    uint16_t* Qs = ptx::dynamic_smem<uint16_t>();
+    uint16_t* Ks = Qs + kRows * P;  // [2][KV][P]
+    uint16_t* Vs = Ks + 2 * KV * P;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int q_tile = HEADS_FAST ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;  // longest first
+    const int hq = HEADS_FAST ? blockIdx.x : blockIdx.y, kvh = hq / a.group;
+    const int q0 = q_tile * kRows;
+    const int kv_total = a.start_pos + a.T;
+    const int kv_end = a.start_pos + min(q0 + kRows, a.T);
+    const int n_tiles = CEIL_DIV(kv_end, KV);
+    const size_t slot_base = (size_t)a.slot * a.max_seq;
+
+    const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
+    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
+    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
+    for (int c = tid; c < kRows * HD / 8; c += kThreads) {
+        const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+        const bool ok = q0 + r < a.T;
+        ptx::cp_async_16(Qs + r * P + col, qbits + ((size_t)(ok ? q0 + r : 0) * a.n_heads + hq) * HD + col, ok);
+    }
+    auto load_kv = [&](int stage, int p0) {
+        uint16_t* Kst = Ks + stage * KV * P;
+        uint16_t* Vst = Vs + stage * KV * P;
+        for (int c = tid; c < KV * HD / 8; c += kThreads) {
+            const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+            const int p = p0 + r;
+            const bool ok = p < kv_total;
+            const size_t off = ((slot_base + (ok ? p : 0)) * a.n_kv_heads + kvh) * HD + col;
+            ptx::cp_async_16(Kst + r * P + col, kbits + off, ok);
+            ptx::cp_async_16(Vst + r * P + col, vbits + off, ok);
+        }
+    };
+    load_kv(0, 0);
+    ptx::cp_async_commit();
+
+    // The warp's rows are contiguous (16 * MT of them), so the KV tiles past its last row can be
+    // skipped as a whole.
+    const int warp_row0 = warp * 16 * MT;
+    const int warp_first_pos = a.start_pos + q0 + warp_row0;
+    const int warp_last_pos = warp_first_pos + 16 * MT - 1;
+    int row_pos[MT][2];
+    float row_max[MT][2], row_sum[MT][2];  // max in log2 units; sum is this thread's share
+    float o[MT][kOutFrags][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            row_pos[mt][h] = warp_first_pos + mt * 16 + g + 8 * h;
+            row_max[mt][h] = -INFINITY;
+            row_sum[mt][h] = 0.f;
+        }
+#pragma unroll
+        for (int f = 0; f < kOutFrags; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
+    }
+    uint32_t qf[QREG ? MT : 1][QREG ? kKSteps : 1][4];
+    auto q_fragment = [&](uint32_t r[4], int mt, int ks) {
+        ptx::ldmatrix_x4(r, Qs + (warp_row0 + mt * 16 + (lane & 15)) * P + ks * 16 + (lane >> 4) * 8);
+    };
+
+    for (int kt = 0; kt < n_tiles; ++kt) {
+        const int stage = kt & 1, kv0 = kt * KV;
+        if (kt + 1 < n_tiles) {
+            load_kv(stage ^ 1, kv0 + KV);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (QREG && kt == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int ks = 0; ks < kKSteps; ++ks) q_fragment(qf[QREG ? mt : 0][QREG ? ks : 0], mt, ks);
+        }
+        if (kv0 <= warp_last_pos) {
+            const uint16_t* Kst = Ks + stage * KV * P;
+            const uint16_t* Vst = Vs + stage * KV * P;
+
+            // S = Q K^T: one K fragment feeds the MT m-tiles.
+            float s[MT][KV / 8][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int f = 0; f < KV / 8; ++f) s[mt][f][0] = s[mt][f][1] = s[mt][f][2] = s[mt][f][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < kKSteps; ++ks) {
+                uint32_t qcur[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    if (QREG) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) qcur[mt][e] = qf[QREG ? mt : 0][QREG ? ks : 0][e];
+                    } else {
+                        q_fragment(qcur[mt], mt, ks);
+                    }
+                }
+#pragma unroll
+                for (int nj = 0; nj < KV / 16; ++nj) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4(r, Kst + (nj * 16 + (lane >> 4) * 8 + (lane & 7)) * P + ks * 16 + ((lane >> 3) & 1) * 8);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        ptx::mma_bf16_16816(s[mt][2 * nj], qcur[mt], b0);
+                        ptx::mma_bf16_16816(s[mt][2 * nj + 1], qcur[mt], b1);
+                    }
+                }
+            }
+
+            // Mask the future on the tiles that reach past the warp's first row; online softmax
+            // (a row lives in the 4 threads of a quad), the scale folded into the exponent.
+            const bool diagonal = kv0 + KV - 1 > warp_first_pos;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if (diagonal) {
+#pragma unroll
+                    for (int f = 0; f < KV / 8; ++f)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (kv0 + f * 8 + 2 * t4 + (e & 1) > row_pos[mt][e >> 1]) s[mt][f][e] = -INFINITY;
+                }
+                float alpha[2], base[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int f = 0; f < KV / 8; ++f) mx = fmaxf(mx, fmaxf(s[mt][f][2 * h], s[mt][f][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float new_max = fmaxf(row_max[mt][h], mx * a.scale_log2);
+                    base[h] = new_max == -INFINITY ? 0.f : new_max;  // a row with nothing seen yet
+                    alpha[h] = exp2f(row_max[mt][h] - base[h]);
+                    row_max[mt][h] = new_max;
+                    row_sum[mt][h] *= alpha[h];
+                }
+#pragma unroll
+                for (int f = 0; f < KV / 8; ++f) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        s[mt][f][e] = exp2f(fmaf(s[mt][f][e], a.scale_log2, -base[e >> 1]));
+                        row_sum[mt][e >> 1] += s[mt][f][e];
+                    }
+                }
+#pragma unroll
+                for (int f = 0; f < kOutFrags; ++f) {
+                    o[mt][f][0] *= alpha[0];
+                    o[mt][f][1] *= alpha[0];
+                    o[mt][f][2] *= alpha[1];
+                    o[mt][f][3] *= alpha[1];
+                }
+            }
+
+            // O += P V: the S accumulators of positions 16j..16j+15 are the A fragment of k-step
+            // j; one V fragment feeds the MT m-tiles.
+#pragma unroll
+            for (int j = 0; j < KV / 16; ++j) {
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    pa[mt][0] = util::pack_bf16x2(s[mt][2 * j][0], s[mt][2 * j][1]);
+                    pa[mt][1] = util::pack_bf16x2(s[mt][2 * j][2], s[mt][2 * j][3]);
+                    pa[mt][2] = util::pack_bf16x2(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+                    pa[mt][3] = util::pack_bf16x2(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+                }
+#pragma unroll
+                for (int i = 0; i < HD / 16; ++i) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4_trans(r, Vst + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + i * 16 + (lane >> 4) * 8);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        ptx::mma_bf16_16816(o[mt][2 * i], pa[mt], b0);
+                        ptx::mma_bf16_16816(o[mt][2 * i + 1], pa[mt], b1);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // the stage is overwritten by the next iteration's prefetch
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = row_sum[mt][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int row = q0 + warp_row0 + mt * 16 + g + 8 * h;
+            if (row < a.T) {
+                const float inv = 1.f / l;
+                uint32_t* dst = reinterpret_cast<uint32_t*>(a.out + ((size_t)row * a.n_heads + hq) * HD);
+#pragma unroll
+                for (int f = 0; f < kOutFrags; ++f)
+                    dst[(f * 8 + 2 * t4) / 2] = util::pack_bf16x2(o[mt][f][2 * h] * inv, o[mt][f][2 * h + 1] * inv);
+            }
+        }
+    }
+}
+
+// QREG_HD64: keep Q in registers at hd 64 when MT = 2 (at hd 128 and MT = 2 it is always re-read).
+// KV128: the KV tile at hd 128 (hd 64 always takes 64).
+template <int HD, int WARPS, int MT, bool QREG_HD64, int KV128, bool HEADS_FAST>
+void launch_tiled_hd(const PrefillArgs& a, cudaStream_t stream) {
+    constexpr bool kQReg = MT == 1 || (HD == 64 && QREG_HD64);
+    constexpr int KV = HD == 128 ? KV128 : 64;
+    auto kernel = prefill_tiled_kernel<HD, WARPS, MT, kQReg, KV, HEADS_FAST>;
+    constexpr size_t smem = tiled_smem_bytes<HD, WARPS, MT, KV>();
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int q_tiles = CEIL_DIV(a.T, 16 * WARPS * MT);
+    const dim3 grid = HEADS_FAST ? dim3(a.n_heads, q_tiles) : dim3(q_tiles, a.n_heads);
+    kernel<<<grid, WARPS * 32, smem, stream>>>(a);
+    CUDA_CHECK_LAUNCH("prefill_tiled_kernel");
+}
+
+template <int WARPS, int MT, bool QREG_HD64, int KV128 = 64, bool HEADS_FAST = false>
+void launch_tiled(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
+                  int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
+                  cudaStream_t stream) {
+    brrr::cuda::check_attention_shapes("prefill_tiled", n_heads, n_kv_heads, head_dim, max_seq);
+    if (T == 0) return;
+    PrefillArgs a{};
+    a.q = q;
+    a.k_cache = k_cache;
+    a.v_cache = v_cache;
+    a.out = out;
+    a.slot = slot;
+    a.start_pos = start_pos;
+    a.T = T;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv_heads;
+    a.group = n_heads / n_kv_heads;
+    a.max_seq = max_seq;
+    a.scale_log2 = brrr::cuda::kLog2e / std::sqrt((float)head_dim);
+    if (head_dim == 64) launch_tiled_hd<64, WARPS, MT, QREG_HD64, KV128, HEADS_FAST>(a, stream);
+    else launch_tiled_hd<128, WARPS, MT, QREG_HD64, KV128, HEADS_FAST>(a, stream);
+}
+
+// ---- 12, 13: the shipped kernel's other paths ------------------------------------------------------
+
+template <int KV128, bool FORCE_TILES_FAST>
+void launch_shipped_path(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
+                         int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
+                         int max_seq, cudaStream_t stream) {
+    brrr::cuda::check_attention_shapes("shipped_path", n_heads, n_kv_heads, head_dim, max_seq);
+    if (T == 0) return;
+    PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
+                                             n_kv_heads, head_dim, max_seq);
+    if (FORCE_TILES_FAST) a.heads_fast = false;
+    const dim3 grid = brrr::cuda::prefill_grid(a);
+    if (head_dim == 64) brrr::cuda::launch_prefill<64, 64>(a, grid, stream);
+    else brrr::cuda::launch_prefill<128, KV128>(a, grid, stream);
+}
+
+const PrefillVariant kPrefillVariants[] = {
+    {"01_rows64", launch_rows64},
+    {"02_rows64_skip_ffma", launch_tiled<4, 1, true>},
+    {"03_rows128_8warps", launch_tiled<8, 1, true>},
+    {"04_rows128_2tiles", launch_tiled<4, 2, true>},
+    {"05_rows128_2tiles_qsmem", launch_tiled<4, 2, false>},
+    {"06_rows256_8w_2tiles", launch_tiled<8, 2, true>},
+    {"07_rows128_2tiles_headsfast", launch_tiled<4, 2, true, 64, true>},
+    {"08_rows64_skip_headsfast", launch_tiled<4, 1, true, 64, true>},
+    {"09_rows128_2tiles_kv32_headsfast", launch_tiled<4, 2, true, 32, true>},
+    {"10_rows256_8w_2tiles_headsfast", launch_tiled<8, 2, true, 64, true>},
+    {"11_shipped", brrr::cuda::attention_prefill},
+    {"12_shipped_kv32", launch_shipped_path<32, false>},
+    {"13_shipped_tiles_fast", launch_shipped_path<64, true>},
+};
+
+}  // namespace lab

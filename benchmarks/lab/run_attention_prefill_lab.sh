@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# run_attention_prefill_lab.sh — builds cuda_attention_prefill_lab.cu for sm_90a, checks every
+# prefill attention variant against the float64 reference, then times them on Llama head shapes.
+# Output in $OUT:
+#   build.log, check.log, bench.jsonl (one line per variant x shape x T), bench.err, table.txt
+#   OUT=/tmp/ap benchmarks/lab/run_attention_prefill_lab.sh   # on a Hopper GPU, under a minute
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/attention_prefill_lab}
+mkdir -p "$OUT"
+BIN=/tmp/attention_prefill_lab.bin
+if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
+        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_attention_prefill_lab.cu -o "$BIN" \
+        > "$OUT/build.log" 2>&1; then
+    echo "build failed:"; tail -40 "$OUT/build.log"; exit 2
+fi
+timeout 120 "$BIN" check > "$OUT/check.log" 2>&1
+rc=$?
+tail -n 20 "$OUT/check.log"
+(( rc == 0 )) || { echo "check failed (exit $rc): no timing"; exit 1; }
+timeout 180 "$BIN" bench > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
+python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1] + "/bench.jsonl")]
+variants = list(dict.fromkeys(r["variant"] for r in rows))
+width = max([18] + [len(v) + 2 for v in variants])
+print(f"causal prefill attention, TF/s (speed-up over {variants[0]} in brackets)")
+print(f"{'shape':<12}{'T':>7}" + "".join(f"{v:>{width}}" for v in variants))
+for key in dict.fromkeys((r["shape"], r["T"]) for r in rows):
+    cells = {r["variant"]: r for r in rows if (r["shape"], r["T"]) == key}
+    print(f"{key[0]:<12}{key[1]:>7}" + "".join(
+        f"{cells[v]['tflops']:.1f} ({cells[v]['vs_first']:.2f}x)".rjust(width) if v in cells else "-".rjust(width)
+        for v in variants))
+PY
