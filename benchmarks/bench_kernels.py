@@ -15,7 +15,7 @@ copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from 
                 matmul).
   flash_decode  one query per sequence over 128 / 2048 / 8192 cached positions (1B: hd 64,
                 8B: hd 128, 32 query / 8 KV heads): GB/s of K/V read, against torch SDPA.
-  prefill       causal attention of T new tokens (T = 512, 2048): TFLOP/s against torch SDPA and
+  prefill       causal attention of T new tokens (T = 512, 2048, 8192): TFLOP/s against torch SDPA and
                 as a fraction of the GEMM ceiling.
 
     python benchmarks/bench_kernels.py --out benchmarks/results/h100/kernels.json
@@ -374,7 +374,7 @@ def main(argv=None):
     result["gemm"] = bench_gemm(ops, shapes, [512] if args.quick else [128, 512, 2048], repeats, ceiling)
     result["flash_decode"] = bench_flash_decode(ops, shapes, [128, 2048] if args.quick else [128, 2048, 8192],
                                                 repeats, copy_bw)
-    result["prefill"] = bench_prefill(ops, shapes, [512] if args.quick else [512, 2048], repeats, ceiling)
+    result["prefill"] = bench_prefill(ops, shapes, [512] if args.quick else [512, 2048, 8192], repeats, ceiling)
     result["wall_s"] = time.monotonic() - started
     print_tables(result)
     if args.out:

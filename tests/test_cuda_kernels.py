@@ -278,14 +278,10 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
         assert_design_tolerance(f"flash_decode b={b} length={length}", got, ref, bf)
 
 
-@pytest.mark.parametrize("start_pos", [0, 45])
-@pytest.mark.parametrize("T", [1, 17, 300])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 2), (3, 3), (9, 3)])
-def test_attention_prefill_matches_sdpa(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos):
+def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, max_seq=400):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    max_batch, max_seq, slot = 3, 400, 2
+    max_batch, slot = 3, 2
     group = n_heads // n_kv_heads
     total = start_pos + T
     k_cache, v_cache = poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim)
@@ -307,6 +303,24 @@ def test_attention_prefill_matches_sdpa(ops, gen, n_heads, n_kv_heads, head_dim,
     bf = reference_attention(qh, k, v, mask)
     got = out.view(T, n_heads, head_dim).transpose(0, 1)
     assert_design_tolerance(f"attention_prefill T={T} start_pos={start_pos}", got, ref, bf)
+
+
+@pytest.mark.parametrize("start_pos", [0, 45])
+@pytest.mark.parametrize("T", [1, 17, 300])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 2), (3, 3), (9, 3)])
+def test_attention_prefill_matches_sdpa(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos):
+    check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_attention_prefill_kv_larger_than_l2(ops, gen, head_dim):
+    """The launcher orders the grid by whether the sequence's K/V fits in L2; here it does not
+    (enough KV heads to overflow this GPU's L2), so the other grid order runs."""
+    T, start_pos = 150, 7
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    n_kv_heads = l2 // ((start_pos + T) * head_dim * 2 * 2) + 1
+    check_attention_prefill(ops, gen, 2 * n_kv_heads, n_kv_heads, head_dim, T, start_pos, max_seq=start_pos + T)
 
 
 def test_attention_bad_arguments_raise(ops, gen):

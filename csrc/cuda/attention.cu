@@ -25,11 +25,14 @@
 //   row and q come from the kernel just before, and they are loaded after the wait.
 //
 // attention_prefill (T new tokens of one sequence, their K/V already in the cache):
-//   FlashAttention-2 on tensor cores. A CTA owns 64 queries of one head (4 warps x 16 rows);
-//   K/V tiles of 64 positions are double-buffered in shared memory; S = Q K^T and O += P V are
-//   mma.sync m16n8k16 (bf16 in, fp32 out); P goes from the S accumulators to the A operand of
-//   the second mma in registers (the two layouts coincide). T x T scores never exist. Tiles
-//   above the diagonal are never loaded; the query tiles with the most work are scheduled first.
+//   FlashAttention-2 on tensor cores. A CTA owns 128 queries of one head: 4 warps x 32 rows, two
+//   16-row m-tiles per warp, so each K or V fragment read from shared memory (ldmatrix) feeds four
+//   mma.sync m16n8k16 instead of two; with one m-tile per warp shared memory, not the tensor
+//   cores, bound the kernel (1.2-1.5x at hd 128, benchmarks/lab/cuda_attention_prefill_lab.cu).
+//   K/V tiles of 64 positions are double-buffered in shared memory; P goes from the S
+//   accumulators to the A operand of the second mma in registers (the two layouts coincide).
+//   T x T scores never exist. Tiles above the diagonal are never loaded, and a warp skips the
+//   tiles wholly above its own rows; the longest query tiles are scheduled first.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -484,14 +487,16 @@ void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaStream_t 
 
 // ==== prefill =================================================================================
 
-constexpr int kPreRows = 64;  // queries per CTA: 4 warps x 16
-constexpr int kPreKV = 64;    // KV positions per tile
-constexpr int kPreThreads = 128;
-static_assert(kPreRows == kPreKV, "Q, K and V tiles share one chunk mapping");
+constexpr int kPreWarps = 4;
+constexpr int kPreTiles = 2;                        // 16-row m-tiles per warp
+constexpr int kPreRows = 16 * kPreTiles * kPreWarps;  // queries per CTA: 128
+constexpr int kPreThreads = 32 * kPreWarps;
 
-template <int HD>
+// KV positions per tile: 64, or 32 at hd 128 where the 104 KB of 64 exceed what a CTA may have
+// (sm_86/89: 99 KB; 32 measured 0.88-0.94x of 64 on H100).
+template <int HD, int KV>
 constexpr size_t prefill_smem_bytes() {
-    return (size_t)(kPreRows + 2 * kPreKV + 2 * kPreKV) * (HD + 8) * sizeof(uint16_t);
+    return (size_t)(kPreRows + 4 * KV) * (HD + 8) * sizeof(uint16_t);
 }
 
 struct PrefillArgs {
@@ -501,40 +506,43 @@ struct PrefillArgs {
     bf16* out;
     int slot, start_pos, T, n_heads, n_kv_heads, group, max_seq;
     float scale_log2;
+    bool heads_fast;  // grid x = head, y = query tile (else x = query tile, y = head)
 };
 
-template <int HD>
+// Q fragments stay in registers for the whole KV loop at hd 64; at hd 128 they would not fit beside
+// the two m-tiles' accumulators and are re-read from shared memory at every k-step.
+template <int HD, int KV>
 __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillArgs a) {
     constexpr int P = HD + 8;  // padded pitch: ldmatrix rows in distinct bank groups
-    constexpr int kKSteps = HD / 16;
-    constexpr int kOutFrags = HD / 8;
+    constexpr int kKSteps = HD / 16, kOutFrags = HD / 8, MT = kPreTiles;
+    constexpr bool kQInRegs = HD == 64;
     uint16_t* Qs = ptx::dynamic_smem<uint16_t>();
-    uint16_t* Ks = Qs + kPreRows * P;  // [2][kPreKV][P]
-    uint16_t* Vs = Ks + 2 * kPreKV * P;
+    uint16_t* Ks = Qs + kPreRows * P;  // [2][KV][P]
+    uint16_t* Vs = Ks + 2 * KV * P;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest rows first
-    const int hq = blockIdx.y, kvh = hq / a.group;
+    // The longest query tiles (the last ones) are scheduled first.
+    const int q_tile = a.heads_fast ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
+    const int hq = a.heads_fast ? blockIdx.x : blockIdx.y, kvh = hq / a.group;
     const int q0 = q_tile * kPreRows;
-    const int kv_total = a.start_pos + a.T;                       // filled cache positions
-    const int kv_end = a.start_pos + min(q0 + kPreRows, a.T);     // what this tile's last row sees
-    const int n_tiles = CEIL_DIV(kv_end, kPreKV);
+    const int kv_total = a.start_pos + a.T;                    // filled cache positions
+    const int kv_end = a.start_pos + min(q0 + kPreRows, a.T);  // what this tile's last row sees
+    const int n_tiles = CEIL_DIV(kv_end, KV);
     const size_t slot_base = (size_t)a.slot * a.max_seq;
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
     const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
     const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
-    constexpr int kChunks = kPreRows * HD / 8;  // 16-byte chunks per tile (Q, K or V)
-    for (int c = tid; c < kChunks; c += kPreThreads) {
+    for (int c = tid; c < kPreRows * HD / 8; c += kPreThreads) {
         const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
         const bool ok = q0 + r < a.T;
         ptx::cp_async_16(Qs + r * P + col, qbits + ((size_t)(ok ? q0 + r : 0) * a.n_heads + hq) * HD + col, ok);
     }
     auto load_kv = [&](int stage, int p0) {
-        uint16_t* Kst = Ks + stage * kPreKV * P;
-        uint16_t* Vst = Vs + stage * kPreKV * P;
-        for (int c = tid; c < kChunks; c += kPreThreads) {
+        uint16_t* Kst = Ks + stage * KV * P;
+        uint16_t* Vst = Vs + stage * KV * P;
+        for (int c = tid; c < KV * HD / 8; c += kPreThreads) {
             const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
             const int p = p0 + r;
             const bool ok = p < kv_total;
@@ -546,126 +554,211 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     load_kv(0, 0);
     ptx::cp_async_commit();
 
-    // This thread's two rows (g and g + 8 of the warp's 16) and their absolute positions.
-    const int row_pos[2] = {a.start_pos + q0 + warp * 16 + g, a.start_pos + q0 + warp * 16 + g + 8};
-    const int warp_first_pos = a.start_pos + q0 + warp * 16;
-    float row_max[2] = {-INFINITY, -INFINITY};
-    float row_sum[2] = {0.f, 0.f};  // this thread's share; the quad is summed at the end
-    float o[kOutFrags][4];
+    // The warp's 32 rows are contiguous, so the KV tiles past its last row are skipped whole.
+    const int warp_row0 = warp * 16 * MT;
+    const int warp_first_pos = a.start_pos + q0 + warp_row0;
+    const int warp_last_pos = warp_first_pos + 16 * MT - 1;
+    int row_pos[MT][2];                    // this thread's rows g and g + 8 of each m-tile
+    float row_max[MT][2], row_sum[MT][2];  // max in log2 units; sum is this thread's share
+    float o[MT][kOutFrags][4];
 #pragma unroll
-    for (int f = 0; f < kOutFrags; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.f;
-    uint32_t qf[kKSteps][4];
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            row_pos[mt][h] = warp_first_pos + mt * 16 + g + 8 * h;
+            row_max[mt][h] = -INFINITY;
+            row_sum[mt][h] = 0.f;
+        }
+#pragma unroll
+        for (int f = 0; f < kOutFrags; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
+    }
+    uint32_t qf[kQInRegs ? MT : 1][kQInRegs ? kKSteps : 1][4];
+    auto q_fragment = [&](uint32_t r[4], int mt, int ks) {
+        ptx::ldmatrix_x4(r, Qs + (warp_row0 + mt * 16 + (lane & 15)) * P + ks * 16 + (lane >> 4) * 8);
+    };
 
     for (int kt = 0; kt < n_tiles; ++kt) {
-        const int stage = kt & 1, kv0 = kt * kPreKV;
+        const int stage = kt & 1, kv0 = kt * KV;
         if (kt + 1 < n_tiles) {
-            load_kv(stage ^ 1, kv0 + kPreKV);
+            load_kv(stage ^ 1, kv0 + KV);
             ptx::cp_async_commit();
             ptx::cp_async_wait<1>();
         } else {
             ptx::cp_async_wait<0>();
         }
         __syncthreads();
-        if (kt == 0) {
+        if (kQInRegs && kt == 0) {
 #pragma unroll
-            for (int ks = 0; ks < kKSteps; ++ks)
-                ptx::ldmatrix_x4(qf[ks], Qs + (warp * 16 + (lane & 15)) * P + ks * 16 + (lane >> 4) * 8);
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int ks = 0; ks < kKSteps; ++ks) q_fragment(qf[kQInRegs ? mt : 0][kQInRegs ? ks : 0], mt, ks);
         }
-        const uint16_t* Kst = Ks + stage * kPreKV * P;
-        const uint16_t* Vst = Vs + stage * kPreKV * P;
+        if (kv0 <= warp_last_pos) {
+            const uint16_t* Kst = Ks + stage * KV * P;
+            const uint16_t* Vst = Vs + stage * KV * P;
 
-        // S = Q K^T for the warp's 16 rows x 64 positions.
-        float s[kPreKV / 8][4];
+            // S = Q K^T for the warp's 32 rows x KV positions: each K fragment feeds both m-tiles.
+            float s[MT][KV / 8][4];
 #pragma unroll
-        for (int f = 0; f < kPreKV / 8; ++f) s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
+                for (int f = 0; f < KV / 8; ++f) s[mt][f][0] = s[mt][f][1] = s[mt][f][2] = s[mt][f][3] = 0.f;
 #pragma unroll
-            for (int nj = 0; nj < kPreKV / 16; ++nj) {
-                uint32_t r[4];
-                ptx::ldmatrix_x4(r, Kst + (nj * 16 + (lane >> 4) * 8 + (lane & 7)) * P + ks * 16 + ((lane >> 3) & 1) * 8);
-                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                ptx::mma_bf16_16816(s[2 * nj], qf[ks], b0);
-                ptx::mma_bf16_16816(s[2 * nj + 1], qf[ks], b1);
+            for (int ks = 0; ks < kKSteps; ++ks) {
+                uint32_t qcur[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    if (kQInRegs) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) qcur[mt][e] = qf[kQInRegs ? mt : 0][kQInRegs ? ks : 0][e];
+                    } else {
+                        q_fragment(qcur[mt], mt, ks);
+                    }
+                }
+#pragma unroll
+                for (int nj = 0; nj < KV / 16; ++nj) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4(r, Kst + (nj * 16 + (lane >> 4) * 8 + (lane & 7)) * P + ks * 16 + ((lane >> 3) & 1) * 8);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        ptx::mma_bf16_16816(s[mt][2 * nj], qcur[mt], b0);
+                        ptx::mma_bf16_16816(s[mt][2 * nj + 1], qcur[mt], b1);
+                    }
+                }
             }
-        }
 
-        // Scale into log2 units; mask the future (only tiles reaching past the warp's first row).
-        const bool diagonal = kv0 + kPreKV - 1 > warp_first_pos;
+            // Mask the future on the tiles that reach past the warp's first row; online softmax
+            // (a row lives in the 4 threads of a quad), the scale applied in the exponent's FFMA.
+            const bool diagonal = kv0 + KV - 1 > warp_first_pos;
 #pragma unroll
-        for (int f = 0; f < kPreKV / 8; ++f) {
+            for (int mt = 0; mt < MT; ++mt) {
+                if (diagonal) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[f][e] *= a.scale_log2;
-                if (diagonal && kv0 + f * 8 + 2 * t4 + (e & 1) > row_pos[e >> 1]) s[f][e] = -INFINITY;
+                    for (int f = 0; f < KV / 8; ++f)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (kv0 + f * 8 + 2 * t4 + (e & 1) > row_pos[mt][e >> 1]) s[mt][f][e] = -INFINITY;
+                }
+                float alpha[2], base[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int f = 0; f < KV / 8; ++f) mx = fmaxf(mx, fmaxf(s[mt][f][2 * h], s[mt][f][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float new_max = fmaxf(row_max[mt][h], mx * a.scale_log2);
+                    base[h] = new_max == -INFINITY ? 0.f : new_max;  // a row with nothing seen yet
+                    alpha[h] = exp2f(row_max[mt][h] - base[h]);
+                    row_max[mt][h] = new_max;
+                    row_sum[mt][h] *= alpha[h];
+                }
+#pragma unroll
+                for (int f = 0; f < KV / 8; ++f) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        s[mt][f][e] = exp2f(fmaf(s[mt][f][e], a.scale_log2, -base[e >> 1]));
+                        row_sum[mt][e >> 1] += s[mt][f][e];
+                    }
+                }
+#pragma unroll
+                for (int f = 0; f < kOutFrags; ++f) {
+                    o[mt][f][0] *= alpha[0];
+                    o[mt][f][1] *= alpha[0];
+                    o[mt][f][2] *= alpha[1];
+                    o[mt][f][3] *= alpha[1];
+                }
             }
-        }
 
-        // Online softmax: a row lives in the 4 threads of a quad.
-        float alpha[2], base[2];
+            // O += P V: the S accumulators of positions 16j..16j+15 are the A fragment of k-step
+            // j (the two layouts coincide); each V fragment feeds both m-tiles.
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = -INFINITY;
+            for (int j = 0; j < KV / 16; ++j) {
+                uint32_t pa[MT][4];
 #pragma unroll
-            for (int f = 0; f < kPreKV / 8; ++f) mx = fmaxf(mx, fmaxf(s[f][2 * h], s[f][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float new_max = fmaxf(row_max[h], mx);
-            base[h] = new_max == -INFINITY ? 0.f : new_max;  // a fully masked row so far
-            alpha[h] = exp2f(row_max[h] - base[h]);
-            row_max[h] = new_max;
-            row_sum[h] *= alpha[h];
-        }
+                for (int mt = 0; mt < MT; ++mt) {
+                    pa[mt][0] = util::pack_bf16x2(s[mt][2 * j][0], s[mt][2 * j][1]);
+                    pa[mt][1] = util::pack_bf16x2(s[mt][2 * j][2], s[mt][2 * j][3]);
+                    pa[mt][2] = util::pack_bf16x2(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+                    pa[mt][3] = util::pack_bf16x2(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+                }
 #pragma unroll
-        for (int f = 0; f < kPreKV / 8; ++f) {
+                for (int i = 0; i < HD / 16; ++i) {
+                    // Matrices: (pos 0-7, d 0-7), (pos 8-15, d 0-7), (pos 0-7, d 8-15), (pos 8-15, d 8-15).
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4_trans(r, Vst + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + i * 16 + (lane >> 4) * 8);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[f][e] = exp2f(s[f][e] - base[e >> 1]);
-                row_sum[e >> 1] += s[f][e];
-            }
-        }
-#pragma unroll
-        for (int f = 0; f < kOutFrags; ++f) {
-            o[f][0] *= alpha[0];
-            o[f][1] *= alpha[0];
-            o[f][2] *= alpha[1];
-            o[f][3] *= alpha[1];
-        }
-
-        // O += P V: the S accumulators of positions 16j..16j+15 are the A fragment of k-step j.
-#pragma unroll
-        for (int j = 0; j < kPreKV / 16; ++j) {
-            const uint32_t pa[4] = {util::pack_bf16x2(s[2 * j][0], s[2 * j][1]),
-                                    util::pack_bf16x2(s[2 * j][2], s[2 * j][3]),
-                                    util::pack_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1]),
-                                    util::pack_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3])};
-#pragma unroll
-            for (int i = 0; i < HD / 16; ++i) {
-                // Matrices: (pos 0-7, d 0-7), (pos 8-15, d 0-7), (pos 0-7, d 8-15), (pos 8-15, d 8-15).
-                uint32_t r[4];
-                ptx::ldmatrix_x4_trans(r, Vst + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + i * 16 + (lane >> 4) * 8);
-                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                ptx::mma_bf16_16816(o[2 * i], pa, b0);
-                ptx::mma_bf16_16816(o[2 * i + 1], pa, b1);
+                    for (int mt = 0; mt < MT; ++mt) {
+                        ptx::mma_bf16_16816(o[mt][2 * i], pa[mt], b0);
+                        ptx::mma_bf16_16816(o[mt][2 * i + 1], pa[mt], b1);
+                    }
+                }
             }
         }
         __syncthreads();  // the stage is overwritten by the next iteration's prefetch
     }
 
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = row_sum[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int row = q0 + warp * 16 + g + 8 * h;
-        if (row < a.T) {
-            const float inv = 1.f / l;
-            uint32_t* dst = reinterpret_cast<uint32_t*>(a.out + ((size_t)row * a.n_heads + hq) * HD);
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int f = 0; f < kOutFrags; ++f)
-                dst[(f * 8 + 2 * t4) / 2] = util::pack_bf16x2(o[f][2 * h] * inv, o[f][2 * h + 1] * inv);
+        for (int h = 0; h < 2; ++h) {
+            float l = row_sum[mt][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int row = q0 + warp_row0 + mt * 16 + g + 8 * h;
+            if (row < a.T) {
+                const float inv = 1.f / l;
+                uint32_t* dst = reinterpret_cast<uint32_t*>(a.out + ((size_t)row * a.n_heads + hq) * HD);
+#pragma unroll
+                for (int f = 0; f < kOutFrags; ++f)
+                    dst[(f * 8 + 2 * t4) / 2] = util::pack_bf16x2(o[mt][f][2 * h] * inv, o[mt][f][2 * h + 1] * inv);
+            }
         }
     }
+}
+
+// The kernel's arguments, with the grid order the launcher picks (see heads_fast).
+PrefillArgs prefill_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
+                         int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
+                         int max_seq) {
+    PrefillArgs a{};
+    a.q = q;
+    a.k_cache = k_cache;
+    a.v_cache = v_cache;
+    a.out = out;
+    a.slot = slot;
+    a.start_pos = start_pos;
+    a.T = T;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv_heads;
+    a.group = n_heads / n_kv_heads;
+    a.max_seq = max_seq;
+    a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
+    // Heads fastest puts every head's longest query tiles in the first wave (the short ones fill
+    // the tail), unless the K/V the first wave reads, every KV head's whole sequence, would not
+    // fit in L2; then one head's tiles run together, sharing their K/V (H100, 1B and 8B heads:
+    // heads fastest 1.41x at 2048 tokens, 1.06-1.12x at 8192, 0.98x at 512, but 0.94x at 8B
+    // 16384 where the K/V is 64 MB; benchmarks/lab/cuda_attention_prefill_lab.cu, 04 and 07).
+    const size_t kv_bytes = (size_t)n_kv_heads * (start_pos + T) * head_dim * 2 * sizeof(uint16_t);
+    const int q_tiles = CEIL_DIV(T, kPreRows);
+    a.heads_fast = kv_bytes <= (size_t)device_facts().l2_bytes && q_tiles <= 65535;  // grid y limit
+    return a;
+}
+
+dim3 prefill_grid(const PrefillArgs& a) {
+    const int q_tiles = CEIL_DIV(a.T, kPreRows);
+    return a.heads_fast ? dim3(a.n_heads, q_tiles) : dim3(q_tiles, a.n_heads);
+}
+
+template <int HD, int KV>
+void launch_prefill(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
+    auto kernel = attention_prefill_kernel<HD, KV>;
+    constexpr size_t smem = prefill_smem_bytes<HD, KV>();
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, kPreThreads, smem, stream>>>(a);
+    CUDA_CHECK_LAUNCH("attention_prefill_kernel");
 }
 
 void check_attention_shapes(const char* op, int n_heads, int n_kv_heads, int head_dim, int max_seq) {
@@ -726,32 +819,13 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     BRRR_CHECK(util::aligned_to(out, 4), "attention_prefill: out must be 4-byte aligned");
     if (T == 0) return;
 
-    PrefillArgs a;
-    a.q = q;
-    a.k_cache = k_cache;
-    a.v_cache = v_cache;
-    a.out = out;
-    a.slot = slot;
-    a.start_pos = start_pos;
-    a.T = T;
-    a.n_heads = n_heads;
-    a.n_kv_heads = n_kv_heads;
-    a.group = n_heads / n_kv_heads;
-    a.max_seq = max_seq;
-    a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
-    const dim3 grid(CEIL_DIV(T, kPreRows), n_heads);
-    if (head_dim == 64) {
-        auto kernel = attention_prefill_kernel<64>;
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)prefill_smem_bytes<64>()));
-        kernel<<<grid, kPreThreads, prefill_smem_bytes<64>(), stream>>>(a);
-    } else {
-        auto kernel = attention_prefill_kernel<128>;
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)prefill_smem_bytes<128>()));
-        kernel<<<grid, kPreThreads, prefill_smem_bytes<128>(), stream>>>(a);
-    }
-    CUDA_CHECK_LAUNCH("attention_prefill_kernel");
+    const PrefillArgs a = prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
+                                       n_kv_heads, head_dim, max_seq);
+    const dim3 grid = prefill_grid(a);
+    const bool kv64_fits = prefill_smem_bytes<128, 64>() <= (size_t)device_facts().smem_optin;
+    if (head_dim == 64) launch_prefill<64, 64>(a, grid, stream);
+    else if (kv64_fits) launch_prefill<128, 64>(a, grid, stream);
+    else launch_prefill<128, 32>(a, grid, stream);
 }
 
 }  // namespace cuda
