@@ -34,6 +34,8 @@ def C():
     return _C
 
 
+CHUNK = 2048  # CudaEngine::kPrefillChunk
+
 LLAMA3_SMALL = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 
@@ -115,18 +117,19 @@ def test_prefill_logits_follow_the_bf16_rule(C, rng, make_weights, name):
 
 
 def test_long_prompt_runs_in_chunks_and_continues(C, rng, make_weights):
-    """600 prompt tokens cross the 512-token prefill chunk; a second prefill continues at 600."""
+    """A prompt longer than the prefill chunk runs in two chunks; a second prefill continues."""
     config = CONFIGS["gqa-untied-hd64"]
     tensors = make_weights(config, rng)
-    engine = make_engine(C, config, tensors, max_seq=640)
+    n = CHUNK + 90
+    engine = make_engine(C, config, tensors, max_seq=n + 40)
     oracles = Oracles(config, tensors)
-    first = rng.integers(0, config.vocab_size, size=600).astype(np.int32)
+    first = rng.integers(0, config.vocab_size, size=n).astype(np.int32)
     more = rng.integers(0, config.vocab_size, size=9).astype(np.int32)
-    ours = np.concatenate([engine.prefill(0, first, 0, "all"), engine.prefill(0, more, 600, "all")])
+    ours = np.concatenate([engine.prefill(0, first, 0, "all"), engine.prefill(0, more, n, "all")])
     oracle_a, bf16_a = oracles.forward(first, 0)
-    oracle_b, bf16_b = oracles.forward(more, 600)
+    oracle_b, bf16_b = oracles.forward(more, n)
     assert_bf16_rule(ours, np.concatenate([oracle_a, oracle_b]), np.concatenate([bf16_a, bf16_b]),
-                     "600 + 9 prompt tokens")
+                     f"{n} + 9 prompt tokens")
 
 
 @pytest.mark.parametrize("name", ["gqa-untied-hd64", "tied-llama3-hd128"])

@@ -56,8 +56,11 @@ struct ProfiledGraph {
 
 class CudaEngine final : public Engine, public profile::Profiled {
 public:
-    // Prompt tokens go through the layers this many at a time, bounding the activation scratch.
-    static constexpr int kPrefillChunk = 512;
+    // Prompt tokens go through the layers this many at a time, bounding the activation scratch
+    // (8B: 92 KB a row, 188 MB at 2048). 512 left the 1B projections with too few tiles to fill
+    // an H100 (wo 208 TF/s at M = 512, 338 at 2048; w2 323 and 619): 1B prefill of 2040 tokens
+    // spent 12.3 of its 15.3 ms in matmuls at 323 TF/s (benchmarks/results/h100-sxm/profile/).
+    static constexpr int kPrefillChunk = 2048;
     // LM-head rows per step when a prefill wants the logits of every token.
     static constexpr int kLogitRows = 64;
     // Most rounds one decode_steps call runs (the depth of the on-device token ring).
