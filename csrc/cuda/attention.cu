@@ -572,7 +572,7 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
 #pragma unroll
         for (int f = 0; f < kOutFrags; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
     }
-    uint32_t qf[kQInRegs ? MT : 1][kQInRegs ? kKSteps : 1][4];
+    uint32_t qf[kQInRegs ? MT : 1][kQInRegs ? kKSteps : 1][4];  // 1 x 1, unused, when Q is re-read
     auto q_fragment = [&](uint32_t r[4], int mt, int ks) {
         ptx::ldmatrix_x4(r, Qs + (warp_row0 + mt * 16 + (lane & 15)) * P + ks * 16 + (lane >> 4) * 8);
     };
