@@ -445,7 +445,7 @@ bool decode_late_trigger(int head_dim) {
     return forced >= 0 ? forced != 0 : head_dim >= 128;
 }
 bool decode_early_kv() {
-    static const bool on = env_int("LLAMA_BRRR_DECODE_EARLY", 1) != 0;
+    static const bool on = env_flag("LLAMA_BRRR_DECODE_EARLY", true);
     return on;
 }
 

@@ -37,8 +37,6 @@
 // K % 8 != 0 or x / W not 16-byte aligned selects a scalar-load variant of the same kernel:
 // correct, slower; real model shapes always take the vector path (decided at the launcher).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/check.cuh"
 #include "cuda/kernel_util.cuh"
@@ -378,11 +376,6 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // LLAMA_BRRR_GEMV_PREFETCH=1 turns the L2 weight prefetch on, LLAMA_BRRR_GEMV_EARLY=0 waits for
 // the previous kernel before the first weight load, LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
-bool env_flag(const char* name, bool fallback) {
-    const char* v = std::getenv(name);
-    if (!v || !*v) return fallback;
-    return std::strcmp(v, "0") != 0;
-}
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
     return on;

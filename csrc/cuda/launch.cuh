@@ -27,7 +27,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include "cuda/check.cuh"
 
@@ -95,12 +94,12 @@ inline int env_int(const char* name, int fallback) {
     return *end == '\0' ? (int)n : fallback;
 }
 
+// A switch from the environment: 0 is off, another integer on, anything else the fallback.
+inline bool env_flag(const char* name, bool fallback) { return env_int(name, fallback ? 1 : 0) != 0; }
+
 // LLAMA_BRRR_PDL=0 launches plainly (a diagnostic for benchmarks/lab/decode_variants.sh), read once.
 inline bool pdl_enabled() {
-    static const bool on = [] {
-        const char* v = std::getenv("LLAMA_BRRR_PDL");
-        return !(v && std::strcmp(v, "0") == 0);
-    }();
+    static const bool on = env_flag("LLAMA_BRRR_PDL", true);
     return on;
 }
 
