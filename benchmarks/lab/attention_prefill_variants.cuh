@@ -209,19 +209,9 @@ void launch_rows64(const bf16* q, const bf16* k_cache, const bf16* v_cache, int 
                    cudaStream_t stream) {
     brrr::cuda::check_attention_shapes("prefill_rows64", n_heads, n_kv_heads, head_dim, max_seq);
     if (T == 0) return;
-    PrefillArgs a{};
-    a.q = q;
-    a.k_cache = k_cache;
-    a.v_cache = v_cache;
-    a.out = out;
-    a.slot = slot;
-    a.start_pos = start_pos;
-    a.T = T;
-    a.n_heads = n_heads;
-    a.n_kv_heads = n_kv_heads;
-    a.group = n_heads / n_kv_heads;
-    a.max_seq = max_seq;
-    a.scale_log2 = brrr::cuda::kLog2e / std::sqrt((float)head_dim);
+    // heads_fast is the shipped kernel's; these kernels fix their grid order themselves.
+    const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
+                                                   n_kv_heads, head_dim, max_seq);
     const dim3 grid(CEIL_DIV(T, kRows64), n_heads);
     const size_t smem = (size_t)(kRows64 + 4 * kRows64KV) * (head_dim + 8) * sizeof(uint16_t);
     auto kernel = head_dim == 64 ? prefill_rows64_kernel<64> : prefill_rows64_kernel<128>;
@@ -465,19 +455,9 @@ void launch_tiled(const bf16* q, const bf16* k_cache, const bf16* v_cache, int s
                   cudaStream_t stream) {
     brrr::cuda::check_attention_shapes("prefill_tiled", n_heads, n_kv_heads, head_dim, max_seq);
     if (T == 0) return;
-    PrefillArgs a{};
-    a.q = q;
-    a.k_cache = k_cache;
-    a.v_cache = v_cache;
-    a.out = out;
-    a.slot = slot;
-    a.start_pos = start_pos;
-    a.T = T;
-    a.n_heads = n_heads;
-    a.n_kv_heads = n_kv_heads;
-    a.group = n_heads / n_kv_heads;
-    a.max_seq = max_seq;
-    a.scale_log2 = brrr::cuda::kLog2e / std::sqrt((float)head_dim);
+    // heads_fast is the shipped kernel's; these kernels fix their grid order themselves.
+    const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
+                                                   n_kv_heads, head_dim, max_seq);
     if (head_dim == 64) launch_tiled_hd<64, WARPS, MT, QREG_HD64, KV128, HEADS_FAST>(a, stream);
     else launch_tiled_hd<128, WARPS, MT, QREG_HD64, KV128, HEADS_FAST>(a, stream);
 }

@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <iterator>
 #include <random>
@@ -33,21 +32,12 @@ using brrr::cuda::bf16;
 
 namespace lab {
 
-uint16_t to_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-float from_bf16(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
+using brrr::bf16_to_f32;
+using brrr::f32_to_bf16;
 
 void fill_normal(std::vector<uint16_t>& bits, std::mt19937& rng) {
     std::normal_distribution<float> n01;
-    for (auto& x : bits) x = to_bf16(n01(rng));
+    for (auto& x : bits) x = f32_to_bf16(n01(rng));
 }
 
 // One cudaMalloc'd array of bf16 bit patterns, freed on every way out (exceptions included).
@@ -121,8 +111,8 @@ std::vector<double> reference(const Case& c, const CaseData& d) {
     const size_t slot_base = (size_t)kSlot * c.max_seq() * row;
     std::vector<double> k(row * (c.start_pos + c.T)), v(k.size());
     for (size_t i = 0; i < k.size(); ++i) {
-        k[i] = from_bf16(d.k[slot_base + i]);
-        v[i] = from_bf16(d.v[slot_base + i]);
+        k[i] = bf16_to_f32(d.k[slot_base + i]);
+        v[i] = bf16_to_f32(d.v[slot_base + i]);
     }
     const double scale = 1.0 / std::sqrt((double)hd);
     std::vector<double> out(c.out_elems(), 0.0), q(hd), s(c.start_pos + c.T);
@@ -130,7 +120,7 @@ std::vector<double> reference(const Case& c, const CaseData& d) {
         for (int h = 0; h < c.n_heads; ++h) {
             const size_t q_at = ((size_t)t * c.n_heads + h) * hd;
             const int kvh = h / group, seen = c.start_pos + t + 1;
-            for (int i = 0; i < hd; ++i) q[i] = from_bf16(d.q[q_at + i]);
+            for (int i = 0; i < hd; ++i) q[i] = bf16_to_f32(d.q[q_at + i]);
             double mx = -INFINITY;
             for (int p = 0; p < seen; ++p) {
                 const double* kp = &k[p * row + (size_t)kvh * hd];
@@ -183,7 +173,7 @@ std::string compare(const Case& c, const CaseData& d, const std::vector<uint16_t
     size_t out_of_tol = 0, non_finite = 0, guard_written = 0, worst = 0;
     double worst_excess = 0;
     for (size_t i = 0; i < c.out_elems(); ++i) {
-        const double g = from_bf16(got[i]), want = d.expected[i];
+        const double g = bf16_to_f32(got[i]), want = d.expected[i];
         if (!std::isfinite(g)) {
             ++non_finite;
             continue;
@@ -204,7 +194,7 @@ std::string compare(const Case& c, const CaseData& d, const std::vector<uint16_t
         const size_t hd = c.head_dim, t = worst / (c.n_heads * hd), h = worst / hd % c.n_heads;
         char buf[160];
         std::snprintf(buf, sizeof buf, "; worst t=%zu h=%zu d=%zu: got %.5g want %.5g", t, h, worst % hd,
-                      (double)from_bf16(got[worst]), d.expected[worst]);
+                      (double)bf16_to_f32(got[worst]), d.expected[worst]);
         why += buf;
     }
     return why;

@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +29,8 @@ using brrr::cuda::bf16;
 namespace lab {
 
 using namespace brrr::cuda;
+using brrr::bf16_to_f32;
+using brrr::f32_to_bf16;
 
 struct Variant {
     const char* name;
@@ -59,18 +60,6 @@ DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
     return a;
 }
 
-uint16_t to_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-float from_bf16(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
 template <class T>
 T* device_copy(const std::vector<T>& h) {
     T* d = nullptr;
@@ -96,12 +85,12 @@ struct Problem {
         q.resize((size_t)B() * Hq * hd);
         k.assign(cache, 0xFFFF);  // NaN outside the valid rows: a stray read poisons the output
         v.assign(cache, 0xFFFF);
-        for (auto& x : q) x = to_bf16(n01(rng));
+        for (auto& x : q) x = f32_to_bf16(n01(rng));
         for (int b = 0; b < B(); ++b)
             for (size_t i = 0; i < (size_t)lengths[b] * Hkv * hd; ++i) {
                 const size_t at = (size_t)slots[b] * max_seq * Hkv * hd + i;
-                k[at] = to_bf16(n01(rng));
-                v[at] = to_bf16(n01(rng));
+                k[at] = f32_to_bf16(n01(rng));
+                v[at] = f32_to_bf16(n01(rng));
             }
         std::vector<int> pos(B());
         for (int b = 0; b < B(); ++b) pos[b] = lengths[b] - 1;
@@ -130,8 +119,8 @@ struct Problem {
         for (int p = 0; p < L; ++p) {
             double dot = 0;
             for (int d = 0; d < hd; ++d)
-                dot += (double)from_bf16(q[((size_t)b * Hq + h) * hd + d]) *
-                       from_bf16(k[(((size_t)slots[b] * max_seq + p) * Hkv + kvh) * hd + d]);
+                dot += (double)bf16_to_f32(q[((size_t)b * Hq + h) * hd + d]) *
+                       bf16_to_f32(k[(((size_t)slots[b] * max_seq + p) * Hkv + kvh) * hd + d]);
             s[p] = dot / std::sqrt((double)hd);
             mx = std::max(mx, s[p]);
         }
@@ -139,7 +128,7 @@ struct Problem {
         for (int p = 0; p < L; ++p) sum += s[p] = std::exp(s[p] - mx);
         for (int p = 0; p < L; ++p)
             for (int d = 0; d < hd; ++d)
-                o[d] += s[p] / sum * from_bf16(v[(((size_t)slots[b] * max_seq + p) * Hkv + kvh) * hd + d]);
+                o[d] += s[p] / sum * bf16_to_f32(v[(((size_t)slots[b] * max_seq + p) * Hkv + kvh) * hd + d]);
         return o;
     }
 };
@@ -160,7 +149,7 @@ int check_one(const Variant& v, Problem& pr) {
             for (int h = 0; h < pr.Hq; ++h) {
                 const std::vector<double> ref = pr.reference(b, h);
                 for (int d = 0; d < pr.hd; ++d) {
-                    const double got = from_bf16(out[((size_t)b * pr.Hq + h) * pr.hd + d]);
+                    const double got = bf16_to_f32(out[((size_t)b * pr.Hq + h) * pr.hd + d]);
                     finite = finite && std::isfinite(got);
                     err2 += (got - ref[d]) * (got - ref[d]);
                     ref2 += ref[d] * ref[d];
