@@ -120,11 +120,26 @@ def run_rope(ops, case, rows=None):
     return q_out, k_cache, v_cache
 
 
-@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,K", [(9, 3, 64, 576), (32, 8, 64, 2048),
-                                                            (4, 2, 128, 200), (2, 2, 128, 1030)])
-@pytest.mark.parametrize("M", [1, 5, 16, 19])
+# M <= 16 runs the GEMV. Above, on Hopper, head_dim 64 / 128 run the GEMM's fused RopeKV epilogue
+# (N = 960 and 640 end in a partial tile of heads; M = 1100 takes the 256-column tiles); K = 1030
+# (not a multiple of 8) and head_dim 32 stage q|k|v in fp32 for rope_kv_append.
+ROPE_SHAPES = [(9, 3, 64, 576), (32, 8, 64, 2048), (4, 2, 128, 200), (3, 1, 128, 256), (2, 2, 128, 1030),
+               (4, 2, 32, 96)]
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,K", ROPE_SHAPES)
+@pytest.mark.parametrize("M", [1, 5, 16, 19, 150, 300])
 def test_rmsnorm_matmul_rope_kv_matches_torch(C, ops, rng, gen, M, n_heads, n_kv_heads, head_dim, K):
-    case = rope_case(C, rng, gen, M, n_heads, n_kv_heads, head_dim, max_seq=40, max_batch=3, K=K)
+    check_rope_kv(C, ops, rng, gen, M, n_heads, n_kv_heads, head_dim, K)
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,K", [(32, 8, 64, 2048), (32, 8, 128, 512)])
+def test_rmsnorm_matmul_rope_kv_wide_tiles(C, ops, rng, gen, n_heads, n_kv_heads, head_dim, K):
+    check_rope_kv(C, ops, rng, gen, 1100, n_heads, n_kv_heads, head_dim, K)
+
+
+def check_rope_kv(C, ops, rng, gen, M, n_heads, n_kv_heads, head_dim, K):
+    case = rope_case(C, rng, gen, M, n_heads, n_kv_heads, head_dim, max_seq=max(40, M + 5), max_batch=3, K=K)
     q_out, k_cache, v_cache = run_rope(ops, case)
     xn_ref, xn_bf = normalized(case["x"], case["w"])
     qkv_ref = xn_ref @ case["W"].double().T

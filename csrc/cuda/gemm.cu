@@ -30,6 +30,14 @@
 // Hopper kernel loads them as two TMA boxes, gate column c landing BN / 2 accumulator columns
 // before its up column.
 //
+// RopeKV (wqkv): on Hopper, tiles of whole heads put dim d and its rotation partner d + hd/2 in
+// one thread's accumulators, so RoPE and the q / K / V stores run in the epilogue and the fp32
+// q|k|v never reaches HBM (head_dim 64 and 128). Elsewhere q|k|v is staged in fp32 and
+// rope_kv_append (rope.cu) finishes the job.
+//
+// AddResidual (wo, w2) loads all residual values of a thread's row before writing any back, so
+// their memory round trips overlap.
+//
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -118,6 +126,34 @@ __device__ __forceinline__ void store_swiglu_pair(const GemmArgs& p, int row, in
     }
     util::store_swiglu(p.out, idx, g0, u0);
     if (col + 1 < p.width) util::store_swiglu(p.out, idx + 1, g1, u1);
+}
+
+// AddResidual for G column pairs of one row, (col + 8 j, col + 8 j + 1) for j < G: the layout of
+// an mma accumulator row. Every residual value is loaded before any is written back, because the
+// compiler may not move a load past a store to the same array: added pair by pair, each pair
+// waited out a full memory round trip (the 1B wo GEMM ran at half of cuBLAS's speed that way).
+template <int G>
+__device__ __forceinline__ void add_residual_pairs(const GemmArgs& p, int row, int col, const float2 (&y)[G]) {
+    if (row >= p.M) return;
+    if (!p.pair_stores) {
+#pragma unroll
+        for (int j = 0; j < G; ++j) store_pair(p, row, col + 8 * j, y[j].x, y[j].y);
+        return;
+    }
+    float* base = p.out.residual + (size_t)row * p.out.ld_out + col;
+    float2 r[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+        r[j] = col + 8 * j + 1 < p.width ? *reinterpret_cast<const float2*>(base + 8 * j) : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const int c = col + 8 * j;
+        if (c + 1 < p.width) {
+            *reinterpret_cast<float2*>(base + 8 * j) = make_float2(r[j].x + y[j].x, r[j].y + y[j].y);
+        } else if (c < p.width) {
+            base[8 * j] += y[j].x;
+        }
+    }
 }
 
 template <bool SWIGLU, bool VEC>
@@ -244,6 +280,11 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmArgs p) {
                     const float* up = acc[mi][2 * pr + 1] + 2 * h;
                     store_swiglu_pair(p, row, col, gate[0], up[0], gate[1], up[1]);
                 }
+            } else if (p.ep == Epilogue::AddResidual) {
+                float2 y[4];
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) y[ni] = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                add_residual_pairs(p, row, tile_col0 + warp_n * 32 + 2 * t, y);
             } else {
 #pragma unroll
                 for (int ni = 0; ni < 4; ++ni) {
@@ -287,6 +328,35 @@ constexpr int kBM = 128, kBK = 64;   // kBK * 2 bytes = one 128-byte swizzle row
 constexpr int kConsumers = 2;        // warpgroups, 64 tile rows each
 constexpr int kThreads = 128 * (1 + kConsumers);
 
+// RopeKV for one row of a tile whose first head is head0: y[4 i + e] is column 8 i + 2 t + e of
+// the tile (the wgmma accumulator layout, already offset to the row's half). The angles of the
+// thread's dims are the same for every head of the row, so they are computed once per dim.
+template <int BN, int HD>
+__device__ __forceinline__ void store_rope_row(const GemmArgs& p, int row, int head0, int t, const float* y) {
+    const RopeKVArgs& r = p.out.rope;
+    if (row >= p.M) return;
+    const int pos = r.positions[row], slot = r.slots[row];
+    const int heads = r.n_heads + 2 * r.n_kv_heads;
+    const bool rotates = util::rope_rotates(r, head0);  // v heads come last: any rotated head is first
+#pragma unroll
+    for (int g = 0; g < HD / 16; ++g) {  // the 8-column groups of a head's first half
+        const int d = 8 * g + 2 * t;
+        util::RopeAngle a[2] = {{0.f, 0.f}, {0.f, 0.f}};
+        if (rotates) {
+            a[0] = util::rope_angle(r, pos, d);
+            a[1] = util::rope_angle(r, pos, d + 1);
+        }
+#pragma unroll
+        for (int hh = 0; hh < BN / HD; ++hh) {
+            const int head = head0 + hh;
+            if (head >= heads) break;
+            const int lo = 4 * (hh * (HD / 8) + g), hi = lo + 4 * (HD / 16);
+            const float x0[2] = {y[lo], y[lo + 1]}, x1[2] = {y[hi], y[hi + 1]};
+            util::store_rope_kv_dims<2>(r, row, pos, slot, head, d, x0, x1, a);
+        }
+    }
+}
+
 template <int BN, int STAGES>
 struct Layout {
     static constexpr int kABytes = kBM * kBK * 2;
@@ -315,12 +385,18 @@ struct TileMap {
 // W traffic out of L2. A slot is then free only when the consumers of both CTAs are done with it
 // (empty[s] counts 2 x 8 warps, each consumer warp arrives locally and remotely), and neither CTA
 // may exit while its peer can still arrive on its barriers (the final cluster_sync).
-template <int BN, int STAGES, bool SWIGLU, int CLUSTER>
+//
+// ROPE_HD > 0 (RopeKV, head_dim ROPE_HD): a tile holds whole heads (BN % hd == 0), and a thread
+// holds the same two columns 2t, 2t + 1 of every 8-column accumulator group, so dim d of a head
+// and its rotation partner d + hd/2 sit hd/16 groups apart in one thread's registers: RoPE and
+// the q / KV-cache stores happen there, and the fp32 q|k|v never leaves the chip.
+template <int BN, int STAGES, bool SWIGLU, int ROPE_HD, int CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                      GemmArgs p, TileMap tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
+    static_assert(ROPE_HD == 0 || (!SWIGLU && ROPE_HD % 16 == 0 && BN % (ROPE_HD > 0 ? ROPE_HD : 1) == 0), "tiles of whole heads");
     using L = Layout<BN, STAGES>;
     // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512.
     constexpr int kProducerRegs = 40, kConsumerRegs = 232;
@@ -436,13 +512,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = m0 + consumer * 64 + warp * 16 + g + 8 * h;
-                if (SWIGLU) {
+                if constexpr (SWIGLU) {
                     // Gate column c sits in accumulator group c / 8, its up column BN / 16 groups later.
 #pragma unroll
                     for (int i = 0; i < BN / 16; ++i) {
                         const float* gate = acc + 4 * i + 2 * h;
                         const float* up = acc + 4 * (i + BN / 16) + 2 * h;
                         store_swiglu_pair(p, row, col0 + 8 * i + 2 * t, gate[0], up[0], gate[1], up[1]);
+                    }
+                } else if constexpr (ROPE_HD > 0) {
+                    store_rope_row<BN, ROPE_HD>(p, row, col0 / ROPE_HD, t, acc + 2 * h);
+                } else if (p.ep == Epilogue::AddResidual) {
+                    // Eight groups per batch: all BN / 8 at once would spill at BN = 256.
+#pragma unroll
+                    for (int i0 = 0; i0 < BN / 8; i0 += 8) {
+                        float2 y[8];
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) y[j] = make_float2(acc[4 * (i0 + j) + 2 * h], acc[4 * (i0 + j) + 2 * h + 1]);
+                        add_residual_pairs(p, row, col0 + 8 * i0 + 2 * t, y);
                     }
                 } else {
 #pragma unroll
@@ -492,6 +579,25 @@ CUtensorMap make_tensor_map(const bf16* base, int rows, int K, int box_rows) {
     return map;
 }
 
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, GemmArgs, TileMap);
+
+// The instance for p's epilogue. RopeKV has instances for head_dim 64 and 128 where BN holds
+// whole heads (the caller checks rope_fusable first).
+template <int BN, int STAGES, int CLUSTER>
+KernelFn pick_kernel(const GemmArgs& p) {
+    if (p.ep == Epilogue::SwiGLU) return gemm_sm90_kernel<BN, STAGES, true, 0, CLUSTER>;
+    if (p.ep != Epilogue::RopeKV) return gemm_sm90_kernel<BN, STAGES, false, 0, CLUSTER>;
+    if constexpr (BN % 128 == 0) {
+        if (p.out.rope.head_dim == 128) return gemm_sm90_kernel<BN, STAGES, false, 128, CLUSTER>;
+    }
+    if constexpr (BN % 64 == 0) {
+        if (p.out.rope.head_dim == 64) return gemm_sm90_kernel<BN, STAGES, false, 64, CLUSTER>;
+    }
+    BRRR_CHECK(false, "gemm_bf16: no RopeKV instance for head_dim " << p.out.rope.head_dim << " with tiles of "
+                                                                   << BN << " columns");
+    return nullptr;
+}
+
 // One configuration: BN columns of W per tile, STAGES ring slots, CLUSTER CTAs sharing W
 // tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile).
 template <int BN, int STAGES, int CLUSTER = 1>
@@ -503,7 +609,7 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream) {
     const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n;
     const int grid = CLUSTER * (max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas / CLUSTER)) : num_work);
     constexpr size_t smem = Layout<BN, STAGES>::kSmemBytes;
-    auto kernel = swiglu ? gemm_sm90_kernel<BN, STAGES, true, CLUSTER> : gemm_sm90_kernel<BN, STAGES, false, CLUSTER>;
+    const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (CLUSTER == 1) {
         kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, p, tiles);
@@ -543,7 +649,7 @@ bool hopper_device(int* sm_count) {
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         cudaFuncAttributes attr;
-        const bool has_code = cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 1>) == cudaSuccess &&
+        const bool has_code = cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 0, 1>) == cudaSuccess &&
                               attr.binaryVersion == 90;
         cudaGetLastError();  // a missing image is an answer here, not an error to report later
         state = major == 9 && has_code ? 1 : 2;
@@ -559,13 +665,19 @@ bool tma_compatible(const GemmArgs& p) {
     return p.K % 8 == 0 && util::aligned_to(p.x, 16) && util::aligned_to(p.W, 16);
 }
 
-// Tile width: 256 columns unless the tile count then leaves more of the last wave idle than 128
-// does (time ~ waves x tile width; M = 512 x N = 4096 is one wave of 64 wide tiles on 132 SMs
-// but one wave of 128 narrow ones, twice as fast).
+// The fused RopeKV epilogue: head_dim 64 or 128 (tiles of whole heads), and destinations that
+// take 4-byte bf16 pairs. Anything else stages q|k|v in fp32 and runs rope_kv_append.
+bool rope_fusable(const GemmArgs& p) {
+    const RopeKVArgs& r = p.out.rope;
+    return (r.head_dim == 64 || r.head_dim == 128) && util::aligned_to(r.q_out, 4) &&
+           util::aligned_to(r.k_cache, 4) && util::aligned_to(r.v_cache, 4);
+}
+
 // Tile width by a wave model: time ~ waves x tile width (a tile's work grows with its width,
 // and a partly filled last wave costs a full one). The cheapest of 256 / 192 / 128 columns wins,
 // the wider on a tie (fewer re-reads of x). In the lab (benchmarks/lab, H100) this picks the best
-// of variants 05 / 11 / 04 on most Llama-3-8B shapes at M = 512 .. 8192.
+// of variants 05 / 11 / 04 on most Llama-3-8B shapes at M = 512 .. 8192. RopeKV leaves out 192,
+// which does not hold whole heads of 128.
 void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     const long long tiles_m = CEIL_DIV(p.M, sm90::kBM);
     const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;  // a SwiGLU tile yields BN / 2 outputs
@@ -573,7 +685,8 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
         const long long tiles = tiles_m * CEIL_DIV(p.width, bn / out_per_col);
         return CEIL_DIV(tiles, (long long)sm_count) * bn;
     };
-    const long long c256 = cost(256), c192 = cost(192), c128 = cost(128);
+    const long long c256 = cost(256), c128 = cost(128);
+    const long long c192 = p.ep == Epilogue::RopeKV ? c128 + 1 : cost(192);
     if (c256 <= c192 && c256 <= c128) {
         sm90::launch<256, 4>(p, sm_count, 8, stream);
     } else if (c192 <= c128) {
@@ -586,7 +699,8 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
 GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args) {
     GemmArgs p;
     p.out = args;
-    p.width = util::check_matmul("gemm_bf16", x, W, M, N, K, ep, p.out);
+    p.width = util::check_matmul("gemm_bf16", x, W, M, N, K, ep, p.out, /*allow_rope=*/true);
+    if (ep == Epilogue::RopeKV) p.width = N;  // tiles cover all N columns; pairs form inside a tile
     p.x = x;
     p.W = W;
     p.M = M;
@@ -600,6 +714,7 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
         case Epilogue::SwiGLU: p.pair_stores = even_ld && util::aligned_to(p.out.out_bf16, 4); break;
         case Epilogue::StoreF32: p.pair_stores = even_ld && util::aligned_to(p.out.out_f32, 8); break;
         case Epilogue::AddResidual: p.pair_stores = even_ld && util::aligned_to(p.out.residual, 8); break;
+        case Epilogue::RopeKV: p.pair_stores = false; break;  // store_rope_row's own stores
     }
     return p;
 }
@@ -611,7 +726,18 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
     const GemmArgs p = prepare_args(x, W, M, N, K, ep, args);
     if (M == 0) return;
     int sm_count = 0;
-    if (tma_compatible(p) && hopper_device(&sm_count)) {
+    const bool hopper = tma_compatible(p) && hopper_device(&sm_count);
+    if (ep == Epilogue::RopeKV && !(hopper && rope_fusable(p))) {
+        BRRR_CHECK(args.out_f32 != nullptr, "gemm_bf16: RopeKV here (no fused epilogue for head_dim "
+                                                << args.rope.head_dim << " on this device) stages q|k|v in "
+                                                << "args.out_f32 [M, N]; got null");
+        EpilogueArgs staged;
+        staged.out_f32 = args.out_f32;
+        gemm_bf16(x, W, M, N, K, Epilogue::StoreF32, staged, stream);
+        rope_kv_append(args.out_f32, args.rope, M, stream);
+        return;
+    }
+    if (hopper) {
         launch_sm90_auto(p, sm_count, stream);
     } else {
         launch_mma_sync(p, stream);

@@ -452,16 +452,7 @@ void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf
     BRRR_CHECK(xn != nullptr, "rmsnorm_matmul_bf16: M=" << M << " > " << kMaxRows
                                                        << " needs the xn scratch [M, K]; got null");
     rmsnorm_residual(const_cast<float*>(x), nullptr, norm_w, xn, M, K, eps, stream);
-    if (ep != Epilogue::RopeKV) {
-        gemm_bf16(xn, W, M, N, K, ep, args, stream);
-        return;
-    }
-    BRRR_CHECK(args.out_f32 != nullptr,
-               "rmsnorm_matmul_bf16: RopeKV with M=" << M << " stages q|k|v in args.out_f32; got null");
-    EpilogueArgs staged;
-    staged.out_f32 = args.out_f32;
-    gemm_bf16(xn, W, M, N, K, Epilogue::StoreF32, staged, stream);
-    rope_kv_append(args.out_f32, args.rope, M, stream);
+    gemm_bf16(xn, W, M, N, K, ep, args, stream);
 }
 
 }  // namespace cuda

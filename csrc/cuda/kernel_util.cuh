@@ -68,41 +68,71 @@ __device__ __forceinline__ void store_swiglu(const EpilogueArgs& a, size_t idx, 
     a.out_bf16[idx] = __float2bfloat16_rn(silu(gate) * up);
 }
 
-// The rotation pair (dim i, dim i + hd/2) of head `head` of row m's q|k|v, x0 and x1 in fp32:
-// q and k heads are rotated by positions[m] * inv_freq[i]; q goes to q_out, k and v (v unrotated)
-// into the caches. cos/sin are taken in double of the fp32 angle: positions reach 1e5 radians,
-// where the fast-math sin/cos the build enables would be off by whole percents. A position the
-// cache cannot hold writes no cache entry and leaves q as NaN, so the mistake cannot pass unseen.
-__device__ __forceinline__ void store_rope_kv(const RopeKVArgs& r, int m, int head, int i, float x0,
-                                              float x1) {
-    const int half = r.head_dim / 2;
-    const int pos = r.positions[m], slot = r.slots[m];
-    const bool pos_ok = pos >= 0 && pos < r.max_seq && slot >= 0;
-    const auto cache_row = [&](bf16* cache, int kv_head) {
-        return cache + (((size_t)slot * r.max_seq + pos) * r.n_kv_heads + kv_head) * r.head_dim;
-    };
-    if (head >= r.n_heads + r.n_kv_heads) {
-        if (!pos_ok) return;
-        bf16* dst = cache_row(r.v_cache, head - r.n_heads - r.n_kv_heads);
-        dst[i] = __float2bfloat16_rn(x0);
-        dst[i + half] = __float2bfloat16_rn(x1);
-        return;
-    }
+// RoPE (rotate-half): dim i of a q or k head pairs with dim i + hd/2, both turned by the angle
+// positions[m] * inv_freq[i]; q goes to q_out, k and v (v unrotated) into the caches.
+// cos/sin are taken in double of the fp32 angle: positions reach 1e5 radians, where the
+// fast-math sin/cos the build enables would be off by whole percents.
+struct RopeAngle {
+    float cos, sin;
+};
+__device__ __forceinline__ RopeAngle rope_angle(const RopeKVArgs& r, int pos, int i) {
     const float angle = (float)pos * r.inv_freq[i];
     double s, c;
     sincos((double)angle, &s, &c);
-    const float sin_a = (float)s, cos_a = (float)c;
-    const float r0 = x0 * cos_a - x1 * sin_a;
-    const float r1 = x1 * cos_a + x0 * sin_a;
-    if (head < r.n_heads) {
-        bf16* dst = r.q_out + ((size_t)m * r.n_heads + head) * r.head_dim;
-        dst[i] = __float2bfloat16_rn(pos_ok ? r0 : NAN);
-        dst[i + half] = __float2bfloat16_rn(pos_ok ? r1 : NAN);
-    } else if (pos_ok) {
-        bf16* dst = cache_row(r.k_cache, head - r.n_heads);
-        dst[i] = __float2bfloat16_rn(r0);
-        dst[i + half] = __float2bfloat16_rn(r1);
+    return {(float)c, (float)s};
+}
+__device__ __forceinline__ bool rope_rotates(const RopeKVArgs& r, int head) {
+    return head < r.n_heads + r.n_kv_heads;  // q and k heads; v heads follow them
+}
+
+// Dims i .. i + NP - 1 and their partners i + hd/2 .. of head `head` of row m (token `pos` of
+// cache slot `slot`): x0[j] is dim i + j, x1[j] its partner, a[j] its angle (unused for v heads).
+// NP = 2 writes bf16 pairs (i even). A position the cache cannot hold writes no cache entry and
+// leaves q as NaN, so the mistake cannot pass unseen.
+template <int NP>
+__device__ __forceinline__ void store_rope_kv_dims(const RopeKVArgs& r, int m, int pos, int slot, int head, int i,
+                                                   const float* x0, const float* x1, const RopeAngle* a) {
+    const bool pos_ok = pos >= 0 && pos < r.max_seq && slot >= 0;
+    const bool is_q = head < r.n_heads;
+    if (!pos_ok && !is_q) return;
+    float y0[NP], y1[NP];
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+        if (!rope_rotates(r, head)) {
+            y0[j] = x0[j];
+            y1[j] = x1[j];
+        } else if (pos_ok) {
+            y0[j] = x0[j] * a[j].cos - x1[j] * a[j].sin;
+            y1[j] = x1[j] * a[j].cos + x0[j] * a[j].sin;
+        } else {
+            y0[j] = y1[j] = NAN;
+        }
     }
+    bf16* dst;
+    if (is_q) {
+        dst = r.q_out + ((size_t)m * r.n_heads + head) * r.head_dim;
+    } else {
+        const bool is_k = rope_rotates(r, head);
+        bf16* cache = is_k ? r.k_cache : r.v_cache;
+        const int kv_head = head - r.n_heads - (is_k ? 0 : r.n_kv_heads);
+        dst = cache + (((size_t)slot * r.max_seq + pos) * r.n_kv_heads + kv_head) * r.head_dim;
+    }
+    const int half = r.head_dim / 2;
+    if (NP == 2) {
+        *reinterpret_cast<uint32_t*>(dst + i) = pack_bf16x2(y0[0], y0[NP - 1]);
+        *reinterpret_cast<uint32_t*>(dst + i + half) = pack_bf16x2(y1[0], y1[NP - 1]);
+    } else {
+        dst[i] = __float2bfloat16_rn(y0[0]);
+        dst[i + half] = __float2bfloat16_rn(y1[0]);
+    }
+}
+
+// The rotation pair (dim i, dim i + hd/2) of head `head` of row m's q|k|v, x0 and x1 in fp32.
+__device__ __forceinline__ void store_rope_kv(const RopeKVArgs& r, int m, int head, int i, float x0,
+                                              float x1) {
+    const int pos = r.positions[m], slot = r.slots[m];
+    const RopeAngle a = rope_rotates(r, head) ? rope_angle(r, pos, i) : RopeAngle{0.f, 0.f};
+    store_rope_kv_dims<1>(r, m, pos, slot, head, i, &x0, &x1, &a);
 }
 
 // Checks the destinations of a RopeKV epilogue (or rope_kv_append) for M rows.

@@ -59,10 +59,11 @@ void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, i
 
 // ---- gemv.cu: decode, M <= 16 rows, memory-bound: every weight byte streamed once ------------
 void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
-// y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: M <= 16 normalizes inside the GEMV, larger M runs rmsnorm_residual into xn [M, K] then gemm_bf16 (RopeKV: via args.out_f32 and rope_kv_append).
+// y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: M <= 16 normalizes inside the GEMV, larger M runs rmsnorm_residual into xn [M, K] then gemm_bf16.
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream);
 
-// ---- gemm.cu: prefill, tensor cores (mma.sync bf16 -> fp32), any M, N, K ----------------------
+// ---- gemm.cu: prefill, tensor cores (wgmma on sm_90a, else mma.sync; bf16 -> fp32), any M, N, K
+// RopeKV is fused on Hopper for head_dim 64 / 128; elsewhere it stages q|k|v in args.out_f32 [M, N] and runs rope_kv_append.
 void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 // The engine's choice between the two by shape (the switch point is measured, see gemm.cu).
 void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
@@ -72,7 +73,7 @@ void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
 // `slots[m]`. Writes q_out [M, Hq, hd] bf16 and k/v into k_cache/v_cache of this layer,
 // laid out [max_batch][max_seq][Hkv][hd]. inv_freq [hd/2] on the device.
 void rope_kv_append(const float* qkv, const int* positions, const int* slots, const float* inv_freq, bf16* q_out, bf16* k_cache, bf16* v_cache, int M, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
-// The same with the destinations of an EpilogueArgs (what rmsnorm_matmul_bf16's GEMM path runs).
+// The same with the destinations of an EpilogueArgs (what gemm_bf16 runs where RopeKV is not fused).
 void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------------
