@@ -127,7 +127,8 @@ def random_bf16(shape, scale=1.0):
 
 def projections(config):
     c = config
-    return [("wqkv", c.q_dim + 2 * c.kv_dim, c.dim, STORE_F32), ("wo", c.dim, c.q_dim, ADD_RESIDUAL),
+    # wqkv stores bf16: the engine's RoPE epilogue writes q, k and v as bf16 (the rotation is not timed)
+    return [("wqkv", c.q_dim + 2 * c.kv_dim, c.dim, STORE_BF16), ("wo", c.dim, c.q_dim, ADD_RESIDUAL),
             ("w13", 2 * c.hidden_dim, c.dim, SWIGLU), ("w2", c.dim, c.hidden_dim, ADD_RESIDUAL),
             ("lm_head", c.vocab_size, c.dim, STORE_F32)]
 
@@ -145,6 +146,11 @@ class Matmul:
                                dtype=torch.float32 if epilogue in (STORE_F32, ADD_RESIDUAL) else torch.bfloat16)
         self.out.zero_()
         self.torch_out = torch.empty((M, N), device="cuda", dtype=torch.bfloat16)
+        # the engine's split-K scratch, which the GEMM uses where few tiles would leave SMs idle
+        floats, counters = ops.gemm_split_scratch_sizes(torch.cuda.get_device_properties(0).multi_processor_count)
+        self.partials = torch.zeros(floats, device="cuda")
+        self.counters = torch.zeros(counters, device="cuda", dtype=torch.int32)
+        self.split = (self.partials.data_ptr(), floats, self.counters.data_ptr(), counters)
 
     def bytes_moved(self) -> int:
         out = self.M * self.width * self.out.element_size() * (2 if self.epilogue == ADD_RESIDUAL else 1)
@@ -154,6 +160,8 @@ class Matmul:
         fn = getattr(self.ops, fn_name)
         kw = {"out_f32" if self.epilogue == STORE_F32 else
               "residual" if self.epilogue == ADD_RESIDUAL else "out": self.out.data_ptr()}
+        if fn_name != "gemv_bf16":
+            kw["split"] = self.split
 
         def run(i):
             w = self.weights[i % len(self.weights)]

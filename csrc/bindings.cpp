@@ -992,10 +992,23 @@ PYBIND11_MODULE(_C, m) {
     // 2 AddResidual (residual += y), 3 SwiGLU (out [M, N/2] = silu(gate) * up). Pointers the
     // epilogue does not use may be 0; ld_out 0 means packed rows.
     struct CudaMatmul {
+        // split: None, or (partials, floats, counters, n_counters), device pointers and their lengths.
+        static brrr::cuda::SplitKScratch split_scratch(const py::object& split) {
+            brrr::cuda::SplitKScratch sc;
+            if (split.is_none()) return sc;
+            const auto t = split.cast<std::tuple<uintptr_t, int64_t, uintptr_t, int64_t>>();
+            CudaOp::check_sizes({{"split floats", std::get<1>(t)}, {"split counters", std::get<3>(t)}});
+            sc.partials = static_cast<float*>(CudaOp::ptr(std::get<0>(t), "split partials"));
+            sc.floats = (size_t)std::get<1>(t);
+            sc.counters = static_cast<unsigned*>(CudaOp::ptr(std::get<2>(t), "split counters"));
+            sc.n_counters = (int)std::get<3>(t);
+            return sc;
+        }
         static void run(const char* op, void (*launcher)(const brrr::cuda::bf16*, const brrr::cuda::bf16*, int, int, int,
                                                          brrr::cuda::Epilogue, const brrr::cuda::EpilogueArgs&, cudaStream_t),
                         uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
-                        uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out) {
+                        uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
+                        const py::object& split = py::none()) {
             CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}});
             if (N < 1 || K < 1) bad_argument(std::string(op) + ": N and K must be >= 1");
             if (epilogue < 0 || epilogue > 3)
@@ -1016,6 +1029,7 @@ PYBIND11_MODULE(_C, m) {
                 case brrr::cuda::Epilogue::RopeKV: break;  // refused above: it needs rmsnorm_matmul_bf16's arguments
             }
             args.ld_out = (int)ld_out;
+            args.split = split_scratch(split);
             const int width = ep == brrr::cuda::Epilogue::SwiGLU ? (int)N / 2 : (int)N;
             if (ld_out != 0 && ld_out < width)
                 bad_argument(std::string(op) + ": ld_out=" + std::to_string(ld_out) + " is shorter than an output row (" +
@@ -1035,24 +1049,37 @@ PYBIND11_MODULE(_C, m) {
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
        "decode GEMV (M <= 16): y = x @ W.T with the epilogue fused (see the comment above)");
     cuda_ops.def("gemm_bf16", [](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
-                                 uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out) {
-        CudaMatmul::run("cuda_ops.gemm_bf16", brrr::cuda::gemm_bf16, x, W, M, N, K, epilogue, out, out_f32, residual, ld_out);
+                                 uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
+                                 const py::object& split) {
+        CudaMatmul::run("cuda_ops.gemm_bf16", brrr::cuda::gemm_bf16, x, W, M, N, K, epilogue, out, out_f32, residual,
+                        ld_out, split);
     }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
-       "tensor-core GEMM, any M: y = x @ W.T with the epilogue fused");
+       py::arg("split") = py::none(),
+       "tensor-core GEMM, any M: y = x @ W.T with the epilogue fused; split = (partials, floats, counters, "
+       "n_counters) lends it split-K scratch (sizes: gemm_split_scratch_sizes; counters zeroed)");
     cuda_ops.def("matmul_bf16", [](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
-                                   uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out) {
-        CudaMatmul::run("cuda_ops.matmul_bf16", brrr::cuda::matmul_bf16, x, W, M, N, K, epilogue, out, out_f32, residual, ld_out);
+                                   uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
+                                   const py::object& split) {
+        CudaMatmul::run("cuda_ops.matmul_bf16", brrr::cuda::matmul_bf16, x, W, M, N, K, epilogue, out, out_f32, residual,
+                        ld_out, split);
     }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
-       "the engine's matmul: GEMV for small M, tensor-core GEMM above");
+       py::arg("split") = py::none(),
+       "the engine's matmul: GEMV for small M, tensor-core GEMM above (split as for gemm_bf16)");
+    cuda_ops.def("gemm_split_scratch_sizes", [](int64_t sm_count) {
+        if (sm_count < 1 || sm_count > 4096) bad_argument("gemm_split_scratch_sizes: sm_count must be in [1, 4096]");
+        return py::make_tuple((int64_t)brrr::cuda::gemm_split_scratch_floats((int)sm_count),
+                              (int64_t)brrr::cuda::gemm_split_scratch_counters((int)sm_count));
+    }, py::arg("sm_count"), "(floats, counters) of the split-K scratch the engine gives its GEMMs");
 
     cuda_ops.def("rmsnorm_matmul_bf16", [](uintptr_t x, uintptr_t norm_w, float eps, uintptr_t W, int64_t M,
                                            int64_t N, int64_t K, int64_t epilogue, uintptr_t out,
                                            uintptr_t out_f32, uintptr_t residual, int64_t ld_out, uintptr_t xn,
                                            uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
                                            uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
-                                           int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+                                           int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                                           const py::object& split) {
         CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
                              {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
         if (epilogue < 0 || epilogue > 4)
@@ -1073,6 +1100,7 @@ PYBIND11_MODULE(_C, m) {
         args.rope.n_kv_heads = (int)n_kv_heads;
         args.rope.head_dim = (int)head_dim;
         args.rope.max_seq = (int)max_seq;
+        args.split = CudaMatmul::split_scratch(split);
         const auto* xp = static_cast<const float*>(CudaOp::ptr(x, "x"));
         const auto* np = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(norm_w, "norm_w"));
         const auto* wp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(W, "W"));
@@ -1086,6 +1114,7 @@ PYBIND11_MODULE(_C, m) {
        py::arg("ld_out") = 0, py::arg("xn") = 0, py::arg("positions") = 0, py::arg("slots") = 0,
        py::arg("inv_freq") = 0, py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0,
        py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0,
+       py::arg("split") = py::none(),
        "y = bf16(rmsnorm(x) * norm_w) @ W.T with the epilogue (4 RopeKV: q -> q_out, k/v -> caches "
        "at (slots[m], positions[m])); x f32 [M, K]; M > 16 uses xn bf16 [M, K] (and out_f32 [M, N] "
        "for RopeKV) as scratch");

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_cuda_kernels import (ADD_RESIDUAL, EPILOGUES, STORE_BF16, STORE_F32, SWIGLU,  # noqa: E402
+from test_cuda_kernels import (ADD_RESIDUAL, EPILOGUES, STORE_BF16, STORE_F32, SWIGLU, SplitScratch,  # noqa: E402
                                assert_design_tolerance, gen, nan_full, ops, randn)
 from test_cuda_ops_misc import C, rope_oracle  # noqa: E402
 
@@ -98,8 +98,9 @@ def rope_case(C, rng, gen, M, n_heads, n_kv_heads, head_dim, max_seq, max_batch,
                 max_seq=max_seq, max_batch=max_batch, M=M)
 
 
-def run_rope(ops, case, rows=None):
-    """Runs RopeKV for the given rows of the case (all by default); returns (q_out, k, v)."""
+def run_rope(ops, case, rows=None, split=None):
+    """Runs RopeKV for the given rows of the case (all by default), with split-K scratch `split`
+    (a SplitScratch) if given; returns (q_out, k, v)."""
     rows = list(range(case["M"])) if rows is None else rows
     M = len(rows)
     c = case
@@ -115,7 +116,7 @@ def run_rope(ops, case, rows=None):
                             out_f32=ptr(staging), xn=ptr(xn), positions=ptr(d_pos), slots=ptr(d_slots),
                             inv_freq=ptr(c["inv_freq"]), q_out=ptr(q_out), k_cache=ptr(k_cache),
                             v_cache=ptr(v_cache), n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"],
-                            head_dim=c["head_dim"], max_seq=c["max_seq"])
+                            head_dim=c["head_dim"], max_seq=c["max_seq"], split=split.arg if split else None)
     torch.cuda.synchronize()
     return q_out, k_cache, v_cache
 
@@ -140,7 +141,8 @@ def test_rmsnorm_matmul_rope_kv_wide_tiles(C, ops, rng, gen, n_heads, n_kv_heads
 
 def check_rope_kv(C, ops, rng, gen, M, n_heads, n_kv_heads, head_dim, K):
     case = rope_case(C, rng, gen, M, n_heads, n_kv_heads, head_dim, max_seq=max(40, M + 5), max_batch=3, K=K)
-    q_out, k_cache, v_cache = run_rope(ops, case)
+    # with the engine's split-K scratch: on Hopper the smaller cases split K, then rotate
+    q_out, k_cache, v_cache = run_rope(ops, case, split=SplitScratch(ops))
     xn_ref, xn_bf = normalized(case["x"], case["w"])
     qkv_ref = xn_ref @ case["W"].double().T
     qkv_bf = (xn_bf @ case["W"].T).float()

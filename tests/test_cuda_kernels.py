@@ -74,9 +74,10 @@ def misaligned_copy(t):
 
 # ---- matmuls --------------------------------------------------------------------------------
 
-def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0):
-    """Runs cuda_ops.<fn> on x [M, K], W [N, K]; returns (result, reference, torch bf16 result,
-    output tensor including its padding columns, padding as it was before the call)."""
+def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0, split=None):
+    """Runs cuda_ops.<fn> on x [M, K], W [N, K] (with split-K scratch `split`, a SplitScratch);
+    returns (result, reference, torch bf16 result, output tensor including its padding columns,
+    padding as it was before the call)."""
     M, K = x.shape
     N = W.shape[0]
     width = N // 2 if epilogue == SWIGLU else N
@@ -96,7 +97,7 @@ def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0):
                      out=out.data_ptr() if out is not None else 0,
                      out_f32=out_f32.data_ptr() if out_f32 is not None else 0,
                      residual=residual.data_ptr() if residual is not None else 0,
-                     ld_out=ld if ld_extra else 0)
+                     ld_out=ld if ld_extra else 0, split=split.arg if split else None)
     torch.cuda.synchronize()
     if epilogue == SWIGLU:
         ref = torch.nn.functional.silu(ref_y[:, :width]) * ref_y[:, width:]
@@ -109,14 +110,25 @@ def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0):
     return target[:, :width], ref, bf, target, before
 
 
-def check_matmul(ops, fn, M, N, K, epilogue, gen, ld_extra=0, misaligned=False):
+class SplitScratch:
+    """The split-K scratch the engine gives its GEMMs: partials NaN-poisoned (a merge that read a
+    slot no split wrote would show), counters zero."""
+
+    def __init__(self, ops):
+        floats, counters = ops.gemm_split_scratch_sizes(torch.cuda.get_device_properties(0).multi_processor_count)
+        self.partials = nan_full((floats,), torch.float32)
+        self.counters = torch.zeros(counters, dtype=torch.int32, device="cuda")
+        self.arg = (self.partials.data_ptr(), floats, self.counters.data_ptr(), counters)
+
+
+def check_matmul(ops, fn, M, N, K, epilogue, gen, ld_extra=0, misaligned=False, split=None):
     if epilogue == SWIGLU and N % 2:
         N *= 2
     x = randn((M, K), gen)
     W = randn((N, K), gen, scale=1.0 / math.sqrt(K))
     if misaligned:
         x, W = misaligned_copy(x), misaligned_copy(W)
-    got, ref, bf, target, before = run_matmul(ops, fn, x, W, epilogue, gen, ld_extra)
+    got, ref, bf, target, before = run_matmul(ops, fn, x, W, epilogue, gen, ld_extra, split)
     name = f"{fn} M={M} N={N} K={K} epilogue={epilogue}"
     assert_design_tolerance(name, got, ref, bf)
     if epilogue in (STORE_F32, ADD_RESIDUAL):
@@ -195,6 +207,35 @@ def test_gemm_llama_shapes(ops, gen, M, N, K):
     """Llama-3-8B projections: Hopper picks 128- or 256-wide tiles by the wave count."""
     check_matmul(ops, "gemm_bf16", M, N, K, ADD_RESIDUAL, gen)
     check_matmul(ops, "gemm_bf16", M, N, K, SWIGLU, gen)
+
+
+# Few tiles, long enough K: on Hopper these split K (1B wo at M = 17, w2 at M = 64; K = 1000 ends
+# mid-k-tile and splits 4 ways; N = 192 with K = 576 splits 2 ways, the last split shorter).
+SPLIT_SHAPES = [(17, 2048, 2048), (64, 2048, 8192), (100, 264, 1000), (128, 192, 576)]
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
+@pytest.mark.parametrize("M,N,K", SPLIT_SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SPLIT_SHAPES])
+def test_gemm_split_k_matches_torch(ops, gen, M, N, K, epilogue):
+    split = SplitScratch(ops)
+    check_matmul(ops, "gemm_bf16", M, N, K, epilogue, gen, split=split)
+    check_matmul(ops, "gemm_bf16", M, N, K, epilogue, gen, ld_extra=3, split=split)
+    assert int(split.counters.abs().sum()) == 0, "split-K left a tile counter non-zero"
+
+
+def test_gemm_split_k_is_deterministic(ops, gen):
+    """The partial sums are added in split order, whichever split ends last: same bits each run."""
+    split = SplitScratch(ops)
+    x, W = randn((40, 4096), gen), randn((1024, 4096), gen, scale=1 / 64)
+    outs = []
+    for _ in range(3):
+        out = nan_full((40, 1024), torch.float32)
+        ops.gemm_bf16(x.data_ptr(), W.data_ptr(), 40, 1024, 4096, STORE_F32, out_f32=out.data_ptr(), split=split.arg)
+        torch.cuda.synchronize()
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    ref = x.double() @ W.double().T
+    assert rel_err(outs[0], ref) <= 1e-4
 
 
 def test_gemm_accepts_small_m(ops, gen):

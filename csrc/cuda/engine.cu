@@ -21,6 +21,7 @@
 #include "cpu/sampling.h"
 #include "cuda/engine.cuh"
 #include "cuda/engine_cuda.h"
+#include "cuda/launch.cuh"
 
 namespace brrr {
 namespace cuda {
@@ -173,6 +174,11 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     attn_scratch_ = a.take<float>(
         flash_decode_scratch_floats(c.max_batch, c.n_heads, c.head_dim, max_splits_));
     sample_scratch_ = a.take<char>(sample_scratch_bytes(c.max_batch, c.vocab_size));
+    const int sms = device_facts().sm_count;
+    split_k_.floats = gemm_split_scratch_floats(sms);
+    split_k_.partials = a.take<float>(split_k_.floats);
+    split_k_.n_counters = gemm_split_scratch_counters(sms);
+    split_k_.counters = a.take<unsigned>(split_k_.n_counters);
     d_in_ = a.take<int>(3 * R);
     d_tokens_ = d_in_;
     d_slots_ = d_in_ ? d_in_ + R : nullptr;

@@ -157,6 +157,7 @@ private:
     bf16* hb_ = nullptr;
     float* logits_ = nullptr;
     float* attn_scratch_ = nullptr;
+    SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;
     int* d_in_ = nullptr;  // [3][rows_]: tokens | slots | positions
     int* d_tokens_ = nullptr;

@@ -24,27 +24,32 @@ namespace {
 
 using profile::OpClass;
 
-EpilogueArgs store_f32(float* out) {
+// Each matmul's destinations, with the engine's split-K scratch (used by the GEMM only).
+EpilogueArgs store_f32(float* out, const SplitKScratch& split) {
     EpilogueArgs a;
     a.out_f32 = out;
+    a.split = split;
     return a;
 }
-EpilogueArgs store_bf16(bf16* out) {
+EpilogueArgs store_bf16(bf16* out, const SplitKScratch& split) {
     EpilogueArgs a;
     a.out_bf16 = out;
+    a.split = split;
     return a;
 }
-EpilogueArgs add_to(float* residual) {
+EpilogueArgs add_to(float* residual, const SplitKScratch& split) {
     EpilogueArgs a;
     a.residual = residual;
+    a.split = split;
     return a;
 }
 
 // The RopeKV destinations of layer l's q, k and v for the rows staged in d_positions_/d_slots_.
 EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, const float* inv_freq,
-                       bf16* q, bf16* k_cache, bf16* v_cache, float* staging) {
+                       bf16* q, bf16* k_cache, bf16* v_cache, float* staging, const SplitKScratch& split) {
     EpilogueArgs a;
     a.out_f32 = staging;
+    a.split = split;
     a.rope.positions = positions;
     a.rope.slots = slots;
     a.rope.inv_freq = inv_freq;
@@ -78,24 +83,24 @@ void CudaEngine::forward_decode(int B) {
         // attention block
         prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(B, c.qkv_dim(), D, 2, 4, 2));
         rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, B, c.qkv_dim(), D, Epilogue::RopeKV,
-                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_), xn_, s);
+                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_), xn_, s);
         prof_.op("flash_decode", OpClass::Attention,
                  profile::attention_decode_cost(B, decode_context(B), Hq, Hkv, hd, 2));
         flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, B, Hq, Hkv, hd, S,
                      max_splits_, s);
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(B, D, c.q_dim(), 2, 2, 8));
-        matmul_bf16(att_, w.wo, B, D, c.q_dim(), Epilogue::AddResidual, add_to(x_), s);
+        matmul_bf16(att_, w.wo, B, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
         // MLP block
         prof_.op("w13", OpClass::Matmul, profile::matmul_cost(B, 2 * H, D, 2, 4, 1));
-        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, B, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_),
+        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, B, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_, split_k_),
                             xn_, s);
         prof_.op("w2", OpClass::Matmul, profile::matmul_cost(B, D, H, 2, 2, 8));
-        matmul_bf16(hb_, w.w2, B, D, H, Epilogue::AddResidual, add_to(x_), s);
+        matmul_bf16(hb_, w.w2, B, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
     }
     // final norm + LM head over all B rows
     prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(B, c.vocab_size, D, 2, 4, 4));
     rmsnorm_matmul_bf16(x_, norm_, eps, output_, B, c.vocab_size, D, Epilogue::StoreF32,
-                        store_f32(logits_), xn_, s);
+                        store_f32(logits_, split_k_), xn_, s);
     prof_.end();
 }
 
@@ -117,18 +122,18 @@ void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
         // attention block: causal over the cache [0, start_pos + t] for row t
         prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(T, c.qkv_dim(), D, 2, 4, 2));
         rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, T, c.qkv_dim(), D, Epilogue::RopeKV,
-                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_), xn_, s);
+                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_), xn_, s);
         prof_.op("attention_prefill", OpClass::Attention,
                  profile::attention_prefill_cost(T, start_pos, Hq, Hkv, hd, 2));
         attention_prefill(q_, kc, vc, slot, start_pos, T, att_, Hq, Hkv, hd, S, s);
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(T, D, c.q_dim(), 2, 2, 8));
-        matmul_bf16(att_, w.wo, T, D, c.q_dim(), Epilogue::AddResidual, add_to(x_), s);
+        matmul_bf16(att_, w.wo, T, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
         // MLP block
         prof_.op("w13", OpClass::Matmul, profile::matmul_cost(T, 2 * H, D, 2, 4, 1));
-        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, T, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_),
+        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, T, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_, split_k_),
                             xn_, s);
         prof_.op("w2", OpClass::Matmul, profile::matmul_cost(T, D, H, 2, 2, 8));
-        matmul_bf16(hb_, w.w2, T, D, H, Epilogue::AddResidual, add_to(x_), s);
+        matmul_bf16(hb_, w.w2, T, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
     }
     prof_.end();
 }
@@ -137,7 +142,7 @@ void CudaEngine::forward_lm_head(int row, int rows) {
     const Config& c = cfg_;
     prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(rows, c.vocab_size, c.dim, 2, 4, 4));
     rmsnorm_matmul_bf16(x_ + (size_t)row * c.dim, norm_, c.norm_eps, output_, rows, c.vocab_size,
-                        c.dim, Epilogue::StoreF32, store_f32(logits_), xn_, stream_);
+                        c.dim, Epilogue::StoreF32, store_f32(logits_, split_k_), xn_, stream_);
     prof_.end();
 }
 

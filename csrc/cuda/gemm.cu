@@ -13,6 +13,10 @@
 // soon as its MMAs retire. setmaxnreg moves registers from the producer (40) to the consumers
 // (232). The grid is persistent: one CTA per SM walks the tiles in L2-friendly groups of 8 tile
 // rows, and the producer fills the ring for the next tile while the consumers run the epilogue.
+// Where even 128-column tiles would leave most SMs idle (M up to ~128 on the Llama projections),
+// a work item is one K range of a tile (split-K): each split parks its partial sums in scratch
+// the caller lends (EpilogueArgs::split) and the last split of a tile to finish adds them up in
+// split order and runs the epilogue, so the result is the same whichever split ends last.
 // TMA zero-fills boxes past M, N and K, so tails cost nothing but predicated stores. Needs
 // K % 8 == 0 and 16-byte aligned x and W (TMA's stride and address rules).
 //
@@ -369,9 +373,50 @@ struct Layout {
 
 // Tile order: consecutive tiles walk down `group_m` tile rows before moving one tile column
 // right, so the CTAs resident at one time share a band of x rows and a band of W rows in L2.
+// With splits > 1 a work item is one K range (k_per_split k tiles) of a tile.
 struct TileMap {
     int tiles_m, tiles_n, group_m;
+    int splits, k_per_split;
 };
+
+// Split-K: the work item of split `split` of tile `tile` has its partial sums in registers. Each
+// split stores them to its own slot of the scratch; the last split of the tile to arrive (a
+// counter per tile) adds all slots in split order into acc and returns true: it runs the
+// epilogue. The order is fixed, so the result does not depend on which split ends last. A slot
+// holds the 256 consumer threads' accumulators, float4-interleaved (thread-fastest), so every
+// access is coalesced and each thread reads back only what its twin wrote.
+template <int BN>
+__device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile, int split, int splits,
+                                                     float (&acc)[BN / 2]) {
+    __shared__ int is_last;
+    const int ct = threadIdx.x - 128;  // consumer thread, 0..255
+    constexpr int kSlotFloats = kBM * BN;
+    float* slots = p.out.split.partials + (size_t)tile * splits * kSlotFloats;
+    float4* mine = reinterpret_cast<float4*>(slots + (size_t)split * kSlotFloats);
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) mine[i * 256 + ct] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+    __threadfence();  // the partials are visible device-wide before the counter says so
+    hopper::named_barrier_sync(1, 256);
+    if (ct == 0) is_last = atomicAdd(p.out.split.counters + tile, 1u) == (unsigned)(splits - 1);
+    hopper::named_barrier_sync(1, 256);
+    if (!is_last) return false;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        const float4* slot = reinterpret_cast<const float4*>(slots + (size_t)s * kSlotFloats);
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+            const float4 v = __ldcg(slot + i * 256 + ct);  // L2: other SMs wrote it
+            acc[4 * i] += v.x;
+            acc[4 * i + 1] += v.y;
+            acc[4 * i + 2] += v.z;
+            acc[4 * i + 3] += v.w;
+        }
+    }
+    if (ct == 0) p.out.split.counters[tile] = 0;  // every split has arrived: ready for the next call
+    return true;
+}
 
 // One CTA: warpgroup 0 is the producer (one thread issues the TMA copies of each k tile into a
 // ring of STAGES slots), warpgroups 1 and 2 consume (each 64 rows x BN columns of wgmma). Slot s
@@ -418,11 +463,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     else hopper::cluster_sync();  // the peer's barriers exist before anything reaches them
 
     const int k_tiles = CEIL_DIV(p.K, kBK);
-    // A work item is CLUSTER vertically adjacent tiles; CTA `rank` of a cluster takes the rank-th.
+    // A work item is CLUSTER vertically adjacent tiles (CTA `rank` of a cluster takes the
+    // rank-th), or with split-K one K range of a tile (the split fastest).
     const int units_m = CEIL_DIV(tiles.tiles_m, CLUSTER);
-    const int num_work = units_m * tiles.tiles_n;
+    const int num_work = units_m * tiles.tiles_n * tiles.splits;
     const int first_work = blockIdx.x / CLUSTER, work_stride = gridDim.x / CLUSTER;
+    auto k_range = [&](int work, int& k_begin, int& k_end) {
+        k_begin = (work % tiles.splits) * tiles.k_per_split;
+        k_end = min(k_tiles, k_begin + tiles.k_per_split);
+    };
     auto tile_coords = [&](int work, int& tm, int& tn) {
+        work /= tiles.splits;
         const int per_group = tiles.group_m * tiles.tiles_n;
         const int first_m = (work / per_group) * tiles.group_m;
         const int rows = min(tiles.group_m, units_m - first_m);
@@ -439,13 +490,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             int stage = 0;
             uint32_t phase = 0;
             for (int work = first_work; work < num_work; work += work_stride) {
-                int tm, tn;
+                int tm, tn, k_begin, k_end;
                 tile_coords(work, tm, tn);
+                k_range(work, k_begin, k_end);
                 const int m0 = tm * kBM, col0 = tn * kTileCols;
                 // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
                 const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = k_begin; kt < k_end; ++kt) {
                     hopper::mbarrier_wait(empty + stage, phase ^ 1);
                     unsigned char* a = smem + stage * L::kStageBytes;
                     unsigned char* b = a + L::kABytes;
@@ -478,11 +530,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t phase = 0;
         float acc[BN / 2];
         for (int work = first_work; work < num_work; work += work_stride) {
-            int tm, tn;
+            int tm, tn, k_begin, k_end;
             tile_coords(work, tm, tn);
+            k_range(work, k_begin, k_end);
             const int m0 = tm * kBM, col0 = tn * kTileCols;
             int prev_stage = 0;
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            for (int kt = k_begin; kt < k_end; ++kt) {
                 hopper::mbarrier_wait(full + stage, phase);
                 const unsigned char* a = smem + stage * L::kStageBytes + consumer * 64 * (kBK * 2);
                 const unsigned char* b = smem + stage * L::kStageBytes + L::kABytes;
@@ -491,13 +544,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                 for (int kk = 0; kk < kBK / 16; ++kk) {
                     hopper::wgmma_bf16<BN>(acc, hopper::sw128_descriptor(a + 32 * kk),
-                                           hopper::sw128_descriptor(b + 32 * kk), kt > 0 || kk > 0);
+                                           hopper::sw128_descriptor(b + 32 * kk), kt > k_begin || kk > 0);
                 }
                 hopper::wgmma_commit();
                 hopper::fence_accumulators(acc);
                 // The previous k tile's MMAs have finished reading: hand its slot back.
                 hopper::wgmma_wait<1>();
-                if (kt > 0) release(prev_stage);
+                if (kt > k_begin) release(prev_stage);
                 prev_stage = stage;
                 if (++stage == STAGES) {
                     stage = 0;
@@ -507,6 +560,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             hopper::wgmma_wait<0>();
             hopper::fence_accumulators(acc);
             release(prev_stage);
+            if (tiles.splits > 1 &&
+                !merge_split_partials<BN>(p, tm * tiles.tiles_n + tn, work % tiles.splits, tiles.splits, acc))
+                continue;  // another split of this tile finishes it
 
             const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -599,14 +655,22 @@ KernelFn pick_kernel(const GemmArgs& p) {
 }
 
 // One configuration: BN columns of W per tile, STAGES ring slots, CLUSTER CTAs sharing W
-// tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile).
+// tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile); K split `splits` ways
+// (p.out.split must then hold splits slots per tile and a counter per tile).
 template <int BN, int STAGES, int CLUSTER = 1>
-void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream) {
+void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, int splits = 1) {
     const bool swiglu = p.ep == Epilogue::SwiGLU;
     const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
     const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
-    const TileMap tiles{CEIL_DIV(p.M, kBM), CEIL_DIV(p.width, swiglu ? BN / 2 : BN), std::max(1, group_m / CLUSTER)};
-    const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n;
+    const int k_tiles = CEIL_DIV(p.K, kBK);
+    const int k_per_split = CEIL_DIV(k_tiles, splits);
+    TileMap tiles{CEIL_DIV(p.M, kBM), CEIL_DIV(p.width, swiglu ? BN / 2 : BN), std::max(1, group_m / CLUSTER),
+                  CEIL_DIV(k_tiles, k_per_split), k_per_split};  // no split left without k tiles
+    BRRR_CHECK(tiles.splits == 1 || (CLUSTER == 1 && (size_t)tiles.tiles_m * tiles.tiles_n * tiles.splits * kBM * BN <=
+                                                           p.out.split.floats &&
+                                     tiles.tiles_m * tiles.tiles_n <= p.out.split.n_counters),
+               "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
+    const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n * tiles.splits;
     const int grid = CLUSTER * (max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas / CLUSTER)) : num_work);
     constexpr size_t smem = Layout<BN, STAGES>::kSmemBytes;
     const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
@@ -678,7 +742,29 @@ bool rope_fusable(const GemmArgs& p) {
 // the wider on a tie (fewer re-reads of x). In the lab (benchmarks/lab, H100) this picks the best
 // of variants 05 / 11 / 04 on most Llama-3-8B shapes at M = 512 .. 8192. RopeKV leaves out 192,
 // which does not hold whole heads of 128.
+//
+// Split-K: when even 128-column tiles leave more than half of the SMs idle (M <= 128 or so on the
+// Llama projections: short prompts, the last chunk of a long one, batches of 17-64 sequences),
+// K is split so that the work items about fill one wave, each keeping at least 4 k tiles (256
+// of K) to amortize the partial sums' round trip through L2.
+int split_count(const GemmArgs& p, int sm_count) {
+    const SplitKScratch& sc = p.out.split;
+    if (sc.partials == nullptr || sc.counters == nullptr) return 1;
+    const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;
+    const long long tiles = (long long)CEIL_DIV(p.M, sm90::kBM) * CEIL_DIV(p.width, 128 / out_per_col);
+    const int k_tiles = CEIL_DIV(p.K, sm90::kBK);
+    if (2 * tiles > sm_count || k_tiles < 8) return 1;
+    int splits = std::min<long long>(sm_count / tiles, k_tiles / 4);
+    while (splits > 1 && (size_t)(tiles * splits) * sm90::kBM * 128 > sc.floats) --splits;
+    return tiles <= sc.n_counters ? std::max(splits, 1) : 1;
+}
+
 void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
+    const int splits = split_count(p, sm_count);
+    if (splits > 1) {
+        sm90::launch<128, 6>(p, sm_count, 8, stream, splits);
+        return;
+    }
     const long long tiles_m = CEIL_DIV(p.M, sm90::kBM);
     const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;  // a SwiGLU tile yields BN / 2 outputs
     auto cost = [&](int bn) {
@@ -733,6 +819,7 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
                                                 << "args.out_f32 [M, N]; got null");
         EpilogueArgs staged;
         staged.out_f32 = args.out_f32;
+        staged.split = args.split;
         gemm_bf16(x, W, M, N, K, Epilogue::StoreF32, staged, stream);
         rope_kv_append(args.out_f32, args.rope, M, stream);
         return;
@@ -743,6 +830,10 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
         launch_mma_sync(p, stream);
     }
 }
+
+// split_count keeps tiles x splits <= sm_count and tiles <= sm_count / 2.
+size_t gemm_split_scratch_floats(int sm_count) { return (size_t)sm_count * sm90::kBM * 128; }
+int gemm_split_scratch_counters(int sm_count) { return std::max(1, sm_count / 2); }
 
 void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
                  const EpilogueArgs& args, cudaStream_t stream) {

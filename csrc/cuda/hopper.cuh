@@ -234,6 +234,12 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, u
     else wgmma_m64n256k16_bf16(d, desc_a, desc_b, accumulate);
 }
 
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, whole warps: lets some
+// warpgroups of a CTA meet without the others.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- register budget per warpgroup (takes effect under __launch_bounds__(threads, 1)) --------
 template <int Regs>
 __device__ __forceinline__ void regs_increase() {

@@ -34,12 +34,23 @@ struct RopeKVArgs {
     bf16* v_cache = nullptr;          // same layout
     int n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
 };
+// Split-K scratch of gemm_bf16: a GEMM with too few tiles to fill the SMs splits K across CTAs
+// and adds the partial sums in a fixed order (the result does not depend on which split ends
+// last). Optional: without it a GEMM never splits. Sizes: gemm_split_scratch_floats /
+// gemm_split_scratch_counters; the counters are zeroed once, and every call leaves them zero.
+struct SplitKScratch {
+    float* partials = nullptr;     // [floats]
+    size_t floats = 0;
+    unsigned* counters = nullptr;  // [n_counters], one per tile
+    int n_counters = 0;
+};
 struct EpilogueArgs {
     bf16* out_bf16 = nullptr;   // [M, N] or [M, N/2] for SwiGLU
     float* out_f32 = nullptr;   // [M, N]; RopeKV on the GEMM path stages y here
     float* residual = nullptr;  // [M, N], updated in place
     int ld_out = 0;             // row stride of the output in elements (0 = packed)
     RopeKVArgs rope;            // RopeKV only
+    SplitKScratch split;        // GEMM only, optional
 };
 
 // Device-side copy of SamplingParams (model.h) for one sequence.
@@ -65,6 +76,9 @@ void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf
 // ---- gemm.cu: prefill, tensor cores (wgmma on sm_90a, else mma.sync; bf16 -> fp32), any M, N, K
 // RopeKV is fused on Hopper for head_dim 64 / 128; elsewhere it stages q|k|v in args.out_f32 [M, N] and runs rope_kv_append.
 void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// The split-K scratch that lets any GEMM on a device of `sm_count` SMs split as far as it would.
+size_t gemm_split_scratch_floats(int sm_count);
+int gemm_split_scratch_counters(int sm_count);
 // The engine's choice between the two by shape (the switch point is measured, see gemm.cu).
 void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 
