@@ -97,7 +97,7 @@ def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0, split=None):
                      out=out.data_ptr() if out is not None else 0,
                      out_f32=out_f32.data_ptr() if out_f32 is not None else 0,
                      residual=residual.data_ptr() if residual is not None else 0,
-                     ld_out=ld if ld_extra else 0, split=split.arg if split else None)
+                     ld_out=ld if ld_extra else 0, **({"split": split.arg} if split else {}))
     torch.cuda.synchronize()
     if epilogue == SWIGLU:
         ref = torch.nn.functional.silu(ref_y[:, :width]) * ref_y[:, width:]
