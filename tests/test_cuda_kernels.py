@@ -209,9 +209,9 @@ def test_gemm_llama_shapes(ops, gen, M, N, K):
     check_matmul(ops, "gemm_bf16", M, N, K, SWIGLU, gen)
 
 
-# Few tiles, long enough K: on Hopper these split K (1B wo at M = 17, w2 at M = 64; K = 1000 ends
-# mid-k-tile and splits 4 ways; N = 192 with K = 576 splits 2 ways, the last split shorter).
-SPLIT_SHAPES = [(17, 2048, 2048), (64, 2048, 8192), (100, 264, 1000), (128, 192, 576)]
+# Few tiles, long enough K: on Hopper these split K (1B wo at M = 17 8 ways, w2 at M = 64; K = 1000
+# ends mid-k-tile and splits 4 ways; K = 1600 is 25 k tiles in 9 splits, the last one of 1 tile).
+SPLIT_SHAPES = [(17, 2048, 2048), (64, 2048, 8192), (100, 264, 1000), (24, 192, 1600)]
 
 
 @pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())

@@ -384,17 +384,22 @@ struct TileMap {
 // counter per tile) adds all slots in split order into acc and returns true: it runs the
 // epilogue. The order is fixed, so the result does not depend on which split ends last. A slot
 // holds the 256 consumer threads' accumulators, float4-interleaved (thread-fastest), so every
-// access is coalesced and each thread reads back only what its twin wrote.
+// access is coalesced and each thread reads back only what its twin wrote. A thread whose rows
+// (first_row and first_row + 8) are all past M moves nothing: at M = 17 most of the tile.
 template <int BN>
 __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile, int split, int splits,
-                                                     float (&acc)[BN / 2]) {
+                                                     int first_row, float (&acc)[BN / 2]) {
     __shared__ int is_last;
     const int ct = threadIdx.x - 128;  // consumer thread, 0..255
+    const bool has_rows = first_row < p.M;
     constexpr int kSlotFloats = kBM * BN;
     float* slots = p.out.split.partials + (size_t)tile * splits * kSlotFloats;
     float4* mine = reinterpret_cast<float4*>(slots + (size_t)split * kSlotFloats);
+    if (has_rows) {
 #pragma unroll
-    for (int i = 0; i < BN / 8; ++i) mine[i * 256 + ct] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+        for (int i = 0; i < BN / 8; ++i)
+            mine[i * 256 + ct] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+    }
     __threadfence();  // the partials are visible device-wide before the counter says so
     hopper::named_barrier_sync(1, 256);
     if (ct == 0) is_last = atomicAdd(p.out.split.counters + tile, 1u) == (unsigned)(splits - 1);
@@ -403,7 +408,7 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
     __threadfence();
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-    for (int s = 0; s < splits; ++s) {
+    for (int s = 0; has_rows && s < splits; ++s) {
         const float4* slot = reinterpret_cast<const float4*>(slots + (size_t)s * kSlotFloats);
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i) {
@@ -561,7 +566,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             hopper::fence_accumulators(acc);
             release(prev_stage);
             if (tiles.splits > 1 &&
-                !merge_split_partials<BN>(p, tm * tiles.tiles_n + tn, work % tiles.splits, tiles.splits, acc))
+                !merge_split_partials<BN>(p, tm * tiles.tiles_n + tn, work % tiles.splits, tiles.splits,
+                                          m0 + consumer * 64 + warp * 16 + (lane >> 2), acc))
                 continue;  // another split of this tile finishes it
 
             const int g = lane >> 2, t = lane & 3;
@@ -745,18 +751,29 @@ bool rope_fusable(const GemmArgs& p) {
 //
 // Split-K: when even 128-column tiles leave more than half of the SMs idle (M <= 128 or so on the
 // Llama projections: short prompts, the last chunk of a long one, batches of 17-64 sequences),
-// K is split so that the work items about fill one wave, each keeping at least 4 k tiles (256
-// of K) to amortize the partial sums' round trip through L2.
+// K is split, at most as far as one wave of work items. Then one SM's bytes bound the time: a
+// split streams its k tiles (32 KB of x and W each) and writes its partials, and the last one
+// also reads every split's partials back (128 x 4 bytes a tile row, rows past M skipped by
+// whole 8-row groups). The split count with the fewest such bytes wins: 4 for the 1B wo at
+// M = 128 (K = 2048), 8 for its w2 (K = 8192).
 int split_count(const GemmArgs& p, int sm_count) {
     const SplitKScratch& sc = p.out.split;
     if (sc.partials == nullptr || sc.counters == nullptr) return 1;
     const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;
     const long long tiles = (long long)CEIL_DIV(p.M, sm90::kBM) * CEIL_DIV(p.width, 128 / out_per_col);
     const int k_tiles = CEIL_DIV(p.K, sm90::kBK);
-    if (2 * tiles > sm_count || k_tiles < 8) return 1;
-    int splits = std::min<long long>(sm_count / tiles, k_tiles / 4);
-    while (splits > 1 && (size_t)(tiles * splits) * sm90::kBM * 128 > sc.floats) --splits;
-    return tiles <= sc.n_counters ? std::max(splits, 1) : 1;
+    if (2 * tiles > sm_count || tiles > sc.n_counters) return 1;
+    const long long rows = std::min(sm90::kBM, CEIL_DIV(p.M, 8) * 8);  // of the fullest tile
+    auto bytes = [&](long long splits) {
+        const long long partials = splits > 1 ? (splits + 1) * rows * 128 * 4 : 0;
+        return CEIL_DIV(k_tiles, splits) * 32768LL + partials;
+    };
+    int best = 1;
+    for (int splits = 2; splits <= k_tiles && tiles * splits <= sm_count; ++splits) {
+        if ((size_t)(tiles * splits) * sm90::kBM * 128 > sc.floats) break;
+        if (bytes(splits) < bytes(best)) best = splits;
+    }
+    return best;
 }
 
 void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
