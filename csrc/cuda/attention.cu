@@ -494,9 +494,9 @@ constexpr int kPreThreads = 32 * kPreWarps;
 
 // KV positions per tile: 64, or 32 at hd 128 where the 104 KB of 64 exceed what a CTA may have
 // (sm_86/89: 99 KB; 32 measured 0.88-0.94x of 64 on H100).
-template <int HD, int KV>
+template <int HD, int KV, int ROWS = kPreRows>
 constexpr size_t prefill_smem_bytes() {
-    return (size_t)(kPreRows + 4 * KV) * (HD + 8) * sizeof(uint16_t);
+    return (size_t)(ROWS + 4 * KV) * (HD + 8) * sizeof(uint16_t);
 }
 
 struct PrefillArgs {
@@ -509,15 +509,17 @@ struct PrefillArgs {
     bool heads_fast;  // grid x = head, y = query tile (else x = query tile, y = head)
 };
 
-// Q fragments stay in registers for the whole KV loop at hd 64; at hd 128 they would not fit beside
-// the two m-tiles' accumulators and are re-read from shared memory at every k-step.
-template <int HD, int KV>
-__global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillArgs a) {
+// WARPS warps of MT 16-row m-tiles each (the engine: 4 x 2, 128 queries per CTA). QREG: the Q
+// fragments stay in registers for the whole KV loop (the engine: at hd 64; at hd 128 they would
+// not fit beside two m-tiles' accumulators and are re-read from shared memory at every k-step).
+// The lab (benchmarks/lab/attention_prefill_variants.cuh) instantiates the other shapes it measured.
+template <int HD, int KV, int WARPS = kPreWarps, int MT = kPreTiles, bool QREG = HD == 64>
+__global__ void __launch_bounds__(WARPS * 32) attention_prefill_kernel(PrefillArgs a) {
     constexpr int P = HD + 8;  // padded pitch: ldmatrix rows in distinct bank groups
-    constexpr int kKSteps = HD / 16, kOutFrags = HD / 8, MT = kPreTiles;
-    constexpr bool kQInRegs = HD == 64;
+    constexpr int kKSteps = HD / 16, kOutFrags = HD / 8;
+    constexpr int kRows = 16 * WARPS * MT, kThreads = 32 * WARPS;
     uint16_t* Qs = ptx::dynamic_smem<uint16_t>();
-    uint16_t* Ks = Qs + kPreRows * P;  // [2][KV][P]
+    uint16_t* Ks = Qs + kRows * P;  // [2][KV][P]
     uint16_t* Vs = Ks + 2 * KV * P;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -525,16 +527,16 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     // The longest query tiles (the last ones) are scheduled first.
     const int q_tile = a.heads_fast ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
     const int hq = a.heads_fast ? blockIdx.x : blockIdx.y, kvh = hq / a.group;
-    const int q0 = q_tile * kPreRows;
-    const int kv_total = a.start_pos + a.T;                    // filled cache positions
-    const int kv_end = a.start_pos + min(q0 + kPreRows, a.T);  // what this tile's last row sees
+    const int q0 = q_tile * kRows;
+    const int kv_total = a.start_pos + a.T;                 // filled cache positions
+    const int kv_end = a.start_pos + min(q0 + kRows, a.T);  // what this tile's last row sees
     const int n_tiles = CEIL_DIV(kv_end, KV);
     const size_t slot_base = (size_t)a.slot * a.max_seq;
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
     const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
     const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
-    for (int c = tid; c < kPreRows * HD / 8; c += kPreThreads) {
+    for (int c = tid; c < kRows * HD / 8; c += kThreads) {
         const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
         const bool ok = q0 + r < a.T;
         ptx::cp_async_16(Qs + r * P + col, qbits + ((size_t)(ok ? q0 + r : 0) * a.n_heads + hq) * HD + col, ok);
@@ -542,7 +544,7 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     auto load_kv = [&](int stage, int p0) {
         uint16_t* Kst = Ks + stage * KV * P;
         uint16_t* Vst = Vs + stage * KV * P;
-        for (int c = tid; c < KV * HD / 8; c += kPreThreads) {
+        for (int c = tid; c < KV * HD / 8; c += kThreads) {
             const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
             const int p = p0 + r;
             const bool ok = p < kv_total;
@@ -554,7 +556,7 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     load_kv(0, 0);
     ptx::cp_async_commit();
 
-    // The warp's 32 rows are contiguous, so the KV tiles past its last row are skipped whole.
+    // The warp's 16 * MT rows are contiguous, so the KV tiles past its last row are skipped whole.
     const int warp_row0 = warp * 16 * MT;
     const int warp_first_pos = a.start_pos + q0 + warp_row0;
     const int warp_last_pos = warp_first_pos + 16 * MT - 1;
@@ -572,7 +574,7 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
 #pragma unroll
         for (int f = 0; f < kOutFrags; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
     }
-    uint32_t qf[kQInRegs ? MT : 1][kQInRegs ? kKSteps : 1][4];  // 1 x 1, unused, when Q is re-read
+    uint32_t qf[QREG ? MT : 1][QREG ? kKSteps : 1][4];  // 1 x 1, unused, when Q is re-read
     auto q_fragment = [&](uint32_t r[4], int mt, int ks) {
         ptx::ldmatrix_x4(r, Qs + (warp_row0 + mt * 16 + (lane & 15)) * P + ks * 16 + (lane >> 4) * 8);
     };
@@ -587,17 +589,17 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
             ptx::cp_async_wait<0>();
         }
         __syncthreads();
-        if (kQInRegs && kt == 0) {
+        if (QREG && kt == 0) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int ks = 0; ks < kKSteps; ++ks) q_fragment(qf[kQInRegs ? mt : 0][kQInRegs ? ks : 0], mt, ks);
+                for (int ks = 0; ks < kKSteps; ++ks) q_fragment(qf[QREG ? mt : 0][QREG ? ks : 0], mt, ks);
         }
         if (kv0 <= warp_last_pos) {
             const uint16_t* Kst = Ks + stage * KV * P;
             const uint16_t* Vst = Vs + stage * KV * P;
 
-            // S = Q K^T for the warp's 32 rows x KV positions: each K fragment feeds both m-tiles.
+            // S = Q K^T for the warp's rows x KV positions: each K fragment feeds the MT m-tiles.
             float s[MT][KV / 8][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -608,9 +610,9 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
                 uint32_t qcur[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    if (kQInRegs) {
+                    if (QREG) {
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) qcur[mt][e] = qf[kQInRegs ? mt : 0][kQInRegs ? ks : 0][e];
+                        for (int e = 0; e < 4; ++e) qcur[mt][e] = qf[QREG ? mt : 0][QREG ? ks : 0][e];
                     } else {
                         q_fragment(qcur[mt], mt, ks);
                     }
@@ -672,7 +674,7 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
             }
 
             // O += P V: the S accumulators of positions 16j..16j+15 are the A fragment of k-step
-            // j (the two layouts coincide); each V fragment feeds both m-tiles.
+            // j (the two layouts coincide); each V fragment feeds the MT m-tiles.
 #pragma unroll
             for (int j = 0; j < KV / 16; ++j) {
                 uint32_t pa[MT][4];
