@@ -39,8 +39,8 @@
 // q|k|v never reaches HBM (head_dim 64 and 128). Elsewhere q|k|v is staged in fp32 and
 // rope_kv_append (rope.cu) finishes the job.
 //
-// AddResidual (wo, w2) loads all residual values of a thread's row before writing any back, so
-// their memory round trips overlap.
+// AddResidual (wo, w2) loads a thread's residual values in batches of eight pairs before writing
+// any back, so their memory round trips overlap instead of following one another.
 //
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
