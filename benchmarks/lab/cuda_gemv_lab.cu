@@ -19,6 +19,8 @@
 // row m of a batch is bit-identical to the same row alone: what the engine's batched decode
 // promises. The check below verifies it.
 //
+//   09, 10      05 and 07 launched with PDL like 01: the first W loads before the wait, the next
+//               step's W loads in flight during this step's MMAs. Not yet run on a GPU.
 //   variant 01  gemv_bf16, the engine's kernel (StoreF32), launched with PDL as in the engine: in
 //               the timed chain its next launch starts streaming while this one drains, which
 //               the MMA variants (plain launches) do not get
@@ -46,6 +48,7 @@
 #include <vector>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 
@@ -67,7 +70,10 @@ constexpr int kLaunchesPerGraph = 50;
 
 // ---- the tensor-core GEMV ------------------------------------------------------------------------
 
-template <int NT, int KSPLIT, int U>
+// PDL: launched with programmatic dependent launch like the engine's GEMV; the first step's W
+// loads are issued before the wait (weights never depend on the kernel before), and each step's
+// W loads for the next step go out before the current step's MMAs (double-buffered registers).
+template <int NT, int KSPLIT, int U, bool PDL>
 __global__ void __launch_bounds__(32 * KSPLIT) gemv_mma_kernel(const bf16* __restrict__ x, const bf16* __restrict__ W,
                                                                float* __restrict__ y, int M, int N, int K) {
     __shared__ float partial[KSPLIT][NT][4][32];
@@ -98,14 +104,31 @@ __global__ void __launch_bounds__(32 * KSPLIT) gemv_mma_kernel(const bf16* __res
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (int c0 = c_begin; c0 < c_end; c0 += U) {
-        uint4 w[NT][U], xa[U], xb[U];
+    // K % 8 == 0: a lane's 16-byte piece at k is all in or all out of its range.
+    auto piece_ok = [&](int c) { return c < c_end && c * 32 + 8 * t < K; };
+    uint4 w[NT][U];
+    auto load_w = [&](uint4 (&dst)[NT][U], int c0) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int k = (c0 + u) * 32 + 8 * t;
-            const bool ok = c0 + u < c_end && k < K;  // K % 8 == 0: a 16-byte piece is all in or all out
 #pragma unroll
-            for (int j = 0; j < NT; ++j) w[j][u] = ok && wrow_ok[j] ? ptx::ld_stream_16(wrow[j] + k) : zero;
+            for (int j = 0; j < NT; ++j)
+                dst[j][u] = piece_ok(c0 + u) && wrow_ok[j] ? ptx::ld_stream_16(wrow[j] + k) : zero;
+        }
+    };
+    if (PDL) {
+        load_w(w, c_begin);
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    for (int c0 = c_begin; c0 < c_end; c0 += U) {
+        uint4 xa[U], xb[U], next[NT][U];
+        if (PDL) load_w(next, c0 + U);  // in flight during this step's MMAs (zeros past the range)
+        else load_w(w, c0);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = (c0 + u) * 32 + 8 * t;
+            const bool ok = piece_ok(c0 + u);
             xa[u] = ok && xa_ok ? __ldg(reinterpret_cast<const uint4*>(xa_row + k)) : zero;
             xb[u] = ok && xb_ok ? __ldg(reinterpret_cast<const uint4*>(xb_row + k)) : zero;
         }
@@ -119,6 +142,12 @@ __global__ void __launch_bounds__(32 * KSPLIT) gemv_mma_kernel(const bf16* __res
                 ptx::mma_bf16_16816(acc[j], a_lo, b_lo);
                 ptx::mma_bf16_16816(acc[j], a_hi, b_hi);
             }
+        }
+        if (PDL) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) w[j][u] = next[j][u];
         }
     }
 
@@ -163,9 +192,11 @@ void launch_engine(const bf16* x, const bf16* W, float* y, int M, int N, int K, 
     gemv_bf16(x, W, M, N, K, Epilogue::StoreF32, args, s);
 }
 
-template <int NT, int KSPLIT, int U>
+template <int NT, int KSPLIT, int U, bool PDL = false>
 void launch_mma(const bf16* x, const bf16* W, float* y, int M, int N, int K, cudaStream_t s) {
-    gemv_mma_kernel<NT, KSPLIT, U><<<CEIL_DIV(N, 8 * NT), 32 * KSPLIT, 0, s>>>(x, W, y, M, N, K);
+    const dim3 grid(CEIL_DIV(N, 8 * NT)), block(32 * KSPLIT);
+    if (PDL) launch_pdl(gemv_mma_kernel<NT, KSPLIT, U, PDL>, grid, block, 0, s, x, W, y, M, N, K);
+    else gemv_mma_kernel<NT, KSPLIT, U, PDL><<<grid, block, 0, s>>>(x, W, y, M, N, K);
     LAB_CHECK(cudaGetLastError());
 }
 
@@ -184,6 +215,8 @@ const Variant kVariants[] = {
     {"06_mma_nt2_k2_u4", launch_mma<2, 2, 4>, true},
     {"07_mma_nt1_k8_u8", launch_mma<1, 8, 8>, true},
     {"08_mma_nt4_k8_u2", launch_mma<4, 8, 2>, true},
+    {"09_mma_nt2_k8_u4_pdl", launch_mma<2, 8, 4, true>, true},
+    {"10_mma_nt1_k8_u8_pdl", launch_mma<1, 8, 8, true>, true},
 };
 
 // ---- data and reference --------------------------------------------------------------------------
