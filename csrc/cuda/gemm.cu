@@ -341,7 +341,8 @@ __device__ __forceinline__ void store_rope_row(const GemmArgs& p, int row, int h
     if (row >= p.M) return;
     const int pos = r.positions[row], slot = r.slots[row];
     const int heads = r.n_heads + 2 * r.n_kv_heads;
-    const bool rotates = util::rope_rotates(r, head0);  // v heads come last: any rotated head is first
+    // v heads come after every q and k head: a tile that starts with a v head rotates nothing.
+    const bool rotates = util::rope_rotates(r, head0);
 #pragma unroll
     for (int g = 0; g < HD / 16; ++g) {  // the 8-column groups of a head's first half
         const int d = 8 * g + 2 * t;
