@@ -211,7 +211,7 @@ void launch_rows64(const bf16* q, const bf16* k_cache, const bf16* v_cache, int 
                    cudaStream_t stream) {
     brrr::cuda::check_attention_shapes("prefill_rows64", n_heads, n_kv_heads, head_dim, max_seq);
     if (T == 0) return;
-    // launch_tiled_hd overrides heads_fast with the variant's grid order.
+    // heads_fast is the shipped kernel's; 01 always runs query tiles fastest.
     const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
                                                    n_kv_heads, head_dim, max_seq);
     const dim3 grid(CEIL_DIV(T, kRows64), n_heads);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cuda/attention.cu"
+#include "lab_timing.cuh"
 
 using brrr::cuda::bf16;
 
@@ -227,35 +228,6 @@ struct Timing {
     double stand_in_us;  // the graph of 16 stand-ins that chain_us subtracts, per layer
 };
 
-template <class F>
-double graph_us(cudaStream_t s, int layers, F&& body) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int l = 0; l < layers; ++l) body(l);
-    CUDA_CHECK(cudaStreamEndCapture(s, &g));
-    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int r = 0; r < 25; ++r) {
-        CUDA_CHECK(cudaEventRecord(e0, s));
-        CUDA_CHECK(cudaGraphLaunch(ge, s));
-        CUDA_CHECK(cudaEventRecord(e1, s));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float t;
-        CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-        if (r >= 3) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    return ms[ms.size() / 2] * 1e3;
-}
-
 Timing time_variant(const Variant& v, Problem& pr, const std::vector<uint4*>& weights, size_t weight_bytes,
                     cudaStream_t s) {
     const int layers = (int)weights.size();
@@ -267,14 +239,14 @@ Timing time_variant(const Variant& v, Problem& pr, const std::vector<uint4*>& we
                    (const bf16*)q_src, pr.dq, pr.dk, pr.dv, (const int*)pr.dpos, pr.Hq * pr.hd, pr.Hkv * pr.hd);
         CUDA_CHECK_LAUNCH("qkv_stand_in");
     };
-    const double base = graph_us(s, layers, stand_in);
+    const double base = graph_replay_us(s, layers, stand_in);
     const DecodeArgs a = variant_args(v, pr.args());
-    const double both = graph_us(s, layers, [&](int l) {
+    const double both = graph_replay_us(s, layers, [&](int l) {
         stand_in(l);
         launch_flash_decode(a, pr.B(), pr.hd, s);
     });
     Timing t;
-    t.isolated_us = graph_us(s, layers, [&](int) { launch_flash_decode(a, pr.B(), pr.hd, s); }) / layers;
+    t.isolated_us = graph_replay_us(s, layers, [&](int) { launch_flash_decode(a, pr.B(), pr.hd, s); }) / layers;
     t.chain_us = (both - base) / layers;
     t.stand_in_us = base / layers;
     cudaFree(q_src);

@@ -51,19 +51,11 @@
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
+#include "lab_timing.cuh"
 
 using namespace brrr::cuda;
 
 namespace lab {
-
-#define LAB_CHECK(call)                                                                       \
-    do {                                                                                      \
-        cudaError_t err_ = (call);                                                            \
-        if (err_ != cudaSuccess) {                                                            \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-            std::exit(1);                                                                     \
-        }                                                                                     \
-    } while (0)
 
 constexpr size_t kRotateBytes = 200u << 20;  // 4x the L2 of an H100
 constexpr int kLaunchesPerGraph = 50;
@@ -197,7 +189,7 @@ void launch_mma(const bf16* x, const bf16* W, float* y, int M, int N, int K, cud
     const dim3 grid(CEIL_DIV(N, 8 * NT)), block(32 * KSPLIT);
     if (PDL) launch_pdl(gemv_mma_kernel<NT, KSPLIT, U, PDL>, grid, block, 0, s, x, W, y, M, N, K);
     else gemv_mma_kernel<NT, KSPLIT, U, PDL><<<grid, block, 0, s>>>(x, W, y, M, N, K);
-    LAB_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
 }
 
 struct Variant {
@@ -248,7 +240,7 @@ __global__ void reference_gemv(const bf16* x, const bf16* W, float* y, int M, in
 
 std::vector<float> download(const float* p, size_t n) {
     std::vector<float> h(n);
-    LAB_CHECK(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
     return h;
 }
 
@@ -259,18 +251,18 @@ std::vector<float> download(const float* p, size_t n) {
 bool check_one(const Variant& v, int M, int N, int K, cudaStream_t s) {
     bf16 *x, *W, *x1;
     float *y, *y1, *ref;
-    LAB_CHECK(cudaMalloc(&x, (size_t)M * K * sizeof(bf16)));
-    LAB_CHECK(cudaMalloc(&x1, (size_t)K * sizeof(bf16)));
-    LAB_CHECK(cudaMalloc(&W, (size_t)N * K * sizeof(bf16)));
-    LAB_CHECK(cudaMalloc(&y, (size_t)M * N * sizeof(float)));
-    LAB_CHECK(cudaMalloc(&y1, (size_t)N * sizeof(float)));
-    LAB_CHECK(cudaMalloc(&ref, (size_t)M * N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&x, (size_t)M * K * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&x1, (size_t)K * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&W, (size_t)N * K * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&y, (size_t)M * N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&y1, (size_t)N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&ref, (size_t)M * N * sizeof(float)));
     fill_uniform_bf16<<<256, 256, 0, s>>>(x, (size_t)M * K, 11 + M, 1.7f);
     fill_uniform_bf16<<<1024, 256, 0, s>>>(W, (size_t)N * K, 5 + N, 0.035f);
     fill_nan<<<256, 256, 0, s>>>(y, (size_t)M * N);
     reference_gemv<<<dim3(CEIL_DIV(N, 128), M), 128, 0, s>>>(x, W, ref, M, N, K);
     v.launch(x, W, y, M, N, K, s);
-    LAB_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
     const std::vector<float> got = download(y, (size_t)M * N), want = download(ref, (size_t)M * N);
     double err = 0.0, norm = 0.0;
     size_t nans = 0;
@@ -283,10 +275,10 @@ bool check_one(const Variant& v, int M, int N, int K, cudaStream_t s) {
     bool invariant = true;
     if (v.batch_invariant) {
         for (int m : {0, M / 2, M - 1}) {
-            LAB_CHECK(cudaMemcpyAsync(x1, x + (size_t)m * K, K * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+            CUDA_CHECK(cudaMemcpyAsync(x1, x + (size_t)m * K, K * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
             fill_nan<<<64, 256, 0, s>>>(y1, N);
             v.launch(x1, W, y1, 1, N, K, s);
-            LAB_CHECK(cudaStreamSynchronize(s));
+            CUDA_CHECK(cudaStreamSynchronize(s));
             const std::vector<float> alone = download(y1, N);
             invariant = invariant && std::equal(alone.begin(), alone.end(), got.begin() + (size_t)m * N,
                                                 [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; });
@@ -295,7 +287,7 @@ bool check_one(const Variant& v, int M, int N, int K, cudaStream_t s) {
     const bool ok = nans == 0 && rel <= 1e-4 && invariant;
     std::printf("check %-20s M=%2d N=%6d K=%6d  rel err %.2e  nan %zu  batch-invariant %s%s\n", v.name, M, N, K,
                 rel, nans, v.batch_invariant ? (invariant ? "yes" : "NO") : "-", ok ? "" : "  FAILED");
-    for (void* p : {(void*)x, (void*)x1, (void*)W, (void*)y, (void*)y1, (void*)ref}) LAB_CHECK(cudaFree(p));
+    for (void* p : {(void*)x, (void*)x1, (void*)W, (void*)y, (void*)y1, (void*)ref}) CUDA_CHECK(cudaFree(p));
     return ok;
 }
 
@@ -304,54 +296,32 @@ bool check_one(const Variant& v, int M, int N, int K, cudaStream_t s) {
 float copy_bandwidth() {
     const size_t n = 1u << 30;
     void *a, *b;
-    LAB_CHECK(cudaMalloc(&a, n));
-    LAB_CHECK(cudaMalloc(&b, n));
+    CUDA_CHECK(cudaMalloc(&a, n));
+    CUDA_CHECK(cudaMalloc(&b, n));
     cudaEvent_t start, stop;
-    LAB_CHECK(cudaEventCreate(&start));
-    LAB_CHECK(cudaEventCreate(&stop));
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
     float best = 1e30f;
     for (int i = 0; i < 6; ++i) {
-        LAB_CHECK(cudaEventRecord(start));
-        LAB_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-        LAB_CHECK(cudaEventRecord(stop));
-        LAB_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventRecord(start));
+        CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
         float ms;
-        LAB_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         if (i > 0) best = std::min(best, ms);
     }
-    LAB_CHECK(cudaFree(a));
-    LAB_CHECK(cudaFree(b));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
     return 2.f * n / (best * 1e-3f);
 }
 
-// Seconds per launch: median of 6 replays of a graph of 50 launches over the rotated weights.
+// Seconds per launch: a graph of 50 launches over the rotated weights, median of 6 replays.
 float time_variant(const Variant& v, const bf16* x, const std::vector<bf16*>& weights, float* y, int M, int N,
                    int K, cudaStream_t s) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    LAB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < kLaunchesPerGraph; ++i) v.launch(x, weights[i % weights.size()], y, M, N, K, s);
-    LAB_CHECK(cudaStreamEndCapture(s, &graph));
-    LAB_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t start, stop;
-    LAB_CHECK(cudaEventCreate(&start));
-    LAB_CHECK(cudaEventCreate(&stop));
-    std::vector<float> times;
-    for (int rep = 0; rep < 7; ++rep) {
-        LAB_CHECK(cudaEventRecord(start, s));
-        LAB_CHECK(cudaGraphLaunch(exec, s));
-        LAB_CHECK(cudaEventRecord(stop, s));
-        LAB_CHECK(cudaEventSynchronize(stop));
-        float ms;
-        LAB_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        if (rep > 0) times.push_back(ms * 1e-3f / kLaunchesPerGraph);  // rep 0 warms up
-    }
-    std::sort(times.begin(), times.end());
-    LAB_CHECK(cudaGraphExecDestroy(exec));
-    LAB_CHECK(cudaGraphDestroy(graph));
-    LAB_CHECK(cudaEventDestroy(start));
-    LAB_CHECK(cudaEventDestroy(stop));
-    return times[times.size() / 2];
+    const double us = graph_replay_us(
+        s, kLaunchesPerGraph, [&](int i) { v.launch(x, weights[i % weights.size()], y, M, N, K, s); }, 6, 1);
+    return (float)(us * 1e-6 / kLaunchesPerGraph);
 }
 
 struct Shape {
@@ -365,7 +335,7 @@ int main(int argc, char** argv) {
     using namespace lab;
     const std::string mode = argc > 1 ? argv[1] : "all";
     cudaStream_t s;
-    LAB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     bool all_ok = true;
     if (mode == "all" || mode == "check") {
         const Shape shapes[] = {{"odd", 203, 584}, {"odd2", 1000, 1032}, {"1B wo", 2048, 2048}, {"8B w2", 4096, 14336}};
@@ -380,7 +350,7 @@ int main(int argc, char** argv) {
                                 {"8B w13", 28672, 4096}, {"8B w2", 4096, 14336}};
         const float copy_bw = copy_bandwidth();
         cudaDeviceProp prop;
-        LAB_CHECK(cudaGetDeviceProperties(&prop, 0));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("%s: device copy %.2f TB/s (read + write)\n", prop.name, copy_bw / 1e12f);
         std::printf("%-9s %3s", "shape", "M");
         for (const Variant& v : kVariants) std::printf(" %20s", v.name);
@@ -390,15 +360,15 @@ int main(int argc, char** argv) {
             const size_t copies = std::max<size_t>(1, (kRotateBytes + w_bytes - 1) / w_bytes);
             std::vector<bf16*> weights(copies);
             for (size_t c = 0; c < copies; ++c) {
-                LAB_CHECK(cudaMalloc(&weights[c], w_bytes));
+                CUDA_CHECK(cudaMalloc(&weights[c], w_bytes));
                 fill_uniform_bf16<<<1024, 256, 0, s>>>(weights[c], (size_t)sh.N * sh.K, 1000 * c + 1, 0.035f);
             }
             bf16* x;
             float* y;
-            LAB_CHECK(cudaMalloc(&x, (size_t)16 * sh.K * sizeof(bf16)));
-            LAB_CHECK(cudaMalloc(&y, (size_t)16 * sh.N * sizeof(float)));
+            CUDA_CHECK(cudaMalloc(&x, (size_t)16 * sh.K * sizeof(bf16)));
+            CUDA_CHECK(cudaMalloc(&y, (size_t)16 * sh.N * sizeof(float)));
             fill_uniform_bf16<<<64, 256, 0, s>>>(x, (size_t)16 * sh.K, 7, 1.7f);
-            LAB_CHECK(cudaStreamSynchronize(s));
+            CUDA_CHECK(cudaStreamSynchronize(s));
             for (int M : {1, 4, 8, 16}) {
                 const double bytes = (double)w_bytes + (double)M * sh.K * sizeof(bf16) + (double)M * sh.N * sizeof(float);
                 std::printf("%-9s %3d", sh.name, M);
@@ -411,11 +381,11 @@ int main(int argc, char** argv) {
                 std::printf("\n");
                 std::fflush(stdout);
             }
-            for (bf16* w : weights) LAB_CHECK(cudaFree(w));
-            LAB_CHECK(cudaFree(x));
-            LAB_CHECK(cudaFree(y));
+            for (bf16* w : weights) CUDA_CHECK(cudaFree(w));
+            CUDA_CHECK(cudaFree(x));
+            CUDA_CHECK(cudaFree(y));
         }
     }
-    LAB_CHECK(cudaStreamDestroy(s));
+    CUDA_CHECK(cudaStreamDestroy(s));
     return all_ok ? 0 : 1;
 }
