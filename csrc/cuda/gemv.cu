@@ -14,8 +14,10 @@
 //     the kernel before it ends. Prefetching the W rows into L2 before that wait (so the weight
 //     stream would overlap the previous kernel) measured slower on H100: 1B decode -8%, 8B -13%
 //     (benchmarks/lab/decode_variants.sh; the prefetches compete with the running kernel's stream
-//     and a multi-wave projection's rows are evicted before use). It stays as a switch,
-//     LLAMA_BRRR_GEMV_PREFETCH=1, off by default.
+//     and a multi-wave projection's rows are evicted before use). Prefetching only wo's rows,
+//     during flash_decode, which leaves HBM nearly idle, was slower too: 1B -1.8%, 8B -1.2%
+//     (up to half of L2 asked for; all of it, or with the wo launch moved earlier, no better).
+//     It stays as a switch, LLAMA_BRRR_GEMV_PREFETCH=1, off by default.
 //   * The first eight 16-byte loads per lane of the warp's rows are issued before that wait, into
 //     the registers the first step consumes: weights never depend on the kernel before, so the
 //     stream starts while it drains and while this CTA reduces and stages x. Unlike the L2
