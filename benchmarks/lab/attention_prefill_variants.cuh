@@ -20,6 +20,7 @@
 // With MT = 2 every K/V fragment feeds four mma instead of two. Unlike 01, the template skips the
 // KV tiles that lie wholly above a warp's diagonal (01 masks them) and applies the softmax scale
 // inside the exponent's FFMA instead of a separate multiply.
+// 14 (attention_prefill_wgmma.cuh) moves hd 128 to warpgroup MMA; its hd 64 is the shipped kernel.
 #pragma once
 
 namespace lab {
@@ -271,6 +272,12 @@ void launch_shipped_path(const bf16* q, const bf16* k_cache, const bf16* v_cache
     else brrr::cuda::launch_prefill<128, KV128>(a, grid, stream);
 }
 
+}  // namespace lab
+
+#include "attention_prefill_wgmma.cuh"
+
+namespace lab {
+
 const PrefillVariant kPrefillVariants[] = {
     {"01_rows64", launch_rows64},
     {"02_rows64_skip_ffma", launch_tiled<4, 1, true>},
@@ -285,6 +292,7 @@ const PrefillVariant kPrefillVariants[] = {
     {"11_shipped", brrr::cuda::attention_prefill},
     {"12_shipped_kv32", launch_shipped_path<32, false>},
     {"13_shipped_tiles_fast", launch_shipped_path<64, true>},
+    {"14_wgmma_hd128", launch_wgmma_hd128},
 };
 
 }  // namespace lab
