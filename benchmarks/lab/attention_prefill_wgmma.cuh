@@ -1,4 +1,4 @@
-// attention_prefill_wgmma.cuh — variant 14 of the prefill attention lab: the causal prefill at
+// attention_prefill_wgmma.cuh — variants 14-16 of the prefill attention lab: the causal prefill at
 // head_dim 128 on warpgroup MMA (wgmma), the instruction that feeds Hopper's tensor cores at full
 // rate (mma.sync, which the shipped kernel uses, reaches about two thirds of it).
 //
@@ -12,13 +12,20 @@
 //                descriptor: 16 KB between the two 64-wide hd halves, 1 KB between 8-row groups)
 // Q, K and V arrive by cp.async (16-byte chunks placed where the 128-byte swizzle puts them),
 // K/V double-buffered; a proxy fence makes those generic-proxy writes visible to wgmma.
-// What it does not do yet (FlashAttention-3): TMA loads from a producer warp, softmax of one
-// warpgroup overlapping the other's MMAs (ping-pong), S of the next tile in flight during this
-// tile's softmax. hd 64 runs the shipped kernel.
-// H100 (run O, benchmarks/results/h100-sxm/attention_prefill_lab/): 0 failures in 144 cases;
-// Llama-3-8B heads 133 / 323 / 380 / 393 TF/s at 512 / 2048 / 8192 / 16384 tokens, 1.44 / 1.13 /
-// 1.09 / 1.23x the shipped mma.sync kernel.
+// The two warpgroups step through the tiles together (a CTA barrier per tile). hd 64 runs the
+// shipped kernel. H100 (run O, benchmarks/results/h100-sxm/attention_prefill_lab/): 0 failures
+// in 144 cases; Llama-3-8B heads 133 / 323 / 380 / 393 TF/s at 512 / 2048 / 8192 / 16384 tokens,
+// 1.44 / 1.13 / 1.09 / 1.23x the shipped mma.sync kernel.
+//
+// Variants 15 and 16 (written after run O, not yet run) take the next step of FlashAttention-3:
+// a producer warpgroup loads Q, K and V by TMA into a ring of 2 or 3 slots with full / empty
+// mbarriers (the GEMM's pipeline), and the two consumer warpgroups run independently, so one's
+// softmax overlaps the other's MMAs. Still missing: S of the next tile in flight during this
+// tile's softmax (it needs 64 more registers a thread), an explicit ping-pong order.
 #pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "cuda/hopper.cuh"
 
@@ -72,19 +79,131 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_bf16_tb(float (&d)[64], cons
 }
 
 // Where 16-byte chunk c (0..15) of row r of a 128-wide tile lives: the 64-wide half c / 8, row r
-// of it, chunk c % 8 moved by the swizzle (XOR with r % 8).
+// of it, chunk c % 8 moved by the swizzle (XOR with r % 8): what a TMA box of 64 x rows in the
+// 128-byte swizzle writes.
 __device__ __forceinline__ uint32_t wg_chunk_offset(int r, int c) {
     return (uint32_t)((c >> 3) * kWgHalfBytes + r * kWgHalf + (((c & 7) ^ (r & 7)) << 4));
 }
+
+// The online-softmax state of a warpgroup's 64 query rows; this thread holds rows r0 = 16 w + g
+// and r1 = r0 + 8 (w the warp in the warpgroup, g = lane / 4) and, in o[4i + e], O[row e / 2]
+// [hd column 8i + 2 t4 + e % 2] (the wgmma accumulator layout).
+struct WgRows {
+    int row_pos[2];  // cache position of rows r0, r1
+    float row_max[2], row_sum[2];  // max in log2 units; sum is this thread's share of the row
+    float o[64];
+};
+
+__device__ __forceinline__ void wg_rows_init(WgRows& st, int warp_first_pos, int g) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st.row_pos[h] = warp_first_pos + g + 8 * h;
+        st.row_max[h] = -INFINITY;
+        st.row_sum[h] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) st.o[i] = 0.f;
+}
+
+// One KV tile of 128 positions from kv0 for a warpgroup: S = Q K^T, the causal mask, the online
+// softmax, O += P V. q_wg: its 64 Q rows; Kst / Vst: the tile (each two swizzled 64-wide halves,
+// kWgHalfBytes apart). Returns with every wgmma complete, so the tile's shared memory may be reused.
+__device__ __forceinline__ void wg_attend_tile(WgRows& st, const unsigned char* q_wg, const unsigned char* Kst,
+                                               const unsigned char* Vst, int kv0, int warp_first_pos, int t4,
+                                               float scale_log2) {
+    constexpr int HD = kWgHD;
+    float s[64];
+    // S = Q K^T: k-step ks reads 16 columns of hd, in half ks / 4 at byte 32 (ks % 4).
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks) {
+        const int off = (ks >> 2) * kWgHalfBytes + (ks & 3) * 32;
+        hopper::wgmma_m64n128k16_bf16(s, hopper::sw128_descriptor(q_wg + off), hopper::sw128_descriptor(Kst + off),
+                                      ks > 0);
+    }
+    hopper::wgmma_commit();
+    hopper::wgmma_wait<0>();
+    hopper::fence_accumulators(s);
+
+    // s[4i + e] is S[row e / 2][position kv0 + 8i + 2 t4 + e % 2].
+    if (kv0 + kWgKV - 1 > warp_first_pos) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (kv0 + 8 * i + 2 * t4 + (e & 1) > st.row_pos[e >> 1]) s[4 * i + e] = -INFINITY;
+    }
+    float alpha[2], shift[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float new_max = fmaxf(st.row_max[h], mx * scale_log2);
+        shift[h] = new_max == -INFINITY ? 0.f : new_max;  // a row with nothing seen yet
+        alpha[h] = exp2f(st.row_max[h] - shift[h]);
+        st.row_max[h] = new_max;
+        st.row_sum[h] *= alpha[h];
+    }
+    uint32_t p[8][4];  // A fragments of the 8 k-steps of P V
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[4 * i + e] = exp2f(fmaf(s[4 * i + e], scale_log2, -shift[e >> 1]));
+            st.row_sum[e >> 1] += s[4 * i + e];
+        }
+        p[i >> 1][(i & 1) * 2 + 0] = util::pack_bf16x2(s[4 * i + 0], s[4 * i + 1]);
+        p[i >> 1][(i & 1) * 2 + 1] = util::pack_bf16x2(s[4 * i + 2], s[4 * i + 3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        st.o[4 * i + 0] *= alpha[0];
+        st.o[4 * i + 1] *= alpha[0];
+        st.o[4 * i + 2] *= alpha[1];
+        st.o[4 * i + 3] *= alpha[1];
+    }
+
+    // O += P V: k-step j covers positions 16j..16j+15, rows 16j.. of both hd halves.
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kWgKV / 16; ++j)
+        wgmma_m64n128k16_rs_bf16_tb(st.o, p[j], sw128_mn_descriptor(Vst + j * 16 * kWgHalf, kWgHalfBytes));
+    hopper::wgmma_commit();
+    hopper::wgmma_wait<0>();
+    hopper::fence_accumulators(st.o);
+}
+
+// O / l of rows r0, r1 into out, rows past T skipped.
+__device__ __forceinline__ void wg_store_rows(WgRows& st, const PrefillArgs& a, int row0, int hq, int t4) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = st.row_sum[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = row0 + 8 * h;
+        if (row < a.T) {
+            const float inv = 1.f / l;
+            uint32_t* dst = reinterpret_cast<uint32_t*>(a.out + ((size_t)row * a.n_heads + hq) * kWgHD);
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+                dst[(8 * i + 2 * t4) / 2] = util::pack_bf16x2(st.o[4 * i + 2 * h] * inv, st.o[4 * i + 2 * h + 1] * inv);
+        }
+    }
+}
+
+// ---- 14: both warpgroups load by cp.async and step through the tiles together ---------------------
 
 __global__ void __launch_bounds__(kWgThreads, 1) prefill_wgmma_hd128_kernel(PrefillArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int HD = kWgHD;
     unsigned char* raw = ptx::dynamic_smem<unsigned char>();
     unsigned char* base = raw + ((1024 - (ptx::smem_addr(raw) & 1023)) & 1023);
-    unsigned char* Qs = base;                        // [2 halves][128 rows][128 B]
-    unsigned char* Ks = base + kWgTileBytes;         // [2 stages] of the same
-    unsigned char* Vs = base + 3 * kWgTileBytes;     // [2 stages]
+    unsigned char* Qs = base;                     // [2 halves][128 rows][128 B]
+    unsigned char* Ks = base + kWgTileBytes;      // [2 stages] of the same
+    unsigned char* Vs = base + 3 * kWgTileBytes;  // [2 stages]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, w = warp & 3, g = lane >> 2, t4 = lane & 3;
@@ -119,20 +238,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) prefill_wgmma_hd128_kernel(Pref
     load_kv(0, 0);
     ptx::cp_async_commit();
 
-    // This thread's rows: r0 = 16 w + g and r1 = r0 + 8 of its warpgroup's 64.
     const int wg_first_pos = a.start_pos + q0 + 64 * wg;
-    const int wg_last_pos = wg_first_pos + 63;
-    int row_pos[2];
-    float row_max[2], row_sum[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        row_pos[h] = wg_first_pos + 16 * w + g + 8 * h;
-        row_max[h] = -INFINITY;
-        row_sum[h] = 0.f;
-    }
-    float o[64], s[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    const int warp_first_pos = wg_first_pos + 16 * w;
+    WgRows st;
+    wg_rows_init(st, warp_first_pos, g);
     const unsigned char* q_wg = Qs + 64 * wg * kWgHalf;  // the warpgroup's 64 rows (8 atoms in)
 
     for (int kt = 0; kt < n_tiles; ++kt) {
@@ -146,89 +255,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) prefill_wgmma_hd128_kernel(Pref
         }
         fence_proxy_async_smem();  // this thread's cp.async data, visible to the async proxy
         __syncthreads();
-        if (kv0 <= wg_last_pos) {
-            const unsigned char* Kst = Ks + stage * kWgTileBytes;
-            const unsigned char* Vst = Vs + stage * kWgTileBytes;
-
-            // S = Q K^T: k-step ks reads 16 columns of hd, in half ks / 4 at byte 32 (ks % 4).
-            hopper::wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ++ks) {
-                const int off = (ks >> 2) * kWgHalfBytes + (ks & 3) * 32;
-                hopper::wgmma_m64n128k16_bf16(s, hopper::sw128_descriptor(q_wg + off),
-                                              hopper::sw128_descriptor(Kst + off), ks > 0);
-            }
-            hopper::wgmma_commit();
-            hopper::wgmma_wait<0>();
-            hopper::fence_accumulators(s);
-
-            // s[4i + e] is S[row h = e / 2][position kv0 + 8i + 2 t4 + e % 2].
-            const bool diagonal = kv0 + kWgKV - 1 > wg_first_pos + 16 * w;
-            if (diagonal) {
-#pragma unroll
-                for (int i = 0; i < 16; ++i)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (kv0 + 8 * i + 2 * t4 + (e & 1) > row_pos[e >> 1]) s[4 * i + e] = -INFINITY;
-            }
-            float alpha[2], shift[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float new_max = fmaxf(row_max[h], mx * a.scale_log2);
-                shift[h] = new_max == -INFINITY ? 0.f : new_max;  // a row with nothing seen yet
-                alpha[h] = exp2f(row_max[h] - shift[h]);
-                row_max[h] = new_max;
-                row_sum[h] *= alpha[h];
-            }
-            uint32_t p[8][4];  // A fragments of the 8 k-steps of P V
-#pragma unroll
-            for (int i = 0; i < 16; ++i) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[4 * i + e] = exp2f(fmaf(s[4 * i + e], a.scale_log2, -shift[e >> 1]));
-                    row_sum[e >> 1] += s[4 * i + e];
-                }
-                p[i >> 1][(i & 1) * 2 + 0] = util::pack_bf16x2(s[4 * i + 0], s[4 * i + 1]);
-                p[i >> 1][(i & 1) * 2 + 1] = util::pack_bf16x2(s[4 * i + 2], s[4 * i + 3]);
-            }
-#pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                o[4 * i + 0] *= alpha[0];
-                o[4 * i + 1] *= alpha[0];
-                o[4 * i + 2] *= alpha[1];
-                o[4 * i + 3] *= alpha[1];
-            }
-
-            // O += P V: k-step j covers positions 16j..16j+15, rows 16j.. of both hd halves.
-            hopper::wgmma_fence();
-#pragma unroll
-            for (int j = 0; j < kWgKV / 16; ++j)
-                wgmma_m64n128k16_rs_bf16_tb(o, p[j], sw128_mn_descriptor(Vst + j * 16 * kWgHalf, kWgHalfBytes));
-            hopper::wgmma_commit();
-            hopper::wgmma_wait<0>();
-            hopper::fence_accumulators(o);
-        }
+        if (kv0 <= wg_first_pos + 63)
+            wg_attend_tile(st, q_wg, Ks + stage * kWgTileBytes, Vs + stage * kWgTileBytes, kv0, warp_first_pos, t4,
+                           a.scale_log2);
         __syncthreads();  // the stage is overwritten by the next iteration's loads
     }
-
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = row_sum[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int row = q0 + 64 * wg + 16 * w + g + 8 * h;
-        if (row < a.T) {
-            const float inv = 1.f / l;
-            uint32_t* dst = reinterpret_cast<uint32_t*>(a.out + ((size_t)row * a.n_heads + hq) * HD);
-#pragma unroll
-            for (int i = 0; i < 16; ++i) dst[(8 * i + 2 * t4) / 2] = util::pack_bf16x2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-        }
-    }
+    wg_store_rows(st, a, q0 + 64 * wg + 16 * w + g, hq, t4);
 #endif
 }
 
@@ -248,6 +280,162 @@ void launch_wgmma_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache,
                                     (int)kWgSmem));
     prefill_wgmma_hd128_kernel<<<brrr::cuda::prefill_grid(a), kWgThreads, kWgSmem, stream>>>(a);
     CUDA_CHECK_LAUNCH("prefill_wgmma_hd128_kernel");
+}
+
+// ---- 15, 16: a producer warpgroup loads by TMA, the two consumers run independently -------------
+//
+// Warpgroup 0 is the producer: one thread issues the TMA copies of Q (once) and of each KV tile's
+// K and V into a ring of STAGES slots; warpgroups 1 and 2 consume, 64 query rows each. Slot s has
+// two barriers, as in the GEMM (gemm.cu): full[s] completes when its 64 KB have landed, empty[s]
+// when the 8 consumer warps are done with it (a warpgroup whose rows end before the tile arrives
+// without computing). The consumers never wait for each other, so one's softmax overlaps the
+// other's MMAs, and the loads run ahead by STAGES - 1 tiles. TMA zero-fills the rows past T and
+// past the filled cache (the maps end there), so nothing outside is read.
+constexpr int kWsThreads = 384;
+template <int STAGES>
+constexpr size_t ws_smem_bytes() {
+    return (size_t)kWgTileBytes * (1 + 2 * STAGES) + (1 + 2 * STAGES) * sizeof(uint64_t) + 1024;
+}
+
+template <int STAGES>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    prefill_wgmma_ws_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                            const __grid_constant__ CUtensorMap v_map, PrefillArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512 (the GEMM's split).
+    constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+    constexpr int kStageBytes = 2 * kWgTileBytes;  // K, then V
+    unsigned char* raw = ptx::dynamic_smem<unsigned char>();
+    unsigned char* base = raw + ((1024 - (ptx::smem_addr(raw) & 1023)) & 1023);
+    unsigned char* Qs = base;
+    unsigned char* ring = base + kWgTileBytes;
+    uint64_t* q_full = reinterpret_cast<uint64_t*>(ring + STAGES * kStageBytes);
+    uint64_t* full = q_full + 1;
+    uint64_t* empty = full + STAGES;
+    if (threadIdx.x == 0) {
+        hopper::mbarrier_init(q_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            hopper::mbarrier_init(full + s, 1);
+            hopper::mbarrier_init(empty + s, 8);
+        }
+        hopper::fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int warpgroup = threadIdx.x / 128;
+    const int q_tile = a.heads_fast ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
+    const int hq = a.heads_fast ? blockIdx.x : blockIdx.y, kvh = hq / a.group;
+    const int q0 = q_tile * kWgRows;
+    const int kv_end = a.start_pos + min(q0 + kWgRows, a.T);
+    const int n_tiles = CEIL_DIV(kv_end, kWgKV);
+
+    if (warpgroup == 0) {
+        hopper::regs_decrease<kProducerRegs>();
+        if (threadIdx.x == 0) {
+            hopper::prefetch_tensor_map(&q_map);
+            hopper::prefetch_tensor_map(&k_map);
+            hopper::prefetch_tensor_map(&v_map);
+            hopper::mbarrier_arrive_expect_tx(q_full, kWgTileBytes);
+            hopper::tma_load_2d(Qs, &q_map, hq * kWgHD, q0, q_full);
+            hopper::tma_load_2d(Qs + kWgHalfBytes, &q_map, hq * kWgHD + 64, q0, q_full);
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int kt = 0; kt < n_tiles; ++kt) {
+                hopper::mbarrier_wait(empty + stage, phase ^ 1);
+                unsigned char* k = ring + stage * kStageBytes;
+                unsigned char* v = k + kWgTileBytes;
+                const int col = kvh * kWgHD, p0 = kt * kWgKV;
+                hopper::mbarrier_arrive_expect_tx(full + stage, kStageBytes);
+                hopper::tma_load_2d(k, &k_map, col, p0, full + stage);
+                hopper::tma_load_2d(k + kWgHalfBytes, &k_map, col + 64, p0, full + stage);
+                hopper::tma_load_2d(v, &v_map, col, p0, full + stage);
+                hopper::tma_load_2d(v + kWgHalfBytes, &v_map, col + 64, p0, full + stage);
+                if (++stage == STAGES) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+    } else {
+        hopper::regs_increase<kConsumerRegs>();
+        const int consumer = warpgroup - 1;
+        const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) & 3, g = lane >> 2, t4 = lane & 3;
+        const int wg_first_pos = a.start_pos + q0 + 64 * consumer;
+        const int warp_first_pos = wg_first_pos + 16 * w;
+        WgRows st;
+        wg_rows_init(st, warp_first_pos, g);
+        const unsigned char* q_wg = Qs + 64 * consumer * kWgHalf;
+        hopper::mbarrier_wait(q_full, 0);
+        int stage = 0;
+        uint32_t phase = 0;
+        for (int kt = 0; kt < n_tiles; ++kt) {
+            const int kv0 = kt * kWgKV;
+            hopper::mbarrier_wait(full + stage, phase);
+            const unsigned char* k = ring + stage * kStageBytes;
+            if (kv0 <= wg_first_pos + 63)
+                wg_attend_tile(st, q_wg, k, k + kWgTileBytes, kv0, warp_first_pos, t4, a.scale_log2);
+            if (lane == 0) hopper::mbarrier_arrive(empty + stage);
+            if (++stage == STAGES) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+        wg_store_rows(st, a, q0 + 64 * consumer + 16 * w + g, hq, t4);
+    }
+#endif
+}
+
+// The driver's tensor-map encoder, found through the runtime (as gemm.cu finds it).
+PFN_cuTensorMapEncodeTiled_v12000 lab_tensor_map_encoder() {
+    static const auto encoder = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+        BRRR_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr, "no cuTensorMapEncodeTiled in this driver");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    return encoder;
+}
+
+// [rows, cols] bf16 row-major with rows `row_elems` apart, boxes of 64 columns x 128 rows in the
+// 128-byte swizzle; rows past `rows` read as zeros.
+CUtensorMap box64x128_map(const bf16* base, int rows, int cols, size_t row_elems) {
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)row_elems * sizeof(bf16)};
+    const cuuint32_t box[2] = {64, 128};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult r = lab_tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base),
+                                                dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    BRRR_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error " << (int)r << ")");
+    return map;
+}
+
+template <int STAGES>
+void launch_wgmma_ws_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
+                           int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
+                           cudaStream_t stream) {
+    if (head_dim != 128) {
+        brrr::cuda::attention_prefill(q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
+                                      head_dim, max_seq, stream);
+        return;
+    }
+    brrr::cuda::check_attention_shapes("prefill_wgmma_ws", n_heads, n_kv_heads, head_dim, max_seq);
+    if (T == 0) return;
+    const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
+                                                   n_kv_heads, head_dim, max_seq);
+    // Q as [T, Hq * hd]; this slot's K and V as [filled positions, Hkv * hd].
+    const size_t kv_row = (size_t)n_kv_heads * head_dim, slot_offset = (size_t)slot * max_seq * kv_row;
+    const CUtensorMap q_map = box64x128_map(q, T, n_heads * head_dim, (size_t)n_heads * head_dim);
+    const CUtensorMap k_map = box64x128_map(k_cache + slot_offset, start_pos + T, (int)kv_row, kv_row);
+    const CUtensorMap v_map = box64x128_map(v_cache + slot_offset, start_pos + T, (int)kv_row, kv_row);
+    auto kernel = prefill_wgmma_ws_kernel<STAGES>;
+    constexpr size_t smem = ws_smem_bytes<STAGES>();
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<brrr::cuda::prefill_grid(a), kWsThreads, smem, stream>>>(q_map, k_map, v_map, a);
+    CUDA_CHECK_LAUNCH("prefill_wgmma_ws_kernel");
 }
 
 }  // namespace lab
