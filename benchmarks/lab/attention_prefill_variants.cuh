@@ -20,8 +20,9 @@
 // With MT = 2 every K/V fragment feeds four mma instead of two. Unlike 01, the template skips the
 // KV tiles that lie wholly above a warp's diagonal (01 masks them) and applies the softmax scale
 // inside the exponent's FFMA instead of a separate multiply.
-// 14-16 (attention_prefill_wgmma.cuh) move hd 128 to warpgroup MMA (15, 16 fed by TMA from a
-// producer warpgroup); their hd 64 is the shipped kernel.
+// 14-17 (attention_prefill_wgmma.cuh) move hd 128 to warpgroup MMA (15-17 fed by TMA from a
+// producer warpgroup, 17 with each warpgroup's softmax overlapping its own P V); their hd 64 is
+// the shipped kernel.
 #pragma once
 
 namespace lab {
@@ -294,8 +295,9 @@ const PrefillVariant kPrefillVariants[] = {
     {"12_shipped_kv32", launch_shipped_path<32, false>},
     {"13_shipped_tiles_fast", launch_shipped_path<64, true>},
     {"14_wgmma_hd128", launch_wgmma_hd128},
-    {"15_wgmma_tma_2stages", launch_wgmma_ws_hd128<2>},
-    {"16_wgmma_tma_3stages", launch_wgmma_ws_hd128<3>},
+    {"15_wgmma_tma_2stages", launch_wgmma_ws_hd128<2, false>},
+    {"16_wgmma_tma_3stages", launch_wgmma_ws_hd128<3, false>},
+    {"17_wgmma_tma_3stages_overlap", launch_wgmma_ws_hd128<3, true>},
 };
 
 }  // namespace lab

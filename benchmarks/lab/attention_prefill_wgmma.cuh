@@ -78,6 +78,23 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_bf16_tb(float (&d)[64], cons
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
+// d (+)= A * B^T for a 64 x 64 x 16 step, A and B through descriptors of K-major tiles (the
+// N = 64 sibling of hopper::wgmma_m64n128k16_bf16; accumulate = 0 overwrites).
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p_acc;\n"
+        "setp.ne.b32 p_acc, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p_acc, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 // Where 16-byte chunk c (0..15) of row r of a 128-wide tile lives: the 64-wide half c / 8, row r
 // of it, chunk c % 8 moved by the swizzle (XOR with r % 8): what a TMA box of 64 x rows in the
 // 128-byte swizzle writes.
@@ -105,40 +122,51 @@ __device__ __forceinline__ void wg_rows_init(WgRows& st, int warp_first_pos, int
     for (int i = 0; i < 64; ++i) st.o[i] = 0.f;
 }
 
-// One KV tile of 128 positions from kv0 for a warpgroup: S = Q K^T, the causal mask, the online
-// softmax, O += P V. q_wg: its 64 Q rows; Kst / Vst: the tile (each two swizzled 64-wide halves,
-// kWgHalfBytes apart). Returns with every wgmma complete, so the tile's shared memory may be reused.
-__device__ __forceinline__ void wg_attend_tile(WgRows& st, const unsigned char* q_wg, const unsigned char* Kst,
-                                               const unsigned char* Vst, int kv0, int warp_first_pos, int t4,
-                                               float scale_log2) {
-    constexpr int HD = kWgHD;
-    float s[64];
-    // S = Q K^T: k-step ks reads 16 columns of hd, in half ks / 4 at byte 32 (ks % 4).
-    hopper::wgmma_fence();
+// The pieces of one block of N = 128 or 64 KV positions from kv0 for a warpgroup. q_wg: its 64 Q
+// rows; Kst / Vst: the block's first K and V rows (each two swizzled 64-wide halves, kWgHalfBytes
+// apart). The issue_* functions only issue and commit a wgmma group; the caller waits.
+
+// S = Q K^T: k-step ks reads 16 columns of hd, in half ks / 4 at byte 32 (ks % 4).
+template <int N>
+__device__ __forceinline__ void wg_issue_s(float (&s)[N / 2], const unsigned char* q_wg, const unsigned char* Kst) {
 #pragma unroll
-    for (int ks = 0; ks < HD / 16; ++ks) {
+    for (int ks = 0; ks < kWgHD / 16; ++ks) {
         const int off = (ks >> 2) * kWgHalfBytes + (ks & 3) * 32;
-        hopper::wgmma_m64n128k16_bf16(s, hopper::sw128_descriptor(q_wg + off), hopper::sw128_descriptor(Kst + off),
-                                      ks > 0);
+        const uint64_t a = hopper::sw128_descriptor(q_wg + off), b = hopper::sw128_descriptor(Kst + off);
+        if constexpr (N == 128) hopper::wgmma_m64n128k16_bf16(s, a, b, ks > 0);
+        else wgmma_m64n64k16_bf16(s, a, b, ks > 0);
     }
     hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
-    hopper::fence_accumulators(s);
+}
 
-    // s[4i + e] is S[row e / 2][position kv0 + 8i + 2 t4 + e % 2].
-    if (kv0 + kWgKV - 1 > warp_first_pos) {
+// O += P V: k-step j covers positions 16j..16j+15, rows 16j.. of both hd halves.
+template <int N>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[64], const uint32_t (&p)[N / 16][4], const unsigned char* Vst) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < N / 16; ++j)
+        wgmma_m64n128k16_rs_bf16_tb(o, p[j], sw128_mn_descriptor(Vst + j * 16 * kWgHalf, kWgHalfBytes));
+    hopper::wgmma_commit();
+}
+
+// The causal mask and the online softmax on a finished S: s becomes P (fp32, relative to the new
+// row max), the row statistics move on, alpha is what O must be scaled by before P V is added.
+// s[4i + e] is S[row e / 2][position kv0 + 8i + 2 t4 + e % 2].
+template <int N>
+__device__ __forceinline__ void wg_softmax(WgRows& st, float (&s)[N / 2], int kv0, int warp_first_pos, int t4,
+                                           float scale_log2, float (&alpha)[2]) {
+    if (kv0 + N - 1 > warp_first_pos) {
+#pragma unroll
+        for (int i = 0; i < N / 8; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 if (kv0 + 8 * i + 2 * t4 + (e & 1) > st.row_pos[e >> 1]) s[4 * i + e] = -INFINITY;
     }
-    float alpha[2], shift[2];
+    float shift[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+        for (int i = 0; i < N / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float new_max = fmaxf(st.row_max[h], mx * scale_log2);
@@ -147,17 +175,28 @@ __device__ __forceinline__ void wg_attend_tile(WgRows& st, const unsigned char* 
         st.row_max[h] = new_max;
         st.row_sum[h] *= alpha[h];
     }
-    uint32_t p[8][4];  // A fragments of the 8 k-steps of P V
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < N / 8; ++i) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             s[4 * i + e] = exp2f(fmaf(s[4 * i + e], scale_log2, -shift[e >> 1]));
             st.row_sum[e >> 1] += s[4 * i + e];
         }
+    }
+}
+
+// P as the A fragments of the N / 16 k-steps of P V: the S accumulators of positions
+// 16j..16j+15 are k-step j's fragment (the layouts coincide).
+template <int N>
+__device__ __forceinline__ void wg_pack_p(const float (&s)[N / 2], uint32_t (&p)[N / 16][4]) {
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
         p[i >> 1][(i & 1) * 2 + 0] = util::pack_bf16x2(s[4 * i + 0], s[4 * i + 1]);
         p[i >> 1][(i & 1) * 2 + 1] = util::pack_bf16x2(s[4 * i + 2], s[4 * i + 3]);
     }
+}
+
+__device__ __forceinline__ void wg_rescale_o(WgRows& st, const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         st.o[4 * i + 0] *= alpha[0];
@@ -165,13 +204,23 @@ __device__ __forceinline__ void wg_attend_tile(WgRows& st, const unsigned char* 
         st.o[4 * i + 2] *= alpha[1];
         st.o[4 * i + 3] *= alpha[1];
     }
+}
 
-    // O += P V: k-step j covers positions 16j..16j+15, rows 16j.. of both hd halves.
+// One tile start to finish: returns with every wgmma complete, so its shared memory may be reused.
+__device__ __forceinline__ void wg_attend_tile(WgRows& st, const unsigned char* q_wg, const unsigned char* Kst,
+                                               const unsigned char* Vst, int kv0, int warp_first_pos, int t4,
+                                               float scale_log2) {
+    float s[64], alpha[2];
+    uint32_t p[8][4];
     hopper::wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kWgKV / 16; ++j)
-        wgmma_m64n128k16_rs_bf16_tb(st.o, p[j], sw128_mn_descriptor(Vst + j * 16 * kWgHalf, kWgHalfBytes));
-    hopper::wgmma_commit();
+    wg_issue_s<128>(s, q_wg, Kst);
+    hopper::wgmma_wait<0>();
+    hopper::fence_accumulators(s);
+    wg_softmax<128>(st, s, kv0, warp_first_pos, t4, scale_log2, alpha);
+    wg_pack_p<128>(s, p);
+    wg_rescale_o(st, alpha);
+    hopper::wgmma_fence();
+    wg_issue_pv<128>(st.o, p, Vst);
     hopper::wgmma_wait<0>();
     hopper::fence_accumulators(st.o);
 }
@@ -282,7 +331,7 @@ void launch_wgmma_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache,
     CUDA_CHECK_LAUNCH("prefill_wgmma_hd128_kernel");
 }
 
-// ---- 15, 16: a producer warpgroup loads by TMA, the two consumers run independently -------------
+// ---- 15-17: a producer warpgroup loads by TMA, the two consumers run independently ---------------
 //
 // Warpgroup 0 is the producer: one thread issues the TMA copies of Q (once) and of each KV tile's
 // K and V into a ring of STAGES slots; warpgroups 1 and 2 consume, 64 query rows each. Slot s has
@@ -290,14 +339,17 @@ void launch_wgmma_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache,
 // when the 8 consumer warps are done with it (a warpgroup whose rows end before the tile arrives
 // without computing). The consumers never wait for each other, so one's softmax overlaps the
 // other's MMAs, and the loads run ahead by STAGES - 1 tiles. TMA zero-fills the rows past T and
-// past the filled cache (the maps end there), so nothing outside is read.
+// past the filled cache (the maps end there), so nothing outside is read. PIPELINED (17) also
+// overlaps within a warpgroup: a 64-position block's softmax runs while the previous block's P V
+// is on the tensor cores (FlashAttention-3's intra-warpgroup overlap, in half tiles so that S, P
+// and O fit the 168 registers ptxas allots: setmaxnreg does not raise its budget).
 constexpr int kWsThreads = 384;
 template <int STAGES>
 constexpr size_t ws_smem_bytes() {
     return (size_t)kWgTileBytes * (1 + 2 * STAGES) + (1 + 2 * STAGES) * sizeof(uint64_t) + 1024;
 }
 
-template <int STAGES>
+template <int STAGES, bool PIPELINED>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_wgmma_ws_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                             const __grid_constant__ CUtensorMap v_map, PrefillArgs a) {
@@ -368,17 +420,76 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         hopper::mbarrier_wait(q_full, 0);
         int stage = 0;
         uint32_t phase = 0;
-        for (int kt = 0; kt < n_tiles; ++kt) {
-            const int kv0 = kt * kWgKV;
-            hopper::mbarrier_wait(full + stage, phase);
-            const unsigned char* k = ring + stage * kStageBytes;
-            if (kv0 <= wg_first_pos + 63)
-                wg_attend_tile(st, q_wg, k, k + kWgTileBytes, kv0, warp_first_pos, t4, a.scale_log2);
-            if (lane == 0) hopper::mbarrier_arrive(empty + stage);
+        auto next_slot = [&] {
             if (++stage == STAGES) {
                 stage = 0;
                 phase ^= 1;
             }
+        };
+        auto release = [&](int slot) {
+            if (lane == 0) hopper::mbarrier_arrive(empty + slot);
+        };
+        // The tiles this warpgroup computes: those that start at or before its last row.
+        const int n_mine = min(n_tiles, (wg_first_pos + 63) / kWgKV + 1);
+        if constexpr (!PIPELINED) {
+            for (int kt = 0; kt < n_mine; ++kt) {
+                hopper::mbarrier_wait(full + stage, phase);
+                const unsigned char* k = ring + stage * kStageBytes;
+                wg_attend_tile(st, q_wg, k, k + kWgTileBytes, kt * kWgKV, warp_first_pos, t4, a.scale_log2);
+                release(stage);
+                next_slot();
+            }
+        } else {
+            // In 64-position halves of the tiles (sub-block u = half u % 2 of tile u / 2): sub-block
+            // u's S = Q K^T is issued together with sub-block u-1's O += P V; once S is done its
+            // softmax runs while P V is still on the tensor cores, then O is rescaled and P packed
+            // for the next round. Halves keep S, P and O within ptxas's 168 registers (whole tiles
+            // spilled); a tile's slot is released when its second half's P V has finished. Block 0
+            // is peeled off: a wgmma issued under a branch makes ptxas serialize them all (C7520).
+            constexpr int kSub = 64;
+            float s[kSub / 2], alpha[2];
+            uint32_t p[kSub / 16][4];
+            const int n_sub = 2 * n_mine;
+            auto k_rows = [&](int slot, int u) { return ring + slot * kStageBytes + (u & 1) * kSub * kWgHalf; };
+            int cur = stage;  // the slot of sub-block u
+            hopper::mbarrier_wait(full + cur, phase);
+            next_slot();
+            hopper::wgmma_fence();
+            wg_issue_s<kSub>(s, q_wg, k_rows(cur, 0));
+            hopper::wgmma_wait<0>();
+            hopper::fence_accumulators(s);
+            wg_softmax<kSub>(st, s, 0, warp_first_pos, t4, a.scale_log2, alpha);
+            wg_pack_p<kSub>(s, p);  // O is still zero: nothing to rescale
+            for (int u = 1; u < n_sub; ++u) {
+                const int prev = cur;  // the slot of sub-block u - 1
+                if ((u & 1) == 0) {
+                    cur = stage;
+                    hopper::mbarrier_wait(full + cur, phase);
+                    next_slot();
+                }
+                hopper::wgmma_fence();
+                wg_issue_s<kSub>(s, q_wg, k_rows(cur, u));
+                wg_issue_pv<kSub>(st.o, p, k_rows(prev, u - 1) + kWgTileBytes);
+                hopper::wgmma_wait<1>();  // S done; P V may still run
+                hopper::fence_accumulators(s);
+                wg_softmax<kSub>(st, s, u * kSub, warp_first_pos, t4, a.scale_log2, alpha);
+                hopper::wgmma_wait<0>();
+                hopper::fence_accumulators(st.o);
+                if ((u & 1) == 0) release(prev);  // sub-block u - 1 finished its tile
+                wg_rescale_o(st, alpha);
+                wg_pack_p<kSub>(s, p);
+            }
+            hopper::wgmma_fence();
+            wg_issue_pv<kSub>(st.o, p, k_rows(cur, n_sub - 1) + kWgTileBytes);
+            hopper::wgmma_wait<0>();
+            hopper::fence_accumulators(st.o);
+            release(cur);
+        }
+        // Tiles past this warpgroup's rows: handed back unread (the other warpgroup needs them).
+        for (int kt = n_mine; kt < n_tiles; ++kt) {
+            hopper::mbarrier_wait(full + stage, phase);
+            release(stage);
+            next_slot();
         }
         wg_store_rows(st, a, q0 + 64 * consumer + 16 * w + g, hq, t4);
     }
@@ -413,7 +524,7 @@ CUtensorMap box64x128_map(const bf16* base, int rows, int cols, size_t row_elems
     return map;
 }
 
-template <int STAGES>
+template <int STAGES, bool PIPELINED>
 void launch_wgmma_ws_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
                            int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
                            cudaStream_t stream) {
@@ -431,7 +542,7 @@ void launch_wgmma_ws_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cac
     const CUtensorMap q_map = box64x128_map(q, T, n_heads * head_dim, (size_t)n_heads * head_dim);
     const CUtensorMap k_map = box64x128_map(k_cache + slot_offset, start_pos + T, (int)kv_row, kv_row);
     const CUtensorMap v_map = box64x128_map(v_cache + slot_offset, start_pos + T, (int)kv_row, kv_row);
-    auto kernel = prefill_wgmma_ws_kernel<STAGES>;
+    auto kernel = prefill_wgmma_ws_kernel<STAGES, PIPELINED>;
     constexpr size_t smem = ws_smem_bytes<STAGES>();
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<brrr::cuda::prefill_grid(a), kWsThreads, smem, stream>>>(q_map, k_map, v_map, a);
