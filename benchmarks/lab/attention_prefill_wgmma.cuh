@@ -1,4 +1,4 @@
-// attention_prefill_wgmma.cuh — variants 14-16 of the prefill attention lab: the causal prefill at
+// attention_prefill_wgmma.cuh — variants 14-17 of the prefill attention lab: the causal prefill at
 // head_dim 128 on warpgroup MMA (wgmma), the instruction that feeds Hopper's tensor cores at full
 // rate (mma.sync, which the shipped kernel uses, reaches about two thirds of it).
 //
@@ -17,11 +17,12 @@
 // in 144 cases; Llama-3-8B heads 133 / 323 / 380 / 393 TF/s at 512 / 2048 / 8192 / 16384 tokens,
 // 1.44 / 1.13 / 1.09 / 1.23x the shipped mma.sync kernel.
 //
-// Variants 15 and 16 (written after run O, not yet run) take the next step of FlashAttention-3:
-// a producer warpgroup loads Q, K and V by TMA into a ring of 2 or 3 slots with full / empty
+// Variants 15-17 (written after run O, not yet run) take the next steps of FlashAttention-3: a
+// producer warpgroup loads Q, K and V by TMA into a ring of 2 or 3 slots with full / empty
 // mbarriers (the GEMM's pipeline), and the two consumer warpgroups run independently, so one's
-// softmax overlaps the other's MMAs. Still missing: S of the next tile in flight during this
-// tile's softmax (it needs 64 more registers a thread), an explicit ping-pong order.
+// softmax overlaps the other's MMAs; in 17 each warpgroup's softmax of a 64-position block also
+// overlaps its own previous block's P V. Not tried: an explicit ping-pong order between the
+// warpgroups.
 #pragma once
 
 #include <cuda.h>
