@@ -314,22 +314,33 @@ __global__ void __launch_bounds__(kWgThreads, 1) prefill_wgmma_hd128_kernel(Pref
 #endif
 }
 
-void launch_wgmma_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
-                        int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
-                        cudaStream_t stream) {
+// The launchers of 14-17: hd 64 goes to the shipped kernel; at hd 128 the shapes are checked and,
+// unless T = 0, launch_hd128 gets the kernel arguments.
+template <class LaunchHd128>
+void launch_at_hd128(const char* op, const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
+                     int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
+                     cudaStream_t stream, LaunchHd128 launch_hd128) {
     if (head_dim != 128) {
         brrr::cuda::attention_prefill(q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
                                       head_dim, max_seq, stream);
         return;
     }
-    brrr::cuda::check_attention_shapes("prefill_wgmma", n_heads, n_kv_heads, head_dim, max_seq);
+    brrr::cuda::check_attention_shapes(op, n_heads, n_kv_heads, head_dim, max_seq);
     if (T == 0) return;
-    const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                                                   n_kv_heads, head_dim, max_seq);
-    CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_hd128_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)kWgSmem));
-    prefill_wgmma_hd128_kernel<<<brrr::cuda::prefill_grid(a), kWgThreads, kWgSmem, stream>>>(a);
-    CUDA_CHECK_LAUNCH("prefill_wgmma_hd128_kernel");
+    launch_hd128(brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
+                                          head_dim, max_seq));
+}
+
+void launch_wgmma_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
+                        int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
+                        cudaStream_t stream) {
+    launch_at_hd128("prefill_wgmma", q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
+                    head_dim, max_seq, stream, [&](const PrefillArgs& a) {
+        CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_hd128_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)kWgSmem));
+        prefill_wgmma_hd128_kernel<<<brrr::cuda::prefill_grid(a), kWgThreads, kWgSmem, stream>>>(a);
+        CUDA_CHECK_LAUNCH("prefill_wgmma_hd128_kernel");
+    });
 }
 
 // ---- 15-17: a producer warpgroup loads by TMA, the two consumers run independently ---------------
@@ -509,12 +520,13 @@ PFN_cuTensorMapEncodeTiled_v12000 lab_tensor_map_encoder() {
     return encoder;
 }
 
-// [rows, cols] bf16 row-major with rows `row_elems` apart, boxes of 64 columns x 128 rows in the
-// 128-byte swizzle; rows past `rows` read as zeros.
-CUtensorMap box64x128_map(const bf16* base, int rows, int cols, size_t row_elems) {
+// [rows, cols] bf16 row-major, boxes of 64 columns x 128 rows in the 128-byte swizzle; rows past
+// `rows` read as zeros. gemm.cu's make_tensor_map with 128-row boxes; a copy, since the lab does
+// not build gemm.cu (a shared one belongs in csrc/ once a TMA attention kernel moves there).
+CUtensorMap box64x128_map(const bf16* base, int rows, int cols) {
     CUtensorMap map;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)row_elems * sizeof(bf16)};
+    const cuuint64_t strides[1] = {(cuuint64_t)cols * sizeof(bf16)};
     const cuuint32_t box[2] = {64, 128};
     const cuuint32_t element_strides[2] = {1, 1};
     const CUresult r = lab_tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base),
@@ -529,25 +541,20 @@ template <int STAGES, bool PIPELINED>
 void launch_wgmma_ws_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
                            int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
                            cudaStream_t stream) {
-    if (head_dim != 128) {
-        brrr::cuda::attention_prefill(q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
-                                      head_dim, max_seq, stream);
-        return;
-    }
-    brrr::cuda::check_attention_shapes("prefill_wgmma_ws", n_heads, n_kv_heads, head_dim, max_seq);
-    if (T == 0) return;
-    const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                                                   n_kv_heads, head_dim, max_seq);
-    // Q as [T, Hq * hd]; this slot's K and V as [filled positions, Hkv * hd].
-    const size_t kv_row = (size_t)n_kv_heads * head_dim, slot_offset = (size_t)slot * max_seq * kv_row;
-    const CUtensorMap q_map = box64x128_map(q, T, n_heads * head_dim, (size_t)n_heads * head_dim);
-    const CUtensorMap k_map = box64x128_map(k_cache + slot_offset, start_pos + T, (int)kv_row, kv_row);
-    const CUtensorMap v_map = box64x128_map(v_cache + slot_offset, start_pos + T, (int)kv_row, kv_row);
-    auto kernel = prefill_wgmma_ws_kernel<STAGES, PIPELINED>;
-    constexpr size_t smem = ws_smem_bytes<STAGES>();
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<brrr::cuda::prefill_grid(a), kWsThreads, smem, stream>>>(q_map, k_map, v_map, a);
-    CUDA_CHECK_LAUNCH("prefill_wgmma_ws_kernel");
+    launch_at_hd128("prefill_wgmma_ws", q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
+                    head_dim, max_seq, stream, [&](const PrefillArgs& a) {
+        // Q as [T, Hq * hd]; this slot's K and V as [filled positions, Hkv * hd].
+        const int kv_row = n_kv_heads * head_dim;
+        const size_t slot_offset = (size_t)slot * max_seq * kv_row;
+        const CUtensorMap q_map = box64x128_map(q, T, n_heads * head_dim);
+        const CUtensorMap k_map = box64x128_map(k_cache + slot_offset, start_pos + T, kv_row);
+        const CUtensorMap v_map = box64x128_map(v_cache + slot_offset, start_pos + T, kv_row);
+        auto kernel = prefill_wgmma_ws_kernel<STAGES, PIPELINED>;
+        constexpr size_t smem = ws_smem_bytes<STAGES>();
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kernel<<<brrr::cuda::prefill_grid(a), kWsThreads, smem, stream>>>(q_map, k_map, v_map, a);
+        CUDA_CHECK_LAUNCH("prefill_wgmma_ws_kernel");
+    });
 }
 
 }  // namespace lab

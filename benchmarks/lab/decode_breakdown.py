@@ -56,7 +56,8 @@ def main():
             for i in range(n):
                 eng.decode(one(7, np.int32), one(0, np.int32), one(128 + i, np.int32), logits=False)
 
-        steps(); graph_only()  # warm-up: captures the graphs
+        steps()  # warm-up: captures the graphs
+        graph_only()
         s = per_token_s(steps, n, args.repeats)
         g = per_token_s(graph_only, n, args.repeats)
         row = {"shape": shape, "n": n, "steps_us": s[0] * 1e6, "steps_min_us": s[1] * 1e6,
@@ -65,8 +66,7 @@ def main():
         rows.append(row)
         print(f"{shape:12s} steps {row['steps_us']:8.1f} us/token ({1e6 / row['steps_us']:.1f} tok/s)  "
               f"graph alone {row['graph_us']:8.1f}  difference {row['sample_feedback_us']:6.1f} us", flush=True)
-        del model, eng
-        torch.cuda.empty_cache()
+        del model, eng  # the engine's weights and cache go before the next shape's
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
