@@ -2,8 +2,9 @@
 
 Random N(0, 0.02) weights give nearly uniform logits, where argmax comparisons between two
 numerically different paths (prefill vs decode, batch vs alone) would hinge on float rounding. So
-the fixtures redraw the LM head with std 1: logit gaps become O(1), and a token mismatch means a
-real bug, not a near-tie.
+the fixtures redraw the LM head with std 1: logit gaps become O(1). Near-ties still turn up now and
+then (a top-2 gap of 4e-4 in one of 48 positions), so greedy checks ask each token to be the argmax
+of its own history up to a tolerance rather than comparing two runs token for token.
 """
 
 import math
@@ -46,32 +47,22 @@ def log_softmax(x):
     return x - m - math.log(np.exp(x - m).sum())
 
 
-def greedy_by_forward(llm, prompt, n_tokens):
-    """The greedy continuation computed from forward() logits: (tokens, top-2 margins, logprobs)."""
-    logits = llm.forward(prompt)[-1]
-    tokens, margins, logprobs = [], [], []
-    pos = len(prompt)
-    for _ in range(n_tokens):
-        top2 = np.sort(logits)[-2:]
-        token = int(np.argmax(logits))
-        tokens.append(token)
-        margins.append(float(top2[1] - top2[0]))
-        logprobs.append(float(log_softmax(logits)[token]))
-        logits = llm.forward([token], start_pos=pos)[-1]
-        pos += 1
-    return tokens, margins, logprobs
+def logits_along(llm, prompt, continuation):
+    """forward() logits at each step of prompt + continuation: row i predicts continuation[i]. One
+    whole-sequence forward, so generate's decode path is checked against the prefill path."""
+    return llm.forward(list(prompt) + list(continuation[:-1]))[len(prompt) - 1:]
 
 
-def assert_same_up_to_ties(got, expected, margins, min_compared):
-    """Tokens must agree while the expected side's top-2 margin is clear (> 1e-3); after a near-tie
-    the two sequences may legitimately part. At least min_compared positions must be compared."""
-    compared = 0
-    for i, (g, e, m) in enumerate(zip(got, expected, margins)):
-        if m <= 1e-3:
-            break
-        assert g == e, f"token {i}: got {g}, expected {e} (top-2 margin {m:.4f}); {got} vs {expected}"
-        compared += 1
-    assert compared >= min_compared, f"only {compared} clear-margin positions; margins {margins}"
+def assert_greedy(tokens, logits, tol=1e-3):
+    """Each token must be the argmax of the logits over its own history, up to tol: two float paths
+    may order a near-tie either way. Checking along the generated sequence (not against a second
+    greedy run, which parts from it after the first near-tie) checks every position."""
+    assert len(logits) == len(tokens)
+    for i, (token, row) in enumerate(zip(tokens, np.asarray(logits, dtype=np.float64))):
+        best = int(np.argmax(row))
+        assert row[token] >= row[best] - tol, (
+            f"token {i}: got {token} (logit {row[token]:.5f}), argmax {best} "
+            f"(logit {row[best]:.5f}); tokens {list(tokens)}")
 
 
 # ---- greedy correctness ------------------------------------------------------------------------
@@ -79,9 +70,8 @@ def assert_same_up_to_ties(got, expected, margins, min_compared):
 def test_greedy_generate_matches_argmax_of_forward(llm, rng):
     for prompt in random_prompts(rng, [1, 7, 23]):
         out = llm.generate(prompt, max_tokens=16, ignore_eos=True)[0]
-        expected, margins, _ = greedy_by_forward(llm, prompt, 16)
         assert len(out.token_ids) == 16
-        assert_same_up_to_ties(out.token_ids, expected, margins, min_compared=14)
+        assert_greedy(out.token_ids, logits_along(llm, prompt, out.token_ids))
 
 
 def test_bf16_weights_on_cpu_generate_their_own_argmax(rng):
@@ -89,8 +79,8 @@ def test_bf16_weights_on_cpu_generate_their_own_argmax(rng):
     assert llm.dtype == "bf16"
     prompt = random_prompts(rng, [6])[0]
     out = llm.generate(prompt, max_tokens=10, ignore_eos=True)[0]
-    expected, margins, _ = greedy_by_forward(llm, prompt, 10)
-    assert_same_up_to_ties(out.token_ids, expected, margins, min_compared=8)
+    assert len(out.token_ids) == 10
+    assert_greedy(out.token_ids, logits_along(llm, prompt, out.token_ids))
 
 
 def test_greedy_matches_reference_llama(llm, rng):
@@ -103,16 +93,12 @@ def test_greedy_matches_reference_llama(llm, rng):
     ref = ReferenceLlama(config, weights)
     prompt = random_prompts(rng, [11])[0]
     out = llm.generate(prompt, max_tokens=16, ignore_eos=True)[0]
+    assert len(out.token_ids) == 16
 
-    ids = list(prompt)
-    margins = []
+    ids = list(prompt) + out.token_ids[:-1]
     with torch.no_grad():
-        for _ in range(16):
-            logits = ref.forward(torch.tensor([ids]))[0, -1].double().numpy()
-            top2 = np.sort(logits)[-2:]
-            margins.append(float(top2[1] - top2[0]))
-            ids.append(int(np.argmax(logits)))
-    assert_same_up_to_ties(out.token_ids, ids[len(prompt):], margins, min_compared=14)
+        logits = ref.forward(torch.tensor([ids]))[0, len(prompt) - 1:].double().numpy()
+    assert_greedy(out.token_ids, logits)
 
 
 def test_forward_in_pieces_equals_forward_at_once(llm, rng):
@@ -276,9 +262,10 @@ def test_strong_repetition_penalty_forbids_repeats(llm, rng):
 def test_logprobs_equal_log_softmax_of_forward_logits(llm, rng):
     prompt = random_prompts(rng, [9])[0]
     out = llm.generate(prompt, max_tokens=10, ignore_eos=True, logprobs=True)[0]
-    expected_tokens, _, expected_logprobs = greedy_by_forward(llm, prompt, 10)
-    assert out.token_ids == expected_tokens
-    np.testing.assert_allclose(out.logprobs, expected_logprobs, atol=1e-4)
+    logits = logits_along(llm, prompt, out.token_ids)
+    assert_greedy(out.token_ids, logits)
+    expected = [log_softmax(row)[token] for row, token in zip(logits, out.token_ids)]
+    np.testing.assert_allclose(out.logprobs, expected, atol=1e-4)
 
 
 def test_sampled_logprobs_are_finite_and_not_positive(llm):
