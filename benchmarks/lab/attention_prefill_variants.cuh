@@ -298,6 +298,8 @@ const PrefillVariant kPrefillVariants[] = {
     {"15_wgmma_tma_2stages", launch_wgmma_ws_hd128<2, false>},
     {"16_wgmma_tma_3stages", launch_wgmma_ws_hd128<3, false>},
     {"17_wgmma_tma_3stages_overlap", launch_wgmma_ws_hd128<3, true>},
+    {"18_wgmma_tma_3stages_pingpong", launch_wgmma_ws_hd128<3, false, true>},
+    {"19_wgmma_tma_3stages_overlap_pingpong", launch_wgmma_ws_hd128<3, true, true>},
 };
 
 }  // namespace lab

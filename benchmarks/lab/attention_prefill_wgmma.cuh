@@ -17,12 +17,12 @@
 // in 144 cases; Llama-3-8B heads 133 / 323 / 380 / 393 TF/s at 512 / 2048 / 8192 / 16384 tokens,
 // 1.44 / 1.13 / 1.09 / 1.23x the shipped mma.sync kernel.
 //
-// Variants 15-17 (written after run O, not yet run) take the next steps of FlashAttention-3: a
+// Variants 15-19 (written after run O, not yet run) take the next steps of FlashAttention-3: a
 // producer warpgroup loads Q, K and V by TMA into a ring of 2 or 3 slots with full / empty
 // mbarriers (the GEMM's pipeline), and the two consumer warpgroups run independently, so one's
 // softmax overlaps the other's MMAs; in 17 each warpgroup's softmax of a 64-position block also
-// overlaps its own previous block's P V. Not tried: an explicit ping-pong order between the
-// warpgroups.
+// overlaps its own previous block's P V; 18 and 19 are 16 and 17 with the two warpgroups taking
+// turns on the tensor cores (ping-pong, named barriers).
 #pragma once
 
 #include <cuda.h>
@@ -43,6 +43,11 @@ constexpr size_t kWgSmem = 5 * (size_t)kWgTileBytes + 1024;
 
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Arrive at named barrier `id` without waiting; `threads` counts those that sync plus those that arrive.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Descriptor of an MN-major, 128-byte-swizzled operand: rows of 128 bytes (64 elements of N),
@@ -207,14 +212,22 @@ __device__ __forceinline__ void wg_rescale_o(WgRows& st, const float (&alpha)[2]
     }
 }
 
+struct NoHook {
+    __device__ __forceinline__ void operator()() const {}
+};
+
 // One tile start to finish: returns with every wgmma complete, so its shared memory may be reused.
+// after_issue_s runs once S = Q K^T is on its way (18 hands the tensor cores to the other warpgroup
+// there).
+template <class AfterIssueS = NoHook>
 __device__ __forceinline__ void wg_attend_tile(WgRows& st, const unsigned char* q_wg, const unsigned char* Kst,
                                                const unsigned char* Vst, int kv0, int warp_first_pos, int t4,
-                                               float scale_log2) {
+                                               float scale_log2, AfterIssueS after_issue_s = {}) {
     float s[64], alpha[2];
     uint32_t p[8][4];
     hopper::wgmma_fence();
     wg_issue_s<128>(s, q_wg, Kst);
+    after_issue_s();
     hopper::wgmma_wait<0>();
     hopper::fence_accumulators(s);
     wg_softmax<128>(st, s, kv0, warp_first_pos, t4, scale_log2, alpha);
@@ -343,7 +356,7 @@ void launch_wgmma_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache,
     });
 }
 
-// ---- 15-17: a producer warpgroup loads by TMA, the two consumers run independently ---------------
+// ---- 15-19: a producer warpgroup loads by TMA, the two consumers run independently ---------------
 //
 // Warpgroup 0 is the producer: one thread issues the TMA copies of Q (once) and of each KV tile's
 // K and V into a ring of STAGES slots; warpgroups 1 and 2 consume, 64 query rows each. Slot s has
@@ -353,15 +366,42 @@ void launch_wgmma_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache,
 // other's MMAs, and the loads run ahead by STAGES - 1 tiles. TMA zero-fills the rows past T and
 // past the filled cache (the maps end there), so nothing outside is read. PIPELINED (17) also
 // overlaps within a warpgroup: a 64-position block's softmax runs while the previous block's P V
-// is on the tensor cores (FlashAttention-3's intra-warpgroup overlap, in half tiles so that S, P
-// and O fit the 168 registers ptxas allots: setmaxnreg does not raise its budget).
+// is on the tensor cores (FlashAttention-3's intra-warpgroup overlap). It works in half tiles:
+// with whole 128-position blocks ptxas spilled 252 bytes and serialized the wgmmas (C7512) though
+// it did use registers past the 168 of the kernel's entry (up to R186; setmaxnreg is honoured: a
+// toy kernel reaches R207), at a 40 / 232 and a 24 / 240 producer / consumer split alike.
+// PINGPONG (18, 19) orders the two consumers' MMAs, FlashAttention-3's ping-pong: left alone the
+// two can drift into step and run their softmaxes at the same time, leaving the tensor cores idle.
 constexpr int kWsThreads = 384;
+
+// The turns of PINGPONG: consumer c waits for its turn at named barrier kTurnBarrier + c and, its
+// MMAs issued, opens the other's turn with an arrival there. Both take the same number of turns
+// (rounds with nothing to issue included: the lower warpgroup's rows end a tile early), consumer 1
+// opens consumer 0's first turn and none after its own last, so every arrival meets its wait. That
+// matters twice over: a barrier must not be left half-arrived at exit, and a second arrival before
+// the other's wait would complete the barrier for the wrong round. (Without PINGPONG, no-ops.)
+constexpr int kTurnBarrier = 1;  // named barriers 1 and 2; 0 is __syncthreads
+template <bool ON>
+struct TurnOrder {
+    int me, turns_left;
+    __device__ __forceinline__ TurnOrder(int consumer, int turns) : me(consumer), turns_left(turns) {
+        if (ON && me == 1) named_barrier_arrive(kTurnBarrier, 256);
+    }
+    __device__ __forceinline__ void take() const {
+        if constexpr (ON) hopper::named_barrier_sync(kTurnBarrier + me, 256);
+    }
+    __device__ __forceinline__ void pass() {
+        if constexpr (ON) {
+            if (--turns_left > 0 || me == 0) named_barrier_arrive(kTurnBarrier + 1 - me, 256);
+        }
+    }
+};
 template <int STAGES>
 constexpr size_t ws_smem_bytes() {
     return (size_t)kWgTileBytes * (1 + 2 * STAGES) + (1 + 2 * STAGES) * sizeof(uint64_t) + 1024;
 }
 
-template <int STAGES, bool PIPELINED>
+template <int STAGES, bool PIPELINED, bool PINGPONG>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_wgmma_ws_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                             const __grid_constant__ CUtensorMap v_map, PrefillArgs a) {
@@ -443,11 +483,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         };
         // The tiles this warpgroup computes: those that start at or before its last row.
         const int n_mine = min(n_tiles, (wg_first_pos + 63) / kWgKV + 1);
+        // Issue rounds: one per tile; PIPELINED, one per 64-position block plus the last P V.
+        constexpr int kRoundsPerTile = PIPELINED ? 2 : 1;
+        TurnOrder<PINGPONG> turns(consumer, kRoundsPerTile * n_tiles + (PIPELINED ? 1 : 0));
         if constexpr (!PIPELINED) {
             for (int kt = 0; kt < n_mine; ++kt) {
                 hopper::mbarrier_wait(full + stage, phase);
                 const unsigned char* k = ring + stage * kStageBytes;
-                wg_attend_tile(st, q_wg, k, k + kWgTileBytes, kt * kWgKV, warp_first_pos, t4, a.scale_log2);
+                turns.take();
+                wg_attend_tile(st, q_wg, k, k + kWgTileBytes, kt * kWgKV, warp_first_pos, t4, a.scale_log2,
+                               [&] { turns.pass(); });
                 release(stage);
                 next_slot();
             }
@@ -466,8 +511,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             int cur = stage;  // the slot of sub-block u
             hopper::mbarrier_wait(full + cur, phase);
             next_slot();
+            turns.take();
             hopper::wgmma_fence();
             wg_issue_s<kSub>(s, q_wg, k_rows(cur, 0));
+            turns.pass();
             hopper::wgmma_wait<0>();
             hopper::fence_accumulators(s);
             wg_softmax<kSub>(st, s, 0, warp_first_pos, t4, a.scale_log2, alpha);
@@ -479,9 +526,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                     hopper::mbarrier_wait(full + cur, phase);
                     next_slot();
                 }
+                turns.take();
                 hopper::wgmma_fence();
                 wg_issue_s<kSub>(s, q_wg, k_rows(cur, u));
                 wg_issue_pv<kSub>(st.o, p, k_rows(prev, u - 1) + kWgTileBytes);
+                turns.pass();
                 hopper::wgmma_wait<1>();  // S done; P V may still run
                 hopper::fence_accumulators(s);
                 wg_softmax<kSub>(st, s, u * kSub, warp_first_pos, t4, a.scale_log2, alpha);
@@ -491,17 +540,24 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                 wg_rescale_o(st, alpha);
                 wg_pack_p<kSub>(s, p);
             }
+            turns.take();
             hopper::wgmma_fence();
             wg_issue_pv<kSub>(st.o, p, k_rows(cur, n_sub - 1) + kWgTileBytes);
+            turns.pass();
             hopper::wgmma_wait<0>();
             hopper::fence_accumulators(st.o);
             release(cur);
         }
-        // Tiles past this warpgroup's rows: handed back unread (the other warpgroup needs them).
+        // Tiles past this warpgroup's rows: handed back unread (the other warpgroup needs them), their
+        // turns taken empty.
         for (int kt = n_mine; kt < n_tiles; ++kt) {
             hopper::mbarrier_wait(full + stage, phase);
             release(stage);
             next_slot();
+            for (int r = 0; r < kRoundsPerTile; ++r) {
+                turns.take();
+                turns.pass();
+            }
         }
         wg_store_rows(st, a, q0 + 64 * consumer + 16 * w + g, hq, t4);
     }
@@ -537,7 +593,7 @@ CUtensorMap box64x128_map(const bf16* base, int rows, int cols) {
     return map;
 }
 
-template <int STAGES, bool PIPELINED>
+template <int STAGES, bool PIPELINED, bool PINGPONG = false>
 void launch_wgmma_ws_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
                            int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
                            cudaStream_t stream) {
@@ -549,7 +605,7 @@ void launch_wgmma_ws_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cac
         const CUtensorMap q_map = box64x128_map(q, T, n_heads * head_dim);
         const CUtensorMap k_map = box64x128_map(k_cache + slot_offset, start_pos + T, kv_row);
         const CUtensorMap v_map = box64x128_map(v_cache + slot_offset, start_pos + T, kv_row);
-        auto kernel = prefill_wgmma_ws_kernel<STAGES, PIPELINED>;
+        auto kernel = prefill_wgmma_ws_kernel<STAGES, PIPELINED, PINGPONG>;
         constexpr size_t smem = ws_smem_bytes<STAGES>();
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         kernel<<<brrr::cuda::prefill_grid(a), kWsThreads, smem, stream>>>(q_map, k_map, v_map, a);
