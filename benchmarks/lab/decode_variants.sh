@@ -21,6 +21,10 @@
 #   13 fd-early     LLAMA_BRRR_DECODE_LATE_TRIGGER=0: the wo GEMV may launch once flash_decode's
 #                   first tile is issued, at every head dim
 #   12 fd-1-per-sm  LLAMA_BRRR_DECODE_CTAS_PER_SM=1: a grid of one flash_decode CTA per SM (shipped: 2)
+#   14 gemv-trigger LLAMA_BRRR_GEMV_EARLY_TRIGGER=1: a GEMV lets the next kernel launch before its
+#                   own PDL wait, so the GEMV after next (w13 behind wo) starts its weight loads
+#                   while flash_decode runs
+#   15, 16          14 with flash_decode's trigger late (15) or early (16) at every head dim
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -46,6 +50,9 @@ variants=(
     "11-fd-late|LLAMA_BRRR_DECODE_LATE_TRIGGER=1"
     "12-fd-1-per-sm|LLAMA_BRRR_DECODE_CTAS_PER_SM=1"
     "13-fd-early|LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
+    "14-gemv-trigger|LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
+    "15-gemv-trigger-fd-late|LLAMA_BRRR_GEMV_EARLY_TRIGGER=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=1"
+    "16-gemv-trigger-fd-early|LLAMA_BRRR_GEMV_EARLY_TRIGGER=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

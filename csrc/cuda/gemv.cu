@@ -75,6 +75,7 @@ struct GemvArgs {
     int K, chunk;         // chunk = x elements per row staged per K step
     bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
     bool early;           // issue the first W loads into registers before that wait
+    bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -200,6 +201,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                 w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
+    if (a.trigger_early) pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
     bool preloaded = false;
     if (VEC && a.early) {
@@ -207,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         preloaded = true;
     }
     pdl_wait();
-    pdl_launch_dependents();
+    if (!a.trigger_early) pdl_launch_dependents();
 
     if (NORM) row_rstd<M, VEC>(a.x_f32, K, a.eps, rstd);
 
@@ -386,6 +388,10 @@ bool early_loads_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY", true);
     return on;
 }
+bool early_trigger_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_TRIGGER", false);
+    return on;
+}
 bool fused_norm_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
     return on;
@@ -426,6 +432,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.out = args;
     a.prefetch = prefetch_enabled();
     a.early = early_loads_enabled();
+    a.trigger_early = early_trigger_enabled();
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
