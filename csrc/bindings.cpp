@@ -1161,7 +1161,7 @@ PYBIND11_MODULE(_C, m) {
        "positions [0, positions[b]] of slot slots[b] (int32 device arrays); out bf16 [B, Hq * hd]");
     cuda_ops.def("attention_prefill", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, int64_t slot,
                                          int64_t start_pos, int64_t T, uintptr_t out, int64_t n_heads,
-                                         int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+                                         int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, bool mma_sync) {
         CudaOp::check_sizes({{"slot", slot}, {"start_pos", start_pos}, {"T", T}, {"n_heads", n_heads},
                              {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
         CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
@@ -1172,14 +1172,16 @@ PYBIND11_MODULE(_C, m) {
         const auto* vp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache"));
         auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
         py::gil_scoped_release release;
-        brrr::cuda::attention_prefill(qp, kp, vp, (int)slot, (int)start_pos, (int)T, op, (int)n_heads,
-                                      (int)n_kv_heads, (int)head_dim, (int)max_seq, 0);
+        (mma_sync ? brrr::cuda::attention_prefill_mma_sync : brrr::cuda::attention_prefill)(
+            qp, kp, vp, (int)slot, (int)start_pos, (int)T, op, (int)n_heads, (int)n_kv_heads, (int)head_dim,
+            (int)max_seq, 0);
         CudaOp::finish("cuda_ops.attention_prefill");
     }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slot"), py::arg("start_pos"),
        py::arg("T"), py::arg("out"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("head_dim"),
-       py::arg("max_seq"),
+       py::arg("max_seq"), py::arg("mma_sync") = false,
        "causal prefill of T tokens at positions start_pos.. of cache slot `slot` (their K/V already "
-       "in the cache): q bf16 [T, Hq, hd], out bf16 [T, Hq * hd]");
+       "in the cache): q bf16 [T, Hq, hd], out bf16 [T, Hq * hd]. mma_sync=True runs the pre-Hopper "
+       "kernel whatever the GPU (Hopper runs TMA-fed wgmma otherwise)");
     // ==== CUDA region end ====
 #endif
 }

@@ -319,9 +319,11 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
         assert_design_tolerance(f"flash_decode b={b} length={length}", got, ref, bf)
 
 
-def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, max_seq=400):
+def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, max_seq=None, mma_sync=False):
+    """max_seq defaults to room past the filled positions, whose poison the kernel must not read."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    max_seq = start_pos + T + 37 if max_seq is None else max_seq
     max_batch, slot = 3, 2
     group = n_heads // n_kv_heads
     total = start_pos + T
@@ -331,7 +333,7 @@ def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_po
     q = randn((T, n_heads, head_dim), gen)
     out = nan_full((T, n_heads * head_dim), torch.bfloat16)
     ops.attention_prefill(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slot, start_pos, T,
-                          out.data_ptr(), n_heads, n_kv_heads, head_dim, max_seq)
+                          out.data_ptr(), n_heads, n_kv_heads, head_dim, max_seq, mma_sync=mma_sync)
     torch.cuda.synchronize()
 
     qh = q.transpose(0, 1)  # [Hq, T, hd]
@@ -346,22 +348,32 @@ def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_po
     assert_design_tolerance(f"attention_prefill T={T} start_pos={start_pos}", got, ref, bf)
 
 
-@pytest.mark.parametrize("start_pos", [0, 45])
-@pytest.mark.parametrize("T", [1, 17, 300])
+# mma_sync=True: the pre-Hopper kernel, which a Hopper GPU runs only here.
+@pytest.mark.parametrize("mma_sync", [False, True])
+@pytest.mark.parametrize("start_pos", [0, 45, 130])
+@pytest.mark.parametrize("T", [1, 17, 128, 300])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 2), (3, 3), (9, 3)])
-def test_attention_prefill_matches_sdpa(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos):
-    check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos)
+def test_attention_prefill_matches_sdpa(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, mma_sync):
+    check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, mma_sync=mma_sync)
 
 
+@pytest.mark.parametrize("mma_sync", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_attention_prefill_kv_larger_than_l2(ops, gen, head_dim):
+def test_attention_prefill_kv_larger_than_l2(ops, gen, head_dim, mma_sync):
     """The launcher orders the grid by whether the sequence's K/V fits in L2; here it does not
     (enough KV heads to overflow this GPU's L2), so the other grid order runs."""
     T, start_pos = 150, 7
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     n_kv_heads = l2 // ((start_pos + T) * head_dim * 2 * 2) + 1
-    check_attention_prefill(ops, gen, 2 * n_kv_heads, n_kv_heads, head_dim, T, start_pos, max_seq=start_pos + T)
+    check_attention_prefill(ops, gen, 2 * n_kv_heads, n_kv_heads, head_dim, T, start_pos, max_seq=start_pos + T,
+                            mma_sync=mma_sync)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_attention_prefill_long_sequence(ops, gen, head_dim):
+    """Many query tiles and KV tiles per CTA, a prefix that ends inside a tile, T not a tile multiple."""
+    check_attention_prefill(ops, gen, 4, 1, head_dim, 1100, 70, max_seq=1200)
 
 
 def test_attention_bad_arguments_raise(ops, gen):

@@ -1,13 +1,14 @@
 // attention_prefill_variants.cuh — the kernels compared by cuda_attention_prefill_lab.cu. Each
 // variant is a launcher with attention_prefill's signature. 01 is the first production kernel
-// (kept here as it was), 11 is attention_prefill as it ships (07's kernel, grid order by L2 fit);
-// 12 and 13 run the shipped kernel on its other paths: 32-position K/V tiles at hd 128 (what
-// GPUs with 99 KB of shared memory per CTA get) and the grid order of a K/V larger than L2.
+// (kept here as it was); 11 is the mma.sync kernel as it shipped until Hopper got its own (07's
+// kernel, grid order by L2 fit), 12 and 13 its other paths: 32-position K/V tiles at hd 128 (what
+// GPUs with 99 KB of shared memory per CTA get) and the grid order of a K/V larger than L2. 15 is
+// attention_prefill as it ships: on Hopper the TMA-fed wgmma kernel at hd 64 and 128, elsewhere 11.
 //
 // The first kernel (01) gives each warp 16 query rows, so every K or V fragment a warp reads
 // from shared memory with ldmatrix feeds two mma.sync: on H100 shared memory then binds before the
 // tensor cores do (a 512-byte ldmatrix.x4 is 4 clocks of the SM's 128 B/clock, two m16n8k16 are
-// about 3). The variants 02-13 are instances of the shipped kernel's template,
+// about 3). The variants 02-13 are instances of the mma.sync kernel's template,
 // attention_prefill_kernel<HD, KV, WARPS, MT, QREG> (attention.cu), with the grid order set per
 // variant:
 //   WARPS  warps per CTA;  MT  16-row m-tiles per warp (query rows per CTA = 16 * WARPS * MT);
@@ -20,9 +21,8 @@
 // With MT = 2 every K/V fragment feeds four mma instead of two. Unlike 01, the template skips the
 // KV tiles that lie wholly above a warp's diagonal (01 masks them) and applies the softmax scale
 // inside the exponent's FFMA instead of a separate multiply.
-// 14-17 (attention_prefill_wgmma.cuh) move hd 128 to warpgroup MMA (15-17 fed by TMA from a
-// producer warpgroup, 17 with each warpgroup's softmax overlapping its own P V); their hd 64 is
-// the shipped kernel.
+// 14 (attention_prefill_wgmma.cuh) moves hd 128 to warpgroup MMA fed by cp.async; 15 feeds it by
+// TMA from a producer warpgroup (attention_prefill_sm90_kernel in attention.cu).
 #pragma once
 
 namespace lab {
@@ -225,7 +225,7 @@ void launch_rows64(const bf16* q, const bf16* k_cache, const bf16* v_cache, int 
     CUDA_CHECK_LAUNCH("prefill_rows64_kernel");
 }
 
-// ---- 02-10: the shipped kernel's template at other shapes -------------------------------------------
+// ---- 02-10: the mma.sync kernel's template at other shapes ------------------------------------------
 // attention_prefill_kernel<HD, KV, WARPS, MT, QREG> (attention.cu) is the one body of all of them;
 // 11 is its engine instance. The grid order comes from a.heads_fast, set here per variant.
 
@@ -258,13 +258,13 @@ void launch_tiled(const bf16* q, const bf16* k_cache, const bf16* v_cache, int s
     else launch_tiled_hd<128, WARPS, MT, QREG_HD64, KV128, HEADS_FAST>(a, stream);
 }
 
-// ---- 12, 13: the shipped kernel's other paths ------------------------------------------------------
+// ---- 11-13: the mma.sync kernel as it shipped, and its other paths -------------------------------
 
 template <int KV128, bool FORCE_TILES_FAST>
-void launch_shipped_path(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
-                         int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
-                         int max_seq, cudaStream_t stream) {
-    brrr::cuda::check_attention_shapes("shipped_path", n_heads, n_kv_heads, head_dim, max_seq);
+void launch_mma_sync_path(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
+                          int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
+                          int max_seq, cudaStream_t stream) {
+    brrr::cuda::check_attention_shapes("mma_sync_path", n_heads, n_kv_heads, head_dim, max_seq);
     if (T == 0) return;
     PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
                                              n_kv_heads, head_dim, max_seq);
@@ -291,15 +291,11 @@ const PrefillVariant kPrefillVariants[] = {
     {"08_rows64_skip_headsfast", launch_tiled<4, 1, true, 64, true>},
     {"09_rows128_2tiles_kv32_headsfast", launch_tiled<4, 2, true, 32, true>},
     {"10_rows256_8w_2tiles_headsfast", launch_tiled<8, 2, true, 64, true>},
-    {"11_shipped", brrr::cuda::attention_prefill},
-    {"12_shipped_kv32", launch_shipped_path<32, false>},
-    {"13_shipped_tiles_fast", launch_shipped_path<64, true>},
+    {"11_mma_sync", launch_mma_sync_path<64, false>},
+    {"12_mma_sync_kv32", launch_mma_sync_path<32, false>},
+    {"13_mma_sync_tiles_fast", launch_mma_sync_path<64, true>},
     {"14_wgmma_hd128", launch_wgmma_hd128},
-    {"15_wgmma_tma_2stages", launch_wgmma_ws_hd128<2, false>},
-    {"16_wgmma_tma_3stages", launch_wgmma_ws_hd128<3, false>},
-    {"17_wgmma_tma_3stages_overlap", launch_wgmma_ws_hd128<3, true>},
-    {"18_wgmma_tma_3stages_pingpong", launch_wgmma_ws_hd128<3, false, true>},
-    {"19_wgmma_tma_3stages_overlap_pingpong", launch_wgmma_ws_hd128<3, true, true>},
+    {"15_shipped_tma_wgmma", brrr::cuda::attention_prefill},
 };
 
 }  // namespace lab

@@ -24,8 +24,14 @@
 //   starts loading its first tile, all written two or more kernels back; only this token's K/V
 //   row and q come from the kernel just before, and they are loaded after the wait.
 //
-// attention_prefill (T new tokens of one sequence, their K/V already in the cache):
-//   FlashAttention-2 on tensor cores. A CTA owns 128 queries of one head: 4 warps x 32 rows, two
+// attention_prefill (T new tokens of one sequence, their K/V already in the cache), two kernels
+// over the same grid (a CTA owns 128 queries of one head; the longest query tiles first):
+// On Hopper (attention_prefill_sm90_kernel, sm_90a): FlashAttention-3's layout. A producer
+//   warpgroup copies Q once and K/V tiles of 128 positions by TMA into a two-slot ring; two
+//   consumer warpgroups of 64 queries each run S = Q K^T and O += P V as warpgroup MMA (P from
+//   registers), independently of each other, so one's softmax overlaps the other's MMAs.
+//   H100, Llama-3-8B heads: 551 TF/s at 8192 tokens (the mma.sync kernel below: 346).
+// Elsewhere (attention_prefill_kernel): FlashAttention-2 on mma.sync. 4 warps x 32 rows, two
 //   16-row m-tiles per warp, so each K or V fragment read from shared memory (ldmatrix) feeds four
 //   mma.sync m16n8k16 instead of two; with one m-tile per warp shared memory, not the tensor
 //   cores, bound the kernel (1.2-1.5x at hd 128, benchmarks/lab/cuda_attention_prefill_lab.cu).
@@ -38,6 +44,7 @@
 #include <cmath>
 
 #include "cuda/check.cuh"
+#include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
@@ -721,6 +728,270 @@ __global__ void __launch_bounds__(WARPS * 32) attention_prefill_kernel(PrefillAr
     }
 }
 
+// ---- prefill on Hopper: TMA-fed warpgroup MMA -----------------------------------------------
+//
+// 384 threads: warpgroup 0 produces, warpgroups 1 and 2 consume 64 query rows each (128 per CTA,
+// the grid of the kernel above). One producer thread issues the TMA copies of Q (once) and of each
+// 128-position tile's K and V into a ring of kSm90Stages slots; slot s has a `full` mbarrier that
+// completes when its bytes have landed and an `empty` one that completes when the 8 consumer warps
+// have released it. Every tile lives in shared memory as TMA's 128-byte swizzle writes it: 64-wide
+// column blocks of 128 rows x 128 bytes (hd 128: two of them). Per tile a consumer warpgroup runs
+//   S = Q K^T    wgmma m64n128k16 x hd/16 k-steps, Q and K K-major from shared memory
+//   softmax      online, fp32, on the S accumulators (a row lives in the 4 threads of a quad)
+//   O += P V     wgmma m64n{hd}k16 x 8 k-steps, P from registers (the S accumulators of positions
+//                16j..16j+15 are k-step j's A fragment), V MN-major from shared memory
+// and the two consumers never wait for each other, so one's softmax overlaps the other's MMAs.
+// TMA zero-fills the rows past T and past the filled cache (the maps end there): nothing outside
+// is read, and masked positions meet zeros, not stale NaNs. A warpgroup releases the tiles past
+// its last row unread. The lab (cuda_attention_prefill_lab.cu, 15) measured this on H100 at
+// hd 128: 414 / 551 / 566 TF/s on Llama-3-8B heads at 2048 / 8192 / 16384 tokens, 1.4-1.8x the
+// mma.sync kernel; a third ring slot, FlashAttention-3's intra-warpgroup overlap and its ping-pong
+// order between the consumers measured no better there (16-19).
+
+constexpr int kSm90Threads = 384;
+constexpr int kSm90Stages = 2;
+constexpr int kSwRowBytes = 128;                    // one swizzled row: 64 bf16
+[[maybe_unused]] constexpr int kSwBlockBytes = kPreRows * kSwRowBytes;  // a 64-wide column block of a 128-row tile
+
+template <int HD>
+struct Sm90Layout {
+    static constexpr int kTileBytes = kPreRows * HD * 2;  // Q, K or V tile: 128 rows x hd
+    static constexpr int kStageBytes = 2 * kTileBytes;     // K, then V
+    // Q, the ring, the barriers (q_full, full[], empty[]), and 1 KB to align Q to the swizzle atom.
+    static constexpr size_t bytes =
+        (size_t)kTileBytes + (size_t)kSm90Stages * kStageBytes + (1 + 2 * kSm90Stages) * sizeof(uint64_t) + 1024;
+};
+
+// The online-softmax state of a warpgroup's 64 query rows. This thread holds rows r0 = 16 w + g
+// and r1 = r0 + 8 (w the warp in the warpgroup, g = lane / 4) and, in o[4i + e], O[row e / 2]
+// [hd column 8i + 2 t4 + e % 2] (the wgmma accumulator layout).
+template <int HD>
+struct WgRows {
+    int row_pos[2];                // cache position of rows r0, r1
+    float row_max[2], row_sum[2];  // max in log2 units; sum is this thread's share of the row
+    float o[HD / 2];
+};
+
+template <int HD>
+__device__ __forceinline__ void wg_rows_init(WgRows<HD>& st, int warp_first_pos, int g) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st.row_pos[h] = warp_first_pos + g + 8 * h;
+        st.row_max[h] = -INFINITY;
+        st.row_sum[h] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) st.o[i] = 0.f;
+}
+
+// O / l of this thread's rows row0 and row0 + 8 into out, rows past T skipped.
+template <int HD>
+__device__ __forceinline__ void wg_store_rows(const WgRows<HD>& st, const PrefillArgs& a, int row0, int hq, int t4) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = st.row_sum[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = row0 + 8 * h;
+        if (row < a.T) {
+            const float inv = 1.f / l;
+            uint32_t* dst = reinterpret_cast<uint32_t*>(a.out + ((size_t)row * a.n_heads + hq) * HD);
+#pragma unroll
+            for (int i = 0; i < HD / 8; ++i)
+                dst[(8 * i + 2 * t4) / 2] = util::pack_bf16x2(st.o[4 * i + 2 * h] * inv, st.o[4 * i + 2 * h + 1] * inv);
+        }
+    }
+}
+
+// S = Q K^T for one 128-position tile: k-step ks reads 16 columns of hd, in column block ks / 4 at
+// byte 32 (ks % 4). q_wg is the warpgroup's first Q row in block 0.
+template <int HD>
+__device__ __forceinline__ void wg_issue_s(float (&s)[64], const unsigned char* q_wg, const unsigned char* Kst) {
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks) {
+        const int off = (ks >> 2) * kSwBlockBytes + (ks & 3) * 32;
+        hopper::wgmma_m64n128k16_bf16(s, hopper::sw128_descriptor(q_wg + off), hopper::sw128_descriptor(Kst + off),
+                                      ks > 0);
+    }
+    hopper::wgmma_commit();
+}
+
+// O += P V: k-step j covers positions 16j..16j+15, rows 16j.. of every column block of V.
+template <int HD>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[HD / 2], const uint32_t (&p)[8][4], const unsigned char* Vst) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        hopper::wgmma_rs_tb<HD>(o, p[j], hopper::sw128_mn_descriptor(Vst + j * 16 * kSwRowBytes, kSwBlockBytes));
+    hopper::wgmma_commit();
+}
+
+// The causal mask and the online softmax on a finished S of the tile at kv0: s becomes P (fp32,
+// relative to the new row max), the statistics move on, and O is rescaled for the P V to come.
+// s[4i + e] is S[row e / 2][position kv0 + 8i + 2 t4 + e % 2].
+template <int HD>
+__device__ __forceinline__ void wg_softmax(WgRows<HD>& st, float (&s)[64], int kv0, int warp_first_pos, int t4,
+                                           float scale_log2) {
+    if (kv0 + 127 > warp_first_pos) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (kv0 + 8 * i + 2 * t4 + (e & 1) > st.row_pos[e >> 1]) s[4 * i + e] = -INFINITY;
+    }
+    float shift[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float new_max = fmaxf(st.row_max[h], mx * scale_log2);
+        shift[h] = new_max == -INFINITY ? 0.f : new_max;  // a row with nothing seen yet
+        alpha[h] = exp2f(st.row_max[h] - shift[h]);
+        st.row_max[h] = new_max;
+        st.row_sum[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[4 * i + e] = exp2f(fmaf(s[4 * i + e], scale_log2, -shift[e >> 1]));
+            st.row_sum[e >> 1] += s[4 * i + e];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+        st.o[4 * i + 0] *= alpha[0];
+        st.o[4 * i + 1] *= alpha[0];
+        st.o[4 * i + 2] *= alpha[1];
+        st.o[4 * i + 3] *= alpha[1];
+    }
+}
+
+// One tile start to finish; returns with every wgmma complete, so its slot may be released.
+template <int HD>
+__device__ __forceinline__ void wg_attend_tile(WgRows<HD>& st, const unsigned char* q_wg, const unsigned char* Kst,
+                                               const unsigned char* Vst, int kv0, int warp_first_pos, int t4,
+                                               float scale_log2) {
+    float s[64];
+    uint32_t p[8][4];
+    hopper::wgmma_fence();
+    wg_issue_s<HD>(s, q_wg, Kst);
+    hopper::wgmma_wait<0>();
+    hopper::fence_accumulators(s);
+    wg_softmax<HD>(st, s, kv0, warp_first_pos, t4, scale_log2);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        p[i >> 1][(i & 1) * 2 + 0] = util::pack_bf16x2(s[4 * i + 0], s[4 * i + 1]);
+        p[i >> 1][(i & 1) * 2 + 1] = util::pack_bf16x2(s[4 * i + 2], s[4 * i + 3]);
+    }
+    hopper::wgmma_fence();
+    wg_issue_pv<HD>(st.o, p, Vst);
+    hopper::wgmma_wait<0>();
+    hopper::fence_accumulators(st.o);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kSm90Threads, 1)
+    attention_prefill_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                                  const __grid_constant__ CUtensorMap v_map, PrefillArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = Sm90Layout<HD>;
+    constexpr int kBlocks = HD / 64;  // 64-wide column blocks per tile
+    // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512 (the GEMM's split).
+    constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+    unsigned char* raw = ptx::dynamic_smem<unsigned char>();
+    unsigned char* Qs = raw + ((1024 - (ptx::smem_addr(raw) & 1023)) & 1023);
+    unsigned char* ring = Qs + L::kTileBytes;
+    uint64_t* q_full = reinterpret_cast<uint64_t*>(ring + kSm90Stages * L::kStageBytes);
+    uint64_t* full = q_full + 1;
+    uint64_t* empty = full + kSm90Stages;
+    if (threadIdx.x == 0) {
+        hopper::mbarrier_init(q_full, 1);
+        for (int s = 0; s < kSm90Stages; ++s) {
+            hopper::mbarrier_init(full + s, 1);
+            hopper::mbarrier_init(empty + s, 8);
+        }
+        hopper::fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int warpgroup = threadIdx.x / 128;
+    const int q_tile = a.heads_fast ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
+    const int hq = a.heads_fast ? blockIdx.x : blockIdx.y, kvh = hq / a.group;
+    const int q0 = q_tile * kPreRows;
+    const int kv_end = a.start_pos + min(q0 + kPreRows, a.T);
+    const int n_tiles = CEIL_DIV(kv_end, kPreRows);
+
+    if (warpgroup == 0) {
+        hopper::regs_decrease<kProducerRegs>();
+        if (threadIdx.x == 0) {
+            hopper::prefetch_tensor_map(&q_map);
+            hopper::prefetch_tensor_map(&k_map);
+            hopper::prefetch_tensor_map(&v_map);
+            hopper::mbarrier_arrive_expect_tx(q_full, L::kTileBytes);
+#pragma unroll
+            for (int b = 0; b < kBlocks; ++b) hopper::tma_load_2d(Qs + b * kSwBlockBytes, &q_map, hq * HD + 64 * b, q0, q_full);
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int kt = 0; kt < n_tiles; ++kt) {
+                hopper::mbarrier_wait(empty + stage, phase ^ 1);
+                unsigned char* k = ring + stage * L::kStageBytes;
+                unsigned char* v = k + L::kTileBytes;
+                hopper::mbarrier_arrive_expect_tx(full + stage, L::kStageBytes);
+#pragma unroll
+                for (int b = 0; b < kBlocks; ++b) {
+                    hopper::tma_load_2d(k + b * kSwBlockBytes, &k_map, kvh * HD + 64 * b, kt * kPreRows, full + stage);
+                    hopper::tma_load_2d(v + b * kSwBlockBytes, &v_map, kvh * HD + 64 * b, kt * kPreRows, full + stage);
+                }
+                if (++stage == kSm90Stages) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+    } else {
+        hopper::regs_increase<kConsumerRegs>();
+        const int consumer = warpgroup - 1;
+        const int lane = threadIdx.x & 31, w = (threadIdx.x / 32) & 3, g = lane >> 2, t4 = lane & 3;
+        const int wg_first_pos = a.start_pos + q0 + 64 * consumer;
+        const int warp_first_pos = wg_first_pos + 16 * w;
+        WgRows<HD> st;
+        wg_rows_init(st, warp_first_pos, g);
+        const unsigned char* q_wg = Qs + 64 * consumer * kSwRowBytes;
+        hopper::mbarrier_wait(q_full, 0);
+        // The tiles this warpgroup computes start at or before its last row; the later ones are
+        // released unread (the other warpgroup needs them).
+        const int n_mine = min(n_tiles, (wg_first_pos + 63) / kPreRows + 1);
+        // Two loops, not a branch around the MMAs: ptxas serializes every wgmma of a kernel that
+        // issues one under a condition (C7520).
+        int stage = 0;
+        uint32_t phase = 0;
+        auto release = [&] {
+            if (lane == 0) hopper::mbarrier_arrive(empty + stage);
+            if (++stage == kSm90Stages) {
+                stage = 0;
+                phase ^= 1;
+            }
+        };
+        for (int kt = 0; kt < n_mine; ++kt) {
+            hopper::mbarrier_wait(full + stage, phase);
+            const unsigned char* k = ring + stage * L::kStageBytes;
+            wg_attend_tile<HD>(st, q_wg, k, k + L::kTileBytes, kt * kPreRows, warp_first_pos, t4, a.scale_log2);
+            release();
+        }
+        for (int kt = n_mine; kt < n_tiles; ++kt) {
+            hopper::mbarrier_wait(full + stage, phase);
+            release();
+        }
+        wg_store_rows(st, a, q0 + 64 * consumer + 16 * w + g, hq, t4);
+    }
+#else
+    __trap();  // built without sm_90a: the host never launches this (see prefill_sm90_ready)
+#endif
+}
+
 // The kernel's arguments, with the grid order the launcher picks (see heads_fast).
 PrefillArgs prefill_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
                          int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
@@ -761,6 +1032,44 @@ void launch_prefill(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<grid, kPreThreads, smem, stream>>>(a);
     CUDA_CHECK_LAUNCH("attention_prefill_kernel");
+}
+
+// Whether this device runs attention_prefill_sm90_kernel: Hopper, and the extension carries its
+// sm_90a code. Asked once per device.
+bool prefill_sm90_ready() {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> state[kMaxDevices];  // 0 unknown, 1 yes, 2 no
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= kMaxDevices) return false;
+    int s = state[dev].load(std::memory_order_relaxed);
+    if (s == 0) {
+        cudaFuncAttributes attr;
+        const bool has_code = cudaFuncGetAttributes(&attr, attention_prefill_sm90_kernel<128>) == cudaSuccess &&
+                              attr.binaryVersion == 90;
+        cudaGetLastError();  // a missing image is an answer here, not an error to report later
+        s = device_facts().major == 9 && has_code ? 1 : 2;
+        state[dev].store(s, std::memory_order_relaxed);
+    }
+    return s == 1;
+}
+
+// Q as [T, Hq * hd]; this slot's K and V as [filled positions, Hkv * hd]; boxes of 64 x 128.
+template <int HD>
+void launch_prefill_sm90(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
+    const int kv_row = a.n_kv_heads * HD;
+    const size_t slot_offset = (size_t)a.slot * a.max_seq * kv_row;
+    const int kv_rows = a.start_pos + a.T;
+    const CUtensorMap q_map = hopper::make_tensor_map_sw128(a.q, a.T, a.n_heads * HD, kPreRows, "attention_prefill");
+    const CUtensorMap k_map =
+        hopper::make_tensor_map_sw128(a.k_cache + slot_offset, kv_rows, kv_row, kPreRows, "attention_prefill");
+    const CUtensorMap v_map =
+        hopper::make_tensor_map_sw128(a.v_cache + slot_offset, kv_rows, kv_row, kPreRows, "attention_prefill");
+    auto kernel = attention_prefill_sm90_kernel<HD>;
+    constexpr size_t smem = Sm90Layout<HD>::bytes;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, kSm90Threads, smem, stream>>>(q_map, k_map, v_map, a);
+    CUDA_CHECK_LAUNCH("attention_prefill_sm90_kernel");
 }
 
 void check_attention_shapes(const char* op, int n_heads, int n_kv_heads, int head_dim, int max_seq) {
@@ -806,28 +1115,59 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
                         B, head_dim, stream);
 }
 
-void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
-                       int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
-                       int max_seq, cudaStream_t stream) {
-    check_attention_shapes("attention_prefill", n_heads, n_kv_heads, head_dim, max_seq);
-    BRRR_CHECK(T >= 0 && start_pos >= 0 && (int64_t)start_pos + T <= max_seq,
-               "attention_prefill: tokens [start_pos, start_pos + T) = [" << start_pos << ", "
-                   << (int64_t)start_pos + T << ") must lie in the cache of max_seq=" << max_seq);
-    BRRR_CHECK(slot >= 0, "attention_prefill: slot must be >= 0, got " << slot);
-    BRRR_CHECK(q && k_cache && v_cache && out,
-               "attention_prefill: q, k_cache, v_cache and out must be device pointers");
-    BRRR_CHECK(util::aligned_to(q, 16) && util::aligned_to(k_cache, 16) && util::aligned_to(v_cache, 16),
-               "attention_prefill: q, k_cache and v_cache must be 16-byte aligned");
-    BRRR_CHECK(util::aligned_to(out, 4), "attention_prefill: out must be 4-byte aligned");
-    if (T == 0) return;
+namespace {
 
-    const PrefillArgs a = prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                                       n_kv_heads, head_dim, max_seq);
+// The checks both entry points make; false when there is nothing to do (T = 0).
+bool check_prefill(const char* op, const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
+                   int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq) {
+    check_attention_shapes(op, n_heads, n_kv_heads, head_dim, max_seq);
+    BRRR_CHECK(T >= 0 && start_pos >= 0 && (int64_t)start_pos + T <= max_seq,
+               op << ": tokens [start_pos, start_pos + T) = [" << start_pos << ", " << (int64_t)start_pos + T
+                  << ") must lie in the cache of max_seq=" << max_seq);
+    BRRR_CHECK(slot >= 0, op << ": slot must be >= 0, got " << slot);
+    BRRR_CHECK(q && k_cache && v_cache && out, op << ": q, k_cache, v_cache and out must be device pointers");
+    BRRR_CHECK(util::aligned_to(q, 16) && util::aligned_to(k_cache, 16) && util::aligned_to(v_cache, 16),
+               op << ": q, k_cache and v_cache must be 16-byte aligned");
+    BRRR_CHECK(util::aligned_to(out, 4), op << ": out must be 4-byte aligned");
+    return T > 0;
+}
+
+void launch_prefill_mma_sync(const PrefillArgs& a, int head_dim, cudaStream_t stream) {
     const dim3 grid = prefill_grid(a);
     const bool kv64_fits = prefill_smem_bytes<128, 64>() <= (size_t)device_facts().smem_optin;
     if (head_dim == 64) launch_prefill<64, 64>(a, grid, stream);
     else if (kv64_fits) launch_prefill<128, 64>(a, grid, stream);
     else launch_prefill<128, 32>(a, grid, stream);
+}
+
+}  // namespace
+
+void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
+                       int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
+                       int max_seq, cudaStream_t stream) {
+    if (!check_prefill("attention_prefill", q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
+                       head_dim, max_seq))
+        return;
+    const PrefillArgs a = prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
+                                       n_kv_heads, head_dim, max_seq);
+    if (!prefill_sm90_ready()) {
+        launch_prefill_mma_sync(a, head_dim, stream);
+    } else if (head_dim == 64) {
+        launch_prefill_sm90<64>(a, prefill_grid(a), stream);
+    } else {
+        launch_prefill_sm90<128>(a, prefill_grid(a), stream);
+    }
+}
+
+void attention_prefill_mma_sync(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
+                                int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
+                                int max_seq, cudaStream_t stream) {
+    if (!check_prefill("attention_prefill_mma_sync", q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
+                       n_kv_heads, head_dim, max_seq))
+        return;
+    launch_prefill_mma_sync(prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
+                                         head_dim, max_seq),
+                            head_dim, stream);
 }
 
 }  // namespace cuda

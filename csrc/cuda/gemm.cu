@@ -609,37 +609,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
-
-// The driver's tensor-map encoder, found through the runtime (no -lcuda needed).
-EncodeTiled tensor_map_encoder() {
-    static const EncodeTiled encoder = [] {
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-        BRRR_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-                   "gemm_bf16: the CUDA driver has no cuTensorMapEncodeTiled (driver older than CUDA 12?)");
-        return reinterpret_cast<EncodeTiled>(fn);
-    }();
-    return encoder;
-}
-
-// [rows, K] bf16 row-major, boxes of box_rows x 64 in the 128-byte swizzle; out-of-bounds boxes
-// read zeros. Encoding is a few hundred host nanoseconds and allocates nothing, so every launch
-// builds its own (the map travels by value in the kernel's parameters).
+// [rows, K] bf16 row-major, boxes of box_rows x kBK (64) in the 128-byte swizzle.
 CUtensorMap make_tensor_map(const bf16* base, int rows, int K, int box_rows) {
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)K * sizeof(bf16)};
-    const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)box_rows};
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base),
-                                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    BRRR_CHECK(r == CUDA_SUCCESS, "gemm_bf16: cuTensorMapEncodeTiled failed (error " << (int)r << ") for a ["
-                                      << rows << ", " << K << "] bf16 matrix");
-    return map;
+    static_assert(kBK == 64, "make_tensor_map_sw128 boxes are 64 columns wide");
+    return hopper::make_tensor_map_sw128(base, rows, K, box_rows, "gemm_bf16");
 }
 
 using KernelFn = void (*)(CUtensorMap, CUtensorMap, GemmArgs, TileMap);

@@ -1,6 +1,6 @@
-// hopper.cuh — the sm_90a instructions of the Hopper GEMM (gemm.cu), each behind a small device
-// function: mbarriers, the TMA bulk tensor copy, warpgroup MMA (wgmma) with its shared-memory
-// matrix descriptors, and setmaxnreg. Everything here needs sm_90a: callers compile it only under
+// hopper.cuh — the sm_90a instructions of the Hopper GEMM (gemm.cu) and prefill attention
+// (attention.cu), each behind a small device function: mbarriers, the TMA bulk tensor copy,
+// warpgroup MMA (wgmma) with its shared-memory matrix descriptors, and setmaxnreg. Everything here needs sm_90a: callers compile it only under
 // __CUDA_ARCH_FEAT_SM90_ALL (the extension is also built for sm_80, where none of this exists).
 //
 // wgmma.m64nNk16 (bf16 in, fp32 accumulate), both operands in shared memory, K-major (rows of A
@@ -12,13 +12,20 @@
 //
 // Accumulator layout of m64nN (per warpgroup; w = warp in the group, g = lane / 4, t = lane % 4):
 //   d[4i + 0..1] = D[16w + g][8i + 2t .. 8i + 2t + 1]   d[4i + 2..3] = D[16w + g + 8][same columns]
+// The same layout is the A fragment of a register-sourced wgmma (wgmma_rs_tb): the accumulators of
+// columns 16j..16j+15 are k-step j's A operand, which is how attention feeds P to P V.
+//
+// Also here, for the host: the driver's tensor-map encoder and the one map shape both the GEMM and
+// the attention use (bf16 rows, 64-column boxes in the 128-byte swizzle).
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "cuda/check.cuh"
 #include "cuda/ptx.cuh"
 
 namespace brrr {
@@ -234,6 +241,60 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, u
     else wgmma_m64n256k16_bf16(d, desc_a, desc_b, accumulate);
 }
 
+// Descriptor of an MN-major, 128-byte-swizzled B operand (N contiguous): rows of 128 bytes (64
+// elements of N), 8-row atoms 1024 bytes apart, the next 64 elements of N `n_block_bytes` further.
+// The PTX ISA's canonical layout for this case, ((8,8,m),(8,k)):((1,8,LBO),(64,SBO)) in elements,
+// makes the leading offset the step between 64-wide N blocks and the stride offset the step
+// between 8-row groups of K (checked on H100: the other way round fails every case).
+__device__ __forceinline__ uint64_t sw128_mn_descriptor(const void* tile, uint32_t n_block_bytes) {
+    const uint64_t addr = ptx::smem_addr(tile);
+    return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((n_block_bytes & 0x3FFFF) >> 4) << 16) | ((1024ull >> 4) << 32) |
+           (1ull << 62);
+}
+
+// d += A * B for a 64 x N x 16 step, A (bf16, the m64k16 fragment) from registers, B through the
+// descriptor of an MN-major tile (imm-trans-b = 1); always accumulates.
+__device__ __forceinline__ void wgmma_m64n64k16_rs_tb_bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p_acc;\n"
+        "setp.ne.b32 p_acc, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p_acc, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tb_bf16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p_acc;\n"
+        "setp.ne.b32 p_acc, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p_acc, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+    static_assert(N == 64 || N == 128, "wgmma_rs_tb: N is 64 or 128");
+    if constexpr (N == 64) wgmma_m64n64k16_rs_tb_bf16(d, a, desc_b);
+    else wgmma_m64n128k16_rs_tb_bf16(d, a, desc_b);
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, whole warps: lets some
 // warpgroups of a CTA meet without the others.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
@@ -248,6 +309,40 @@ __device__ __forceinline__ void regs_increase() {
 template <int Regs>
 __device__ __forceinline__ void regs_decrease() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Regs));
+}
+
+// ---- tensor maps (host) -------------------------------------------------------------------------
+// The driver's encoder, found through the runtime (no -lcuda needed).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const auto encoder = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+        BRRR_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+                   "the CUDA driver has no cuTensorMapEncodeTiled (driver older than CUDA 12?)");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    return encoder;
+}
+
+// A [rows, cols] bf16 row-major matrix (16-byte aligned base, cols % 8 == 0) seen in boxes of
+// 64 columns x box_rows rows in the 128-byte swizzle; boxes reaching past the matrix read zeros
+// there. Encoding costs a few hundred host nanoseconds and allocates nothing, so every launch
+// builds its own (the map travels by value in the kernel's parameters). `op` names the caller in
+// the error.
+inline CUtensorMap make_tensor_map_sw128(const void* base, int rows, int cols, int box_rows, const char* op) {
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+                                            strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    BRRR_CHECK(r == CUDA_SUCCESS, op << ": cuTensorMapEncodeTiled failed (error " << (int)r << ") for a [" << rows
+                                     << ", " << cols << "] bf16 matrix");
+    return map;
 }
 
 }  // namespace hopper

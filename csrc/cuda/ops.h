@@ -99,7 +99,9 @@ void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_
 size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_splits);
 void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream);
 // Causal prefill: T query tokens of one sequence at positions start_pos.. over cache [0, start_pos+t].
+// On Hopper TMA-fed wgmma, elsewhere mma.sync; the _mma_sync entry runs the latter on any GPU.
 void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
+void attention_prefill_mma_sync(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
 
 // ---- sampling.cu: one token per sequence on the device, no host round trip --------------------
 // logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].
