@@ -70,16 +70,25 @@ __device__ __forceinline__ void store_swiglu(const EpilogueArgs& a, size_t idx, 
 
 // RoPE (rotate-half): dim i of a q or k head pairs with dim i + hd/2, both turned by the angle
 // positions[m] * inv_freq[i]; q goes to q_out, k and v (v unrotated) into the caches.
-// cos/sin are taken in double of the fp32 angle: positions reach 1e5 radians, where the
-// fast-math sin/cos the build enables would be off by whole percents.
+// Positions reach 1e5 radians, where the hardware sin/cos that --use_fast_math selects is off by
+// whole percents, so the fp32 angle is first reduced to [-pi, pi] by k = rint(angle / 2 pi)
+// turns, 2 pi split in three parts (Cody-Waite): 6.28125 has 8 significant bits, so k * 6.28125
+// is exact for k < 2^16 (angles up to 4e5), and the two later terms add rounding errors of about
+// 1e-7. Then |sin/cos error| < 4e-7 (2^-21.4 for the hardware functions on [-pi, pi]), against
+// 1e-3 of a bf16 rounding. (It was sincos in double until the prefill GEMM's epilogue, which
+// turns 64-128 angles per thread and tile, showed the FP64 units.)
 struct RopeAngle {
     float cos, sin;
 };
 __device__ __forceinline__ RopeAngle rope_angle(const RopeKVArgs& r, int pos, int i) {
     const float angle = (float)pos * r.inv_freq[i];
-    double s, c;
-    sincos((double)angle, &s, &c);
-    return {(float)c, (float)s};
+    const float turns = rintf(angle * 0.159154943091895336f);  // 1 / (2 pi)
+    float x = fmaf(-turns, 6.28125f, angle);
+    x = fmaf(-turns, 1.9353071693331003e-3f, x);
+    x = fmaf(-turns, 1.0253131677018246e-11f, x);
+    RopeAngle a;
+    __sincosf(x, &a.sin, &a.cos);
+    return a;
 }
 __device__ __forceinline__ bool rope_rotates(const RopeKVArgs& r, int head) {
     return head < r.n_heads + r.n_kv_heads;  // q and k heads; v heads follow them
