@@ -10,13 +10,15 @@ copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from 
                 device-copy bandwidth (read + write of 1 GiB), and against torch.matmul (cuBLAS)
                 of the same [M, K] x [K, N] (cuBLAS does no epilogue).
   switch        GEMV against the tensor-core GEMM at M = 4, 8, 16: where matmul_bf16 should switch.
-  gemm          prefill projections at M = 128, 512, 2048: TFLOP/s against torch.matmul, and as a
-                fraction of the measured GEMM ceiling (best cuBLAS TFLOP/s of an 8192^3 bf16
-                matmul).
+  gemm          prefill projections at M = 128, 512, 2048, 4096, 8192: TFLOP/s against
+                torch.matmul, and as a fraction of the measured GEMM ceiling (best cuBLAS TFLOP/s
+                of an 8192^3 bf16 matmul). wqkv also as the engine calls it (RMSNorm first, RoPE +
+                KV-cache append in the epilogue) against the same call with a plain store.
   flash_decode  one query per sequence over 128 / 2048 / 8192 cached positions (1B: hd 64,
                 8B: hd 128, 32 query / 8 KV heads): GB/s of K/V read, against torch SDPA.
-  prefill       causal attention of T new tokens (T = 512, 2048, 8192): TFLOP/s against torch SDPA and
-                as a fraction of the GEMM ceiling.
+  prefill       causal attention of T new tokens (T = 512, 2048, 8192, 16384): TFLOP/s against torch
+                SDPA's FlashAttention-2 backend and its cuDNN backend, and as a fraction of the
+                GEMM ceiling.
 
     python benchmarks/bench_kernels.py --out benchmarks/results/h100/kernels.json
     python benchmarks/bench_kernels.py --quick          # 1B shapes only, under a minute
@@ -39,12 +41,13 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from llama_brrr.config import shape_config  # noqa: E402
 
-STORE_BF16, STORE_F32, ADD_RESIDUAL, SWIGLU = 0, 1, 2, 3
+STORE_BF16, STORE_F32, ADD_RESIDUAL, SWIGLU, ROPE_KV = 0, 1, 2, 3, 4
 EPILOGUE_NAMES = {STORE_BF16: "store_bf16", STORE_F32: "store_f32", ADD_RESIDUAL: "add_residual",
-                  SWIGLU: "swiglu"}
+                  SWIGLU: "swiglu", ROPE_KV: "rope_kv"}
 ROTATE_BYTES = 200 * 1024 * 1024  # operand bytes cycled through per kernel: 4x an H100's L2
 INIT_STD = 0.02
 
@@ -209,27 +212,67 @@ def bench_switch(ops, repeats):
     return rows
 
 
+def bench_wqkv_rope(ops, config, mm, repeats):
+    """The engine's wqkv call as prefill makes it, rmsnorm_matmul_bf16 (the RMSNorm kernel, then
+    the GEMM), with the RoPE + KV-cache epilogue and with a plain bf16 store: the difference is
+    what the rotation and the scattered cache writes cost."""
+    from llama_brrr import _C
+    M, N, K = mm.M, mm.N, mm.K
+    x = torch.randn((M, K), device="cuda")
+    norm_w = (1 + 0.1 * torch.randn(K, device="cuda")).to(torch.bfloat16)
+    xn = torch.empty((M, K), device="cuda", dtype=torch.bfloat16)
+    staging = torch.empty((M, N), device="cuda")
+    positions = torch.arange(M, device="cuda", dtype=torch.int32)
+    slots = torch.zeros(M, device="cuda", dtype=torch.int32)
+    inv_freq = torch.from_numpy(_C.rope_inv_freq(config.engine_dict(M, 1))).cuda()
+    q_out = torch.empty((M, config.n_heads, config.head_dim), device="cuda", dtype=torch.bfloat16)
+    caches = [torch.empty((1, M, config.n_kv_heads, config.head_dim), device="cuda", dtype=torch.bfloat16)
+              for _ in range(2)]
+    w = mm.weights[0]
+
+    def rope(i):
+        ops.rmsnorm_matmul_bf16(x.data_ptr(), norm_w.data_ptr(), 1e-5, w.data_ptr(), M, N, K, ROPE_KV,
+                                out_f32=staging.data_ptr(), xn=xn.data_ptr(), positions=positions.data_ptr(),
+                                slots=slots.data_ptr(), inv_freq=inv_freq.data_ptr(), q_out=q_out.data_ptr(),
+                                k_cache=caches[0].data_ptr(), v_cache=caches[1].data_ptr(),
+                                n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim,
+                                max_seq=M, split=mm.split)
+
+    def store(i):
+        ops.rmsnorm_matmul_bf16(x.data_ptr(), norm_w.data_ptr(), 1e-5, w.data_ptr(), M, N, K, STORE_BF16,
+                                out=mm.out.data_ptr(), xn=xn.data_ptr(), split=mm.split)
+
+    with_rope, plain = device_times(rope, repeats), device_times(store, repeats)
+    return {"norm_rope": with_rope, "norm_store": plain,
+            "rope_cost_s": with_rope["median_s"] - plain["median_s"]}
+
+
 def bench_gemm(ops, shapes, ms, repeats, ceiling):
     rows = []
     for shape in shapes:
-        for name, N, K, epilogue in projections(shape_config(shape))[:4]:
+        config = shape_config(shape)
+        for name, N, K, epilogue in projections(config)[:4]:
             for M in ms:
                 mm = Matmul(ops, M, N, K, epilogue, rotate=False)
                 ours = device_times(mm.ours("gemm_bf16"), repeats)
                 theirs = device_times(mm.cublas, repeats)
                 flops = 2.0 * M * N * K
-                rows.append({"shape": shape, "proj": name, "M": M, "N": N, "K": K,
-                             "epilogue": EPILOGUE_NAMES[epilogue], "ours": ours, "cublas": theirs,
-                             "ours_TFLOPs": flops / ours["median_s"] / 1e12,
-                             "ours_frac_of_gemm_ceiling": flops / ours["median_s"] / ceiling,
-                             "cublas_TFLOPs": flops / theirs["median_s"] / 1e12,
-                             "speedup_vs_cublas": theirs["median_s"] / ours["median_s"]})
+                row = {"shape": shape, "proj": name, "M": M, "N": N, "K": K,
+                       "epilogue": EPILOGUE_NAMES[epilogue], "ours": ours, "cublas": theirs,
+                       "ours_TFLOPs": flops / ours["median_s"] / 1e12,
+                       "ours_frac_of_gemm_ceiling": flops / ours["median_s"] / ceiling,
+                       "cublas_TFLOPs": flops / theirs["median_s"] / 1e12,
+                       "speedup_vs_cublas": theirs["median_s"] / ours["median_s"]}
+                if name == "wqkv":
+                    row["engine_call"] = bench_wqkv_rope(ops, config, mm, repeats)
+                rows.append(row)
                 del mm
                 torch.cuda.empty_cache()
     return rows
 
 
 ATTENTION_SHAPES = {"llama3.2-1b": (32, 8, 64), "llama3-8b": (32, 8, 128)}
+SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
 def engine_max_splits(n_kv_heads, max_seq):
@@ -299,22 +342,29 @@ def bench_prefill(ops, shapes, lengths, repeats, ceiling):
                                       n_heads, n_kv, hd, T)
 
             qh = q.transpose(0, 1)[None].contiguous()
-            kh, vh = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
-
-            def sdpa(i):
-                F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+            # The K/V heads repeated for the GQA group: SDPA's backends differ in whether they take
+            # enable_gqa, and the FLOPs are the same either way.
+            group = n_heads // n_kv
+            kh = k.transpose(1, 2).repeat_interleave(group, dim=1).contiguous()
+            vh = v.transpose(1, 2).repeat_interleave(group, dim=1).contiguous()
 
             flops = 2.0 * n_heads * hd * T * T  # QK^T and PV over the causal half: 2 * (2 T^2 hd / 2)
             mine = device_times(ours, repeats)
             row = {"shape": shape, "T": T, "ours": mine, "ours_TFLOPs": flops / mine["median_s"] / 1e12,
                    "ours_frac_of_gemm_ceiling": flops / mine["median_s"] / ceiling}
-            try:
-                theirs = device_times(sdpa, repeats)
-                row.update({"torch_sdpa": theirs, "torch_sdpa_TFLOPs": flops / theirs["median_s"] / 1e12,
-                            "speedup_vs_torch": theirs["median_s"] / mine["median_s"]})
-            except (RuntimeError, TypeError) as error:
-                row["torch_sdpa"] = {"skipped": str(error)[:200]}
+            for key, backend in SDPA_BACKENDS.items():
+                def sdpa(i, backend=backend):
+                    with sdpa_kernel(backend):
+                        F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+                try:
+                    theirs = device_times(sdpa, repeats)
+                    row.update({key: theirs, key + "_TFLOPs": flops / theirs["median_s"] / 1e12,
+                                "speedup_vs_" + key: theirs["median_s"] / mine["median_s"]})
+                except (RuntimeError, TypeError) as error:
+                    row[key] = {"skipped": str(error)[:200]}
             rows.append(row)
+            del k, v, q, out, qh, kh, vh
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -337,17 +387,27 @@ def print_tables(result):
         print(f"{r['shape'] + ' ' + r['proj']:<24}{r['M']:>6}{str(r['N']) + 'x' + str(r['K']):>14}"
               f"{r['ours_TFLOPs']:>11.1f}{100 * r['ours_frac_of_gemm_ceiling']:>7.1f}%"
               f"{r['cublas_TFLOPs']:>13.1f}{r['speedup_vs_cublas']:>9.2f}")
+    print(f"\n{'wqkv as the engine calls it':<28}{'M':>6}{'norm+store us':>15}{'norm+RoPE us':>14}{'RoPE us':>9}")
+    for r in result["gemm"]:
+        call = r.get("engine_call")
+        if call:
+            print(f"{r['shape']:<28}{r['M']:>6}{call['norm_store']['median_s'] * 1e6:>15.1f}"
+                  f"{call['norm_rope']['median_s'] * 1e6:>14.1f}{call['rope_cost_s'] * 1e6:>9.1f}")
     print(f"\n{'flash_decode B=1':<24}{'ctx':>6}{'ours us':>10}{'GB/s':>8}{'% copy':>8}{'SDPA us':>10}{'x SDPA':>8}")
     for r in result["flash_decode"]:
         sdpa = r["torch_sdpa"].get("median_s")
         print(f"{r['shape'] + ' hd' + str(r['head_dim']):<24}{r['context']:>6}{r['ours']['median_s'] * 1e6:>10.1f}"
               f"{r['ours_GBps']:>8.0f}{100 * r['ours_frac_of_copy']:>7.1f}%"
               + (f"{sdpa * 1e6:>10.1f}{r['speedup_vs_torch']:>8.2f}" if sdpa else f"{'n/a':>10}"))
-    print(f"\n{'attention_prefill':<24}{'T':>6}{'ours us':>10}{'TF/s':>8}{'SDPA TF/s':>11}")
+    print(f"\n{'attention_prefill':<24}{'T':>6}{'ours us':>10}{'TF/s':>8}{'FA2 TF/s':>10}{'x FA2':>7}"
+          f"{'cuDNN TF/s':>12}{'x cuDNN':>9}")
     for r in result["prefill"]:
-        sdpa = r.get("torch_sdpa_TFLOPs")
-        print(f"{r['shape']:<24}{r['T']:>6}{r['ours']['median_s'] * 1e6:>10.1f}{r['ours_TFLOPs']:>8.1f}"
-              + (f"{sdpa:>11.1f}" if sdpa else f"{'n/a':>11}"))
+        cells = ""
+        for key, width in (("sdpa_flash", 10), ("sdpa_cudnn", 12)):
+            tf = r.get(key + "_TFLOPs")
+            ratio = r.get("speedup_vs_" + key)
+            cells += (f"{tf:>{width}.1f}{ratio:>{width - 3}.2f}" if tf else f"{'n/a':>{width}}{'':>{width - 3}}")
+        print(f"{r['shape']:<24}{r['T']:>6}{r['ours']['median_s'] * 1e6:>10.1f}{r['ours_TFLOPs']:>8.1f}{cells}")
 
 
 def main(argv=None):
@@ -379,10 +439,12 @@ def main(argv=None):
               "method": "device time per call from torch.profiler kernel durations; median of repeats"}
     result["gemv"] = bench_gemv(ops, shapes, repeats, copy_bw)
     result["switch"] = [] if args.quick else bench_switch(ops, repeats)
-    result["gemm"] = bench_gemm(ops, shapes, [512] if args.quick else [128, 512, 2048], repeats, ceiling)
+    result["gemm"] = bench_gemm(ops, shapes, [512] if args.quick else [128, 512, 2048, 4096, 8192], repeats,
+                                ceiling)
     result["flash_decode"] = bench_flash_decode(ops, shapes, [128, 2048] if args.quick else [128, 2048, 8192],
                                                 repeats, copy_bw)
-    result["prefill"] = bench_prefill(ops, shapes, [512] if args.quick else [512, 2048, 8192], repeats, ceiling)
+    result["prefill"] = bench_prefill(ops, shapes, [512] if args.quick else [512, 2048, 8192, 16384], repeats,
+                                      ceiling)
     result["wall_s"] = time.monotonic() - started
     print_tables(result)
     if args.out:
