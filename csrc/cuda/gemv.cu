@@ -76,6 +76,7 @@ struct GemvArgs {
     bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
+    bool deep;            // M = 1: 16 loads per lane in flight instead of 8
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -152,11 +153,11 @@ __device__ __forceinline__ uint16_t staged_x1(const GemvArgs& a, int m, int k, c
     return __bfloat16_as_ushort(__float2bfloat16_rn(y));
 }
 
-// One CTA: WARPS warps x UNITS units each.
-template <int M, int UNITS, Pairing P, bool VEC, bool NORM>
+// One CTA: WARPS warps x UNITS units each; LOADS 16-byte W loads per lane in flight.
+template <int M, int UNITS, Pairing P, bool VEC, bool NORM, int LOADS = 8>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     constexpr int R = P != Pairing::None ? 2 * UNITS : UNITS;  // W rows streamed together
-    constexpr int U = R >= 8 ? 1 : 8 / R;                       // loads per row in flight: R * U = 8 per lane
+    constexpr int U = R >= LOADS ? 1 : LOADS / R;               // loads per row in flight: R * U = LOADS per lane
     const int K = a.K, chunk = a.chunk;
 
     uint16_t* xs = ptx::dynamic_smem<uint16_t>();  // [M][chunk] bf16 bits
@@ -344,6 +345,9 @@ template <int M, Pairing P, bool VEC, bool NORM>
 void launch_variant(GemvArgs a, cudaStream_t stream) {
     constexpr int units = units_per_warp(M, P);
     auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
+    if constexpr (M == 1 && VEC) {
+        if (a.deep) kernel = gemv_kernel<M, units, P, VEC, NORM, 16>;
+    }
     const int blocks = CEIL_DIV(a.n_units, kWarps * units);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     const size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
@@ -378,7 +382,11 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 
 // Switches for measuring what each fusion buys (benchmarks/lab/decode_variants.sh), read once:
 // LLAMA_BRRR_GEMV_PREFETCH=1 turns the L2 weight prefetch on, LLAMA_BRRR_GEMV_EARLY=0 waits for
-// the previous kernel before the first weight load, LLAMA_BRRR_GEMV_NORM=0 runs the
+// the previous kernel before the first weight load, LLAMA_BRRR_GEMV_EARLY_TRIGGER=1 lets the next
+// kernel launch before this one's wait (safe only because what runs before a wait in the kernels
+// after a GEMV, weights, positions, slots and earlier tokens' K/V, was written before the step's
+// first kernel, which is launched plainly), LLAMA_BRRR_GEMV_DEEP=1 keeps 16 W loads per lane in
+// flight at M = 1 instead of 8, LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
@@ -390,6 +398,10 @@ bool early_loads_enabled() {
 }
 bool early_trigger_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_TRIGGER", false);
+    return on;
+}
+bool deep_loads_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_DEEP", false);
     return on;
 }
 bool fused_norm_enabled() {
@@ -433,6 +445,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.prefetch = prefetch_enabled();
     a.early = early_loads_enabled();
     a.trigger_early = early_trigger_enabled();
+    a.deep = deep_loads_enabled();
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
