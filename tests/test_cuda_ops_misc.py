@@ -143,14 +143,20 @@ def test_rmsnorm_residual_unaligned_rows_take_the_scalar_path(ops, gen):
 # ---- rope_kv_append -----------------------------------------------------------------------------
 
 def rope_oracle(v, pos, inv_freq):
-    """Rotate-half RoPE of v [..., hd] in float64, the angle taken as the fp32 product; with the
-    slack the kernel's fp32 cos/sin earn (|error| < 1e-6 each, kernel_util.cuh rope_angle)."""
+    """Rotate-half RoPE of v [..., hd] in float64, the angle taken as the fp32 product."""
     angle = (torch.tensor(float(pos), dtype=torch.float32) * inv_freq.cpu()).double()
     cos, sin = angle.cos(), angle.sin()
     half = v.shape[-1] // 2
     x0, x1 = v[..., :half].double().cpu(), v[..., half:].double().cpu()
-    slack = 1e-6 * (x0.abs() + x1.abs())
-    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1), torch.cat((slack, slack), dim=-1)
+    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
+
+
+def rope_slack(v):
+    """What the kernel's fp32 cos / sin (|error| < 1e-6 each, kernel_util.cuh rope_angle) may move
+    each rotated output of v [..., hd]: 1e-6 (|x0| + |x1|)."""
+    half = v.shape[-1] // 2
+    pair = v[..., :half].double().abs().cpu() + v[..., half:].double().abs().cpu()
+    return 1e-6 * torch.cat((pair, pair), dim=-1)
 
 
 @pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,max_seq,rope_scaling", [
@@ -188,9 +194,9 @@ def test_rope_kv_append(C, ops, rng, gen, n_heads, n_kv_heads, head_dim, max_seq
     for m in range(M):
         s, p = int(slots[m]), int(positions[m])
         written[s, p] = True
-        q_ref, q_slack = rope_oracle(qkv[m, :q_dim].view(n_heads, head_dim), p, inv_freq)
-        k_ref, k_slack = rope_oracle(qkv[m, q_dim:q_dim + kv_dim].view(n_kv_heads, head_dim), p, inv_freq)
-        for got, ref, slack in ((q_out[m], q_ref, q_slack), (k_cache[s, p], k_ref, k_slack)):
+        q_in, k_in = qkv[m, :q_dim].view(n_heads, head_dim), qkv[m, q_dim:q_dim + kv_dim].view(n_kv_heads, head_dim)
+        for got, ref, slack in ((q_out[m], rope_oracle(q_in, p, inv_freq), rope_slack(q_in)),
+                                (k_cache[s, p], rope_oracle(k_in, p, inv_freq), rope_slack(k_in))):
             got = got.double().cpu()
             # Half a bf16 step of the exact value, widened by what the fp32 angle may be off.
             bound = bf16_ulp(ref) * 0.5 + 1e-6 + slack

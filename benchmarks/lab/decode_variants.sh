@@ -25,10 +25,11 @@
 #                   own PDL wait, so the GEMV after next (w13 behind wo) starts its weight loads
 #                   while flash_decode runs
 #   15, 16          14 with flash_decode's trigger late (15) or early (16) at every head dim
-#   17 gemv-deep    LLAMA_BRRR_GEMV_DEEP=1: at M = 1, 16 loads of W per lane in flight instead of 8,
-#                   so the 1B wqkv / w13 rows (two per warp, 4 KB each) are asked for at once, all
-#                   of them before the PDL wait
-#   18              17 + 14
+#   17 gemv-loads8  LLAMA_BRRR_GEMV_LOADS=8: at M = 1, 8 W loads per lane in flight (shipped since
+#                   run S: 16, which asks for the 1B wqkv / w13 row pairs of a warp at once; run S
+#                   measured 16 against 8 at 1.070x on 1B, 1.011x on 8B, and with 14 at 1.068x / 1.013x)
+#   18 gemv-loads32 LLAMA_BRRR_GEMV_LOADS=32
+#   19              18 + 14
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -57,8 +58,9 @@ variants=(
     "14-gemv-trigger|LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
     "15-gemv-trigger-fd-late|LLAMA_BRRR_GEMV_EARLY_TRIGGER=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=1"
     "16-gemv-trigger-fd-early|LLAMA_BRRR_GEMV_EARLY_TRIGGER=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "17-gemv-deep|LLAMA_BRRR_GEMV_DEEP=1"
-    "18-gemv-deep-trigger|LLAMA_BRRR_GEMV_DEEP=1 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
+    "17-gemv-loads8|LLAMA_BRRR_GEMV_LOADS=8"
+    "18-gemv-loads32|LLAMA_BRRR_GEMV_LOADS=32"
+    "19-gemv-trigger-loads32|LLAMA_BRRR_GEMV_LOADS=32 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -40,7 +40,10 @@
 // rope_kv_append (rope.cu) finishes the job.
 //
 // AddResidual (wo, w2) loads a thread's residual values in batches of eight pairs before writing
-// any back, so their memory round trips overlap instead of following one another.
+// any back, so their memory round trips overlap instead of following one another. Asking L2 for
+// a tile's residual rows 8 k tiles before its epilogue (the producer, cp.async.bulk.prefetch)
+// measured slower on H100: Llama-3-8B wo 0.84 -> 0.80 of cuBLAS at M = 2048, 1B wo 0.72 -> 0.70
+// (benchmarks/results/h100-sxm/gemm_residual_prefetch.txt).
 //
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
@@ -52,7 +55,6 @@
 #include "cuda/check.cuh"
 #include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
-#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 
@@ -82,7 +84,6 @@ struct GemmArgs {
     int width;   // output columns: N, or H = N / 2 for SwiGLU
     int half_n;  // H: first up row of w13 (SwiGLU only)
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
-    bool prefetch_residual;  // Hopper, AddResidual: ask L2 for a tile's residual rows ahead of its epilogue
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -426,18 +427,6 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
     return true;
 }
 
-// AddResidual reads and writes a tile's residual (fp32) in its epilogue, when the tensor cores of
-// the CTA stand idle: 256 KB per 128 x 256 tile, as much HBM traffic in that moment as the whole
-// mainloop's operands. With prefetch_residual the producer asks L2 for the tile's residual rows
-// kResidualLead k tiles before its last one (about 8 us ahead on the Llama shapes), so the reads
-// overlap the mainloop and the epilogue finds them in L2.
-constexpr int kResidualLead = 8;
-__device__ __forceinline__ void prefetch_residual_rows(const GemmArgs& p, int m0, int col0, int cols) {
-    const int bytes = min(cols, p.width - col0) * (int)sizeof(float) / 16 * 16;
-    if (bytes <= 0) return;
-    for (int r = m0; r < min(m0 + kBM, p.M); ++r) prefetch_l2(p.out.residual + (size_t)r * p.out.ld_out + col0, bytes);
-}
-
 // One CTA: warpgroup 0 is the producer (one thread issues the TMA copies of each k tile into a
 // ring of STAGES slots), warpgroups 1 and 2 consume (each 64 rows x BN columns of wgmma). Slot s
 // has two barriers: full[s] completes when its bytes have landed, empty[s] when every consumer
@@ -518,8 +507,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
                 const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
                 for (int kt = k_begin; kt < k_end; ++kt) {
-                    if (p.prefetch_residual && kt == max(k_begin, k_end - kResidualLead))
-                        prefetch_residual_rows(p, m0, col0, kTileCols);
                     hopper::mbarrier_wait(empty + stage, phase ^ 1);
                     unsigned char* a = smem + stage * L::kStageBytes;
                     unsigned char* b = a + L::kABytes;
@@ -769,9 +756,7 @@ int split_count(const GemmArgs& p, int sm_count) {
 void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     const int splits = split_count(p, sm_count);
     if (splits > 1) {
-        GemmArgs q = p;
-        q.prefetch_residual = false;
-        sm90::launch<128, 6>(q, sm_count, 8, stream, splits);
+        sm90::launch<128, 6>(p, sm_count, 8, stream, splits);
         return;
     }
     const long long tiles_m = CEIL_DIV(p.M, sm90::kBM);
@@ -789,12 +774,6 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     } else {
         sm90::launch<128, 6>(p, sm_count, 8, stream);
     }
-}
-
-// LLAMA_BRRR_GEMM_RESIDUAL_PREFETCH=0/1: the residual L2 prefetch (a switch for measuring it), read once.
-bool residual_prefetch_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMM_RESIDUAL_PREFETCH", false);
-    return on;
 }
 
 GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args) {
@@ -817,10 +796,6 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
         case Epilogue::AddResidual: p.pair_stores = even_ld && util::aligned_to(p.out.residual, 8); break;
         case Epilogue::RopeKV: p.pair_stores = false; break;  // store_rope_row's own stores
     }
-    // The bulk prefetch takes 16-byte aligned rows (ld_out % 4 == 0); split-K tiles finish in
-    // whichever split arrives last, so no split knows it will need the rows.
-    p.prefetch_residual = ep == Epilogue::AddResidual && residual_prefetch_enabled() &&
-                          util::aligned_to(p.out.residual, 16) && p.out.ld_out % 4 == 0;
     return p;
 }
 

@@ -8,8 +8,11 @@
 // bytes / HBM bandwidth and everything here is about keeping enough 16-byte loads in flight and
 // about not losing time between kernels.
 //   * Each warp owns a few output columns ("units") and streams their W rows end to end with
-//     16-byte loads (8 bf16 per lane, 512 contiguous bytes per warp instruction), about eight
-//     loads per lane issued before any math consumes them, bypassing L1.
+//     16-byte loads (8 bf16 per lane, 512 contiguous bytes per warp instruction), issued before
+//     any math consumes them, bypassing L1: eight per lane, sixteen at M = 1. Sixteen ask for a
+//     Llama-3.2-1B warp's two 4 KB wqkv / w13 rows in one go (eight took two memory round trips
+//     per row pair): 1B decode 1.07x, 8B 1.01x on H100 (decode_variants.sh 17, run S), at 96-126
+//     registers instead of 64-72.
 //   * Launched with PDL (launch.cuh), so the CTAs of this projection are resident and waiting when
 //     the kernel before it ends. Prefetching the W rows into L2 before that wait (so the weight
 //     stream would overlap the previous kernel) measured slower on H100: 1B decode -8%, 8B -13%
@@ -18,7 +21,7 @@
 //     during flash_decode, which leaves HBM nearly idle, was slower too: 1B -1.8%, 8B -1.2%
 //     (up to half of L2 asked for; all of it, or with the wo launch moved earlier, no better).
 //     It stays as a switch, LLAMA_BRRR_GEMV_PREFETCH=1, off by default.
-//   * The first eight 16-byte loads per lane of the warp's rows are issued before that wait, into
+//   * The first step's 16-byte loads per lane of the warp's rows are issued before that wait, into
 //     the registers the first step consumes: weights never depend on the kernel before, so the
 //     stream starts while it drains and while this CTA reduces and stages x. Unlike the L2
 //     prefetch this asks for no byte that is not consumed at once (LLAMA_BRRR_GEMV_EARLY=0 turns
@@ -55,6 +58,7 @@ constexpr int kMaxRows = 16;             // largest M this kernel takes (the con
 constexpr int kWarps = 4;                // 128 threads: many small CTAs fill the SMs evenly
 constexpr int kThreads = kWarps * 32;
 constexpr int kXChunkBytes = 32 * 1024;  // x slice (all M rows) held in shared memory at once
+constexpr int kLoadsM1 = 16;             // 16-byte W loads per lane in flight at M = 1 (else 8)
 
 // Which W rows a unit (one output column, or one pair) streams.
 enum class Pairing { None, SwiGLU, Rope };
@@ -76,7 +80,7 @@ struct GemvArgs {
     bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
-    bool deep;            // M = 1: 16 loads per lane in flight instead of 8
+    int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32 (M > 1: always 8)
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -346,7 +350,9 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     constexpr int units = units_per_warp(M, P);
     auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
     if constexpr (M == 1 && VEC) {
-        if (a.deep) kernel = gemv_kernel<M, units, P, VEC, NORM, 16>;
+        kernel = a.loads == 8    ? gemv_kernel<M, units, P, VEC, NORM, 8>
+                 : a.loads == 32 ? gemv_kernel<M, units, P, VEC, NORM, 32>
+                                 : gemv_kernel<M, units, P, VEC, NORM, 16>;
     }
     const int blocks = CEIL_DIV(a.n_units, kWarps * units);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
@@ -385,8 +391,8 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // the previous kernel before the first weight load, LLAMA_BRRR_GEMV_EARLY_TRIGGER=1 lets the next
 // kernel launch before this one's wait (safe only because what runs before a wait in the kernels
 // after a GEMV, weights, positions, slots and earlier tokens' K/V, was written before the step's
-// first kernel, which is launched plainly), LLAMA_BRRR_GEMV_DEEP=1 keeps 16 W loads per lane in
-// flight at M = 1 instead of 8, LLAMA_BRRR_GEMV_NORM=0 runs the
+// first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/32 sets the W loads per lane in
+// flight at M = 1 (shipped: 16), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
@@ -400,9 +406,9 @@ bool early_trigger_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_TRIGGER", false);
     return on;
 }
-bool deep_loads_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_DEEP", false);
-    return on;
+int loads_per_lane() {
+    static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", kLoadsM1);
+    return n == 8 || n == 32 ? n : kLoadsM1;
 }
 bool fused_norm_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
@@ -445,7 +451,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.prefetch = prefetch_enabled();
     a.early = early_loads_enabled();
     a.trigger_early = early_trigger_enabled();
-    a.deep = deep_loads_enabled();
+    a.loads = loads_per_lane();
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
