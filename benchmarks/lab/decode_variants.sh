@@ -25,11 +25,13 @@
 #                   own PDL wait, so the GEMV after next (w13 behind wo) starts its weight loads
 #                   while flash_decode runs
 #   15, 16          14 with flash_decode's trigger late (15) or early (16) at every head dim
-#   17 gemv-loads8  LLAMA_BRRR_GEMV_LOADS=8: at M = 1, 8 W loads per lane in flight (shipped since
-#                   run S: 16, which asks for the 1B wqkv / w13 row pairs of a warp at once; run S
-#                   measured 16 against 8 at 1.070x on 1B, 1.011x on 8B, and with 14 at 1.068x / 1.013x)
+#   17 gemv-loads8  LLAMA_BRRR_GEMV_LOADS=8: at M = 1, 8 W loads per lane in flight everywhere (shipped:
+#                   16, which asks for the 1B wqkv / w13 row pairs of a warp at once, except where its
+#                   registers would split a one-wave grid in two, gemv.cu pick_m1_kernel; run S
+#                   measured 16 everywhere against 8 at 1.070x on 1B, 1.011x on 8B)
 #   18 gemv-loads32 LLAMA_BRRR_GEMV_LOADS=32
 #   19              18 + 14
+#   20 gemv-loads16 LLAMA_BRRR_GEMV_LOADS=16: 16 everywhere
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -61,6 +63,7 @@ variants=(
     "17-gemv-loads8|LLAMA_BRRR_GEMV_LOADS=8"
     "18-gemv-loads32|LLAMA_BRRR_GEMV_LOADS=32"
     "19-gemv-trigger-loads32|LLAMA_BRRR_GEMV_LOADS=32 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
+    "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

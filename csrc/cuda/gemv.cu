@@ -9,10 +9,10 @@
 // about not losing time between kernels.
 //   * Each warp owns a few output columns ("units") and streams their W rows end to end with
 //     16-byte loads (8 bf16 per lane, 512 contiguous bytes per warp instruction), issued before
-//     any math consumes them, bypassing L1: eight per lane, sixteen at M = 1. Sixteen ask for a
-//     Llama-3.2-1B warp's two 4 KB wqkv / w13 rows in one go (eight took two memory round trips
-//     per row pair): 1B decode 1.07x, 8B 1.01x on H100 (decode_variants.sh 17, run S), at 96-126
-//     registers instead of 64-72.
+//     any math consumes them, bypassing L1: eight per lane, sixteen at M = 1 where the grid
+//     still fits the GPU at once (pick_m1_kernel). Sixteen ask for a Llama-3.2-1B warp's two 4 KB
+//     wqkv / w13 rows in one go (eight took two memory round trips per row pair): 1B decode 1.07x,
+//     8B 1.01x on H100 (decode_variants.sh, runs S and T), at 96-126 registers instead of 64-72.
 //   * Launched with PDL (launch.cuh), so the CTAs of this projection are resident and waiting when
 //     the kernel before it ends. Prefetching the W rows into L2 before that wait (so the weight
 //     stream would overlap the previous kernel) measured slower on H100: 1B decode -8%, 8B -13%
@@ -58,7 +58,6 @@ constexpr int kMaxRows = 16;             // largest M this kernel takes (the con
 constexpr int kWarps = 4;                // 128 threads: many small CTAs fill the SMs evenly
 constexpr int kThreads = kWarps * 32;
 constexpr int kXChunkBytes = 32 * 1024;  // x slice (all M rows) held in shared memory at once
-constexpr int kLoadsM1 = 16;             // 16-byte W loads per lane in flight at M = 1 (else 8)
 
 // Which W rows a unit (one output column, or one pair) streams.
 enum class Pairing { None, SwiGLU, Rope };
@@ -80,7 +79,7 @@ struct GemvArgs {
     bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
-    int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32 (M > 1: always 8)
+    int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -313,48 +312,63 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     }
 }
 
-// The x slice per CTA, shrunk where shared memory (not registers or threads) would split a grid
-// that fits on the GPU at once into a second, mostly idle wave. Llama-3-8B's w2 at M = 1:
-// 1024 CTAs, whole 28 KB rows of x allow 7 CTAs per SM (924 resident), registers allow 8 (1056):
-// a 16 KB slice keeps all 1024 streaming together. The answers are remembered per thread (a
-// decode step asks about the same few launches over and over; the occupancy query costs µs).
-int resident_chunk(void (*kernel)(GemvArgs), int M, int chunk, int blocks) {
+// CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit on the GPU at once. The
+// answers are remembered per thread (a decode step asks about the same few launches over and
+// over; the occupancy query costs microseconds).
+int resident_ctas(void (*kernel)(GemvArgs), size_t smem) {
     struct Entry {
         void (*kernel)(GemvArgs);
-        int dev, chunk, blocks, result;
+        int dev;
+        size_t smem;
+        int result;
     };
-    constexpr int kEntries = 16;
+    constexpr int kEntries = 32;
     thread_local Entry seen[kEntries] = {};
     thread_local int next = 0;
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     for (const Entry& e : seen)
-        if (e.kernel == kernel && e.dev == dev && e.chunk == chunk && e.blocks == blocks) return e.result;
-    const int sms = device_facts().sm_count;
-    auto resident = [&](int c) {
-        int per_sm = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
-                                                                 (size_t)M * c * sizeof(uint16_t)));
-        return per_sm * sms;
-    };
+        if (e.kernel == kernel && e.dev == dev && e.smem == smem) return e.result;
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    const int result = per_sm * device_facts().sm_count;
+    seen[next] = Entry{kernel, dev, smem, result};
+    next = (next + 1) % kEntries;
+    return result;
+}
+
+// The x slice per CTA, shrunk where shared memory (not registers or threads) would split a grid
+// that fits on the GPU at once into a second, mostly idle wave. Llama-3-8B's w2 at M = 1:
+// 1024 CTAs, whole 28 KB rows of x allow 7 CTAs per SM (924 resident), registers allow 8 (1056):
+// a 16 KB slice keeps all 1024 streaming together.
+int resident_chunk(void (*kernel)(GemvArgs), int M, int chunk, int blocks) {
+    auto resident = [&](int c) { return resident_ctas(kernel, (size_t)M * c * sizeof(uint16_t)); };
     int result = chunk;
     if (chunk > 256 && resident(256) >= blocks)
         while (result > 256 && resident(result) < blocks) result = std::max(256, result / 2 / 256 * 256);
-    seen[next] = Entry{kernel, dev, chunk, blocks, result};
-    next = (next + 1) % kEntries;
     return result;
+}
+
+// The M = 1 kernel: 16 W loads per lane in flight, unless their registers (96-126 against 64-72)
+// would split a grid that fits the GPU at once with 8 into two waves (Llama-3-8B's wqkv, wo and
+// w2: 768-1024 CTAs); LLAMA_BRRR_GEMV_LOADS=8/16/32 forces a depth.
+template <int UNITS, Pairing P, bool NORM>
+auto pick_m1_kernel(int loads, int blocks) {
+    const auto deep = gemv_kernel<1, UNITS, P, true, NORM, 16>;
+    const auto shallow = gemv_kernel<1, UNITS, P, true, NORM, 8>;
+    if (loads == 32) return gemv_kernel<1, UNITS, P, true, NORM, 32>;
+    if (loads == 8) return shallow;
+    if (loads == 16) return deep;
+    const size_t least_smem = 256 * sizeof(uint16_t);  // the smallest x slice resident_chunk goes to
+    return resident_ctas(deep, least_smem) < blocks && resident_ctas(shallow, least_smem) >= blocks ? shallow : deep;
 }
 
 template <int M, Pairing P, bool VEC, bool NORM>
 void launch_variant(GemvArgs a, cudaStream_t stream) {
     constexpr int units = units_per_warp(M, P);
-    auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
-    if constexpr (M == 1 && VEC) {
-        kernel = a.loads == 8    ? gemv_kernel<M, units, P, VEC, NORM, 8>
-                 : a.loads == 32 ? gemv_kernel<M, units, P, VEC, NORM, 32>
-                                 : gemv_kernel<M, units, P, VEC, NORM, 16>;
-    }
     const int blocks = CEIL_DIV(a.n_units, kWarps * units);
+    auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
+    if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     const size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
@@ -391,8 +405,8 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // the previous kernel before the first weight load, LLAMA_BRRR_GEMV_EARLY_TRIGGER=1 lets the next
 // kernel launch before this one's wait (safe only because what runs before a wait in the kernels
 // after a GEMV, weights, positions, slots and earlier tokens' K/V, was written before the step's
-// first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/32 sets the W loads per lane in
-// flight at M = 1 (shipped: 16), LLAMA_BRRR_GEMV_NORM=0 runs the
+// first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
+// flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
@@ -407,8 +421,8 @@ bool early_trigger_enabled() {
     return on;
 }
 int loads_per_lane() {
-    static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", kLoadsM1);
-    return n == 8 || n == 32 ? n : kLoadsM1;
+    static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", 0);
+    return n == 8 || n == 16 || n == 32 ? n : 0;  // 0: pick_m1_kernel's rule
 }
 bool fused_norm_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
