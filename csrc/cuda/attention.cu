@@ -40,7 +40,6 @@
 //   T x T scores never exist. Tiles above the diagonal are never loaded, and a warp skips the
 //   tiles wholly above its own rows; the longest query tiles are scheduled first.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #include "cuda/check.cuh"
@@ -1034,25 +1033,8 @@ void launch_prefill(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("attention_prefill_kernel");
 }
 
-// Whether this device runs attention_prefill_sm90_kernel: Hopper, and the extension carries its
-// sm_90a code. Asked once per device.
-bool prefill_sm90_ready() {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> state[kMaxDevices];  // 0 unknown, 1 yes, 2 no
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= kMaxDevices) return false;
-    int s = state[dev].load(std::memory_order_relaxed);
-    if (s == 0) {
-        cudaFuncAttributes attr;
-        const bool has_code = cudaFuncGetAttributes(&attr, attention_prefill_sm90_kernel<128>) == cudaSuccess &&
-                              attr.binaryVersion == 90;
-        cudaGetLastError();  // a missing image is an answer here, not an error to report later
-        s = device_facts().major == 9 && has_code ? 1 : 2;
-        state[dev].store(s, std::memory_order_relaxed);
-    }
-    return s == 1;
-}
+// Whether this device runs attention_prefill_sm90_kernel (launch.cuh: Hopper and an sm_90a build).
+bool prefill_sm90_ready() { return runs_sm90a(attention_prefill_sm90_kernel<128>); }
 
 // Q as [T, Hq * hd]; this slot's K and V as [filled positions, Hkv * hd]; boxes of 64 x 128.
 template <int HD>

@@ -50,11 +50,11 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "cuda/check.cuh"
 #include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 
@@ -680,31 +680,10 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
 
 }  // namespace sm90
 
-// Per device: 0 unknown, 1 runs the sm90 kernels, 2 does not. Plus its SM count.
-constexpr int kMaxDevices = 64;
-std::atomic<int> g_hopper_state[kMaxDevices];
-std::atomic<int> g_sm_count[kMaxDevices];
-
 // A Hopper device, and this build holds sm_90 code for the kernel (LLAMA_BRRR_CUDA_ARCHS has 90a).
 bool hopper_device(int* sm_count) {
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= kMaxDevices) return false;
-    int state = g_hopper_state[dev].load(std::memory_order_relaxed);
-    if (state == 0) {
-        int major = 0, sms = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        cudaFuncAttributes attr;
-        const bool has_code = cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 0, 1>) == cudaSuccess &&
-                              attr.binaryVersion == 90;
-        cudaGetLastError();  // a missing image is an answer here, not an error to report later
-        state = major == 9 && has_code ? 1 : 2;
-        g_sm_count[dev].store(sms, std::memory_order_relaxed);
-        g_hopper_state[dev].store(state, std::memory_order_relaxed);
-    }
-    *sm_count = g_sm_count[dev].load(std::memory_order_relaxed);
-    return state == 1;
+    *sm_count = device_facts().sm_count;
+    return runs_sm90a(sm90::gemm_sm90_kernel<256, 4, false, 0, 1>);
 }
 
 // TMA needs 16-byte aligned bases and row strides (K % 8 == 0).

@@ -84,6 +84,26 @@ inline DeviceFacts device_facts() {
     return f;
 }
 
+// Whether `kernel` runs here as sm_90a code: a Hopper device, and a build that holds the kernel's
+// sm_90a image (LLAMA_BRRR_CUDA_ARCHS has 90a; the sm_80 image of a wgmma / TMA kernel only traps).
+// Asked once per device (per kernel signature: the answer is the build's, the same for all).
+template <typename... KernelArgs>
+bool runs_sm90a(void (*kernel)(KernelArgs...)) {
+    static std::atomic<int> state[64];  // per device: 0 unknown, 1 yes, 2 no
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= 64) return false;
+    int s = state[dev].load(std::memory_order_relaxed);
+    if (s == 0) {
+        cudaFuncAttributes attr;
+        const bool has_code = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion == 90;
+        cudaGetLastError();  // a missing image is an answer here, not an error to report later
+        s = device_facts().major == 9 && has_code ? 1 : 2;
+        state[dev].store(s, std::memory_order_relaxed);
+    }
+    return s == 1;
+}
+
 // An integer from the environment, or fallback when unset, empty or not a number: the
 // diagnostic switches of benchmarks/lab/decode_variants.sh, each read once by its user.
 inline int env_int(const char* name, int fallback) {
