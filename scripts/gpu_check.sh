@@ -25,7 +25,7 @@
 #   summary.txt    the table printed last
 #   results.tar.gz everything above but summary.txt, packed (PACK=0 leaves the files as they are)
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
-# sweep gets up to 150 s and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
+# sweep gets up to 150 s, the decode variants VARIANTS_S (default 200) and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
 #   cuda-tests cpu-tests sanitizer kernels variants gemmlab fdlab aplab gemvlab profile decode sweep compare
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
@@ -141,7 +141,7 @@ EOF
     # shellcheck disable=SC2086  # KERNELS_ARGS is a list of arguments
     wanted kernels && phase kernels 180 "$OUT/bench.log" python3 benchmarks/bench_kernels.py ${KERNELS_ARGS:---quick} \
         --out "$OUT/kernels.json"
-    wanted variants && phase variants 200 "$OUT/bench.log" env OUT="$OUT/variants" bash benchmarks/lab/decode_variants.sh
+    wanted variants && phase variants "${VARIANTS_S:-200}" "$OUT/bench.log" env OUT="$OUT/variants" bash benchmarks/lab/decode_variants.sh
     wanted gemmlab && phase gemmlab 240 "$OUT/bench.log" env OUT="$OUT/gemm_lab" bash benchmarks/lab/run_gemm_lab.sh
     wanted fdlab && phase fdlab 200 "$OUT/bench.log" env OUT="$OUT/flash_decode_lab" bash benchmarks/lab/run_flash_decode_lab.sh
     wanted aplab && phase aplab 240 "$OUT/bench.log" env OUT="$OUT/attention_prefill_lab" bash benchmarks/lab/run_attention_prefill_lab.sh

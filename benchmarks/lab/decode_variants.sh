@@ -32,16 +32,28 @@
 #   18 gemv-loads32 LLAMA_BRRR_GEMV_LOADS=32
 #   19              18 + 14
 #   20 gemv-loads16 LLAMA_BRRR_GEMV_LOADS=16: 16 everywhere
+#   21-23 fd-warm-w13  LLAMA_BRRR_FD_WARM_W13_KB=4096/8192/16384: once the QKV GEMV has finished,
+#                   flash_decode's CTAs ask L2 (cp.async.bulk.prefetch) for that much of w13's first
+#                   rows (half gate, half up), while HBM would otherwise serve only wo's loads
+#   24 fd-warm-wo   LLAMA_BRRR_FD_WARM_WO_KB=8192: the same for wo's first rows (at hd 128 the wo
+#                   GEMV launches only as flash_decode ends, so nothing else loads wo meanwhile)
+#   25 evict-first  LLAMA_BRRR_GEMV_EVICT_FIRST=1: the GEMV's weight loads under an L2 evict-first
+#                   policy, so the weight stream does not push the KV cache and activations out
+#   26              25 + 22
+#   27, 28 gemv-warm  LLAMA_BRRR_GEMV_WARM_STEPS=1/2: before its PDL wait a GEMV asks L2 for the
+#                   W bytes of its next 1 / 2 steps (the first is loaded into registers there)
+#   29              22 + 24
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
-# ONLY="01 06" runs just the variants with those numbers.
-#   OUT=/tmp/variants [ONLY="01 06"] bash benchmarks/lab/decode_variants.sh [repeats]
+# ONLY="01 06" runs just the variants with those numbers; SHAPES picks the shapes (default both).
+#   OUT=/tmp/variants [ONLY="01 06"] [SHAPES=llama3.2-1b] bash benchmarks/lab/decode_variants.sh [repeats]
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/decode_variants}
 REPEATS=${1:-3}
 ONLY=${ONLY:-}
+SHAPES=${SHAPES:-llama3.2-1b,llama3-8b}
 mkdir -p "$OUT"
 variants=(
     "01-shipped|"
@@ -64,13 +76,22 @@ variants=(
     "18-gemv-loads32|LLAMA_BRRR_GEMV_LOADS=32"
     "19-gemv-trigger-loads32|LLAMA_BRRR_GEMV_LOADS=32 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
     "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
+    "21-fd-warm-w13-4m|LLAMA_BRRR_FD_WARM_W13_KB=4096"
+    "22-fd-warm-w13-8m|LLAMA_BRRR_FD_WARM_W13_KB=8192"
+    "23-fd-warm-w13-16m|LLAMA_BRRR_FD_WARM_W13_KB=16384"
+    "24-fd-warm-wo-8m|LLAMA_BRRR_FD_WARM_WO_KB=8192"
+    "25-evict-first|LLAMA_BRRR_GEMV_EVICT_FIRST=1"
+    "26-evict-first-warm-w13|LLAMA_BRRR_GEMV_EVICT_FIRST=1 LLAMA_BRRR_FD_WARM_W13_KB=8192"
+    "27-gemv-warm1|LLAMA_BRRR_GEMV_WARM_STEPS=1"
+    "28-gemv-warm2|LLAMA_BRRR_GEMV_WARM_STEPS=2"
+    "29-fd-warm-wo-w13|LLAMA_BRRR_FD_WARM_WO_KB=8192 LLAMA_BRRR_FD_WARM_W13_KB=8192"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}
     envs=${v#*|}
     [[ -z "$ONLY" || " $ONLY " == *" ${name%%-*} "* ]] || continue
     echo "== $name: ${envs:-(defaults)}"
-    env $envs python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b --device cuda -b 1 -p 128 -n 256 \
+    env $envs python3 -m llama_brrr bench --shape "$SHAPES" --device cuda -b 1 -p 128 -n 256 \
         --repeats "$REPEATS" --no-split --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1 \
         || { echo "   failed: see $name.log"; tail -n 5 "$OUT/$name.log"; }
 done
