@@ -410,12 +410,21 @@ def print_tables(result):
         print(f"{r['shape']:<24}{r['T']:>6}{r['ours']['median_s'] * 1e6:>10.1f}{r['ours_TFLOPs']:>8.1f}{cells}")
 
 
+SECTIONS = ("gemv", "switch", "gemm", "flash_decode", "prefill")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1B shapes, fewer sizes and repeats (< 60 s)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per kernel (default 30, quick 10)")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help="comma-separated sections to run (default all: %(default)s)")
+    parser.add_argument("--shapes", help="comma-separated shapes (default llama3.2-1b,llama3-8b; --quick: 1B)")
     args = parser.parse_args(argv)
+    only = set(filter(None, args.only.split(",")))
+    if only - set(SECTIONS):
+        parser.error(f"--only: unknown sections {sorted(only - set(SECTIONS))}; choose from {', '.join(SECTIONS)}")
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if not torch.cuda.is_available():
@@ -427,7 +436,7 @@ def main(argv=None):
     ops = _C.cuda_ops
     torch.backends.cuda.matmul.allow_tf32 = False
     repeats = args.repeats or (10 if args.quick else 30)
-    shapes = ["llama3.2-1b"] if args.quick else ["llama3.2-1b", "llama3-8b"]
+    shapes = args.shapes.split(",") if args.shapes else ["llama3.2-1b"] if args.quick else ["llama3.2-1b", "llama3-8b"]
     started = time.monotonic()
 
     copy_bw = copy_bandwidth()
@@ -437,14 +446,15 @@ def main(argv=None):
               "repeats": repeats, "rotate_bytes": ROTATE_BYTES, "copy_bandwidth_Bps": copy_bw,
               "gemm_ceiling_FLOPs": ceiling, "command": " ".join([sys.executable] + sys.argv),
               "method": "device time per call from torch.profiler kernel durations; median of repeats"}
-    result["gemv"] = bench_gemv(ops, shapes, repeats, copy_bw)
-    result["switch"] = [] if args.quick else bench_switch(ops, repeats)
+    result["sections"] = sorted(only)
+    result["gemv"] = bench_gemv(ops, shapes, repeats, copy_bw) if "gemv" in only else []
+    result["switch"] = [] if args.quick or "switch" not in only else bench_switch(ops, repeats)
     result["gemm"] = bench_gemm(ops, shapes, [512] if args.quick else [128, 512, 2048, 4096, 8192], repeats,
-                                ceiling)
+                                ceiling) if "gemm" in only else []
     result["flash_decode"] = bench_flash_decode(ops, shapes, [128, 2048] if args.quick else [128, 2048, 8192],
-                                                repeats, copy_bw)
+                                                repeats, copy_bw) if "flash_decode" in only else []
     result["prefill"] = bench_prefill(ops, shapes, [512] if args.quick else [512, 2048, 8192, 16384], repeats,
-                                      ceiling)
+                                      ceiling) if "prefill" in only else []
     result["wall_s"] = time.monotonic() - started
     print_tables(result)
     if args.out:

@@ -223,6 +223,29 @@ def test_gemm_split_k_matches_torch(ops, gen, M, N, K, epilogue):
     assert int(split.counters.abs().sum()) == 0, "split-K left a tile counter non-zero"
 
 
+@pytest.mark.parametrize("M,N,K,ld_extra,splits", [(300, 1000, 576, 0, False), (129, 264, 200, 4, False),
+                                                    (2048, 4096, 4096, 0, False), (17, 2048, 2048, 0, True)],
+                         ids=["tails", "padded-rows", "8b-wo", "split-k"])
+def test_gemm_residual_add_is_one_fp32_add(ops, gen, M, N, K, ld_extra, splits):
+    """AddResidual leaves exactly residual + y, y being what StoreF32 writes for the same call (on
+    Hopper the boxes are added by TMA in L2: a box added twice, or lost, or a tail written past
+    the row shows here bit for bit)."""
+    split = SplitScratch(ops) if splits else None
+    extra = {"split": split.arg} if split else {}
+    x, W = randn((M, K), gen), randn((N, K), gen, scale=1.0 / math.sqrt(K))
+    ld = N + ld_extra
+    y = nan_full((M, ld), torch.float32)
+    ops.gemm_bf16(x.data_ptr(), W.data_ptr(), M, N, K, STORE_F32, out_f32=y.data_ptr(), ld_out=ld, **extra)
+    residual = torch.randn((M, ld), generator=gen, device="cuda")
+    residual[:, N:] = float("nan")
+    before = residual.clone()
+    ops.gemm_bf16(x.data_ptr(), W.data_ptr(), M, N, K, ADD_RESIDUAL, residual=residual.data_ptr(), ld_out=ld,
+                  **extra)
+    torch.cuda.synchronize()
+    assert torch.equal(residual[:, :N], before[:, :N] + y[:, :N])
+    assert residual[:, N:].isnan().all(), "wrote past its row"
+
+
 def test_gemm_split_k_is_deterministic(ops, gen):
     """The partial sums are added in split order, whichever split ends last: same bits each run."""
     split = SplitScratch(ops)

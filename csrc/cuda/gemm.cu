@@ -84,6 +84,7 @@ struct GemmArgs {
     int width;   // output columns: N, or H = N / 2 for SwiGLU
     int half_n;  // H: first up row of w13 (SwiGLU only)
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
+    bool residual_tma;  // Hopper AddResidual: staged in shared memory, added by TMA reduce
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -365,15 +366,62 @@ __device__ __forceinline__ void store_rope_row(const GemmArgs& p, int row, int h
     }
 }
 
+// Shared memory: the ring's STAGES slots, then the residual staging boxes (kResBufs per consumer
+// warpgroup, 64 rows x 32 fp32 each: two where they fit, so one box fills while TMA reads the
+// other), then the full / empty barriers.
 template <int BN, int STAGES>
 struct Layout {
     static constexpr int kABytes = kBM * kBK * 2;
     static constexpr int kBBytes = BN * kBK * 2;
     static constexpr int kStageBytes = kABytes + kBBytes;
+    static constexpr int kResBoxBytes = 64 * 32 * 4;
+    static constexpr size_t kBarrierBytes = 2 * STAGES * sizeof(uint64_t);
     // + 1024: the dynamic window is only 16-byte aligned and the swizzle atoms need 1024.
-    static constexpr size_t kSmemBytes = 1024 + (size_t)STAGES * kStageBytes + 2 * STAGES * sizeof(uint64_t);
+    static constexpr size_t kFixedBytes = 1024 + (size_t)STAGES * kStageBytes + kBarrierBytes;
+    static constexpr int kResBufs = kFixedBytes + 2 * kConsumers * kResBoxBytes <= 227 * 1024 ? 2 : 1;
+    static constexpr size_t kResOffset = (size_t)STAGES * kStageBytes;
+    static constexpr size_t kBarrierOffset = kResOffset + (size_t)kResBufs * kConsumers * kResBoxBytes;
+    static constexpr size_t kSmemBytes = 1024 + kBarrierOffset + kBarrierBytes;
     static_assert(kSmemBytes <= 227 * 1024, "stages do not fit in shared memory");
 };
+
+// AddResidual through TMA: consumer warpgroup `consumer` (thread ct of 128, warp `warp`) writes
+// its 64 x BN accumulators box by box (32 columns) into shared memory in the 128-byte swizzle,
+// and one thread has TMA add each box into the residual. The warpgroup goes on as soon as the
+// box is issued: the read-add-write of the residual runs in L2 while the next tile's MMAs do,
+// where loading it into registers waited out several memory round trips per tile. One tile
+// touches each residual element once, so the sum is the plain fp32 add of the other epilogue.
+template <int BN, int STAGES>
+__device__ __forceinline__ void add_residual_tma(const CUtensorMap* res_map, unsigned char* res_smem, int consumer,
+                                                 int ct, int warp, int lane, int row0, int col0, int width,
+                                                 const float (&acc)[BN / 2]) {
+    using L = Layout<BN, STAGES>;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < BN / 32; ++j) {
+        if (col0 + 32 * j >= width) break;  // the same for the whole warpgroup
+        unsigned char* box = res_smem + (consumer * L::kResBufs + j % L::kResBufs) * L::kResBoxBytes;
+        if (ct == 0) hopper::bulk_wait_read<L::kResBufs - 1>();  // TMA is done reading this box
+        hopper::named_barrier_sync(2 + consumer, 128);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + g + 8 * h;
+#pragma unroll
+            for (int ii = 0; ii < 4; ++ii) {
+                const int i = 4 * j + ii;
+                const int chunk = (2 * ii + (t >> 1)) ^ (r & 7);
+                *reinterpret_cast<float2*>(box + r * 128 + chunk * 16 + 8 * (t & 1)) =
+                    make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+            }
+        }
+        hopper::fence_proxy_async_shared();
+        hopper::named_barrier_sync(2 + consumer, 128);
+        if (ct == 0) {
+            hopper::tma_reduce_add_2d(res_map, box, col0 + 32 * j, row0);
+            hopper::bulk_commit();
+        }
+    }
+}
 
 // Tile order: consecutive tiles walk down `group_m` tile rows before moving one tile column
 // right, so the CTAs resident at one time share a band of x rows and a band of W rows in L2.
@@ -447,7 +495,7 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
 template <int BN, int STAGES, bool SWIGLU, int ROPE_HD, int CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                     GemmArgs p, TileMap tiles) {
+                     const __grid_constant__ CUtensorMap res_map, GemmArgs p, TileMap tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
     static_assert(ROPE_HD == 0 || (!SWIGLU && ROPE_HD % 16 == 0 && BN % (ROPE_HD > 0 ? ROPE_HD : 1) == 0), "tiles of whole heads");
@@ -457,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kTileCols = SWIGLU ? BN / 2 : BN;  // output columns per tile
     unsigned char* raw = ptx::dynamic_smem<unsigned char>();
     unsigned char* smem = raw + ((1024 - (ptx::smem_addr(raw) & 1023)) & 1023);
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * L::kStageBytes);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
     uint64_t* empty = full + STAGES;
     const int warpgroup = threadIdx.x / 128;
     const uint32_t rank = CLUSTER == 1 ? 0 : hopper::cluster_rank();
@@ -574,6 +622,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                                           m0 + consumer * 64 + warp * 16 + (lane >> 2), acc))
                 continue;  // another split of this tile finishes it
 
+            if (!SWIGLU && ROPE_HD == 0 && p.residual_tma) {
+                if (m0 + consumer * 64 < p.M)
+                    add_residual_tma<BN, STAGES>(&res_map, smem + L::kResOffset, consumer, threadIdx.x & 127, warp,
+                                                 lane, m0 + consumer * 64, col0, p.width, acc);
+                continue;
+            }
             const int g = lane >> 2, t = lane & 3;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -605,6 +659,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
         }
+        // The residual boxes' adds have landed and no TMA still reads this CTA's shared memory.
+        if (p.residual_tma && (threadIdx.x & 127) == 0) hopper::bulk_wait_all();
     }
     if (CLUSTER == 2) hopper::cluster_sync();  // no remote arrival may target an exited CTA
 #else
@@ -618,7 +674,7 @@ CUtensorMap make_tensor_map(const bf16* base, int rows, int K, int box_rows) {
     return hopper::make_tensor_map_sw128(base, rows, K, box_rows, "gemm_bf16");
 }
 
-using KernelFn = void (*)(CUtensorMap, CUtensorMap, GemmArgs, TileMap);
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, TileMap);
 
 // The instance for p's epilogue. RopeKV has instances for head_dim 64 and 128 where BN holds
 // whole heads (the caller checks rope_fusable first).
@@ -645,6 +701,10 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
     const bool swiglu = p.ep == Epilogue::SwiGLU;
     const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
     const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
+    // The residual's map (AddResidual through TMA); other epilogues never touch the third map.
+    const CUtensorMap res_map = p.residual_tma ? hopper::make_tensor_map_f32_sw128(p.out.residual, p.M, p.width,
+                                                                                  p.out.ld_out, 64, "gemm_bf16")
+                                               : x_map;
     const int k_tiles = CEIL_DIV(p.K, kBK);
     const int k_per_split = CEIL_DIV(k_tiles, splits);
     TileMap tiles{CEIL_DIV(p.M, kBM), CEIL_DIV(p.width, swiglu ? BN / 2 : BN), std::max(1, group_m / CLUSTER),
@@ -659,7 +719,7 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
     const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (CLUSTER == 1) {
-        kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, p, tiles);
+        kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, res_map, p, tiles);
     } else {
         cudaLaunchConfig_t config = {};
         config.gridDim = dim3(grid);
@@ -673,7 +733,7 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
         cluster.val.clusterDim.z = 1;
         config.attrs = &cluster;
         config.numAttrs = 1;
-        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, p, tiles));
+        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, res_map, p, tiles));
     }
     CUDA_CHECK_LAUNCH("gemm_sm90_kernel");
 }
@@ -755,6 +815,13 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     }
 }
 
+// LLAMA_BRRR_GEMM_RESIDUAL_TMA=0 runs the Hopper AddResidual epilogue from registers (for
+// measuring; bench_kernels.py), read once.
+bool residual_tma_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMM_RESIDUAL_TMA", true);
+    return on;
+}
+
 GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args) {
     GemmArgs p;
     p.out = args;
@@ -767,6 +834,7 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     p.K = K;
     p.half_n = N / 2;
     p.ep = ep;
+    p.residual_tma = false;
     const bool even_ld = p.out.ld_out % 2 == 0;
     switch (ep) {
         case Epilogue::StoreBf16:
@@ -798,7 +866,10 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
         return;
     }
     if (hopper) {
-        launch_sm90_auto(p, sm_count, stream);
+        GemmArgs q = p;
+        q.residual_tma = ep == Epilogue::AddResidual && residual_tma_enabled() && p.out.ld_out % 4 == 0 &&
+                         util::aligned_to(p.out.residual, 16);
+        launch_sm90_auto(q, sm_count, stream);
     } else {
         launch_mma_sync(p, stream);
     }

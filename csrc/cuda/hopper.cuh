@@ -124,6 +124,30 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
         : "memory");
 }
 
+// Adds the box at `src` (shared memory, laid out as `map` describes) into global memory at
+// (inner, outer) of `map`, element by element in L2; parts of the box past the matrix are
+// dropped. Completes as a bulk group of the issuing thread (bulk_commit / bulk_wait_*); the
+// writers of `src` must have run fence_proxy_async_shared() before the issue.
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* src, int inner, int outer) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+            reinterpret_cast<uint64_t>(map)),
+        "r"(inner), "r"(outer), "r"(ptx::smem_addr(src))
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until at most Pending of this thread's bulk groups still read their shared memory.
+template <int Pending>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(Pending) : "memory");
+}
+// Until every bulk group of this thread has completed, its global writes included.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Makes this thread's shared-memory writes visible to the async proxy (TMA) that reads them next.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // ---- warpgroup MMA ----------------------------------------------------------------------------
 // Descriptor of a K-major, 128-byte-swizzled tile starting at `tile` (1024-byte aligned plus a
 // multiple of 32 bytes for the k slice): start address, leading offset 1 (unused by this
@@ -342,6 +366,24 @@ inline CUtensorMap make_tensor_map_sw128(const void* base, int rows, int cols, i
                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     BRRR_CHECK(r == CUDA_SUCCESS, op << ": cuTensorMapEncodeTiled failed (error " << (int)r << ") for a [" << rows
                                      << ", " << cols << "] bf16 matrix");
+    return map;
+}
+
+// A [rows, cols] fp32 matrix with a row stride of `ld` elements (16-byte aligned base, ld % 4 ==
+// 0) seen in boxes of 32 columns (128 bytes) x box_rows rows in the 128-byte swizzle: the
+// destination of a TMA reduce-add (the GEMM's residual epilogue).
+inline CUtensorMap make_tensor_map_f32_sw128(float* base, int rows, int cols, int ld, int box_rows, const char* op) {
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld * 4};
+    const cuuint32_t box[2] = {32, (cuuint32_t)box_rows};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box,
+                                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    BRRR_CHECK(r == CUDA_SUCCESS, op << ": cuTensorMapEncodeTiled failed (error " << (int)r << ") for a [" << rows
+                                     << ", " << cols << "] fp32 matrix with row stride " << ld);
     return map;
 }
 
