@@ -366,10 +366,10 @@ __device__ __forceinline__ void store_rope_row(const GemmArgs& p, int row, int h
     }
 }
 
-// Shared memory: the ring's STAGES slots, then the residual staging boxes (kResBufs per consumer
-// warpgroup, 64 rows x 32 fp32 each: two where they fit, so one box fills while TMA reads the
-// other), then the full / empty barriers.
-template <int BN, int STAGES>
+// Shared memory: the ring's STAGES slots, then (RES: instances whose epilogue may be AddResidual)
+// the residual staging boxes (kResBufs per consumer warpgroup, 64 rows x 32 fp32 each: two where
+// they fit, so one box fills while TMA reads the other), then the full / empty barriers.
+template <int BN, int STAGES, bool RES>
 struct Layout {
     static constexpr int kABytes = kBM * kBK * 2;
     static constexpr int kBBytes = BN * kBK * 2;
@@ -378,7 +378,7 @@ struct Layout {
     static constexpr size_t kBarrierBytes = 2 * STAGES * sizeof(uint64_t);
     // + 1024: the dynamic window is only 16-byte aligned and the swizzle atoms need 1024.
     static constexpr size_t kFixedBytes = 1024 + (size_t)STAGES * kStageBytes + kBarrierBytes;
-    static constexpr int kResBufs = kFixedBytes + 2 * kConsumers * kResBoxBytes <= 227 * 1024 ? 2 : 1;
+    static constexpr int kResBufs = !RES ? 0 : kFixedBytes + 2 * kConsumers * kResBoxBytes <= 227 * 1024 ? 2 : 1;
     static constexpr size_t kResOffset = (size_t)STAGES * kStageBytes;
     static constexpr size_t kBarrierOffset = kResOffset + (size_t)kResBufs * kConsumers * kResBoxBytes;
     static constexpr size_t kSmemBytes = 1024 + kBarrierOffset + kBarrierBytes;
@@ -395,7 +395,7 @@ template <int BN, int STAGES>
 __device__ __forceinline__ void add_residual_tma(const CUtensorMap* res_map, unsigned char* res_smem, int consumer,
                                                  int ct, int warp, int lane, int row0, int col0, int width,
                                                  const float (&acc)[BN / 2]) {
-    using L = Layout<BN, STAGES>;
+    using L = Layout<BN, STAGES, true>;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < BN / 32; ++j) {
@@ -499,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
     static_assert(ROPE_HD == 0 || (!SWIGLU && ROPE_HD % 16 == 0 && BN % (ROPE_HD > 0 ? ROPE_HD : 1) == 0), "tiles of whole heads");
-    using L = Layout<BN, STAGES>;
+    using L = Layout<BN, STAGES, !SWIGLU && ROPE_HD == 0>;
     // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512.
     constexpr int kProducerRegs = 40, kConsumerRegs = 232;
     constexpr int kTileCols = SWIGLU ? BN / 2 : BN;  // output columns per tile
@@ -715,7 +715,8 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
                "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
     const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n * tiles.splits;
     const int grid = CLUSTER * (max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas / CLUSTER)) : num_work);
-    constexpr size_t smem = Layout<BN, STAGES>::kSmemBytes;
+    const bool res = p.ep != Epilogue::SwiGLU && p.ep != Epilogue::RopeKV;  // as pick_kernel's instances
+    const size_t smem = res ? Layout<BN, STAGES, true>::kSmemBytes : Layout<BN, STAGES, false>::kSmemBytes;
     const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (CLUSTER == 1) {
