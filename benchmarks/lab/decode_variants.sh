@@ -32,17 +32,9 @@
 #   18 gemv-loads32 LLAMA_BRRR_GEMV_LOADS=32
 #   19              18 + 14
 #   20 gemv-loads16 LLAMA_BRRR_GEMV_LOADS=16: 16 everywhere
-#   21-23 fd-warm-w13  LLAMA_BRRR_FD_WARM_W13_KB=4096/8192/16384: once the QKV GEMV has finished,
-#                   flash_decode's CTAs ask L2 (cp.async.bulk.prefetch) for that much of w13's first
-#                   rows (half gate, half up), while HBM would otherwise serve only wo's loads
-#   24 fd-warm-wo   LLAMA_BRRR_FD_WARM_WO_KB=8192: the same for wo's first rows (at hd 128 the wo
-#                   GEMV launches only as flash_decode ends, so nothing else loads wo meanwhile)
-#   25 evict-first  LLAMA_BRRR_GEMV_EVICT_FIRST=1: the GEMV's weight loads under an L2 evict-first
-#                   policy, so the weight stream does not push the KV cache and activations out
-#   26              25 + 22
-#   27, 28 gemv-warm  LLAMA_BRRR_GEMV_WARM_STEPS=1/2: before its PDL wait a GEMV asks L2 for the
-#                   W bytes of its next 1 / 2 steps (the first is loaded into registers there)
-#   29              22 + 24
+#   (21-29, run 2026-11-24 on 52795eb and retired, code there: flash_decode warming wo's / w13's
+#   first rows in L2, the GEMV's weight loads evict-first, the GEMV warming its next steps; see
+#   benchmarks/results/h100-sxm/variants/warm_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -76,15 +68,6 @@ variants=(
     "18-gemv-loads32|LLAMA_BRRR_GEMV_LOADS=32"
     "19-gemv-trigger-loads32|LLAMA_BRRR_GEMV_LOADS=32 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
     "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
-    "21-fd-warm-w13-4m|LLAMA_BRRR_FD_WARM_W13_KB=4096"
-    "22-fd-warm-w13-8m|LLAMA_BRRR_FD_WARM_W13_KB=8192"
-    "23-fd-warm-w13-16m|LLAMA_BRRR_FD_WARM_W13_KB=16384"
-    "24-fd-warm-wo-8m|LLAMA_BRRR_FD_WARM_WO_KB=8192"
-    "25-evict-first|LLAMA_BRRR_GEMV_EVICT_FIRST=1"
-    "26-evict-first-warm-w13|LLAMA_BRRR_GEMV_EVICT_FIRST=1 LLAMA_BRRR_FD_WARM_W13_KB=8192"
-    "27-gemv-warm1|LLAMA_BRRR_GEMV_WARM_STEPS=1"
-    "28-gemv-warm2|LLAMA_BRRR_GEMV_WARM_STEPS=2"
-    "29-fd-warm-wo-w13|LLAMA_BRRR_FD_WARM_WO_KB=8192 LLAMA_BRRR_FD_WARM_W13_KB=8192"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -88,25 +88,7 @@ struct DecodeArgs {
     bool early_kv;   // start loading the first tile before the PDL wait
     bool late_trigger;  // let the next kernel launch only as CTAs exit, not once tile 0 is issued
     float scale_log2;
-    L2Warm warm;        // weights to ask L2 for once the kernel before has finished
 };
-
-// Thread 0 of each CTA asks L2 for its share of the warm spans, in pieces of at most 64 KB. Called
-// right after the PDL wait: from then on HBM serves only this latency-bound kernel's few K/V
-// bytes, the wo GEMV's register loads, and these.
-__device__ void warm_l2_share(const L2Warm& warm) {
-    if (threadIdx.x != 0) return;
-    const size_t ctas = (size_t)gridDim.x * gridDim.y * gridDim.z;
-    const size_t cta = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
-    constexpr size_t kPiece = 64 * 1024;
-    for (int s = 0; s < L2Warm::kSpans; ++s) {
-        if (!warm.ptr[s] || warm.bytes[s] == 0) continue;
-        const size_t share = CEIL_DIV(CEIL_DIV(warm.bytes[s], ctas), 256) * 256;
-        const size_t lo = cta * share, hi = min(warm.bytes[s], lo + share);
-        const unsigned char* base = static_cast<const unsigned char*>(warm.ptr[s]);
-        for (size_t off = lo; off < hi; off += kPiece) prefetch_l2(base + off, (unsigned)min(kPiece, hi - off));
-    }
-}
 
 // Splits of one decode launch never exceed this: the merge keeps a weight per split and head in
 // the score buffer (GMAX x 2 tiles of floats).
@@ -167,22 +149,14 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
     const int n_g = min(GMAX, a.group - hb * GMAX);  // query heads served here
     const int head0 = kvh * a.group + hb * GMAX;     // first of them
 
-    // Every wait goes through here; the first one also warms L2.
-    bool warmed = false;
-    auto wait_prev = [&] {
-        pdl_wait();
-        if (!warmed) warm_l2_share(a.warm);
-        warmed = true;
-    };
-
     // Positions and slots were written two kernels back at the latest (launch.cuh): read through
     // L2 before the wait. The engine validates positions; here they only must not leave the cache.
-    if (!a.early_kv) wait_prev();
+    if (!a.early_kv) pdl_wait();
     const int pos = __ldcg(a.positions + b);
     const int len = pos < 0 ? 0 : min(pos + 1, a.max_seq);
     const DecodeCut cut(len, a.min_chunk, a.n_splits);
     if (split >= cut.n) {  // past the last chunk of this sequence
-        wait_prev();
+        pdl_wait();
         return;
     }
     const int c0 = split * cut.per, c1 = min(len, c0 + cut.per);
@@ -191,7 +165,7 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
     auto out_at = [&](int g, int dd) -> bf16& { return a.out[((size_t)b * a.n_heads + head0 + g) * HD + dd]; };
 
     if (c0 >= c1) {  // an empty sequence (position < 0): one split, zeros out
-        wait_prev();
+        pdl_wait();
         pdl_launch_dependents();
         for (int i = tid; i < n_g * HD; i += THREADS) out_at(i / HD, i % HD) = __float2bfloat16_rn(0.f);
         return;
@@ -223,7 +197,7 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
     if (a.early_kv) {
         const bool last_here = last < tile_end;
         load_rows(0, c0, c0, last_here ? last : tile_end, c1);
-        wait_prev();
+        pdl_wait();
         if (last_here) load_rows(0, c0, last, tile_end, c1);
     } else {
         load_rows(0, c0, c0, tile_end, c1);
@@ -1102,8 +1076,7 @@ size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_spl
 
 void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots,
                   const int* positions, bf16* out, float* scratch, int B, int n_heads,
-                  int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream,
-                  const L2Warm& warm) {
+                  int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream) {
     check_attention_shapes("flash_decode", n_heads, n_kv_heads, head_dim, max_seq);
     BRRR_CHECK(B >= 0 && B <= 65535, "flash_decode: batch B=" << B << " must be in [0, 65535]");
     BRRR_CHECK(max_splits >= 1, "flash_decode: max_splits must be >= 1, got " << max_splits);
@@ -1119,13 +1092,9 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
                                            << "flash_decode_scratch_floats(); got null");
     if (B == 0) return;
 
-    for (int i = 0; i < L2Warm::kSpans; ++i)
-        BRRR_CHECK(warm.bytes[i] == 0 || (util::aligned_to(warm.ptr[i], 16) && warm.bytes[i] % 16 == 0),
-                   "flash_decode: warm span " << i << " must be 16-byte aligned and a multiple of 16 bytes");
-    DecodeArgs a = decode_args(q, k_cache, v_cache, slots, positions, out, scratch, B, n_heads, n_kv_heads,
-                               head_dim, max_seq, max_splits);
-    a.warm = warm;
-    launch_flash_decode(a, B, head_dim, stream);
+    launch_flash_decode(decode_args(q, k_cache, v_cache, slots, positions, out, scratch, B, n_heads,
+                                    n_kv_heads, head_dim, max_seq, max_splits),
+                        B, head_dim, stream);
 }
 
 namespace {

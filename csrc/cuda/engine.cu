@@ -79,10 +79,6 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
         rows_ = std::max(c.max_batch, std::min(kPrefillChunk, c.max_seq_len));
         logit_rows_ = std::max(c.max_batch, kLogitRows);
         max_splits_ = layer_max_splits();
-        // Diagnostic switches (benchmarks/lab/decode_variants.sh): KB of wo's and w13's first rows
-        // that flash_decode asks L2 for while it runs.
-        warm_wo_bytes_ = (size_t)std::max(0, env_int("LLAMA_BRRR_FD_WARM_WO_KB", 0)) * 1024;
-        warm_w13_bytes_ = (size_t)std::max(0, env_int("LLAMA_BRRR_FD_WARM_W13_KB", 0)) * 1024;
 
         // Sizes first, in double too: an absurd max_seq_len must not wrap size_t into a small number.
         const double kv_bytes_d = 4.0 * c.n_layers * c.max_batch * (double)c.max_seq_len * c.kv_dim();

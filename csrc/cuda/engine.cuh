@@ -140,7 +140,6 @@ private:
     int rows_ = 0;        // activation rows: max(max_batch, prefill chunk)
     int logit_rows_ = 0;  // rows of logits_
     int max_splits_ = 1;  // flash-decode KV splits
-    size_t warm_wo_bytes_ = 0, warm_w13_bytes_ = 0;  // what flash_decode asks L2 for at decode
 
     char* arena_ = nullptr;
     bf16* tok_embeddings_ = nullptr;

@@ -63,22 +63,6 @@ EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, 
     return a;
 }
 
-// What flash_decode asks L2 for while HBM would idle: the first wo_bytes of wo, and the first
-// w13_bytes / 2 of each half of w13 (the GEMV streams gate row j with up row H + j, j rising with
-// the CTA index, so these are the rows its first CTAs read).
-L2Warm decode_warm(const Config& c, const LayerWeights& w, size_t wo_bytes, size_t w13_bytes) {
-    auto clamp = [](size_t want, size_t have) { return std::min(want, have) / 256 * 256; };
-    const size_t half = (size_t)c.hidden_dim * c.dim;  // elements of one half of w13
-    L2Warm warm;
-    warm.ptr[0] = w.wo;
-    warm.bytes[0] = clamp(wo_bytes, (size_t)c.dim * c.q_dim() * sizeof(bf16));
-    warm.ptr[1] = w.w13;
-    warm.bytes[1] = clamp(w13_bytes / 2, half * sizeof(bf16));
-    warm.ptr[2] = w.w13 + half;
-    warm.bytes[2] = warm.bytes[1];
-    return warm;
-}
-
 }  // namespace
 
 void CudaEngine::forward_decode(int B) {
@@ -103,7 +87,7 @@ void CudaEngine::forward_decode(int B) {
         prof_.op("flash_decode", OpClass::Attention,
                  profile::attention_decode_cost(B, decode_context(B), Hq, Hkv, hd, 2));
         flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, B, Hq, Hkv, hd, S,
-                     max_splits_, s, decode_warm(c, w, warm_wo_bytes_, warm_w13_bytes_));
+                     max_splits_, s);
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(B, D, c.q_dim(), 2, 2, 8));
         matmul_bf16(att_, w.wo, B, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
         // MLP block

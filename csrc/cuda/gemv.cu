@@ -80,8 +80,6 @@ struct GemvArgs {
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
-    int warm_steps;       // steps after the first whose W bytes L2 is asked for before the wait
-    bool evict_first;     // W loads under an L2 evict-first policy
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -196,7 +194,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         for (int r = 0; r < R; ++r)
             if (lane == r && row_ok[r]) prefetch_l2(rows[r], (unsigned)K * sizeof(uint16_t));
     }
-    const uint64_t policy = VEC && a.evict_first ? ptx::make_l2_evict_first() : 0;
     // W[r][u]: the loads of one step, U per row, 32 * 8 * U contiguous elements per row per warp.
     uint4 w[R][U];
     auto load_w = [&](int k0, int v0, int n8) {
@@ -205,9 +202,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
             const int v = v0 + 32 * u;
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                w[r][u] = !(v < n8 && row_ok[r]) ? make_uint4(0u, 0u, 0u, 0u)
-                          : a.evict_first ? ptx::ld_stream_16_hint(rows[r] + k0 + 8 * v, policy)
-                                          : ptx::ld_stream_16(rows[r] + k0 + 8 * v);
+                w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
     if (a.trigger_early) pdl_launch_dependents();
@@ -216,14 +211,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     if (VEC && a.early) {
         load_w(0, lane, min(chunk, K) / 8);
         preloaded = true;
-    }
-    // The next warm_steps steps of each row: asked of L2 now, while the kernel before still
-    // streams, so HBM has work queued across the boundary between the two.
-    if (VEC && a.warm_steps > 0) {
-        const int step = 32 * 8 * U, lo = min(step, K), hi = min(K, step * (1 + a.warm_steps));
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (lane == r && row_ok[r] && hi > lo) prefetch_l2(rows[r] + lo, (unsigned)(hi - lo) * sizeof(uint16_t));
     }
     pdl_wait();
     if (!a.trigger_early) pdl_launch_dependents();
@@ -435,14 +422,6 @@ bool early_trigger_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_TRIGGER", false);
     return on;
 }
-int warm_steps() {
-    static const int n = env_int("LLAMA_BRRR_GEMV_WARM_STEPS", 0);
-    return std::max(0, n);
-}
-bool evict_first_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_EVICT_FIRST", false);
-    return on;
-}
 int loads_per_lane() {
     static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", 0);
     return n == 8 || n == 16 || n == 32 ? n : 0;  // 0: pick_m1_kernel's rule
@@ -489,8 +468,6 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.early = early_loads_enabled();
     a.trigger_early = early_trigger_enabled();
     a.loads = loads_per_lane();
-    a.warm_steps = warm_steps();
-    a.evict_first = evict_first_enabled();
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;

@@ -53,14 +53,6 @@ struct EpilogueArgs {
     SplitKScratch split;        // GEMM only, optional
 };
 
-// Weight spans a latency-bound kernel asks L2 for while HBM would otherwise idle (flash_decode
-// warms the projections after it). Each span: 16-byte aligned, bytes a multiple of 16.
-struct L2Warm {
-    static constexpr int kSpans = 3;
-    const void* ptr[kSpans] = {nullptr, nullptr, nullptr};
-    size_t bytes[kSpans] = {0, 0, 0};
-};
-
 // Device-side copy of SamplingParams (model.h) for one sequence.
 struct SampleParamsDev {
     float temperature, top_p, min_p, repetition_penalty;
@@ -103,10 +95,9 @@ void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_
 // [0, positions[b]]; split over the KV length into at most `max_splits` chunks, GQA-aware (each
 // K/V element read once per KV head), merged by the last chunk to finish. scratch: floats of
 // flash_decode_scratch_floats() (the largest B of any call), zeroed once before the first call:
-// it holds arrival counters, and every call leaves them zero. `warm`: spans its CTAs ask L2 for
-// once the kernel before has finished (the decode chain's next weights; see attention.cu).
+// it holds arrival counters, and every call leaves them zero.
 size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_splits);
-void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream, const L2Warm& warm = {});
+void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream);
 // Causal prefill: T query tokens of one sequence at positions start_pos.. over cache [0, start_pos+t].
 // On Hopper TMA-fed wgmma, elsewhere mma.sync; the _mma_sync entry runs the latter on any GPU.
 void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);

@@ -40,21 +40,6 @@ __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
     return v;
 }
 
-// The same load under an L2 cache policy (make_l2_evict_first): the lines it brings in are the
-// first L2 gives up, so a weight stream does not push out the KV cache and activations.
-__device__ __forceinline__ uint4 ld_stream_16_hint(const void* p, uint64_t policy) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(policy));
-    return v;
-}
-__device__ __forceinline__ uint64_t make_l2_evict_first() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
-
 // Asynchronous 16-byte global -> shared copy; when `valid` is false nothing is read and the 16
 // bytes are zero-filled (tile tails, masked rows). `src` must still be a mapped address.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, bool valid) {
