@@ -793,6 +793,13 @@ int split_count(const GemmArgs& p, int sm_count) {
     return best;
 }
 
+// LLAMA_BRRR_GEMM_BN=128/192/256 overrides the wave model's tile width (for measuring;
+// bench_kernels.py), read once; RopeKV never takes 192.
+int forced_tile_width() {
+    static const int bn = env_int("LLAMA_BRRR_GEMM_BN", 0);
+    return bn == 128 || bn == 192 || bn == 256 ? bn : 0;
+}
+
 void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     const int splits = split_count(p, sm_count);
     if (splits > 1) {
@@ -807,9 +814,10 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     };
     const long long c256 = cost(256), c128 = cost(128);
     const long long c192 = p.ep == Epilogue::RopeKV ? c128 + 1 : cost(192);
-    if (c256 <= c192 && c256 <= c128) {
+    const int forced = forced_tile_width();
+    if (forced == 256 || (forced == 0 && c256 <= c192 && c256 <= c128)) {
         sm90::launch<256, 4>(p, sm_count, 8, stream);
-    } else if (c192 <= c128) {
+    } else if (forced == 192 ? p.ep != Epilogue::RopeKV : forced == 0 && c192 <= c128) {
         sm90::launch<192, 5>(p, sm_count, 8, stream);
     } else {
         sm90::launch<128, 6>(p, sm_count, 8, stream);
