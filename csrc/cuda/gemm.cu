@@ -39,11 +39,16 @@
 // q|k|v never reaches HBM (head_dim 64 and 128). Elsewhere q|k|v is staged in fp32 and
 // rope_kv_append (rope.cu) finishes the job.
 //
-// AddResidual (wo, w2) loads a thread's residual values in batches of eight pairs before writing
-// any back, so their memory round trips overlap instead of following one another. Asking L2 for
-// a tile's residual rows 8 k tiles before its epilogue (the producer, cp.async.bulk.prefetch)
-// measured slower on H100: Llama-3-8B wo 0.84 -> 0.80 of cuBLAS at M = 2048, 1B wo 0.72 -> 0.70
-// (benchmarks/results/h100-sxm/gemm_residual_prefetch.txt).
+// AddResidual (wo, w2) on Hopper: each consumer warpgroup writes its accumulators box by box
+// (64 rows x 32 fp32, 128-byte swizzle) into shared memory and one thread has TMA add the box into
+// the residual (cp.reduce.async.bulk.tensor .add), then goes straight on to the next tile: the
+// read-add-write runs in L2 under the next tile's MMAs. Loading the residual into registers first
+// waited out eight memory round trips per tile; H100, Llama-3-8B wo at M = 2048 / 4096 / 8192:
+// 0.86 / 0.85 / 0.85 of cuBLAS that way, 0.88 / 0.90 / 0.90 through TMA (w2 0.95 / 0.94 / 0.94 ->
+// 0.96 / 0.95 / 1.02; LLAMA_BRRR_GEMM_RESIDUAL_TMA=0 runs the register epilogue). The mma.sync
+// kernel loads a thread's residual values in batches of eight pairs before writing any back, so
+// their round trips overlap. Asking L2 for a tile's residual rows ahead of its epilogue measured
+// slower (benchmarks/results/h100-sxm/gemm_residual_prefetch.txt).
 //
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
@@ -815,7 +820,13 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     const long long c256 = cost(256), c128 = cost(128);
     const long long c192 = p.ep == Epilogue::RopeKV ? c128 + 1 : cost(192);
     const int forced = forced_tile_width();
-    if (forced == 256 || (forced == 0 && c256 <= c192 && c256 <= c128)) {
+    // 256 also wins near-ties (within 5%): its tiles re-read x half as often. Where this changes
+    // the pick (w13 at M >= 4096: 192 on 1B, 128 on 8B) H100 measured 256 at 0.94 / 0.92 of
+    // cuBLAS on 1B against 0.92 / 0.88 for 192, and alike on 8B (0.96 / 0.94 against 0.93 / 1.01
+    // for 128; 0.73-0.81 on another machine of the same session):
+    // benchmarks/results/h100-sxm/gemm_tile_width.txt.
+    const long long best_narrow = std::min(c192, c128);
+    if (forced == 256 || (forced == 0 && 20 * c256 <= 21 * best_narrow)) {
         sm90::launch<256, 4>(p, sm_count, 8, stream);
     } else if (forced == 192 ? p.ep != Epilogue::RopeKV : forced == 0 && c192 <= c128) {
         sm90::launch<192, 5>(p, sm_count, 8, stream);
