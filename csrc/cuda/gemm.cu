@@ -854,7 +854,9 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     p.K = K;
     p.half_n = N / 2;
     p.ep = ep;
-    p.residual_tma = false;
+    // Only the Hopper kernel reads the flag; the mma.sync kernel always adds from registers.
+    p.residual_tma = ep == Epilogue::AddResidual && residual_tma_enabled() && p.out.ld_out % 4 == 0 &&
+                     util::aligned_to(p.out.residual, 16);
     const bool even_ld = p.out.ld_out % 2 == 0;
     switch (ep) {
         case Epilogue::StoreBf16:
@@ -886,10 +888,7 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
         return;
     }
     if (hopper) {
-        GemmArgs q = p;
-        q.residual_tma = ep == Epilogue::AddResidual && residual_tma_enabled() && p.out.ld_out % 4 == 0 &&
-                         util::aligned_to(p.out.residual, 16);
-        launch_sm90_auto(q, sm_count, stream);
+        launch_sm90_auto(p, sm_count, stream);
     } else {
         launch_mma_sync(p, stream);
     }

@@ -349,42 +349,36 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     return encoder;
 }
 
-// A [rows, cols] bf16 row-major matrix (16-byte aligned base, cols % 8 == 0) seen in boxes of
-// 64 columns x box_rows rows in the 128-byte swizzle; boxes reaching past the matrix read zeros
-// there. Encoding costs a few hundred host nanoseconds and allocates nothing, so every launch
-// builds its own (the map travels by value in the kernel's parameters). `op` names the caller in
-// the error.
-inline CUtensorMap make_tensor_map_sw128(const void* base, int rows, int cols, int box_rows, const char* op) {
+// A [rows, cols] row-major matrix of `elem_bytes`-byte elements with a row stride of `ld` elements
+// (16-byte aligned base and stride) seen in boxes of one 128-byte row (128 / elem_bytes columns) x
+// box_rows rows in the 128-byte swizzle; boxes reaching past the matrix read zeros there (a
+// store or reduce drops those parts). Encoding costs a few hundred host nanoseconds and allocates
+// nothing, so every launch builds its own (the map travels by value in the kernel's parameters).
+// `op` names the caller in the error.
+inline CUtensorMap make_tensor_map_2d_sw128(const void* base, CUtensorMapDataType type, int elem_bytes, int rows,
+                                            int cols, int ld, int box_rows, const char* op) {
     CUtensorMap map;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld * elem_bytes};
+    const cuuint32_t box[2] = {(cuuint32_t)(128 / elem_bytes), (cuuint32_t)box_rows};
     const cuuint32_t element_strides[2] = {1, 1};
-    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
-                                            strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    BRRR_CHECK(r == CUDA_SUCCESS, op << ": cuTensorMapEncodeTiled failed (error " << (int)r << ") for a [" << rows
-                                     << ", " << cols << "] bf16 matrix");
-    return map;
-}
-
-// A [rows, cols] fp32 matrix with a row stride of `ld` elements (16-byte aligned base, ld % 4 ==
-// 0) seen in boxes of 32 columns (128 bytes) x box_rows rows in the 128-byte swizzle: the
-// destination of a TMA reduce-add (the GEMM's residual epilogue).
-inline CUtensorMap make_tensor_map_f32_sw128(float* base, int rows, int cols, int ld, int box_rows, const char* op) {
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)ld * 4};
-    const cuuint32_t box[2] = {32, (cuuint32_t)box_rows};
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box,
+    const CUresult r = tensor_map_encoder()(&map, type, 2, const_cast<void*>(base), dims, strides, box,
                                             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     BRRR_CHECK(r == CUDA_SUCCESS, op << ": cuTensorMapEncodeTiled failed (error " << (int)r << ") for a [" << rows
-                                     << ", " << cols << "] fp32 matrix with row stride " << ld);
+                                     << ", " << cols << "] matrix of " << elem_bytes
+                                     << "-byte elements with row stride " << ld);
     return map;
+}
+// A packed bf16 matrix (cols % 8 == 0) in boxes of 64 columns: the GEMM's and attention's operands.
+inline CUtensorMap make_tensor_map_sw128(const void* base, int rows, int cols, int box_rows, const char* op) {
+    return make_tensor_map_2d_sw128(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, cols, cols, box_rows, op);
+}
+// An fp32 matrix (ld % 4 == 0) in boxes of 32 columns: the destination of the GEMM's TMA
+// reduce-add residual epilogue.
+inline CUtensorMap make_tensor_map_f32_sw128(float* base, int rows, int cols, int ld, int box_rows, const char* op) {
+    return make_tensor_map_2d_sw128(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows, cols, ld, box_rows, op);
 }
 
 }  // namespace hopper
