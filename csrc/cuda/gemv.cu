@@ -80,6 +80,8 @@ struct GemvArgs {
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
+    bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
+    bool norm_in_smem;    // NORM, whole rows: x and norm_w copied into shared memory first
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -132,22 +134,65 @@ __device__ void row_rstd(const float* __restrict__ x, int K, float eps, float* r
     // The chunk loop starts with a barrier, which publishes rstd.
 }
 
-// Eight consecutive x values of row m from k, as the bf16 the matmul consumes: plain bf16 input, or
-// bf16(x * rstd * w) exactly as rmsnorm_residual rounds it.
-template <bool NORM>
-__device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, const float* rstd) {
-    if (!NORM) return __ldg(reinterpret_cast<const uint4*>(a.x + (size_t)m * a.K + k));
-    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + (size_t)m * a.K + k);
-    const float4 lo = x4[0], hi = x4[1];
-    const uint4 wp = __ldg(reinterpret_cast<const uint4*>(a.norm_w + k));
-    const float r = rstd[m];
+// Eight consecutive fp32 x values of row m from k and their norm weights: what one staged group of
+// a normalized row is made from.
+struct NormInput {
+    float4 lo, hi;
+    uint4 w;
+};
+__device__ __forceinline__ NormInput load_norm_input(const float* x_row, const bf16* norm_w, int k) {
+    const float4* x4 = reinterpret_cast<const float4*>(x_row + k);
+    return NormInput{x4[0], x4[1], *reinterpret_cast<const uint4*>(norm_w + k)};
+}
+// bf16(x * rstd * w), rounded exactly as rmsnorm_residual rounds it.
+__device__ __forceinline__ uint4 normalize8(const NormInput& in, float r) {
     uint4 out;
-    out.x = util::pack_bf16x2(lo.x * r * util::bf16_lo(wp.x), lo.y * r * util::bf16_hi(wp.x));
-    out.y = util::pack_bf16x2(lo.z * r * util::bf16_lo(wp.y), lo.w * r * util::bf16_hi(wp.y));
-    out.z = util::pack_bf16x2(hi.x * r * util::bf16_lo(wp.z), hi.y * r * util::bf16_hi(wp.z));
-    out.w = util::pack_bf16x2(hi.z * r * util::bf16_lo(wp.w), hi.w * r * util::bf16_hi(wp.w));
+    out.x = util::pack_bf16x2(in.lo.x * r * util::bf16_lo(in.w.x), in.lo.y * r * util::bf16_hi(in.w.x));
+    out.y = util::pack_bf16x2(in.lo.z * r * util::bf16_lo(in.w.y), in.lo.w * r * util::bf16_hi(in.w.y));
+    out.z = util::pack_bf16x2(in.hi.x * r * util::bf16_lo(in.w.z), in.hi.y * r * util::bf16_hi(in.w.z));
+    out.w = util::pack_bf16x2(in.hi.z * r * util::bf16_lo(in.w.w), in.hi.w * r * util::bf16_hi(in.w.w));
     return out;
 }
+
+// Stages x[:, k0 : k0 + len) into xs [M][chunk] as the bf16 the matmul consumes (len % 8 == 0).
+// Plain bf16 rows go by cp.async, every copy of a thread in flight at once and nothing held in
+// registers: x comes from L2 after the previous kernel, and a loop of loads and shared-memory
+// stores waits out one round trip per 16 bytes before issuing the next (the compiler keeps a
+// load behind the store before it): 8 round trips per thread for the Llama-3.2-1B w2 (K = 8192).
+// Normalized rows are read from x_f32 / norm_w: global memory, or the shared-memory copies of
+// them (GemvArgs::norm_in_smem) that cp.async made in one round trip. Batching their global loads
+// instead (12 registers a group) on top of the W loads already in flight pushed the M = 1
+// kernels from 72 to 128 registers, which would split the one-wave Llama-3-8B wqkv grid in two.
+template <int M, bool NORM>
+__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, const float* x_f32,
+                                            const bf16* norm_w, const float* rstd) {
+    const int n8 = len / 8, total = M * n8;
+    if (!NORM && a.stage_async) {
+        for (int i = threadIdx.x; i < total; i += kThreads) {
+            const int m = i / n8, v = i - m * n8;
+            ptx::cp_async_16(xs + (size_t)m * a.chunk + 8 * v, a.x + (size_t)m * a.K + k0 + 8 * v, true);
+        }
+        ptx::cp_async_commit();
+        ptx::cp_async_wait<0>();
+        return;
+    }
+    for (int i = threadIdx.x; i < total; i += kThreads) {
+        const int m = i / n8, v = i - m * n8;
+        uint4 staged;
+        if (NORM) staged = normalize8(load_norm_input(x_f32 + (size_t)m * a.K, norm_w, k0 + 8 * v), rstd[m]);
+        else staged = __ldg(reinterpret_cast<const uint4*>(a.x + (size_t)m * a.K + k0 + 8 * v));
+        reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = staged;
+    }
+}
+
+// The normalized path's shared-memory copies (norm_in_smem): x [M, K] fp32, then norm_w [K],
+// after the M x chunk bf16 staging area. cp.async: 16 bytes a copy, all in flight at once.
+__device__ __forceinline__ void copy_to_smem_async(void* dst, const void* src, int bytes) {
+    for (int i = threadIdx.x; i < bytes / 16; i += kThreads)
+        ptx::cp_async_16(static_cast<char*>(dst) + 16 * i, static_cast<const char*>(src) + 16 * i, true);
+    ptx::cp_async_commit();
+}
+
 template <bool NORM>
 __device__ __forceinline__ uint16_t staged_x1(const GemvArgs& a, int m, int k, const float* rstd) {
     const size_t i = (size_t)m * a.K + k;
@@ -205,6 +250,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                 w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
+    // norm_in_smem: x_f32 / norm_w as the prologue reads them, in shared memory. The norm weights
+    // never depend on the previous kernel, so their copy starts before the wait.
+    float* x_raw = reinterpret_cast<float*>(xs + (size_t)M * chunk);
+    bf16* w_raw = reinterpret_cast<bf16*>(x_raw + (size_t)M * K);
+    const bool norm_in_smem = NORM && VEC && a.norm_in_smem;
+    if (norm_in_smem) copy_to_smem_async(w_raw, a.norm_w, K * (int)sizeof(bf16));
     if (a.trigger_early) pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
     bool preloaded = false;
@@ -215,7 +266,18 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     pdl_wait();
     if (!a.trigger_early) pdl_launch_dependents();
 
-    if (NORM) row_rstd<M, VEC>(a.x_f32, K, a.eps, rstd);
+    // NORM: rstd of each row, from x itself or from its shared-memory copy (one round trip for
+    // the whole row instead of one for the sum and more for the staging loop below).
+    const float* x_norm = a.x_f32;
+    const bf16* w_norm = a.norm_w;
+    if (norm_in_smem) {
+        copy_to_smem_async(x_raw, a.x_f32, M * K * (int)sizeof(float));
+        ptx::cp_async_wait<0>();
+        __syncthreads();
+        x_norm = x_raw;
+        w_norm = w_raw;
+    }
+    if (NORM) row_rstd<M, VEC>(x_norm, K, a.eps, rstd);
 
     float acc[M][R];
 #pragma unroll
@@ -227,11 +289,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         const int len = min(chunk, K - k0);
         __syncthreads();  // every warp is done with the previous chunk of xs (and rstd is written)
         if (VEC) {
-            const int n8 = len / 8;
-            for (int i = threadIdx.x; i < M * n8; i += kThreads) {
-                const int m = i / n8, v = i - m * n8;
-                reinterpret_cast<uint4*>(xs + (size_t)m * chunk)[v] = staged_x8<NORM>(a, m, k0 + 8 * v, rstd);
-            }
+            stage_x_vec<M, NORM>(a, xs, k0, len, x_norm, w_norm, rstd);
         } else {
             for (int i = threadIdx.x; i < M * len; i += kThreads) {
                 const int m = i / len, k = i - m * len;
@@ -372,7 +430,13 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
     if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
-    const size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
+    size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
+    // The normalized prologue reads x and norm_w from shared-memory copies where whole rows fit
+    // in kXChunkBytes and the copies cost no resident CTA (in practice M = 1, and M = 2 at K = 2048).
+    const size_t norm_bytes = (size_t)a.K * (M * sizeof(float) + sizeof(bf16));
+    a.norm_in_smem = NORM && VEC && a.norm_in_smem && a.chunk == a.K && norm_bytes <= (size_t)kXChunkBytes &&
+                     resident_ctas(kernel, smem + norm_bytes) >= std::min(blocks, resident_ctas(kernel, smem));
+    if (a.norm_in_smem) smem += norm_bytes;
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_kernel");
 }
@@ -409,7 +473,9 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // after a GEMV, weights, positions, slots and earlier tokens' K/V, was written before the step's
 // first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
 // flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
-// input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV.
+// input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
+// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
+// LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes from global memory instead of shared-memory copies.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
     return on;
@@ -425,6 +491,14 @@ bool early_trigger_enabled() {
 int loads_per_lane() {
     static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", 0);
     return n == 8 || n == 16 || n == 32 ? n : 0;  // 0: pick_m1_kernel's rule
+}
+bool stage_async_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_STAGE_ASYNC", true);
+    return on;
+}
+bool norm_in_smem_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM_SMEM", true);
+    return on;
 }
 bool fused_norm_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
@@ -468,6 +542,8 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.early = early_loads_enabled();
     a.trigger_early = early_trigger_enabled();
     a.loads = loads_per_lane();
+    a.stage_async = stage_async_enabled();
+    a.norm_in_smem = norm_in_smem_enabled();  // where it fits: launch_variant decides
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
