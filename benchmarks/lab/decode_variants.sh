@@ -36,9 +36,9 @@
 #   first rows in L2, the GEMV's weight loads evict-first, the GEMV warming its next steps; see
 #   benchmarks/results/h100-sxm/variants/warm_table.txt)
 #   30 stage-loop   LLAMA_BRRR_GEMV_STAGE_ASYNC=0: the GEMV stages plain x rows (wo, w2) with a
-#                   load-store loop, one L2 round trip per 16 bytes a thread (shipped: cp.async)
+#                   load-store loop, one L2 round trip per 16 bytes a thread (shipped: bulk copies)
 #   31 norm-global  LLAMA_BRRR_GEMV_NORM_SMEM=0: the fused RMSNorm reads x and norm_w from global
-#                   memory twice (sum, then staging loop) instead of from shared-memory copies
+#                   memory twice (sum, then staging loop) instead of from bulk-copied shared memory
 #   32 stage-old    30 + 31: the staging as it was before 2026-11-25
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and

@@ -44,6 +44,7 @@
 #include <algorithm>
 
 #include "cuda/check.cuh"
+#include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
@@ -80,8 +81,8 @@ struct GemvArgs {
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
-    bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
-    bool norm_in_smem;    // NORM, whole rows: x and norm_w copied into shared memory first
+    bool stage_async;     // sm_90: plain x rows staged by bulk copies (else a load-store loop)
+    bool norm_in_smem;    // sm_90, NORM, whole rows: x and norm_w bulk-copied into shared memory first
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -154,26 +155,60 @@ __device__ __forceinline__ uint4 normalize8(const NormInput& in, float r) {
     return out;
 }
 
+// Hopper's bulk copy engine (sm_90): one thread copies whole rows from global into shared memory,
+// each phase of the mbarrier `bar` (one arrival: expect_copied's) completing when the bytes it
+// announced have landed. Elsewhere these compile to nothing and the callers take their load loops
+// (kBulkCopies is false there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kBulkCopies = true;
+#else
+constexpr bool kBulkCopies = false;
+#endif
+__device__ __forceinline__ void init_copied(uint64_t* bars, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int i = 0; i < n; ++i) hopper::mbarrier_init(bars + i, 1);
+    hopper::fence_barrier_init();
+#endif
+}
+__device__ __forceinline__ void expect_copied(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    hopper::mbarrier_arrive_expect_tx(bar, bytes);
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    hopper::bulk_load_1d(dst, src, bytes, bar);
+#endif
+}
+__device__ __forceinline__ void wait_copied(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    hopper::mbarrier_wait(bar, parity);
+#endif
+}
+
 // Stages x[:, k0 : k0 + len) into xs [M][chunk] as the bf16 the matmul consumes (len % 8 == 0).
-// Plain bf16 rows go by cp.async, every copy of a thread in flight at once and nothing held in
-// registers: x comes from L2 after the previous kernel, and a loop of loads and shared-memory
-// stores waits out one round trip per 16 bytes before issuing the next (the compiler keeps a
-// load behind the store before it): 8 round trips per thread for the Llama-3.2-1B w2 (K = 8192).
+// `bulk`: plain rows arrive by bulk copy (one per row, issued by thread 0, waited on through
+// `copied`, phase `parity`): x comes from L2 after the previous kernel, and a loop of loads and
+// shared-memory stores waits out one round trip per 16 bytes before issuing the next (the compiler
+// keeps a load behind the store before it): 8 round trips per thread for the Llama-3.2-1B w2
+// (K = 8192). Per-thread cp.async copies measured no better on the Llama-3.2-1B decode than the
+// loop: their wait (DEPBAR) also waits for the weight loads issued before it.
 // Normalized rows are read from x_f32 / norm_w: global memory, or the shared-memory copies of
-// them (GemvArgs::norm_in_smem) that cp.async made in one round trip. Batching their global loads
-// instead (12 registers a group) on top of the W loads already in flight pushed the M = 1
+// them (GemvArgs::norm_in_smem) that bulk copies made in one round trip. Batching their global
+// loads instead (12 registers a group) on top of the W loads already in flight pushed the M = 1
 // kernels from 72 to 128 registers, which would split the one-wave Llama-3-8B wqkv grid in two.
 template <int M, bool NORM>
-__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, const float* x_f32,
+__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, bool bulk,
+                                            uint64_t* copied, uint32_t parity, const float* x_f32,
                                             const bf16* norm_w, const float* rstd) {
     const int n8 = len / 8, total = M * n8;
-    if (!NORM && a.stage_async) {
-        for (int i = threadIdx.x; i < total; i += kThreads) {
-            const int m = i / n8, v = i - m * n8;
-            ptx::cp_async_16(xs + (size_t)m * a.chunk + 8 * v, a.x + (size_t)m * a.K + k0 + 8 * v, true);
+    if (!NORM && bulk) {
+        if (threadIdx.x == 0) {
+            expect_copied(copied, (uint32_t)(M * len * sizeof(uint16_t)));
+            for (int m = 0; m < M; ++m)
+                bulk_copy(xs + (size_t)m * a.chunk, a.x + (size_t)m * a.K + k0, len * sizeof(uint16_t), copied);
         }
-        ptx::cp_async_commit();
-        ptx::cp_async_wait<0>();
+        wait_copied(copied, parity);
         return;
     }
     for (int i = threadIdx.x; i < total; i += kThreads) {
@@ -183,14 +218,6 @@ __device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int
         else staged = __ldg(reinterpret_cast<const uint4*>(a.x + (size_t)m * a.K + k0 + 8 * v));
         reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = staged;
     }
-}
-
-// The normalized path's shared-memory copies (norm_in_smem): x [M, K] fp32, then norm_w [K],
-// after the M x chunk bf16 staging area. cp.async: 16 bytes a copy, all in flight at once.
-__device__ __forceinline__ void copy_to_smem_async(void* dst, const void* src, int bytes) {
-    for (int i = threadIdx.x; i < bytes / 16; i += kThreads)
-        ptx::cp_async_16(static_cast<char*>(dst) + 16 * i, static_cast<const char*>(src) + 16 * i, true);
-    ptx::cp_async_commit();
 }
 
 template <bool NORM>
@@ -250,12 +277,25 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                 w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
-    // norm_in_smem: x_f32 / norm_w as the prologue reads them, in shared memory. The norm weights
-    // never depend on the previous kernel, so their copy starts before the wait.
+    // Bulk copies into shared memory (sm_90): copied[0] completes when norm_w has landed,
+    // copied[1] once per x chunk (phase = chunk index & 1). norm_in_smem: x_f32 / norm_w as the
+    // prologue reads them, copied whole; the norm weights never depend on the previous kernel, so
+    // their copy starts before the wait.
+    __shared__ uint64_t copied[2];
+    const bool norm_in_smem = kBulkCopies && NORM && VEC && a.norm_in_smem;
+    const bool bulk_x = kBulkCopies && !NORM && VEC && a.stage_async;
     float* x_raw = reinterpret_cast<float*>(xs + (size_t)M * chunk);
     bf16* w_raw = reinterpret_cast<bf16*>(x_raw + (size_t)M * K);
-    const bool norm_in_smem = NORM && VEC && a.norm_in_smem;
-    if (norm_in_smem) copy_to_smem_async(w_raw, a.norm_w, K * (int)sizeof(bf16));
+    if (norm_in_smem || bulk_x) {
+        if (threadIdx.x == 0) {
+            init_copied(copied, 2);
+            if (norm_in_smem) {
+                expect_copied(&copied[0], K * sizeof(bf16));
+                bulk_copy(w_raw, a.norm_w, K * sizeof(bf16), &copied[0]);
+            }
+        }
+        __syncthreads();  // the barriers are initialized before anyone waits on them
+    }
     if (a.trigger_early) pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
     bool preloaded = false;
@@ -271,9 +311,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     const float* x_norm = a.x_f32;
     const bf16* w_norm = a.norm_w;
     if (norm_in_smem) {
-        copy_to_smem_async(x_raw, a.x_f32, M * K * (int)sizeof(float));
-        ptx::cp_async_wait<0>();
-        __syncthreads();
+        if (threadIdx.x == 0) {
+            expect_copied(&copied[1], M * K * sizeof(float));
+            bulk_copy(x_raw, a.x_f32, M * K * sizeof(float), &copied[1]);
+        }
+        wait_copied(&copied[0], 0);
+        wait_copied(&copied[1], 0);
         x_norm = x_raw;
         w_norm = w_raw;
     }
@@ -289,7 +332,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         const int len = min(chunk, K - k0);
         __syncthreads();  // every warp is done with the previous chunk of xs (and rstd is written)
         if (VEC) {
-            stage_x_vec<M, NORM>(a, xs, k0, len, x_norm, w_norm, rstd);
+            stage_x_vec<M, NORM>(a, xs, k0, len, bulk_x, &copied[1], (k0 / chunk) & 1, x_norm, w_norm, rstd);
         } else {
             for (int i = threadIdx.x; i < M * len; i += kThreads) {
                 const int m = i / len, k = i - m * len;
@@ -431,10 +474,12 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
-    // The normalized prologue reads x and norm_w from shared-memory copies where whole rows fit
-    // in kXChunkBytes and the copies cost no resident CTA (in practice M = 1, and M = 2 at K = 2048).
+    // On Hopper the normalized prologue reads x and norm_w from bulk-copied shared-memory copies
+    // where whole rows fit in kXChunkBytes and the copies cost no resident CTA (in practice M = 1,
+    // and M = 2 at K = 2048).
     const size_t norm_bytes = (size_t)a.K * (M * sizeof(float) + sizeof(bf16));
-    a.norm_in_smem = NORM && VEC && a.norm_in_smem && a.chunk == a.K && norm_bytes <= (size_t)kXChunkBytes &&
+    a.norm_in_smem = NORM && VEC && a.norm_in_smem && device_facts().major >= 9 && a.chunk == a.K &&
+                     norm_bytes <= (size_t)kXChunkBytes &&
                      resident_ctas(kernel, smem + norm_bytes) >= std::min(blocks, resident_ctas(kernel, smem));
     if (a.norm_in_smem) smem += norm_bytes;
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
@@ -474,7 +519,7 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
 // flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
-// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
+// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of bulk copies,
 // LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes from global memory instead of shared-memory copies.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
