@@ -81,8 +81,8 @@ struct GemvArgs {
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
-    bool stage_async;     // sm_90: plain x rows staged by bulk copies (else a load-store loop)
-    bool norm_in_smem;    // sm_90, NORM, whole rows: x and norm_w bulk-copied into shared memory first
+    bool stage_async;     // sm_90: plain x rows staged by copy_rows (else a load-store loop)
+    bool norm_in_smem;    // sm_90, NORM, whole rows: x and norm_w copied into shared memory first
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -155,29 +155,35 @@ __device__ __forceinline__ uint4 normalize8(const NormInput& in, float r) {
     return out;
 }
 
-// Hopper's bulk copy engine (sm_90): one thread copies whole rows from global into shared memory,
-// each phase of the mbarrier `bar` (one arrival: expect_copied's) completing when the bytes it
-// announced have landed. Elsewhere these compile to nothing and the callers take their load loops
-// (kBulkCopies is false there).
+// Copies into shared memory that a barrier, not the thread, waits for (sm_90, whose
+// mbarrier.try_wait the wait needs): every thread issues its share of 16-byte cp.async copies and
+// arrives on the mbarrier `bar` (kThreads arrivals a phase) when they have landed; wait_copied
+// then waits for those copies only. cp.async.wait_group instead held each thread until the weight
+// loads it had issued before the wait landed too, and a bulk copy (TMA) per row was slower still:
+// benchmarks/results/h100-sxm/variants/stage_*_table.txt. Elsewhere these compile to nothing and
+// the callers take their load loops (kCopiesOnBarrier is false there).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool kBulkCopies = true;
+constexpr bool kCopiesOnBarrier = true;
 #else
-constexpr bool kBulkCopies = false;
+constexpr bool kCopiesOnBarrier = false;
 #endif
 __device__ __forceinline__ void init_copied(uint64_t* bars, int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (int i = 0; i < n; ++i) hopper::mbarrier_init(bars + i, 1);
+    for (int i = 0; i < n; ++i) hopper::mbarrier_init(bars + i, kThreads);
     hopper::fence_barrier_init();
 #endif
 }
-__device__ __forceinline__ void expect_copied(uint64_t* bar, uint32_t bytes) {
+// rows x row_bytes from src (row stride src_stride bytes) to dst (row stride dst_stride bytes).
+__device__ __forceinline__ void copy_rows(void* dst, int dst_stride, const void* src, int src_stride, int rows,
+                                          int row_bytes, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    hopper::mbarrier_arrive_expect_tx(bar, bytes);
-#endif
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    hopper::bulk_load_1d(dst, src, bytes, bar);
+    const int per_row = row_bytes / 16;
+    for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
+        const int r = i / per_row, c = i - r * per_row;
+        ptx::cp_async_16(static_cast<char*>(dst) + (size_t)r * dst_stride + 16 * c,
+                         static_cast<const char*>(src) + (size_t)r * src_stride + 16 * c, true);
+    }
+    ptx::cp_async_arrive_noinc(bar);
 #endif
 }
 __device__ __forceinline__ void wait_copied(uint64_t* bar, uint32_t parity) {
@@ -187,27 +193,22 @@ __device__ __forceinline__ void wait_copied(uint64_t* bar, uint32_t parity) {
 }
 
 // Stages x[:, k0 : k0 + len) into xs [M][chunk] as the bf16 the matmul consumes (len % 8 == 0).
-// `bulk`: plain rows arrive by bulk copy (one per row, issued by thread 0, waited on through
-// `copied`, phase `parity`): x comes from L2 after the previous kernel, and a loop of loads and
-// shared-memory stores waits out one round trip per 16 bytes before issuing the next (the compiler
-// keeps a load behind the store before it): 8 round trips per thread for the Llama-3.2-1B w2
-// (K = 8192). Per-thread cp.async copies measured no better on the Llama-3.2-1B decode than the
-// loop: their wait (DEPBAR) also waits for the weight loads issued before it.
+// `async`: plain rows arrive by copy_rows (waited on through `copied`, phase `parity`), all of a
+// thread's copies in flight at once: x comes from L2 after the previous kernel, and a loop of
+// loads and shared-memory stores waits out one round trip per 16 bytes before issuing the next
+// (the compiler keeps a load behind the store before it): 8 round trips per thread for the
+// Llama-3.2-1B w2 (K = 8192).
 // Normalized rows are read from x_f32 / norm_w: global memory, or the shared-memory copies of
-// them (GemvArgs::norm_in_smem) that bulk copies made in one round trip. Batching their global
+// them (GemvArgs::norm_in_smem) that copy_rows made in one round trip. Batching their global
 // loads instead (12 registers a group) on top of the W loads already in flight pushed the M = 1
 // kernels from 72 to 128 registers, which would split the one-wave Llama-3-8B wqkv grid in two.
 template <int M, bool NORM>
-__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, bool bulk,
+__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, bool async,
                                             uint64_t* copied, uint32_t parity, const float* x_f32,
                                             const bf16* norm_w, const float* rstd) {
     const int n8 = len / 8, total = M * n8;
-    if (!NORM && bulk) {
-        if (threadIdx.x == 0) {
-            expect_copied(copied, (uint32_t)(M * len * sizeof(uint16_t)));
-            for (int m = 0; m < M; ++m)
-                bulk_copy(xs + (size_t)m * a.chunk, a.x + (size_t)m * a.K + k0, len * sizeof(uint16_t), copied);
-        }
+    if (!NORM && async) {
+        copy_rows(xs, a.chunk * sizeof(uint16_t), a.x + k0, a.K * sizeof(uint16_t), M, len * sizeof(uint16_t), copied);
         wait_copied(copied, parity);
         return;
     }
@@ -277,24 +278,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                 w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
-    // Bulk copies into shared memory (sm_90): copied[0] completes when norm_w has landed,
+    // Copies into shared memory (copy_rows, sm_90): copied[0] completes when norm_w has landed,
     // copied[1] once per x chunk (phase = chunk index & 1). norm_in_smem: x_f32 / norm_w as the
     // prologue reads them, copied whole; the norm weights never depend on the previous kernel, so
     // their copy starts before the wait.
     __shared__ uint64_t copied[2];
-    const bool norm_in_smem = kBulkCopies && NORM && VEC && a.norm_in_smem;
-    const bool bulk_x = kBulkCopies && !NORM && VEC && a.stage_async;
+    const bool norm_in_smem = kCopiesOnBarrier && NORM && VEC && a.norm_in_smem;
+    const bool async_x = kCopiesOnBarrier && !NORM && VEC && a.stage_async;
     float* x_raw = reinterpret_cast<float*>(xs + (size_t)M * chunk);
     bf16* w_raw = reinterpret_cast<bf16*>(x_raw + (size_t)M * K);
-    if (norm_in_smem || bulk_x) {
-        if (threadIdx.x == 0) {
-            init_copied(copied, 2);
-            if (norm_in_smem) {
-                expect_copied(&copied[0], K * sizeof(bf16));
-                bulk_copy(w_raw, a.norm_w, K * sizeof(bf16), &copied[0]);
-            }
-        }
-        __syncthreads();  // the barriers are initialized before anyone waits on them
+    if (norm_in_smem || async_x) {
+        if (threadIdx.x == 0) init_copied(copied, 2);
+        __syncthreads();  // the barriers are initialized before anyone arrives or waits
+        if (norm_in_smem) copy_rows(w_raw, 0, a.norm_w, 0, 1, K * sizeof(bf16), &copied[0]);
     }
     if (a.trigger_early) pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
@@ -311,10 +307,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     const float* x_norm = a.x_f32;
     const bf16* w_norm = a.norm_w;
     if (norm_in_smem) {
-        if (threadIdx.x == 0) {
-            expect_copied(&copied[1], M * K * sizeof(float));
-            bulk_copy(x_raw, a.x_f32, M * K * sizeof(float), &copied[1]);
-        }
+        copy_rows(x_raw, 0, a.x_f32, 0, 1, M * K * sizeof(float), &copied[1]);
         wait_copied(&copied[0], 0);
         wait_copied(&copied[1], 0);
         x_norm = x_raw;
@@ -332,7 +325,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         const int len = min(chunk, K - k0);
         __syncthreads();  // every warp is done with the previous chunk of xs (and rstd is written)
         if (VEC) {
-            stage_x_vec<M, NORM>(a, xs, k0, len, bulk_x, &copied[1], (k0 / chunk) & 1, x_norm, w_norm, rstd);
+            stage_x_vec<M, NORM>(a, xs, k0, len, async_x, &copied[1], (k0 / chunk) & 1, x_norm, w_norm, rstd);
         } else {
             for (int i = threadIdx.x; i < M * len; i += kThreads) {
                 const int m = i / len, k = i - m * len;
@@ -474,7 +467,7 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
-    // On Hopper the normalized prologue reads x and norm_w from bulk-copied shared-memory copies
+    // On Hopper the normalized prologue reads x and norm_w from shared-memory copies
     // where whole rows fit in kXChunkBytes and the copies cost no resident CTA (in practice M = 1,
     // and M = 2 at K = 2048).
     const size_t norm_bytes = (size_t)a.K * (M * sizeof(float) + sizeof(bf16));
@@ -519,7 +512,7 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
 // flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
-// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of bulk copies,
+// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of copy_rows,
 // LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes from global memory instead of shared-memory copies.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);

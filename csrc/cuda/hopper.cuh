@@ -124,15 +124,6 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
         : "memory");
 }
 
-// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
-// as one bulk transfer, counted against `bar`'s expected transaction bytes (mbarrier_arrive_expect_tx).
-__device__ __forceinline__ void bulk_load_1d(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     ptx::smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(ptx::smem_addr(bar))
-                 : "memory");
-}
-
 // Adds the box at `src` (shared memory, laid out as `map` describes) into global memory at
 // (inner, outer) of `map`, element by element in L2; parts of the box past the matrix are
 // dropped. Completes as a bulk group of the issuing thread (bulk_commit / bulk_wait_*); the
