@@ -36,10 +36,10 @@
 #   first rows in L2, the GEMV's weight loads evict-first, the GEMV warming its next steps; see
 #   benchmarks/results/h100-sxm/variants/warm_table.txt)
 #   30 stage-loop   LLAMA_BRRR_GEMV_STAGE_ASYNC=0: the GEMV stages plain x rows (wo, w2) with a
-#                   load-store loop, one L2 round trip per 16 bytes a thread (shipped: bulk copies)
-#   31 norm-global  LLAMA_BRRR_GEMV_NORM_SMEM=0: the fused RMSNorm reads x and norm_w from global
-#                   memory twice (sum, then staging loop) instead of from bulk-copied shared memory
-#   32 stage-old    30 + 31: the staging as it was before 2026-11-25
+#                   load-store loop, one L2 round trip per 16 bytes a thread (shipped: cp.async)
+#   (31, 32, run 2026-11-25 and retired, code at 86a7525 / fd26d07 / 45a9e43: the fused RMSNorm
+#   reading x and norm_w from shared-memory copies, the copies by cp.async, TMA bulk copies or
+#   cp.async on an mbarrier; see benchmarks/results/h100-sxm/variants/stage_*_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -74,8 +74,6 @@ variants=(
     "19-gemv-trigger-loads32|LLAMA_BRRR_GEMV_LOADS=32 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
     "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
     "30-stage-loop|LLAMA_BRRR_GEMV_STAGE_ASYNC=0"
-    "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
-    "32-stage-old|LLAMA_BRRR_GEMV_STAGE_ASYNC=0 LLAMA_BRRR_GEMV_NORM_SMEM=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

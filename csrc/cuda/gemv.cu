@@ -44,7 +44,6 @@
 #include <algorithm>
 
 #include "cuda/check.cuh"
-#include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
@@ -81,8 +80,7 @@ struct GemvArgs {
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
-    bool stage_async;     // sm_90: plain x rows staged by copy_rows (else a load-store loop)
-    bool norm_in_smem;    // sm_90, NORM, whole rows: x and norm_w copied into shared memory first
+    bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -135,89 +133,50 @@ __device__ void row_rstd(const float* __restrict__ x, int K, float eps, float* r
     // The chunk loop starts with a barrier, which publishes rstd.
 }
 
-// Eight consecutive fp32 x values of row m from k and their norm weights: what one staged group of
-// a normalized row is made from.
-struct NormInput {
-    float4 lo, hi;
-    uint4 w;
-};
-__device__ __forceinline__ NormInput load_norm_input(const float* x_row, const bf16* norm_w, int k) {
-    const float4* x4 = reinterpret_cast<const float4*>(x_row + k);
-    return NormInput{x4[0], x4[1], *reinterpret_cast<const uint4*>(norm_w + k)};
-}
-// bf16(x * rstd * w), rounded exactly as rmsnorm_residual rounds it.
-__device__ __forceinline__ uint4 normalize8(const NormInput& in, float r) {
+// Eight consecutive x values of row m from k, as the bf16 the matmul consumes: plain bf16 input, or
+// bf16(x * rstd * w) exactly as rmsnorm_residual rounds it.
+template <bool NORM>
+__device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, const float* rstd) {
+    if (!NORM) return __ldg(reinterpret_cast<const uint4*>(a.x + (size_t)m * a.K + k));
+    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + (size_t)m * a.K + k);
+    const float4 lo = x4[0], hi = x4[1];
+    const uint4 wp = __ldg(reinterpret_cast<const uint4*>(a.norm_w + k));
+    const float r = rstd[m];
     uint4 out;
-    out.x = util::pack_bf16x2(in.lo.x * r * util::bf16_lo(in.w.x), in.lo.y * r * util::bf16_hi(in.w.x));
-    out.y = util::pack_bf16x2(in.lo.z * r * util::bf16_lo(in.w.y), in.lo.w * r * util::bf16_hi(in.w.y));
-    out.z = util::pack_bf16x2(in.hi.x * r * util::bf16_lo(in.w.z), in.hi.y * r * util::bf16_hi(in.w.z));
-    out.w = util::pack_bf16x2(in.hi.z * r * util::bf16_lo(in.w.w), in.hi.w * r * util::bf16_hi(in.w.w));
+    out.x = util::pack_bf16x2(lo.x * r * util::bf16_lo(wp.x), lo.y * r * util::bf16_hi(wp.x));
+    out.y = util::pack_bf16x2(lo.z * r * util::bf16_lo(wp.y), lo.w * r * util::bf16_hi(wp.y));
+    out.z = util::pack_bf16x2(hi.x * r * util::bf16_lo(wp.z), hi.y * r * util::bf16_hi(wp.z));
+    out.w = util::pack_bf16x2(hi.z * r * util::bf16_lo(wp.w), hi.w * r * util::bf16_hi(wp.w));
     return out;
 }
 
-// Copies into shared memory that a barrier, not the thread, waits for (sm_90, whose
-// mbarrier.try_wait the wait needs): every thread issues its share of 16-byte cp.async copies and
-// arrives on the mbarrier `bar` (kThreads arrivals a phase) when they have landed; wait_copied
-// then waits for those copies only. cp.async.wait_group instead held each thread until the weight
-// loads it had issued before the wait landed too, and a bulk copy (TMA) per row was slower still:
-// benchmarks/results/h100-sxm/variants/stage_*_table.txt. Elsewhere these compile to nothing and
-// the callers take their load loops (kCopiesOnBarrier is false there).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool kCopiesOnBarrier = true;
-#else
-constexpr bool kCopiesOnBarrier = false;
-#endif
-__device__ __forceinline__ void init_copied(uint64_t* bars, int n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (int i = 0; i < n; ++i) hopper::mbarrier_init(bars + i, kThreads);
-    hopper::fence_barrier_init();
-#endif
-}
-// rows x row_bytes from src (row stride src_stride bytes) to dst (row stride dst_stride bytes).
-__device__ __forceinline__ void copy_rows(void* dst, int dst_stride, const void* src, int src_stride, int rows,
-                                          int row_bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int per_row = row_bytes / 16;
-    for (int i = threadIdx.x; i < rows * per_row; i += kThreads) {
-        const int r = i / per_row, c = i - r * per_row;
-        ptx::cp_async_16(static_cast<char*>(dst) + (size_t)r * dst_stride + 16 * c,
-                         static_cast<const char*>(src) + (size_t)r * src_stride + 16 * c, true);
-    }
-    ptx::cp_async_arrive_noinc(bar);
-#endif
-}
-__device__ __forceinline__ void wait_copied(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    hopper::mbarrier_wait(bar, parity);
-#endif
-}
-
 // Stages x[:, k0 : k0 + len) into xs [M][chunk] as the bf16 the matmul consumes (len % 8 == 0).
-// `async`: plain rows arrive by copy_rows (waited on through `copied`, phase `parity`), all of a
-// thread's copies in flight at once: x comes from L2 after the previous kernel, and a loop of
-// loads and shared-memory stores waits out one round trip per 16 bytes before issuing the next
-// (the compiler keeps a load behind the store before it): 8 round trips per thread for the
-// Llama-3.2-1B w2 (K = 8192).
-// Normalized rows are read from x_f32 / norm_w: global memory, or the shared-memory copies of
-// them (GemvArgs::norm_in_smem) that copy_rows made in one round trip. Batching their global
-// loads instead (12 registers a group) on top of the W loads already in flight pushed the M = 1
-// kernels from 72 to 128 registers, which would split the one-wave Llama-3-8B wqkv grid in two.
+// Plain rows (a.stage_async) go by cp.async, every copy of a thread in flight at once and nothing
+// held in registers: x comes from L2 after the previous kernel, and the loop below waits out one
+// round trip per 16 bytes before issuing the next (the compiler keeps a load behind the
+// shared-memory store before it): 8 round trips per thread for the Llama-3.2-1B w2 (K = 8192).
+// H100, decode end to end: 1B 1.013x, 8B 1.022x (run AE). Normalized rows keep the loop; what was
+// tried instead, all measured slower on the 1B decode (benchmarks/results/h100-sxm/variants/
+// stage_*_table.txt): batched loads (12 registers a group on top of the W loads in flight: 72 ->
+// 128 registers, which would split the one-wave 8B wqkv grid in two); cp.async copies of x and
+// norm_w into shared memory (1B 0.91x, 8B 1.02x: cp.async.wait_group compiles to a DEPBAR that,
+// it seems, also holds the thread for the W loads issued before it); TMA bulk copies, or cp.async
+// arriving on an mbarrier, for either kind of row (0.63-0.93x).
 template <int M, bool NORM>
-__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, bool async,
-                                            uint64_t* copied, uint32_t parity, const float* x_f32,
-                                            const bf16* norm_w, const float* rstd) {
+__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, const float* rstd) {
     const int n8 = len / 8, total = M * n8;
-    if (!NORM && async) {
-        copy_rows(xs, a.chunk * sizeof(uint16_t), a.x + k0, a.K * sizeof(uint16_t), M, len * sizeof(uint16_t), copied);
-        wait_copied(copied, parity);
+    if (!NORM && a.stage_async) {
+        for (int i = threadIdx.x; i < total; i += kThreads) {
+            const int m = i / n8, v = i - m * n8;
+            ptx::cp_async_16(xs + (size_t)m * a.chunk + 8 * v, a.x + (size_t)m * a.K + k0 + 8 * v, true);
+        }
+        ptx::cp_async_commit();
+        ptx::cp_async_wait<0>();
         return;
     }
     for (int i = threadIdx.x; i < total; i += kThreads) {
         const int m = i / n8, v = i - m * n8;
-        uint4 staged;
-        if (NORM) staged = normalize8(load_norm_input(x_f32 + (size_t)m * a.K, norm_w, k0 + 8 * v), rstd[m]);
-        else staged = __ldg(reinterpret_cast<const uint4*>(a.x + (size_t)m * a.K + k0 + 8 * v));
-        reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = staged;
+        reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = staged_x8<NORM>(a, m, k0 + 8 * v, rstd);
     }
 }
 
@@ -278,20 +237,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                 w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
-    // Copies into shared memory (copy_rows, sm_90): copied[0] completes when norm_w has landed,
-    // copied[1] once per x chunk (phase = chunk index & 1). norm_in_smem: x_f32 / norm_w as the
-    // prologue reads them, copied whole; the norm weights never depend on the previous kernel, so
-    // their copy starts before the wait.
-    __shared__ uint64_t copied[2];
-    const bool norm_in_smem = kCopiesOnBarrier && NORM && VEC && a.norm_in_smem;
-    const bool async_x = kCopiesOnBarrier && !NORM && VEC && a.stage_async;
-    float* x_raw = reinterpret_cast<float*>(xs + (size_t)M * chunk);
-    bf16* w_raw = reinterpret_cast<bf16*>(x_raw + (size_t)M * K);
-    if (norm_in_smem || async_x) {
-        if (threadIdx.x == 0) init_copied(copied, 2);
-        __syncthreads();  // the barriers are initialized before anyone arrives or waits
-        if (norm_in_smem) copy_rows(w_raw, 0, a.norm_w, 0, 1, K * sizeof(bf16), &copied[0]);
-    }
     if (a.trigger_early) pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
     bool preloaded = false;
@@ -302,18 +247,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     pdl_wait();
     if (!a.trigger_early) pdl_launch_dependents();
 
-    // NORM: rstd of each row, from x itself or from its shared-memory copy (one round trip for
-    // the whole row instead of one for the sum and more for the staging loop below).
-    const float* x_norm = a.x_f32;
-    const bf16* w_norm = a.norm_w;
-    if (norm_in_smem) {
-        copy_rows(x_raw, 0, a.x_f32, 0, 1, M * K * sizeof(float), &copied[1]);
-        wait_copied(&copied[0], 0);
-        wait_copied(&copied[1], 0);
-        x_norm = x_raw;
-        w_norm = w_raw;
-    }
-    if (NORM) row_rstd<M, VEC>(x_norm, K, a.eps, rstd);
+    if (NORM) row_rstd<M, VEC>(a.x_f32, K, a.eps, rstd);
 
     float acc[M][R];
 #pragma unroll
@@ -325,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         const int len = min(chunk, K - k0);
         __syncthreads();  // every warp is done with the previous chunk of xs (and rstd is written)
         if (VEC) {
-            stage_x_vec<M, NORM>(a, xs, k0, len, async_x, &copied[1], (k0 / chunk) & 1, x_norm, w_norm, rstd);
+            stage_x_vec<M, NORM>(a, xs, k0, len, rstd);
         } else {
             for (int i = threadIdx.x; i < M * len; i += kThreads) {
                 const int m = i / len, k = i - m * len;
@@ -466,15 +400,7 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
     if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
-    size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
-    // On Hopper the normalized prologue reads x and norm_w from shared-memory copies
-    // where whole rows fit in kXChunkBytes and the copies cost no resident CTA (in practice M = 1,
-    // and M = 2 at K = 2048).
-    const size_t norm_bytes = (size_t)a.K * (M * sizeof(float) + sizeof(bf16));
-    a.norm_in_smem = NORM && VEC && a.norm_in_smem && device_facts().major >= 9 && a.chunk == a.K &&
-                     norm_bytes <= (size_t)kXChunkBytes &&
-                     resident_ctas(kernel, smem + norm_bytes) >= std::min(blocks, resident_ctas(kernel, smem));
-    if (a.norm_in_smem) smem += norm_bytes;
+    const size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_kernel");
 }
@@ -512,8 +438,7 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
 // flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
-// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of copy_rows,
-// LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes from global memory instead of shared-memory copies.
+// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
     return on;
@@ -532,10 +457,6 @@ int loads_per_lane() {
 }
 bool stage_async_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_STAGE_ASYNC", true);
-    return on;
-}
-bool norm_in_smem_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM_SMEM", true);
     return on;
 }
 bool fused_norm_enabled() {
@@ -581,7 +502,6 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.trigger_early = early_trigger_enabled();
     a.loads = loads_per_lane();
     a.stage_async = stage_async_enabled();
-    a.norm_in_smem = norm_in_smem_enabled();  // where it fits: launch_variant decides
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;

@@ -48,13 +48,6 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, boo
                  "l"(src), "r"(src_bytes)
                  : "memory");
 }
-// Arrives on the mbarrier `bar` once every cp.async this thread issued before has landed, without
-// counting as an arrival of its own (the barrier's count includes it: noinc). Waiting on the
-// barrier then waits for those copies only, where cp.async.wait_group held this thread until its
-// earlier plain loads had landed as well (measured on H100: benchmarks/results/h100-sxm/variants).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `Pending` of this thread's committed groups are still in flight.
 template <int Pending>
