@@ -37,8 +37,6 @@
 #   benchmarks/results/h100-sxm/variants/warm_table.txt)
 #   30 stage-loop   LLAMA_BRRR_GEMV_STAGE_ASYNC=0: the GEMV stages plain x rows (wo, w2) with a
 #                   load-store loop, one L2 round trip per 16 bytes a thread (shipped: cp.async)
-#   33 gemv-narrow  LLAMA_BRRR_GEMV_WIDE=0: one unit per warp at M = 1 on many-wave grids too (LM
-#                   head, w13; shipped: four W rows per warp there, gemv.cu wide_m1_kernel)
 #   (31, 32, run 2026-11-25 and retired, code at 86a7525 / fd26d07 / 45a9e43: the fused RMSNorm
 #   reading x and norm_w from shared-memory copies, the copies by cp.async, TMA bulk copies or
 #   cp.async on an mbarrier; see benchmarks/results/h100-sxm/variants/stage_*_table.txt)
@@ -76,7 +74,6 @@ variants=(
     "19-gemv-trigger-loads32|LLAMA_BRRR_GEMV_LOADS=32 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
     "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
     "30-stage-loop|LLAMA_BRRR_GEMV_STAGE_ASYNC=0"
-    "33-gemv-narrow|LLAMA_BRRR_GEMV_WIDE=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

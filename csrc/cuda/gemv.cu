@@ -81,7 +81,6 @@ struct GemvArgs {
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
     bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
-    bool wide;            // M = 1, grids of many waves: four W rows per warp (wide_m1_kernel)
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -394,35 +393,12 @@ auto pick_m1_kernel(int loads, int blocks) {
     return resident_ctas(deep, least_smem) < blocks && resident_ctas(shallow, least_smem) >= blocks ? shallow : deep;
 }
 
-// Grids of this many waves or more take four W rows per warp at M = 1 (wide_m1_kernel).
-constexpr int kWideWaves = 4;
-
-// The M = 1 kernel for grids of kWideWaves waves or more (the LM head, the w13 of both Llama
-// shapes): four W rows per warp, 16 loads per lane (4 per row), so a quarter (w13: half) as many
-// CTAs. Each CTA reduces sum(x^2) and stages x for itself, an L2 read of 2-3x K bf16 per CTA: for
-// the Llama-3.2-1B LM head (32064 CTAs of 4 rows) 641 MB of L2 reads beside its 525 MB of weights.
-// A lane still adds its k slices in the same order, so each row's result is unchanged bit for bit.
-// LLAMA_BRRR_GEMV_WIDE=0 keeps one unit per warp (for measuring).
-template <Pairing P, bool NORM>
-auto wide_m1_kernel() {
-    return gemv_kernel<1, P == Pairing::None ? 4 : 2, P, true, NORM, 16>;
-}
-
 template <int M, Pairing P, bool VEC, bool NORM>
 void launch_variant(GemvArgs a, cudaStream_t stream) {
     constexpr int units = units_per_warp(M, P);
-    int blocks = CEIL_DIV(a.n_units, kWarps * units);
+    const int blocks = CEIL_DIV(a.n_units, kWarps * units);
     auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
-    if constexpr (M == 1 && VEC) {
-        kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
-        if constexpr (P != Pairing::Rope) {
-            const size_t smem = (size_t)a.chunk * sizeof(uint16_t);
-            if (a.wide && blocks >= kWideWaves * resident_ctas(kernel, smem)) {
-                kernel = wide_m1_kernel<P, NORM>();
-                blocks = CEIL_DIV(a.n_units, kWarps * (P == Pairing::None ? 4 : 2));
-            }
-        }
-    }
+    if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     const size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
@@ -462,8 +438,7 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
 // flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
-// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
-// LLAMA_BRRR_GEMV_WIDE=0 keeps one unit per warp on many-wave grids at M = 1.
+// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
     return on;
@@ -479,10 +454,6 @@ bool early_trigger_enabled() {
 int loads_per_lane() {
     static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", 0);
     return n == 8 || n == 16 || n == 32 ? n : 0;  // 0: pick_m1_kernel's rule
-}
-bool wide_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_WIDE", true);
-    return on;
 }
 bool stage_async_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_STAGE_ASYNC", true);
@@ -531,7 +502,6 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.trigger_early = early_trigger_enabled();
     a.loads = loads_per_lane();
     a.stage_async = stage_async_enabled();
-    a.wide = wide_enabled();
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
