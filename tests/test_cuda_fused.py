@@ -81,6 +81,33 @@ def test_rmsnorm_matmul_matches_torch(ops, gen, M, N, K, epilogue):
         assert torch.isnan(t.float()).all(), f"{name}: wrote into a buffer its epilogue does not use"
 
 
+@pytest.mark.parametrize("epilogue", [STORE_F32, SWIGLU], ids=["lm-head", "swiglu"])
+@pytest.mark.parametrize("N,K", [(40002, 576), (24000, 2048)], ids=["smollm", "llama1b"])
+def test_many_wave_gemv_matches_torch_and_its_batched_rows(ops, gen, N, K, epilogue):
+    """M = 1 grids of many waves (the LM head, w13): against PyTorch, and bit for bit against
+    row 0 of a batch of 3, whose kernel streams two W rows per warp instead of one."""
+    x, w = norm_inputs(3, K, gen)
+    W = randn((N, K), gen, scale=1.0 / math.sqrt(K))
+    width = N // 2 if epilogue == SWIGLU else N
+    outs = []
+    for M in (1, 3):
+        out = nan_full((M, width), torch.bfloat16)
+        out_f32 = nan_full((M, width), torch.float32)
+        ops.rmsnorm_matmul_bf16(ptr(x), ptr(w), EPS, ptr(W), M, N, K, epilogue, out=ptr(out), out_f32=ptr(out_f32))
+        outs.append(out_f32 if epilogue == STORE_F32 else out)
+    torch.cuda.synchronize()
+    xn_ref, xn_bf = normalized(x[:1], w)
+    y_ref, y_bf = xn_ref @ W.double().T, xn_bf @ W.T
+    if epilogue == SWIGLU:
+        silu = torch.nn.functional.silu
+        ref, bf = silu(y_ref[:, :width]) * y_ref[:, width:], silu(y_bf[:, :width]) * y_bf[:, width:]
+    else:
+        ref, bf = y_ref, y_bf
+    name = f"many-wave GEMV N={N} K={K} epilogue={epilogue}"
+    assert_design_tolerance(name, outs[0], ref, bf)
+    assert torch.equal(outs[0][0], outs[1][0]), f"{name}: row 0 alone differs from row 0 of a batch of 3"
+
+
 def rope_case(C, rng, gen, M, n_heads, n_kv_heads, head_dim, max_seq, max_batch, K):
     from llama_brrr.config import ModelConfig
     config = ModelConfig(dim=K, hidden_dim=64, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv_heads,

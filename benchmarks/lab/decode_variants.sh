@@ -39,7 +39,8 @@
 #                   load-store loop, one L2 round trip per 16 bytes a thread (shipped: cp.async)
 #   (31, 32, run 2026-11-25 and retired, code at 86a7525 / fd26d07 / 45a9e43: the fused RMSNorm
 #   reading x and norm_w from shared-memory copies, the copies by cp.async, TMA bulk copies or
-#   cp.async on an mbarrier; see benchmarks/results/h100-sxm/variants/stage_*_table.txt)
+#   cp.async on an mbarrier; see benchmarks/results/h100-sxm/variants/stage_*_table.txt; 33, the
+#   M = 1 GEMV with four W rows per warp on grids of 4+ waves, code at e111a8f: gemv_wide_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
