@@ -37,9 +37,12 @@
 #   benchmarks/results/h100-sxm/variants/warm_table.txt)
 #   30 stage-loop   LLAMA_BRRR_GEMV_STAGE_ASYNC=0: the GEMV stages plain x rows (wo, w2) with a
 #                   load-store loop, one L2 round trip per 16 bytes a thread (shipped: cp.async)
-#   (31, 32, run 2026-11-25 and retired, code at 86a7525 / fd26d07 / 45a9e43: the fused RMSNorm
-#   reading x and norm_w from shared-memory copies, the copies by cp.async, TMA bulk copies or
-#   cp.async on an mbarrier; see benchmarks/results/h100-sxm/variants/stage_*_table.txt; 33, the
+#   31 norm-global  LLAMA_BRRR_GEMV_NORM_SMEM=0: the fused RMSNorm of long rows (M x K >= 4096)
+#                   reads x and norm_w from global memory twice (sum, then the staging loop) instead
+#                   of from shared-memory copies made by cp.async (shipped)
+#   (32, and 31 / 01 in other forms, run 2026-11-25 and retired, code at 86a7525 / fd26d07 /
+#   45a9e43: the copies at every K, TMA bulk copies, cp.async on an mbarrier; see
+#   benchmarks/results/h100-sxm/variants/stage_*_table.txt; 33, the
 #   M = 1 GEMV with four W rows per warp on grids of 4+ waves, code at e111a8f: gemv_wide_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
@@ -75,6 +78,7 @@ variants=(
     "19-gemv-trigger-loads32|LLAMA_BRRR_GEMV_LOADS=32 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
     "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
     "30-stage-loop|LLAMA_BRRR_GEMV_STAGE_ASYNC=0"
+    "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -81,6 +81,7 @@ struct GemvArgs {
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
     bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
+    bool norm_in_smem;    // NORM, whole long rows: x and norm_w copied into shared memory first
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -135,12 +136,14 @@ __device__ void row_rstd(const float* __restrict__ x, int K, float eps, float* r
 
 // Eight consecutive x values of row m from k, as the bf16 the matmul consumes: plain bf16 input, or
 // bf16(x * rstd * w) exactly as rmsnorm_residual rounds it.
+// x_f32 / norm_w: the arguments' arrays, or their shared-memory copies (GemvArgs::norm_in_smem).
 template <bool NORM>
-__device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, const float* rstd) {
+__device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, const float* x_f32, const bf16* norm_w,
+                                           const float* rstd) {
     if (!NORM) return __ldg(reinterpret_cast<const uint4*>(a.x + (size_t)m * a.K + k));
-    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + (size_t)m * a.K + k);
+    const float4* x4 = reinterpret_cast<const float4*>(x_f32 + (size_t)m * a.K + k);
     const float4 lo = x4[0], hi = x4[1];
-    const uint4 wp = __ldg(reinterpret_cast<const uint4*>(a.norm_w + k));
+    const uint4 wp = *reinterpret_cast<const uint4*>(norm_w + k);
     const float r = rstd[m];
     uint4 out;
     out.x = util::pack_bf16x2(lo.x * r * util::bf16_lo(wp.x), lo.y * r * util::bf16_hi(wp.x));
@@ -155,15 +158,17 @@ __device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, cons
 // held in registers: x comes from L2 after the previous kernel, and the loop below waits out one
 // round trip per 16 bytes before issuing the next (the compiler keeps a load behind the
 // shared-memory store before it): 8 round trips per thread for the Llama-3.2-1B w2 (K = 8192).
-// H100, decode end to end: 1B 1.013x, 8B 1.022x (run AE). Normalized rows keep the loop; what was
-// tried instead, all measured slower on the 1B decode (benchmarks/results/h100-sxm/variants/
-// stage_*_table.txt): batched loads (12 registers a group on top of the W loads in flight: 72 ->
-// 128 registers, which would split the one-wave 8B wqkv grid in two); cp.async copies of x and
-// norm_w into shared memory (1B 0.91x, 8B 1.02x: cp.async.wait_group compiles to a DEPBAR that,
-// it seems, also holds the thread for the W loads issued before it); TMA bulk copies, or cp.async
-// arriving on an mbarrier, for either kind of row (0.63-0.93x).
+// H100, decode end to end: 1B 1.013x, 8B 1.022x (run AE). Normalized rows are read from x_f32 /
+// norm_w: global memory, or for long rows (norm_in_smem) the shared-memory copies cp.async made
+// of them in one round trip. Also tried, all slower on the 1B decode (benchmarks/results/h100-sxm/
+// variants/stage_*_table.txt): batched loads (12 registers a group on top of the W loads in
+// flight: 72 -> 128 registers, which would split the one-wave 8B wqkv grid in two); the copies at
+// K = 2048 too (1B 0.91x where 8B gained 1.02x: the loop's 2 staging round trips beat them,
+// since cp.async.wait_group compiles to a DEPBAR that, it seems, also holds the thread for the W
+// loads issued before it); TMA bulk copies, or cp.async arriving on an mbarrier (0.63-0.93x).
 template <int M, bool NORM>
-__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, const float* rstd) {
+__device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, const float* x_f32,
+                                            const bf16* norm_w, const float* rstd) {
     const int n8 = len / 8, total = M * n8;
     if (!NORM && a.stage_async) {
         for (int i = threadIdx.x; i < total; i += kThreads) {
@@ -176,8 +181,15 @@ __device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int
     }
     for (int i = threadIdx.x; i < total; i += kThreads) {
         const int m = i / n8, v = i - m * n8;
-        reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = staged_x8<NORM>(a, m, k0 + 8 * v, rstd);
+        reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = staged_x8<NORM>(a, m, k0 + 8 * v, x_f32, norm_w, rstd);
     }
+}
+
+// this thread's share of a cp.async copy of `bytes` (a multiple of 16) into shared memory.
+__device__ __forceinline__ void copy_to_smem_async(void* dst, const void* src, int bytes) {
+    for (int i = threadIdx.x; i < bytes / 16; i += kThreads)
+        ptx::cp_async_16(static_cast<char*>(dst) + 16 * i, static_cast<const char*>(src) + 16 * i, true);
+    ptx::cp_async_commit();
 }
 
 template <bool NORM>
@@ -237,6 +249,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                 w[r][u] = (v < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
+    // norm_in_smem: x_f32 [M, K] and norm_w [K] copied into shared memory after the M x chunk
+    // staging area; the norm weights never depend on the previous kernel, so their copy starts
+    // before the wait.
+    float* x_raw = reinterpret_cast<float*>(xs + (size_t)M * chunk);
+    bf16* w_raw = reinterpret_cast<bf16*>(x_raw + (size_t)M * K);
+    const bool norm_in_smem = NORM && VEC && a.norm_in_smem;
+    if (norm_in_smem) copy_to_smem_async(w_raw, a.norm_w, K * (int)sizeof(bf16));
     if (a.trigger_early) pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
     bool preloaded = false;
@@ -247,7 +266,16 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     pdl_wait();
     if (!a.trigger_early) pdl_launch_dependents();
 
-    if (NORM) row_rstd<M, VEC>(a.x_f32, K, a.eps, rstd);
+    const float* x_norm = a.x_f32;
+    const bf16* w_norm = a.norm_w;
+    if (norm_in_smem) {
+        copy_to_smem_async(x_raw, a.x_f32, M * K * (int)sizeof(float));
+        ptx::cp_async_wait<0>();
+        __syncthreads();
+        x_norm = x_raw;
+        w_norm = w_raw;
+    }
+    if (NORM) row_rstd<M, VEC>(x_norm, K, a.eps, rstd);
 
     float acc[M][R];
 #pragma unroll
@@ -259,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         const int len = min(chunk, K - k0);
         __syncthreads();  // every warp is done with the previous chunk of xs (and rstd is written)
         if (VEC) {
-            stage_x_vec<M, NORM>(a, xs, k0, len, rstd);
+            stage_x_vec<M, NORM>(a, xs, k0, len, x_norm, w_norm, rstd);
         } else {
             for (int i = threadIdx.x; i < M * len; i += kThreads) {
                 const int m = i / len, k = i - m * len;
@@ -400,7 +428,16 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
     if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
-    const size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
+    size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
+    // The normalized prologue reads x and norm_w from shared-memory copies where the staging loop
+    // would take 4+ round trips per thread (M x K >= 4096: the Llama-3-8B wqkv, w13 and LM head at
+    // M = 1, 1.022x end to end on H100 in run AE; at K = 2048 the copies lost), whole rows fit in
+    // kXChunkBytes and the copies cost no resident CTA.
+    const size_t norm_bytes = (size_t)a.K * (M * sizeof(float) + sizeof(bf16));
+    a.norm_in_smem = NORM && VEC && a.norm_in_smem && M * a.K >= 4 * 8 * kThreads && a.chunk == a.K &&
+                     norm_bytes <= (size_t)kXChunkBytes &&
+                     resident_ctas(kernel, smem + norm_bytes) >= std::min(blocks, resident_ctas(kernel, smem));
+    if (a.norm_in_smem) smem += norm_bytes;
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_kernel");
 }
@@ -438,7 +475,8 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
 // flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
-// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async.
+// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
+// LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes long rows from global memory instead of copies.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
     return on;
@@ -454,6 +492,10 @@ bool early_trigger_enabled() {
 int loads_per_lane() {
     static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", 0);
     return n == 8 || n == 16 || n == 32 ? n : 0;  // 0: pick_m1_kernel's rule
+}
+bool norm_in_smem_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM_SMEM", true);
+    return on;
 }
 bool stage_async_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_STAGE_ASYNC", true);
@@ -502,6 +544,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.trigger_early = early_trigger_enabled();
     a.loads = loads_per_lane();
     a.stage_async = stage_async_enabled();
+    a.norm_in_smem = norm_in_smem_enabled();  // where it pays: launch_variant decides
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
