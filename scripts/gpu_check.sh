@@ -107,12 +107,13 @@ if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace \
 
     # ---- compute-sanitizer ------------------------------------------------------------------------
     cat > /tmp/brrr_sanitize.py <<'EOF'
-# A tiny model through prefill (chunked), decode (graphed and eager) and sampling, 8 tokens each.
+# A tiny model through prefill (chunked), decode (graphed and eager) and sampling, 8 tokens each;
+# dim 2056 so that the batch-2 GEMVs normalize from shared-memory copies (M x K >= 4096).
 import numpy as np
 from llama_brrr import _C
 from llama_brrr.config import ModelConfig
 
-config = ModelConfig(dim=136, hidden_dim=200, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
+config = ModelConfig(dim=2056, hidden_dim=200, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
                      vocab_size=1001, rope_scaling={"rope_type": "llama3", "factor": 8.0,
                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 64})
