@@ -48,7 +48,9 @@
 // 0.96 / 0.95 / 1.02; LLAMA_BRRR_GEMM_RESIDUAL_TMA=0 runs the register epilogue). The mma.sync
 // kernel loads a thread's residual values in batches of eight pairs before writing any back, so
 // their round trips overlap. Asking L2 for a tile's residual rows ahead of its epilogue measured
-// slower (benchmarks/results/h100-sxm/gemm_residual_prefetch.txt).
+// slower (benchmarks/results/h100-sxm/gemm_residual_prefetch.txt). StoreF32 / StoreBf16 on Hopper
+// go the same way, through TMA stores of the staged boxes (64 bf16 columns a box), instead of
+// 4-byte pair stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those).
 //
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
@@ -89,7 +91,7 @@ struct GemmArgs {
     int width;   // output columns: N, or H = N / 2 for SwiGLU
     int half_n;  // H: first up row of w13 (SwiGLU only)
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
-    bool residual_tma;  // Hopper AddResidual: staged in shared memory, added by TMA reduce
+    bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -371,9 +373,10 @@ __device__ __forceinline__ void store_rope_row(const GemmArgs& p, int row, int h
     }
 }
 
-// Shared memory: the ring's STAGES slots, then (RES: instances whose epilogue may be AddResidual)
-// the residual staging boxes (kResBufs per consumer warpgroup, 64 rows x 32 fp32 each: two where
-// they fit, so one box fills while TMA reads the other), then the full / empty barriers.
+// Shared memory: the ring's STAGES slots, then (RES: instances whose epilogue may run through TMA:
+// AddResidual, StoreF32, StoreBf16) the staging boxes of epilogue_tma (kResBufs per consumer
+// warpgroup, 64 rows x 128 bytes each: two where they fit, so one box fills while TMA reads the
+// other), then the full / empty barriers.
 template <int BN, int STAGES, bool RES>
 struct Layout {
     static constexpr int kABytes = kBM * kBK * 2;
@@ -390,39 +393,55 @@ struct Layout {
     static_assert(kSmemBytes <= 227 * 1024, "stages do not fit in shared memory");
 };
 
-// AddResidual through TMA: consumer warpgroup `consumer` (thread ct of 128, warp `warp`) writes
-// its 64 x BN accumulators box by box (32 columns) into shared memory in the 128-byte swizzle,
-// and one thread has TMA add each box into the residual. The warpgroup goes on as soon as the
-// box is issued: the read-add-write of the residual runs in L2 while the next tile's MMAs do,
-// where loading it into registers waited out several memory round trips per tile. One tile
-// touches each residual element once, so the sum is the plain fp32 add of the other epilogue.
-template <int BN, int STAGES>
-__device__ __forceinline__ void add_residual_tma(const CUtensorMap* res_map, unsigned char* res_smem, int consumer,
-                                                 int ct, int warp, int lane, int row0, int col0, int width,
-                                                 const float (&acc)[BN / 2]) {
+// The TMA epilogue: consumer warpgroup `consumer` (thread ct of 128, warp `warp`) writes its
+// 64 x BN accumulators box by box into shared memory in the 128-byte swizzle (32 fp32 columns a
+// box, or BF16: 64 bf16 columns), and one thread has TMA add each box into the residual (`add`:
+// AddResidual) or store it (StoreF32 / StoreBf16); parts past M or the width are clipped. The
+// warpgroup goes on as soon as a box is issued, so the writes run while the next tile's MMAs do.
+// AddResidual: loading the residual into registers waited out several memory round trips per
+// tile; one tile touches each residual element once, so the sum is the plain fp32 add of the
+// register epilogue. The stores: the register epilogue writes 4-byte pairs, 16 bytes per row and
+// warp instruction, which the consumers issue before their next tile's first MMA.
+template <int BN, int STAGES, bool BF16>
+__device__ __forceinline__ void epilogue_tma(const CUtensorMap* map, unsigned char* box_smem, int consumer, int ct,
+                                             int warp, int lane, int row0, int col0, int width, bool add,
+                                             const float (&acc)[BN / 2]) {
     using L = Layout<BN, STAGES, true>;
+    constexpr int kBoxCols = BF16 ? 64 : 32;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < BN / 32; ++j) {
-        if (col0 + 32 * j >= width) break;  // the same for the whole warpgroup
-        unsigned char* box = res_smem + (consumer * L::kResBufs + j % L::kResBufs) * L::kResBoxBytes;
+    for (int j = 0; j < BN / kBoxCols; ++j) {
+        if (col0 + kBoxCols * j >= width) break;  // the same for the whole warpgroup
+        unsigned char* box = box_smem + (consumer * L::kResBufs + j % L::kResBufs) * L::kResBoxBytes;
         if (ct == 0) hopper::bulk_wait_read<L::kResBufs - 1>();  // TMA is done reading this box
         hopper::named_barrier_sync(2 + consumer, 128);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = warp * 16 + g + 8 * h;
+            if constexpr (BF16) {
+                // Accumulator group i = 8 j + ii holds columns 8 ii + 2 t, + 1 of the box: 16-byte
+                // chunk ii of the row, swizzled; the 32 lanes hit 32 different banks.
 #pragma unroll
-            for (int ii = 0; ii < 4; ++ii) {
-                const int i = 4 * j + ii;
-                const int chunk = (2 * ii + (t >> 1)) ^ (r & 7);
-                *reinterpret_cast<float2*>(box + r * 128 + chunk * 16 + 8 * (t & 1)) =
-                    make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                for (int ii = 0; ii < 8; ++ii) {
+                    const int i = 8 * j + ii;
+                    *reinterpret_cast<uint32_t*>(box + r * 128 + (ii ^ (r & 7)) * 16 + 4 * t) =
+                        util::pack_bf16x2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                }
+            } else {
+#pragma unroll
+                for (int ii = 0; ii < 4; ++ii) {
+                    const int i = 4 * j + ii;
+                    const int chunk = (2 * ii + (t >> 1)) ^ (r & 7);
+                    *reinterpret_cast<float2*>(box + r * 128 + chunk * 16 + 8 * (t & 1)) =
+                        make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                }
             }
         }
         hopper::fence_proxy_async_shared();
         hopper::named_barrier_sync(2 + consumer, 128);
         if (ct == 0) {
-            hopper::tma_reduce_add_2d(res_map, box, col0 + 32 * j, row0);
+            if (add) hopper::tma_reduce_add_2d(map, box, col0 + kBoxCols * j, row0);
+            else hopper::tma_store_2d(map, box, col0 + kBoxCols * j, row0);
             hopper::bulk_commit();
         }
     }
@@ -500,7 +519,7 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
 template <int BN, int STAGES, bool SWIGLU, int ROPE_HD, int CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                     const __grid_constant__ CUtensorMap res_map, GemmArgs p, TileMap tiles) {
+                     const __grid_constant__ CUtensorMap out_map, GemmArgs p, TileMap tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
     static_assert(ROPE_HD == 0 || (!SWIGLU && ROPE_HD % 16 == 0 && BN % (ROPE_HD > 0 ? ROPE_HD : 1) == 0), "tiles of whole heads");
@@ -627,10 +646,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                                           m0 + consumer * 64 + warp * 16 + (lane >> 2), acc))
                 continue;  // another split of this tile finishes it
 
-            if (!SWIGLU && ROPE_HD == 0 && p.residual_tma) {
-                if (m0 + consumer * 64 < p.M)
-                    add_residual_tma<BN, STAGES>(&res_map, smem + L::kResOffset, consumer, threadIdx.x & 127, warp,
-                                                 lane, m0 + consumer * 64, col0, p.width, acc);
+            if (!SWIGLU && ROPE_HD == 0 && p.epilogue_tma) {
+                const int row0 = m0 + consumer * 64, ct = threadIdx.x & 127;
+                if (row0 >= p.M) continue;
+                if (p.ep == Epilogue::StoreBf16) {
+                    epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0, col0,
+                                                   p.width, false, acc);
+                } else {
+                    epilogue_tma<BN, STAGES, false>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
+                                                    col0, p.width, p.ep == Epilogue::AddResidual, acc);
+                }
                 continue;
             }
             const int g = lane >> 2, t = lane & 3;
@@ -665,7 +690,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
         // The residual boxes' adds have landed and no TMA still reads this CTA's shared memory.
-        if (p.residual_tma && (threadIdx.x & 127) == 0) hopper::bulk_wait_all();
+        if (p.epilogue_tma && (threadIdx.x & 127) == 0) hopper::bulk_wait_all();
     }
     if (CLUSTER == 2) hopper::cluster_sync();  // no remote arrival may target an exited CTA
 #else
@@ -706,10 +731,15 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
     const bool swiglu = p.ep == Epilogue::SwiGLU;
     const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
     const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
-    // The residual's map (AddResidual through TMA); other epilogues never touch the third map.
-    const CUtensorMap res_map = p.residual_tma ? hopper::make_tensor_map_f32_sw128(p.out.residual, p.M, p.width,
-                                                                                  p.out.ld_out, 64, "gemm_bf16")
-                                               : x_map;
+    // The destination's map for epilogue_tma (boxes of 64 rows); other epilogues never touch it.
+    CUtensorMap out_map = x_map;
+    if (p.epilogue_tma && p.ep == Epilogue::StoreBf16) {
+        out_map = hopper::make_tensor_map_2d_sw128(p.out.out_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.M, p.width,
+                                                   p.out.ld_out, 64, "gemm_bf16");
+    } else if (p.epilogue_tma) {
+        float* dst = p.ep == Epilogue::AddResidual ? p.out.residual : p.out.out_f32;
+        out_map = hopper::make_tensor_map_f32_sw128(dst, p.M, p.width, p.out.ld_out, 64, "gemm_bf16");
+    }
     const int k_tiles = CEIL_DIV(p.K, kBK);
     const int k_per_split = CEIL_DIV(k_tiles, splits);
     TileMap tiles{CEIL_DIV(p.M, kBM), CEIL_DIV(p.width, swiglu ? BN / 2 : BN), std::max(1, group_m / CLUSTER),
@@ -725,7 +755,7 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
     const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (CLUSTER == 1) {
-        kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, res_map, p, tiles);
+        kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, out_map, p, tiles);
     } else {
         cudaLaunchConfig_t config = {};
         config.gridDim = dim3(grid);
@@ -739,7 +769,7 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
         cluster.val.clusterDim.z = 1;
         config.attrs = &cluster;
         config.numAttrs = 1;
-        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, res_map, p, tiles));
+        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, out_map, p, tiles));
     }
     CUDA_CHECK_LAUNCH("gemm_sm90_kernel");
 }
@@ -835,10 +865,14 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     }
 }
 
-// LLAMA_BRRR_GEMM_RESIDUAL_TMA=0 runs the Hopper AddResidual epilogue from registers (for
-// measuring; bench_kernels.py), read once.
+// LLAMA_BRRR_GEMM_RESIDUAL_TMA=0 runs the Hopper AddResidual epilogue from registers,
+// LLAMA_BRRR_GEMM_STORE_TMA=0 the StoreF32 / StoreBf16 ones (for measuring), read once.
 bool residual_tma_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMM_RESIDUAL_TMA", true);
+    return on;
+}
+bool store_tma_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMM_STORE_TMA", true);
     return on;
 }
 
@@ -854,9 +888,20 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     p.K = K;
     p.half_n = N / 2;
     p.ep = ep;
-    // Only the Hopper kernel reads the flag; the mma.sync kernel always adds from registers.
-    p.residual_tma = ep == Epilogue::AddResidual && residual_tma_enabled() && p.out.ld_out % 4 == 0 &&
-                     util::aligned_to(p.out.residual, 16);
+    // Only the Hopper kernel reads the flag; the mma.sync kernel always stores from registers. TMA
+    // needs 16-byte aligned bases and row strides.
+    switch (ep) {
+        case Epilogue::AddResidual:
+            p.epilogue_tma = residual_tma_enabled() && p.out.ld_out % 4 == 0 && util::aligned_to(p.out.residual, 16);
+            break;
+        case Epilogue::StoreF32:
+            p.epilogue_tma = store_tma_enabled() && p.out.ld_out % 4 == 0 && util::aligned_to(p.out.out_f32, 16);
+            break;
+        case Epilogue::StoreBf16:
+            p.epilogue_tma = store_tma_enabled() && p.out.ld_out % 8 == 0 && util::aligned_to(p.out.out_bf16, 16);
+            break;
+        default: p.epilogue_tma = false;
+    }
     const bool even_ld = p.out.ld_out % 2 == 0;
     switch (ep) {
         case Epilogue::StoreBf16:

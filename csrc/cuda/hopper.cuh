@@ -135,6 +135,15 @@ __device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const 
         "r"(inner), "r"(outer), "r"(ptx::smem_addr(src))
         : "memory");
 }
+// Stores the box at `src` (shared memory, laid out as `map` describes) to global memory at
+// (inner, outer) of `map`; parts of the box past the matrix are dropped. Completes as a bulk
+// group, like tma_reduce_add_2d.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int inner, int outer) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(inner), "r"(outer), "r"(ptx::smem_addr(src))
+                 : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Until at most Pending of this thread's bulk groups still read their shared memory.
 template <int Pending>
@@ -376,7 +385,7 @@ inline CUtensorMap make_tensor_map_sw128(const void* base, int rows, int cols, i
     return make_tensor_map_2d_sw128(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, cols, cols, box_rows, op);
 }
 // An fp32 matrix (ld % 4 == 0) in boxes of 32 columns: the destination of the GEMM's TMA
-// reduce-add residual epilogue.
+// epilogues (reduce-add into the residual, StoreF32).
 inline CUtensorMap make_tensor_map_f32_sw128(float* base, int rows, int cols, int ld, int box_rows, const char* op) {
     return make_tensor_map_2d_sw128(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, rows, cols, ld, box_rows, op);
 }
