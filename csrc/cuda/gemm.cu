@@ -52,8 +52,9 @@
 // go the same way, through TMA stores of the staged boxes (64 bf16 columns a box), instead of
 // 4-byte pair stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those): H100, Llama-3-8B
 // wqkv with the bf16 store at M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of cuBLAS from
-// registers, 0.99 / 0.99 / 0.99 through TMA (gemm_store_tma.txt). The RopeKV epilogue still
-// stores from registers.
+// registers, 0.99 / 0.99 / 0.99 through TMA (gemm_store_tma.txt). RopeKV rotates a tile of q
+// heads in registers and stores it the same way (q_out is a plain [M, q_dim] matrix); k / v
+// tiles, whose rows land at each row's cache slot and position, keep the register stores.
 //
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
@@ -95,6 +96,7 @@ struct GemmArgs {
     int half_n;  // H: first up row of w13 (SwiGLU only)
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
+    bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -376,8 +378,39 @@ __device__ __forceinline__ void store_rope_row(const GemmArgs& p, int row, int h
     }
 }
 
+// RopeKV for a tile of q heads, in place: the thread's two rows (first_row, first_row + 8; acc
+// as in store_rope_row) rotated exactly as store_rope_kv_dims rotates them, NaN where the row's
+// position is one the cache cannot hold, so that epilogue_tma can store the tile like StoreBf16.
+template <int BN, int HD>
+__device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row, int t, float (&acc)[BN / 2]) {
+    const RopeKVArgs& r = p.out.rope;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = first_row + 8 * h;
+        if (row >= p.M) continue;  // clipped by the store
+        const int pos = r.positions[row], slot = r.slots[row];
+        const bool pos_ok = pos >= 0 && pos < r.max_seq && slot >= 0;
+        float* y = acc + 2 * h;
+#pragma unroll
+        for (int g = 0; g < HD / 16; ++g) {
+            const int d = 8 * g + 2 * t;
+            const util::RopeAngle a[2] = {util::rope_angle(r, pos, d), util::rope_angle(r, pos, d + 1)};
+#pragma unroll
+            for (int hh = 0; hh < BN / HD; ++hh) {
+                const int lo = 4 * (hh * (HD / 8) + g), hi = lo + 4 * (HD / 16);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float x0 = y[lo + e], x1 = y[hi + e];
+                    y[lo + e] = pos_ok ? x0 * a[e].cos - x1 * a[e].sin : NAN;
+                    y[hi + e] = pos_ok ? x1 * a[e].cos + x0 * a[e].sin : NAN;
+                }
+            }
+        }
+    }
+}
+
 // Shared memory: the ring's STAGES slots, then (RES: instances whose epilogue may run through TMA:
-// AddResidual, StoreF32, StoreBf16) the staging boxes of epilogue_tma (kResBufs per consumer
+// AddResidual, StoreF32, StoreBf16, RopeKV's q tiles) the staging boxes of epilogue_tma (kResBufs per consumer
 // warpgroup, 64 rows x 128 bytes each: two where they fit, so one box fills while TMA reads the
 // other), then the full / empty barriers.
 template <int BN, int STAGES, bool RES>
@@ -526,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
     static_assert(ROPE_HD == 0 || (!SWIGLU && ROPE_HD % 16 == 0 && BN % (ROPE_HD > 0 ? ROPE_HD : 1) == 0), "tiles of whole heads");
-    using L = Layout<BN, STAGES, !SWIGLU && ROPE_HD == 0>;
+    using L = Layout<BN, STAGES, !SWIGLU>;
     // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512.
     constexpr int kProducerRegs = 40, kConsumerRegs = 232;
     constexpr int kTileCols = SWIGLU ? BN / 2 : BN;  // output columns per tile
@@ -649,6 +682,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                                           m0 + consumer * 64 + warp * 16 + (lane >> 2), acc))
                 continue;  // another split of this tile finishes it
 
+            if constexpr (ROPE_HD > 0) {
+                // Tiles of q heads only through TMA (a tile that also holds k heads, as SmolLM2's
+                // 576 q columns leave one, takes the register stores below).
+                if (p.rope_q_tma && col0 + BN <= p.out.rope.n_heads * ROPE_HD) {
+                    const int row0 = m0 + consumer * 64;
+                    if (row0 >= p.M) continue;
+                    rope_q_in_place<BN, ROPE_HD>(p, row0 + warp * 16 + (lane >> 2), lane & 3, acc);
+                    epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, threadIdx.x & 127, warp,
+                                                   lane, row0, col0, p.out.rope.n_heads * ROPE_HD, false, acc);
+                    continue;
+                }
+            }
             if (!SWIGLU && ROPE_HD == 0 && p.epilogue_tma) {
                 const int row0 = m0 + consumer * 64, ct = threadIdx.x & 127;
                 if (row0 >= p.M) continue;
@@ -693,7 +738,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
         // The residual boxes' adds have landed and no TMA still reads this CTA's shared memory.
-        if (p.epilogue_tma && (threadIdx.x & 127) == 0) hopper::bulk_wait_all();
+        if ((p.epilogue_tma || p.rope_q_tma) && (threadIdx.x & 127) == 0) hopper::bulk_wait_all();
     }
     if (CLUSTER == 2) hopper::cluster_sync();  // no remote arrival may target an exited CTA
 #else
@@ -736,7 +781,11 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
     const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
     // The destination's map for epilogue_tma (boxes of 64 rows); other epilogues never touch it.
     CUtensorMap out_map = x_map;
-    if (p.epilogue_tma && p.ep == Epilogue::StoreBf16) {
+    if (p.rope_q_tma) {
+        const int q_dim = p.out.rope.n_heads * p.out.rope.head_dim;
+        out_map = hopper::make_tensor_map_2d_sw128(p.out.rope.q_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.M, q_dim,
+                                                   q_dim, 64, "gemm_bf16");
+    } else if (p.epilogue_tma && p.ep == Epilogue::StoreBf16) {
         out_map = hopper::make_tensor_map_2d_sw128(p.out.out_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.M, p.width,
                                                    p.out.ld_out, 64, "gemm_bf16");
     } else if (p.epilogue_tma) {
@@ -753,7 +802,7 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
                "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
     const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n * tiles.splits;
     const int grid = CLUSTER * (max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas / CLUSTER)) : num_work);
-    const bool res = p.ep != Epilogue::SwiGLU && p.ep != Epilogue::RopeKV;  // as pick_kernel's instances
+    const bool res = p.ep != Epilogue::SwiGLU;  // as pick_kernel's instances
     const size_t smem = res ? Layout<BN, STAGES, true>::kSmemBytes : Layout<BN, STAGES, false>::kSmemBytes;
     const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -905,6 +954,10 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
             break;
         default: p.epilogue_tma = false;
     }
+    // RopeKV's q tiles: q_out [M, n_heads x head_dim] is a plain bf16 matrix.
+    const RopeKVArgs& r = p.out.rope;
+    p.rope_q_tma = ep == Epilogue::RopeKV && store_tma_enabled() && util::aligned_to(r.q_out, 16) &&
+                   (r.n_heads * r.head_dim) % 8 == 0;
     const bool even_ld = p.out.ld_out % 2 == 0;
     switch (ep) {
         case Epilogue::StoreBf16:
