@@ -29,6 +29,9 @@
 //   * x (all M rows) is staged in shared memory once per CTA, in K chunks that stay small at
 //     M = 16. One x vector read from shared memory feeds every row the warp streams, which is why
 //     warps own more rows as M grows: otherwise shared-memory bandwidth, not HBM, would bind.
+//     The copy is cp.async for plain bf16 rows, and for long normalized rows (M x K >= 4096) of
+//     x and norm_w before the RMSNorm reads them: one L2 round trip instead of one per 16 bytes
+//     a thread (stage_x_vec).
 //   * Fused RMSNorm: each CTA reduces sum(x^2) of its rows itself (K fp32 values per row, from L2)
 //     and stages bf16(x * rstd * norm_w), which is what rmsnorm_residual would have written to HBM
 //     and this kernel would have read back. The reduction order is fixed per row (thread t sums
