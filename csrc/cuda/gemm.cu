@@ -682,20 +682,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                                           m0 + consumer * 64 + warp * 16 + (lane >> 2), acc))
                 continue;  // another split of this tile finishes it
 
+            const int row0 = m0 + consumer * 64, ct = threadIdx.x & 127;  // this warpgroup's rows
             if constexpr (ROPE_HD > 0) {
                 // Tiles of q heads only through TMA (a tile that also holds k heads, as SmolLM2's
                 // 576 q columns leave one, takes the register stores below).
                 if (p.rope_q_tma && col0 + BN <= p.out.rope.n_heads * ROPE_HD) {
-                    const int row0 = m0 + consumer * 64;
                     if (row0 >= p.M) continue;
                     rope_q_in_place<BN, ROPE_HD>(p, row0 + warp * 16 + (lane >> 2), lane & 3, acc);
-                    epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, threadIdx.x & 127, warp,
-                                                   lane, row0, col0, p.out.rope.n_heads * ROPE_HD, false, acc);
+                    epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
+                                                   col0, p.out.rope.n_heads * ROPE_HD, false, acc);
                     continue;
                 }
             }
             if (!SWIGLU && ROPE_HD == 0 && p.epilogue_tma) {
-                const int row0 = m0 + consumer * 64, ct = threadIdx.x & 127;
                 if (row0 >= p.M) continue;
                 if (p.ep == Epilogue::StoreBf16) {
                     epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0, col0,

@@ -156,6 +156,13 @@ __device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, cons
     return out;
 }
 
+// This thread's share of a cp.async copy of `bytes` (a multiple of 16) into shared memory.
+__device__ __forceinline__ void copy_to_smem_async(void* dst, const void* src, int bytes) {
+    for (int i = threadIdx.x; i < bytes / 16; i += kThreads)
+        ptx::cp_async_16(static_cast<char*>(dst) + 16 * i, static_cast<const char*>(src) + 16 * i, true);
+    ptx::cp_async_commit();
+}
+
 // Stages x[:, k0 : k0 + len) into xs [M][chunk] as the bf16 the matmul consumes (len % 8 == 0).
 // Plain rows (a.stage_async) go by cp.async, every copy of a thread in flight at once and nothing
 // held in registers: x comes from L2 after the previous kernel, and the loop below waits out one
@@ -174,11 +181,8 @@ __device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int
                                             const bf16* norm_w, const float* rstd) {
     const int n8 = len / 8, total = M * n8;
     if (!NORM && a.stage_async) {
-        for (int i = threadIdx.x; i < total; i += kThreads) {
-            const int m = i / n8, v = i - m * n8;
-            ptx::cp_async_16(xs + (size_t)m * a.chunk + 8 * v, a.x + (size_t)m * a.K + k0 + 8 * v, true);
-        }
-        ptx::cp_async_commit();
+        for (int m = 0; m < M; ++m)
+            copy_to_smem_async(xs + (size_t)m * a.chunk, a.x + (size_t)m * a.K + k0, len * (int)sizeof(uint16_t));
         ptx::cp_async_wait<0>();
         return;
     }
@@ -186,13 +190,6 @@ __device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int
         const int m = i / n8, v = i - m * n8;
         reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = staged_x8<NORM>(a, m, k0 + 8 * v, x_f32, norm_w, rstd);
     }
-}
-
-// this thread's share of a cp.async copy of `bytes` (a multiple of 16) into shared memory.
-__device__ __forceinline__ void copy_to_smem_async(void* dst, const void* src, int bytes) {
-    for (int i = threadIdx.x; i < bytes / 16; i += kThreads)
-        ptx::cp_async_16(static_cast<char*>(dst) + 16 * i, static_cast<const char*>(src) + 16 * i, true);
-    ptx::cp_async_commit();
 }
 
 template <bool NORM>
