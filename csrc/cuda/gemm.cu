@@ -97,6 +97,7 @@ struct GemmArgs {
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
     bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
+    int residual_l2_ahead;  // Hopper AddResidual by TMA: ask L2 for a tile's residual this many k tiles before its end (0: never)
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -413,6 +414,13 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
 // AddResidual, StoreF32, StoreBf16, RopeKV's q tiles) the staging boxes of epilogue_tma (kResBufs per consumer
 // warpgroup, 64 rows x 128 bytes each: two where they fit, so one box fills while TMA reads the
 // other), then the full / empty barriers.
+// Staging boxes per consumer warpgroup: as many of all (`boxes`), 4 or 2 as fit beside the ring.
+constexpr int res_bufs(int boxes, size_t fixed, int box_bytes) {
+    for (int n : {boxes, 4, 2})
+        if (n <= boxes && fixed + (size_t)n * kConsumers * box_bytes <= 227 * 1024) return n;
+    return 1;
+}
+
 template <int BN, int STAGES, bool RES>
 struct Layout {
     static constexpr int kABytes = kBM * kBK * 2;
@@ -422,7 +430,7 @@ struct Layout {
     static constexpr size_t kBarrierBytes = 2 * STAGES * sizeof(uint64_t);
     // + 1024: the dynamic window is only 16-byte aligned and the swizzle atoms need 1024.
     static constexpr size_t kFixedBytes = 1024 + (size_t)STAGES * kStageBytes + kBarrierBytes;
-    static constexpr int kResBufs = !RES ? 0 : kFixedBytes + 2 * kConsumers * kResBoxBytes <= 227 * 1024 ? 2 : 1;
+    static constexpr int kResBufs = !RES ? 0 : res_bufs(BN / 32, kFixedBytes, kResBoxBytes);
     static constexpr size_t kResOffset = (size_t)STAGES * kStageBytes;
     static constexpr size_t kBarrierOffset = kResOffset + (size_t)kResBufs * kConsumers * kResBoxBytes;
     static constexpr size_t kSmemBytes = 1024 + kBarrierOffset + kBarrierBytes;
@@ -604,6 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x == 0) {
             hopper::prefetch_tensor_map(&x_map);
             hopper::prefetch_tensor_map(&w_map);
+            if (p.residual_l2_ahead > 0) hopper::prefetch_tensor_map(&out_map);
             int stage = 0;
             uint32_t phase = 0;
             for (int work = first_work; work < num_work; work += work_stride) {
@@ -615,6 +624,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
                 const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
                 for (int kt = k_begin; kt < k_end; ++kt) {
+                    if (kt == max(k_begin, k_end - p.residual_l2_ahead) && p.residual_l2_ahead > 0) {
+                        for (int r = 0; r < kBM; r += 64)
+                            for (int c = 0; c < kTileCols; c += 32) hopper::tma_prefetch_l2_2d(&out_map, col0 + c, m0 + r);
+                    }
                     hopper::mbarrier_wait(empty + stage, phase ^ 1);
                     unsigned char* a = smem + stage * L::kStageBytes;
                     unsigned char* b = a + L::kABytes;
@@ -770,9 +783,45 @@ KernelFn pick_kernel(const GemmArgs& p) {
     return nullptr;
 }
 
+// Clusters of `cluster` CTAs of `kernel` (smem bytes each) that the GPU holds at once. A cluster
+// lives inside one GPC, so on H100 this may be less than sm_count / cluster: a persistent grid
+// sized past it would run its last clusters as a second wave behind the first ones' whole walk.
+// Remembered per kernel and device (the query costs microseconds).
+int resident_clusters(KernelFn kernel, int cluster, size_t smem) {
+    struct Entry {
+        KernelFn kernel;
+        int dev;
+        int result;
+    };
+    constexpr int kEntries = 16;
+    thread_local Entry seen[kEntries] = {};
+    thread_local int next = 0;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    for (const Entry& e : seen)
+        if (e.kernel == kernel && e.dev == dev) return e.result;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(cluster);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+    seen[next] = Entry{kernel, dev, std::max(1, n)};
+    next = (next + 1) % kEntries;
+    return std::max(1, n);
+}
+
 // One configuration: BN columns of W per tile, STAGES ring slots, CLUSTER CTAs sharing W
-// tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile); K split `splits` ways
-// (p.out.split must then hold splits slots per tile and a counter per tile).
+// tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile), and with CLUSTER > 1 no
+// more clusters than fit at once; K split `splits` ways (p.out.split must then hold splits slots
+// per tile and a counter per tile).
 template <int BN, int STAGES, int CLUSTER = 1>
 void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, int splits = 1) {
     const bool swiglu = p.ep == Epilogue::SwiGLU;
@@ -799,12 +848,14 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
                                                            p.out.split.floats &&
                                      tiles.tiles_m * tiles.tiles_n <= p.out.split.n_counters),
                "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
-    const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n * tiles.splits;
-    const int grid = CLUSTER * (max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas / CLUSTER)) : num_work);
     const bool res = p.ep != Epilogue::SwiGLU;  // as pick_kernel's instances
     const size_t smem = res ? Layout<BN, STAGES, true>::kSmemBytes : Layout<BN, STAGES, false>::kSmemBytes;
     const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (CLUSTER > 1 && max_ctas > 0)
+        max_ctas = std::min(max_ctas, CLUSTER * resident_clusters(kernel, CLUSTER, smem));
+    const int num_work = CEIL_DIV(tiles.tiles_m, CLUSTER) * tiles.tiles_n * tiles.splits;
+    const int grid = CLUSTER * (max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas / CLUSTER)) : num_work);
     if (CLUSTER == 1) {
         kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, out_map, p, tiles);
     } else {
@@ -879,6 +930,25 @@ int split_count(const GemmArgs& p, int sm_count) {
     return best;
 }
 
+// LLAMA_BRRR_GEMM_RESIDUAL_L2=N: the producer asks L2 for an AddResidual tile's residual N k tiles
+// before the tile's end, so the TMA adds find it there (0, the default: never). LLAMA_BRRR_GEMM_RES_STAGES=3
+// runs AddResidual's 256-column tiles with a 3-slot ring and 4 staging boxes per warpgroup instead
+// of 4 and 2 (for measuring), read once.
+int residual_l2_ahead() {
+    static const int n = env_int("LLAMA_BRRR_GEMM_RESIDUAL_L2", 0);
+    return std::max(0, n);
+}
+bool residual_three_stages() {
+    static const bool on = env_int("LLAMA_BRRR_GEMM_RES_STAGES", 4) == 3;
+    return on;
+}
+// LLAMA_BRRR_GEMM_CLUSTER=2 runs the Hopper kernel in clusters of two CTAs that share each W
+// tile by multicast (for measuring), read once.
+bool cluster_pairs_enabled() {
+    static const bool on = env_int("LLAMA_BRRR_GEMM_CLUSTER", 1) == 2;
+    return on;
+}
+
 // LLAMA_BRRR_GEMM_BN=128/192/256 overrides the wave model's tile width (for measuring;
 // bench_kernels.py), read once; RopeKV never takes 192.
 int forced_tile_width() {
@@ -907,12 +977,16 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     // for 128; 0.73-0.81 on another machine of the same session):
     // benchmarks/results/h100-sxm/gemm_tile_width.txt.
     const long long best_narrow = std::min(c192, c128);
+    const bool pairs = cluster_pairs_enabled();
     if (forced == 256 || (forced == 0 && 20 * c256 <= 21 * best_narrow)) {
-        sm90::launch<256, 4>(p, sm_count, 8, stream);
+        if (pairs) sm90::launch<256, 4, 2>(p, sm_count, 8, stream);
+        else if (p.ep == Epilogue::AddResidual && p.epilogue_tma && residual_three_stages())
+            sm90::launch<256, 3>(p, sm_count, 8, stream);
+        else sm90::launch<256, 4>(p, sm_count, 8, stream);
     } else if (forced == 192 ? p.ep != Epilogue::RopeKV : forced == 0 && c192 <= c128) {
-        sm90::launch<192, 5>(p, sm_count, 8, stream);
+        pairs ? sm90::launch<192, 5, 2>(p, sm_count, 8, stream) : sm90::launch<192, 5>(p, sm_count, 8, stream);
     } else {
-        sm90::launch<128, 6>(p, sm_count, 8, stream);
+        pairs ? sm90::launch<128, 6, 2>(p, sm_count, 8, stream) : sm90::launch<128, 6>(p, sm_count, 8, stream);
     }
 }
 
@@ -930,6 +1004,7 @@ bool store_tma_enabled() {
 GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args) {
     GemmArgs p;
     p.out = args;
+    p.residual_l2_ahead = 0;
     p.width = util::check_matmul("gemm_bf16", x, W, M, N, K, ep, p.out, /*allow_rope=*/true);
     if (ep == Epilogue::RopeKV) p.width = N;  // tiles cover all N columns; pairs form inside a tile
     p.x = x;
@@ -944,6 +1019,7 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     switch (ep) {
         case Epilogue::AddResidual:
             p.epilogue_tma = residual_tma_enabled() && p.out.ld_out % 4 == 0 && util::aligned_to(p.out.residual, 16);
+            p.residual_l2_ahead = p.epilogue_tma ? residual_l2_ahead() : 0;
             break;
         case Epilogue::StoreF32:
             p.epilogue_tma = store_tma_enabled() && p.out.ld_out % 4 == 0 && util::aligned_to(p.out.out_f32, 16);
