@@ -44,9 +44,10 @@
 #   45a9e43: the copies at every K, TMA bulk copies, cp.async on an mbarrier; see
 #   benchmarks/results/h100-sxm/variants/stage_*_table.txt; 33, the
 #   M = 1 GEMV with four W rows per warp on grids of 4+ waves, code at e111a8f: gemv_wide_table.txt)
-#   34 gemv-refill  LLAMA_BRRR_GEMV_REFILL=1: the GEMV reloads each W register slot for the next
-#                   step as soon as this step has consumed it, instead of all of a step's loads at
-#                   the top of the next step (the same summation order)
+#   (34, run 2026-11-25 (run AP) and retired, code at 00f543e: the GEMV reloading each W register
+#   slot for the next step as soon as this step had consumed it, instead of all of a step's loads
+#   at the top of the next step: 1B 0.927x, 8B 0.924x; see benchmarks/results/h100-sxm/variants/
+#   gemv_refill_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -82,7 +83,6 @@ variants=(
     "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
     "30-stage-loop|LLAMA_BRRR_GEMV_STAGE_ASYNC=0"
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
-    "34-gemv-refill|LLAMA_BRRR_GEMV_REFILL=1"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

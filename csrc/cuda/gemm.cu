@@ -48,13 +48,17 @@
 // 0.96 / 0.95 / 1.02; LLAMA_BRRR_GEMM_RESIDUAL_TMA=0 runs the register epilogue). The mma.sync
 // kernel loads a thread's residual values in batches of eight pairs before writing any back, so
 // their round trips overlap. Asking L2 for a tile's residual rows ahead of its epilogue measured
-// slower (benchmarks/results/h100-sxm/gemm_residual_prefetch.txt). StoreF32 / StoreBf16 on Hopper
-// go the same way, through TMA stores of the staged boxes (64 bf16 columns a box), instead of
-// 4-byte pair stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those): H100, Llama-3-8B
-// wqkv with the bf16 store at M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of cuBLAS from
-// registers, 0.99 / 0.99 / 0.99 through TMA (gemm_store_tma.txt). RopeKV rotates a tile of q
-// heads in registers and stores it the same way (q_out is a plain [M, q_dim] matrix); k / v
-// tiles, whose rows land at each row's cache slot and position, keep the register stores.
+// slower, from registers (benchmarks/results/h100-sxm/gemm_residual_prefetch.txt) and by TMA
+// prefetch 4-16 k tiles ahead (0.84-0.87 of cuBLAS against 0.88 on the 8B wo at M = 2048), and
+// so did a 3-slot ring with 4 staging boxes per warpgroup (0.84): gemm_epilogue_cost.txt, which
+// also splits the 8B wo's gap at M = 2048: bf16 store 0.98 of cuBLAS, fp32 store 0.94, fp32
+// residual add 0.88. StoreF32 / StoreBf16 on Hopper go the same way, through TMA stores of the
+// staged boxes (64 bf16 columns a box), instead of 4-byte pair stores from registers
+// (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those): H100, Llama-3-8B wqkv with the bf16 store at
+// M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of cuBLAS from registers, 0.99 / 0.99 / 0.99 through
+// TMA (gemm_store_tma.txt). RopeKV rotates a tile of q heads in registers and stores it the same
+// way (q_out is a plain [M, q_dim] matrix); k / v tiles, whose rows land at each row's cache slot
+// and position, keep the register stores.
 //
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
@@ -97,7 +101,6 @@ struct GemmArgs {
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
     bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
-    int residual_l2_ahead;  // Hopper AddResidual by TMA: ask L2 for a tile's residual this many k tiles before its end (0: never)
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -414,13 +417,6 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
 // AddResidual, StoreF32, StoreBf16, RopeKV's q tiles) the staging boxes of epilogue_tma (kResBufs per consumer
 // warpgroup, 64 rows x 128 bytes each: two where they fit, so one box fills while TMA reads the
 // other), then the full / empty barriers.
-// Staging boxes per consumer warpgroup: as many of all (`boxes`), 4 or 2 as fit beside the ring.
-constexpr int res_bufs(int boxes, size_t fixed, int box_bytes) {
-    for (int n : {boxes, 4, 2})
-        if (n <= boxes && fixed + (size_t)n * kConsumers * box_bytes <= 227 * 1024) return n;
-    return 1;
-}
-
 template <int BN, int STAGES, bool RES>
 struct Layout {
     static constexpr int kABytes = kBM * kBK * 2;
@@ -430,7 +426,7 @@ struct Layout {
     static constexpr size_t kBarrierBytes = 2 * STAGES * sizeof(uint64_t);
     // + 1024: the dynamic window is only 16-byte aligned and the swizzle atoms need 1024.
     static constexpr size_t kFixedBytes = 1024 + (size_t)STAGES * kStageBytes + kBarrierBytes;
-    static constexpr int kResBufs = !RES ? 0 : res_bufs(BN / 32, kFixedBytes, kResBoxBytes);
+    static constexpr int kResBufs = !RES ? 0 : kFixedBytes + 2 * kConsumers * kResBoxBytes <= 227 * 1024 ? 2 : 1;
     static constexpr size_t kResOffset = (size_t)STAGES * kStageBytes;
     static constexpr size_t kBarrierOffset = kResOffset + (size_t)kResBufs * kConsumers * kResBoxBytes;
     static constexpr size_t kSmemBytes = 1024 + kBarrierOffset + kBarrierBytes;
@@ -554,7 +550,10 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
 // each CTA loads its own x box and one of the two W boxes, multicast into both CTAs, halving the
 // W traffic out of L2. A slot is then free only when the consumers of both CTAs are done with it
 // (empty[s] counts 2 x 8 warps, each consumer warp arrives locally and remotely), and neither CTA
-// may exit while its peer can still arrive on its barriers (the final cluster_sync).
+// may exit while its peer can still arrive on its barriers (the final cluster_sync). On H100 it
+// runs at 0.54-0.62 of the speed of CLUSTER = 1 on the Llama-3-8B projections at M >= 2048 (0.33-0.47
+// at 512) even with a grid of clusters that all fit at once (run AO, gemm_epilogue_cost.txt); the
+// cause is not found, so the engine never launches it (the GEMM lab's variants 09 / 10 do).
 //
 // ROPE_HD > 0 (RopeKV, head_dim ROPE_HD): a tile holds whole heads (BN % hd == 0), and a thread
 // holds the same two columns 2t, 2t + 1 of every 8-column accumulator group, so dim d of a head
@@ -612,7 +611,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x == 0) {
             hopper::prefetch_tensor_map(&x_map);
             hopper::prefetch_tensor_map(&w_map);
-            if (p.residual_l2_ahead > 0) hopper::prefetch_tensor_map(&out_map);
             int stage = 0;
             uint32_t phase = 0;
             for (int work = first_work; work < num_work; work += work_stride) {
@@ -624,10 +622,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
                 const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
                 for (int kt = k_begin; kt < k_end; ++kt) {
-                    if (kt == max(k_begin, k_end - p.residual_l2_ahead) && p.residual_l2_ahead > 0) {
-                        for (int r = 0; r < kBM; r += 64)
-                            for (int c = 0; c < kTileCols; c += 32) hopper::tma_prefetch_l2_2d(&out_map, col0 + c, m0 + r);
-                    }
                     hopper::mbarrier_wait(empty + stage, phase ^ 1);
                     unsigned char* a = smem + stage * L::kStageBytes;
                     unsigned char* b = a + L::kABytes;
@@ -784,9 +778,10 @@ KernelFn pick_kernel(const GemmArgs& p) {
 }
 
 // Clusters of `cluster` CTAs of `kernel` (smem bytes each) that the GPU holds at once. A cluster
-// lives inside one GPC, so on H100 this may be less than sm_count / cluster: a persistent grid
-// sized past it would run its last clusters as a second wave behind the first ones' whole walk.
-// Remembered per kernel and device (the query costs microseconds).
+// lives inside one GPC, so this can be less than sm_count / cluster (H100 SXM, one CTA per SM: 66
+// pairs, but 30 clusters of four where 132 / 4 = 33), and a persistent grid sized past it would
+// run its last clusters as a second wave behind the first ones' whole walk. Remembered per kernel
+// and device (the query costs microseconds).
 int resident_clusters(KernelFn kernel, int cluster, size_t smem) {
     struct Entry {
         KernelFn kernel;
@@ -930,18 +925,6 @@ int split_count(const GemmArgs& p, int sm_count) {
     return best;
 }
 
-// LLAMA_BRRR_GEMM_RESIDUAL_L2=N: the producer asks L2 for an AddResidual tile's residual N k tiles
-// before the tile's end, so the TMA adds find it there (0, the default: never). LLAMA_BRRR_GEMM_RES_STAGES=3
-// runs AddResidual's 256-column tiles with a 3-slot ring and 4 staging boxes per warpgroup instead
-// of 4 and 2 (for measuring), read once.
-int residual_l2_ahead() {
-    static const int n = env_int("LLAMA_BRRR_GEMM_RESIDUAL_L2", 0);
-    return std::max(0, n);
-}
-bool residual_three_stages() {
-    static const bool on = env_int("LLAMA_BRRR_GEMM_RES_STAGES", 4) == 3;
-    return on;
-}
 // LLAMA_BRRR_GEMM_CLUSTER=2 runs the Hopper kernel in clusters of two CTAs that share each W
 // tile by multicast (for measuring), read once.
 bool cluster_pairs_enabled() {
@@ -979,10 +962,7 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     const long long best_narrow = std::min(c192, c128);
     const bool pairs = cluster_pairs_enabled();
     if (forced == 256 || (forced == 0 && 20 * c256 <= 21 * best_narrow)) {
-        if (pairs) sm90::launch<256, 4, 2>(p, sm_count, 8, stream);
-        else if (p.ep == Epilogue::AddResidual && p.epilogue_tma && residual_three_stages())
-            sm90::launch<256, 3>(p, sm_count, 8, stream);
-        else sm90::launch<256, 4>(p, sm_count, 8, stream);
+        pairs ? sm90::launch<256, 4, 2>(p, sm_count, 8, stream) : sm90::launch<256, 4>(p, sm_count, 8, stream);
     } else if (forced == 192 ? p.ep != Epilogue::RopeKV : forced == 0 && c192 <= c128) {
         pairs ? sm90::launch<192, 5, 2>(p, sm_count, 8, stream) : sm90::launch<192, 5>(p, sm_count, 8, stream);
     } else {
@@ -1004,7 +984,6 @@ bool store_tma_enabled() {
 GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args) {
     GemmArgs p;
     p.out = args;
-    p.residual_l2_ahead = 0;
     p.width = util::check_matmul("gemm_bf16", x, W, M, N, K, ep, p.out, /*allow_rope=*/true);
     if (ep == Epilogue::RopeKV) p.width = N;  // tiles cover all N columns; pairs form inside a tile
     p.x = x;
@@ -1019,7 +998,6 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     switch (ep) {
         case Epilogue::AddResidual:
             p.epilogue_tma = residual_tma_enabled() && p.out.ld_out % 4 == 0 && util::aligned_to(p.out.residual, 16);
-            p.residual_l2_ahead = p.epilogue_tma ? residual_l2_ahead() : 0;
             break;
         case Epilogue::StoreF32:
             p.epilogue_tma = store_tma_enabled() && p.out.ld_out % 4 == 0 && util::aligned_to(p.out.out_f32, 16);

@@ -85,7 +85,6 @@ struct GemvArgs {
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
     bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
     bool norm_in_smem;    // NORM, whole long rows: x and norm_w copied into shared memory first
-    bool refill;          // reload each W slot for the next step as soon as this step consumed it
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -303,7 +302,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
             const int chunk8 = chunk / 8;
             for (int v0 = lane; v0 < n8; v0 += 32 * U) {
                 if (!preloaded) load_w(k0, v0, n8);
-                preloaded = a.refill;
+                preloaded = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int v = v0 + 32 * u;
@@ -315,16 +314,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                             for (int r = 0; r < R; ++r) acc[m][r] = util::dot8_bf16(w[r][u], xv, acc[m][r]);
                         }
                     }
-                    if (a.refill) {
-                        const int vn = v + 32 * U;
-#pragma unroll
-                        for (int r = 0; r < R; ++r)
-                            w[r][u] = (vn < n8 && row_ok[r]) ? ptx::ld_stream_16(rows[r] + k0 + 8 * vn)
-                                                             : make_uint4(0u, 0u, 0u, 0u);
-                    }
                 }
             }
-            preloaded = false;  // a refill stops at the end of the chunk
         } else {
             for (int k = lane; k < len; k += 32 * U) {
                 float w[R][U];
@@ -510,10 +501,6 @@ bool stage_async_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_STAGE_ASYNC", true);
     return on;
 }
-bool refill_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_REFILL", false);
-    return on;
-}
 bool fused_norm_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
     return on;
@@ -558,7 +545,6 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.loads = loads_per_lane();
     a.stage_async = stage_async_enabled();
     a.norm_in_smem = norm_in_smem_enabled();  // where it pays: launch_variant decides
-    a.refill = refill_enabled();
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;

@@ -88,12 +88,14 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
-// An arrival on the barrier at the same offset in CTA `rank` of the cluster.
+// An arrival on the barrier at the same offset in CTA `rank` of the cluster. Release at CTA scope
+// (the default): what it announces, a slot whose MMAs have retired, needs no ordering of this
+// thread's memory operations across the cluster, and a cluster-scope release would wait for them.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
     asm volatile(
         "{\n.reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(ptx::smem_addr(bar)),
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(ptx::smem_addr(bar)),
         "r"(rank)
         : "memory");
 }
@@ -142,14 +144,6 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void*
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
                      reinterpret_cast<uint64_t>(map)),
                  "r"(inner), "r"(outer), "r"(ptx::smem_addr(src))
-                 : "memory");
-}
-// Asks L2 for the box at (inner, outer) of `map` (nothing lands in shared memory; parts past the
-// matrix are ignored).
-__device__ __forceinline__ void tma_prefetch_l2_2d(const CUtensorMap* map, int inner, int outer) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                     reinterpret_cast<uint64_t>(map)),
-                 "r"(inner), "r"(outer)
                  : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
