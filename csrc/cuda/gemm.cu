@@ -550,10 +550,12 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
 // each CTA loads its own x box and one of the two W boxes, multicast into both CTAs, halving the
 // W traffic out of L2. A slot is then free only when the consumers of both CTAs are done with it
 // (empty[s] counts 2 x 8 warps, each consumer warp arrives locally and remotely), and neither CTA
-// may exit while its peer can still arrive on its barriers (the final cluster_sync). On H100 it
-// runs at 0.54-0.62 of the speed of CLUSTER = 1 on the Llama-3-8B projections at M >= 2048 (0.33-0.47
-// at 512) even with a grid of clusters that all fit at once (run AO, gemm_epilogue_cost.txt); the
-// cause is not found, so the engine never launches it (the GEMM lab's variants 09 / 10 do).
+// may exit while its peer can still arrive on its barriers (the final cluster_sync). Its remote
+// arrivals once released at cluster scope, which compiled to a MEMBAR.ALL.GPU before each one in
+// the consumers' k loop: 0.33-0.62 of the speed of CLUSTER = 1 on the Llama-3-8B projections (run
+// AO). Released at CTA scope (hopper::mbarrier_arrive_cluster) it runs at 0.92-1.01 of it at
+// M >= 512 (run AS, gemm_epilogue_cost.txt): no gain, so the engine launches single CTAs and only
+// the GEMM lab's variants 09 / 10 run clusters.
 //
 // ROPE_HD > 0 (RopeKV, head_dim ROPE_HD): a tile holds whole heads (BN % hd == 0), and a thread
 // holds the same two columns 2t, 2t + 1 of every 8-column accumulator group, so dim d of a head
@@ -925,13 +927,6 @@ int split_count(const GemmArgs& p, int sm_count) {
     return best;
 }
 
-// LLAMA_BRRR_GEMM_CLUSTER=2 runs the Hopper kernel in clusters of two CTAs that share each W
-// tile by multicast (for measuring), read once.
-bool cluster_pairs_enabled() {
-    static const bool on = env_int("LLAMA_BRRR_GEMM_CLUSTER", 1) == 2;
-    return on;
-}
-
 // LLAMA_BRRR_GEMM_BN=128/192/256 overrides the wave model's tile width (for measuring;
 // bench_kernels.py), read once; RopeKV never takes 192.
 int forced_tile_width() {
@@ -960,13 +955,12 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     // for 128; 0.73-0.81 on another machine of the same session):
     // benchmarks/results/h100-sxm/gemm_tile_width.txt.
     const long long best_narrow = std::min(c192, c128);
-    const bool pairs = cluster_pairs_enabled();
     if (forced == 256 || (forced == 0 && 20 * c256 <= 21 * best_narrow)) {
-        pairs ? sm90::launch<256, 4, 2>(p, sm_count, 8, stream) : sm90::launch<256, 4>(p, sm_count, 8, stream);
+        sm90::launch<256, 4>(p, sm_count, 8, stream);
     } else if (forced == 192 ? p.ep != Epilogue::RopeKV : forced == 0 && c192 <= c128) {
-        pairs ? sm90::launch<192, 5, 2>(p, sm_count, 8, stream) : sm90::launch<192, 5>(p, sm_count, 8, stream);
+        sm90::launch<192, 5>(p, sm_count, 8, stream);
     } else {
-        pairs ? sm90::launch<128, 6, 2>(p, sm_count, 8, stream) : sm90::launch<128, 6>(p, sm_count, 8, stream);
+        sm90::launch<128, 6>(p, sm_count, 8, stream);
     }
 }
 
