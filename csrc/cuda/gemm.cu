@@ -779,39 +779,31 @@ KernelFn pick_kernel(const GemmArgs& p) {
     return nullptr;
 }
 
+// A launch of `grid` CTAs in clusters of `cluster` along x; the config points at `attr`.
+cudaLaunchConfig_t cluster_config(int grid, int cluster, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = cluster;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    return config;
+}
+
 // Clusters of `cluster` CTAs of `kernel` (smem bytes each) that the GPU holds at once. A cluster
 // lives inside one GPC, so this can be less than sm_count / cluster (H100 SXM, one CTA per SM: 66
 // pairs, but 30 clusters of four where 132 / 4 = 33), and a persistent grid sized past it would
-// run its last clusters as a second wave behind the first ones' whole walk. Remembered per kernel
-// and device (the query costs microseconds).
+// run its last clusters as a second wave behind the first ones' whole walk.
 int resident_clusters(KernelFn kernel, int cluster, size_t smem) {
-    struct Entry {
-        KernelFn kernel;
-        int dev;
-        int result;
-    };
-    constexpr int kEntries = 16;
-    thread_local Entry seen[kEntries] = {};
-    thread_local int next = 0;
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    for (const Entry& e : seen)
-        if (e.kernel == kernel && e.dev == dev) return e.result;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(cluster);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem;
     cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = cluster;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = cluster_config(cluster, cluster, smem, nullptr, &attr);
     int n = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
-    seen[next] = Entry{kernel, dev, std::max(1, n)};
-    next = (next + 1) % kEntries;
     return std::max(1, n);
 }
 
@@ -856,18 +848,8 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
     if (CLUSTER == 1) {
         kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, out_map, p, tiles);
     } else {
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3(grid);
-        config.blockDim = dim3(kThreads);
-        config.dynamicSmemBytes = smem;
-        config.stream = stream;
-        cudaLaunchAttribute cluster;
-        cluster.id = cudaLaunchAttributeClusterDimension;
-        cluster.val.clusterDim.x = CLUSTER;
-        cluster.val.clusterDim.y = 1;
-        cluster.val.clusterDim.z = 1;
-        config.attrs = &cluster;
-        config.numAttrs = 1;
+        cudaLaunchAttribute attr;
+        const cudaLaunchConfig_t config = cluster_config(grid, CLUSTER, smem, stream, &attr);
         CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w_map, out_map, p, tiles));
     }
     CUDA_CHECK_LAUNCH("gemm_sm90_kernel");
