@@ -90,7 +90,8 @@ __device__ __forceinline__ void cluster_sync() {
 }
 // An arrival on the barrier at the same offset in CTA `rank` of the cluster. Release at CTA scope
 // (the default): what it announces, a slot whose MMAs have retired, needs no ordering of this
-// thread's memory operations across the cluster, and a cluster-scope release would wait for them.
+// thread's memory operations across the cluster, and .release.cluster compiles to a MEMBAR.ALL.GPU
+// before every arrival (the GEMM's clusters ran at half speed that way).
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
     asm volatile(
         "{\n.reg .b32 remote;\n"
