@@ -383,8 +383,9 @@ __device__ __forceinline__ void store_rope_row(const GemmArgs& p, int row, int h
 }
 
 // RopeKV for a tile of q heads, in place: the thread's two rows (first_row, first_row + 8; acc
-// as in store_rope_row) rotated exactly as store_rope_kv_dims rotates them, NaN where the row's
-// position is one the cache cannot hold, so that epilogue_tma can store the tile like StoreBf16.
+// as in store_rope_row) rotated as store_rope_kv_dims rotates them (the same rope_pos_ok and
+// rope_rotate: NaN where the cache cannot hold the row's position), so that epilogue_tma can
+// store the tile like StoreBf16.
 template <int BN, int HD>
 __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row, int t, float (&acc)[BN / 2]) {
     const RopeKVArgs& r = p.out.rope;
@@ -393,7 +394,7 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
         const int row = first_row + 8 * h;
         if (row >= p.M) continue;  // clipped by the store
         const int pos = r.positions[row], slot = r.slots[row];
-        const bool pos_ok = pos >= 0 && pos < r.max_seq && slot >= 0;
+        const bool pos_ok = util::rope_pos_ok(r, pos, slot);
         float* y = acc + 2 * h;
 #pragma unroll
         for (int g = 0; g < HD / 16; ++g) {
@@ -404,9 +405,7 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
                 const int lo = 4 * (hh * (HD / 8) + g), hi = lo + 4 * (HD / 16);
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float x0 = y[lo + e], x1 = y[hi + e];
-                    y[lo + e] = pos_ok ? x0 * a[e].cos - x1 * a[e].sin : NAN;
-                    y[hi + e] = pos_ok ? x1 * a[e].cos + x0 * a[e].sin : NAN;
+                    util::rope_rotate(y[lo + e], y[hi + e], a[e], pos_ok, y[lo + e], y[hi + e]);
                 }
             }
         }

@@ -93,6 +93,17 @@ __device__ __forceinline__ RopeAngle rope_angle(const RopeKVArgs& r, int pos, in
 __device__ __forceinline__ bool rope_rotates(const RopeKVArgs& r, int head) {
     return head < r.n_heads + r.n_kv_heads;  // q and k heads; v heads follow them
 }
+// Whether the cache has a place for token pos of slot. q asks too, though it does not go there:
+// its NaN is what shows that the row's k and v were dropped.
+__device__ __forceinline__ bool rope_pos_ok(const RopeKVArgs& r, int pos, int slot) {
+    return pos >= 0 && pos < r.max_seq && slot >= 0;
+}
+// One rotation pair of a q or k head (v is not rotated). A bad position gives NaN rather than
+// some rotation, so that the mistake cannot pass unseen.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, RopeAngle a, bool pos_ok, float& y0, float& y1) {
+    y0 = pos_ok ? x0 * a.cos - x1 * a.sin : NAN;
+    y1 = pos_ok ? x1 * a.cos + x0 * a.sin : NAN;
+}
 
 // Dims i .. i + NP - 1 and their partners i + hd/2 .. of head `head` of row m (token `pos` of
 // cache slot `slot`): x0[j] is dim i + j, x1[j] its partner, a[j] its angle (unused for v heads).
@@ -101,7 +112,7 @@ __device__ __forceinline__ bool rope_rotates(const RopeKVArgs& r, int head) {
 template <int NP>
 __device__ __forceinline__ void store_rope_kv_dims(const RopeKVArgs& r, int m, int pos, int slot, int head, int i,
                                                    const float* x0, const float* x1, const RopeAngle* a) {
-    const bool pos_ok = pos >= 0 && pos < r.max_seq && slot >= 0;
+    const bool pos_ok = rope_pos_ok(r, pos, slot);
     const bool is_q = head < r.n_heads;
     if (!pos_ok && !is_q) return;
     float y0[NP], y1[NP];
@@ -110,11 +121,8 @@ __device__ __forceinline__ void store_rope_kv_dims(const RopeKVArgs& r, int m, i
         if (!rope_rotates(r, head)) {
             y0[j] = x0[j];
             y1[j] = x1[j];
-        } else if (pos_ok) {
-            y0[j] = x0[j] * a[j].cos - x1[j] * a[j].sin;
-            y1[j] = x1[j] * a[j].cos + x0[j] * a[j].sin;
         } else {
-            y0[j] = y1[j] = NAN;
+            rope_rotate(x0[j], x1[j], a[j], pos_ok, y0[j], y1[j]);
         }
     }
     bf16* dst;
