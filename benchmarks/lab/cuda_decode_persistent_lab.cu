@@ -5,8 +5,8 @@
 //   * its time per launch (CUDA events, 20 launches after 3 warm-ups) against the weight bytes it
 //     streams, beside a device-to-device copy measured in the same run;
 //   * one launch with the kernel's trace on: the global timer at every phase boundary of every
-//     CTA, summarized per phase over layers 1..L-1: staging x, the matmul (or attention), the wait
-//     at the grid barrier, and how far ahead of the consumers the producer started the phase.
+//     CTA, summarized per phase over layers 1..L-2: staging x, the matmul (or attention), the
+//     span from the first CTA's start to the last one's arrival, and the grid barrier's wait.
 // Correctness is the engine tests' job (tests/test_cuda_engine.py holds this kernel to the
 // per-step kernels bit for bit); the timing here does not look at the outputs.
 //
@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <string>
 #include <vector>
 
 #include "cuda/decode_persistent.cu"
@@ -155,7 +154,8 @@ void run(const Shape& s, double copy) {
                 us, layer_bytes * L / (us * 1e-6) / 1e9, copy, ideal_us, 100.0 * ideal_us / us);
 
     // One traced launch.
-    const size_t consumer_events = (size_t)sms * L * kTraceEventsPerLayer, n_events = consumer_events + (size_t)sms * L * 4;
+    constexpr int kEvents = KernelArgs::kTraceEventsPerLayer;
+    const size_t n_events = (size_t)sms * L * kEvents;
     unsigned long long* d_trace = device_alloc<unsigned long long>(n_events);
     pl.args.trace = d_trace;
     reset_and_launch();
@@ -163,24 +163,21 @@ void run(const Shape& s, double copy) {
     std::vector<unsigned long long> tr(n_events);
     CUDA_CHECK(cudaMemcpy(tr.data(), d_trace, sizeof(unsigned long long) * n_events, cudaMemcpyDeviceToHost));
     auto ev = [&](int cta, int l, int e) -> double {  // consumer event e of layer l (e < 0: previous layer)
-        if (e < 0) --l, e += kTraceEventsPerLayer;
-        return (double)tr[((size_t)cta * L + l) * kTraceEventsPerLayer + e];
-    };
-    auto prod = [&](int cta, int l, int step) -> double {
-        return (double)tr[consumer_events + ((size_t)cta * L + l) * 4 + step];
+        if (e < 0) --l, e += kEvents;
+        return (double)tr[((size_t)cta * L + l) * kEvents + e];
     };
     // Per phase: the event that starts it (a barrier leave), staged (-1: none), arrive, leave.
     struct PhaseEvents {
         const char* name;
-        int start, staged, arrive, leave, step;
+        int start, staged, arrive, leave;
     };
-    const PhaseEvents phases[] = {{"QKV", -1, 0, 1, 2, 0}, {"ATTN", 2, -1, 3, 4, -1}, {"WO", 4, 5, 6, 7, 1},
-                                  {"W13", 7, 8, 9, 10, 2}, {"W2", 10, 11, 12, 13, 3}};
+    const PhaseEvents phases[] = {{"QKV", -1, 0, 1, 2}, {"ATTN", 2, -1, 3, 4}, {"WO", 4, 5, 6, 7},
+                                  {"W13", 7, 8, 9, 10}, {"W2", 10, 11, 12, 13}};
     std::printf("  per layer, layers 1..%d, us (mean over CTAs; span: first start to last arrival)\n", L - 2);
-    std::printf("  %-5s %8s %8s %8s %8s %10s\n", "phase", "stage", "work", "span", "barrier", "producer");
+    std::printf("  %-5s %8s %8s %8s %8s\n", "phase", "stage", "work", "span", "barrier");
     double layer_total = 0;
     for (const PhaseEvents& ph : phases) {
-        double stage = 0, work = 0, span = 0, barrier = 0, lead = 0;
+        double stage = 0, work = 0, span = 0, barrier = 0;
         int n = 0;
         for (int l = 1; l < L - 1; ++l) {
             double first_start = 1e30, last_arrive = 0, first_leave = 1e30;
@@ -189,7 +186,6 @@ void run(const Shape& s, double copy) {
                 const double staged = ph.staged >= 0 ? ev(c, l, ph.staged) : start;
                 stage += staged - start;
                 work += arrive - staged;
-                if (ph.step >= 0) lead += prod(c, l, ph.step) - start;
                 first_start = std::min(first_start, start);
                 last_arrive = std::max(last_arrive, arrive);
                 first_leave = std::min(first_leave, ev(c, l, ph.leave));
@@ -199,15 +195,12 @@ void run(const Shape& s, double copy) {
             barrier += first_leave - last_arrive;
         }
         const double layers = L - 2;
-        std::printf("  %-5s %8.2f %8.2f %8.2f %8.2f %10s\n", ph.name, stage / n / 1e3, work / n / 1e3,
-                    span / layers / 1e3, barrier / layers / 1e3,
-                    ph.step >= 0 ? std::to_string(lead / n / 1e3).substr(0, 7).c_str() : "-");
+        std::printf("  %-5s %8.2f %8.2f %8.2f %8.2f\n", ph.name, stage / n / 1e3, work / n / 1e3,
+                    span / layers / 1e3, barrier / layers / 1e3);
         layer_total += (span + barrier) / layers;
     }
     std::printf("  sum of spans and barriers %.2f us per layer; weights at the copy rate %.2f us per layer\n",
                 layer_total / 1e3, ideal_us / L);
-    std::printf("  (producer: when it started issuing the phase's rows, relative to the phase's start;\n"
-                "   negative = ahead of the consumers)\n");
     for (void* ptr : {(void*)weights, (void*)cache, (void*)d_table, (void*)ints, (void*)d_inv, (void*)x, (void*)p.q,
                       (void*)p.att, (void*)p.hb, (void*)p.attn_scratch, (void*)p.barrier, (void*)d_trace})
         CUDA_CHECK(cudaFree(ptr));

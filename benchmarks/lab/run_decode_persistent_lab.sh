@@ -2,15 +2,13 @@
 # run_decode_persistent_lab.sh — builds cuda_decode_persistent_lab.cu for sm_90a once per variant
 # (compile-time knobs of decode_persistent.cu, all built in parallel) and runs each: the persistent
 # decode kernel's time per launch against the copy rate, and its per-phase trace.
-#   01 shipped      the engine's build (8 producer lanes, 4 KB ring slots, no L2 look-ahead)
-#   02 lanes1       one producer thread feeds all eight consumer warps
-#   03 piece8k      8 KB ring slots (half as many bulk copies, half as many slots a warp)
-#   04 lanes1-8k    02 + 03
-#   05 no-math      the consumers wait for and release every slot but do no arithmetic: the
-#                   weight stream's own ceiling (outputs meaningless)
-#   06 l2-128k      at the start of each phase the producer asks L2 for the first 128 KB of this
-#                   CTA's rows of the next phase
-#   07 l2-512k      the same with 512 KB
+#   01 shipped      the engine's build (each warp cp.async-streams its rows into 4 KB ring slots)
+#   02 piece8k      8 KB slots (half as many a warp)
+#   03 piece2k      2 KB slots (twice as many, up to 8 a warp)
+#   04 no-math      the warps stream and wait for every slot but do no arithmetic: the weight
+#                   stream's own ceiling (outputs meaningless)
+#   (the first form, a TMA producer warp, and its variants ran 2026-11-25 on 49d6c7a and were
+#   retired: the bulk-copy stream topped out near 2.5 TB/s)
 # Output in $OUT: build-<variant>.log, <variant>.txt, table.txt (the per-launch lines).
 #   OUT=/tmp/dp [ONLY="01 05"] benchmarks/lab/run_decode_persistent_lab.sh      # Hopper GPU, ~2 min
 set -u
@@ -20,12 +18,9 @@ ONLY=${ONLY:-}
 mkdir -p "$OUT"
 variants=(
     "01-shipped|"
-    "02-lanes1|-DBRRR_DP_PRODUCER_LANES=1"
-    "03-piece8k|-DBRRR_DP_PIECE_BYTES=8192"
-    "04-lanes1-8k|-DBRRR_DP_PRODUCER_LANES=1 -DBRRR_DP_PIECE_BYTES=8192"
-    "05-no-math|-DBRRR_DP_NO_MATH=1"
-    "06-l2-128k|-DBRRR_DP_L2_AHEAD_KB=128"
-    "07-l2-512k|-DBRRR_DP_L2_AHEAD_KB=512"
+    "02-piece8k|-DBRRR_DP_PIECE_BYTES=8192"
+    "03-piece2k|-DBRRR_DP_PIECE_BYTES=2048"
+    "04-no-math|-DBRRR_DP_NO_MATH=1"
 )
 selected=()
 for v in "${variants[@]}"; do

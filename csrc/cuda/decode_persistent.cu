@@ -16,30 +16,33 @@
 // still cost about 20% of the 1B decode step (issue 3's figures).
 //
 // The trick: weights never depend on activations. One CTA per SM, all resident (cooperative
-// launch); phases are separated by a grid barrier (an atomic counter in global memory). Each CTA
-// has a producer warp that streams, in order, every W row this CTA's consumers will use in every
-// phase of every layer, by 1-D bulk copies (TMA) into a ring of 4 KB slots in shared memory. The
-// producer never waits for a grid barrier, only for free slots: while the consumers wait at a
-// barrier, run attention or stage x, the rows of the next phases keep arriving, up to the ring's
-// capacity (128-160 KB a CTA, 17-21 MB over the GPU, 6-7 us of HBM time).
+// launch); phases are separated by a grid barrier (an atomic counter in global memory). Each of
+// the CTA's 8 warps streams its own future W rows into its own ring of 4 KB slots in shared memory
+// with cp.async, `slots` pieces ahead of what it is consuming, across phase and layer boundaries:
+// while the warps wait at a barrier, run attention or stage x, the rows of the next phases keep
+// arriving, up to the rings' capacity (128-160 KB a CTA, 17-21 MB over the GPU, 6-7 us of HBM
+// time). Lane l copies the 16-byte vectors of a piece it will itself read, so a lane waits only
+// for its own copies (cp.async.wait_group), never for another lane's or warp's.
+//   Not TMA: a first form fed the rings from a producer warp by 1-D bulk copies (TMA); the stream
+// itself then topped out near 2.5 TB/s (H100, consumers doing no arithmetic: 69% of the copy rate
+// at 1B; 4 or 8 KB copies, one or eight issuing lanes alike; benchmarks/lab/
+// cuda_decode_persistent_lab.cu at 49d6c7a). The cp.async loads take the path the GEMV's
+// ld.global streams take.
 //
 // Work split: in each matmul phase the CTA owns a contiguous range of units (one W row, or the
-// gate/up or RoPE rotation pair, as in gemv.cu), and consumer warp w takes units w, w + 8, ... of
-// it. Each consumer warp has its own ring of slots filled in the order it consumes them, so every
-// slot has one consumer and a parity wait can never pass on a stale phase.
+// gate/up or RoPE rotation pair, as in gemv.cu), and warp w takes units w, w + 8, ... of it.
 //
 // Same bits as the per-step kernels: a sequence decoded alone (this kernel) and inside a batch
 // (gemv.cu, flash_decode) must agree exactly. So each row's dot product runs as in gemv.cu at
 // M = 1 (lane l takes the 16-byte vectors l, l + 32, ... of the row in order, then the butterfly),
 // the RMSNorm's sums run on 128 threads in gemv.cu's order (gemv_math.cuh), the epilogues are
 // kernel_util.cuh's, and attention is flash_decode's CTA code with flash_decode's splits. Data
-// written by other CTAs of this grid is read through L2 only (ld.cg, cp.async.cg, TMA).
+// written by other CTAs of this grid is read through L2 only (ld.cg, cp.async.cg).
 #include <algorithm>
 
 #include "cuda/check.cuh"
 #include "cuda/flash_decode.cuh"
 #include "cuda/gemv_math.cuh"
-#include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
@@ -53,46 +56,36 @@ namespace {
 using gemv_math::Pairing;
 
 constexpr int kConsumerWarps = 8;
-constexpr int kConsumers = 32 * kConsumerWarps;  // 256: also the flash_decode CTA size
-constexpr int kThreads = kConsumers + 32;         // + the producer warp
+constexpr int kThreads = 32 * kConsumerWarps;  // 256: also the flash_decode CTA size
 // Lab knobs: benchmarks/lab/run_decode_persistent_lab.sh builds variants with -D; the engine
 // builds the defaults.
 #ifndef BRRR_DP_PIECE_BYTES
 #define BRRR_DP_PIECE_BYTES 4096
 #endif
-#ifndef BRRR_DP_PRODUCER_LANES
-#define BRRR_DP_PRODUCER_LANES 8
-#endif
-#ifndef BRRR_DP_L2_AHEAD_KB
-#define BRRR_DP_L2_AHEAD_KB 0
-#endif
 #ifndef BRRR_DP_NO_MATH
 #define BRRR_DP_NO_MATH 0
 #endif
-constexpr int kPieceBytes = BRRR_DP_PIECE_BYTES;      // one ring slot
-constexpr int kProducerLanes = BRRR_DP_PRODUCER_LANES;  // lane i feeds consumer warps i, i + lanes, ...
+constexpr int kPieceBytes = BRRR_DP_PIECE_BYTES;  // one ring slot: a multiple of 512 (32 lanes x 16 B)
+constexpr int kMaxSlots = 8;                      // ring slots a warp (cp.async.wait_group takes 0..7)
 
 struct KernelArgs {
     PersistentDecode p;
     DecodeArgs attn;  // flash_decode's arguments for B = 1; the caches are set per layer
-    int slots;        // ring slots per consumer warp
-    int work_off;     // shared memory: ring | work (x staging or attention) | barriers
-    int bars_off;
-    // Lab only (benchmarks/lab/cuda_decode_persistent_lab.cu): when set, consumer thread 0 of each
-    // CTA writes the global timer at every phase boundary ([CTA][layer][kTraceEventsPerLayer]),
-    // then the producer as it starts each matmul phase ([CTA][layer][4]).
+    int slots;        // ring slots per warp
+    int work_off;     // shared memory: ring | work (x staging or attention)
+    // Lab only (benchmarks/lab/cuda_decode_persistent_lab.cu): when set, thread 0 of each CTA
+    // writes the global timer at every phase boundary ([CTA][layer][kTraceEventsPerLayer]).
     unsigned long long* trace;
+    // Trace events per layer: QKV staged, arrived, left; ATTN arrived, left; then staged, arrived,
+    // left for WO, W13 and W2.
+    static constexpr int kTraceEventsPerLayer = 14;
 };
 
-// Trace events per layer: QKV staged, arrived, left; ATTN arrived, left; then staged, arrived, left
-// for WO, W13 and W2.
-constexpr int kTraceEventsPerLayer = 14;
 
 // The device code exists only in the sm_90a image (the extension is also built for sm_80).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr int kNormThreads = 128;       // gemv.cu's CTA size: the RMSNorm sums' order
-constexpr int kConsumerBarrier = 1;     // named barrier of the consumer warps
 constexpr int kPieceVecs = kPieceBytes / 16;  // 16-byte vectors per slot: a multiple of 32
 
 // One matmul phase: which matrix, and how its output splits into units.
@@ -123,8 +116,6 @@ __device__ int2 cta_units(int units) {
                      (int)((long long)units * (blockIdx.x + 1) / gridDim.x));
 }
 
-__device__ __forceinline__ void consumer_sync() { hopper::named_barrier_sync(kConsumerBarrier, kConsumers); }
-
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -135,19 +126,9 @@ __device__ __forceinline__ void trace_event(const KernelArgs& a, int& event) {
     if (a.trace && threadIdx.x == 0) {
         unsigned long long now;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        a.trace[(size_t)blockIdx.x * a.p.n_layers * kTraceEventsPerLayer + event] = now;
+        a.trace[(size_t)blockIdx.x * a.p.n_layers * KernelArgs::kTraceEventsPerLayer + event] = now;
     }
     ++event;
-}
-
-// The producer's lane 0 starting phase `step` of layer l (after the consumers' events in trace).
-__device__ __forceinline__ void trace_producer(const KernelArgs& a, int l, int step) {
-    if (a.trace) {
-        unsigned long long now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        const size_t consumers = (size_t)gridDim.x * a.p.n_layers * kTraceEventsPerLayer;
-        a.trace[consumers + ((size_t)blockIdx.x * a.p.n_layers + l) * 4 + step] = now;
-    }
 }
 
 // Every consumer of every CTA has finished the phase and its writes are visible to all: the CTA's
@@ -155,7 +136,7 @@ __device__ __forceinline__ void trace_producer(const KernelArgs& a, int l, int s
 // meeting ordered before it) and waits with acquire loads for all gridDim.x. `target` (thread
 // 0's) counts the arrivals this CTA waits for; the launcher zeroes the counter.
 __device__ void grid_barrier(const KernelArgs& a, unsigned& target, int& event) {
-    consumer_sync();
+    __syncthreads();
     trace_event(a, event);
     if (threadIdx.x == 0) {
         target += gridDim.x;
@@ -163,69 +144,110 @@ __device__ void grid_barrier(const KernelArgs& a, unsigned& target, int& event) 
         while (ld_acquire_gpu(a.p.barrier) < target) {
         }
     }
-    consumer_sync();
+    __syncthreads();
     trace_event(a, event);
 }
 
-// ---- the producer: every W row of every phase, in the consumers' order ---------------------
+// ---- the weight stream: each warp copies its own future rows into its ring -------------------
 
-// Lane i of the producer warp feeds consumer warps i, i + kProducerLanes, ...: a unit group's
-// pieces go out piece by piece across its warps, so all of them are fed at once.
-__device__ void stream_weights(const KernelArgs& a, int lane, unsigned char* ring, uint64_t* full, uint64_t* empty) {
-    constexpr int kMine = kConsumerWarps / kProducerLanes;
-    const PersistentDecode& p = a.p;
-    const int S = a.slots;
-    uint32_t issued[kMine] = {};
-    for (int l = 0; l < p.n_layers; ++l) {
-        const DecodeLayer L = p.layers[l];
-        for (int step = kQKV; step <= kW2; ++step) {
-            const MatmulPhase ph = matmul_phase(p, L, step);
-            const int2 mine = cta_units(ph.units);
-            const int ppr = ph.pieces_per_row(), pieces = ph.rows_per_unit() * ppr;
-            const char* W = reinterpret_cast<const char*>(ph.W);
-            if (lane == 0) trace_producer(a, l, step);
-            if (BRRR_DP_L2_AHEAD_KB > 0 && lane == 0) {
-                // Ask L2 for the head of the next phase's rows, so that HBM keeps streaming while
-                // the rings are full (consumers at a barrier or in attention).
-                const bool last = step == kW2 && l + 1 == p.n_layers;
-                if (!last) {
-                    const int nl = step == kW2 ? l + 1 : l, ns = step == kW2 ? kQKV : step + 1;
-                    const MatmulPhase nx = matmul_phase(p, p.layers[nl], ns);
-                    const int2 nm = cta_units(nx.units);
-                    if (nm.y > nm.x) {
-                        const size_t row_bytes = (size_t)nx.K * 2, budget = (size_t)BRRR_DP_L2_AHEAD_KB * 1024;
-                        const char* base = reinterpret_cast<const char*>(nx.W);
-                        const int2 first = gemv_math::unit_rows(nx.pairing, nm.x, nx.half_n);
-                        const size_t n_rows = nx.pairing == Pairing::None ? nm.y - nm.x : (nm.y - nm.x + 1) / 2 + 1;
-                        const size_t bytes = std::min(budget / (nx.pairing == Pairing::None ? 1 : 2), n_rows * row_bytes);
-                        prefetch_l2(base + first.x * row_bytes, (unsigned)bytes);
-                        if (nx.pairing != Pairing::None) prefetch_l2(base + first.y * row_bytes, (unsigned)bytes);
-                    }
-                }
-            }
-            for (int g0 = mine.x; g0 < mine.y; g0 += kConsumerWarps) {
-                const int n = min(kConsumerWarps, mine.y - g0);
-                for (int pc = 0; pc < pieces; ++pc) {
-                    const int second = pc >= ppr, q = pc - (second ? ppr : 0);
-                    const uint32_t bytes = ph.piece_bytes(q);
-#pragma unroll
-                    for (int j = 0; j < kMine; ++j) {
-                        const int w = lane + j * kProducerLanes;
-                        if (w >= n) continue;
-                        const int2 rows = gemv_math::unit_rows(ph.pairing, g0 + w, ph.half_n);
-                        const size_t row = second ? rows.y : rows.x;
-                        const int slot = w * S + (int)(issued[j] % S);
-                        hopper::mbarrier_wait(empty + slot, ((issued[j] / S) & 1) ^ 1);
-                        hopper::mbarrier_arrive_expect_tx(full + slot, bytes);
-                        hopper::bulk_load_1d(ring + (size_t)slot * kPieceBytes,
-                                             W + row * ph.K * 2 + (size_t)q * kPieceBytes, bytes, full + slot);
-                        ++issued[j];
-                    }
-                }
-            }
+// The pieces one warp streams, in the order it consumes them: layer, step, unit (warp, warp + 8,
+// ... of the CTA's units), row of the unit, piece of the row. It runs `slots` pieces ahead of the
+// consumption, across phase and layer boundaries: weights never depend on activations.
+struct PieceCursor {
+    const PersistentDecode* p;
+    int warp, l, step, u, pc, pieces, ppr, K, half_n;
+    int2 mine, rows;
+    const char* W;
+    Pairing pairing;
+    bool done;
+
+    __device__ PieceCursor(const PersistentDecode& pd, int w) : p(&pd), warp(w), l(0), step(kQKV), done(false) {
+        open();
+    }
+    // Settles on phase (l, step) at this warp's first unit, or the next phase that has one.
+    __device__ void open() {
+        for (; l < p->n_layers; step == kW2 ? (step = kQKV, ++l) : ++step) {
+            const MatmulPhase ph = matmul_phase(*p, p->layers[l], step);
+            mine = cta_units(ph.units);
+            u = mine.x + warp;
+            if (u >= mine.y) continue;
+            W = reinterpret_cast<const char*>(ph.W);
+            K = ph.K;
+            half_n = ph.half_n;
+            pairing = ph.pairing;
+            ppr = ph.pieces_per_row();
+            pieces = ph.rows_per_unit() * ppr;
+            rows = gemv_math::unit_rows(pairing, u, half_n);
+            pc = 0;
+            return;
         }
+        done = true;
+    }
+    __device__ void next() {
+        if (++pc < pieces) return;
+        pc = 0;
+        u += kConsumerWarps;
+        if (u < mine.y) {
+            rows = gemv_math::unit_rows(pairing, u, half_n);
+            return;
+        }
+        step == kW2 ? (step = kQKV, ++l) : ++step;
+        open();
+    }
+    // This lane's share of the current piece into `slot` (lane l copies the 16-byte vectors l,
+    // l + 32, ...: exactly those it reads when it consumes the piece, so no other lane's copy is
+    // ever waited for), as one cp.async group; past the last piece an empty group, which keeps
+    // the count of groups in flight the same.
+    __device__ void issue(unsigned char* slot, int lane) {
+        if (!done) {
+            const int second = pc >= ppr, q = pc - (second ? ppr : 0);
+            const size_t row = second ? rows.y : rows.x;
+            const char* src = W + row * K * 2 + (size_t)q * kPieceBytes;
+            const int n16 = min(kPieceBytes, K * 2 - q * kPieceBytes) / 16;
+            for (int v = lane; v < n16; v += 32) ptx::cp_async_16(slot + 16 * v, src + 16 * v, true);
+            next();
+        }
+        ptx::cp_async_commit();
+    }
+};
+
+// cp.async.wait_group with a run-time count: all but the newest n groups of this thread landed.
+__device__ __forceinline__ void cp_async_wait_newest(int n) {
+    switch (n) {
+        case 0: ptx::cp_async_wait<0>(); break;
+        case 1: ptx::cp_async_wait<1>(); break;
+        case 2: ptx::cp_async_wait<2>(); break;
+        case 3: ptx::cp_async_wait<3>(); break;
+        case 4: ptx::cp_async_wait<4>(); break;
+        case 5: ptx::cp_async_wait<5>(); break;
+        case 6: ptx::cp_async_wait<6>(); break;
+        default: ptx::cp_async_wait<7>(); break;
     }
 }
+
+// One warp's ring: `slots` pieces of kPieceBytes, the cursor `slots` pieces ahead of `taken`.
+struct WarpRing {
+    unsigned char* base;
+    int slots;
+    uint32_t taken;
+    PieceCursor ahead;
+
+    __device__ WarpRing(unsigned char* ring, int n_slots, const PersistentDecode& p, int warp, int lane)
+        : base(ring + (size_t)warp * n_slots * kPieceBytes), slots(n_slots), taken(0), ahead(p, warp) {
+        for (int s = 0; s < slots; ++s) ahead.issue(base + (size_t)s * kPieceBytes, lane);
+    }
+    // The next piece, landed (this lane's vectors of it).
+    __device__ const uint4* wait_next() {
+        cp_async_wait_newest(slots - 1);
+        return reinterpret_cast<const uint4*>(base + (size_t)(taken % slots) * kPieceBytes);
+    }
+    // The piece wait_next gave is consumed: its slot takes the piece `slots` further on.
+    __device__ void release(int lane) {
+        __syncwarp();  // every lane's reads of the slot come before any copy into it
+        ahead.issue(base + (size_t)(taken % slots) * kPieceBytes, lane);
+        ++taken;
+    }
+};
 
 // ---- the consumers ----------------------------------------------------------------------------
 
@@ -242,30 +264,29 @@ __device__ void stage_normalized(const float* x, const bf16* norm_w, int K, floa
             reinterpret_cast<const float*>(xf), K, threadIdx.x));
         if (lane == 0) warp_sums[warp] = s;
     }
-    consumer_sync();
+    __syncthreads();
     float total = 0.f;
 #pragma unroll
     for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
     const float r = gemv_math::row_rstd_from_sum(total, K, eps);
-    for (int i = threadIdx.x; i < K / 8; i += kConsumers) {
+    for (int i = threadIdx.x; i < K / 8; i += kThreads) {
         const uint4 wp = *reinterpret_cast<const uint4*>(norm_w + 8 * i);
         xs[i] = gemv_math::normalize_x8(xf[2 * i], xf[2 * i + 1], wp, r);
     }
-    consumer_sync();
+    __syncthreads();
 }
 
 // xs = src, K bf16 values (K % 8 == 0), written by other CTAs in the phase before.
 __device__ void stage_plain(const bf16* src, int K, uint4* xs) {
     const uint4* s = reinterpret_cast<const uint4*>(src);
-    for (int i = threadIdx.x; i < K / 8; i += kConsumers) xs[i] = __ldcg(s + i);
-    consumer_sync();
+    for (int i = threadIdx.x; i < K / 8; i += kThreads) xs[i] = __ldcg(s + i);
+    __syncthreads();
 }
 
 // This warp's units of a phase: each unit's rows from the warp's ring, dotted with xs; then
 // epilogue(unit, y0, y1) on lane 0 (y1: the partner row's result for paired units).
 template <typename Epilogue>
-__device__ void run_matmul(const MatmulPhase& ph, const uint4* xs, const uint4* ring, uint64_t* full,
-                           uint64_t* empty, int S, uint32_t& taken, Epilogue epilogue) {
+__device__ void run_matmul(const MatmulPhase& ph, const uint4* xs, WarpRing& ring, Epilogue epilogue) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int2 mine = cta_units(ph.units);
     const int ppr = ph.pieces_per_row(), R = ph.rows_per_unit();
@@ -276,17 +297,13 @@ __device__ void run_matmul(const MatmulPhase& ph, const uint4* xs, const uint4* 
             if (r >= R) break;
             float acc = 0.f;
             for (int q = 0; q < ppr; ++q) {
-                const uint32_t k = taken++;
-                const int slot = warp * S + (int)(k % S);
-                hopper::mbarrier_wait(full + slot, (k / S) & 1);
-                const uint4* w = ring + (size_t)slot * kPieceVecs;
+                const uint4* w = ring.wait_next();
                 const uint4* x = xs + q * kPieceVecs;
                 const int n8 = ph.piece_bytes(q) / 16;
 #pragma unroll 8
                 for (int v = lane; v < n8; v += 32)
                     if (!BRRR_DP_NO_MATH) acc = util::dot8_bf16(w[v], x[v], acc);
-                __syncwarp();
-                if (lane == 0) hopper::mbarrier_arrive(empty + slot);
+                ring.release(lane);
             }
             y[r] = util::warp_sum(acc);
         }
@@ -295,14 +312,13 @@ __device__ void run_matmul(const MatmulPhase& ph, const uint4* xs, const uint4* 
 }
 
 template <int HD, int GMAX>
-__device__ void run_layers(const KernelArgs& a, unsigned char* smem, uint64_t* full, uint64_t* empty) {
+__device__ void run_layers(const KernelArgs& a, unsigned char* smem) {
     const PersistentDecode& p = a.p;
-    const uint4* ring = reinterpret_cast<const uint4*>(smem);
     unsigned char* work = smem + a.work_off;
     uint4* xs = reinterpret_cast<uint4*>(work);                         // [K / 8] the matmul's x
     float4* xf = reinterpret_cast<float4*>(work + (size_t)p.dim * 2);  // [dim / 4] x in fp32
-    const int S = a.slots, q_dim = p.n_heads * p.head_dim;
-    uint32_t taken = 0;
+    const int q_dim = p.n_heads * p.head_dim;
+    WarpRing ring(smem, a.slots, p, threadIdx.x >> 5, threadIdx.x & 31);
     unsigned arrivals = 0;
     int event = 0;
     for (int l = 0; l < p.n_layers; ++l) {
@@ -322,7 +338,7 @@ __device__ void run_layers(const KernelArgs& a, unsigned char* smem, uint64_t* f
         const int half = p.head_dim / 2;
         stage_normalized(p.x, L.attn_norm, p.dim, p.eps, xs, xf);
         trace_event(a, event);
-        run_matmul(matmul_phase(p, L, kQKV), xs, ring, full, empty, S, taken, [&](int u, float y0, float y1) {
+        run_matmul(matmul_phase(p, L, kQKV), xs, ring, [&](int u, float y0, float y1) {
             const int head = u / half;
             util::store_rope_kv(rope, 0, head, u - head * half, y0, y1);
         });
@@ -334,14 +350,14 @@ __device__ void run_layers(const KernelArgs& a, unsigned char* smem, uint64_t* f
         d.v_cache = L.v_cache;
         const int n_y = d.n_kv_heads * d.head_blocks, items = d.n_splits * n_y;
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
-            flash_decode_block<HD, GMAX, kConsumers, /*PDL=*/false>(d, item / n_y, item % n_y, 0, work, [] { consumer_sync(); });
-            consumer_sync();
+            flash_decode_block<HD, GMAX, kThreads, /*PDL=*/false>(d, item / n_y, item % n_y, 0, work, [] { __syncthreads(); });
+            __syncthreads();
         }
         grid_barrier(a, arrivals, event);
         // WO: x += att · wo^T
         stage_plain(p.att, q_dim, xs);
         trace_event(a, event);
-        run_matmul(matmul_phase(p, L, kWo), xs, ring, full, empty, S, taken,
+        run_matmul(matmul_phase(p, L, kWo), xs, ring,
                    [&](int u, float y0, float) { p.x[u] = __ldcg(p.x + u) + y0; });
         grid_barrier(a, arrivals, event);
         // W13: SwiGLU in the epilogue
@@ -349,18 +365,18 @@ __device__ void run_layers(const KernelArgs& a, unsigned char* smem, uint64_t* f
         trace_event(a, event);
         EpilogueArgs swiglu;
         swiglu.out_bf16 = p.hb;
-        run_matmul(matmul_phase(p, L, kW13), xs, ring, full, empty, S, taken,
+        run_matmul(matmul_phase(p, L, kW13), xs, ring,
                    [&](int u, float gate, float up) { util::store_swiglu(swiglu, u, gate, up); });
         grid_barrier(a, arrivals, event);
         // W2: x += hb · w2^T
         stage_plain(p.hb, p.hidden, xs);
         trace_event(a, event);
-        run_matmul(matmul_phase(p, L, kW2), xs, ring, full, empty, S, taken,
+        run_matmul(matmul_phase(p, L, kW2), xs, ring,
                    [&](int u, float y0, float) { p.x[u] = __ldcg(p.x + u) + y0; });
         if (l + 1 < p.n_layers) {
             grid_barrier(a, arrivals, event);
         } else {
-            consumer_sync();
+            __syncthreads();
             trace_event(a, event);
         }
     }
@@ -371,23 +387,7 @@ __device__ void run_layers(const KernelArgs& a, unsigned char* smem, uint64_t* f
 template <int HD, int GMAX>
 __global__ void __launch_bounds__(kThreads, 1) decode_layers_persistent_kernel(const KernelArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    unsigned char* smem = ptx::dynamic_smem<unsigned char>();
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + a.bars_off);
-    uint64_t* empty = full + kConsumerWarps * a.slots;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < kConsumerWarps * a.slots; ++i) {
-            hopper::mbarrier_init(full + i, 1);
-            hopper::mbarrier_init(empty + i, 1);
-        }
-        hopper::fence_barrier_init();
-    }
-    __syncthreads();
-    // From here on the warps split: only named barriers, never __syncthreads.
-    if (threadIdx.x / 32 == kConsumerWarps) {
-        if (threadIdx.x % 32 < kProducerLanes) stream_weights(a, threadIdx.x % 32, smem, full, empty);
-        return;
-    }
-    run_layers<HD, GMAX>(a, smem, full, empty);
+    run_layers<HD, GMAX>(a, ptx::dynamic_smem<unsigned char>());
 #else
     __trap();  // built without sm_90a: plan() never picks this kernel then
 #endif
@@ -408,10 +408,10 @@ KernelFn pick_gmax(int gmax) {
 template <int HD>
 size_t attention_smem(int gmax) {
     switch (gmax) {
-        case 1: return DecodeSmem<HD, 1, kConsumers>::bytes;
-        case 2: return DecodeSmem<HD, 2, kConsumers>::bytes;
-        case 4: return DecodeSmem<HD, 4, kConsumers>::bytes;
-        default: return DecodeSmem<HD, 8, kConsumers>::bytes;
+        case 1: return DecodeSmem<HD, 1, kThreads>::bytes;
+        case 2: return DecodeSmem<HD, 2, kThreads>::bytes;
+        case 4: return DecodeSmem<HD, 4, kThreads>::bytes;
+        default: return DecodeSmem<HD, 8, kThreads>::bytes;
     }
 }
 
@@ -450,21 +450,20 @@ Plan plan(const PersistentDecode& p) {
     a.p = p;
     a.attn = decode_args(p.q, nullptr, nullptr, p.slots, p.positions, p.att, p.attn_scratch, 1, p.n_heads,
                          p.n_kv_heads, p.head_dim, p.max_seq, p.max_splits);
-    if (a.attn.threads != kConsumers) return out.kernel = nullptr, out.why = "flash_decode runs 128-thread CTAs", out;
+    if (a.attn.threads != kThreads) return out.kernel = nullptr, out.why = "flash_decode runs 128-thread CTAs", out;
     cudaFuncAttributes attr;
     CUDA_CHECK(cudaFuncGetAttributes(&attr, out.kernel));
     const size_t x_bytes = (size_t)std::max({p.dim, p.hidden, q_dim}) * sizeof(bf16);
     const size_t attn_bytes = p.head_dim == 64 ? attention_smem<64>(gmax) : attention_smem<128>(gmax);
     const size_t norm_bytes = (size_t)p.dim * (sizeof(bf16) + sizeof(float));  // xs and xf of a normalized x
     const size_t work = (std::max({x_bytes, norm_bytes, attn_bytes}) + 127) / 128 * 128;
-    const size_t per_slot = kConsumerWarps * (kPieceBytes + 2 * sizeof(uint64_t));
+    const size_t per_slot = (size_t)kConsumerWarps * kPieceBytes;
     const long long room = (long long)f.smem_optin - (long long)attr.sharedSizeBytes - (long long)work;
-    a.slots = room > 0 ? (int)std::min<long long>(room / (long long)per_slot, 8) : 0;
+    a.slots = room > 0 ? (int)std::min<long long>(room / (long long)per_slot, kMaxSlots) : 0;
     if (a.slots < 2) return out.kernel = nullptr, out.why = "shared memory holds fewer than 2 ring slots a warp", out;
     a.work_off = kConsumerWarps * a.slots * kPieceBytes;
-    a.bars_off = (int)(a.work_off + work);
     a.trace = nullptr;
-    out.smem = a.bars_off + 2 * sizeof(uint64_t) * kConsumerWarps * a.slots;
+    out.smem = a.work_off + work;
     CUDA_CHECK(cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)out.smem));
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, out.kernel, kThreads, out.smem));

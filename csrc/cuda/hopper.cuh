@@ -116,15 +116,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
         : "memory");
 }
 
-// Copies `bytes` contiguous bytes from global memory to shared memory at `dst` (both 16-byte
-// aligned, bytes % 16 == 0, no tensor map); completes on `bar` as transaction bytes.
-__device__ __forceinline__ void bulk_load_1d(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     ptx::smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(ptx::smem_addr(bar))
-                 : "memory");
-}
-
 // The same copy delivered to the same shared-memory offset of every CTA in `cta_mask`, each
 // CTA's barrier at that offset receiving the transaction bytes.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int inner, int outer,
