@@ -796,15 +796,6 @@ PYBIND11_MODULE(_C, m) {
         },
         "cuda backend: decode replays one CUDA graph per batch size (default True); False runs "
         "every kernel eagerly. Always False, and setting it does nothing, on the cpu backend");
-    engine_cls.def_property(
-        "persistent_decode", [](PyEngine& self) { return brrr::cuda_persistent_decode(*self.impl); },
-        [](PyEngine& self, bool on) {
-            std::lock_guard<std::mutex> lock(self.mutex);
-            brrr::cuda_set_persistent_decode(*self.impl, on);
-        },
-        "cuda backend: batch-1 decode runs every layer in one persistent kernel (True by default on "
-        "Hopper where the shapes allow; same bits as the per-step kernels); False runs the per-step "
-        "kernels. Setting True where it cannot run raises. Always False on the cpu backend");
 
     // cuda_ops: each launcher on device pointers (Python ints, e.g. torch's data_ptr()) on the
     // current device's default stream, then a device synchronize, so a failing kernel raises

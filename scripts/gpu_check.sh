@@ -22,21 +22,19 @@
 #                  checked against a float64 reference and timed on the Llama heads
 #   gemv_lab/      benchmarks/lab/run_gemv_lab.sh: the decode GEMV against tensor-core variants,
 #                  checked (batch invariance too) and timed at M = 1..16
-#   decode_persistent_lab/  benchmarks/lab/run_decode_persistent_lab.sh: the persistent decode
-#                  kernel's time against the copy rate, and where each layer's time goes
 #   summary.txt    the table printed last
 #   results.tar.gz everything above but summary.txt, packed (PACK=0 leaves the files as they are)
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
 # sweep gets up to 150 s, the decode variants VARIANTS_S (default 200) and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
-#   cuda-tests cpu-tests sanitizer kernels variants gemmlab fdlab aplab gemvlab dplab profile decode sweep compare
+#   cuda-tests cpu-tests sanitizer kernels variants gemmlab fdlab aplab gemvlab profile decode sweep compare
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
-PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels variants gemmlab fdlab aplab gemvlab dplab profile decode sweep compare}
+PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels variants gemmlab fdlab aplab gemvlab profile decode sweep compare}
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY=()
@@ -149,7 +147,6 @@ EOF
     wanted fdlab && phase fdlab 200 "$OUT/bench.log" env OUT="$OUT/flash_decode_lab" bash benchmarks/lab/run_flash_decode_lab.sh
     wanted aplab && phase aplab 240 "$OUT/bench.log" env OUT="$OUT/attention_prefill_lab" bash benchmarks/lab/run_attention_prefill_lab.sh
     wanted gemvlab && phase gemvlab 240 "$OUT/bench.log" env OUT="$OUT/gemv_lab" bash benchmarks/lab/run_gemv_lab.sh
-    wanted dplab && phase dplab 150 "$OUT/bench.log" env OUT="$OUT/decode_persistent_lab" bash benchmarks/lab/run_decode_persistent_lab.sh
     wanted profile && phase profile 160 "$OUT/bench.log" python3 -m llama_brrr profile --shape llama3.2-1b \
         --device cuda --max-new-tokens 128 --torch --out "$OUT/profile"
     wanted decode && phase decode 90 "$OUT/bench.log" python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b \

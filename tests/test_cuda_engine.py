@@ -177,40 +177,6 @@ def test_batched_decode_of_mixed_lengths_equals_each_alone(C, rng, make_weights)
         positions += 1
 
 
-def persistent_expected(config):
-    """Where batch-1 decode must run the persistent kernel: Hopper, and every matmul K % 8 == 0."""
-    hopper = torch.cuda.get_device_capability()[0] == 9
-    return hopper and all(k % 8 == 0 for k in (config.dim, config.hidden_dim, config.n_heads * config.head_dim))
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_persistent_decode_equals_the_per_step_kernels(C, rng, make_weights, name):
-    """Batch 1 through decode_layers_persistent gives the bits of gemv + flash_decode, over contexts
-    long enough for several flash-decode splits (their merge included), eager and graph-replayed."""
-    config = CONFIGS[name]
-    tensors = make_weights(config, rng)
-    persistent = make_engine(C, config, tensors, max_seq=512, max_batch=2)
-    per_step = make_engine(C, config, tensors, max_seq=512, max_batch=2)
-    assert persistent.persistent_decode == persistent_expected(config)
-    if persistent.persistent_decode:
-        per_step.persistent_decode = False
-    assert not per_step.persistent_decode
-    prompt = rng.integers(0, config.vocab_size, size=150).astype(np.int32)
-    for engine in (persistent, per_step):
-        engine.prefill(1, prompt, 0, "none")
-    slot, position = np.array([1], np.int32), np.array([150], np.int32)
-    for step in range(5):  # eager, capture, replays
-        token = rng.integers(0, config.vocab_size, size=1).astype(np.int32)
-        np.testing.assert_array_equal(persistent.decode(token, slot, position, True),
-                                      per_step.decode(token, slot, position, True), err_msg=f"step {step}")
-        position += 1
-    if not persistent_expected(config):
-        with pytest.raises(Exception, match="persistent decode kernel does not run here"):
-            persistent.persistent_decode = True
-        token = rng.integers(0, config.vocab_size, size=1).astype(np.int32)
-        assert np.isfinite(persistent.decode(token, slot, position, True)).all()
-
-
 def test_graph_replay_equals_eager(C, rng, make_weights):
     config = CONFIGS["tied-llama3-hd128"]
     tensors = make_weights(config, rng)

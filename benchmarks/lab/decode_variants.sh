@@ -48,9 +48,6 @@
 #   slot for the next step as soon as this step had consumed it, instead of all of a step's loads
 #   at the top of the next step: 1B 0.927x, 8B 0.924x; see benchmarks/results/h100-sxm/variants/
 #   gemv_refill_table.txt)
-#   35 per-step    LLAMA_BRRR_DECODE_PERSISTENT=0: batch 1 runs each layer as per-step kernels
-#                   (gemv.cu, flash_decode; variants 02-31 vary those) instead of the one persistent
-#                   kernel of decode_persistent.cu (shipped on Hopper since 2026-11-25)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -86,7 +83,6 @@ variants=(
     "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
     "30-stage-loop|LLAMA_BRRR_GEMV_STAGE_ASYNC=0"
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
-    "35-per-step|LLAMA_BRRR_DECODE_PERSISTENT=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -124,11 +124,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
         const std::vector<float> inv_freq = rope_inv_freq(c);
         CUDA_CHECK(cudaMemcpyAsync(inv_freq_, inv_freq.data(), sizeof(float) * inv_freq.size(),
                                    cudaMemcpyHostToDevice, stream_));
-        const std::vector<DecodeLayer> table = decode_layer_table();
-        CUDA_CHECK(cudaMemcpyAsync(decode_layers_, table.data(), sizeof(DecodeLayer) * table.size(),
-                                   cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        persistent_decode_ = decode_layers_persistent_supported(persistent_args());
     } catch (...) {
         release();
         throw;
@@ -177,8 +173,6 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     logits_ = a.take<float>((size_t)logit_rows_ * V);
     attn_scratch_ = a.take<float>(
         flash_decode_scratch_floats(c.max_batch, c.n_heads, c.head_dim, max_splits_));
-    decode_layers_ = a.take<DecodeLayer>(c.n_layers);
-    grid_barrier_ = a.take<unsigned>(1);
     sample_scratch_ = a.take<char>(sample_scratch_bytes(c.max_batch, c.vocab_size));
     const int sms = device_facts().sm_count;
     split_k_.floats = gemm_split_scratch_floats(sms);
@@ -231,60 +225,6 @@ void CudaEngine::release() noexcept {
 CudaEngine::~CudaEngine() { release(); }
 
 void CudaEngine::activate() const { CUDA_CHECK(cudaSetDevice(device_)); }
-
-// Batch-1 decode through decode_layers_persistent (on by default where it runs) or the per-step
-// kernels. The batch-1 graphs hold one of the two, so they are dropped.
-void CudaEngine::set_persistent_decode(bool on) {
-    BRRR_CHECK(!on || decode_layers_persistent_supported(persistent_args()),
-               "the persistent decode kernel does not run here: it needs a Hopper GPU, a build with sm_90a "
-               "code, head_dim 64 or 128 and model widths that are multiples of 8");
-    if (on == persistent_decode_) return;
-    activate();
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    persistent_decode_ = on;
-    if (decode_graphs_[1]) CUDA_CHECK(cudaGraphExecDestroy(decode_graphs_[1]));
-    decode_graphs_[1] = nullptr;
-    if (prof_graphs_[1].exec) CUDA_CHECK(cudaGraphExecDestroy(prof_graphs_[1].exec));
-    prof_graphs_[1] = ProfiledGraph{};
-    decode_warmed_[1] = false;
-}
-
-// What decode_layers_persistent reads each layer from: the arena's weights and cache slices.
-std::vector<DecodeLayer> CudaEngine::decode_layer_table() const {
-    std::vector<DecodeLayer> table(cfg_.n_layers);
-    for (int l = 0; l < cfg_.n_layers; ++l) {
-        const LayerWeights& w = layers_[l];
-        table[l] = DecodeLayer{w.attn_norm, w.wqkv, w.wo, w.ffn_norm, w.w13, w.w2,
-                               k_cache_ + (size_t)l * kv_layer_elems_, v_cache_ + (size_t)l * kv_layer_elems_};
-    }
-    return table;
-}
-
-// Batch-1 decode's arguments for decode_layers_persistent: row 0 of the engine's buffers.
-PersistentDecode CudaEngine::persistent_args() const {
-    const Config& c = cfg_;
-    PersistentDecode p;
-    p.layers = decode_layers_;
-    p.n_layers = c.n_layers;
-    p.dim = c.dim;
-    p.hidden = c.hidden_dim;
-    p.n_heads = c.n_heads;
-    p.n_kv_heads = c.n_kv_heads;
-    p.head_dim = c.head_dim;
-    p.max_seq = c.max_seq_len;
-    p.max_splits = max_splits_;
-    p.eps = c.norm_eps;
-    p.x = x_;
-    p.q = q_;
-    p.att = att_;
-    p.hb = hb_;
-    p.positions = d_positions_;
-    p.slots = d_slots_;
-    p.inv_freq = inv_freq_;
-    p.attn_scratch = attn_scratch_;
-    p.barrier = grid_barrier_;
-    return p;
-}
 
 // Flash-decode splits of the KV length: enough (KV head x split) blocks to give every SM two at
 // batch 1, never chunks shorter than 64 positions.
@@ -788,15 +728,6 @@ int cuda_device_count() {
         return 0;
     }
     return n;
-}
-
-void cuda_set_persistent_decode(Engine& engine, bool on) {
-    if (auto* e = dynamic_cast<cuda::CudaEngine*>(&engine)) e->set_persistent_decode(on);
-}
-
-bool cuda_persistent_decode(const Engine& engine) {
-    const auto* e = dynamic_cast<const cuda::CudaEngine*>(&engine);
-    return e != nullptr && e->persistent_decode();
 }
 
 void cuda_set_use_graphs(Engine& engine, bool on) {

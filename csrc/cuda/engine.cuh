@@ -11,7 +11,6 @@
 //   activations     rows = max(max_batch, prefill chunk): x f32 [rows, D], xn bf16 [rows, D],
 //                   qkv f32 [rows, qkv_dim], q, att bf16 [rows, Hq hd], hb bf16 [rows, H]
 //   logits (f32)    [max(max_batch, kLogitRows), V]; prefill "all" goes through it kLogitRows at a time
-//   decode tables   DecodeLayer [n_layers] (pointers into the above) and a grid-barrier counter
 //   inputs          tokens, slots, positions i32 [rows] each, filled from pinned host staging;
 //                   decode graphs read these fixed buffers
 #pragma once
@@ -89,8 +88,6 @@ public:
 
     void set_use_graphs(bool on) { use_graphs_ = on; }
     bool use_graphs() const { return use_graphs_; }
-    void set_persistent_decode(bool on);
-    bool persistent_decode() const { return persistent_decode_; }
 
     // profile::Profiled (engine.cu): events between launches; decode graphs as described there.
     profile::Recorder& recorder() override { return prof_; }
@@ -132,8 +129,6 @@ private:
                               const SamplingParams* params, const uint64_t* steps, int batch);
     void activate() const;
     int layer_max_splits() const;
-    std::vector<DecodeLayer> decode_layer_table() const;
-    PersistentDecode persistent_args() const;
     cudaGraphExec_t capture_decode(int B, bool instrumented);
     void replay_profiled(int B);
     // Cached positions the next decode's attention reads, summed over its B rows (0 when not profiling).
@@ -164,9 +159,6 @@ private:
     bf16* hb_ = nullptr;
     float* logits_ = nullptr;
     float* attn_scratch_ = nullptr;
-    DecodeLayer* decode_layers_ = nullptr;  // [n_layers]: decode_layers_persistent's weight table
-    unsigned* grid_barrier_ = nullptr;      // its grid-barrier counter
-    bool persistent_decode_ = false;        // batch-1 decode runs decode_layers_persistent
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;
     int* d_in_ = nullptr;  // [3][rows_]: tokens | slots | positions

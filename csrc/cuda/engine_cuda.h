@@ -30,10 +30,4 @@ uint64_t init_random_key(uint64_t seed, size_t tensor_index);
 void cuda_set_use_graphs(Engine& engine, bool on);
 bool cuda_use_graphs(const Engine& engine);
 
-// Batch-1 decode runs every layer in one persistent kernel (on by default where the GPU, the build
-// and the shapes allow it) or as per-step kernels; both give the same bits. Setting it on where it
-// cannot run throws. A no-op / false for engines that are not CUDA engines.
-void cuda_set_persistent_decode(Engine& engine, bool on);
-bool cuda_persistent_decode(const Engine& engine);
-
 }  // namespace brrr

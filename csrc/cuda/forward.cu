@@ -12,8 +12,7 @@
 // End:        logits = rmsnorm(x) * norm · output^T
 // At decode (B <= 16 rows) each matmul line is one GEMV kernel and the kernels overlap through
 // programmatic dependent launch (launch.cuh); larger row counts take the tensor-core GEMM, with the
-// norm and RoPE as separate kernels behind the same calls. At batch 1 on Hopper the whole layer
-// loop is one persistent kernel instead (decode_persistent.cu: the same steps, the same bits).
+// norm and RoPE as separate kernels behind the same calls.
 // Each launch is preceded by prof_.op(name, class, cost) (csrc/profile/profile.h): a no-op unless
 // profiling is on. A fused call is one op; its cost counts the fp32 residual read as its input.
 #include "cuda/engine.cuh"
@@ -64,20 +63,6 @@ EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, 
     return a;
 }
 
-// What decode_layers_persistent does at batch 1: the per-step costs of the loop below, all layers.
-profile::Cost persistent_layers_cost(const Config& c, double context) {
-    const int D = c.dim, H = c.hidden_dim;
-    profile::Cost total;
-    for (const profile::Cost& step : {profile::matmul_cost(1, c.qkv_dim(), D, 2, 4, 2),
-                                      profile::attention_decode_cost(1, context, c.n_heads, c.n_kv_heads, c.head_dim, 2),
-                                      profile::matmul_cost(1, D, c.q_dim(), 2, 2, 8),
-                                      profile::matmul_cost(1, 2 * H, D, 2, 4, 1), profile::matmul_cost(1, D, H, 2, 2, 8)}) {
-        total.flops += step.flops * c.n_layers;
-        total.bytes += step.bytes * c.n_layers;
-    }
-    return total;
-}
-
 }  // namespace
 
 void CudaEngine::forward_decode(int B) {
@@ -91,32 +76,26 @@ void CudaEngine::forward_decode(int B) {
     embed(d_tokens_, tok_embeddings_, x_, B, D, c.vocab_size, s);
     prof_.op("record_tokens", OpClass::Copy, profile::copy_cost(4.0 * B));
     record_tokens(d_tokens_, d_slots_, d_positions_, history_, B, c.max_batch, S, s);
-    if (B == 1 && persistent_decode_) {
-        // every layer of the loop below in one kernel (decode_persistent.cu), with the same bits
-        prof_.op("layers", OpClass::Matmul, persistent_layers_cost(c, decode_context(1)));
-        decode_layers_persistent(persistent_args(), s);
-    } else {
-        for (int l = 0; l < c.n_layers; ++l) {
-            const LayerWeights& w = layers_[l];
-            bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
-            bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
-            // attention block
-            prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(B, c.qkv_dim(), D, 2, 4, 2));
-            rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, B, c.qkv_dim(), D, Epilogue::RopeKV,
-                                rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_), xn_, s);
-            prof_.op("flash_decode", OpClass::Attention,
-                     profile::attention_decode_cost(B, decode_context(B), Hq, Hkv, hd, 2));
-            flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, B, Hq, Hkv, hd, S,
-                         max_splits_, s);
-            prof_.op("wo", OpClass::Matmul, profile::matmul_cost(B, D, c.q_dim(), 2, 2, 8));
-            matmul_bf16(att_, w.wo, B, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
-            // MLP block
-            prof_.op("w13", OpClass::Matmul, profile::matmul_cost(B, 2 * H, D, 2, 4, 1));
-            rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, B, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_, split_k_),
-                                xn_, s);
-            prof_.op("w2", OpClass::Matmul, profile::matmul_cost(B, D, H, 2, 2, 8));
-            matmul_bf16(hb_, w.w2, B, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
-        }
+    for (int l = 0; l < c.n_layers; ++l) {
+        const LayerWeights& w = layers_[l];
+        bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
+        bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
+        // attention block
+        prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(B, c.qkv_dim(), D, 2, 4, 2));
+        rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, B, c.qkv_dim(), D, Epilogue::RopeKV,
+                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_), xn_, s);
+        prof_.op("flash_decode", OpClass::Attention,
+                 profile::attention_decode_cost(B, decode_context(B), Hq, Hkv, hd, 2));
+        flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, B, Hq, Hkv, hd, S,
+                     max_splits_, s);
+        prof_.op("wo", OpClass::Matmul, profile::matmul_cost(B, D, c.q_dim(), 2, 2, 8));
+        matmul_bf16(att_, w.wo, B, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
+        // MLP block
+        prof_.op("w13", OpClass::Matmul, profile::matmul_cost(B, 2 * H, D, 2, 4, 1));
+        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, B, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_, split_k_),
+                            xn_, s);
+        prof_.op("w2", OpClass::Matmul, profile::matmul_cost(B, D, H, 2, 2, 8));
+        matmul_bf16(hb_, w.w2, B, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
     }
     // final norm + LM head over all B rows
     prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(B, c.vocab_size, D, 2, 4, 4));

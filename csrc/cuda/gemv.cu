@@ -47,7 +47,6 @@
 #include <algorithm>
 
 #include "cuda/check.cuh"
-#include "cuda/gemv_math.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
@@ -64,7 +63,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kXChunkBytes = 32 * 1024;  // x slice (all M rows) held in shared memory at once
 
 // Which W rows a unit (one output column, or one pair) streams.
-using gemv_math::Pairing;
+enum class Pairing { None, SwiGLU, Rope };
 
 // Output columns per warp. More columns per warp = more W rows per shared-memory x read.
 constexpr int units_per_warp(int M, Pairing pairing) {
@@ -93,7 +92,13 @@ struct GemvArgs {
 // First W row of unit c, and its partner row for paired units.
 template <Pairing P>
 __device__ __forceinline__ int2 unit_rows(int c, int half_n) {
-    return gemv_math::unit_rows(P, c, half_n);
+    if (P == Pairing::SwiGLU) return make_int2(c, c + half_n);
+    if (P == Pairing::Rope) {
+        const int head = c / half_n, i = c - head * half_n;
+        const int r0 = head * 2 * half_n + i;
+        return make_int2(r0, r0 + half_n);
+    }
+    return make_int2(c, c);
 }
 
 // rstd[m] = rsqrt(mean(x[m, :]^2) + eps) for the M rows, into shared memory. Thread t sums the
@@ -108,7 +113,11 @@ __device__ void row_rstd(const float* __restrict__ x, int K, float eps, float* r
     for (int m = 0; m < M; ++m) {
         sum[m] = 0.f;
         if (VEC) {
-            sum[m] = gemv_math::row_sq_sum_vec<kThreads, false>(x + (size_t)m * K, K, threadIdx.x);
+            const float4* row = reinterpret_cast<const float4*>(x + (size_t)m * K);
+            for (int i = threadIdx.x; i < K / 4; i += kThreads) {
+                const float4 v = row[i];
+                sum[m] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
         } else {
             for (int k = threadIdx.x; k < K; k += kThreads) sum[m] += x[(size_t)m * K + k] * x[(size_t)m * K + k];
         }
@@ -123,7 +132,7 @@ __device__ void row_rstd(const float* __restrict__ x, int K, float eps, float* r
         float total = 0.f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) total += warp_sums[w][threadIdx.x];
-        rstd[threadIdx.x] = gemv_math::row_rstd_from_sum(total, K, eps);
+        rstd[threadIdx.x] = rsqrtf(total / (float)K + eps);
     }
     // The chunk loop starts with a barrier, which publishes rstd.
 }
@@ -138,7 +147,13 @@ __device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, cons
     const float4* x4 = reinterpret_cast<const float4*>(x_f32 + (size_t)m * a.K + k);
     const float4 lo = x4[0], hi = x4[1];
     const uint4 wp = *reinterpret_cast<const uint4*>(norm_w + k);
-    return gemv_math::normalize_x8(lo, hi, wp, rstd[m]);
+    const float r = rstd[m];
+    uint4 out;
+    out.x = util::pack_bf16x2(lo.x * r * util::bf16_lo(wp.x), lo.y * r * util::bf16_hi(wp.x));
+    out.y = util::pack_bf16x2(lo.z * r * util::bf16_lo(wp.y), lo.w * r * util::bf16_hi(wp.y));
+    out.z = util::pack_bf16x2(hi.x * r * util::bf16_lo(wp.z), hi.y * r * util::bf16_hi(wp.z));
+    out.w = util::pack_bf16x2(hi.z * r * util::bf16_lo(wp.w), hi.w * r * util::bf16_hi(wp.w));
+    return out;
 }
 
 // This thread's share of a cp.async copy of `bytes` (a multiple of 16) into shared memory.

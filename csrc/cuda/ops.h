@@ -103,30 +103,6 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
 void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
 void attention_prefill_mma_sync(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
 
-// ---- decode_persistent.cu: batch-1 decode, every layer in one persistent kernel (sm_90a) -----
-// One layer's weights and KV-cache slice, as the kernel reads them from a device-memory table.
-struct DecodeLayer {
-    const bf16 *attn_norm, *wqkv, *wo, *ffn_norm, *w13, *w2;  // the engine's layout (engine.cuh)
-    bf16 *k_cache, *v_cache;                                  // [max_batch][max_seq][Hkv][hd]
-};
-struct PersistentDecode {
-    const DecodeLayer* layers = nullptr;  // [n_layers], device memory
-    int n_layers = 0, dim = 0, hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
-    int max_splits = 1;                   // flash_decode's, and its scratch
-    float eps = 0.f;
-    float* x = nullptr;                   // [dim] fp32 residual stream, updated in place
-    bf16 *q = nullptr, *att = nullptr;    // [n_heads * head_dim] each
-    bf16* hb = nullptr;                   // [hidden]
-    const int *positions = nullptr, *slots = nullptr;  // [1]
-    const float* inv_freq = nullptr;      // [head_dim / 2]
-    float* attn_scratch = nullptr;        // flash_decode_scratch_floats(1, ...) or more
-    unsigned* barrier = nullptr;          // one counter; zeroed by each call
-};
-// Whether this device and build run decode_layers_persistent for these shapes (Hopper, sm_90a code, head_dim 64 / 128, every K % 8 == 0).
-bool decode_layers_persistent_supported(const PersistentDecode& p);
-// Every layer of a batch-1 decode step (forward_decode's steps, the same bits as gemv + flash_decode), leaving x for the final norm.
-void decode_layers_persistent(const PersistentDecode& p, cudaStream_t stream);
-
 // ---- sampling.cu: one token per sequence on the device, no host round trip --------------------
 // logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].
 size_t sample_scratch_bytes(int B, int V);
