@@ -657,6 +657,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             // m64 halves; the ring hands out the items' k tiles in order, so the other consumer's
             // MMAs run while this one is in its epilogue. `used` counts the ring's k tiles handed
             // out so far, both consumers' (a slot is stage used % STAGES, phase (used / STAGES) & 1).
+            // A parity wait only tells a slot's last two phases apart, so a consumer may start
+            // waiting for its item's slots only once the other has waited for all of the item
+            // before: then no slot is more than one phase ahead of it. The hand-off is named
+            // barrier 4 + c ("consumer c may start"), arrived at by the owner of the item before.
             uint32_t used = 0;
             float acc[2][BN / 2];
             int item = 0;
@@ -668,6 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     used += k_end - k_begin;
                     continue;
                 }
+                if (item > 0) hopper::named_barrier_sync(4 + consumer, 2 * 128);
                 int prev_stage = 0;
                 for (int kt = k_begin; kt < k_end; ++kt, ++used) {
                     const int slot = used % STAGES;
@@ -691,6 +696,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (kt > k_begin) release(prev_stage);
                     prev_stage = slot;
                 }
+                // Every slot of this item has been waited for: the next item's owner may start.
+                if (work + work_stride < num_work) hopper::named_barrier_arrive(4 + (consumer ^ 1), 2 * 128);
                 hopper::wgmma_wait<0>();
                 hopper::fence_accumulators(acc[0]);
                 hopper::fence_accumulators(acc[1]);
