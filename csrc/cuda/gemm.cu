@@ -560,7 +560,7 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
 // holds the same two columns 2t, 2t + 1 of every 8-column accumulator group, so dim d of a head
 // and its rotation partner d + hd/2 sit hd/16 groups apart in one thread's registers: RoPE and
 // the q / KV-cache stores happen there, and the fp32 q|k|v never leaves the chip.
-template <int BN, int STAGES, bool SWIGLU, int ROPE_HD, int CLUSTER, bool PINGPONG = false>
+template <int BN, int STAGES, bool SWIGLU, int ROPE_HD, int CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                      const __grid_constant__ CUtensorMap out_map, GemmArgs p, TileMap tiles) {
@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             hopper::mbarrier_init(full + s, 1);
-            hopper::mbarrier_init(empty + s, (PINGPONG ? 1 : kConsumers) * 4 * CLUSTER);
+            hopper::mbarrier_init(empty + s, kConsumers * 4 * CLUSTER);
         }
         hopper::fence_barrier_init();
     }
@@ -651,74 +651,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             hopper::mbarrier_arrive(empty + slot);
             if (CLUSTER == 2) hopper::mbarrier_arrive_cluster(empty + slot, rank ^ 1);
         };
-        if constexpr (PINGPONG) {
-            static_assert(!SWIGLU && ROPE_HD == 0 && CLUSTER == 1, "ping-pong: plain epilogues through TMA");
-            // Consumer c takes every other work item of this CTA, the whole 128 x BN tile as two
-            // m64 halves; the ring hands out the items' k tiles in order, so the other consumer's
-            // MMAs run while this one is in its epilogue. `used` counts the ring's k tiles handed
-            // out so far, both consumers' (a slot is stage used % STAGES, phase (used / STAGES) & 1).
-            // A parity wait only tells a slot's last two phases apart, so a consumer may start
-            // waiting for its item's slots only once the other has waited for all of the item
-            // before: then no slot is more than one phase ahead of it. The hand-off is named
-            // barrier 4 + c ("consumer c may start"), arrived at by the owner of the item before.
-            uint32_t used = 0;
-            float acc[2][BN / 2];
-            int item = 0;
-            for (int work = first_work; work < num_work; work += work_stride, ++item) {
-                int tm, tn, k_begin, k_end;
-                tile_coords(work, tm, tn);
-                k_range(work, k_begin, k_end);
-                if (item % kConsumers != consumer) {
-                    used += k_end - k_begin;
-                    continue;
-                }
-                if (item > 0) hopper::named_barrier_sync(4 + consumer, 2 * 128);
-                int prev_stage = 0;
-                for (int kt = k_begin; kt < k_end; ++kt, ++used) {
-                    const int slot = used % STAGES;
-                    hopper::mbarrier_wait(full + slot, (used / STAGES) & 1);
-                    const unsigned char* a = smem + slot * L::kStageBytes;
-                    const unsigned char* b = a + L::kABytes;
-                    hopper::fence_accumulators(acc[0]);
-                    hopper::fence_accumulators(acc[1]);
-                    hopper::wgmma_fence();
-#pragma unroll
-                    for (int kk = 0; kk < kBK / 16; ++kk) {
-#pragma unroll
-                        for (int h = 0; h < 2; ++h)
-                            hopper::wgmma_bf16<BN>(acc[h], hopper::sw128_descriptor(a + h * 64 * (kBK * 2) + 32 * kk),
-                                                   hopper::sw128_descriptor(b + 32 * kk), kt > k_begin || kk > 0);
-                    }
-                    hopper::wgmma_commit();
-                    hopper::fence_accumulators(acc[0]);
-                    hopper::fence_accumulators(acc[1]);
-                    hopper::wgmma_wait<1>();
-                    if (kt > k_begin) release(prev_stage);
-                    prev_stage = slot;
-                }
-                // Every slot of this item has been waited for: the next item's owner may start.
-                if (work + work_stride < num_work) hopper::named_barrier_arrive(4 + (consumer ^ 1), 2 * 128);
-                hopper::wgmma_wait<0>();
-                hopper::fence_accumulators(acc[0]);
-                hopper::fence_accumulators(acc[1]);
-                release(prev_stage);
-                const int m0 = tm * kBM, col0 = tn * kTileCols, ct = threadIdx.x & 127;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (m0 + 64 * h >= p.M) break;
-                    if (p.ep == Epilogue::StoreBf16) {
-                        epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane,
-                                                       m0 + 64 * h, col0, p.width, false, acc[h]);
-                    } else {
-                        epilogue_tma<BN, STAGES, false>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane,
-                                                        m0 + 64 * h, col0, p.width, p.ep == Epilogue::AddResidual,
-                                                        acc[h]);
-                    }
-                }
-            }
-            if ((threadIdx.x & 127) == 0) hopper::bulk_wait_all();  // the boxes have landed
-            return;
-        }
         int stage = 0;
         uint32_t phase = 0;
         float acc[BN / 2];
@@ -831,12 +763,8 @@ using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, TileM
 
 // The instance for p's epilogue. RopeKV has instances for head_dim 64 and 128 where BN holds
 // whole heads (the caller checks rope_fusable first).
-template <int BN, int STAGES, int CLUSTER, bool PINGPONG = false>
+template <int BN, int STAGES, int CLUSTER>
 KernelFn pick_kernel(const GemmArgs& p) {
-    if constexpr (PINGPONG) {
-        BRRR_CHECK(p.epilogue_tma && CLUSTER == 1, "gemm_bf16: ping-pong runs TMA epilogues only");
-        return gemm_sm90_kernel<BN, STAGES, false, 0, 1, true>;
-    }
     if (p.ep == Epilogue::SwiGLU) return gemm_sm90_kernel<BN, STAGES, true, 0, CLUSTER>;
     if (p.ep != Epilogue::RopeKV) return gemm_sm90_kernel<BN, STAGES, false, 0, CLUSTER>;
     if constexpr (BN % 128 == 0) {
@@ -882,7 +810,7 @@ int resident_clusters(KernelFn kernel, int cluster, size_t smem) {
 // tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile), and with CLUSTER > 1 no
 // more clusters than fit at once; K split `splits` ways (p.out.split must then hold splits slots
 // per tile and a counter per tile).
-template <int BN, int STAGES, int CLUSTER = 1, bool PINGPONG = false>
+template <int BN, int STAGES, int CLUSTER = 1>
 void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, int splits = 1) {
     const bool swiglu = p.ep == Epilogue::SwiGLU;
     const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
@@ -910,7 +838,7 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
                "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
     const bool res = p.ep != Epilogue::SwiGLU;  // as pick_kernel's instances
     const size_t smem = res ? Layout<BN, STAGES, true>::kSmemBytes : Layout<BN, STAGES, false>::kSmemBytes;
-    const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER, PINGPONG>(p);
+    const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (CLUSTER > 1 && max_ctas > 0)
         max_ctas = std::min(max_ctas, CLUSTER * resident_clusters(kernel, CLUSTER, smem));
@@ -980,13 +908,6 @@ int split_count(const GemmArgs& p, int sm_count) {
     return best;
 }
 
-// LLAMA_BRRR_GEMM_PINGPONG=1 runs the TMA epilogues (AddResidual, StoreF32, StoreBf16) on the
-// ping-pong consumer schedule with 128 x 128 tiles (for measuring), read once.
-bool pingpong_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMM_PINGPONG", false);
-    return on;
-}
-
 // LLAMA_BRRR_GEMM_BN=128/192/256 overrides the wave model's tile width (for measuring;
 // bench_kernels.py), read once; RopeKV never takes 192.
 int forced_tile_width() {
@@ -1015,10 +936,6 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     // for 128; 0.73-0.81 on another machine of the same session):
     // benchmarks/results/h100-sxm/gemm_tile_width.txt.
     const long long best_narrow = std::min(c192, c128);
-    if (pingpong_enabled() && p.epilogue_tma) {
-        sm90::launch<128, 6, 1, true>(p, sm_count, 8, stream);
-        return;
-    }
     if (forced == 256 || (forced == 0 && 20 * c256 <= 21 * best_narrow)) {
         sm90::launch<256, 4>(p, sm_count, 8, stream);
     } else if (forced == 192 ? p.ep != Epilogue::RopeKV : forced == 0 && c192 <= c128) {

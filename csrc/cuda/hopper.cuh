@@ -336,10 +336,6 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Counts this warp in on barrier `id` without waiting (pairs with others' named_barrier_sync).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 // ---- register budget per warpgroup (takes effect under __launch_bounds__(threads, 1)) --------
 template <int Regs>
