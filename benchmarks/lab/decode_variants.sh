@@ -48,6 +48,11 @@
 #   slot for the next step as soon as this step had consumed it, instead of all of a step's loads
 #   at the top of the next step: 1B 0.927x, 8B 0.924x; see benchmarks/results/h100-sxm/variants/
 #   gemv_refill_table.txt)
+#   (35, run 2026-11-25 (runs AU-AX) and retired, code at 49d6c7a / 0e49468: every layer in one
+#   persistent kernel; see benchmarks/results/h100-sxm/variants/persistent_table.txt)
+#   36 split-fence  LLAMA_BRRR_DECODE_RELEASE=0: flash_decode counts a finished split with a fence in
+#                   every thread and a relaxed atomic instead of one acq_rel atomic (shipped since
+#                   run BA: 1B 1.009x, 8B 1.003x; variants/release_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -83,6 +88,7 @@ variants=(
     "20-gemv-loads16|LLAMA_BRRR_GEMV_LOADS=16"
     "30-stage-loop|LLAMA_BRRR_GEMV_STAGE_ASYNC=0"
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
+    "36-split-fence|LLAMA_BRRR_DECODE_RELEASE=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}
