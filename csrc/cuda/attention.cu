@@ -17,8 +17,8 @@
 //   each writes (max, sum, unnormalized acc[hd]) to scratch, counts itself in with an atomic on
 //   its (sequence, head block) arrival counter (one acq_rel atomic after the CTA barrier: 1B decode
 //   1.009x, 8B 1.003x over a fence in every thread plus a relaxed atomic, run BA), and the last to
-//   arrive merges them (weights
-//   computed once per split in shared memory, then independent loads) and re-arms the counter.
+//   arrive merges them (weights computed once per split in shared memory, then independent loads)
+//   and re-arms the counter.
 //   Scratch per sequence: [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq x
 //   max_splits x hd], so a sequence's counters sit in one place whatever the batch of a call; they
 //   must be zero before the first call (the engine's arena is) and every call leaves them zero.
