@@ -40,6 +40,15 @@ __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
     return v;
 }
 
+// *p += v at GPU scope, returning the old value, as one acquire-release: the caller's earlier writes
+// (and those a CTA barrier ordered before it) are published with the count, and whoever reads the
+// count sees what the earlier counters published.
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
+    int old;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 // Asynchronous 16-byte global -> shared copy; when `valid` is false nothing is read and the 16
 // bytes are zero-filled (tile tails, masked rows). `src` must still be a mapped address.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, bool valid) {
