@@ -828,30 +828,30 @@ PYBIND11_MODULE(_C, m) {
     };
 
     cuda_ops.def("embed", [](uintptr_t tokens, uintptr_t table, uintptr_t x, int64_t M, int64_t D,
-                             int64_t V) {
-        CudaOp::check_sizes({{"M", M}, {"D", D}, {"V", V}});
+                             int64_t V, uintptr_t history, uintptr_t slots, uintptr_t positions,
+                             int64_t max_batch, int64_t max_seq) {
+        CudaOp::check_sizes({{"M", M}, {"D", D}, {"V", V}, {"max_batch", max_batch}, {"max_seq", max_seq}});
+        brrr::cuda::TokenHistory record;
+        if (history) {
+            if (max_batch < 1 || max_seq < 1)
+                bad_argument("a token history needs max_batch >= 1 and max_seq >= 1, got " +
+                             std::to_string(max_batch) + " and " + std::to_string(max_seq));
+            record.history = static_cast<int*>(CudaOp::ptr(history, "history"));
+            record.slots = static_cast<const int*>(CudaOp::ptr(slots, "slots"));
+            record.positions = static_cast<const int*>(CudaOp::ptr(positions, "positions"));
+            record.max_batch = (int)max_batch;
+            record.max_seq = (int)max_seq;
+        }
         py::gil_scoped_release release;
         brrr::cuda::embed(static_cast<const int*>(CudaOp::ptr(tokens, "tokens")),
                           static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(table, "table")),
-                          static_cast<float*>(CudaOp::ptr(x, "x")), (int)M, (int)D, (int)V, 0);
+                          static_cast<float*>(CudaOp::ptr(x, "x")), (int)M, (int)D, (int)V, record, 0);
         CudaOp::finish("cuda_ops.embed");
     }, py::arg("tokens"), py::arg("table"), py::arg("x"), py::arg("M"), py::arg("D"), py::arg("V"),
-       "x[m] = float(table[tokens[m]]); tokens int32 [M], table bf16 [V, D], x f32 [M, D]");
-
-    cuda_ops.def("record_tokens", [](uintptr_t tokens, uintptr_t slots, uintptr_t positions,
-                                     uintptr_t history, int64_t M, int64_t max_batch,
-                                     int64_t max_seq) {
-        CudaOp::check_sizes({{"M", M}, {"max_batch", max_batch}, {"max_seq", max_seq}});
-        py::gil_scoped_release release;
-        brrr::cuda::record_tokens(static_cast<const int*>(CudaOp::ptr(tokens, "tokens")),
-                                  static_cast<const int*>(CudaOp::ptr(slots, "slots")),
-                                  static_cast<const int*>(CudaOp::ptr(positions, "positions")),
-                                  static_cast<int*>(CudaOp::ptr(history, "history")), (int)M, (int)max_batch,
-                                  (int)max_seq, 0);
-        CudaOp::finish("cuda_ops.record_tokens");
-    }, py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("history"), py::arg("M"),
-       py::arg("max_batch"), py::arg("max_seq"),
-       "history[slots[m], positions[m]] = tokens[m]; history int32 [max_batch, max_seq]");
+       py::arg("history") = 0, py::arg("slots") = 0, py::arg("positions") = 0, py::arg("max_batch") = 0,
+       py::arg("max_seq") = 0,
+       "x[m] = float(table[tokens[m]]); tokens int32 [M], table bf16 [V, D], x f32 [M, D]; with a "
+       "history (int32 [max_batch, max_seq]) also history[slots[m], positions[m]] = tokens[m]");
 
     cuda_ops.def("rmsnorm_residual", [](uintptr_t x, uintptr_t residual, uintptr_t w, uintptr_t y,
                                         int64_t M, int64_t D, float eps) {
@@ -948,7 +948,8 @@ PYBIND11_MODULE(_C, m) {
             CudaOp::check(cudaMemcpy(d_steps, st.data(), steps_bytes, cudaMemcpyHostToDevice),
                           "cuda_ops.sample_tokens: upload");
             brrr::cuda::sample_tokens(lg, hist, sl, pos, d_params, d_steps, (int)B, (int)V,
-                                      (int)max_seq, d_scratch, d_tokens, d_logprobs, 0);
+                                      (int)max_seq, d_scratch, d_tokens, d_logprobs,
+                                      brrr::cuda::SampleFeedBack{}, 0);
             CudaOp::finish("cuda_ops.sample_tokens");
             CudaOp::check(cudaMemcpy(tok_out, d_tokens, sizeof(int) * B, cudaMemcpyDeviceToHost),
                           "cuda_ops.sample_tokens: download");

@@ -1,4 +1,4 @@
-"""The CUDA backend's small kernels (embed, record_tokens, rmsnorm_residual, rope_kv_append,
+"""The CUDA backend's small kernels (embed with its token history, rmsnorm_residual, rope_kv_append,
 fill_normal_bf16, convert_f32_to_bf16, sample_tokens) against PyTorch / numpy / the CPU sampler,
 through _C.cuda_ops on device pointers. Outputs are NaN-poisoned before each run, sizes are odd
 where the kernels have a vector path, inputs are random each run (seed printed by the rng fixture)."""
@@ -60,7 +60,7 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(mag)) - 7)
 
 
-# ---- embed / record_tokens ----------------------------------------------------------------------
+# ---- embed ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("M,D", [(1, 64), (3, 577), (17, 4096), (5, 8), (2, 1)])
 def test_embed_matches_indexing(ops, rng, gen, M, D):
@@ -89,17 +89,31 @@ def test_embed_rejects_null_pointer(ops):
         ops.embed(0, 1, 1, 1, 8, 8)
 
 
-def test_record_tokens_writes_only_its_cells(ops, rng):
-    max_batch, max_seq, M = 3, 23, 5
+@pytest.mark.parametrize("D", [64, 577])
+def test_embed_records_tokens_only_in_their_cells(ops, rng, gen, D):
+    max_batch, max_seq, M, V = 3, 23, 5, 1000
+    table = cuda_randn((V, D), gen, torch.bfloat16)
     history = torch.full((max_batch, max_seq), -7, dtype=torch.int32, device="cuda")
     slots = rng.integers(0, max_batch, size=M).astype(np.int32)
     positions = rng.choice(max_seq, size=M, replace=False).astype(np.int32)
-    tokens = rng.integers(0, 1000, size=M).astype(np.int32)
+    slots[-1], positions[-1] = max_batch, 0  # a row outside the history records nothing
+    ids = rng.integers(0, V, size=M).astype(np.int32)
     expected = np.full((max_batch, max_seq), -7, dtype=np.int32)
-    expected[slots, positions] = tokens
-    t = [torch.from_numpy(a).cuda() for a in (tokens, slots, positions)]
-    ops.record_tokens(ptr(t[0]), ptr(t[1]), ptr(t[2]), ptr(history), M, max_batch, max_seq)
+    expected[slots[:-1], positions[:-1]] = ids[:-1]
+    t = [torch.from_numpy(a).cuda() for a in (ids, slots, positions)]
+    x = nan_like((M, D), torch.float32)
+    ops.embed(ptr(t[0]), ptr(table), ptr(x), M, D, V, ptr(history), ptr(t[1]), ptr(t[2]), max_batch, max_seq)
     np.testing.assert_array_equal(history.cpu().numpy(), expected)
+    assert torch.equal(x, table[t[0].long()].float())
+
+
+def test_embed_history_needs_its_sizes(ops, gen):
+    table = cuda_randn((8, 8), gen, torch.bfloat16)
+    t = torch.zeros(1, dtype=torch.int32, device="cuda")
+    history = torch.zeros((1, 4), dtype=torch.int32, device="cuda")
+    x = torch.zeros((1, 8), device="cuda")
+    with pytest.raises(ValueError, match="history"):
+        ops.embed(ptr(t), ptr(table), ptr(x), 1, 8, 8, ptr(history), ptr(t), ptr(t), 0, 4)
 
 
 # ---- rmsnorm_residual ---------------------------------------------------------------------------

@@ -53,6 +53,8 @@
 #   36 split-fence  LLAMA_BRRR_DECODE_RELEASE=0: flash_decode counts a finished split with a fence in
 #                   every thread and a relaxed atomic instead of one acq_rel atomic (shipped since
 #                   run BA: 1B 1.009x, 8B 1.003x; variants/release_table.txt)
+#   37 no-round-graph  LLAMA_BRRR_ROUND_GRAPH=0: decode_steps replays the forward's graph and launches
+#                   the sampler after it, instead of one graph per round with the sampler inside
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -89,6 +91,7 @@ variants=(
     "30-stage-loop|LLAMA_BRRR_GEMV_STAGE_ASYNC=0"
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
     "36-split-fence|LLAMA_BRRR_DECODE_RELEASE=0"
+    "37-no-round-graph|LLAMA_BRRR_ROUND_GRAPH=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

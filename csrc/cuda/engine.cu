@@ -4,7 +4,9 @@
 //
 // Host/device traffic per decode token: one 3*rows int32 upload of tokens|slots|positions from
 // pinned staging, a graph launch, and nothing back unless logits are asked for. sample() is the
-// one point where the host waits: it needs the token ids.
+// one point where the host waits: it needs the token ids. decode_steps replays one graph per
+// round, forward and sampler together; while profiling, the forward's graph and the sampler's
+// launches go separately, so the report keeps the sampler apart.
 //
 // Profiling (csrc/profile/profile.h; on only after profile_enable(true)): every launch of an eager
 // pass (prefill, un-graphed decode, the first decode of each batch size, sampling) is bracketed by
@@ -53,6 +55,13 @@ std::string shape_str(const std::vector<int64_t>& shape) {
     for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
     s << (shape.size() == 1 ? ",)" : ")");
     return s.str();
+}
+
+// LLAMA_BRRR_ROUND_GRAPH=0 replays the forward as a graph and launches the sampler after it (the
+// form before 2026-11-25's round graphs), for benchmarks/lab/decode_variants.sh; read once.
+bool round_graphs_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_ROUND_GRAPH", true);
+    return on;
 }
 
 }  // namespace
@@ -135,6 +144,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
     weight_set_.assign(names_.size(), false);
     decode_warmed_.assign(c.max_batch + 1, false);
     decode_graphs_.assign(c.max_batch + 1, nullptr);
+    round_graphs_.assign(c.max_batch + 1, nullptr);
     prof_graphs_.resize(c.max_batch + 1);
 }
 
@@ -191,6 +201,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     d_steps_ = a.take<uint64_t>(B);
     d_sample_slots_ = a.take<int>(B);
     d_sample_positions_ = a.take<int>(B);
+    d_rounds_ = a.take<int>(B);
     sample_in_bytes_ = a.offset - sample_in_start;
     // The token ring of decode_steps (sample() uses its first row): tokens, then logprobs.
     d_out_tokens_ = a.take<int>(2 * kMaxDecodeSteps * B);
@@ -204,8 +215,9 @@ void CudaEngine::release() noexcept {
         return;
     }
     if (stream_) cudaStreamSynchronize(stream_);
-    for (cudaGraphExec_t& g : decode_graphs_)
-        if (g) cudaGraphExecDestroy(g), g = nullptr;
+    for (std::vector<cudaGraphExec_t>* graphs : {&decode_graphs_, &round_graphs_})
+        for (cudaGraphExec_t& g : *graphs)
+            if (g) cudaGraphExecDestroy(g), g = nullptr;
     for (ProfiledGraph& g : prof_graphs_) {
         if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
         for (cudaEvent_t e : g.events) cudaEventDestroy(e);
@@ -460,7 +472,7 @@ void CudaEngine::run_decode(int B) {
             decode_warmed_[B] = true;
             return;
         }
-        decode_graphs_[B] = capture_decode(B, false);
+        decode_graphs_[B] = capture_decode(B, false, false);
     }
     if (prof_.on()) {
         replay_profiled(B);
@@ -486,10 +498,10 @@ void CudaEngine::forward_decode_eager(int B) {
     prof_clock_.release_hold();
 }
 
-// Captures forward_decode(B). Plain: recording paused, so the graph is the unprofiled one.
-// Instrumented: the clock turns every mark into an event node owned by prof_graphs_[B], and the
-// records made during capture move into prof_graphs_[B].ops.
-cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented) {
+// Captures forward_decode(B) (and a round's sampling). Plain: recording paused, so the graph is
+// the unprofiled one. Instrumented: the clock turns every mark into an event node owned by
+// prof_graphs_[B], and the records made during capture move into prof_graphs_[B].ops.
+cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented, bool with_sampler) {
     profile::Clock* clock = prof_.clock();
     const size_t first_record = prof_.size();
     if (instrumented)
@@ -504,6 +516,7 @@ cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented) {
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
         forward_decode(B);
+        if (with_sampler) sample_round(B);
     } catch (...) {
         cudaGraph_t partial = nullptr;
         cudaStreamEndCapture(stream_, &partial);
@@ -536,7 +549,7 @@ void CudaEngine::replay_profiled(int B) {
         return;
     }
     ProfiledGraph& g = prof_graphs_[B];
-    if (!g.exec) g.exec = capture_decode(B, true);
+    if (!g.exec) g.exec = capture_decode(B, true, false);
     CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const Config& c = cfg_;
@@ -606,7 +619,7 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
     prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
     sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
                   d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_,
-                  d_out_logprobs_, stream_);
+                  d_out_logprobs_, SampleFeedBack{}, stream_);
     prof_.op("sample_outputs", profile::OpClass::Copy, profile::copy_cost(8.0 * batch));
     CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, sizeof(int) * batch, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemcpyAsync(h_out_ + sizeof(int) * batch, d_out_logprobs_, sizeof(float) * batch,
@@ -617,10 +630,11 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
     if (logprobs) std::memcpy(logprobs, h_out_ + sizeof(int) * batch, sizeof(float) * batch);
 }
 
-// The loop of model.py's decode, on the device: round s replays the decode graph, samples into
-// row s of the token ring and feeds the tokens back as round s + 1's inputs (positions and RNG
-// steps advance on the device too). The host enqueues every round without waiting, so the GPU
-// never idles for Python between tokens; one download at the end.
+// The loop of model.py's decode, on the device: round s runs the forward, samples into row s of
+// the token ring and feeds the tokens back as round s + 1's inputs (positions, RNG steps and the
+// ring row advance on the device too). Once a batch size is warm, a round is one graph, sampler
+// included, so the sampler overlaps the LM head's tail (PDL) and no launch of its own sits between
+// two forwards. The host enqueues every round without waiting; one download at the end.
 void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch,
                               int n_steps, int32_t* out_tokens, float* out_logprobs) {
@@ -637,6 +651,11 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     upload_sample_inputs(slots, positions, params, steps, batch);
     for (int s = 0; s < n_steps; ++s) {
         steps_ahead_ = s;
+        if (use_graphs_ && round_graphs_enabled() && !prof_.on() && decode_warmed_[batch]) {
+            if (!round_graphs_[batch]) round_graphs_[batch] = capture_decode(batch, false, true);
+            CUDA_CHECK(cudaGraphLaunch(round_graphs_[batch], stream_));
+            continue;
+        }
         // Profiling an eager round: hold the stream over the whole round, sampling included
         // (forward_decode_eager explains why); graph replays need no hold.
         const bool hold = prof_.on() && (!use_graphs_ || !decode_warmed_[batch]);
@@ -644,16 +663,7 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
         try {
             prof_.set_phase(profile::Phase::Decode);
             run_decode(batch);
-            prof_.set_phase(profile::Phase::Sample);
-            int* ring_tokens = d_out_tokens_ + (size_t)s * batch;
-            prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
-            sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
-                          d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_,
-                          ring_tokens, d_out_logprobs_ + (size_t)s * batch, stream_);
-            prof_.op("feed_back", profile::OpClass::Copy, profile::copy_cost(20.0 * batch));
-            feed_back_samples(ring_tokens, d_tokens_, d_positions_, d_sample_positions_, d_steps_,
-                              batch, stream_);
-            prof_.end();
+            sample_round(batch);
         } catch (...) {
             if (hold) prof_clock_.release_hold();
             throw;
@@ -669,6 +679,21 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::memcpy(out_tokens, h_out_, sizeof(int) * n);
     std::memcpy(out_logprobs, h_out_ + sizeof(int) * n, sizeof(float) * n);
+}
+
+void CudaEngine::sample_round(int B) {
+    prof_.set_phase(profile::Phase::Sample);
+    prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(B, cfg_.vocab_size));
+    SampleFeedBack fb;
+    fb.tokens = d_tokens_;
+    fb.positions = d_positions_;
+    fb.sample_positions = d_sample_positions_;
+    fb.steps = d_steps_;
+    fb.rounds = d_rounds_;
+    sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_, d_steps_, B,
+                  cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_, d_out_logprobs_, fb,
+                  stream_);
+    prof_.end();
 }
 
 void CudaEngine::check_sample_rows(const int32_t* slots, const int32_t* positions,
@@ -696,12 +721,14 @@ void CudaEngine::upload_sample_inputs(const int32_t* slots, const int32_t* posit
     uint64_t* hs = reinterpret_cast<uint64_t*>(mirror(d_steps_));
     int* hsl = reinterpret_cast<int*>(mirror(d_sample_slots_));
     int* hpos = reinterpret_cast<int*>(mirror(d_sample_positions_));
+    int* hround = reinterpret_cast<int*>(mirror(d_rounds_));
     for (int i = 0; i < batch; ++i) {
         hp[i] = SampleParamsDev{params[i].temperature, params[i].top_p, params[i].min_p,
                                 params[i].repetition_penalty, params[i].top_k, params[i].seed};
         hs[i] = steps[i];
         hsl[i] = slots[i];
         hpos[i] = positions[i];
+        hround[i] = 0;
     }
     prof_.op("sample_inputs", profile::OpClass::Copy, profile::copy_cost((double)sample_in_bytes_));
     CUDA_CHECK(cudaMemcpyAsync(d_sample_params_, h_sample_in_, sample_in_bytes_,

@@ -129,7 +129,20 @@ private:
                               const SamplingParams* params, const uint64_t* steps, int batch);
     void activate() const;
     int layer_max_splits() const;
-    cudaGraphExec_t capture_decode(int B, bool instrumented);
+    // A graph of forward_decode(B), followed by sample_round(B) when with_sampler.
+    cudaGraphExec_t capture_decode(int B, bool instrumented, bool with_sampler);
+    // One round of decode_steps after the forward: sample into the ring, feed the tokens back.
+    void sample_round(int B);
+    // Where embed records the tokens of the rows staged in d_tokens_/d_slots_/d_positions_.
+    TokenHistory token_history() const {
+        TokenHistory h;
+        h.history = history_;
+        h.slots = d_slots_;
+        h.positions = d_positions_;
+        h.max_batch = cfg_.max_batch;
+        h.max_seq = cfg_.max_seq_len;
+        return h;
+    }
     void replay_profiled(int B);
     // Cached positions the next decode's attention reads, summed over its B rows (0 when not profiling).
     double decode_context(int B) const;
@@ -169,6 +182,7 @@ private:
     uint64_t* d_steps_ = nullptr;                 // [max_batch]
     int* d_sample_slots_ = nullptr;               // [max_batch]
     int* d_sample_positions_ = nullptr;           // [max_batch]
+    int* d_rounds_ = nullptr;                     // [max_batch]: decode_steps' ring row, 0 at upload
     int* d_out_tokens_ = nullptr;                 // [kMaxDecodeSteps][max_batch], followed by
     float* d_out_logprobs_ = nullptr;             // [kMaxDecodeSteps][max_batch]
     size_t sample_in_bytes_ = 0;
@@ -194,6 +208,7 @@ private:
     bool use_graphs_ = true;
     std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B
     std::vector<cudaGraphExec_t> decode_graphs_;  // [max_batch + 1]
+    std::vector<cudaGraphExec_t> round_graphs_;   // [max_batch + 1]: decode + sample_round
 
     profile::Recorder prof_;
     EventClock prof_clock_;

@@ -72,10 +72,8 @@ void CudaEngine::forward_decode(int B) {
     const float eps = c.norm_eps;
     cudaStream_t s = stream_;
 
-    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * B * D));
-    embed(d_tokens_, tok_embeddings_, x_, B, D, c.vocab_size, s);
-    prof_.op("record_tokens", OpClass::Copy, profile::copy_cost(4.0 * B));
-    record_tokens(d_tokens_, d_slots_, d_positions_, history_, B, c.max_batch, S, s);
+    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * B * D + 4.0 * B));
+    embed(d_tokens_, tok_embeddings_, x_, B, D, c.vocab_size, token_history(), s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
@@ -111,10 +109,8 @@ void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
     const float eps = c.norm_eps;
     cudaStream_t s = stream_;
 
-    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * T * D));
-    embed(d_tokens_, tok_embeddings_, x_, T, D, c.vocab_size, s);
-    prof_.op("record_tokens", OpClass::Copy, profile::copy_cost(4.0 * T));
-    record_tokens(d_tokens_, d_slots_, d_positions_, history_, T, c.max_batch, S, s);
+    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * T * D + 4.0 * T));
+    embed(d_tokens_, tok_embeddings_, x_, T, D, c.vocab_size, token_history(), s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;

@@ -61,10 +61,15 @@ struct SampleParamsDev {
 };
 
 // ---- embed.cu / norm.cu ---------------------------------------------------------------------
-// x[m, :] = table[tokens[m], :] as fp32; tokens [M], table [V, D] bf16 (a row with an id outside [0, V) becomes NaN).
-void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, cudaStream_t stream);
-// history[slots[m], positions[m]] = tokens[m]; history [max_batch, max_seq] int32 (read by sample_tokens).
-void record_tokens(const int* tokens, const int* slots, const int* positions, int* history, int M, int max_batch, int max_seq, cudaStream_t stream);
+// Where embed records each row's token for the sampler's repetition penalty: history [max_batch, max_seq] int32 at (slots[m], positions[m]); history == nullptr records nothing.
+struct TokenHistory {
+    int* history = nullptr;
+    const int* slots = nullptr;
+    const int* positions = nullptr;
+    int max_batch = 0, max_seq = 0;
+};
+// x[m, :] = table[tokens[m], :] as fp32 and the token into `record`; tokens [M], table [V, D] bf16 (a row with an id outside [0, V) becomes NaN).
+void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, const TokenHistory& record, cudaStream_t stream);
 // x += residual (when residual != nullptr), then y = x * rsqrt(mean(x^2) + eps) * w; x [M, D] fp32.
 void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D, float eps, cudaStream_t stream);
 
@@ -106,10 +111,17 @@ void attention_prefill_mma_sync(const bf16* q, const bf16* k_cache, const bf16* 
 // ---- sampling.cu: one token per sequence on the device, no host round trip --------------------
 // logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].
 size_t sample_scratch_bytes(int B, int V);
-// decode_steps: the sampled tokens become the next round's inputs; positions, the sampler's
-// positions and the RNG steps advance by one. All [B].
-void feed_back_samples(const int* sampled, int* tokens, int* positions, int* sample_positions, uint64_t* steps, int B, cudaStream_t stream);
-void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions, const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, cudaStream_t stream);
+// decode_steps' loop, closed by the sampler: tokens[b] = the sampled token, positions[b] += 1, and
+// the sampler's own positions and steps (sample_positions, steps: the same arrays it reads) += 1;
+// rounds lets a graph replay of one round write each round's own row of a token ring.
+struct SampleFeedBack {
+    int* tokens = nullptr;  // nullptr: no feed-back
+    int* positions = nullptr;
+    int* sample_positions = nullptr;
+    uint64_t* steps = nullptr;
+    int* rounds = nullptr;  // [B]: the row of out_tokens / out_logprobs [rounds][B] written, then += 1
+};
+void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions, const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back, cudaStream_t stream);
 
 // ---- init.cu ---------------------------------------------------------------------------------
 // p[i] = mean + std * N(0, 1), pair k Box-Muller of splitmix64(key + 2k), splitmix64(key + 2k + 1)

@@ -20,8 +20,10 @@
 // exactly that key finds the index among ties. A kept set is always a prefix of the heaviest-first
 // order, stored as a Cut (key, idx): token i is kept iff key_i > key, or key_i == key and i <= idx.
 //
-// feed_back_samples closes the loop of engine.decode_steps on the device: the tokens just
-// sampled become the next decode's inputs and every row moves one position on.
+// With a SampleFeedBack the sampler also closes the loop of engine.decode_steps on the device: the
+// token just sampled becomes the next decode's input and the row moves one position on, in the
+// sampling kernel's last step rather than a launch of its own (a few microseconds a token at
+// batch 1, where the GPU has nothing else to do).
 //
 // Bitwise agreement with the CPU: the build uses fast math, so the arithmetic that decides which
 // token wins is spelled out in IEEE-rounded intrinsics, exp is taken in double and rounded to
@@ -433,16 +435,22 @@ __global__ void __launch_bounds__(kScanThreads)
 
 // ---- the kernel -------------------------------------------------------------------------------
 
+// positions and steps carry no __restrict__: a feed-back writes them (after every read of them).
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* __restrict__ logits, const int* __restrict__ history,
-                  const int* __restrict__ slots, const int* __restrict__ positions,
-                  const SampleParamsDev* __restrict__ params, const uint64_t* __restrict__ steps,
+                  const int* __restrict__ slots, const int* positions,
+                  const SampleParamsDev* __restrict__ params, const uint64_t* steps,
                   int V, int max_seq, const ScanPart* __restrict__ parts, int n_parts, float* w_all,
-                  int* __restrict__ out_tokens, float* __restrict__ out_logprobs) {
+                  int* __restrict__ out_tokens, float* __restrict__ out_logprobs, SampleFeedBack fb) {
     extern __shared__ unsigned seen[];  // [ceil(V / 32)] history marks (temperature > 0 only)
     __shared__ Shared sh;
     pdl_wait();  // the scan's parts
+    pdl_launch_dependents();
     const int b = blockIdx.x;
+    // Read before the block's first barrier, so thread 0's feed-back at the end follows every read.
+    const int position = positions[b];
+    const uint64_t step = steps[b];
+    const int round = fb.rounds ? fb.rounds[b] : 0;
     const float* row = logits + (size_t)b * V;
     float* w = w_all + (size_t)b * V;
     const SampleParamsDev p = params[b];
@@ -454,7 +462,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = threadIdx.x; i < n_words; i += kThreads) seen[i] = 0u;
         __syncthreads();
         const int slot = slots[b];
-        const int n_history = min(max(positions[b] + 1, 0), max_seq);
+        const int n_history = min(max(position + 1, 0), max_seq);
         const int* h = history + (size_t)slot * max_seq;
         for (int i = threadIdx.x; i < n_history; i += kThreads) {
             const int t = h[i];
@@ -508,41 +516,29 @@ __global__ void __launch_bounds__(kThreads)
             kept = shorter(kept, Cut{key_of(p.min_p), INT_MAX});
             mass = mass_of(w, V, kept, sh);
         }
-        const double target = (double)uniform01(p.seed, steps[b]) * mass;
+        const double target = (double)uniform01(p.seed, step) * mass;
         token = walk_heaviest_first(w, V, kept, false, target, true, sh).token;
     }
     // The walk always lands on a token of the kept set; this only keeps a broken invariant from
     // turning into an out-of-bounds read below.
     if (token < 0 || token >= V) token = i_best;
     if (threadIdx.x == 0) {
-        out_tokens[b] = token;
-        if (out_logprobs) out_logprobs[b] = (float)((double)row[token] - log_total);
+        const size_t at = (size_t)round * gridDim.x + b;
+        out_tokens[at] = token;
+        if (out_logprobs) out_logprobs[at] = (float)((double)row[token] - log_total);
+        if (fb.rounds) fb.rounds[b] = round + 1;
+        if (fb.tokens) {
+            fb.tokens[b] = token;
+            fb.positions[b] += 1;
+            fb.sample_positions[b] = position + 1;
+            fb.steps[b] = step + 1;
+        }
     }
-}
-
-__global__ void feed_back_kernel(const int* __restrict__ sampled, int* __restrict__ tokens,
-                                 int* __restrict__ positions, int* __restrict__ sample_positions,
-                                 uint64_t* __restrict__ steps, int B) {
-    const int b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= B) return;
-    tokens[b] = sampled[b];
-    ++positions[b];
-    ++sample_positions[b];
-    ++steps[b];
 }
 
 size_t seen_bytes(int V) { return (size_t)((V + 31) / 32) * sizeof(unsigned); }
 
 }  // namespace
-
-void feed_back_samples(const int* sampled, int* tokens, int* positions, int* sample_positions,
-                       uint64_t* steps, int B, cudaStream_t stream) {
-    BRRR_CHECK(B >= 0, "feed_back_samples: bad batch B=" << B);
-    if (B == 0) return;
-    feed_back_kernel<<<CEIL_DIV(B, 64), 64, 0, stream>>>(sampled, tokens, positions, sample_positions,
-                                                          steps, B);
-    CUDA_CHECK_LAUNCH("feed_back_kernel");
-}
 
 size_t sample_scratch_bytes(int B, int V) {
     BRRR_CHECK(B >= 0 && V > 0, "sample_scratch_bytes: bad sizes B=" << B << " V=" << V);
@@ -551,9 +547,15 @@ size_t sample_scratch_bytes(int B, int V) {
 
 void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions,
                    const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq,
-                   void* scratch, int* out_tokens, float* out_logprobs, cudaStream_t stream) {
+                   void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back,
+                   cudaStream_t stream) {
     BRRR_CHECK(B >= 0 && V > 0 && max_seq > 0,
                "sample_tokens: bad sizes B=" << B << " V=" << V << " max_seq=" << max_seq);
+    BRRR_CHECK(!feed_back.tokens || (feed_back.positions && feed_back.sample_positions == positions &&
+                                     feed_back.steps == steps),
+               "sample_tokens: a feed-back advances the sampler's own positions and steps and needs "
+               "the decode's positions");
+    BRRR_CHECK(!feed_back.rounds || feed_back.tokens, "sample_tokens: a round counter is part of a feed-back");
     if (B == 0) return;
     const size_t smem = seen_bytes(V);
     // The history bitmap is V bits of shared memory; beyond the default 48 KiB opt in.
@@ -575,7 +577,7 @@ void sample_tokens(const float* logits, const int* history, const int* slots, co
     CUDA_CHECK_LAUNCH("sample_scan_kernel");
     launch_pdl(sample_kernel, dim3(B), dim3(kThreads), smem, stream, logits, history, slots, positions,
                params, steps, V, max_seq, static_cast<const ScanPart*>(parts), n_parts,
-               static_cast<float*>(scratch), out_tokens, out_logprobs);
+               static_cast<float*>(scratch), out_tokens, out_logprobs, feed_back);
     CUDA_CHECK_LAUNCH("sample_kernel");
 }
 
