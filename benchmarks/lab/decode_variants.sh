@@ -55,6 +55,7 @@
 #                   run BA: 1B 1.009x, 8B 1.003x; variants/release_table.txt)
 #   37 no-round-graph  LLAMA_BRRR_ROUND_GRAPH=0: decode_steps replays the forward's graph and launches
 #                   the sampler after it, instead of one graph per round with the sampler inside
+#   38 fd-1-per-sm-early  12 + 13: one flash_decode CTA per SM, the wo GEMV free to launch beside it
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -92,6 +93,7 @@ variants=(
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
     "36-split-fence|LLAMA_BRRR_DECODE_RELEASE=0"
     "37-no-round-graph|LLAMA_BRRR_ROUND_GRAPH=0"
+    "38-fd-1-per-sm-early|LLAMA_BRRR_DECODE_CTAS_PER_SM=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}
