@@ -53,9 +53,12 @@
 #   36 split-fence  LLAMA_BRRR_DECODE_RELEASE=0: flash_decode counts a finished split with a fence in
 #                   every thread and a relaxed atomic instead of one acq_rel atomic (shipped since
 #                   run BA: 1B 1.009x, 8B 1.003x; variants/release_table.txt)
-#   37 no-round-graph  LLAMA_BRRR_ROUND_GRAPH=0: decode_steps replays the forward's graph and launches
-#                   the sampler after it, instead of one graph per round with the sampler inside
+#   (37, run BD 2026-11-25 and retired, code at b1e896d: decode_steps replaying one graph per round
+#   with the sampler inside, against the forward's graph and the sampler launched after it: 1B
+#   1.001 / 1.009 / 0.996x, 8B 0.999-1.000x over three alternations; see
+#   benchmarks/results/h100-sxm/variants/round_graph_table.txt)
 #   38 fd-1-per-sm-early  12 + 13: one flash_decode CTA per SM, the wo GEMV free to launch beside it
+#                   (run BD: 8B 0.970x)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -92,7 +95,6 @@ variants=(
     "30-stage-loop|LLAMA_BRRR_GEMV_STAGE_ASYNC=0"
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
     "36-split-fence|LLAMA_BRRR_DECODE_RELEASE=0"
-    "37-no-round-graph|LLAMA_BRRR_ROUND_GRAPH=0"
     "38-fd-1-per-sm-early|LLAMA_BRRR_DECODE_CTAS_PER_SM=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
 )
 for v in "${variants[@]}"; do

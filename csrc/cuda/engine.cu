@@ -4,9 +4,7 @@
 //
 // Host/device traffic per decode token: one 3*rows int32 upload of tokens|slots|positions from
 // pinned staging, a graph launch, and nothing back unless logits are asked for. sample() is the
-// one point where the host waits: it needs the token ids. decode_steps replays one graph per
-// round, forward and sampler together; while profiling, the forward's graph and the sampler's
-// launches go separately, so the report keeps the sampler apart.
+// one point where the host waits: it needs the token ids.
 //
 // Profiling (csrc/profile/profile.h; on only after profile_enable(true)): every launch of an eager
 // pass (prefill, un-graphed decode, the first decode of each batch size, sampling) is bracketed by
@@ -55,13 +53,6 @@ std::string shape_str(const std::vector<int64_t>& shape) {
     for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
     s << (shape.size() == 1 ? ",)" : ")");
     return s.str();
-}
-
-// LLAMA_BRRR_ROUND_GRAPH=0 replays the forward as a graph and launches the sampler after it (the
-// form before 2026-11-25's round graphs), for benchmarks/lab/decode_variants.sh; read once.
-bool round_graphs_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_ROUND_GRAPH", true);
-    return on;
 }
 
 }  // namespace
@@ -144,7 +135,6 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
     weight_set_.assign(names_.size(), false);
     decode_warmed_.assign(c.max_batch + 1, false);
     decode_graphs_.assign(c.max_batch + 1, nullptr);
-    round_graphs_.assign(c.max_batch + 1, nullptr);
     prof_graphs_.resize(c.max_batch + 1);
 }
 
@@ -201,7 +191,6 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     d_steps_ = a.take<uint64_t>(B);
     d_sample_slots_ = a.take<int>(B);
     d_sample_positions_ = a.take<int>(B);
-    d_rounds_ = a.take<int>(B);
     sample_in_bytes_ = a.offset - sample_in_start;
     // The token ring of decode_steps (sample() uses its first row): tokens, then logprobs.
     d_out_tokens_ = a.take<int>(2 * kMaxDecodeSteps * B);
@@ -215,9 +204,8 @@ void CudaEngine::release() noexcept {
         return;
     }
     if (stream_) cudaStreamSynchronize(stream_);
-    for (std::vector<cudaGraphExec_t>* graphs : {&decode_graphs_, &round_graphs_})
-        for (cudaGraphExec_t& g : *graphs)
-            if (g) cudaGraphExecDestroy(g), g = nullptr;
+    for (cudaGraphExec_t& g : decode_graphs_)
+        if (g) cudaGraphExecDestroy(g), g = nullptr;
     for (ProfiledGraph& g : prof_graphs_) {
         if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
         for (cudaEvent_t e : g.events) cudaEventDestroy(e);
@@ -472,7 +460,7 @@ void CudaEngine::run_decode(int B) {
             decode_warmed_[B] = true;
             return;
         }
-        decode_graphs_[B] = capture_decode(B, false, false);
+        decode_graphs_[B] = capture_decode(B, false);
     }
     if (prof_.on()) {
         replay_profiled(B);
@@ -498,10 +486,10 @@ void CudaEngine::forward_decode_eager(int B) {
     prof_clock_.release_hold();
 }
 
-// Captures forward_decode(B) (and a round's sampling). Plain: recording paused, so the graph is
-// the unprofiled one. Instrumented: the clock turns every mark into an event node owned by
-// prof_graphs_[B], and the records made during capture move into prof_graphs_[B].ops.
-cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented, bool with_sampler) {
+// Captures forward_decode(B). Plain: recording paused, so the graph is the unprofiled one.
+// Instrumented: the clock turns every mark into an event node owned by prof_graphs_[B], and the
+// records made during capture move into prof_graphs_[B].ops.
+cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented) {
     profile::Clock* clock = prof_.clock();
     const size_t first_record = prof_.size();
     if (instrumented)
@@ -516,7 +504,6 @@ cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented, bool with_s
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
         forward_decode(B);
-        if (with_sampler) sample_round(B);
     } catch (...) {
         cudaGraph_t partial = nullptr;
         cudaStreamEndCapture(stream_, &partial);
@@ -549,7 +536,7 @@ void CudaEngine::replay_profiled(int B) {
         return;
     }
     ProfiledGraph& g = prof_graphs_[B];
-    if (!g.exec) g.exec = capture_decode(B, true, false);
+    if (!g.exec) g.exec = capture_decode(B, true);
     CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const Config& c = cfg_;
@@ -630,11 +617,12 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
     if (logprobs) std::memcpy(logprobs, h_out_ + sizeof(int) * batch, sizeof(float) * batch);
 }
 
-// The loop of model.py's decode, on the device: round s runs the forward, samples into row s of
-// the token ring and feeds the tokens back as round s + 1's inputs (positions, RNG steps and the
-// ring row advance on the device too). Once a batch size is warm, a round is one graph, sampler
-// included, so the sampler overlaps the LM head's tail (PDL) and no launch of its own sits between
-// two forwards. The host enqueues every round without waiting; one download at the end.
+// The loop of model.py's decode, on the device: round s replays the decode graph, samples into
+// row s of the token ring and feeds the tokens back as round s + 1's inputs (positions and RNG
+// steps advance on the device too, in the sampler's last step). The host enqueues every round
+// without waiting, so the GPU never idles for Python between tokens; one download at the end.
+// (One graph per round, sampler inside, measured 1.002x at 1B and 1.000x at 8B over three
+// alternations on H100: not kept.)
 void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch,
                               int n_steps, int32_t* out_tokens, float* out_logprobs) {
@@ -651,11 +639,6 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     upload_sample_inputs(slots, positions, params, steps, batch);
     for (int s = 0; s < n_steps; ++s) {
         steps_ahead_ = s;
-        if (use_graphs_ && round_graphs_enabled() && !prof_.on() && decode_warmed_[batch]) {
-            if (!round_graphs_[batch]) round_graphs_[batch] = capture_decode(batch, false, true);
-            CUDA_CHECK(cudaGraphLaunch(round_graphs_[batch], stream_));
-            continue;
-        }
         // Profiling an eager round: hold the stream over the whole round, sampling included
         // (forward_decode_eager explains why); graph replays need no hold.
         const bool hold = prof_.on() && (!use_graphs_ || !decode_warmed_[batch]);
@@ -663,7 +646,7 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
         try {
             prof_.set_phase(profile::Phase::Decode);
             run_decode(batch);
-            sample_round(batch);
+            sample_round(batch, s);
         } catch (...) {
             if (hold) prof_clock_.release_hold();
             throw;
@@ -681,7 +664,7 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     std::memcpy(out_logprobs, h_out_ + sizeof(int) * n, sizeof(float) * n);
 }
 
-void CudaEngine::sample_round(int B) {
+void CudaEngine::sample_round(int B, int round) {
     prof_.set_phase(profile::Phase::Sample);
     prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(B, cfg_.vocab_size));
     SampleFeedBack fb;
@@ -689,10 +672,9 @@ void CudaEngine::sample_round(int B) {
     fb.positions = d_positions_;
     fb.sample_positions = d_sample_positions_;
     fb.steps = d_steps_;
-    fb.rounds = d_rounds_;
     sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_, d_steps_, B,
-                  cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_, d_out_logprobs_, fb,
-                  stream_);
+                  cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_ + (size_t)round * B,
+                  d_out_logprobs_ + (size_t)round * B, fb, stream_);
     prof_.end();
 }
 
@@ -721,14 +703,12 @@ void CudaEngine::upload_sample_inputs(const int32_t* slots, const int32_t* posit
     uint64_t* hs = reinterpret_cast<uint64_t*>(mirror(d_steps_));
     int* hsl = reinterpret_cast<int*>(mirror(d_sample_slots_));
     int* hpos = reinterpret_cast<int*>(mirror(d_sample_positions_));
-    int* hround = reinterpret_cast<int*>(mirror(d_rounds_));
     for (int i = 0; i < batch; ++i) {
         hp[i] = SampleParamsDev{params[i].temperature, params[i].top_p, params[i].min_p,
                                 params[i].repetition_penalty, params[i].top_k, params[i].seed};
         hs[i] = steps[i];
         hsl[i] = slots[i];
         hpos[i] = positions[i];
-        hround[i] = 0;
     }
     prof_.op("sample_inputs", profile::OpClass::Copy, profile::copy_cost((double)sample_in_bytes_));
     CUDA_CHECK(cudaMemcpyAsync(d_sample_params_, h_sample_in_, sample_in_bytes_,

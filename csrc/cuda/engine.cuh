@@ -129,10 +129,10 @@ private:
                               const SamplingParams* params, const uint64_t* steps, int batch);
     void activate() const;
     int layer_max_splits() const;
-    // A graph of forward_decode(B), followed by sample_round(B) when with_sampler.
-    cudaGraphExec_t capture_decode(int B, bool instrumented, bool with_sampler);
-    // One round of decode_steps after the forward: sample into the ring, feed the tokens back.
-    void sample_round(int B);
+    cudaGraphExec_t capture_decode(int B, bool instrumented);
+    // Round `round` of decode_steps after the forward: sample into that row of the token ring,
+    // feed the tokens back.
+    void sample_round(int B, int round);
     // Where embed records the tokens of the rows staged in d_tokens_/d_slots_/d_positions_.
     TokenHistory token_history() const {
         TokenHistory h;
@@ -182,7 +182,6 @@ private:
     uint64_t* d_steps_ = nullptr;                 // [max_batch]
     int* d_sample_slots_ = nullptr;               // [max_batch]
     int* d_sample_positions_ = nullptr;           // [max_batch]
-    int* d_rounds_ = nullptr;                     // [max_batch]: decode_steps' ring row, 0 at upload
     int* d_out_tokens_ = nullptr;                 // [kMaxDecodeSteps][max_batch], followed by
     float* d_out_logprobs_ = nullptr;             // [kMaxDecodeSteps][max_batch]
     size_t sample_in_bytes_ = 0;
@@ -208,7 +207,6 @@ private:
     bool use_graphs_ = true;
     std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B
     std::vector<cudaGraphExec_t> decode_graphs_;  // [max_batch + 1]
-    std::vector<cudaGraphExec_t> round_graphs_;   // [max_batch + 1]: decode + sample_round
 
     profile::Recorder prof_;
     EventClock prof_clock_;

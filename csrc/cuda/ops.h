@@ -112,14 +112,12 @@ void attention_prefill_mma_sync(const bf16* q, const bf16* k_cache, const bf16* 
 // logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].
 size_t sample_scratch_bytes(int B, int V);
 // decode_steps' loop, closed by the sampler: tokens[b] = the sampled token, positions[b] += 1, and
-// the sampler's own positions and steps (sample_positions, steps: the same arrays it reads) += 1;
-// rounds lets a graph replay of one round write each round's own row of a token ring.
+// the sampler's own positions and steps (sample_positions, steps: the same arrays it reads) += 1.
 struct SampleFeedBack {
     int* tokens = nullptr;  // nullptr: no feed-back
     int* positions = nullptr;
     int* sample_positions = nullptr;
     uint64_t* steps = nullptr;
-    int* rounds = nullptr;  // [B]: the row of out_tokens / out_logprobs [rounds][B] written, then += 1
 };
 void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions, const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back, cudaStream_t stream);
 

@@ -450,7 +450,6 @@ __global__ void __launch_bounds__(kThreads)
     // Read before the block's first barrier, so thread 0's feed-back at the end follows every read.
     const int position = positions[b];
     const uint64_t step = steps[b];
-    const int round = fb.rounds ? fb.rounds[b] : 0;
     const float* row = logits + (size_t)b * V;
     float* w = w_all + (size_t)b * V;
     const SampleParamsDev p = params[b];
@@ -523,10 +522,8 @@ __global__ void __launch_bounds__(kThreads)
     // turning into an out-of-bounds read below.
     if (token < 0 || token >= V) token = i_best;
     if (threadIdx.x == 0) {
-        const size_t at = (size_t)round * gridDim.x + b;
-        out_tokens[at] = token;
-        if (out_logprobs) out_logprobs[at] = (float)((double)row[token] - log_total);
-        if (fb.rounds) fb.rounds[b] = round + 1;
+        out_tokens[b] = token;
+        if (out_logprobs) out_logprobs[b] = (float)((double)row[token] - log_total);
         if (fb.tokens) {
             fb.tokens[b] = token;
             fb.positions[b] += 1;
@@ -555,7 +552,6 @@ void sample_tokens(const float* logits, const int* history, const int* slots, co
                                      feed_back.steps == steps),
                "sample_tokens: a feed-back advances the sampler's own positions and steps and needs "
                "the decode's positions");
-    BRRR_CHECK(!feed_back.rounds || feed_back.tokens, "sample_tokens: a round counter is part of a feed-back");
     if (B == 0) return;
     const size_t smem = seen_bytes(V);
     // The history bitmap is V bits of shared memory; beyond the default 48 KiB opt in.
