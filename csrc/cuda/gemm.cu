@@ -101,6 +101,7 @@ struct GemmArgs {
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
     bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
+    bool split_release;  // split-K: count a finished split with one acq_rel atomic (else fences + atomic)
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -515,12 +516,19 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
         for (int i = 0; i < BN / 8; ++i)
             mine[i * 256 + ct] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
     }
-    __threadfence();  // the partials are visible device-wide before the counter says so
+    // Count this split in. With split_release the consumers' barrier orders every thread's partial
+    // before thread 0's acq_rel count, which publishes them and (for the last split) acquires the
+    // others' (flash_decode's split count, attention.cu); else a fence in every thread on each side.
+    if (!p.split_release) __threadfence();
     hopper::named_barrier_sync(1, 256);
-    if (ct == 0) is_last = atomicAdd(p.out.split.counters + tile, 1u) == (unsigned)(splits - 1);
+    if (ct == 0) {
+        int* counter = reinterpret_cast<int*>(p.out.split.counters + tile);
+        const int before = p.split_release ? ptx::atomic_add_acq_rel_gpu(counter, 1) : atomicAdd(counter, 1);
+        is_last = before == splits - 1;
+    }
     hopper::named_barrier_sync(1, 256);
     if (!is_last) return false;
-    __threadfence();
+    if (!p.split_release) __threadfence();
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     for (int s = 0; has_rows && s < splits; ++s) {
@@ -955,6 +963,12 @@ bool store_tma_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMM_STORE_TMA", true);
     return on;
 }
+// LLAMA_BRRR_GEMM_RELEASE=0 counts finished K splits with fences and a relaxed atomic (the form
+// before 2026-11-25) instead of one acq_rel atomic, read once.
+bool split_release_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMM_RELEASE", true);
+    return on;
+}
 
 GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args) {
     GemmArgs p;
@@ -968,6 +982,7 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     p.K = K;
     p.half_n = N / 2;
     p.ep = ep;
+    p.split_release = split_release_enabled();
     // Only the Hopper kernel reads the flag; the mma.sync kernel always stores from registers. TMA
     // needs 16-byte aligned bases and row strides.
     switch (ep) {
