@@ -39,24 +39,18 @@ struct Variant {
     int threads;       // 0: the shipped value
     bool early_kv;     // shipped: true
     int late_trigger;  // -1: the shipped choice (late at hd 128), else 0 / 1
-    int stages;        // K/V tiles in the ring; 0: the shipped value (2)
 };
 
 const Variant kVariants[] = {
-    {"01_shipped", 0, 0, true, -1, 0},
-    {"02_chunk128", 128, 0, true, -1, 0},
-    {"03_chunk256", 256, 0, true, -1, 0},
-    {"04_chunk512", 512, 0, true, -1, 0},
-    {"05_one_chunk", 1 << 30, 0, true, -1, 0},
-    {"06_no_early_kv", 0, 0, false, -1, 0},
-    {"07_threads128", 0, 128, true, -1, 0},
-    {"08_late_trigger", 0, 0, true, 1, 0},
-    {"09_early_trigger", 0, 0, true, 0, 0},
-    // Deeper rings: a chunk's tiles load together (stages - 1 ahead), so longer chunks, fewer merges.
-    {"10_stages4_chunk256", 256, 0, true, -1, 4},
-    {"11_stages4_chunk128", 128, 0, true, -1, 4},
-    {"12_stages6_chunk384", 384, 0, true, -1, 6},
-    {"13_stages6_one_chunk", 1 << 30, 0, true, -1, 6},
+    {"01_shipped", 0, 0, true, -1},
+    {"02_chunk128", 128, 0, true, -1},
+    {"03_chunk256", 256, 0, true, -1},
+    {"04_chunk512", 512, 0, true, -1},
+    {"05_one_chunk", 1 << 30, 0, true, -1},
+    {"06_no_early_kv", 0, 0, false, -1},
+    {"07_threads128", 0, 128, true, -1},
+    {"08_late_trigger", 0, 0, true, 1},
+    {"09_early_trigger", 0, 0, true, 0},
 };
 
 DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
@@ -64,7 +58,6 @@ DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
     if (v.threads) a.threads = v.threads;
     a.early_kv = v.early_kv;
     if (v.late_trigger >= 0) a.late_trigger = v.late_trigger != 0;
-    if (v.stages) a.stages = v.stages;
     return a;
 }
 

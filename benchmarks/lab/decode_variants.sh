@@ -59,11 +59,6 @@
 #   benchmarks/results/h100-sxm/variants/round_graph_table.txt)
 #   38 fd-1-per-sm-early  12 + 13: one flash_decode CTA per SM, the wo GEMV free to launch beside it
 #                   (run BD: 8B 0.970x)
-#   39 fd-stages4-chunk256  LLAMA_BRRR_DECODE_STAGES=4 LLAMA_BRRR_DECODE_CHUNK=256: flash_decode rings
-#                   4 K/V tiles (3 loads ahead, so a 4-tile chunk loads at once) and splits into
-#                   chunks of at least 256 positions: fewer merges at short contexts
-#   40 fd-stages4-chunk128  the same with chunks of at least 128
-#   41 fd-stages6-chunk384  6 tiles ringed, chunks of at least 384
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -101,9 +96,6 @@ variants=(
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
     "36-split-fence|LLAMA_BRRR_DECODE_RELEASE=0"
     "38-fd-1-per-sm-early|LLAMA_BRRR_DECODE_CTAS_PER_SM=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "39-fd-stages4-chunk256|LLAMA_BRRR_DECODE_STAGES=4 LLAMA_BRRR_DECODE_CHUNK=256"
-    "40-fd-stages4-chunk128|LLAMA_BRRR_DECODE_STAGES=4 LLAMA_BRRR_DECODE_CHUNK=128"
-    "41-fd-stages6-chunk384|LLAMA_BRRR_DECODE_STAGES=6 LLAMA_BRRR_DECODE_CHUNK=384"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

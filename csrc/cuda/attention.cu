@@ -62,16 +62,15 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr int kDecTile = 64;  // KV positions per shared-memory tile
 
-// Shared memory of one decode CTA of THREADS threads with a ring of STAGES K/V tiles, byte
-// offsets (each 16-byte aligned). The scores of a tile come in kParts partial sums, one per slice
-// of hd (phase 1 below).
-template <int HD, int GMAX, int THREADS, int STAGES>
+// Shared memory of one decode CTA of THREADS threads, byte offsets (each 16-byte aligned). The
+// scores of a tile come in kParts partial sums, one per slice of hd (phase 1 below).
+template <int HD, int GMAX, int THREADS>
 struct DecodeSmem {
     static constexpr int kParts = THREADS / kDecTile;
     static constexpr int kPitchK = HD + 8;  // K rows are read one per thread: pad across banks
-    static constexpr size_t k_off = 0;                                            // bf16 [STAGES][tile][HD+8]
-    static constexpr size_t v_off = k_off + STAGES * kDecTile * kPitchK * 2;      // bf16 [STAGES][tile][HD]
-    static constexpr size_t q_off = v_off + STAGES * kDecTile * HD * 2;           // f32 [GMAX][HD]
+    static constexpr size_t k_off = 0;                                            // bf16 [2][tile][HD+8]
+    static constexpr size_t v_off = k_off + 2 * kDecTile * kPitchK * 2;           // bf16 [2][tile][HD]
+    static constexpr size_t q_off = v_off + 2 * kDecTile * HD * 2;                // f32 [GMAX][HD]
     static constexpr size_t s_off = q_off + GMAX * HD * 4;                        // f32 [kParts][GMAX][tile]
     static constexpr size_t stat_off = s_off + kParts * GMAX * kDecTile * 4;      // f32 [3][GMAX]
     static constexpr size_t bytes = stat_off + 3 * GMAX * 4;
@@ -88,7 +87,6 @@ struct DecodeArgs {
     int n_heads, n_kv_heads, group, head_blocks, max_seq, n_splits, max_splits;
     int min_chunk;   // fewest positions a split takes
     int threads;     // per CTA: 128 or 256
-    int stages;      // K/V tiles in the shared-memory ring: 2, 4 or 6 (stages - 1 loads ahead)
     bool early_kv;   // start loading the first tile before the PDL wait
     bool late_trigger;  // let the next kernel launch only as CTAs exit, not once tile 0 is issued
     bool release_count;  // count a finished split with one acq_rel atomic (else fences + atomic)
@@ -130,10 +128,9 @@ struct DecodeCut {
 };
 
 // GMAX = query heads per CTA (the group, or a block of it when the group is larger).
-template <int HD, int GMAX, int THREADS, int STAGES>
+template <int HD, int GMAX, int THREADS>
 __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
-    using L = DecodeSmem<HD, GMAX, THREADS, STAGES>;
-    constexpr int kAhead = STAGES - 1;  // tiles in flight while one is computed
+    using L = DecodeSmem<HD, GMAX, THREADS>;
     constexpr int kPitchK = L::kPitchK, kParts = L::kParts, kSlice = HD / kParts;
     constexpr int kWarps = THREADS / 32;
     constexpr int kHeadsPerPass = THREADS / HD;  // phase 3: thread -> (head, d)
@@ -196,19 +193,18 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
         }
     };
 
-    // The first kAhead tiles, one cp.async group: every row but this token's (len - 1, written by
-    // the kernel just before) may load before the wait; that row and the zero rows after it join
-    // the group after it (two copies to one shared address are not ordered, so no row is issued
-    // twice).
-    const int n_tiles = CEIL_DIV(c1 - c0, kDecTile);
-    const int last = len - 1, ahead_end = c0 + min(kAhead, n_tiles) * kDecTile;
-    const bool defer_last = a.early_kv && last < ahead_end;
-    for (int t = 0; t < min(kAhead, n_tiles); ++t) {
-        const int p0 = c0 + t * kDecTile, p1 = p0 + kDecTile;
-        load_rows(t, p0, p0, defer_last ? min(p1, max(p0, last)) : p1, c1);
+    // The first tile: every row but this token's (len - 1, written by the kernel just before) may
+    // load before the wait; that row and the zero rows after it join the same cp.async group after
+    // it (two copies to one shared address are not ordered, so no row is issued twice).
+    const int last = len - 1, tile_end = c0 + kDecTile;
+    if (a.early_kv) {
+        const bool last_here = last < tile_end;
+        load_rows(0, c0, c0, last_here ? last : tile_end, c1);
+        pdl_wait();
+        if (last_here) load_rows(0, c0, last, tile_end, c1);
+    } else {
+        load_rows(0, c0, c0, tile_end, c1);
     }
-    pdl_wait();
-    if (defer_last) load_rows((last - c0) / kDecTile, c0 + (last - c0) / kDecTile * kDecTile, last, ahead_end, c1);
     if (!a.late_trigger) pdl_launch_dependents();
     ptx::cp_async_commit();
 
@@ -226,16 +222,16 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
 #pragma unroll
     for (int j = 0; j < kAccHeads; ++j) acc[j] = 0.f;
 
-    // Tile t + kAhead goes into the slot tile t - 1 left (one group per tile, empty past the end),
-    // so waiting for all but the kAhead newest groups waits for tile t.
+    const int n_tiles = CEIL_DIV(c1 - c0, kDecTile);
     for (int t = 0; t < n_tiles; ++t) {
-        const int stage = t % STAGES, p0 = c0 + t * kDecTile;
-        if (t + kAhead < n_tiles) {
-            const int pn = p0 + kAhead * kDecTile;
-            load_rows((t + kAhead) % STAGES, pn, pn, pn + kDecTile, c1);
+        const int stage = t & 1, p0 = c0 + t * kDecTile;
+        if (t + 1 < n_tiles) {
+            load_rows(stage ^ 1, p0 + kDecTile, p0 + kDecTile, p0 + 2 * kDecTile, c1);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
         }
-        ptx::cp_async_commit();
-        ptx::cp_async_wait<kAhead>();
         __syncthreads();  // tile t (and qs) visible to all
 
         // Phase 1: scores. Thread -> (position r, slice of hd); a warp covers 32 positions, and
@@ -407,13 +403,10 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
     }
 }
 
-template <int HD, int GMAX, int THREADS, int STAGES>
+template <int HD, int GMAX, int THREADS>
 void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
-    using L = DecodeSmem<HD, GMAX, THREADS, STAGES>;
-    auto kernel = flash_decode_kernel<HD, GMAX, THREADS, STAGES>;
-    BRRR_CHECK(L::bytes <= (size_t)device_facts().smem_optin,
-               "flash_decode: " << STAGES << " K/V stages at head_dim " << HD << " need " << L::bytes
-                                << " bytes of shared memory; this GPU allows " << device_facts().smem_optin);
+    using L = DecodeSmem<HD, GMAX, THREADS>;
+    auto kernel = flash_decode_kernel<HD, GMAX, THREADS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
     const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
     launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
@@ -424,34 +417,24 @@ void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
 inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
 
 // The instance decode_args() sized head_blocks for: both read decode_gmax.
-// Deeper rings only with 256 threads (the instances the variants measure).
-template <int HD, int GMAX, int THREADS>
-void launch_decode_stages(const DecodeArgs& a, int B, cudaStream_t stream) {
-    if constexpr (THREADS == 256) {
-        if (a.stages == 4) return launch_decode<HD, GMAX, THREADS, 4>(a, B, stream);
-        if (a.stages == 6) return launch_decode<HD, GMAX, THREADS, 6>(a, B, stream);
-    }
-    launch_decode<HD, GMAX, THREADS, 2>(a, B, stream);
-}
 template <int HD, int THREADS>
 void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream) {
     switch (decode_gmax(a.group)) {
-        case 1: launch_decode_stages<HD, 1, THREADS>(a, B, stream); break;
-        case 2: launch_decode_stages<HD, 2, THREADS>(a, B, stream); break;
-        case 4: launch_decode_stages<HD, 4, THREADS>(a, B, stream); break;
-        default: launch_decode_stages<HD, 8, THREADS>(a, B, stream); break;
+        case 1: launch_decode<HD, 1, THREADS>(a, B, stream); break;
+        case 2: launch_decode<HD, 2, THREADS>(a, B, stream); break;
+        case 4: launch_decode<HD, 4, THREADS>(a, B, stream); break;
+        default: launch_decode<HD, 8, THREADS>(a, B, stream); break;
     }
 }
 
 // The shipped launch choices; the lab (benchmarks/lab/cuda_flash_decode_lab.cu) varies them.
 constexpr int kDecMinChunk = 64;
 constexpr int kDecThreads = 256;
-constexpr int kDecStages = 2;
 constexpr int kDecCtasPerSm = 2;
 
 // Diagnostic switches for benchmarks/lab/decode_variants.sh, read once: LLAMA_BRRR_DECODE_CHUNK=N
 // makes N positions the fewest a split takes; LLAMA_BRRR_DECODE_THREADS=128 runs CTAs of 128
-// threads instead of 256; LLAMA_BRRR_DECODE_STAGES=4/6 rings that many K/V tiles (256 threads); LLAMA_BRRR_DECODE_CTAS_PER_SM=N sizes the grid; LLAMA_BRRR_DECODE_EARLY=0
+// threads instead of 256; LLAMA_BRRR_DECODE_CTAS_PER_SM=N sizes the grid; LLAMA_BRRR_DECODE_EARLY=0
 // loads the first K/V tile only after the PDL wait; LLAMA_BRRR_DECODE_LATE_TRIGGER=0/1 overrides
 // the trigger choice of decode_args().
 int decode_min_chunk() {
@@ -461,10 +444,6 @@ int decode_min_chunk() {
 int decode_threads() {
     static const int n = env_int("LLAMA_BRRR_DECODE_THREADS", kDecThreads);
     return n == 128 ? 128 : 256;
-}
-int decode_stages() {
-    static const int n = env_int("LLAMA_BRRR_DECODE_STAGES", kDecStages);
-    return n == 4 || n == 6 ? n : kDecStages;
 }
 int decode_ctas_per_sm() {
     static const int n = env_int("LLAMA_BRRR_DECODE_CTAS_PER_SM", kDecCtasPerSm);
@@ -514,7 +493,6 @@ DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     a.n_splits = std::max(1, std::min({want, max_splits, kDecMaxSplits, CEIL_DIV(max_seq, kDecTile)}));
     a.min_chunk = decode_min_chunk();
     a.threads = decode_threads();
-    a.stages = decode_stages();
     a.early_kv = decode_early_kv();
     a.late_trigger = decode_late_trigger(head_dim);
     a.release_count = decode_release_count();
