@@ -59,6 +59,9 @@
 #   benchmarks/results/h100-sxm/variants/round_graph_table.txt)
 #   38 fd-1-per-sm-early  12 + 13: one flash_decode CTA per SM, the wo GEMV free to launch beside it
 #                   (run BD: 8B 0.970x)
+#   (39-41, run BG 2026-11-25 and retired, code at 8b806c1: flash_decode ringing 4 or 6 K/V tiles
+#   with chunks of at least 128-384 positions: 1B 0.928-0.941x, 8B 0.989-1.005x; see
+#   benchmarks/results/h100-sxm/variants/stages_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
