@@ -621,7 +621,7 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
 // row s of the token ring and feeds the tokens back as round s + 1's inputs (positions and RNG
 // steps advance on the device too, in the sampler's last step). The host enqueues every round
 // without waiting, so the GPU never idles for Python between tokens; one download at the end.
-// (One graph per round, sampler inside, measured 1.002x at 1B and 1.000x at 8B over three
+// (One graph per round, sampler inside, measured 1.002x at 1B and 0.999x at 8B over three
 // alternations on H100: not kept.)
 void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch,
