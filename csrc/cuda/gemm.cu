@@ -531,29 +531,15 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
     if (!p.split_release) __threadfence();
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-    // kBatch slots' loads go out together (at most 32 float4 in flight a thread), then are added
-    // slot by slot: half the L2 round trips of one slot at a time at BN = 128, the same order.
-    constexpr int kVec = BN / 8;  // float4 of one thread in one slot
-    constexpr int kBatch = 2 * kVec <= 32 ? 2 : 1;
-    for (int s0 = 0; has_rows && s0 < splits; s0 += kBatch) {
-        float4 v[kBatch][kVec];
+    for (int s = 0; has_rows && s < splits; ++s) {
+        const float4* slot = reinterpret_cast<const float4*>(slots + (size_t)s * kSlotFloats);
 #pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-            const float4* slot = reinterpret_cast<const float4*>(slots + (size_t)(s0 + b) * kSlotFloats);
-#pragma unroll
-            for (int i = 0; i < kVec; ++i)  // L2: other SMs wrote it
-                v[b][i] = s0 + b < splits ? __ldcg(slot + i * 256 + ct) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-            if (s0 + b >= splits) break;
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                acc[4 * i] += v[b][i].x;
-                acc[4 * i + 1] += v[b][i].y;
-                acc[4 * i + 2] += v[b][i].z;
-                acc[4 * i + 3] += v[b][i].w;
-            }
+        for (int i = 0; i < BN / 8; ++i) {
+            const float4 v = __ldcg(slot + i * 256 + ct);  // L2: other SMs wrote it
+            acc[4 * i] += v.x;
+            acc[4 * i + 1] += v.y;
+            acc[4 * i + 2] += v.z;
+            acc[4 * i + 3] += v.w;
         }
     }
     if (ct == 0) p.out.split.counters[tile] = 0;  // every split has arrived: ready for the next call
