@@ -347,22 +347,9 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
         const int g = tid / HD + j * kHeadsPerPass;
         if (g < n_g) sc.acc(head0 + g, split)[d] = acc[j];
     }
-    // Count this CTA in; the last to arrive merges. With release_count the CTA barrier orders every
-    // thread's partial before thread 0's count, which publishes them and (for the last CTA)
-    // acquires the others': one ordered round trip, where a fence in every thread before a relaxed
-    // atomic and another after it took more.
-    __shared__ int is_last;
-    if (!a.release_count) __threadfence();  // this CTA's partial reaches L2 before it is counted
-    __syncthreads();
-    if (tid == 0) {
-        int* counter = sc.counter(blockIdx.y);
-        const int before = a.release_count ? ptx::atomic_add_acq_rel_gpu(counter, 1) : atomicAdd(counter, 1);
-        is_last = before + 1 == cut.n;
-        if (is_last) *counter = 0;  // every chunk has arrived: nobody else touches it this call
-    }
-    __syncthreads();
-    if (!is_last) return;
-    if (!a.release_count) __threadfence();
+    // Count this CTA in; the last to arrive merges.
+    const auto cta_barrier = [] { __syncthreads(); };
+    if (!util::arrived_last(sc.counter(blockIdx.y), cut.n, tid == 0, a.release_count, cta_barrier)) return;
 
     // Merge: warp -> head, lane -> splits. Split s weighs w_s = 2^(m_s - M) / sum_s' 2^(m_s' - M) l_s'
     // (M the largest max, l the sums); out = sum_s w_s acc_s.

@@ -497,7 +497,7 @@ struct TileMap {
 
 // Split-K: the work item of split `split` of tile `tile` has its partial sums in registers. Each
 // split stores them to its own slot of the scratch; the last split of the tile to arrive (a
-// counter per tile) adds all slots in split order into acc and returns true: it runs the
+// counter per tile, util::arrived_last) adds all slots in split order into acc and returns true: it runs the
 // epilogue. The order is fixed, so the result does not depend on which split ends last. A slot
 // holds the 256 consumer threads' accumulators, float4-interleaved (thread-fastest), so every
 // access is coalesced and each thread reads back only what its twin wrote. A thread whose rows
@@ -505,7 +505,6 @@ struct TileMap {
 template <int BN>
 __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile, int split, int splits,
                                                      int first_row, float (&acc)[BN / 2]) {
-    __shared__ int is_last;
     const int ct = threadIdx.x - 128;  // consumer thread, 0..255
     const bool has_rows = first_row < p.M;
     constexpr int kSlotFloats = kBM * BN;
@@ -516,19 +515,9 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
         for (int i = 0; i < BN / 8; ++i)
             mine[i * 256 + ct] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
     }
-    // Count this split in. With split_release the consumers' barrier orders every thread's partial
-    // before thread 0's acq_rel count, which publishes them and (for the last split) acquires the
-    // others' (flash_decode's split count, attention.cu); else a fence in every thread on each side.
-    if (!p.split_release) __threadfence();
-    hopper::named_barrier_sync(1, 256);
-    if (ct == 0) {
-        int* counter = reinterpret_cast<int*>(p.out.split.counters + tile);
-        const int before = p.split_release ? ptx::atomic_add_acq_rel_gpu(counter, 1) : atomicAdd(counter, 1);
-        is_last = before == splits - 1;
-    }
-    hopper::named_barrier_sync(1, 256);
-    if (!is_last) return false;
-    if (!p.split_release) __threadfence();
+    const auto consumers_barrier = [] { hopper::named_barrier_sync(1, 256); };
+    int* counter = reinterpret_cast<int*>(p.out.split.counters + tile);
+    if (!util::arrived_last(counter, splits, ct == 0, p.split_release, consumers_barrier)) return false;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     for (int s = 0; has_rows && s < splits; ++s) {
@@ -542,7 +531,6 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
             acc[4 * i + 3] += v.w;
         }
     }
-    if (ct == 0) p.out.split.counters[tile] = 0;  // every split has arrived: ready for the next call
     return true;
 }
 
