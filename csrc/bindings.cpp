@@ -920,7 +920,7 @@ PYBIND11_MODULE(_C, m) {
         const float* lg = static_cast<const float*>(CudaOp::ptr(logits, "logits"));
         const int* hist = static_cast<const int*>(CudaOp::ptr(history, "history"));
         const int* sl = static_cast<const int*>(CudaOp::ptr(slots, "slots"));
-        const int* pos = static_cast<const int*>(CudaOp::ptr(positions, "positions"));
+        int* pos = static_cast<int*>(CudaOp::ptr(positions, "positions"));
         py::array_t<int32_t> tokens(B);
         py::array_t<float> logprobs(B);
         int32_t* tok_out = tokens.mutable_data();

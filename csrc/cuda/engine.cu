@@ -670,8 +670,6 @@ void CudaEngine::sample_round(int B, int round) {
     SampleFeedBack fb;
     fb.tokens = d_tokens_;
     fb.positions = d_positions_;
-    fb.sample_positions = d_sample_positions_;
-    fb.steps = d_steps_;
     sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_, d_steps_, B,
                   cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_ + (size_t)round * B,
                   d_out_logprobs_ + (size_t)round * B, fb, stream_);

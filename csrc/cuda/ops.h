@@ -111,15 +111,14 @@ void attention_prefill_mma_sync(const bf16* q, const bf16* k_cache, const bf16* 
 // ---- sampling.cu: one token per sequence on the device, no host round trip --------------------
 // logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].
 size_t sample_scratch_bytes(int B, int V);
-// decode_steps' loop, closed by the sampler: tokens[b] = the sampled token, positions[b] += 1, and
-// the sampler's own positions and steps (sample_positions, steps: the same arrays it reads) += 1.
+// decode_steps' loop, closed by the sampler: tokens[b] = the sampled token and the decode's
+// positions[b] += 1, and the sampler advances its own positions and steps (the arrays it was
+// given) by one. Without a feed-back nothing but out_tokens / out_logprobs is written.
 struct SampleFeedBack {
     int* tokens = nullptr;  // nullptr: no feed-back
     int* positions = nullptr;
-    int* sample_positions = nullptr;
-    uint64_t* steps = nullptr;
 };
-void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions, const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back, cudaStream_t stream);
+void sample_tokens(const float* logits, const int* history, const int* slots, int* positions, const SampleParamsDev* params, uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back, cudaStream_t stream);
 
 // ---- init.cu ---------------------------------------------------------------------------------
 // p[i] = mean + std * N(0, 1), pair k Box-Muller of splitmix64(key + 2k), splitmix64(key + 2k + 1)

@@ -435,11 +435,11 @@ __global__ void __launch_bounds__(kScanThreads)
 
 // ---- the kernel -------------------------------------------------------------------------------
 
-// positions and steps carry no __restrict__: a feed-back writes them (after every read of them).
+// positions and steps carry no __restrict__: a feed-back advances them (after every read of them).
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* __restrict__ logits, const int* __restrict__ history,
-                  const int* __restrict__ slots, const int* positions,
-                  const SampleParamsDev* __restrict__ params, const uint64_t* steps,
+                  const int* __restrict__ slots, int* positions,
+                  const SampleParamsDev* __restrict__ params, uint64_t* steps,
                   int V, int max_seq, const ScanPart* __restrict__ parts, int n_parts, float* w_all,
                   int* __restrict__ out_tokens, float* __restrict__ out_logprobs, SampleFeedBack fb) {
     extern __shared__ unsigned seen[];  // [ceil(V / 32)] history marks (temperature > 0 only)
@@ -527,8 +527,8 @@ __global__ void __launch_bounds__(kThreads)
         if (fb.tokens) {
             fb.tokens[b] = token;
             fb.positions[b] += 1;
-            fb.sample_positions[b] = position + 1;
-            fb.steps[b] = step + 1;
+            positions[b] = position + 1;
+            steps[b] = step + 1;
         }
     }
 }
@@ -542,16 +542,14 @@ size_t sample_scratch_bytes(int B, int V) {
     return parts_offset(B, V) + (size_t)B * scan_parts(V) * sizeof(ScanPart);
 }
 
-void sample_tokens(const float* logits, const int* history, const int* slots, const int* positions,
-                   const SampleParamsDev* params, const uint64_t* steps, int B, int V, int max_seq,
+void sample_tokens(const float* logits, const int* history, const int* slots, int* positions,
+                   const SampleParamsDev* params, uint64_t* steps, int B, int V, int max_seq,
                    void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back,
                    cudaStream_t stream) {
     BRRR_CHECK(B >= 0 && V > 0 && max_seq > 0,
                "sample_tokens: bad sizes B=" << B << " V=" << V << " max_seq=" << max_seq);
-    BRRR_CHECK(!feed_back.tokens || (feed_back.positions && feed_back.sample_positions == positions &&
-                                     feed_back.steps == steps),
-               "sample_tokens: a feed-back advances the sampler's own positions and steps and needs "
-               "the decode's positions");
+    BRRR_CHECK(!feed_back.tokens || feed_back.positions,
+               "sample_tokens: a feed-back needs the decode's positions as well as its tokens");
     if (B == 0) return;
     const size_t smem = seen_bytes(V);
     // The history bitmap is V bits of shared memory; beyond the default 48 KiB opt in.
