@@ -62,13 +62,6 @@
 #   (39-41, run BG 2026-11-25 and retired, code at 8b806c1: flash_decode ringing 4 or 6 K/V tiles
 #   with chunks of at least 128-384 positions: 1B 0.928-0.941x, 8B 0.989-1.005x; see
 #   benchmarks/results/h100-sxm/variants/stages_table.txt)
-#   42 rows2-wo     LLAMA_BRRR_GEMV_ROWS2=2: the wo GEMV at M = 1 streams two W rows per warp with 16
-#                   loads per lane (half the CTAs, the same bytes in flight), so at Llama-3-8B its
-#                   512 CTAs fit beside flash_decode's (1024 CTAs at 8 per SM fill all 1056 slots,
-#                   and an active decode CTA takes 3 of an SM's 8: the early wo grid spills into a
-#                   second wave, our reading of 13's 8B loss)
-#   43 rows2-wo-fd-early  42 + 13
-#   44 rows2-all-fd-early LLAMA_BRRR_GEMV_ROWS2=1 (wo and w2) + 13
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -106,9 +99,6 @@ variants=(
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
     "36-split-fence|LLAMA_BRRR_DECODE_RELEASE=0"
     "38-fd-1-per-sm-early|LLAMA_BRRR_DECODE_CTAS_PER_SM=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "42-rows2-wo|LLAMA_BRRR_GEMV_ROWS2=2"
-    "43-rows2-wo-fd-early|LLAMA_BRRR_GEMV_ROWS2=2 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "44-rows2-all-fd-early|LLAMA_BRRR_GEMV_ROWS2=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -421,9 +421,12 @@ auto pick_m1_kernel(int loads, int blocks) {
     return resident_ctas(deep, least_smem) < blocks && resident_ctas(shallow, least_smem) >= blocks ? shallow : deep;
 }
 
-// Launches `kernel` (one of gemv_kernel<M, ...>) over `blocks` CTAs.
-template <int M, bool VEC, bool NORM>
-void launch_grid(void (*kernel)(GemvArgs), int blocks, GemvArgs a, cudaStream_t stream) {
+template <int M, Pairing P, bool VEC, bool NORM>
+void launch_variant(GemvArgs a, cudaStream_t stream) {
+    constexpr int units = units_per_warp(M, P);
+    const int blocks = CEIL_DIV(a.n_units, kWarps * units);
+    auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
+    if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
     // The normalized prologue reads x and norm_w from shared-memory copies where the staging loop
@@ -437,35 +440,6 @@ void launch_grid(void (*kernel)(GemvArgs), int blocks, GemvArgs a, cudaStream_t 
     if (a.norm_in_smem) smem += norm_bytes;
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_kernel");
-}
-
-// LLAMA_BRRR_GEMV_ROWS2 (experiment, decode_variants.sh 42-45): at M = 1, plain projections
-// stream two W rows per warp with 16 loads per lane in flight (half the CTAs, the same bytes in
-// flight) where that grid fits the GPU at once. 1: wo and w2; 2: only square ones (wo), the
-// kernel after flash_decode, whose CTAs share the SMs with it when it triggers early. Read once.
-int rows2_mode() {
-    static const int n = env_int("LLAMA_BRRR_GEMV_ROWS2", 0);
-    return n;
-}
-
-template <int M, Pairing P, bool VEC, bool NORM>
-void launch_variant(GemvArgs a, cudaStream_t stream) {
-    if constexpr (M == 1 && P == Pairing::None && VEC && !NORM) {
-        const int mode = rows2_mode();
-        if (mode == 1 || (mode == 2 && a.n_units == a.K)) {
-            const auto two_rows = gemv_kernel<1, 2, Pairing::None, true, false, 16>;
-            const int blocks = CEIL_DIV(a.n_units, kWarps * 2);
-            if (resident_ctas(two_rows, 256 * sizeof(uint16_t)) >= blocks) {
-                launch_grid<M, VEC, NORM>(two_rows, blocks, a, stream);
-                return;
-            }
-        }
-    }
-    constexpr int units = units_per_warp(M, P);
-    const int blocks = CEIL_DIV(a.n_units, kWarps * units);
-    auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
-    if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
-    launch_grid<M, VEC, NORM>(kernel, blocks, a, stream);
 }
 
 template <int M, Pairing P>
