@@ -62,6 +62,10 @@
 #   (39-41, run BG 2026-11-25 and retired, code at 8b806c1: flash_decode ringing 4 or 6 K/V tiles
 #   with chunks of at least 128-384 positions: 1B 0.928-0.941x, 8B 0.989-1.005x; see
 #   benchmarks/results/h100-sxm/variants/stages_table.txt)
+#   (42-44, run BJ 2026-11-25 and retired, code at d86c4dc: the wo GEMV (42, 43) or wo and w2 (44)
+#   streaming two W rows per warp, half the CTAs, so the 8B wo grid fits beside flash_decode's CTAs,
+#   with flash_decode's trigger as shipped (42) or early (43, 44): 1B 0.974-0.992x, 8B 0.956-0.999x;
+#   the early 8B trigger loses with the smaller grid as without it; variants/rows2_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
