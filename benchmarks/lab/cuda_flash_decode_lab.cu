@@ -6,7 +6,7 @@
 // This file includes attention.cu, so every variant runs the production kernel; they differ only
 // in DecodeArgs: the fewest positions a split takes (min_chunk), threads per CTA, whether the
 // first K/V tile starts loading before the PDL wait (early_kv) and whether the next kernel may
-// launch before the CTAs exit (trigger). 01 is what ships (decode_args()).
+// launch before the CTAs exit (late_trigger). 01 is what ships (decode_args()).
 //
 //   nvcc -O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
 //        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu -o fd_lab
@@ -38,7 +38,7 @@ struct Variant {
     int min_chunk;     // 0: the shipped value
     int threads;       // 0: the shipped value
     bool early_kv;     // shipped: true
-    int trigger;       // -1: the shipped choice (decode_trigger), else a DecodeTrigger
+    int late_trigger;  // -1: the shipped choice (late at hd 128), else 0 / 1
 };
 
 const Variant kVariants[] = {
@@ -49,16 +49,15 @@ const Variant kVariants[] = {
     {"05_one_chunk", 1 << 30, 0, true, -1},
     {"06_no_early_kv", 0, 0, false, -1},
     {"07_threads128", 0, 128, true, -1},
-    {"08_late_trigger", 0, 0, true, (int)DecodeTrigger::Exit},
-    {"09_early_trigger", 0, 0, true, (int)DecodeTrigger::TileIssued},
-    {"10_landed_trigger", 0, 0, true, (int)DecodeTrigger::TilesLanded},
+    {"08_late_trigger", 0, 0, true, 1},
+    {"09_early_trigger", 0, 0, true, 0},
 };
 
 DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
     if (v.min_chunk) a.min_chunk = v.min_chunk;
     if (v.threads) a.threads = v.threads;
     a.early_kv = v.early_kv;
-    if (v.trigger >= 0) a.trigger = static_cast<DecodeTrigger>(v.trigger);
+    if (v.late_trigger >= 0) a.late_trigger = v.late_trigger != 0;
     return a;
 }
 

@@ -66,9 +66,6 @@
 #   streaming two W rows per warp, half the CTAs, so the 8B wo grid fits beside flash_decode's CTAs,
 #   with flash_decode's trigger as shipped (42) or early (43, 44): 1B 0.974-0.992x, 8B 0.956-0.999x;
 #   the early 8B trigger loses with the smaller grid as without it; variants/rows2_table.txt)
-#   45 fd-landed    LLAMA_BRRR_DECODE_LATE_TRIGGER=2: the wo GEMV may launch once a flash_decode CTA's
-#                   last K/V tile has landed (its loads no longer queue behind wo's), not as it exits
-#   46, 47          45 with flash_decode CTAs of 128 threads (46) or with the GEMVs' early trigger (47)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -106,9 +103,6 @@ variants=(
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
     "36-split-fence|LLAMA_BRRR_DECODE_RELEASE=0"
     "38-fd-1-per-sm-early|LLAMA_BRRR_DECODE_CTAS_PER_SM=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "45-fd-landed|LLAMA_BRRR_DECODE_LATE_TRIGGER=2"
-    "46-fd-landed-threads128|LLAMA_BRRR_DECODE_LATE_TRIGGER=2 LLAMA_BRRR_DECODE_THREADS=128"
-    "47-fd-landed-gemv-trigger|LLAMA_BRRR_DECODE_LATE_TRIGGER=2 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

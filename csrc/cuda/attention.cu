@@ -76,11 +76,6 @@ struct DecodeSmem {
     static constexpr size_t bytes = stat_off + 3 * GMAX * 4;
 };
 
-// When a decode CTA lets the next kernel (the wo GEMV, whose first weight loads go out before its
-// own wait) launch: once its first K/V tile is issued, once its last tile has landed (its loads
-// then no longer queue behind the GEMV's), or only as it exits.
-enum class DecodeTrigger { TileIssued, TilesLanded, Exit };
-
 struct DecodeArgs {
     const bf16* q;
     const bf16* k_cache;
@@ -93,7 +88,7 @@ struct DecodeArgs {
     int min_chunk;   // fewest positions a split takes
     int threads;     // per CTA: 128 or 256
     bool early_kv;   // start loading the first tile before the PDL wait
-    DecodeTrigger trigger;  // when the next kernel may launch
+    bool late_trigger;  // let the next kernel launch only as CTAs exit, not once tile 0 is issued
     bool release_count;  // count a finished split with one acq_rel atomic (else fences + atomic)
     float scale_log2;
 };
@@ -210,7 +205,7 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
     } else {
         load_rows(0, c0, c0, tile_end, c1);
     }
-    if (a.trigger == DecodeTrigger::TileIssued) pdl_launch_dependents();
+    if (!a.late_trigger) pdl_launch_dependents();
     ptx::cp_async_commit();
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
@@ -238,7 +233,6 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
             ptx::cp_async_wait<0>();
         }
         __syncthreads();  // tile t (and qs) visible to all
-        if (a.trigger == DecodeTrigger::TilesLanded && t == n_tiles - 1) pdl_launch_dependents();
 
         // Phase 1: scores. Thread -> (position r, slice of hd); a warp covers 32 positions, and
         // with the padded pitch their 16-byte reads fall in distinct bank groups.
@@ -428,8 +422,8 @@ constexpr int kDecCtasPerSm = 2;
 // Diagnostic switches for benchmarks/lab/decode_variants.sh, read once: LLAMA_BRRR_DECODE_CHUNK=N
 // makes N positions the fewest a split takes; LLAMA_BRRR_DECODE_THREADS=128 runs CTAs of 128
 // threads instead of 256; LLAMA_BRRR_DECODE_CTAS_PER_SM=N sizes the grid; LLAMA_BRRR_DECODE_EARLY=0
-// loads the first K/V tile only after the PDL wait; LLAMA_BRRR_DECODE_LATE_TRIGGER=0/1/2 overrides
-// the trigger choice of decode_args() (decode_trigger).
+// loads the first K/V tile only after the PDL wait; LLAMA_BRRR_DECODE_LATE_TRIGGER=0/1 overrides
+// the trigger choice of decode_args().
 int decode_min_chunk() {
     static const int n = env_int("LLAMA_BRRR_DECODE_CHUNK", kDecMinChunk);
     return n >= 1 ? n : kDecMinChunk;
@@ -444,16 +438,12 @@ int decode_ctas_per_sm() {
 }
 // When the wo GEMV after flash_decode may launch. Measured end to end on H100 (decode_variants.sh
 // 11): at hd 128 letting it launch only as the decode CTAs exit is 1.035x faster (Llama-3-8B),
-// at hd 64 0.979x (Llama-3.2-1B). Our reading: at Llama-3-8B an early wo asks for 16 MB of weights
-// at once, and the decode's own K/V loads queue behind them on the critical path (a wo grid small
-// enough to sit beside the decode CTAs lost the same, variants/rows2_table.txt).
-// LLAMA_BRRR_DECODE_LATE_TRIGGER=0 / 1 / 2 forces TileIssued / Exit / TilesLanded.
-DecodeTrigger decode_trigger(int head_dim) {
+// at hd 64 0.979x (Llama-3.2-1B). Our reading, not verified: a 74 KB decode CTA leaves too little
+// shared memory beside it for a GEMV CTA, so an early GEMV grid crowds onto the SMs the decode
+// does not use and runs unbalanced; a 37 KB one leaves room.
+bool decode_late_trigger(int head_dim) {
     static const int forced = env_int("LLAMA_BRRR_DECODE_LATE_TRIGGER", -1);
-    if (forced == 0) return DecodeTrigger::TileIssued;
-    if (forced == 1) return DecodeTrigger::Exit;
-    if (forced == 2) return DecodeTrigger::TilesLanded;
-    return head_dim >= 128 ? DecodeTrigger::Exit : DecodeTrigger::TileIssued;
+    return forced >= 0 ? forced != 0 : head_dim >= 128;
 }
 // LLAMA_BRRR_DECODE_RELEASE=0 counts finished splits with a fence in every thread and a relaxed
 // atomic (the form before 2026-11-25) instead of one acq_rel atomic, read once.
@@ -491,7 +481,7 @@ DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     a.min_chunk = decode_min_chunk();
     a.threads = decode_threads();
     a.early_kv = decode_early_kv();
-    a.trigger = decode_trigger(head_dim);
+    a.late_trigger = decode_late_trigger(head_dim);
     a.release_count = decode_release_count();
     a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
     return a;
