@@ -66,6 +66,10 @@
 #   streaming two W rows per warp, half the CTAs, so the 8B wo grid fits beside flash_decode's CTAs,
 #   with flash_decode's trigger as shipped (42) or early (43, 44): 1B 0.974-0.992x, 8B 0.956-0.999x;
 #   the early 8B trigger loses with the smaller grid as without it; variants/rows2_table.txt)
+#   (45-47, run BK 2026-11-25 and retired, code at d831d13: the wo GEMV free to launch once a
+#   flash_decode CTA's last K/V tile has landed, alone (45), with 128-thread CTAs (46) or with the
+#   GEMVs' early trigger (47): 1B 0.970-0.996x, 8B 0.953-0.974x, where 13 measured 0.972x at 8B in
+#   the same passes; variants/trigger_landed_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
