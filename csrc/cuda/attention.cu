@@ -438,9 +438,11 @@ int decode_ctas_per_sm() {
 }
 // When the wo GEMV after flash_decode may launch. Measured end to end on H100 (decode_variants.sh
 // 11): at hd 128 letting it launch only as the decode CTAs exit is 1.035x faster (Llama-3-8B),
-// at hd 64 0.979x (Llama-3.2-1B). Our reading, not verified: a 74 KB decode CTA leaves too little
-// shared memory beside it for a GEMV CTA, so an early GEMV grid crowds onto the SMs the decode
-// does not use and runs unbalanced; a 37 KB one leaves room.
+// at hd 64 0.979x (Llama-3.2-1B). Why is open. Two readings were tested and ruled out (run BK,
+// variants/rows2_table.txt, trigger_landed_table.txt): that the early wo grid spills into a second
+// wave beside the decode CTAs (a wo grid of half the CTAs lost the same), and that the decode's K/V
+// loads queue behind wo's weight loads (letting wo launch only once the last tile has landed lost
+// the same).
 bool decode_late_trigger(int head_dim) {
     static const int forced = env_int("LLAMA_BRRR_DECODE_LATE_TRIGGER", -1);
     return forced >= 0 ? forced != 0 : head_dim >= 128;
