@@ -102,7 +102,6 @@ struct GemmArgs {
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
     bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
     bool split_release;  // split-K: count a finished split with one acq_rel atomic (else fences + atomic)
-    int residual_l2_last;  // TMA AddResidual: ask L2 for the residual of a CTA's last tile this many k tiles before its end (0: never)
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -609,7 +608,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x == 0) {
             hopper::prefetch_tensor_map(&x_map);
             hopper::prefetch_tensor_map(&w_map);
-            if (p.residual_l2_last > 0) hopper::prefetch_tensor_map(&out_map);
             int stage = 0;
             uint32_t phase = 0;
             for (int work = first_work; work < num_work; work += work_stride) {
@@ -620,12 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
                 const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
-                const bool last_item = work + work_stride >= num_work;
                 for (int kt = k_begin; kt < k_end; ++kt) {
-                    if (last_item && p.residual_l2_last > 0 && kt == max(k_begin, k_end - p.residual_l2_last)) {
-                        for (int r = 0; r < kBM; r += 64)
-                            for (int c = 0; c < kTileCols; c += 32) hopper::tma_prefetch_l2_2d(&out_map, col0 + c, m0 + r);
-                    }
                     hopper::mbarrier_wait(empty + stage, phase ^ 1);
                     unsigned char* a = smem + stage * L::kStageBytes;
                     unsigned char* b = a + L::kABytes;
@@ -958,13 +951,6 @@ bool store_tma_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMM_STORE_TMA", true);
     return on;
 }
-// LLAMA_BRRR_GEMM_RESIDUAL_LAST=N (experiment): with the TMA residual add, the producer asks L2
-// for the residual of each CTA's last tile N k tiles before its end, so the last wave's
-// read-add-write, which nothing overlaps, finds it there. Read once.
-int residual_l2_last() {
-    static const int n = env_int("LLAMA_BRRR_GEMM_RESIDUAL_LAST", 0);
-    return n > 0 ? n : 0;
-}
 // LLAMA_BRRR_GEMM_RELEASE=0 counts finished K splits with fences and a relaxed atomic (the form
 // before 2026-11-25) instead of one acq_rel atomic, read once.
 bool split_release_enabled() {
@@ -999,7 +985,6 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
             break;
         default: p.epilogue_tma = false;
     }
-    p.residual_l2_last = ep == Epilogue::AddResidual && p.epilogue_tma ? residual_l2_last() : 0;
     // RopeKV's q tiles: q_out [M, n_heads x head_dim] is a plain bf16 matrix.
     const RopeKVArgs& r = p.out.rope;
     p.rope_q_tma = ep == Epilogue::RopeKV && store_tma_enabled() && util::aligned_to(r.q_out, 16) &&

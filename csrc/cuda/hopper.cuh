@@ -147,14 +147,6 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void*
                  "r"(inner), "r"(outer), "r"(ptx::smem_addr(src))
                  : "memory");
 }
-// Asks L2 for the box at (inner, outer) of `map` (nothing lands in shared memory; parts past the
-// matrix are ignored).
-__device__ __forceinline__ void tma_prefetch_l2_2d(const CUtensorMap* map, int inner, int outer) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                     reinterpret_cast<uint64_t>(map)),
-                 "r"(inner), "r"(outer)
-                 : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Until at most Pending of this thread's bulk groups still read their shared memory.
 template <int Pending>
