@@ -102,7 +102,6 @@ struct GemmArgs {
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
     bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
     bool split_release;  // split-K: count a finished split with one acq_rel atomic (else fences + atomic)
-    bool exit_after_read;  // TMA epilogues: exit once TMA has read the staging boxes, not once its writes landed
     Epilogue ep;
     EpilogueArgs out;
 };
@@ -741,12 +740,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
         }
-        // No TMA still reads this CTA's shared memory when it exits (exit_after_read); else also
-        // every box's write or add has landed.
-        if ((p.epilogue_tma || p.rope_q_tma) && (threadIdx.x & 127) == 0) {
-            if (p.exit_after_read) hopper::bulk_wait_read<0>();
-            else hopper::bulk_wait_all();
-        }
+        // The residual boxes' adds have landed and no TMA still reads this CTA's shared memory.
+        if ((p.epilogue_tma || p.rope_q_tma) && (threadIdx.x & 127) == 0) hopper::bulk_wait_all();
     }
     if (CLUSTER == 2) hopper::cluster_sync();  // no remote arrival may target an exited CTA
 #else
@@ -956,13 +951,6 @@ bool store_tma_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMM_STORE_TMA", true);
     return on;
 }
-// LLAMA_BRRR_GEMM_EXIT_READ=1 (experiment): a CTA with TMA epilogues exits once TMA has read its
-// staging boxes, as CUTLASS's epilogues do, instead of waiting for the last tile's residual adds
-// to land in memory (the kernel's completion still orders them before any later kernel). Read once.
-bool exit_after_read_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMM_EXIT_READ", false);
-    return on;
-}
 // LLAMA_BRRR_GEMM_RELEASE=0 counts finished K splits with fences and a relaxed atomic (the form
 // before 2026-11-25) instead of one acq_rel atomic, read once.
 bool split_release_enabled() {
@@ -983,7 +971,6 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     p.half_n = N / 2;
     p.ep = ep;
     p.split_release = split_release_enabled();
-    p.exit_after_read = exit_after_read_enabled();
     // Only the Hopper kernel reads the flag; the mma.sync kernel always stores from registers. TMA
     // needs 16-byte aligned bases and row strides.
     switch (ep) {
