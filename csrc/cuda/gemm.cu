@@ -52,7 +52,9 @@
 // prefetch 4-16 k tiles ahead (0.84-0.87 of cuBLAS against 0.88 on the 8B wo at M = 2048), and
 // so did a 3-slot ring with 4 staging boxes per warpgroup (0.84): gemm_epilogue_cost.txt, which
 // also splits the 8B wo's gap at M = 2048: bf16 store 0.98 of cuBLAS, fp32 store 0.94, fp32
-// residual add 0.88. StoreF32 / StoreBf16 on Hopper go the same way, through TMA stores of the
+// residual add 0.88. Neither asking L2 for the residual of only each CTA's last tile (the wave
+// nothing hides) nor exiting once TMA has read the boxes instead of once the adds have landed
+// gained (gemm_residual_last.txt, gemm_exit_read.txt). StoreF32 / StoreBf16 on Hopper go the same way, through TMA stores of the
 // staged boxes (64 bf16 columns a box), instead of 4-byte pair stores from registers
 // (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those): H100, Llama-3-8B wqkv with the bf16 store at
 // M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of cuBLAS from registers, 0.99 / 0.99 / 0.99 through
