@@ -54,13 +54,13 @@
 // also splits the 8B wo's gap at M = 2048: bf16 store 0.98 of cuBLAS, fp32 store 0.94, fp32
 // residual add 0.88. Neither asking L2 for the residual of only each CTA's last tile (the wave
 // nothing hides) nor exiting once TMA has read the boxes instead of once the adds have landed
-// gained (gemm_residual_last.txt, gemm_exit_read.txt). StoreF32 / StoreBf16 on Hopper go the
-// same way, through TMA stores of the staged boxes (64 bf16 columns a box), instead of 4-byte
-// pair stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those): H100, Llama-3-8B wqkv with the bf16 store at
-// M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of cuBLAS from registers, 0.99 / 0.99 / 0.99 through
-// TMA (gemm_store_tma.txt). RopeKV rotates a tile of q heads in registers and stores it the same
-// way (q_out is a plain [M, q_dim] matrix); k / v tiles, whose rows land at each row's cache slot
-// and position, keep the register stores.
+// gained (gemm_residual_last.txt, gemm_exit_read.txt). StoreF32 / StoreBf16 on Hopper go the same
+// way, through TMA stores of the staged boxes (64 bf16 columns a box), instead of 4-byte pair
+// stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those): H100, Llama-3-8B wqkv with the
+// bf16 store at M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of cuBLAS from registers, 0.99 / 0.99 /
+// 0.99 through TMA (gemm_store_tma.txt). RopeKV rotates a tile of q heads in registers and stores
+// it the same way (q_out is a plain [M, q_dim] matrix); k / v tiles, whose rows land at each row's
+// cache slot and position, keep the register stores.
 //
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
@@ -498,9 +498,9 @@ struct TileMap {
 };
 
 // Split-K: the work item of split `split` of tile `tile` has its partial sums in registers. Each
-// split stores them to its own slot of the scratch; the last split of the tile to arrive (a
-// counter per tile, util::arrived_last) adds all slots in split order into acc and returns true:
-// it runs the epilogue. The order is fixed, so the result does not depend on which split ends last. A slot
+// split stores them to its own slot of the scratch; the last split of the tile to arrive (a counter
+// per tile, util::arrived_last) adds all slots in split order into acc and returns true: it runs
+// the epilogue. The order is fixed, so the result does not depend on which split ends last. A slot
 // holds the 256 consumer threads' accumulators, float4-interleaved (thread-fastest), so every
 // access is coalesced and each thread reads back only what its twin wrote. A thread whose rows
 // (first_row and first_row + 8) are all past M moves nothing: at M = 17 most of the tile.
