@@ -70,6 +70,12 @@
 #   flash_decode CTA's last K/V tile has landed, alone (45), with 128-thread CTAs (46) or with the
 #   GEMVs' early trigger (47): 1B 0.970-0.996x, 8B 0.953-0.974x, where 13 measured 0.972x at 8B in
 #   the same passes; variants/trigger_landed_table.txt)
+#   48 fd-one-chunk LLAMA_BRRR_DECODE_CHUNK=1048576: one flash_decode CTA per KV head, no merge (the
+#                   trigger as shipped)
+#   49 fd-one-chunk-early  48 + 13: with no merge, the decode's only global accesses after its K/V
+#                   loads are its output stores; if wo's early weight loads hurt 8B by delaying the
+#                   merge's L2 round trips, the early trigger should stop losing here
+#   50 fd-chunk128-early   07 + 13
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -107,6 +113,9 @@ variants=(
     "31-norm-global|LLAMA_BRRR_GEMV_NORM_SMEM=0"
     "36-split-fence|LLAMA_BRRR_DECODE_RELEASE=0"
     "38-fd-1-per-sm-early|LLAMA_BRRR_DECODE_CTAS_PER_SM=1 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
+    "48-fd-one-chunk|LLAMA_BRRR_DECODE_CHUNK=1048576"
+    "49-fd-one-chunk-early|LLAMA_BRRR_DECODE_CHUNK=1048576 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
+    "50-fd-chunk128-early|LLAMA_BRRR_DECODE_CHUNK=128 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}
