@@ -76,6 +76,8 @@
 #                   loads are its output stores; if wo's early weight loads hurt 8B by delaying the
 #                   merge's L2 round trips, the early trigger should stop losing here
 #   50 fd-chunk128-early   07 + 13
+#                   (48-50, run BO: 8B 0.984 / 0.941 / 0.956x, 1B 0.981-0.984 / 0.974-0.977 /
+#                   1.001-1.006x; the early trigger loses more without a merge: variants/one_chunk_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).

@@ -438,11 +438,13 @@ int decode_ctas_per_sm() {
 }
 // When the wo GEMV after flash_decode may launch. Measured end to end on H100 (decode_variants.sh
 // 11): at hd 128 letting it launch only as the decode CTAs exit is 1.035x faster (Llama-3-8B),
-// at hd 64 0.979x (Llama-3.2-1B). Why is open. Two readings were tested and ruled out (run BK,
-// variants/rows2_table.txt, trigger_landed_table.txt): that the early wo grid spills into a second
-// wave beside the decode CTAs (a wo grid of half the CTAs lost the same), and that the decode's K/V
-// loads queue behind wo's weight loads (letting wo launch only once the last tile has landed lost
-// the same).
+// at hd 64 0.979x (Llama-3.2-1B). What the runs of 2026-11-25 show (variants/rows2_table.txt,
+// trigger_landed_table.txt, one_chunk_table.txt): not a wo grid spilling into a second wave beside
+// the decode CTAs (half the CTAs lost the same), and not only the first K/V tile's loads (letting
+// wo launch once the last tile has landed lost the same); with no merge at all (one chunk) the
+// early launch loses more (0.941x against 0.984x). Our reading: wo's 16 MB of early weight loads
+// delay every global access the decode still makes, its K/V loads and its merge's round trips;
+// at hd 64 wo asks for half as much and the decode's work is half as long.
 bool decode_late_trigger(int head_dim) {
     static const int forced = env_int("LLAMA_BRRR_DECODE_LATE_TRIGGER", -1);
     return forced >= 0 ? forced != 0 : head_dim >= 128;
