@@ -78,10 +78,6 @@
 #   50 fd-chunk128-early   07 + 13
 #                   (48-50, run BO: 8B 0.984 / 0.941 / 0.956x, 1B 0.981-0.984 / 0.974-0.977 /
 #                   1.001-1.006x; the early trigger loses more without a merge: variants/one_chunk_table.txt)
-#   51, 52          LLAMA_BRRR_GEMV_STAGGER_NS=500 / 1000 + 13: wo launched early, its CTAs pacing
-#                   their early weight loads over 3.5 / 7 us instead of one flood
-#   53              LLAMA_BRRR_GEMV_STAGGER_NS=500 with the trigger as shipped
-#   54              LLAMA_BRRR_GEMV_STAGGER_NS=2000 + 13 (14 us)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -122,10 +118,6 @@ variants=(
     "48-fd-one-chunk|LLAMA_BRRR_DECODE_CHUNK=1048576"
     "49-fd-one-chunk-early|LLAMA_BRRR_DECODE_CHUNK=1048576 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "50-fd-chunk128-early|LLAMA_BRRR_DECODE_CHUNK=128 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "51-wo-paced500-early|LLAMA_BRRR_GEMV_STAGGER_NS=500 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "52-wo-paced1000-early|LLAMA_BRRR_GEMV_STAGGER_NS=1000 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "53-wo-paced500|LLAMA_BRRR_GEMV_STAGGER_NS=500"
-    "54-wo-paced2000-early|LLAMA_BRRR_GEMV_STAGGER_NS=2000 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

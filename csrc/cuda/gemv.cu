@@ -83,7 +83,6 @@ struct GemvArgs {
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
-    int early_stagger_ns; // experiment: CTA b sleeps (b % 8) x this before its early loads
     bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
     bool norm_in_smem;    // NORM, whole long rows: x and norm_w copied into shared memory first
     Epilogue ep;
@@ -260,7 +259,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     if (a.trigger_early) pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
     bool preloaded = false;
-    if (a.early_stagger_ns > 0) __nanosleep((unsigned)((blockIdx.x % 8) * a.early_stagger_ns));
     if (VEC && a.early) {
         load_w(0, lane, min(chunk, K) / 8);
         preloaded = true;
@@ -503,13 +501,6 @@ bool stage_async_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_STAGE_ASYNC", true);
     return on;
 }
-// LLAMA_BRRR_GEMV_STAGGER_NS=N (experiment, decode_variants.sh 51-53): the square AddResidual
-// GEMV (wo, after flash_decode) paces its early weight loads, CTA b waiting (b % 8) x N ns, so
-// that they do not arrive as one 16 MB flood ahead of the decode's own loads. Read once.
-int early_stagger_ns() {
-    static const int n = env_int("LLAMA_BRRR_GEMV_STAGGER_NS", 0);
-    return n > 0 ? n : 0;
-}
 bool fused_norm_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
     return on;
@@ -552,7 +543,6 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.early = early_loads_enabled();
     a.trigger_early = early_trigger_enabled();
     a.loads = loads_per_lane();
-    a.early_stagger_ns = ep == Epilogue::AddResidual && N == K ? early_stagger_ns() : 0;
     a.stage_async = stage_async_enabled();
     a.norm_in_smem = norm_in_smem_enabled();  // where it pays: launch_variant decides
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
