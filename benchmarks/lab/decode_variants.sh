@@ -78,6 +78,10 @@
 #   50 fd-chunk128-early   07 + 13
 #                   (48-50, run BO: 8B 0.984 / 0.941 / 0.956x, 1B 0.981-0.984 / 0.974-0.977 /
 #                   1.001-1.006x; the early trigger loses more without a merge: variants/one_chunk_table.txt)
+#   (51-54, run BP 2026-11-25 and retired, code at 16bc7de: wo launched early with its early weight
+#   loads paced, CTA b waiting (b % 8) x 500 / 1000 / 2000 ns (51 / 52 / 54), and 500 with the
+#   trigger as shipped (53): 8B 0.962-0.974x early (13: 0.971x), 1.000-1.001x as shipped; 1B
+#   0.916-1.004x; variants/wo_paced_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).

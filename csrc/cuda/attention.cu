@@ -442,9 +442,9 @@ int decode_ctas_per_sm() {
 // trigger_landed_table.txt, one_chunk_table.txt): not a wo grid spilling into a second wave beside
 // the decode CTAs (half the CTAs lost the same), and not only the first K/V tile's loads (letting
 // wo launch once the last tile has landed lost the same); with no merge at all (one chunk) the
-// early launch loses more (0.941x against 0.984x). Our reading: wo's 16 MB of early weight loads
-// delay every global access the decode still makes, its K/V loads and its merge's round trips;
-// at hd 64 wo asks for half as much and the decode's work is half as long.
+// early launch loses more (0.941x against 0.984x); and pacing wo's early weight loads over 3.5-14 us
+// instead of one 16 MB flood lost the same (wo_paced_table.txt). So it is not queueing behind wo's
+// loads either; the cause is still open.
 bool decode_late_trigger(int head_dim) {
     static const int forced = env_int("LLAMA_BRRR_DECODE_LATE_TRIGGER", -1);
     return forced >= 0 ? forced != 0 : head_dim >= 128;
