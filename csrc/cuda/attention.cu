@@ -438,13 +438,13 @@ int decode_ctas_per_sm() {
 }
 // When the wo GEMV after flash_decode may launch. Measured end to end on H100 (decode_variants.sh
 // 11): at hd 128 letting it launch only as the decode CTAs exit is 1.035x faster (Llama-3-8B),
-// at hd 64 0.979x (Llama-3.2-1B). What the runs of 2026-11-25 show (variants/rows2_table.txt,
-// trigger_landed_table.txt, one_chunk_table.txt): not a wo grid spilling into a second wave beside
-// the decode CTAs (half the CTAs lost the same), and not only the first K/V tile's loads (letting
-// wo launch once the last tile has landed lost the same); with no merge at all (one chunk) the
-// early launch loses more (0.941x against 0.984x); and pacing wo's early weight loads over 3.5-14 us
-// instead of one 16 MB flood lost the same (wo_paced_table.txt). So it is not queueing behind wo's
-// loads either; the cause is still open.
+// at hd 64 0.979x (Llama-3.2-1B). Why is open; the runs of 2026-11-25 ruled out three readings
+// (benchmarks/results/h100-sxm/variants/): a wo grid spilling into a second wave beside the decode
+// CTAs (half the CTAs lost the same, rows2_table.txt); the decode's loads queueing behind wo's
+// 16 MB of early weight loads (wo launched only once the last K/V tile had landed lost the same,
+// trigger_landed_table.txt, and so did wo's loads paced over 3.5-14 us, wo_paced_table.txt); the
+// merge's round trips (with one chunk and no merge the early launch loses more, 0.941x against
+// 0.984x, one_chunk_table.txt).
 bool decode_late_trigger(int head_dim) {
     static const int forced = env_int("LLAMA_BRRR_DECODE_LATE_TRIGGER", -1);
     return forced >= 0 ? forced != 0 : head_dim >= 128;
