@@ -603,10 +603,7 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
     activate();
     prof_.set_phase(profile::Phase::Sample);
     upload_sample_inputs(slots, positions, params, steps, batch);
-    prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(batch, cfg_.vocab_size));
-    sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_,
-                  d_steps_, batch, cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_,
-                  d_out_logprobs_, SampleFeedBack{}, stream_);
+    enqueue_sample(batch, 0, false);
     prof_.op("sample_outputs", profile::OpClass::Copy, profile::copy_cost(8.0 * batch));
     CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, sizeof(int) * batch, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemcpyAsync(h_out_ + sizeof(int) * batch, d_out_logprobs_, sizeof(float) * batch,
@@ -646,7 +643,9 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
         try {
             prof_.set_phase(profile::Phase::Decode);
             run_decode(batch);
-            sample_round(batch, s);
+            prof_.set_phase(profile::Phase::Sample);
+            enqueue_sample(batch, s, true);
+            prof_.end();
         } catch (...) {
             if (hold) prof_clock_.release_hold();
             throw;
@@ -664,16 +663,16 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     std::memcpy(out_logprobs, h_out_ + sizeof(int) * n, sizeof(float) * n);
 }
 
-void CudaEngine::sample_round(int B, int round) {
-    prof_.set_phase(profile::Phase::Sample);
+void CudaEngine::enqueue_sample(int B, int round, bool feed_back) {
     prof_.op("sample", profile::OpClass::Sampling, profile::sample_cost(B, cfg_.vocab_size));
     SampleFeedBack fb;
-    fb.tokens = d_tokens_;
-    fb.positions = d_positions_;
+    if (feed_back) {
+        fb.tokens = d_tokens_;
+        fb.positions = d_positions_;
+    }
     sample_tokens(logits_, history_, d_sample_slots_, d_sample_positions_, d_sample_params_, d_steps_, B,
                   cfg_.vocab_size, cfg_.max_seq_len, sample_scratch_, d_out_tokens_ + (size_t)round * B,
                   d_out_logprobs_ + (size_t)round * B, fb, stream_);
-    prof_.end();
 }
 
 void CudaEngine::check_sample_rows(const int32_t* slots, const int32_t* positions,

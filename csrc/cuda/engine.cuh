@@ -130,9 +130,9 @@ private:
     void activate() const;
     int layer_max_splits() const;
     cudaGraphExec_t capture_decode(int B, bool instrumented);
-    // Round `round` of decode_steps after the forward: sample into that row of the token ring,
-    // feed the tokens back.
-    void sample_round(int B, int round);
+    // The sampler over the latest logits of B rows, into row `round` of the token ring (sample:
+    // round 0); feed_back (decode_steps) also makes the tokens the next decode's inputs.
+    void enqueue_sample(int B, int round, bool feed_back);
     // Where embed records the tokens of the rows staged in d_tokens_/d_slots_/d_positions_.
     TokenHistory token_history() const {
         TokenHistory h;
