@@ -90,6 +90,7 @@ struct DecodeArgs {
     bool early_kv;   // start loading the first tile before the PDL wait
     bool late_trigger;  // let the next kernel launch only as CTAs exit, not once tile 0 is issued
     bool release_count;  // count a finished split with one acq_rel atomic (else fences + atomic)
+    bool warps;          // flash_decode_warps_kernel (rows per warp in registers), else the tile kernel
     float scale_log2;
 };
 
@@ -126,6 +127,50 @@ struct DecodeCut {
         n = max(1, CEIL_DIV(len, per));  // rounding per up may leave the last split empty: drop it
     }
 };
+
+// The last split of a (sequence, head block) to arrive merges the partials of all cut.n splits:
+// warp -> head, lane -> splits. Split s weighs w_s = 2^(m_s - M) / sum_s' 2^(m_s' - M) l_s' (M the
+// largest max, l the sums); out = sum_s w_s acc_s. weight: shared [GMAX][kDecMaxSplits] floats;
+// out: the first of the n_g heads' [HD] output rows.
+template <int HD, int GMAX, int THREADS>
+__device__ void merge_splits(const DecodeScratch& sc, int head0, int n_g, int n_splits, float* weight, bf16* out) {
+    constexpr int kWarps = THREADS / 32, kStatHeads = (GMAX + kWarps - 1) / kWarps;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+    for (int j = 0; j < kStatHeads; ++j) {
+        const int g = warp + kWarps * j;
+        if (g < n_g) {
+            float m[kDecMaxSplits / 32], l[kDecMaxSplits / 32];
+            float global_max = -INFINITY;
+#pragma unroll
+            for (int e = 0; e < kDecMaxSplits / 32; ++e) {
+                const int sp = lane + 32 * e;
+                m[e] = sp < n_splits ? __ldcg(sc.ml(head0 + g, sp)) : -INFINITY;
+                l[e] = sp < n_splits ? __ldcg(sc.ml(head0 + g, sp) + 1) : 0.f;
+                global_max = fmaxf(global_max, m[e]);
+            }
+            global_max = util::warp_max(global_max);  // finite: every chunk is non-empty
+            float den = 0.f;
+#pragma unroll
+            for (int e = 0; e < kDecMaxSplits / 32; ++e) {
+                m[e] = exp2f(m[e] - global_max);
+                den += m[e] * l[e];
+            }
+            den = util::warp_sum(den);
+#pragma unroll
+            for (int e = 0; e < kDecMaxSplits / 32; ++e) weight[g * kDecMaxSplits + lane + 32 * e] = m[e] / den;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < n_g * HD; i += THREADS) {
+        const int g = i / HD, dd = i % HD;
+        const float* w = weight + g * kDecMaxSplits;
+        float o = 0.f;
+#pragma unroll 8
+        for (int sp = 0; sp < n_splits; ++sp) o += w[sp] * __ldcg(sc.acc(head0 + g, sp) + dd);
+        out[(size_t)g * HD + dd] = __float2bfloat16_rn(o);
+    }
+}
 
 // GMAX = query heads per CTA (the group, or a block of it when the group is larger).
 template <int HD, int GMAX, int THREADS>
@@ -351,51 +396,279 @@ __global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
     const auto cta_barrier = [] { __syncthreads(); };
     if (!util::arrived_last(sc.counter(blockIdx.y), cut.n, tid == 0, a.release_count, cta_barrier)) return;
 
-    // Merge: warp -> head, lane -> splits. Split s weighs w_s = 2^(m_s - M) / sum_s' 2^(m_s' - M) l_s'
-    // (M the largest max, l the sums); out = sum_s w_s acc_s.
     float* weight = S;  // [GMAX][kDecMaxSplits] (fits: kParts >= 2), the scores are dead
+    merge_splits<HD, GMAX, THREADS>(sc, head0, n_g, cut.n, weight, &out_at(0, 0));
+}
+
+// ---- warp-owned rows --------------------------------------------------------------------------
+// flash_decode_warps_kernel: the same grid, cut and merge as above, but no shared-memory tile and
+// no CTA barrier per tile. Each warp streams its own K/V rows straight into registers, 16 bytes
+// a lane (kLanesPerRow = HD / 8 lanes cover a row, so one load instruction covers kRowsPerLoad
+// rows), and keeps its own online softmax; the CTA's warps are combined once, at the end, through
+// shared memory. Per warp step a lane holds kRows rows of K and V; its GMAX x kRows partial dot
+// products (8 dims each) are summed over the row's lanes by a transposing butterfly (each
+// exchange halves the values a lane holds, so GMAX x kRows sums cost GMAX x kRows - 1 shuffles),
+// after which lane c of a row group holds the score of (head, row) number c / kReplicas.
+template <int HD, int GMAX, int THREADS>
+struct WarpDecode {
+    static constexpr int kWarps = THREADS / 32;
+    static constexpr int kLanesPerRow = HD / 8;             // 8 or 16
+    static constexpr int kRowsPerLoad = 32 / kLanesPerRow;  // row groups per warp: 4 or 2
+    static constexpr int kRows = kLanesPerRow / GMAX < 8 ? kLanesPerRow / GMAX : 8;  // rows per lane per step
+    static constexpr int kValues = GMAX * kRows;             // scores a lane sums per step, <= kLanesPerRow
+    static constexpr int kReplicas = kLanesPerRow / kValues; // lanes of a row group left with one score
+    static constexpr int kStepRows = kRows * kRowsPerLoad;   // positions a warp covers per step
+    // Shared memory, byte offsets: q (scaled, fp32), each warp's final (max, sum) and acc, the
+    // merge's split weights.
+    static constexpr size_t q_off = 0;                                       // f32 [GMAX][HD]
+    static constexpr size_t m_off = q_off + GMAX * HD * 4;                   // f32 [kWarps][GMAX]
+    static constexpr size_t l_off = m_off + kWarps * GMAX * 4;               // f32 [kWarps][GMAX]
+    static constexpr size_t acc_off = l_off + kWarps * GMAX * 4;             // f32 [kWarps][GMAX][HD]
+    static constexpr size_t w_off = acc_off + (size_t)kWarps * GMAX * HD * 4;  // f32 [GMAX][kDecMaxSplits]
+    static constexpr size_t bytes = w_off + GMAX * kDecMaxSplits * 4;
+};
+
+// Sums each of V values per lane over aligned groups of LPR lanes; returns the group's sum of
+// value (lane % LPR) / (LPR / V). Exchange with offset O: the lane with bit O set keeps the upper
+// half of its N values and sends the lower, its partner the reverse (one template level per
+// exchange, so every index is a constant and the values stay in registers); once one value is
+// left the remaining offsets are a plain butterfly over the replicas.
+template <int N, int O, int V>
+__device__ __forceinline__ void transpose_exchange(float (&vals)[V], int lane) {
+    if constexpr (N > 1) {
+        const bool upper = lane & O;
 #pragma unroll
-    for (int j = 0; j < kStatHeads; ++j) {
-        const int g = warp + kWarps * j;
-        if (g < n_g) {
-            float m[kDecMaxSplits / 32], l[kDecMaxSplits / 32];
-            float global_max = -INFINITY;
+        for (int i = 0; i < N / 2; ++i) {
+            const float send = upper ? vals[i] : vals[i + N / 2];
+            const float keep = upper ? vals[i + N / 2] : vals[i];
+            vals[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+        }
+        transpose_exchange<N / 2, O / 2, V>(vals, lane);
+    }
+}
+template <int V, int LPR>
+__device__ __forceinline__ float transpose_sum(float (&vals)[V], int lane) {
+    static_assert(V >= 1 && (V & (V - 1)) == 0 && V <= LPR, "V: a power of two, at most LPR");
+    transpose_exchange<V, LPR / 2, V>(vals, lane);
+    float s = vals[0];
 #pragma unroll
-            for (int e = 0; e < kDecMaxSplits / 32; ++e) {
-                const int sp = lane + 32 * e;
-                m[e] = sp < cut.n ? __ldcg(sc.ml(head0 + g, sp)) : -INFINITY;
-                l[e] = sp < cut.n ? __ldcg(sc.ml(head0 + g, sp) + 1) : 0.f;
-                global_max = fmaxf(global_max, m[e]);
+    for (int o = LPR / V / 2; o >= 1; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
+template <int HD, int GMAX, int THREADS>
+__global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_warps_kernel(DecodeArgs a) {
+    using L = WarpDecode<HD, GMAX, THREADS>;
+    constexpr int kLanesPerRow = L::kLanesPerRow, kRowsPerLoad = L::kRowsPerLoad, kRows = L::kRows;
+    constexpr int kValues = L::kValues, kReplicas = L::kReplicas, kStepRows = L::kStepRows, kWarps = L::kWarps;
+    constexpr unsigned kAll = 0xffffffffu;
+
+    unsigned char* smem = ptx::dynamic_smem<unsigned char>();
+    float* qs = reinterpret_cast<float*>(smem + L::q_off);
+    float* warp_m = reinterpret_cast<float*>(smem + L::m_off);
+    float* warp_l = reinterpret_cast<float*>(smem + L::l_off);
+    float* warp_acc = reinterpret_cast<float*>(smem + L::acc_off);
+    float* weight = reinterpret_cast<float*>(smem + L::w_off);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int split = blockIdx.x, b = blockIdx.z;
+    const int kvh = blockIdx.y / a.head_blocks, hb = blockIdx.y % a.head_blocks;
+    const int n_g = min(GMAX, a.group - hb * GMAX);
+    const int head0 = kvh * a.group + hb * GMAX;
+
+    if (!a.early_kv) pdl_wait();
+    const int pos = __ldcg(a.positions + b);
+    const int len = pos < 0 ? 0 : min(pos + 1, a.max_seq);
+    const DecodeCut cut(len, a.min_chunk, a.n_splits);
+    if (split >= cut.n) {
+        pdl_wait();
+        return;
+    }
+    const int c0 = split * cut.per, c1 = min(len, c0 + cut.per);
+    const DecodeScratch sc(a, b, HD);
+    bf16* out = a.out + ((size_t)b * a.n_heads + head0) * HD;
+
+    if (c0 >= c1) {  // an empty sequence (position < 0): one split, zeros out
+        pdl_wait();
+        pdl_launch_dependents();
+        for (int i = tid; i < n_g * HD; i += THREADS) out[i] = __float2bfloat16_rn(0.f);
+        return;
+    }
+
+    // This lane: row group rg (which of a load's rows), dims [col * 8, col * 8 + 8); after the
+    // butterfly it holds the score of head vg, row vr.
+    const int rg = lane / kLanesPerRow, col = lane % kLanesPerRow;
+    const int vg = (col / kReplicas) / kRows, vr = (col / kReplicas) % kRows;
+    // The lane holding head g's row r of this lane's row group, and the first lane of head g.
+    auto score_lane = [&](int g, int r) { return rg * kLanesPerRow + (g * kRows + r) * kReplicas; };
+    auto head_lane = [&](int g) { return g * kRows * kReplicas; };
+
+    const size_t slot_base = (size_t)__ldcg(a.slots + b) * a.max_seq;
+    const int last = len - 1;  // this token's row, written by the kernel just before
+    auto step_base = [&](int step) { return c0 + (step * kWarps + warp) * kStepRows; };
+    // Rows of a step into registers; rows at or past c1 are zeros. which: 0 every row, 1 every row
+    // but `last`, 2 only `last`.
+    auto load_rows = [&](uint4 (&dst)[kRows], const bf16* cache, int base, int which) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const int p = base + r * kRowsPerLoad + rg;
+            if (p >= c1) {
+                if (which != 2) dst[r] = make_uint4(0, 0, 0, 0);
+                continue;
             }
-            global_max = util::warp_max(global_max);  // finite: every chunk is non-empty
-            float den = 0.f;
+            if ((which == 1 && p == last) || (which == 2 && p != last)) continue;
+            dst[r] = __ldcg(reinterpret_cast<const uint4*>(cache + ((slot_base + p) * a.n_kv_heads + kvh) * HD) + col);
+        }
+    };
+
+    uint4 kr[kRows], vrow[kRows];
+    const bool any = step_base(0) < c1;
+    if (any) {
+        load_rows(kr, a.k_cache, step_base(0), a.early_kv ? 1 : 0);
+        load_rows(vrow, a.v_cache, step_base(0), a.early_kv ? 1 : 0);
+    }
+    if (a.early_kv) {
+        pdl_wait();
+        if (any) {
+            load_rows(kr, a.k_cache, step_base(0), 2);
+            load_rows(vrow, a.v_cache, step_base(0), 2);
+        }
+    }
+    if (!a.late_trigger) pdl_launch_dependents();
+
+    const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q) + ((size_t)b * a.n_heads + head0) * HD;
+    for (int i = tid; i < GMAX * HD; i += THREADS)
+        qs[i] = i / HD < n_g ? util::bf16_bits(qbits[i]) * a.scale_log2 : 0.f;
+    __syncthreads();
+
+    float run_max = -INFINITY, run_sum = 0.f;  // of head vg over this warp's rows so far
+    float acc[GMAX][8];
 #pragma unroll
-            for (int e = 0; e < kDecMaxSplits / 32; ++e) {
-                m[e] = exp2f(m[e] - global_max);
-                den += m[e] * l[e];
+    for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] = 0.f;
+
+    for (int step = 0; step_base(step) < c1; ++step) {
+        const int base = step_base(step), next = step_base(step + 1);
+        // Scores: this lane's 8 dims of each (head, row), then summed over the row's lanes.
+        float vals[kValues];
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {
+            const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + col * 8);
+            const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + col * 8 + 4);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                const uint4 k = kr[r];
+                vals[g * kRows + r] = util::bf16_lo(k.x) * qa.x + util::bf16_hi(k.x) * qa.y +
+                                      util::bf16_lo(k.y) * qa.z + util::bf16_hi(k.y) * qa.w +
+                                      util::bf16_lo(k.z) * qb.x + util::bf16_hi(k.z) * qb.y +
+                                      util::bf16_lo(k.w) * qb.z + util::bf16_hi(k.w) * qb.w;
             }
-            den = util::warp_sum(den);
+        }
+        if (next < c1) load_rows(kr, a.k_cache, next, 0);  // K of this step is consumed
+        float s = transpose_sum<kValues, kLanesPerRow>(vals, lane);
+        if (base + vr * kRowsPerLoad + rg >= c1) s = -INFINITY;
+
+        // Online softmax of head vg over the lanes holding its rows (replicas skipped).
+        float step_max = s;
 #pragma unroll
-            for (int e = 0; e < kDecMaxSplits / 32; ++e) weight[g * kDecMaxSplits + lane + 32 * e] = m[e] / den;
+        for (int o = kReplicas; o < kReplicas * kRows; o *= 2) step_max = fmaxf(step_max, __shfl_xor_sync(kAll, step_max, o));
+#pragma unroll
+        for (int o = kLanesPerRow; o < 32; o *= 2) step_max = fmaxf(step_max, __shfl_xor_sync(kAll, step_max, o));
+        const float new_max = fmaxf(run_max, step_max);  // finite: row `base` is in every head
+        const float alpha = exp2f(run_max - new_max);
+        const float p = exp2f(s - new_max);
+        float step_sum = p;
+#pragma unroll
+        for (int o = kReplicas; o < kReplicas * kRows; o *= 2) step_sum += __shfl_xor_sync(kAll, step_sum, o);
+#pragma unroll
+        for (int o = kLanesPerRow; o < 32; o *= 2) step_sum += __shfl_xor_sync(kAll, step_sum, o);
+        run_sum = run_sum * alpha + step_sum;
+        run_max = new_max;
+
+        // acc[g] = acc[g] * alpha_g + sum_r p[g][r] * V[r] over this lane's rows and dims.
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {
+            const float alpha_g = __shfl_sync(kAll, alpha, head_lane(g));
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[g][j] *= alpha_g;
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const uint4 v = vrow[r];
+            const float v8[8] = {util::bf16_lo(v.x), util::bf16_hi(v.x), util::bf16_lo(v.y), util::bf16_hi(v.y),
+                                 util::bf16_lo(v.z), util::bf16_hi(v.z), util::bf16_lo(v.w), util::bf16_hi(v.w)};
+#pragma unroll
+            for (int g = 0; g < GMAX; ++g) {
+                const float pg = __shfl_sync(kAll, p, score_lane(g, r));
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(pg, v8[j], acc[g][j]);
+            }
+        }
+        if (next < c1) load_rows(vrow, a.v_cache, next, 0);
+    }
+
+    // The row groups of a warp hold the same dims: add them, then combine the warps.
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int o = kLanesPerRow; o < 32; o *= 2) acc[g][j] += __shfl_xor_sync(kAll, acc[g][j], o);
+    if (rg == 0) {
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {
+            float4* dst = reinterpret_cast<float4*>(warp_acc + (warp * GMAX + g) * HD + col * 8);
+            dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+            dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+        }
+        if (vr == 0 && col % kReplicas == 0) {
+            warp_m[warp * GMAX + vg] = run_max;
+            warp_l[warp * GMAX + vg] = run_sum;
         }
     }
     __syncthreads();
+
+    // Warp w weighs 2^(m_w - M); a warp without rows has m = -inf and weighs 0 (warp 0 always has one).
     for (int i = tid; i < n_g * HD; i += THREADS) {
-        const int g = i / HD, dd = i % HD;
-        const float* w = weight + g * kDecMaxSplits;
-        float o = 0.f;
-#pragma unroll 8
-        for (int sp = 0; sp < cut.n; ++sp) o += w[sp] * __ldcg(sc.acc(head0 + g, sp) + dd);
-        out_at(g, dd) = __float2bfloat16_rn(o);
+        const int g = i / HD, d = i % HD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_m[w * GMAX + g]);
+        float l = 0.f, o = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float e = exp2f(warp_m[w * GMAX + g] - m);
+            l += e * warp_l[w * GMAX + g];
+            o += e * warp_acc[(w * GMAX + g) * HD + d];
+        }
+        if (cut.n == 1) {
+            out[(size_t)g * HD + d] = __float2bfloat16_rn(o / l);
+        } else {
+            sc.acc(head0 + g, split)[d] = o;
+            if (d == 0) sc.ml(head0 + g, split)[0] = m, sc.ml(head0 + g, split)[1] = l;
+        }
     }
+    if (cut.n == 1) return;
+    const auto cta_barrier = [] { __syncthreads(); };
+    if (!util::arrived_last(sc.counter(blockIdx.y), cut.n, tid == 0, a.release_count, cta_barrier)) return;
+    merge_splits<HD, GMAX, THREADS>(sc, head0, n_g, cut.n, weight, out);
 }
 
 template <int HD, int GMAX, int THREADS>
 void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
+    const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
+    if (a.warps) {
+        using L = WarpDecode<HD, GMAX, THREADS>;
+        auto kernel = flash_decode_warps_kernel<HD, GMAX, THREADS>;
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
+        launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
+        CUDA_CHECK_LAUNCH("flash_decode_warps_kernel");
+        return;
+    }
     using L = DecodeSmem<HD, GMAX, THREADS>;
     auto kernel = flash_decode_kernel<HD, GMAX, THREADS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
-    const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
     launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
     CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
@@ -455,6 +728,11 @@ bool decode_release_count() {
     static const bool on = env_flag("LLAMA_BRRR_DECODE_RELEASE", true);
     return on;
 }
+// LLAMA_BRRR_DECODE_WARPS=0 runs the shared-memory tile kernel instead of the warp-owned rows.
+bool decode_warps() {
+    static const bool on = env_flag("LLAMA_BRRR_DECODE_WARPS", true);
+    return on;
+}
 bool decode_early_kv() {
     static const bool on = env_flag("LLAMA_BRRR_DECODE_EARLY", true);
     return on;
@@ -487,6 +765,7 @@ DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     a.early_kv = decode_early_kv();
     a.late_trigger = decode_late_trigger(head_dim);
     a.release_count = decode_release_count();
+    a.warps = decode_warps();
     a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
     return a;
 }
