@@ -416,4 +416,7 @@ def test_attention_bad_arguments_raise(ops, gen):
     with pytest.raises(ValueError, match="scratch"):
         ops.flash_decode(q.data_ptr(), cache.data_ptr(), cache.data_ptr(), ints.data_ptr(),
                          ints.data_ptr(), out.data_ptr(), 0, 1, 2, 2, 64, 16, 4)
+    with pytest.raises(ValueError, match="16-byte aligned"):  # q rows are read 16 bytes a lane
+        ops.flash_decode(q.data_ptr() + 2, cache.data_ptr(), cache.data_ptr(), ints.data_ptr(),
+                         ints.data_ptr(), out.data_ptr(), 0, 1, 2, 2, 64, 16, 1)
     assert torch.isnan(out.float()).all(), "a rejected call must not touch the output"

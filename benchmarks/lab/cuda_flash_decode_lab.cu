@@ -6,8 +6,9 @@
 // This file includes attention.cu, so every variant runs the production kernel; they differ only
 // in DecodeArgs: the fewest positions a split takes (min_chunk), threads per CTA, whether the
 // first K/V tile starts loading before the PDL wait (early_kv), whether the next kernel may
-// launch before the CTAs exit (late_trigger) and which kernel runs (10, 11: the shared-memory tile
-// kernel, shipped until 2026-11-25, against the warp-owned rows). 01 is what ships (decode_args()).
+// launch before the CTAs exit (late_trigger). 01 is what ships (decode_args()). The shared-memory
+// tile kernel that the warp-owned rows replaced ran here as 10 / 11 (run BR, code at 2397a9c;
+// benchmarks/results/h100-sxm/flash_decode_lab/warps_table.txt).
 //
 //   nvcc -O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
 //        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu -o fd_lab
@@ -40,7 +41,6 @@ struct Variant {
     int threads;       // 0: the shipped value
     bool early_kv;     // shipped: true
     int late_trigger;  // -1: the shipped choice (late at hd 128), else 0 / 1
-    bool tiles;        // the shared-memory tile kernel instead of the warp-owned rows (shipped: false)
 };
 
 const Variant kVariants[] = {
@@ -53,8 +53,6 @@ const Variant kVariants[] = {
     {"07_threads128", 0, 128, true, -1},
     {"08_late_trigger", 0, 0, true, 1},
     {"09_early_trigger", 0, 0, true, 0},
-    {"10_tiles", 0, 0, true, -1, true},
-    {"11_tiles_chunk128", 128, 0, true, -1, true},
 };
 
 DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
@@ -62,7 +60,6 @@ DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
     if (v.threads) a.threads = v.threads;
     a.early_kv = v.early_kv;
     if (v.late_trigger >= 0) a.late_trigger = v.late_trigger != 0;
-    if (v.tiles) a.warps = false;
     return a;
 }
 

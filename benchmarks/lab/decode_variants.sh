@@ -82,9 +82,9 @@
 #   loads paced, CTA b waiting (b % 8) x 500 / 1000 / 2000 ns (51 / 52 / 54), and 500 with the
 #   trigger as shipped (53): 8B 0.962-0.974x early (13: 0.971x), 1.000-1.001x as shipped; 1B
 #   0.916-1.004x; variants/wo_paced_table.txt)
-#   55 fd-tiles     LLAMA_BRRR_DECODE_WARPS=0: flash_decode's shared-memory tile kernel (64-position
-#                   tiles, four CTA barriers each; shipped until 2026-11-25) instead of the warp-owned
-#                   rows in registers
+#   (55, run BR 2026-11-25, code at 2397a9c: flash_decode's shared-memory tile kernel, shipped until
+#   then, against the warp-owned rows that replaced it: 1B 0.999x, 8B 0.994x;
+#   benchmarks/results/h100-sxm/variants/warps_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -125,7 +125,6 @@ variants=(
     "48-fd-one-chunk|LLAMA_BRRR_DECODE_CHUNK=1048576"
     "49-fd-one-chunk-early|LLAMA_BRRR_DECODE_CHUNK=1048576 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "50-fd-chunk128-early|LLAMA_BRRR_DECODE_CHUNK=128 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
-    "55-fd-tiles|LLAMA_BRRR_DECODE_WARPS=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

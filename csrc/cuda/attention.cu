@@ -6,10 +6,18 @@
 //   softmax runs on exp2.
 //
 // flash_decode (one query per sequence, memory-bound: the KV bytes are the cost):
-//   grid (split, KV head x head block, sequence), one launch. A CTA streams one chunk of ONE KV
-//   head's K/V through shared memory (cp.async, double-buffered, 64 positions per tile) and
-//   serves every query head of that group from it, so each K/V byte is read once per token, not
-//   once per query head. Online softmax in fp32.
+//   grid (split, KV head x head block, sequence), one launch. A CTA owns one chunk of ONE KV
+//   head's positions and serves every query head of that group from it, so each K/V byte is read
+//   once per token, not once per query head. Online softmax in fp32.
+//   Inside a CTA each warp owns its own rows: it loads them straight into registers (16 bytes a
+//   lane, HD / 8 lanes to a row), scores them for every head of the group, sums each dot product
+//   over the row's lanes with a transposing butterfly and keeps its own online softmax; the warps
+//   are combined once, at the end, through shared memory. No shared-memory tile and no CTA
+//   barrier per 64 positions: the shared-memory tile kernel this replaced (phases for scores,
+//   softmax and P V, four CTA barriers a tile) cost about 1.3 us per 64-position tile whatever
+//   was in flight; in a graphed decode chain on H100 the warp-owned rows are 1.4-1.8x faster at
+//   4096-16384 positions, and 8B decode 1.006x end to end (run BR,
+//   benchmarks/results/h100-sxm/flash_decode_lab/warps_table.txt).
 //   Splits: positions live on the device (CUDA-graph replay), so the grid is fixed from the shapes
 //   (about two CTAs per SM) and each CTA decides on the device how many splits its sequence needs:
 //   chunks of at least min_chunk positions, so a short context runs as one chunk per KV head and
@@ -17,14 +25,14 @@
 //   each writes (max, sum, unnormalized acc[hd]) to scratch, counts itself in with an atomic on
 //   its (sequence, head block) arrival counter (one acq_rel atomic after the CTA barrier: 1B decode
 //   1.009x, 8B 1.003x over a fence in every thread plus a relaxed atomic, run BA), and the last to
-//   arrive merges them (weights computed once per split in shared memory, then independent loads)
-//   and re-arms the counter.
+//   arrive merges them (every split's partial loaded in one round trip, folded online) and
+//   re-arms the counter.
 //   Scratch per sequence: [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq x
 //   max_splits x hd], so a sequence's counters sit in one place whatever the batch of a call; they
 //   must be zero before the first call (the engine's arena is) and every call leaves them zero.
 //   Launched with PDL (launch.cuh): before its wait a CTA already reads positions and slots and
-//   starts loading its first tile, all written two or more kernels back; only this token's K/V
-//   row and q come from the kernel just before, and they are loaded after the wait.
+//   loads its first rows, all written two or more kernels back; only this token's K/V row and q
+//   come from the kernel just before, and they are loaded after the wait.
 //
 // attention_prefill (T new tokens of one sequence, their K/V already in the cache), two kernels
 // over the same grid (a CTA owns 128 queries of one head; the longest query tiles first):
@@ -60,21 +68,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // ==== flash decode ============================================================================
 
-constexpr int kDecTile = 64;  // KV positions per shared-memory tile
-
-// Shared memory of one decode CTA of THREADS threads, byte offsets (each 16-byte aligned). The
-// scores of a tile come in kParts partial sums, one per slice of hd (phase 1 below).
-template <int HD, int GMAX, int THREADS>
-struct DecodeSmem {
-    static constexpr int kParts = THREADS / kDecTile;
-    static constexpr int kPitchK = HD + 8;  // K rows are read one per thread: pad across banks
-    static constexpr size_t k_off = 0;                                            // bf16 [2][tile][HD+8]
-    static constexpr size_t v_off = k_off + 2 * kDecTile * kPitchK * 2;           // bf16 [2][tile][HD]
-    static constexpr size_t q_off = v_off + 2 * kDecTile * HD * 2;                // f32 [GMAX][HD]
-    static constexpr size_t s_off = q_off + GMAX * HD * 4;                        // f32 [kParts][GMAX][tile]
-    static constexpr size_t stat_off = s_off + kParts * GMAX * kDecTile * 4;      // f32 [3][GMAX]
-    static constexpr size_t bytes = stat_off + 3 * GMAX * 4;
-};
+// Chunks are whole multiples of this many positions (a CTA's warps cover 64 or more a step).
+constexpr int kDecChunkUnit = 64;
 
 struct DecodeArgs {
     const bf16* q;
@@ -87,16 +82,14 @@ struct DecodeArgs {
     int n_heads, n_kv_heads, group, head_blocks, max_seq, n_splits, max_splits;
     int min_chunk;   // fewest positions a split takes
     int threads;     // per CTA: 128 or 256
-    bool early_kv;   // start loading the first tile before the PDL wait
-    bool late_trigger;  // let the next kernel launch only as CTAs exit, not once tile 0 is issued
+    bool early_kv;   // start loading the first rows before the PDL wait
+    bool late_trigger;  // let the next kernel launch only as CTAs exit, not once the first rows are asked for
     bool release_count;  // count a finished split with one acq_rel atomic (else fences + atomic)
-    bool warps;          // flash_decode_warps_kernel (rows per warp in registers), else the tile kernel
     float scale_log2;
 };
 
-// Splits of one decode launch never exceed this: the merge keeps a weight per split and head in
-// the score buffer (GMAX x 2 tiles of floats).
-constexpr int kDecMaxSplits = 2 * kDecTile;
+// Splits of one decode launch never exceed this (the merge's loop, the scratch's size).
+constexpr int kDecMaxSplits = 128;
 
 // Floats of scratch per sequence.
 __host__ __device__ inline size_t decode_seq_floats(int n_heads, int head_dim, int max_splits) {
@@ -123,294 +116,52 @@ struct DecodeCut {
     int n, per;
     __device__ DecodeCut(int len, int min_chunk, int n_splits) {
         n = max(1, min(CEIL_DIV(len, min_chunk), n_splits));
-        per = max(kDecTile, CEIL_DIV(CEIL_DIV(len, n), kDecTile) * kDecTile);
+        per = max(kDecChunkUnit, CEIL_DIV(CEIL_DIV(len, n), kDecChunkUnit) * kDecChunkUnit);
         n = max(1, CEIL_DIV(len, per));  // rounding per up may leave the last split empty: drop it
     }
 };
 
-// The last split of a (sequence, head block) to arrive merges the partials of all cut.n splits:
-// warp -> head, lane -> splits. Split s weighs w_s = 2^(m_s - M) / sum_s' 2^(m_s' - M) l_s' (M the
-// largest max, l the sums); out = sum_s w_s acc_s. weight: shared [GMAX][kDecMaxSplits] floats;
-// out: the first of the n_g heads' [HD] output rows.
-template <int HD, int GMAX, int THREADS>
-__device__ void merge_splits(const DecodeScratch& sc, int head0, int n_g, int n_splits, float* weight, bf16* out) {
-    constexpr int kWarps = THREADS / 32, kStatHeads = (GMAX + kWarps - 1) / kWarps;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+// The last split of a (sequence, head block) to arrive merges the partials of all n_splits
+// splits, thread -> (head g, dim d): every split's (max, sum) and acc[d] are loaded together (one
+// L2 round trip for up to 8 splits), then folded online: out = sum_s 2^(m_s - M) acc_s /
+// sum_s 2^(m_s - M) l_s, M the largest max. out: the first of the n_g heads' [HD] output rows.
+// Out of line: inlined, its 24 loads in flight pushed the kernel past its 128 registers (spills).
+template <int HD, int THREADS>
+__device__ __noinline__ void merge_splits(const DecodeScratch& sc, int head0, int n_g, int n_splits, bf16* out) {
+    constexpr int kBatch = 8;
+    for (int i = threadIdx.x; i < n_g * HD; i += THREADS) {
+        const int g = i / HD, d = i % HD;
+        float m = -INFINITY, l = 0.f, o = 0.f;
+        for (int s0 = 0; s0 < n_splits; s0 += kBatch) {
+            float ms[kBatch], ls[kBatch], as[kBatch];
 #pragma unroll
-    for (int j = 0; j < kStatHeads; ++j) {
-        const int g = warp + kWarps * j;
-        if (g < n_g) {
-            float m[kDecMaxSplits / 32], l[kDecMaxSplits / 32];
-            float global_max = -INFINITY;
-#pragma unroll
-            for (int e = 0; e < kDecMaxSplits / 32; ++e) {
-                const int sp = lane + 32 * e;
-                m[e] = sp < n_splits ? __ldcg(sc.ml(head0 + g, sp)) : -INFINITY;
-                l[e] = sp < n_splits ? __ldcg(sc.ml(head0 + g, sp) + 1) : 0.f;
-                global_max = fmaxf(global_max, m[e]);
+            for (int j = 0; j < kBatch; ++j) {
+                const bool ok = s0 + j < n_splits;
+                ms[j] = ok ? __ldcg(sc.ml(head0 + g, s0 + j)) : -INFINITY;
+                ls[j] = ok ? __ldcg(sc.ml(head0 + g, s0 + j) + 1) : 0.f;
+                as[j] = ok ? __ldcg(sc.acc(head0 + g, s0 + j) + d) : 0.f;
             }
-            global_max = util::warp_max(global_max);  // finite: every chunk is non-empty
-            float den = 0.f;
+            // Split 0 comes first and its max is finite, so no fold sees -inf - -inf.
 #pragma unroll
-            for (int e = 0; e < kDecMaxSplits / 32; ++e) {
-                m[e] = exp2f(m[e] - global_max);
-                den += m[e] * l[e];
+            for (int j = 0; j < kBatch; ++j) {
+                const float mn = fmaxf(m, ms[j]);
+                const float keep = exp2f(m - mn), add = exp2f(ms[j] - mn);
+                l = l * keep + ls[j] * add;
+                o = o * keep + as[j] * add;
+                m = mn;
             }
-            den = util::warp_sum(den);
-#pragma unroll
-            for (int e = 0; e < kDecMaxSplits / 32; ++e) weight[g * kDecMaxSplits + lane + 32 * e] = m[e] / den;
         }
-    }
-    __syncthreads();
-    for (int i = tid; i < n_g * HD; i += THREADS) {
-        const int g = i / HD, dd = i % HD;
-        const float* w = weight + g * kDecMaxSplits;
-        float o = 0.f;
-#pragma unroll 8
-        for (int sp = 0; sp < n_splits; ++sp) o += w[sp] * __ldcg(sc.acc(head0 + g, sp) + dd);
-        out[(size_t)g * HD + dd] = __float2bfloat16_rn(o);
+        out[(size_t)g * HD + d] = __float2bfloat16_rn(o / l);
     }
 }
 
-// GMAX = query heads per CTA (the group, or a block of it when the group is larger).
-template <int HD, int GMAX, int THREADS>
-__global__ void __launch_bounds__(THREADS) flash_decode_kernel(DecodeArgs a) {
-    using L = DecodeSmem<HD, GMAX, THREADS>;
-    constexpr int kPitchK = L::kPitchK, kParts = L::kParts, kSlice = HD / kParts;
-    constexpr int kWarps = THREADS / 32;
-    constexpr int kHeadsPerPass = THREADS / HD;  // phase 3: thread -> (head, d)
-    constexpr int kAccHeads = (GMAX + kHeadsPerPass - 1) / kHeadsPerPass;
-    constexpr int kStatHeads = (GMAX + kWarps - 1) / kWarps;  // phase 2: warp -> heads
-
-    unsigned char* smem = ptx::dynamic_smem<unsigned char>();
-    uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + L::k_off);
-    uint16_t* Vs = reinterpret_cast<uint16_t*>(smem + L::v_off);
-    float* qs = reinterpret_cast<float*>(smem + L::q_off);
-    float* S = reinterpret_cast<float*>(smem + L::s_off);
-    float* alpha_s = reinterpret_cast<float*>(smem + L::stat_off);
-    float* max_s = alpha_s + GMAX;
-    float* sum_s = max_s + GMAX;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int split = blockIdx.x, b = blockIdx.z;
-    const int kvh = blockIdx.y / a.head_blocks, hb = blockIdx.y % a.head_blocks;
-    const int n_g = min(GMAX, a.group - hb * GMAX);  // query heads served here
-    const int head0 = kvh * a.group + hb * GMAX;     // first of them
-
-    // Positions and slots were written two kernels back at the latest (launch.cuh): read through
-    // L2 before the wait. The engine validates positions; here they only must not leave the cache.
-    if (!a.early_kv) pdl_wait();
-    const int pos = __ldcg(a.positions + b);
-    const int len = pos < 0 ? 0 : min(pos + 1, a.max_seq);
-    const DecodeCut cut(len, a.min_chunk, a.n_splits);
-    if (split >= cut.n) {  // past the last chunk of this sequence
-        pdl_wait();
-        return;
-    }
-    const int c0 = split * cut.per, c1 = min(len, c0 + cut.per);
-    const int d = tid % HD;
-    const DecodeScratch sc(a, b, HD);
-    auto out_at = [&](int g, int dd) -> bf16& { return a.out[((size_t)b * a.n_heads + head0 + g) * HD + dd]; };
-
-    if (c0 >= c1) {  // an empty sequence (position < 0): one split, zeros out
-        pdl_wait();
-        pdl_launch_dependents();
-        for (int i = tid; i < n_g * HD; i += THREADS) out_at(i / HD, i % HD) = __float2bfloat16_rn(0.f);
-        return;
-    }
-
-    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
-    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
-    const size_t slot_base = (size_t)__ldcg(a.slots + b) * a.max_seq;
-    // Tile rows p0 + r with lo <= p0 + r < hi into stage; rows at or past end are zero-filled.
-    auto load_rows = [&](int stage, int p0, int lo, int hi, int end) {
-        uint16_t* Kst = Ks + stage * kDecTile * kPitchK;
-        uint16_t* Vst = Vs + stage * kDecTile * HD;
-        constexpr int kChunks = kDecTile * HD / 8;
-        for (int c = tid; c < kChunks; c += THREADS) {
-            const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
-            const int p = p0 + r;
-            if (p < lo || p >= hi) continue;
-            const bool ok = p < end;
-            const size_t off = ((slot_base + (ok ? p : c0)) * a.n_kv_heads + kvh) * HD + col;
-            ptx::cp_async_16(Kst + r * kPitchK + col, kbits + off, ok);
-            ptx::cp_async_16(Vst + r * HD + col, vbits + off, ok);
-        }
-    };
-
-    // The first tile: every row but this token's (len - 1, written by the kernel just before) may
-    // load before the wait; that row and the zero rows after it join the same cp.async group after
-    // it (two copies to one shared address are not ordered, so no row is issued twice).
-    const int last = len - 1, tile_end = c0 + kDecTile;
-    if (a.early_kv) {
-        const bool last_here = last < tile_end;
-        load_rows(0, c0, c0, last_here ? last : tile_end, c1);
-        pdl_wait();
-        if (last_here) load_rows(0, c0, last, tile_end, c1);
-    } else {
-        load_rows(0, c0, c0, tile_end, c1);
-    }
-    if (!a.late_trigger) pdl_launch_dependents();
-    ptx::cp_async_commit();
-
-    const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
-    for (int i = tid; i < GMAX * HD; i += THREADS) {
-        const int g = i / HD;
-        qs[i] = g < n_g ? util::bf16_bits(qbits[((size_t)b * a.n_heads + head0 + g) * HD + i % HD]) * a.scale_log2
-                        : 0.f;
-    }
-
-    float run_max[kStatHeads], run_sum[kStatHeads];
-#pragma unroll
-    for (int j = 0; j < kStatHeads; ++j) run_max[j] = -INFINITY, run_sum[j] = 0.f;
-    float acc[kAccHeads];
-#pragma unroll
-    for (int j = 0; j < kAccHeads; ++j) acc[j] = 0.f;
-
-    const int n_tiles = CEIL_DIV(c1 - c0, kDecTile);
-    for (int t = 0; t < n_tiles; ++t) {
-        const int stage = t & 1, p0 = c0 + t * kDecTile;
-        if (t + 1 < n_tiles) {
-            load_rows(stage ^ 1, p0 + kDecTile, p0 + kDecTile, p0 + 2 * kDecTile, c1);
-            ptx::cp_async_commit();
-            ptx::cp_async_wait<1>();
-        } else {
-            ptx::cp_async_wait<0>();
-        }
-        __syncthreads();  // tile t (and qs) visible to all
-
-        // Phase 1: scores. Thread -> (position r, slice of hd); a warp covers 32 positions, and
-        // with the padded pitch their 16-byte reads fall in distinct bank groups.
-        {
-            const int r = tid % kDecTile, part = tid / kDecTile;
-            const uint16_t* krow = Ks + stage * kDecTile * kPitchK + r * kPitchK + part * kSlice;
-            const float* qh = qs + part * kSlice;
-            float s[GMAX];
-#pragma unroll
-            for (int g = 0; g < GMAX; ++g) s[g] = 0.f;
-#pragma unroll 2
-            for (int c = 0; c < kSlice; c += 8) {
-                const uint4 kv = *reinterpret_cast<const uint4*>(krow + c);
-                const float k8[8] = {util::bf16_lo(kv.x), util::bf16_hi(kv.x), util::bf16_lo(kv.y),
-                                     util::bf16_hi(kv.y), util::bf16_lo(kv.z), util::bf16_hi(kv.z),
-                                     util::bf16_lo(kv.w), util::bf16_hi(kv.w)};
-#pragma unroll
-                for (int g = 0; g < GMAX; ++g) {
-                    const float4 qa = *reinterpret_cast<const float4*>(qh + g * HD + c);
-                    const float4 qb = *reinterpret_cast<const float4*>(qh + g * HD + c + 4);
-                    s[g] += k8[0] * qa.x + k8[1] * qa.y + k8[2] * qa.z + k8[3] * qa.w +
-                            k8[4] * qb.x + k8[5] * qb.y + k8[6] * qb.z + k8[7] * qb.w;
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < GMAX; ++g) S[(part * GMAX + g) * kDecTile + r] = s[g];
-        }
-        __syncthreads();
-
-        // Phase 2: online softmax per head; S[0] becomes the probabilities of this tile.
-#pragma unroll
-        for (int j = 0; j < kStatHeads; ++j) {
-            const int g = warp + kWarps * j;
-            if (g < n_g) {
-                float sv[kDecTile / 32];
-                float tile_max = -INFINITY;
-#pragma unroll
-                for (int e = 0; e < kDecTile / 32; ++e) {
-                    const int r = lane + 32 * e;
-                    float dot = 0.f;
-#pragma unroll
-                    for (int part = 0; part < kParts; ++part) dot += S[(part * GMAX + g) * kDecTile + r];
-                    sv[e] = p0 + r < c1 ? dot : -INFINITY;
-                    tile_max = fmaxf(tile_max, sv[e]);
-                }
-                // Finite: position p0 < c1 is always in the tile.
-                const float new_max = fmaxf(run_max[j], util::warp_max(tile_max));
-                const float alpha = exp2f(run_max[j] - new_max);
-                float tile_sum = 0.f;
-#pragma unroll
-                for (int e = 0; e < kDecTile / 32; ++e) {
-                    const float pe = exp2f(sv[e] - new_max);
-                    S[g * kDecTile + lane + 32 * e] = pe;
-                    tile_sum += pe;
-                }
-                run_sum[j] = run_sum[j] * alpha + util::warp_sum(tile_sum);
-                run_max[j] = new_max;
-                if (lane == 0) alpha_s[g] = alpha;
-            }
-        }
-        __syncthreads();
-
-        // Phase 3: acc[g][d] = acc * alpha + sum_r P[g][r] * V[r][d].
-        const uint16_t* Vst = Vs + stage * kDecTile * HD;
-#pragma unroll
-        for (int j = 0; j < kAccHeads; ++j) {
-            const int g = tid / HD + j * kHeadsPerPass;
-            if (g < n_g) {
-                float o = acc[j] * alpha_s[g];
-                const float* pg = S + g * kDecTile;
-#pragma unroll 4
-                for (int r = 0; r < kDecTile; r += 4) {
-                    const float4 pv = *reinterpret_cast<const float4*>(pg + r);
-                    o += pv.x * util::bf16_bits(Vst[(r + 0) * HD + d]);
-                    o += pv.y * util::bf16_bits(Vst[(r + 1) * HD + d]);
-                    o += pv.z * util::bf16_bits(Vst[(r + 2) * HD + d]);
-                    o += pv.w * util::bf16_bits(Vst[(r + 3) * HD + d]);
-                }
-                acc[j] = o;
-            }
-        }
-        __syncthreads();  // stage and S are rewritten next iteration
-    }
-
-    // One chunk: the output is final.
-    if (cut.n == 1) {
-#pragma unroll
-        for (int j = 0; j < kStatHeads; ++j) {
-            const int g = warp + kWarps * j;
-            if (g < n_g && lane == 0) sum_s[g] = run_sum[j];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < kAccHeads; ++j) {
-            const int g = tid / HD + j * kHeadsPerPass;
-            if (g < n_g) out_at(g, d) = __float2bfloat16_rn(acc[j] / sum_s[g]);
-        }
-        return;
-    }
-
-    // Several chunks: publish this one's partial, count in; the last to arrive merges.
-#pragma unroll
-    for (int j = 0; j < kStatHeads; ++j) {
-        const int g = warp + kWarps * j;
-        if (g < n_g && lane == 0) {
-            sc.ml(head0 + g, split)[0] = run_max[j];
-            sc.ml(head0 + g, split)[1] = run_sum[j];
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < kAccHeads; ++j) {
-        const int g = tid / HD + j * kHeadsPerPass;
-        if (g < n_g) sc.acc(head0 + g, split)[d] = acc[j];
-    }
-    // Count this CTA in; the last to arrive merges.
-    const auto cta_barrier = [] { __syncthreads(); };
-    if (!util::arrived_last(sc.counter(blockIdx.y), cut.n, tid == 0, a.release_count, cta_barrier)) return;
-
-    float* weight = S;  // [GMAX][kDecMaxSplits] (fits: kParts >= 2), the scores are dead
-    merge_splits<HD, GMAX, THREADS>(sc, head0, n_g, cut.n, weight, &out_at(0, 0));
-}
-
-// ---- warp-owned rows --------------------------------------------------------------------------
-// flash_decode_warps_kernel: the same grid, cut and merge as above, but no shared-memory tile and
-// no CTA barrier per tile. Each warp streams its own K/V rows straight into registers, 16 bytes
-// a lane (kLanesPerRow = HD / 8 lanes cover a row, so one load instruction covers kRowsPerLoad
-// rows), and keeps its own online softmax; the CTA's warps are combined once, at the end, through
-// shared memory. Per warp step a lane holds kRows rows of K and V; its GMAX x kRows partial dot
+// A warp's rows: kLanesPerRow = HD / 8 lanes cover a row, so one load instruction covers
+// kRowsPerLoad rows; per step a lane holds kRows rows of K and V. Its GMAX x kRows partial dot
 // products (8 dims each) are summed over the row's lanes by a transposing butterfly (each
 // exchange halves the values a lane holds, so GMAX x kRows sums cost GMAX x kRows - 1 shuffles),
 // after which lane c of a row group holds the score of (head, row) number c / kReplicas.
 template <int HD, int GMAX, int THREADS>
-struct WarpDecode {
+struct DecodeLayout {
     static constexpr int kWarps = THREADS / 32;
     static constexpr int kLanesPerRow = HD / 8;             // 8 or 16
     static constexpr int kRowsPerLoad = 32 / kLanesPerRow;  // row groups per warp: 4 or 2
@@ -418,14 +169,11 @@ struct WarpDecode {
     static constexpr int kValues = GMAX * kRows;             // scores a lane sums per step, <= kLanesPerRow
     static constexpr int kReplicas = kLanesPerRow / kValues; // lanes of a row group left with one score
     static constexpr int kStepRows = kRows * kRowsPerLoad;   // positions a warp covers per step
-    // Shared memory, byte offsets: q (scaled, fp32), each warp's final (max, sum) and acc, the
-    // merge's split weights.
-    static constexpr size_t q_off = 0;                                       // f32 [GMAX][HD]
-    static constexpr size_t m_off = q_off + GMAX * HD * 4;                   // f32 [kWarps][GMAX]
+    // Shared memory, byte offsets: each warp's final (max, sum) and acc.
+    static constexpr size_t m_off = 0;                                       // f32 [kWarps][GMAX]
     static constexpr size_t l_off = m_off + kWarps * GMAX * 4;               // f32 [kWarps][GMAX]
     static constexpr size_t acc_off = l_off + kWarps * GMAX * 4;             // f32 [kWarps][GMAX][HD]
-    static constexpr size_t w_off = acc_off + (size_t)kWarps * GMAX * HD * 4;  // f32 [GMAX][kDecMaxSplits]
-    static constexpr size_t bytes = w_off + GMAX * kDecMaxSplits * 4;
+    static constexpr size_t bytes = acc_off + (size_t)kWarps * GMAX * HD * 4;
 };
 
 // Sums each of V values per lane over aligned groups of LPR lanes; returns the group's sum of
@@ -456,19 +204,19 @@ __device__ __forceinline__ float transpose_sum(float (&vals)[V], int lane) {
     return s;
 }
 
+// GMAX = query heads per CTA (the group, or a block of it when the group is larger). Registers
+// are capped so that two 256-thread CTAs fit an SM, as the grid assumes.
 template <int HD, int GMAX, int THREADS>
-__global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_warps_kernel(DecodeArgs a) {
-    using L = WarpDecode<HD, GMAX, THREADS>;
+__global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(DecodeArgs a) {
+    using L = DecodeLayout<HD, GMAX, THREADS>;
     constexpr int kLanesPerRow = L::kLanesPerRow, kRowsPerLoad = L::kRowsPerLoad, kRows = L::kRows;
     constexpr int kValues = L::kValues, kReplicas = L::kReplicas, kStepRows = L::kStepRows, kWarps = L::kWarps;
     constexpr unsigned kAll = 0xffffffffu;
 
     unsigned char* smem = ptx::dynamic_smem<unsigned char>();
-    float* qs = reinterpret_cast<float*>(smem + L::q_off);
     float* warp_m = reinterpret_cast<float*>(smem + L::m_off);
     float* warp_l = reinterpret_cast<float*>(smem + L::l_off);
     float* warp_acc = reinterpret_cast<float*>(smem + L::acc_off);
-    float* weight = reinterpret_cast<float*>(smem + L::w_off);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int split = blockIdx.x, b = blockIdx.z;
@@ -536,10 +284,13 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_warps_ker
     }
     if (!a.late_trigger) pdl_launch_dependents();
 
-    const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q) + ((size_t)b * a.n_heads + head0) * HD;
-    for (int i = tid; i < GMAX * HD; i += THREADS)
-        qs[i] = i / HD < n_g ? util::bf16_bits(qbits[i]) * a.scale_log2 : 0.f;
-    __syncthreads();
+    // This lane's 8 dims of each query head, kept as bf16 (the scale is applied to the summed
+    // score); heads past n_g are zeros.
+    uint4 q8[GMAX];
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g)
+        q8[g] = g < n_g ? *(reinterpret_cast<const uint4*>(a.q + ((size_t)b * a.n_heads + head0 + g) * HD) + col)
+                        : make_uint4(0, 0, 0, 0);
 
     float run_max = -INFINITY, run_sum = 0.f;  // of head vg over this warp's rows so far
     float acc[GMAX][8];
@@ -554,19 +305,18 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_warps_ker
         float vals[kValues];
 #pragma unroll
         for (int g = 0; g < GMAX; ++g) {
-            const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + col * 8);
-            const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + col * 8 + 4);
+            const uint4 q = q8[g];
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
                 const uint4 k = kr[r];
-                vals[g * kRows + r] = util::bf16_lo(k.x) * qa.x + util::bf16_hi(k.x) * qa.y +
-                                      util::bf16_lo(k.y) * qa.z + util::bf16_hi(k.y) * qa.w +
-                                      util::bf16_lo(k.z) * qb.x + util::bf16_hi(k.z) * qb.y +
-                                      util::bf16_lo(k.w) * qb.z + util::bf16_hi(k.w) * qb.w;
+                vals[g * kRows + r] = util::bf16_lo(k.x) * util::bf16_lo(q.x) + util::bf16_hi(k.x) * util::bf16_hi(q.x) +
+                                      util::bf16_lo(k.y) * util::bf16_lo(q.y) + util::bf16_hi(k.y) * util::bf16_hi(q.y) +
+                                      util::bf16_lo(k.z) * util::bf16_lo(q.z) + util::bf16_hi(k.z) * util::bf16_hi(q.z) +
+                                      util::bf16_lo(k.w) * util::bf16_lo(q.w) + util::bf16_hi(k.w) * util::bf16_hi(q.w);
             }
         }
         if (next < c1) load_rows(kr, a.k_cache, next, 0);  // K of this step is consumed
-        float s = transpose_sum<kValues, kLanesPerRow>(vals, lane);
+        float s = transpose_sum<kValues, kLanesPerRow>(vals, lane) * a.scale_log2;
         if (base + vr * kRowsPerLoad + rg >= c1) s = -INFINITY;
 
         // Online softmax of head vg over the lanes holding its rows (replicas skipped).
@@ -652,29 +402,23 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_warps_ker
     if (cut.n == 1) return;
     const auto cta_barrier = [] { __syncthreads(); };
     if (!util::arrived_last(sc.counter(blockIdx.y), cut.n, tid == 0, a.release_count, cta_barrier)) return;
-    merge_splits<HD, GMAX, THREADS>(sc, head0, n_g, cut.n, weight, out);
+    merge_splits<HD, THREADS>(sc, head0, n_g, cut.n, out);
 }
 
 template <int HD, int GMAX, int THREADS>
 void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
-    const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
-    if (a.warps) {
-        using L = WarpDecode<HD, GMAX, THREADS>;
-        auto kernel = flash_decode_warps_kernel<HD, GMAX, THREADS>;
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
-        launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
-        CUDA_CHECK_LAUNCH("flash_decode_warps_kernel");
-        return;
-    }
-    using L = DecodeSmem<HD, GMAX, THREADS>;
+    using L = DecodeLayout<HD, GMAX, THREADS>;
     auto kernel = flash_decode_kernel<HD, GMAX, THREADS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
+    const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
     launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
     CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
-// Query heads per decode CTA: the GQA group rounded up to a kernel instance, at most 8.
-inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
+// Query heads per decode CTA: the GQA group rounded up to a kernel instance, at most 4 (a larger
+// group takes several head blocks, which read the same K/V rows, the later ones mostly from L2):
+// at 8 a lane's accumulators and q alone would take 96 of the 128 registers it may have.
+inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : 4; }
 
 // The instance decode_args() sized head_blocks for: both read decode_gmax.
 template <int HD, int THREADS>
@@ -682,8 +426,7 @@ void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream) {
     switch (decode_gmax(a.group)) {
         case 1: launch_decode<HD, 1, THREADS>(a, B, stream); break;
         case 2: launch_decode<HD, 2, THREADS>(a, B, stream); break;
-        case 4: launch_decode<HD, 4, THREADS>(a, B, stream); break;
-        default: launch_decode<HD, 8, THREADS>(a, B, stream); break;
+        default: launch_decode<HD, 4, THREADS>(a, B, stream); break;
     }
 }
 
@@ -728,11 +471,6 @@ bool decode_release_count() {
     static const bool on = env_flag("LLAMA_BRRR_DECODE_RELEASE", true);
     return on;
 }
-// LLAMA_BRRR_DECODE_WARPS=0 runs the shared-memory tile kernel instead of the warp-owned rows.
-bool decode_warps() {
-    static const bool on = env_flag("LLAMA_BRRR_DECODE_WARPS", true);
-    return on;
-}
 bool decode_early_kv() {
     static const bool on = env_flag("LLAMA_BRRR_DECODE_EARLY", true);
     return on;
@@ -759,13 +497,12 @@ DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     a.max_splits = max_splits;
     const int ctas_per_split = B * n_kv_heads * a.head_blocks;
     const int want = CEIL_DIV(decode_ctas_per_sm() * device_facts().sm_count, ctas_per_split);
-    a.n_splits = std::max(1, std::min({want, max_splits, kDecMaxSplits, CEIL_DIV(max_seq, kDecTile)}));
+    a.n_splits = std::max(1, std::min({want, max_splits, kDecMaxSplits, CEIL_DIV(max_seq, kDecChunkUnit)}));
     a.min_chunk = decode_min_chunk();
     a.threads = decode_threads();
     a.early_kv = decode_early_kv();
     a.late_trigger = decode_late_trigger(head_dim);
     a.release_count = decode_release_count();
-    a.warps = decode_warps();
     a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
     return a;
 }
@@ -1367,11 +1104,10 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
     BRRR_CHECK(max_splits >= 1, "flash_decode: max_splits must be >= 1, got " << max_splits);
     BRRR_CHECK(q && k_cache && v_cache && slots && positions && out,
                "flash_decode: q, k_cache, v_cache, slots, positions and out must be device pointers");
-    BRRR_CHECK(util::aligned_to(k_cache, 16) && util::aligned_to(v_cache, 16),
-               "flash_decode: k_cache and v_cache must be 16-byte aligned");
-    BRRR_CHECK(util::aligned_to(q, 2) && util::aligned_to(out, 2) && util::aligned_to(slots, 4) &&
-                   util::aligned_to(positions, 4),
-               "flash_decode: q/out (bf16) or slots/positions (int32) are misaligned");
+    BRRR_CHECK(util::aligned_to(q, 16) && util::aligned_to(k_cache, 16) && util::aligned_to(v_cache, 16),
+               "flash_decode: q, k_cache and v_cache must be 16-byte aligned (rows are read 16 bytes a lane)");
+    BRRR_CHECK(util::aligned_to(out, 2) && util::aligned_to(slots, 4) && util::aligned_to(positions, 4),
+               "flash_decode: out (bf16) or slots/positions (int32) are misaligned");
     BRRR_CHECK(max_splits == 1 || scratch != nullptr,
                "flash_decode: max_splits=" << max_splits << " needs the scratch of "
                                            << "flash_decode_scratch_floats(); got null");
