@@ -1145,6 +1145,8 @@ PYBIND11_MODULE(_C, m) {
         if (max_seq < 1 || max_splits < 1) bad_argument("max_seq and max_splits must be >= 1");
         if (max_splits > 1 && scratch == 0)
             bad_argument("scratch must be a device buffer of flash_decode_scratch_floats() floats when max_splits > 1");
+        if (q % 16 || k_cache % 16 || v_cache % 16)
+            bad_argument("q, k_cache and v_cache must be 16-byte aligned (rows are read 16 bytes a lane)");
         const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
         const auto* kp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache"));
         const auto* vp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache"));

@@ -122,36 +122,58 @@ struct DecodeCut {
 };
 
 // The last split of a (sequence, head block) to arrive merges the partials of all n_splits
-// splits, thread -> (head g, dim d): every split's (max, sum) and acc[d] are loaded together (one
-// L2 round trip for up to 8 splits), then folded online: out = sum_s 2^(m_s - M) acc_s /
-// sum_s 2^(m_s - M) l_s, M the largest max. out: the first of the n_g heads' [HD] output rows.
-// Out of line: inlined, its 24 loads in flight pushed the kernel past its 128 registers (spills).
-template <int HD, int THREADS>
-__device__ __noinline__ void merge_splits(const DecodeScratch& sc, int head0, int n_g, int n_splits, bf16* out) {
-    constexpr int kBatch = 8;
-    for (int i = threadIdx.x; i < n_g * HD; i += THREADS) {
-        const int g = i / HD, d = i % HD;
-        float m = -INFINITY, l = 0.f, o = 0.f;
-        for (int s0 = 0; s0 < n_splits; s0 += kBatch) {
-            float ms[kBatch], ls[kBatch], as[kBatch];
+// splits. Split s weighs w_s = 2^(m_s - M) / sum_s' 2^(m_s' - M) l_s' (M the largest max, l the
+// sums); out = sum_s w_s acc_s. A warp per head computes the weights (lane -> splits) into
+// `weight` (shared, [GMAX][kDecMaxSplits]) while every thread already holds the acc values of the
+// first kAhead splits for its output elements, so up to kAhead splits cost one L2 round trip.
+// out: the first of the n_g heads' [HD] output rows.
+template <int HD, int GMAX, int THREADS>
+__device__ void merge_splits(const DecodeScratch& sc, int head0, int n_g, int n_splits, float* weight, bf16* out) {
+    constexpr int kWarps = THREADS / 32, kElems = CEIL_DIV(GMAX * HD, THREADS), kAhead = 8;
+    static_assert(GMAX <= kWarps, "a warp per head");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float ahead[kElems][kAhead];
 #pragma unroll
-            for (int j = 0; j < kBatch; ++j) {
-                const bool ok = s0 + j < n_splits;
-                ms[j] = ok ? __ldcg(sc.ml(head0 + g, s0 + j)) : -INFINITY;
-                ls[j] = ok ? __ldcg(sc.ml(head0 + g, s0 + j) + 1) : 0.f;
-                as[j] = ok ? __ldcg(sc.acc(head0 + g, s0 + j) + d) : 0.f;
-            }
-            // Split 0 comes first and its max is finite, so no fold sees -inf - -inf.
+    for (int e = 0; e < kElems; ++e) {
+        const int i = tid + e * THREADS, g = i / HD, d = i % HD;
 #pragma unroll
-            for (int j = 0; j < kBatch; ++j) {
-                const float mn = fmaxf(m, ms[j]);
-                const float keep = exp2f(m - mn), add = exp2f(ms[j] - mn);
-                l = l * keep + ls[j] * add;
-                o = o * keep + as[j] * add;
-                m = mn;
-            }
+        for (int sp = 0; sp < kAhead; ++sp)
+            ahead[e][sp] = g < n_g && sp < n_splits ? __ldcg(sc.acc(head0 + g, sp) + d) : 0.f;
+    }
+    if (warp < n_g) {
+        const int g = warp;
+        float m[kDecMaxSplits / 32], l[kDecMaxSplits / 32];
+        float global_max = -INFINITY;
+#pragma unroll
+        for (int e = 0; e < kDecMaxSplits / 32; ++e) {
+            const int sp = lane + 32 * e;
+            m[e] = sp < n_splits ? __ldcg(sc.ml(head0 + g, sp)) : -INFINITY;
+            l[e] = sp < n_splits ? __ldcg(sc.ml(head0 + g, sp) + 1) : 0.f;
+            global_max = fmaxf(global_max, m[e]);
         }
-        out[(size_t)g * HD + d] = __float2bfloat16_rn(o / l);
+        global_max = util::warp_max(global_max);  // finite: every chunk is non-empty
+        float den = 0.f;
+#pragma unroll
+        for (int e = 0; e < kDecMaxSplits / 32; ++e) {
+            m[e] = exp2f(m[e] - global_max);
+            den += m[e] * l[e];
+        }
+        den = util::warp_sum(den);
+#pragma unroll
+        for (int e = 0; e < kDecMaxSplits / 32; ++e) weight[g * kDecMaxSplits + lane + 32 * e] = m[e] / den;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) {
+        const int i = tid + e * THREADS, g = i / HD, d = i % HD;
+        if (g >= n_g) continue;
+        const float* w = weight + g * kDecMaxSplits;
+        float o = 0.f;
+#pragma unroll
+        for (int sp = 0; sp < kAhead; ++sp) o += w[sp] * ahead[e][sp];  // w = 0 past n_splits
+#pragma unroll 8
+        for (int sp = kAhead; sp < n_splits; ++sp) o += w[sp] * __ldcg(sc.acc(head0 + g, sp) + d);
+        out[(size_t)g * HD + d] = __float2bfloat16_rn(o);
     }
 }
 
@@ -169,11 +191,12 @@ struct DecodeLayout {
     static constexpr int kValues = GMAX * kRows;             // scores a lane sums per step, <= kLanesPerRow
     static constexpr int kReplicas = kLanesPerRow / kValues; // lanes of a row group left with one score
     static constexpr int kStepRows = kRows * kRowsPerLoad;   // positions a warp covers per step
-    // Shared memory, byte offsets: each warp's final (max, sum) and acc.
+    // Shared memory, byte offsets: each warp's final (max, sum) and acc, the merge's split weights.
     static constexpr size_t m_off = 0;                                       // f32 [kWarps][GMAX]
     static constexpr size_t l_off = m_off + kWarps * GMAX * 4;               // f32 [kWarps][GMAX]
     static constexpr size_t acc_off = l_off + kWarps * GMAX * 4;             // f32 [kWarps][GMAX][HD]
-    static constexpr size_t bytes = acc_off + (size_t)kWarps * GMAX * HD * 4;
+    static constexpr size_t w_off = acc_off + (size_t)kWarps * GMAX * HD * 4;  // f32 [GMAX][kDecMaxSplits]
+    static constexpr size_t bytes = w_off + (size_t)GMAX * kDecMaxSplits * 4;
 };
 
 // Sums each of V values per lane over aligned groups of LPR lanes; returns the group's sum of
@@ -217,6 +240,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     float* warp_m = reinterpret_cast<float*>(smem + L::m_off);
     float* warp_l = reinterpret_cast<float*>(smem + L::l_off);
     float* warp_acc = reinterpret_cast<float*>(smem + L::acc_off);
+    float* weight = reinterpret_cast<float*>(smem + L::w_off);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int split = blockIdx.x, b = blockIdx.z;
@@ -402,7 +426,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     if (cut.n == 1) return;
     const auto cta_barrier = [] { __syncthreads(); };
     if (!util::arrived_last(sc.counter(blockIdx.y), cut.n, tid == 0, a.release_count, cta_barrier)) return;
-    merge_splits<HD, THREADS>(sc, head0, n_g, cut.n, out);
+    merge_splits<HD, GMAX, THREADS>(sc, head0, n_g, cut.n, weight, out);
 }
 
 template <int HD, int GMAX, int THREADS>
