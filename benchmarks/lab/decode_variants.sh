@@ -85,6 +85,9 @@
 #   (55, run BR 2026-11-25, code at 2397a9c: flash_decode's shared-memory tile kernel, shipped until
 #   then, against the warp-owned rows that replaced it: 1B 0.999x, 8B 0.994x;
 #   benchmarks/results/h100-sxm/variants/warps_table.txt)
+#   56 gemv-late-residual  LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0: the wo / w2 GEMVs read the residual in
+#                   their epilogue (a read-add-write at the end of every warp) instead of right after
+#                   their PDL wait
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -125,6 +128,7 @@ variants=(
     "48-fd-one-chunk|LLAMA_BRRR_DECODE_CHUNK=1048576"
     "49-fd-one-chunk-early|LLAMA_BRRR_DECODE_CHUNK=1048576 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "50-fd-chunk128-early|LLAMA_BRRR_DECODE_CHUNK=128 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
+    "56-gemv-late-residual|LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -82,6 +82,7 @@ struct GemvArgs {
     bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
+    bool early_residual;  // AddResidual: read the residual right after the wait, not in the epilogue
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
     bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
     bool norm_in_smem;    // NORM, whole long rows: x and norm_w copied into shared memory first
@@ -265,6 +266,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     }
     pdl_wait();
     if (!a.trigger_early) pdl_launch_dependents();
+    // AddResidual: the lane that will store (m, u) reads its residual now, so the epilogue is an
+    // add and a store instead of an L2 round trip at the end of every warp (the kernel's tail).
+    constexpr bool kEarlyResidual = P == Pairing::None && M * UNITS <= 32;
+    const bool early_residual = kEarlyResidual && a.early_residual && a.ep == Epilogue::AddResidual;
+    const int my_m = lane / UNITS, my_u = lane % UNITS;
+    float residual = 0.f;
+    if (early_residual && my_m < M && unit0 + my_u < a.n_units)
+        residual = __ldcg(a.out.residual + (size_t)my_m * a.out.ld_out + unit0 + my_u);
 
     const float* x_norm = a.x_f32;
     const bf16* w_norm = a.norm_w;
@@ -360,6 +369,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                                         acc[m][2 * u + 1]);
                 } else if (P == Pairing::SwiGLU) {
                     util::store_swiglu(a.out, (size_t)m * a.out.ld_out + col, acc[m][2 * u], acc[m][2 * u + 1]);
+                } else if (early_residual) {
+                    a.out.residual[(size_t)m * a.out.ld_out + col] = residual + acc[m][u];
                 } else {
                     util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + col, acc[m][u]);
                 }
@@ -476,13 +487,19 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
 // LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
-// LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes long rows from global memory instead of copies.
+// LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes long rows from global memory instead of copies,
+// LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0 reads AddResidual's residual in the epilogue (read-add-write)
+// instead of right after the wait.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
     return on;
 }
 bool early_loads_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY", true);
+    return on;
+}
+bool early_residual_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_RESIDUAL", true);
     return on;
 }
 bool early_trigger_enabled() {
@@ -542,6 +559,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.prefetch = prefetch_enabled();
     a.early = early_loads_enabled();
     a.trigger_early = early_trigger_enabled();
+    a.early_residual = early_residual_enabled();
     a.loads = loads_per_lane();
     a.stage_async = stage_async_enabled();
     a.norm_in_smem = norm_in_smem_enabled();  // where it pays: launch_variant decides
