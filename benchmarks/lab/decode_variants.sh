@@ -87,9 +87,7 @@
 #   benchmarks/results/h100-sxm/variants/warps_table.txt)
 #   56 gemv-late-residual  LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0: the wo / w2 GEMVs read the residual in
 #                   their epilogue (a read-add-write at the end of every warp) instead of right after
-#                   their PDL wait (run BU: 8B 0.985x, 1B 0.985-0.998x; variants/early_residual_table.txt)
-#   57 gemv-late-rope  LLAMA_BRRR_GEMV_EARLY_ROPE=0: the QKV GEMV reads positions and slots and turns its
-#                   RoPE angles in the epilogue instead of right after its PDL wait
+#                   their PDL wait
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -131,7 +129,6 @@ variants=(
     "49-fd-one-chunk-early|LLAMA_BRRR_DECODE_CHUNK=1048576 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "50-fd-chunk128-early|LLAMA_BRRR_DECODE_CHUNK=128 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "56-gemv-late-residual|LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0"
-    "57-gemv-late-rope|LLAMA_BRRR_GEMV_EARLY_ROPE=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -83,7 +83,6 @@ struct GemvArgs {
     bool early;           // issue the first W loads into registers before that wait
     bool trigger_early;   // let the next kernel launch before this one's wait, not after it
     bool early_residual;  // AddResidual: read the residual right after the wait, not in the epilogue
-    bool early_rope;      // RopeKV: read the position and slot, turn the angle, right after the wait
     int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
     bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
     bool norm_in_smem;    // NORM, whole long rows: x and norm_w copied into shared memory first
@@ -269,22 +268,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     if (!a.trigger_early) pdl_launch_dependents();
     // AddResidual: the lane that will store (m, u) reads its residual now, so the epilogue is an
     // add and a store instead of an L2 round trip at the end of every warp (the kernel's tail).
-    // RopeKV: likewise its position, cache slot and rotation angle.
-    constexpr bool kOneEachLane = M * UNITS <= 32;
-    const bool early_residual = P == Pairing::None && kOneEachLane && a.early_residual && a.ep == Epilogue::AddResidual;
-    const bool early_rope = P == Pairing::Rope && kOneEachLane && a.early_rope;
+    constexpr bool kEarlyResidual = P == Pairing::None && M * UNITS <= 32;
+    const bool early_residual = kEarlyResidual && a.early_residual && a.ep == Epilogue::AddResidual;
     const int my_m = lane / UNITS, my_u = lane % UNITS;
-    const bool my_store = my_m < M && unit0 + my_u < a.n_units;
     float residual = 0.f;
-    if (early_residual && my_store) residual = __ldcg(a.out.residual + (size_t)my_m * a.out.ld_out + unit0 + my_u);
-    int rope_pos = 0, rope_slot = 0;
-    util::RopeAngle rope_angle{0.f, 0.f};
-    if (early_rope && my_store) {
-        const int col = unit0 + my_u, head = col / a.half_n;
-        rope_pos = a.out.rope.positions[my_m];
-        rope_slot = a.out.rope.slots[my_m];
-        if (util::rope_rotates(a.out.rope, head)) rope_angle = util::rope_angle(a.out.rope, rope_pos, col - head * a.half_n);
-    }
+    if (early_residual && my_m < M && unit0 + my_u < a.n_units)
+        residual = __ldcg(a.out.residual + (size_t)my_m * a.out.ld_out + unit0 + my_u);
 
     const float* x_norm = a.x_f32;
     const bf16* w_norm = a.norm_w;
@@ -376,14 +365,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
             if (lane == (m * UNITS + u) % 32 && col < a.n_units) {
                 if (P == Pairing::Rope) {
                     const int head = col / a.half_n;
-                    if (early_rope) {
-                        const float x0 = acc[m][2 * u], x1 = acc[m][2 * u + 1];
-                        util::store_rope_kv_dims<1>(a.out.rope, m, rope_pos, rope_slot, head, col - head * a.half_n,
-                                                    &x0, &x1, &rope_angle);
-                    } else {
-                        util::store_rope_kv(a.out.rope, m, head, col - head * a.half_n, acc[m][2 * u],
-                                            acc[m][2 * u + 1]);
-                    }
+                    util::store_rope_kv(a.out.rope, m, head, col - head * a.half_n, acc[m][2 * u],
+                                        acc[m][2 * u + 1]);
                 } else if (P == Pairing::SwiGLU) {
                     util::store_swiglu(a.out, (size_t)m * a.out.ld_out + col, acc[m][2 * u], acc[m][2 * u + 1]);
                 } else if (early_residual) {
@@ -506,8 +489,7 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
 // LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes long rows from global memory instead of copies,
 // LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0 reads AddResidual's residual in the epilogue (read-add-write)
-// instead of right after the wait, LLAMA_BRRR_GEMV_EARLY_ROPE=0 reads RopeKV's positions and slots
-// and turns its angles in the epilogue.
+// instead of right after the wait.
 bool prefetch_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
     return on;
@@ -518,10 +500,6 @@ bool early_loads_enabled() {
 }
 bool early_residual_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_RESIDUAL", true);
-    return on;
-}
-bool early_rope_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_ROPE", true);
     return on;
 }
 bool early_trigger_enabled() {
@@ -582,7 +560,6 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.early = early_loads_enabled();
     a.trigger_early = early_trigger_enabled();
     a.early_residual = early_residual_enabled();
-    a.early_rope = early_rope_enabled();
     a.loads = loads_per_lane();
     a.stage_async = stage_async_enabled();
     a.norm_in_smem = norm_in_smem_enabled();  // where it pays: launch_variant decides
