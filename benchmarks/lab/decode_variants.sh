@@ -87,7 +87,10 @@
 #   benchmarks/results/h100-sxm/variants/warps_table.txt)
 #   56 gemv-late-residual  LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0: the wo / w2 GEMVs read the residual in
 #                   their epilogue (a read-add-write at the end of every warp) instead of right after
-#                   their PDL wait
+#                   their PDL wait (run BU: 8B 0.985x, 1B 0.985-0.998x; variants/early_residual_table.txt)
+#   (57, run BV 2026-11-25 and retired, code at ef1a76a: the QKV GEMV reading positions and slots and
+#   turning its RoPE angles right after its PDL wait: no gain, 1B 1.000-1.004x and 8B 1.002x for the
+#   epilogue form; variants/early_rope_table.txt)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
