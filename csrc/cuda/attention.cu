@@ -15,9 +15,10 @@
 //   are combined once, at the end, through shared memory. No shared-memory tile and no CTA
 //   barrier per 64 positions: the shared-memory tile kernel this replaced (phases for scores,
 //   softmax and P V, four CTA barriers a tile) cost about 1.3 us per 64-position tile whatever
-//   was in flight; in a graphed decode chain on H100 the warp-owned rows are 1.4-1.8x faster at
-//   4096-16384 positions, and 8B decode 1.006x end to end (run BR,
-//   benchmarks/results/h100-sxm/flash_decode_lab/warps_table.txt).
+//   was in flight. In a graphed decode chain on H100, with the merge below, a layer's attention
+//   costs 5.3 us at 256-384 positions (Llama-3-8B heads; the tile kernel 8.1-8.9) and 30.6 us at
+//   16384 (45.8); 8B decode went from 175.2 to 178.3 tok/s (runs BR, BT:
+//   benchmarks/results/h100-sxm/flash_decode_lab/).
 //   Splits: positions live on the device (CUDA-graph replay), so the grid is fixed from the shapes
 //   (about two CTAs per SM) and each CTA decides on the device how many splits its sequence needs:
 //   chunks of at least min_chunk positions, so a short context runs as one chunk per KV head and
@@ -25,8 +26,10 @@
 //   each writes (max, sum, unnormalized acc[hd]) to scratch, counts itself in with an atomic on
 //   its (sequence, head block) arrival counter (one acq_rel atomic after the CTA barrier: 1B decode
 //   1.009x, 8B 1.003x over a fence in every thread plus a relaxed atomic, run BA), and the last to
-//   arrive merges them (every split's partial loaded in one round trip, folded online) and
-//   re-arms the counter.
+//   arrive merges them (merge_splits: the first 8 splits' acc values are loaded while a warp per
+//   head computes the split weights, one L2 round trip where the older merge took two; a fold per
+//   thread of every split's (max, sum) measured 1.5-2.5x slower at 16-33 splits) and re-arms the
+//   counter.
 //   Scratch per sequence: [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq x
 //   max_splits x hd], so a sequence's counters sit in one place whatever the batch of a call; they
 //   must be zero before the first call (the engine's arena is) and every call leaves them zero.
