@@ -5,7 +5,7 @@
 //
 // This file includes attention.cu, so every variant runs the production kernel; they differ only
 // in DecodeArgs: the fewest positions a split takes (min_chunk), threads per CTA, whether the
-// first K/V tile starts loading before the PDL wait (early_kv), whether the next kernel may
+// first K/V rows start loading before the PDL wait (early_kv), whether the next kernel may
 // launch before the CTAs exit (late_trigger). 01 is what ships (decode_args()). The shared-memory
 // tile kernel that the warp-owned rows replaced ran here as 10 / 11 (run BR, code at 2397a9c;
 // benchmarks/results/h100-sxm/flash_decode_lab/warps_table.txt).

@@ -14,12 +14,12 @@
 #   07 fd-chunk128  LLAMA_BRRR_DECODE_CHUNK=128: flash_decode splits of at least two 64-position
 #                   tiles (fewer CTAs, less merging); shipped: 64
 #   08 fd-chunk256  LLAMA_BRRR_DECODE_CHUNK=256
-#   09 fd-no-early  LLAMA_BRRR_DECODE_EARLY=0: flash_decode's first K/V tile waits for the QKV GEMV
+#   09 fd-no-early  LLAMA_BRRR_DECODE_EARLY=0: flash_decode's first K/V rows wait for the QKV GEMV
 #   10 fd-threads128  LLAMA_BRRR_DECODE_THREADS=128: flash_decode CTAs of 128 threads (shipped: 256)
 #   11 fd-late      LLAMA_BRRR_DECODE_LATE_TRIGGER=1: the wo GEMV launches as flash_decode's CTAs
 #                   exit, not while they run (shipped: late at hd 128 only)
 #   13 fd-early     LLAMA_BRRR_DECODE_LATE_TRIGGER=0: the wo GEMV may launch once flash_decode's
-#                   first tile is issued, at every head dim
+#                   first K/V rows are asked for, at every head dim
 #   12 fd-1-per-sm  LLAMA_BRRR_DECODE_CTAS_PER_SM=1: a grid of one flash_decode CTA per SM (shipped: 2)
 #   14 gemv-trigger LLAMA_BRRR_GEMV_EARLY_TRIGGER=1: a GEMV lets the next kernel launch before its
 #                   own PDL wait, so the GEMV after next (w13 behind wo) starts its weight loads

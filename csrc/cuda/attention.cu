@@ -465,7 +465,7 @@ constexpr int kDecCtasPerSm = 2;
 // Diagnostic switches for benchmarks/lab/decode_variants.sh, read once: LLAMA_BRRR_DECODE_CHUNK=N
 // makes N positions the fewest a split takes; LLAMA_BRRR_DECODE_THREADS=128 runs CTAs of 128
 // threads instead of 256; LLAMA_BRRR_DECODE_CTAS_PER_SM=N sizes the grid; LLAMA_BRRR_DECODE_EARLY=0
-// loads the first K/V tile only after the PDL wait; LLAMA_BRRR_DECODE_LATE_TRIGGER=0/1 overrides
+// loads the first K/V rows only after the PDL wait; LLAMA_BRRR_DECODE_LATE_TRIGGER=0/1 overrides
 // the trigger choice of decode_args().
 int decode_min_chunk() {
     static const int n = env_int("LLAMA_BRRR_DECODE_CHUNK", kDecMinChunk);
