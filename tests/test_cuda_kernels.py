@@ -300,7 +300,7 @@ def poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim):
             nan_full((max_batch, max_seq, n_kv_heads, head_dim), torch.bfloat16))
 
 
-DECODE_HEADS = [(4, 4), (9, 3), (16, 4), (16, 1)]  # GQA groups 1, 3, 4 and 16 (two head blocks)
+DECODE_HEADS = [(4, 4), (8, 4), (9, 3), (16, 4), (16, 1)]  # GQA groups 1, 2, 3, 4 and 16 (four head blocks)
 
 
 @pytest.mark.parametrize("max_splits", [1, 16])

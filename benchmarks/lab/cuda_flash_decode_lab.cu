@@ -182,7 +182,7 @@ int check_one(const Variant& v, Problem& pr) {
 int check() {
     std::mt19937 rng(7);
     struct Heads { int Hq, Hkv, hd; };
-    const Heads heads[] = {{32, 8, 64}, {32, 8, 128}, {4, 4, 64}, {9, 3, 128}, {16, 1, 64}};
+    const Heads heads[] = {{32, 8, 64}, {32, 8, 128}, {4, 4, 64}, {8, 4, 128}, {9, 3, 128}, {16, 1, 64}};
     const std::vector<std::vector<int>> batches = {
         {1}, {2}, {63}, {64}, {65}, {127}, {129}, {300}, {1000}, {4097}, {1, 64, 129, 2500}};
     int fails = 0, runs = 0;
