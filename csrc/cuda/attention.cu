@@ -91,7 +91,8 @@ struct DecodeArgs {
     float scale_log2;
 };
 
-// Splits of one decode launch never exceed this (the merge's loop, the scratch's size).
+// Splits of one decode launch never exceed this: the merge keeps a weight per split and head in
+// shared memory ([GMAX][kDecMaxSplits], merge_splits).
 constexpr int kDecMaxSplits = 128;
 
 // Floats of scratch per sequence.
