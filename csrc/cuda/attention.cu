@@ -20,7 +20,7 @@
 //   16384 (45.8); 8B decode went from 175.2 to 178.3 tok/s (runs BR, BT:
 //   benchmarks/results/h100-sxm/flash_decode_lab/).
 //   Splits: positions live on the device (CUDA-graph replay), so the grid is fixed from the shapes
-//   (about two CTAs per SM) and each CTA decides on the device how many splits its sequence needs:
+//   (at most two CTAs per SM, one wave) and each CTA decides on the device how many splits its sequence needs:
 //   chunks of at least min_chunk positions, so a short context runs as one chunk per KV head and
 //   writes its output directly; the CTAs past the last chunk exit at once. With several chunks,
 //   each writes (max, sum, unnormalized acc[hd]) to scratch, counts itself in with an atomic on
@@ -503,9 +503,16 @@ bool decode_early_kv() {
     static const bool on = env_flag("LLAMA_BRRR_DECODE_EARLY", true);
     return on;
 }
+// The split count is rounded down, so the grid never spills past the CTAs the GPU holds at once
+// (rounding up spilled a second wave at batch 4 and 16: 1B batch 16 1.02x / 1.06x at 128 / 2048
+// positions, run BY). LLAMA_BRRR_DECODE_ONE_WAVE=0 rounds up again, read once.
+bool decode_one_wave() {
+    static const bool on = env_flag("LLAMA_BRRR_DECODE_ONE_WAVE", true);
+    return on;
+}
 
-// Splits from shapes only (positions are on the device): about two CTAs per SM at this batch,
-// never more than max_splits, kDecMaxSplits or 64-position chunks of max_seq.
+// Splits from shapes only (positions are on the device): at most two CTAs per SM at this batch
+// (at least one split), never more than max_splits, kDecMaxSplits or 64-position chunks of max_seq.
 DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots,
                        const int* positions, bf16* out, float* scratch, int B, int n_heads,
                        int n_kv_heads, int head_dim, int max_seq, int max_splits) {
@@ -524,7 +531,8 @@ DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     a.max_seq = max_seq;
     a.max_splits = max_splits;
     const int ctas_per_split = B * n_kv_heads * a.head_blocks;
-    const int want = CEIL_DIV(decode_ctas_per_sm() * device_facts().sm_count, ctas_per_split);
+    const int resident = decode_ctas_per_sm() * device_facts().sm_count;
+    const int want = decode_one_wave() ? resident / ctas_per_split : CEIL_DIV(resident, ctas_per_split);
     a.n_splits = std::max(1, std::min({want, max_splits, kDecMaxSplits, CEIL_DIV(max_seq, kDecChunkUnit)}));
     a.min_chunk = decode_min_chunk();
     a.threads = decode_threads();
