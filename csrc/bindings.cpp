@@ -47,6 +47,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -1005,9 +1006,10 @@ PYBIND11_MODULE(_C, m) {
             sc.n_counters = (int)std::get<3>(t);
             return sc;
         }
-        static void run(const char* op, void (*launcher)(const brrr::cuda::bf16*, const brrr::cuda::bf16*, int, int, int,
-                                                         brrr::cuda::Epilogue, const brrr::cuda::EpilogueArgs&, cudaStream_t),
-                        uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
+        // A matmul launcher of ops.h, or a lambda around one.
+        using Launcher = std::function<void(const brrr::cuda::bf16*, const brrr::cuda::bf16*, int, int, int,
+                                            brrr::cuda::Epilogue, const brrr::cuda::EpilogueArgs&, cudaStream_t)>;
+        static void run(const char* op, const Launcher& launcher, uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
                         uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
                         const py::object& split = py::none()) {
             CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}});
@@ -1043,12 +1045,26 @@ PYBIND11_MODULE(_C, m) {
         }
     };
     cuda_ops.def("gemv_bf16", [](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
-                                 uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out) {
+                                 uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
+                                 const std::string& path) {
         if (M > 16) bad_argument("gemv_bf16: M=" + std::to_string(M) + " rows; the GEMV takes at most 16");
-        CudaMatmul::run("cuda_ops.gemv_bf16", brrr::cuda::gemv_bf16, x, W, M, N, K, epilogue, out, out_f32, residual, ld_out);
+        using brrr::cuda::GemvPath;
+        if (path != "auto" && path != "cuda_cores" && path != "tensor_cores")
+            bad_argument("gemv_bf16: path must be 'auto', 'cuda_cores' or 'tensor_cores', got '" + path + "'");
+        const GemvPath chosen = path == "cuda_cores"     ? GemvPath::CudaCores
+                                : path == "tensor_cores" ? GemvPath::TensorCores
+                                                         : GemvPath::Auto;
+        CudaMatmul::run("cuda_ops.gemv_bf16",
+                        [chosen](const brrr::cuda::bf16* x, const brrr::cuda::bf16* W, int M, int N, int K,
+                                 brrr::cuda::Epilogue ep, const brrr::cuda::EpilogueArgs& args, cudaStream_t s) {
+                            brrr::cuda::gemv_bf16(x, W, M, N, K, ep, args, s, chosen);
+                        },
+                        x, W, M, N, K, epilogue, out, out_f32, residual, ld_out);
     }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
-       "decode GEMV (M <= 16): y = x @ W.T with the epilogue fused (see the comment above)");
+       py::arg("path") = "auto",
+       "decode GEMV (M <= 16): y = x @ W.T with the epilogue fused (see the comment above); path: 'auto' "
+       "(the engine's choice by M), 'cuda_cores' or 'tensor_cores'");
     cuda_ops.def("gemm_bf16", [](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
                                  uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
                                  const py::object& split) {

@@ -74,7 +74,7 @@ def misaligned_copy(t):
 
 # ---- matmuls --------------------------------------------------------------------------------
 
-def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0, split=None):
+def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0, split=None, path=None):
     """Runs cuda_ops.<fn> on x [M, K], W [N, K] (with split-K scratch `split`, a SplitScratch);
     returns (result, reference, torch bf16 result, output tensor including its padding columns,
     padding as it was before the call)."""
@@ -97,7 +97,8 @@ def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0, split=None):
                      out=out.data_ptr() if out is not None else 0,
                      out_f32=out_f32.data_ptr() if out_f32 is not None else 0,
                      residual=residual.data_ptr() if residual is not None else 0,
-                     ld_out=ld if ld_extra else 0, **({"split": split.arg} if split else {}))
+                     ld_out=ld if ld_extra else 0, **({"split": split.arg} if split else {}),
+                     **({"path": path} if path else {}))
     torch.cuda.synchronize()
     if epilogue == SWIGLU:
         ref = torch.nn.functional.silu(ref_y[:, :width]) * ref_y[:, width:]
@@ -121,15 +122,15 @@ class SplitScratch:
         self.arg = (self.partials.data_ptr(), floats, self.counters.data_ptr(), counters)
 
 
-def check_matmul(ops, fn, M, N, K, epilogue, gen, ld_extra=0, misaligned=False, split=None):
+def check_matmul(ops, fn, M, N, K, epilogue, gen, ld_extra=0, misaligned=False, split=None, path=None):
     if epilogue == SWIGLU and N % 2:
         N *= 2
     x = randn((M, K), gen)
     W = randn((N, K), gen, scale=1.0 / math.sqrt(K))
     if misaligned:
         x, W = misaligned_copy(x), misaligned_copy(W)
-    got, ref, bf, target, before = run_matmul(ops, fn, x, W, epilogue, gen, ld_extra, split)
-    name = f"{fn} M={M} N={N} K={K} epilogue={epilogue}"
+    got, ref, bf, target, before = run_matmul(ops, fn, x, W, epilogue, gen, ld_extra, split, path)
+    name = f"{fn} ({path or 'default'}) M={M} N={N} K={K} epilogue={epilogue}"
     assert_design_tolerance(name, got, ref, bf)
     if epilogue in (STORE_F32, ADD_RESIDUAL):
         assert rel_err(got, ref) <= 1e-4, f"{name}: fp32 output off by {rel_err(got, ref):.2e}"
@@ -140,20 +141,50 @@ def check_matmul(ops, fn, M, N, K, epilogue, gen, ld_extra=0, misaligned=False, 
             pad_now.nan_to_num(0.0), pad_before.nan_to_num(0.0)), f"{name}: wrote past its row"
 
 
-GEMV_SHAPES = [(193, 577), (6144, 4096), (576, 576)]  # tail + scalar path, an 8B-like shape, SmolLM2
+# Tail + scalar path, an 8B-like shape, SmolLM2, and for the tensor cores a partial 16-row tile with
+# K ending inside a step (2056 = one 2048-column step + 8) and inside a warp's 32-column slice.
+GEMV_SHAPES = [(193, 577), (6144, 4096), (576, 576), (200, 2056), (24, 4136)]
+GEMV_PATHS = ["cuda_cores", "tensor_cores"]
 
 
+@pytest.mark.parametrize("path", GEMV_PATHS)
 @pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
 @pytest.mark.parametrize("N,K", GEMV_SHAPES, ids=[f"{n}x{k}" for n, k in GEMV_SHAPES])
-@pytest.mark.parametrize("M", [1, 2, 5, 16])
-def test_gemv_matches_torch(ops, gen, M, N, K, epilogue):
-    check_matmul(ops, "gemv_bf16", M, N, K, epilogue, gen)
+@pytest.mark.parametrize("M", [1, 2, 5, 9, 16])
+def test_gemv_matches_torch(ops, gen, M, N, K, epilogue, path):
+    check_matmul(ops, "gemv_bf16", M, N, K, epilogue, gen, path=path)
 
 
+@pytest.mark.parametrize("path", GEMV_PATHS)
 @pytest.mark.parametrize("epilogue", EPILOGUES.values(), ids=EPILOGUES.keys())
-def test_gemv_row_stride_and_misaligned_pointers(ops, gen, epilogue):
-    check_matmul(ops, "gemv_bf16", 3, 264, 1024, epilogue, gen, ld_extra=5)
-    check_matmul(ops, "gemv_bf16", 3, 130, 1024, epilogue, gen, misaligned=True)
+def test_gemv_row_stride_and_misaligned_pointers(ops, gen, epilogue, path):
+    check_matmul(ops, "gemv_bf16", 3, 264, 1024, epilogue, gen, ld_extra=5, path=path)
+    check_matmul(ops, "gemv_bf16", 11, 264, 1024, epilogue, gen, ld_extra=5, path=path)
+    check_matmul(ops, "gemv_bf16", 3, 130, 1024, epilogue, gen, misaligned=True, path=path)
+
+
+@pytest.mark.parametrize("path", GEMV_PATHS)
+def test_gemv_rows_do_not_depend_on_the_batch(ops, gen, path):
+    """Each path gives row m of a batch bit for bit what it gives that row alone (the tensor
+    cores pad x to 8 or 16 rows; row m's dot products must not see the others)."""
+    x = randn((16, 2056), gen)
+    W = randn((200, 2056), gen, scale=1.0 / math.sqrt(2056))
+    rows = {}
+    for M in (16, 9, 1):
+        out_f32 = nan_full((M, 200), torch.float32)
+        ops.gemv_bf16(x.data_ptr(), W.data_ptr(), M, 200, 2056, STORE_F32, out_f32=out_f32.data_ptr(), path=path)
+        rows[M] = out_f32
+    torch.cuda.synchronize()
+    assert torch.equal(rows[16][:9], rows[9]), f"{path}: rows 0-8 of 16 differ from a batch of 9"
+    assert torch.equal(rows[16][:1], rows[1]), f"{path}: row 0 of 16 differs from it alone"
+
+
+def test_gemv_path_must_be_known(ops, gen):
+    x, W = randn((2, 64), gen), randn((32, 64), gen)
+    out = nan_full((2, 32), torch.bfloat16)
+    with pytest.raises(ValueError, match="path"):
+        ops.gemv_bf16(x.data_ptr(), W.data_ptr(), 2, 32, 64, STORE_BF16, out=out.data_ptr(), path="simd")
+    assert torch.isnan(out.float()).all()
 
 
 @pytest.mark.parametrize("epilogue", [STORE_F32, ADD_RESIDUAL], ids=["store_f32", "add_residual"])
@@ -164,10 +195,11 @@ def test_gemv_long_rows_in_one_wave(ops, gen, K, epilogue):
     check_matmul(ops, "gemv_bf16", 1, 4096, K, epilogue, gen)
 
 
-def test_gemv_k_chunks_at_sixteen_rows(ops, gen):
-    """M = 16 stages x in 1024-column chunks: K = 14336 takes 14 of them."""
-    check_matmul(ops, "gemv_bf16", 16, 128, 14336, STORE_F32, gen)
-    check_matmul(ops, "gemv_bf16", 16, 96, 2056, SWIGLU, gen)
+@pytest.mark.parametrize("path", GEMV_PATHS)
+def test_gemv_k_chunks_at_sixteen_rows(ops, gen, path):
+    """M = 16 stages x in chunks (CUDA cores: 1024 columns, 14 for K = 14336; tensor cores: 2048, 7)."""
+    check_matmul(ops, "gemv_bf16", 16, 128, 14336, STORE_F32, gen, path=path)
+    check_matmul(ops, "gemv_bf16", 16, 96, 2056, SWIGLU, gen, path=path)
 
 
 # SmolLM2's qkv/w13/w2 (K = 576, 1536), N = 192 (one k/v projection), K % 64 != 0 (TMA zero-fills

@@ -6,7 +6,12 @@
 //
 // At batch 1 every weight byte is used exactly once, so the kernel is a memory stream: its time is
 // bytes / HBM bandwidth and everything here is about keeping enough 16-byte loads in flight and
-// about not losing time between kernels.
+// about not losing time between kernels. Two forms share the contract (GemvPath in ops.h): the
+// CUDA-core kernel below, which M = 1 takes, and from 2 rows the tensor-core kernel after it
+// (mma.sync with W as the A operand), since from there on the CUDA cores' FMAs, not HBM, bind:
+// H100, kernels_switch.json, at M = 16 the CUDA cores stream 10-44% of the copy rate, the tensor
+// cores 44-96%; end to end batch 16 decodes 2.71x (1B) / 2.00x (8B) faster (run BZ).
+// The notes below are the CUDA-core kernel's; the tensor-core kernel has its own.
 //   * Each warp owns a few output columns ("units") and streams their W rows end to end with
 //     16-byte loads (8 bf16 per lane, 512 contiguous bytes per warp instruction), issued before
 //     any math consumes them, bypassing L1: eight per lane, sixteen at M = 1 where the grid
@@ -83,6 +88,7 @@ struct GemvArgs {
     const bf16* W;        // [N, K]
     int n_units;          // output columns, or pairs
     int half_n;           // SwiGLU: offset of the up rows (H); Rope: head_dim / 2
+    int M;                // rows of x (the tensor-core kernel; the CUDA-core one has it as a template argument)
     int K, chunk;         // chunk = x elements per row staged per K step
     bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
     bool early;           // issue the first W loads into registers before that wait
@@ -384,6 +390,191 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     }
 }
 
+// ---- the tensor-core form (M = 2..16 rows) ----------------------------------------------------
+// Above a few rows the FMAs above, not HBM, bind: at M = 16 a warp issues 16 x-vector reads and
+// 128 FMAs per 16-byte W load. Here mma.sync m16n8k16 does that arithmetic with W as the A operand
+// (16 W rows of a tile) and x as B (its M rows padded to one or two n8 tiles), so the kernel stays
+// a weight stream at any M <= 16.
+//   * One CTA per 16-row tile; its 8 warps split K, each streaming 512 contiguous bytes of each of
+//     the tile's rows per step (8 slices of 32 columns, two 16-byte loads per slice per lane: rows
+//     g and g + 8 of the tile, g = lane / 4). The loads go straight into the A fragments: a dot
+//     product does not care which k meets which, so a lane's 8 consecutive columns are read as
+//     logical k 2t, 2t+1, 2t+8, 2t+9 of one mma and the same of the next, and x is read from
+//     shared memory with the same mapping (16 bytes of row g a lane, conflict-free with the row
+//     padding).
+//   * Paired epilogues keep their pairs in one lane: a SwiGLU tile is gate rows j..j+7 over up rows
+//     H+j..H+j+7, a RopeKV tile 8 dims of one head over their rotation partners, so C's rows g and
+//     g + 8 (the same lane) are exactly the pair.
+//   * The 8 warps' partial tiles are added in shared memory in warp order (deterministic), then
+//     warp nt of the CTA stores n8 tile nt. The first step's loads go before the PDL wait.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kMmaSlices = 8;                              // 32-column slices a warp loads per step
+constexpr int kMmaStepK = kMmaWarps * kMmaSlices * 32;     // 2048 columns of x staged per step
+constexpr int kMmaStride = kMmaStepK + 32;                 // x row stride (elements): 64 bytes mod 128
+
+template <int NT>
+constexpr size_t mma_smem_bytes() {
+    return (size_t)8 * NT * kMmaStride * sizeof(uint16_t) + (size_t)kMmaWarps * NT * 4 * 32 * sizeof(float);
+}
+
+// Stages x[:, k0 : k0 + 8 n8) of the M rows into xs (row stride kMmaStride), zero past K (W is
+// zero there, and 0 * a stale inf would not be). Thread t owns the 8 columns 8t: one step. Every
+// row's copy is in flight at once: plain rows by cp.async, normalized rows four at a time (their
+// fp32 loads need registers), so a step waits for ceil(M / 4) L2 round trips, not M.
+template <int XROWS, bool NORM>
+__device__ __forceinline__ void stage_x_mma(const GemvArgs& a, uint16_t* xs, int k0, int n8, const float* rstd) {
+    static_assert(kMmaThreads * 8 == kMmaStepK, "one 16-byte column group per thread per step");
+    const int v = threadIdx.x, M = a.M;
+    const bool in_k = v < n8;
+    uint16_t* dst = xs + 8 * v;
+    if (!NORM) {
+#pragma unroll
+        for (int m = 0; m < XROWS; ++m)
+            if (m < M) ptx::cp_async_16(dst + (size_t)m * kMmaStride, a.x + (size_t)m * a.K + (in_k ? k0 + 8 * v : 0), in_k);
+        ptx::cp_async_commit();
+        ptx::cp_async_wait<0>();
+        return;
+    }
+#pragma unroll
+    for (int m0 = 0; m0 < XROWS; m0 += 4) {
+        uint4 staged[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            staged[i] = m0 + i < M && in_k ? staged_x8<true>(a, m0 + i, k0 + 8 * v, a.x_f32, a.norm_w, rstd)
+                                          : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (m0 + i < M) *reinterpret_cast<uint4*>(dst + (size_t)(m0 + i) * kMmaStride) = staged[i];
+    }
+}
+
+template <int NT, Pairing P, bool NORM>
+__global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(GemvArgs a) {
+    constexpr int XROWS = 8 * NT;
+    const int K = a.K, M = a.M;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    uint16_t* xs = ptx::dynamic_smem<uint16_t>();                           // [XROWS][kMmaStride]
+    float* partial = reinterpret_cast<float*>(xs + (size_t)XROWS * kMmaStride);  // [warp][NT][4][lane]
+    __shared__ float rstd[kMaxRows];
+
+    // This lane's W rows: tile rows g (lo) and g + 8 (hi); for pairs, unit u's two rows.
+    const int u = 8 * blockIdx.x + g;
+    int lo, hi;
+    bool ok_lo, ok_hi;
+    if (P == Pairing::None) {
+        lo = 16 * blockIdx.x + g;
+        hi = lo + 8;
+        ok_lo = lo < a.n_units;
+        ok_hi = hi < a.n_units;
+    } else {
+        const int2 r = unit_rows<P>(u < a.n_units ? u : 0, a.half_n);
+        lo = r.x;
+        hi = r.y;
+        ok_lo = ok_hi = u < a.n_units;
+    }
+    const uint16_t* wbits = reinterpret_cast<const uint16_t*>(a.W);
+    const uint16_t* row_lo = wbits + (size_t)(ok_lo ? lo : 0) * K;
+    const uint16_t* row_hi = wbits + (size_t)(ok_hi ? hi : 0) * K;
+
+    // Slice j of this warp in the step at k0: columns k0 + (warp * kMmaSlices + j) * 32 + [0, 32),
+    // of which this lane holds 8 from 8t.
+    uint4 wl[kMmaSlices], wh[kMmaSlices];
+    auto load_w = [&](int k0) {
+#pragma unroll
+        for (int j = 0; j < kMmaSlices; ++j) {
+            const int k = k0 + (warp * kMmaSlices + j) * 32 + 8 * t;
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+            wl[j] = ok_lo && k < K ? ptx::ld_stream_16(row_lo + k) : zero;
+            wh[j] = ok_hi && k < K ? ptx::ld_stream_16(row_hi + k) : zero;
+        }
+    };
+    // Rows of x past M are zero for every step (x never depends on this before the wait).
+    for (int i = threadIdx.x; i < (XROWS - M) * kMmaStride / 8; i += kMmaThreads)
+        reinterpret_cast<uint4*>(xs + (size_t)M * kMmaStride)[i] = make_uint4(0u, 0u, 0u, 0u);
+    bool preloaded = false;
+    if (a.early) {
+        load_w(0);
+        preloaded = true;
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+
+    // rstd of row m by warp m % 8 (lane-strided float4 sums, then the butterfly): fixed per row.
+    if (NORM) {
+        for (int m = warp; m < M; m += kMmaWarps) {
+            const float4* row = reinterpret_cast<const float4*>(a.x_f32 + (size_t)m * K);
+            float sum = 0.f;
+            for (int i = lane; i < K / 4; i += 32) {
+                const float4 v = row[i];
+                sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            sum = util::warp_sum(sum);
+            if (lane == 0) rstd[m] = rsqrtf(sum / (float)K + a.eps);
+        }
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+    for (int k0 = 0; k0 < K; k0 += kMmaStepK) {
+        if (!preloaded) load_w(k0);
+        preloaded = false;
+        const int n8 = min(kMmaStepK, K - k0) / 8;
+        __syncthreads();  // the previous step's reads of xs are done (and rstd is written)
+        stage_x_mma<XROWS, NORM>(a, xs, k0, n8, rstd);
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kMmaSlices; ++j) {
+            const int col = (warp * kMmaSlices + j) * 32;
+            if (k0 + col >= K) break;  // the rest of this warp's slices are past K
+            const uint32_t a0[4] = {wl[j].x, wh[j].x, wl[j].y, wh[j].y};
+            const uint32_t a1[4] = {wl[j].z, wh[j].z, wl[j].w, wh[j].w};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint4 xv = *reinterpret_cast<const uint4*>(xs + (size_t)(8 * nt + g) * kMmaStride + col + 8 * t);
+                const uint32_t b0[2] = {xv.x, xv.y}, b1[2] = {xv.z, xv.w};
+                ptx::mma_bf16_16816(acc[nt], a0, b0);
+                ptx::mma_bf16_16816(acc[nt], a1, b1);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[((warp * NT + nt) * 4 + i) * 32 + lane] = acc[nt][i];
+    __syncthreads();
+    if (warp >= NT) return;
+    const int nt = warp;
+    float c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        c[i] = 0.f;
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; ++w) c[i] += partial[((w * NT + nt) * 4 + i) * 32 + lane];
+    }
+    // C fragment: c[e] = (row lo, x row 8 nt + 2t + e), c[2 + e] = (row hi, the same x row).
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int m = 8 * nt + 2 * t + e;
+        if (m >= M) continue;
+        if (P == Pairing::Rope) {
+            if (!ok_lo) continue;
+            const int head = u / a.half_n;
+            util::store_rope_kv(a.out.rope, m, head, u - head * a.half_n, c[e], c[2 + e]);
+        } else if (P == Pairing::SwiGLU) {
+            if (ok_lo) util::store_swiglu(a.out, (size_t)m * a.out.ld_out + u, c[e], c[2 + e]);
+        } else {
+            if (ok_lo) util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + lo, c[e]);
+            if (ok_hi) util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + hi, c[2 + e]);
+        }
+    }
+}
+
 // CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit on the GPU at once. The
 // answers are remembered per thread (a decode step asks about the same few launches over and
 // over; the occupancy query costs microseconds).
@@ -458,6 +649,22 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("gemv_kernel");
 }
 
+template <int NT, Pairing P, bool NORM>
+void launch_mma(const GemvArgs& a, cudaStream_t stream) {
+    const auto kernel = gemv_mma_kernel<NT, P, NORM>;
+    constexpr size_t smem = mma_smem_bytes<NT>();
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int tiles = P == Pairing::None ? CEIL_DIV(a.n_units, 16) : CEIL_DIV(a.n_units, 8);
+    launch_pdl(kernel, dim3(tiles), dim3(kMmaThreads), smem, stream, a);
+    CUDA_CHECK_LAUNCH("gemv_mma_kernel");
+}
+
+template <Pairing P>
+void launch_mma_rows(bool norm, const GemvArgs& a, cudaStream_t stream) {
+    if (a.M <= 8) norm ? launch_mma<1, P, true>(a, stream) : launch_mma<1, P, false>(a, stream);
+    else norm ? launch_mma<2, P, true>(a, stream) : launch_mma<2, P, false>(a, stream);
+}
+
 template <int M, Pairing P>
 void launch_flags(bool vec, bool norm, const GemvArgs& a, cudaStream_t stream) {
     if (vec) {
@@ -527,11 +734,20 @@ bool fused_norm_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
     return on;
 }
+// GemvPath::Auto's switch: M >= this many rows take the tensor cores. At M = 1 the CUDA-core form
+// streams faster (H100: 5-10% per projection); from 2 rows up the tensor cores win end to end
+// (decode_batches.sh, run BY: batch 2 1B 1.39x / 8B 0.97x, batch 16 2.59x / 1.87x).
+// LLAMA_BRRR_GEMV_MMA_ROWS=N moves it (2..17; 17 = never), read once.
+constexpr int kMmaMinRows = 2;
+int mma_min_rows() {
+    static const int n = env_int("LLAMA_BRRR_GEMV_MMA_ROWS", kMmaMinRows);
+    return n >= 2 && n <= kMaxRows + 1 ? n : kMmaMinRows;
+}
 
 // The shared launcher of gemv_bf16 (x bf16) and the fused-norm path (x_f32 + norm_w).
 void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* norm_w, float eps,
                  const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args_in,
-                 cudaStream_t stream) {
+                 GemvPath path, cudaStream_t stream) {
     const bool norm = x_f32 != nullptr;
     EpilogueArgs args = args_in;
     // check_matmul only looks at x's alignment; the normalized path hands it the fp32 pointer.
@@ -550,6 +766,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     // Whole rows of x when they fit, else the largest multiple of 256 (one warp-wide vector step).
     const int max_elems = kXChunkBytes / (int)(sizeof(uint16_t) * M);
     GemvArgs a;
+    a.M = M;
     a.x = x;
     a.x_f32 = x_f32;
     a.norm_w = norm_w;
@@ -571,26 +788,38 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
-    launch_rows<1>(M, pairing, vec, norm, a, stream);
+    // The tensor-core form needs the vector path and, for RopeKV, whole 8-dim groups of a head;
+    // elsewhere the CUDA-core form runs whatever was asked.
+    const bool mma_fits = vec && device_facts().major >= 8 && (pairing != Pairing::Rope || a.half_n % 8 == 0);
+    const bool mma = mma_fits && (path == GemvPath::TensorCores || (path == GemvPath::Auto && M >= mma_min_rows()));
+    if (!mma) {
+        launch_rows<1>(M, pairing, vec, norm, a, stream);
+        return;
+    }
+    switch (pairing) {
+        case Pairing::None: launch_mma_rows<Pairing::None>(norm, a, stream); break;
+        case Pairing::SwiGLU: launch_mma_rows<Pairing::SwiGLU>(norm, a, stream); break;
+        case Pairing::Rope: launch_mma_rows<Pairing::Rope>(norm, a, stream); break;
+    }
 }
 
 }  // namespace
 
 void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
-               const EpilogueArgs& args, cudaStream_t stream) {
-    launch_gemv("gemv_bf16", x, nullptr, nullptr, 0.f, W, M, N, K, ep, args, stream);
+               const EpilogueArgs& args, cudaStream_t stream, GemvPath path) {
+    launch_gemv("gemv_bf16", x, nullptr, nullptr, 0.f, W, M, N, K, ep, args, path, stream);
 }
 
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N,
                          int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream) {
     BRRR_CHECK(x != nullptr, "rmsnorm_matmul_bf16: x must be a device pointer, got null");
     if (M <= kMaxRows && (fused_norm_enabled() || xn == nullptr)) {
-        launch_gemv("rmsnorm_matmul_bf16", nullptr, x, norm_w, eps, W, M, N, K, ep, args, stream);
+        launch_gemv("rmsnorm_matmul_bf16", nullptr, x, norm_w, eps, W, M, N, K, ep, args, GemvPath::Auto, stream);
         return;
     }
     if (M <= kMaxRows) {
         rmsnorm_residual(const_cast<float*>(x), nullptr, norm_w, xn, M, K, eps, stream);
-        launch_gemv("rmsnorm_matmul_bf16", xn, nullptr, nullptr, 0.f, W, M, N, K, ep, args, stream);
+        launch_gemv("rmsnorm_matmul_bf16", xn, nullptr, nullptr, 0.f, W, M, N, K, ep, args, GemvPath::Auto, stream);
         return;
     }
     BRRR_CHECK(xn != nullptr, "rmsnorm_matmul_bf16: M=" << M << " > " << kMaxRows
