@@ -9,7 +9,8 @@ copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from 
                 SwiGLU epilogue, w2, LM head): GB/s of our GEMV as a fraction of the measured
                 device-copy bandwidth (read + write of 1 GiB), and against torch.matmul (cuBLAS)
                 of the same [M, K] x [K, N] (cuBLAS does no epilogue).
-  switch        GEMV against the tensor-core GEMM at M = 4, 8, 16: where matmul_bf16 should switch.
+  switch        the decode projections at M = 1..16 rows: the GEMV on CUDA cores, the GEMV on tensor
+                cores and the tile GEMM, us and % of the copy bandwidth: where the engine switches.
   gemm          prefill projections at M = 128, 512, 2048, 4096, 8192: TFLOP/s against
                 torch.matmul, and as a fraction of the measured GEMM ceiling (best cuBLAS TFLOP/s
                 of an 8192^3 bf16 matmul). wqkv also as the engine calls it (RMSNorm first, RoPE +
@@ -140,29 +141,34 @@ class Matmul:
     """Operands of one projection at M rows and the two ways to run it."""
 
     def __init__(self, ops, M, N, K, epilogue, rotate=True):
-        self.ops, self.M, self.N, self.K, self.epilogue = ops, M, N, K, epilogue
+        self.ops, self.N, self.K, self.epilogue = ops, N, K, epilogue
         self.width = N // 2 if epilogue == SWIGLU else N
         copies = copies_to_defeat_l2(N * K * 2) if rotate else 1
         self.weights = [random_bf16((N, K), INIT_STD) for _ in range(copies)]
-        self.x = random_bf16((M, K))
-        self.out = torch.empty((M, self.width), device="cuda",
-                               dtype=torch.float32 if epilogue in (STORE_F32, ADD_RESIDUAL) else torch.bfloat16)
-        self.out.zero_()
-        self.torch_out = torch.empty((M, N), device="cuda", dtype=torch.bfloat16)
+        self.set_rows(M)
         # the engine's split-K scratch, which the GEMM uses where few tiles would leave SMs idle
         floats, counters = ops.gemm_split_scratch_sizes(torch.cuda.get_device_properties(0).multi_processor_count)
         self.partials = torch.zeros(floats, device="cuda")
         self.counters = torch.zeros(counters, device="cuda", dtype=torch.int32)
         self.split = (self.partials.data_ptr(), floats, self.counters.data_ptr(), counters)
 
+    def set_rows(self, M):
+        """Fresh x, output and cuBLAS output for M rows (the weights stay)."""
+        self.M = M
+        self.x = random_bf16((M, self.K))
+        self.out = torch.empty((M, self.width), device="cuda",
+                               dtype=torch.float32 if self.epilogue in (STORE_F32, ADD_RESIDUAL) else torch.bfloat16)
+        self.out.zero_()
+        self.torch_out = torch.empty((M, self.N), device="cuda", dtype=torch.bfloat16)
+
     def bytes_moved(self) -> int:
         out = self.M * self.width * self.out.element_size() * (2 if self.epilogue == ADD_RESIDUAL else 1)
         return self.N * self.K * 2 + self.M * self.K * 2 + out
 
-    def ours(self, fn_name):
+    def ours(self, fn_name, **extra):
         fn = getattr(self.ops, fn_name)
         kw = {"out_f32" if self.epilogue == STORE_F32 else
-              "residual" if self.epilogue == ADD_RESIDUAL else "out": self.out.data_ptr()}
+              "residual" if self.epilogue == ADD_RESIDUAL else "out": self.out.data_ptr(), **extra}
         if fn_name != "gemv_bf16":
             kw["split"] = self.split
 
@@ -194,19 +200,23 @@ def bench_gemv(ops, shapes, repeats, copy_bw):
     return rows
 
 
-def bench_switch(ops, repeats):
-    """GEMV vs GEMM on the 1B qkv and w13 shapes at the M where matmul_bf16 switches."""
+def bench_switch(ops, shapes, repeats, copy_bw):
+    """The decode projections at M = 1..16 rows three ways: the GEMV on CUDA cores, the GEMV on
+    tensor cores (gemv_bf16's two paths) and the tile GEMM; where matmul_bf16 switches comes from here."""
     rows = []
-    config = shape_config("llama3.2-1b")
-    for name, N, K, epilogue in projections(config):
-        if name not in ("wqkv", "w13"):
-            continue
-        for M in (4, 8, 16):
-            mm = Matmul(ops, M, N, K, epilogue)
-            gemv = device_times(mm.ours("gemv_bf16"), repeats)
-            gemm = device_times(mm.ours("gemm_bf16"), repeats)
-            rows.append({"proj": name, "M": M, "N": N, "K": K, "gemv": gemv, "gemm": gemm,
-                         "gemm_over_gemv": gemm["median_s"] / gemv["median_s"]})
+    for shape in shapes:
+        for name, N, K, epilogue in projections(shape_config(shape)):
+            if name == "lm_head":
+                continue
+            mm = Matmul(ops, 1, N, K, epilogue)
+            for M in (1, 2, 3, 4, 6, 8, 12, 16):
+                mm.set_rows(M)
+                times = {"cuda_cores": device_times(mm.ours("gemv_bf16", path="cuda_cores"), repeats),
+                         "tensor_cores": device_times(mm.ours("gemv_bf16", path="tensor_cores"), repeats),
+                         "gemm": device_times(mm.ours("gemm_bf16"), repeats)}
+                moved = mm.bytes_moved()
+                rows.append({"shape": shape, "proj": name, "M": M, "N": N, "K": K, "bytes": moved, **times,
+                             "frac_of_copy": {k: moved / v["median_s"] / copy_bw for k, v in times.items()}})
             del mm
             torch.cuda.empty_cache()
     return rows
@@ -378,10 +388,11 @@ def print_tables(result):
               f"{r['ours']['median_s'] * 1e6:>10.1f}{r['ours_GBps']:>8.0f}{100 * r['ours_frac_of_copy']:>7.1f}%"
               f"{r['cublas']['median_s'] * 1e6:>11.1f}{r['speedup_vs_cublas']:>9.2f}")
     if result.get("switch"):
-        print(f"\n{'gemv vs gemm (1B)':<24}{'M':>4}{'gemv us':>10}{'gemm us':>10}{'gemm/gemv':>11}")
+        print(f"\n{'M rows, us (% copy)':<24}{'M':>4}{'CUDA cores':>18}{'tensor cores':>18}{'GEMM':>18}")
         for r in result["switch"]:
-            print(f"{r['proj']:<24}{r['M']:>4}{r['gemv']['median_s'] * 1e6:>10.1f}"
-                  f"{r['gemm']['median_s'] * 1e6:>10.1f}{r['gemm_over_gemv']:>11.2f}")
+            cells = "".join(f"{r[k]['median_s'] * 1e6:>10.1f} ({100 * r['frac_of_copy'][k]:>3.0f}%)"
+                            for k in ("cuda_cores", "tensor_cores", "gemm"))
+            print(f"{r['shape'] + ' ' + r['proj']:<24}{r['M']:>4}{cells}")
     print(f"\n{'gemm':<24}{'M':>6}{'N x K':>14}{'ours TF/s':>11}{'% ceil':>8}{'cuBLAS TF/s':>13}{'x cuBLAS':>9}")
     for r in result["gemm"]:
         print(f"{r['shape'] + ' ' + r['proj']:<24}{r['M']:>6}{str(r['N']) + 'x' + str(r['K']):>14}"
@@ -448,7 +459,7 @@ def main(argv=None):
               "method": "device time per call from torch.profiler kernel durations; median of repeats"}
     result["sections"] = sorted(only)
     result["gemv"] = bench_gemv(ops, shapes, repeats, copy_bw) if "gemv" in only else []
-    result["switch"] = [] if args.quick or "switch" not in only else bench_switch(ops, repeats)
+    result["switch"] = [] if args.quick or "switch" not in only else bench_switch(ops, shapes, repeats, copy_bw)
     result["gemm"] = bench_gemm(ops, shapes, [512] if args.quick else [128, 512, 2048, 4096, 8192], repeats,
                                 ceiling) if "gemm" in only else []
     result["flash_decode"] = bench_flash_decode(ops, shapes, [128, 2048] if args.quick else [128, 2048, 8192],

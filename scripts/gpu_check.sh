@@ -8,6 +8,7 @@
 #   bench.log      the benchmarks' tables
 #   kernels.json   benchmarks/bench_kernels.py $KERNELS_ARGS (default --quick: 1B shapes)
 #   variants/      benchmarks/lab/decode_variants.sh: decode with each fusion switched off
+#   batches/       benchmarks/lab/decode_batches.sh: decode at batch 1..16 per GEMV switch point
 #   compare.json   llama-brrr compare on $COMPARE_SHAPES (llama3.2-1b) with $COMPARE_ARGS (default
 #   compare.png    batch 1, prompts of 128 and 2048, 128 new tokens, no split) against torch eager,
 #                  HF eager / sdpa, torch.compile; written after each workload, so a cut run keeps
@@ -27,14 +28,14 @@
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
 # sweep gets up to 150 s, the decode variants VARIANTS_S (default 200) and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
-#   cuda-tests cpu-tests sanitizer kernels variants gemmlab fdlab aplab gemvlab profile decode sweep compare
+#   cuda-tests cpu-tests sanitizer kernels variants batches gemmlab fdlab aplab gemvlab profile decode sweep compare
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
-PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels variants gemmlab fdlab aplab gemvlab profile decode sweep compare}
+PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels variants batches gemmlab fdlab aplab gemvlab profile decode sweep compare}
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY=()
@@ -107,8 +108,9 @@ if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace \
 
     # ---- compute-sanitizer ------------------------------------------------------------------------
     cat > /tmp/brrr_sanitize.py <<'EOF'
-# A tiny model through prefill (chunked), decode (graphed and eager) and sampling, 8 tokens each;
-# dim 2056 so that the batch-2 GEMVs normalize from shared-memory copies (M x K >= 4096).
+# A tiny model through prefill (chunked), decode (graphed and eager) and sampling, 8 tokens each at
+# batch 2 (the tensor-core GEMV; dim 2056 ends inside its 2048-column step) and 2 at batch 1 (the
+# CUDA-core GEMV, normalizing from shared-memory copies: M x K >= 4096).
 import numpy as np
 from llama_brrr import _C
 from llama_brrr.config import ModelConfig
@@ -132,6 +134,9 @@ for graphs in (True, False):
                                   np.array([1, 2], np.uint64), np.full(2, step, np.uint64))
         tokens = tokens.astype(np.int32)
         positions += 1
+    for step in range(2):
+        engine.decode(tokens[:1], slots[:1], positions[:1], True)
+        positions[:1] += 1
     print("graphs" if graphs else "eager", "tokens", tokens.tolist())
 print("sanitized run done")
 EOF
@@ -143,6 +148,7 @@ EOF
     wanted kernels && phase kernels 180 "$OUT/bench.log" python3 benchmarks/bench_kernels.py ${KERNELS_ARGS:---quick} \
         --out "$OUT/kernels.json"
     wanted variants && phase variants "${VARIANTS_S:-200}" "$OUT/bench.log" env OUT="$OUT/variants" bash benchmarks/lab/decode_variants.sh
+    wanted batches && phase batches "${BATCHES_S:-200}" "$OUT/bench.log" env OUT="$OUT/batches" bash benchmarks/lab/decode_batches.sh
     wanted gemmlab && phase gemmlab 240 "$OUT/bench.log" env OUT="$OUT/gemm_lab" bash benchmarks/lab/run_gemm_lab.sh
     wanted fdlab && phase fdlab 200 "$OUT/bench.log" env OUT="$OUT/flash_decode_lab" bash benchmarks/lab/run_flash_decode_lab.sh
     wanted aplab && phase aplab 240 "$OUT/bench.log" env OUT="$OUT/attention_prefill_lab" bash benchmarks/lab/run_attention_prefill_lab.sh
