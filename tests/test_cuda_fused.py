@@ -1,8 +1,9 @@
 """rmsnorm_matmul_bf16 (gemv.cu): the decode projections with the input RMSNorm fused in front and
 the RopeKV epilogue (RoPE + KV-cache append) behind, against PyTorch, through _C.cuda_ops.
 
-Both sides of the launcher are covered: M <= 16 runs the fused GEMV, larger M the unfused
-rmsnorm_residual + gemm_bf16 (+ rope_kv_append) path. Tolerances as in test_cuda_kernels.py
+Every side of the launcher is covered: M = 1 runs the fused CUDA-core GEMV, M = 2..16
+rmsnorm_residual into the xn scratch and then the tensor-core GEMV (without a scratch, the fused
+CUDA-core GEMV), larger M rmsnorm_residual + gemm_bf16 (+ rope_kv_append). Tolerances as in test_cuda_kernels.py
 (DESIGN.md's 2x-torch-bf16 rule against an fp64 oracle); outputs and caches NaN-poisoned; random
 inputs each run (seed printed by the rng fixture)."""
 
@@ -46,8 +47,10 @@ def normalized(x, w):
                          ids=[k for k in EPILOGUES])
 @pytest.mark.parametrize("N,K", [(193, 577), (576, 576), (1030, 2048), (4096, 14344)],
                          ids=["tail", "smollm", "wide", "sliced-x"])
-@pytest.mark.parametrize("M", [1, 3, 16, 17, 40])
-def test_rmsnorm_matmul_matches_torch(ops, gen, M, N, K, epilogue):
+@pytest.mark.parametrize("M,scratch", [(1, True), (3, True), (3, False), (16, True), (16, False), (17, True),
+                                        (40, True)])
+def test_rmsnorm_matmul_matches_torch(ops, gen, M, N, K, epilogue, scratch):
+    """scratch=False passes no xn: rows bound for the tensor cores then take the fused CUDA-core GEMV."""
     if epilogue == SWIGLU and N % 2:
         N *= 2
     x, w = norm_inputs(M, K, gen)
@@ -61,9 +64,9 @@ def test_rmsnorm_matmul_matches_torch(ops, gen, M, N, K, epilogue):
     before = residual.clone()
     xn = nan_full((M, K), torch.bfloat16)
     ops.rmsnorm_matmul_bf16(ptr(x), ptr(w), EPS, ptr(W), M, N, K, epilogue, out=ptr(out),
-                            out_f32=ptr(out_f32), residual=ptr(residual), xn=ptr(xn))
+                            out_f32=ptr(out_f32), residual=ptr(residual), xn=ptr(xn) if scratch else 0)
     torch.cuda.synchronize()
-    name = f"rmsnorm_matmul M={M} N={N} K={K} epilogue={epilogue}"
+    name = f"rmsnorm_matmul M={M} N={N} K={K} epilogue={epilogue} xn={scratch}"
     if epilogue == SWIGLU:
         silu = torch.nn.functional.silu
         got = out
@@ -84,9 +87,9 @@ def test_rmsnorm_matmul_matches_torch(ops, gen, M, N, K, epilogue):
 @pytest.mark.parametrize("epilogue", [STORE_F32, SWIGLU], ids=["lm-head", "swiglu"])
 @pytest.mark.parametrize("N,K", [(40002, 576), (24000, 2048)], ids=["smollm", "llama1b"])
 def test_many_wave_gemv_matches_torch_and_its_batched_rows(ops, gen, N, K, epilogue):
-    """Grids of many waves (the LM head, w13): M = 1 (CUDA cores) and M = 3 (tensor cores) against
-    PyTorch, and rows 0-1 of the batch of 3 bit for bit against a batch of 2: the tensor-core
-    GEMV's rows do not depend on the others."""
+    """Grids of many waves (the LM head, w13): M = 1 (the fused CUDA-core GEMV) and M = 3
+    (rmsnorm_residual, then the tensor cores) against PyTorch, and rows 0-1 of the batch of 3 bit
+    for bit against a batch of 2: the tensor-core GEMV's rows do not depend on the others."""
     x, w = norm_inputs(3, K, gen)
     W = randn((N, K), gen, scale=1.0 / math.sqrt(K))
     width = N // 2 if epilogue == SWIGLU else N
@@ -94,7 +97,9 @@ def test_many_wave_gemv_matches_torch_and_its_batched_rows(ops, gen, N, K, epilo
     for M in (1, 3, 2):
         out = nan_full((M, width), torch.bfloat16)
         out_f32 = nan_full((M, width), torch.float32)
-        ops.rmsnorm_matmul_bf16(ptr(x), ptr(w), EPS, ptr(W), M, N, K, epilogue, out=ptr(out), out_f32=ptr(out_f32))
+        xn = nan_full((M, K), torch.bfloat16)  # the scratch the tensor-core path normalizes into
+        ops.rmsnorm_matmul_bf16(ptr(x), ptr(w), EPS, ptr(W), M, N, K, epilogue, out=ptr(out), out_f32=ptr(out_f32),
+                                xn=ptr(xn))
         outs[M] = out_f32 if epilogue == STORE_F32 else out
     torch.cuda.synchronize()
     xn_ref, xn_bf = normalized(x, w)

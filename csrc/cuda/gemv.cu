@@ -407,6 +407,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 //     g + 8 (the same lane) are exactly the pair.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (deterministic), then
 //     warp nt of the CTA stores n8 tile nt. The first step's loads go before the PDL wait.
+//   * x comes as plain bf16 rows, staged by cp.async (one L2 round trip a step for all M rows);
+//     normalized inputs are written by rmsnorm_residual first (rmsnorm_matmul_bf16 says why).
 constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = kMmaWarps * 32;
 constexpr int kMmaSlices = 8;                              // 32-column slices a warp loads per step
@@ -418,45 +420,29 @@ constexpr size_t mma_smem_bytes() {
     return (size_t)8 * NT * kMmaStride * sizeof(uint16_t) + (size_t)kMmaWarps * NT * 4 * 32 * sizeof(float);
 }
 
-// Stages x[:, k0 : k0 + 8 n8) of the M rows into xs (row stride kMmaStride), zero past K (W is
-// zero there, and 0 * a stale inf would not be). Thread t owns the 8 columns 8t: one step. Every
-// row's copy is in flight at once: plain rows by cp.async, normalized rows four at a time (their
-// fp32 loads need registers), so a step waits for ceil(M / 4) L2 round trips, not M.
-template <int XROWS, bool NORM>
-__device__ __forceinline__ void stage_x_mma(const GemvArgs& a, uint16_t* xs, int k0, int n8, const float* rstd) {
+// Stages x[:, k0 : k0 + 8 n8) of the M rows into xs (row stride kMmaStride) by cp.async, every
+// row's copy in flight at once, zero past K (W is zero there, and 0 * a stale inf would not be).
+// Thread t owns the 8 columns 8t: one step.
+template <int XROWS>
+__device__ __forceinline__ void stage_x_mma(const GemvArgs& a, uint16_t* xs, int k0, int n8) {
     static_assert(kMmaThreads * 8 == kMmaStepK, "one 16-byte column group per thread per step");
-    const int v = threadIdx.x, M = a.M;
+    const int v = threadIdx.x;
     const bool in_k = v < n8;
     uint16_t* dst = xs + 8 * v;
-    if (!NORM) {
 #pragma unroll
-        for (int m = 0; m < XROWS; ++m)
-            if (m < M) ptx::cp_async_16(dst + (size_t)m * kMmaStride, a.x + (size_t)m * a.K + (in_k ? k0 + 8 * v : 0), in_k);
-        ptx::cp_async_commit();
-        ptx::cp_async_wait<0>();
-        return;
-    }
-#pragma unroll
-    for (int m0 = 0; m0 < XROWS; m0 += 4) {
-        uint4 staged[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            staged[i] = m0 + i < M && in_k ? staged_x8<true>(a, m0 + i, k0 + 8 * v, a.x_f32, a.norm_w, rstd)
-                                          : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            if (m0 + i < M) *reinterpret_cast<uint4*>(dst + (size_t)(m0 + i) * kMmaStride) = staged[i];
-    }
+    for (int m = 0; m < XROWS; ++m)
+        if (m < a.M) ptx::cp_async_16(dst + (size_t)m * kMmaStride, a.x + (size_t)m * a.K + (in_k ? k0 + 8 * v : 0), in_k);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
 }
 
-template <int NT, Pairing P, bool NORM>
+template <int NT, Pairing P>
 __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(GemvArgs a) {
     constexpr int XROWS = 8 * NT;
     const int K = a.K, M = a.M;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     uint16_t* xs = ptx::dynamic_smem<uint16_t>();                           // [XROWS][kMmaStride]
     float* partial = reinterpret_cast<float*>(xs + (size_t)XROWS * kMmaStride);  // [warp][NT][4][lane]
-    __shared__ float rstd[kMaxRows];
 
     // This lane's W rows: tile rows g (lo) and g + 8 (hi); for pairs, unit u's two rows.
     const int u = 8 * blockIdx.x + g;
@@ -500,20 +486,6 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(GemvArgs a) {
     pdl_wait();
     pdl_launch_dependents();
 
-    // rstd of row m by warp m % 8 (lane-strided float4 sums, then the butterfly): fixed per row.
-    if (NORM) {
-        for (int m = warp; m < M; m += kMmaWarps) {
-            const float4* row = reinterpret_cast<const float4*>(a.x_f32 + (size_t)m * K);
-            float sum = 0.f;
-            for (int i = lane; i < K / 4; i += 32) {
-                const float4 v = row[i];
-                sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
-            sum = util::warp_sum(sum);
-            if (lane == 0) rstd[m] = rsqrtf(sum / (float)K + a.eps);
-        }
-    }
-
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -524,8 +496,8 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(GemvArgs a) {
         if (!preloaded) load_w(k0);
         preloaded = false;
         const int n8 = min(kMmaStepK, K - k0) / 8;
-        __syncthreads();  // the previous step's reads of xs are done (and rstd is written)
-        stage_x_mma<XROWS, NORM>(a, xs, k0, n8, rstd);
+        __syncthreads();  // the previous step's reads of xs are done
+        stage_x_mma<XROWS>(a, xs, k0, n8);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < kMmaSlices; ++j) {
@@ -649,9 +621,9 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("gemv_kernel");
 }
 
-template <int NT, Pairing P, bool NORM>
+template <int NT, Pairing P>
 void launch_mma(const GemvArgs& a, cudaStream_t stream) {
-    const auto kernel = gemv_mma_kernel<NT, P, NORM>;
+    const auto kernel = gemv_mma_kernel<NT, P>;
     constexpr size_t smem = mma_smem_bytes<NT>();
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int tiles = P == Pairing::None ? CEIL_DIV(a.n_units, 16) : CEIL_DIV(a.n_units, 8);
@@ -660,9 +632,9 @@ void launch_mma(const GemvArgs& a, cudaStream_t stream) {
 }
 
 template <Pairing P>
-void launch_mma_rows(bool norm, const GemvArgs& a, cudaStream_t stream) {
-    if (a.M <= 8) norm ? launch_mma<1, P, true>(a, stream) : launch_mma<1, P, false>(a, stream);
-    else norm ? launch_mma<2, P, true>(a, stream) : launch_mma<2, P, false>(a, stream);
+void launch_mma_rows(const GemvArgs& a, cudaStream_t stream) {
+    if (a.M <= 8) launch_mma<1, P>(a, stream);
+    else launch_mma<2, P>(a, stream);
 }
 
 template <int M, Pairing P>
@@ -743,6 +715,9 @@ int mma_min_rows() {
     static const int n = env_int("LLAMA_BRRR_GEMV_MMA_ROWS", kMmaMinRows);
     return n >= 2 && n <= kMaxRows + 1 ? n : kMmaMinRows;
 }
+bool takes_tensor_cores(GemvPath path, int M) {
+    return path == GemvPath::TensorCores || (path == GemvPath::Auto && M >= mma_min_rows());
+}
 
 // The shared launcher of gemv_bf16 (x bf16) and the fused-norm path (x_f32 + norm_w).
 void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* norm_w, float eps,
@@ -788,18 +763,18 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
-    // The tensor-core form needs the vector path and, for RopeKV, whole 8-dim groups of a head;
-    // elsewhere the CUDA-core form runs whatever was asked.
-    const bool mma_fits = vec && device_facts().major >= 8 && (pairing != Pairing::Rope || a.half_n % 8 == 0);
-    const bool mma = mma_fits && (path == GemvPath::TensorCores || (path == GemvPath::Auto && M >= mma_min_rows()));
-    if (!mma) {
+    // The tensor-core form takes plain bf16 rows (rmsnorm_matmul_bf16 normalizes them first), the
+    // vector path and, for RopeKV, whole 8-dim groups of a head; elsewhere the CUDA-core form runs
+    // whatever was asked.
+    const bool mma_fits = !norm && vec && device_facts().major >= 8 && (pairing != Pairing::Rope || a.half_n % 8 == 0);
+    if (!(mma_fits && takes_tensor_cores(path, M))) {
         launch_rows<1>(M, pairing, vec, norm, a, stream);
         return;
     }
     switch (pairing) {
-        case Pairing::None: launch_mma_rows<Pairing::None>(norm, a, stream); break;
-        case Pairing::SwiGLU: launch_mma_rows<Pairing::SwiGLU>(norm, a, stream); break;
-        case Pairing::Rope: launch_mma_rows<Pairing::Rope>(norm, a, stream); break;
+        case Pairing::None: launch_mma_rows<Pairing::None>(a, stream); break;
+        case Pairing::SwiGLU: launch_mma_rows<Pairing::SwiGLU>(a, stream); break;
+        case Pairing::Rope: launch_mma_rows<Pairing::Rope>(a, stream); break;
     }
 }
 
@@ -813,7 +788,12 @@ void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N,
                          int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream) {
     BRRR_CHECK(x != nullptr, "rmsnorm_matmul_bf16: x must be a device pointer, got null");
-    if (M <= kMaxRows && (fused_norm_enabled() || xn == nullptr)) {
+    // Rows bound for the tensor cores are normalized into xn by their own kernel: normalizing in
+    // every CTA, as the CUDA-core GEMV does, re-reads all M fp32 rows per 16 W rows there, which
+    // at M = 16 is 2x the weight bytes again through L2. Without an xn scratch they take the
+    // fused CUDA-core form.
+    const bool fuse = fused_norm_enabled() && !takes_tensor_cores(GemvPath::Auto, M);
+    if (M <= kMaxRows && (fuse || xn == nullptr)) {
         launch_gemv("rmsnorm_matmul_bf16", nullptr, x, norm_w, eps, W, M, N, K, ep, args, GemvPath::Auto, stream);
         return;
     }
