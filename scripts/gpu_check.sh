@@ -23,19 +23,24 @@
 #                  checked against a float64 reference and timed on the Llama heads
 #   gemv_lab/      benchmarks/lab/run_gemv_lab.sh: the decode GEMV against tensor-core variants,
 #                  checked (batch invariance too) and timed at M = 1..16
+#   batches_base/  with BASE_PATCH=file: the batches phase again on a baseline tree (this tree with
+#   batches_ab.txt that patch reversed: the code before a change), built in $BASE_DIR (default
+#                  /tmp/brrr_base) beside the main build, ROWS=${BASE_ROWS:-$ROWS}; batches_ab.txt
+#                  sets its decode tok/s against this tree's, per shape, batch and switch point
 #   summary.txt    the table printed last
 #   results.tar.gz everything above but summary.txt, packed (PACK=0 leaves the files as they are)
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
 # sweep gets up to 150 s, the decode variants VARIANTS_S (default 200) and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
-#   cuda-tests cpu-tests sanitizer kernels variants batches gemmlab fdlab aplab gemvlab profile decode sweep compare
+#   cuda-tests cpu-tests sanitizer kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
-PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels variants batches gemmlab fdlab aplab gemvlab profile decode sweep compare}
+PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare}
+BASE_DIR=${BASE_DIR:-/tmp/brrr_base}
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY=()
@@ -96,6 +101,19 @@ SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 
 # ---- build ----------------------------------------------------------------------------------------
 export LLAMA_BRRR_CUDA=1 LLAMA_BRRR_CUDA_ARCHS=${LLAMA_BRRR_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
+# The baseline tree builds in the background while the main one does: a copy of this tree (build
+# objects included, so only the files the patch touches recompile) with BASE_PATCH reversed.
+BASE_PID=
+if [[ -n "${BASE_PATCH:-}" ]] && wanted basebatches; then
+    rm -rf "$BASE_DIR" && mkdir -p "$BASE_DIR"
+    tar -cf - --exclude=./out --exclude=./.whl . | tar -xf - -C "$BASE_DIR"
+    if patch -R -p1 -d "$BASE_DIR" < "$BASE_PATCH" > "$OUT/base_build.log" 2>&1; then
+        (cd "$BASE_DIR" && python3 setup.py build_ext --inplace >> "$OUT/base_build.log" 2>&1) &
+        BASE_PID=$!
+    else
+        echo "BASE_PATCH $BASE_PATCH does not reverse onto this tree" >> "$OUT/base_build.log"
+    fi
+fi
 if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace \
         && phase import 30 "$OUT/build.log" python3 -c \
             "from llama_brrr import _C; n = _C.cuda_device_count(); print('cuda devices:', n); assert _C.cuda_compiled() and n > 0"; then
@@ -149,6 +167,14 @@ EOF
         --out "$OUT/kernels.json"
     wanted variants && phase variants "${VARIANTS_S:-200}" "$OUT/bench.log" env OUT="$OUT/variants" bash benchmarks/lab/decode_variants.sh
     wanted batches && phase batches "${BATCHES_S:-200}" "$OUT/bench.log" env OUT="$OUT/batches" bash benchmarks/lab/decode_batches.sh
+    if [[ -n "$BASE_PID" ]] && ! wait "$BASE_PID"; then
+        SUMMARY+=("$(printf '%-12s %-8s %6s  %s' basebatches skipped - "the baseline build failed: base_build.log")")
+    elif [[ -n "$BASE_PID" ]]; then
+        phase basebatches "${BATCHES_S:-200}" "$OUT/bench.log" env OUT="$OUT/batches_base" \
+            PYTHONPATH="$BASE_DIR:$PYTHONPATH" ROWS="${BASE_ROWS:-${ROWS:-2 3 5 17}}" \
+            bash "$BASE_DIR/benchmarks/lab/decode_batches.sh" \
+            && python3 benchmarks/lab/batches_table.py "$OUT/batches" "$OUT/batches_base" | tee "$OUT/batches_ab.txt"
+    fi
     wanted gemmlab && phase gemmlab 240 "$OUT/bench.log" env OUT="$OUT/gemm_lab" bash benchmarks/lab/run_gemm_lab.sh
     wanted fdlab && phase fdlab 200 "$OUT/bench.log" env OUT="$OUT/flash_decode_lab" bash benchmarks/lab/run_flash_decode_lab.sh
     wanted aplab && phase aplab 240 "$OUT/bench.log" env OUT="$OUT/attention_prefill_lab" bash benchmarks/lab/run_attention_prefill_lab.sh

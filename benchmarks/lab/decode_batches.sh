@@ -20,21 +20,4 @@ for rows in $ROWS; do
         -p 128 -n 64 --repeats "$REPEATS" --no-split --json "$OUT/rows$rows.json" > "$OUT/rows$rows.log" 2>&1 \
         || { echo "   failed: see rows$rows.log"; tail -n 5 "$OUT/rows$rows.log"; }
 done
-python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
-import json, sys
-from pathlib import Path
-
-out = Path(sys.argv[1])
-table = {}
-for path in sorted(out.glob("rows*.json"), key=lambda p: int(p.stem[4:])):
-    for run in json.loads(path.read_text())["runs"]:
-        key = (run["model"], run["workload"]["batch"])
-        table.setdefault(key, {})[int(path.stem[4:])] = run["decode_tok_s"]["median"]
-cols = sorted({r for v in table.values() for r in v})
-print(f"{'shape':12} {'batch':>5} " + " ".join(f"{'rows>=' + str(r):>16}" for r in cols) + "   (tok/s, x of rows>=17)")
-for (model, batch), by in sorted(table.items()):
-    base = by.get(17)
-    cells = [f"{by[r]:9.1f} {by[r] / base:5.2f}x" if r in by and base else f"{by.get(r, float('nan')):16.1f}"
-             for r in cols]
-    print(f"{model:12} {batch:5d} " + " ".join(f"{c:>16}" for c in cells))
-PY
+python3 benchmarks/lab/batches_table.py "$OUT" | tee "$OUT/table.txt"
