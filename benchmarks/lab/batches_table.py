@@ -29,8 +29,8 @@ def main():
     this = load(Path(sys.argv[1]))
     base = load(Path(sys.argv[2])) if len(sys.argv) > 2 else None
     cols = sorted({r for by in this.values() for r in by})
-    against = "x of the baseline's" if base is not None else "x of rows>=17"
-    print(f"{'shape':12} {'batch':>5} " + " ".join(f"{'rows>=' + str(r):>16}" for r in cols) + f"   (tok/s, {against})")
+    against = ", x of the baseline's" if base is not None else ", x of rows>=17" if 17 in cols else ""
+    print(f"{'shape':12} {'batch':>5} " + " ".join(f"{'rows>=' + str(r):>16}" for r in cols) + f"   (tok/s{against})")
     for (model, batch), by in sorted(this.items()):
         ref = {r: (base.get((model, batch), {}).get(r) if base is not None else by.get(17)) for r in cols}
         print(f"{model:12} {batch:5d} " + " ".join(cell(by.get(r), ref[r]) for r in cols))

@@ -10,7 +10,8 @@
 // CUDA-core kernel below, which M = 1 takes, and from 2 rows the tensor-core kernel after it
 // (mma.sync with W as the A operand), since from there on the CUDA cores' FMAs, not HBM, bind:
 // H100, kernels_switch.json, at M = 16 the CUDA cores stream 10-44% of the copy rate, the tensor
-// cores 44-96%; end to end batch 16 decodes 2.71x (1B) / 2.00x (8B) faster (run BZ).
+// cores 44-96%; end to end batch 16 decodes 2.71x (1B) / 2.00x (8B) faster (run BZ), and since
+// its rows are normalized by their own kernel first, another 1.37x / 1.48x (run CB).
 // The notes below are the CUDA-core kernel's; the tensor-core kernel has its own.
 //   * Each warp owns a few output columns ("units") and streams their W rows end to end with
 //     16-byte loads (8 bf16 per lane, 512 contiguous bytes per warp instruction), issued before
@@ -790,8 +791,9 @@ void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf
     BRRR_CHECK(x != nullptr, "rmsnorm_matmul_bf16: x must be a device pointer, got null");
     // Rows bound for the tensor cores are normalized into xn by their own kernel: normalizing in
     // every CTA, as the CUDA-core GEMV does, re-reads all M fp32 rows per 16 W rows there, which
-    // at M = 16 is 2x the weight bytes again through L2. Without an xn scratch they take the
-    // fused CUDA-core form.
+    // at M = 16 is 2x the weight bytes again through L2 (H100, run CB: decode 1.37x (1B) / 1.48x
+    // (8B) faster at batch 16, 1.06-1.14x at batch 2-4). Without an xn scratch they take the fused
+    // CUDA-core form.
     const bool fuse = fused_norm_enabled() && !takes_tensor_cores(GemvPath::Auto, M);
     if (M <= kMaxRows && (fuse || xn == nullptr)) {
         launch_gemv("rmsnorm_matmul_bf16", nullptr, x, norm_w, eps, W, M, N, K, ep, args, GemvPath::Auto, stream);
