@@ -14,7 +14,8 @@
 #                  HF eager / sdpa, torch.compile; written after each workload, so a cut run keeps
 #                  what it measured
 #   bench.json     llama-brrr bench: batch-1 decode, 128-token prompt, 256 new tokens, 1B and 8B shapes
-#   sweep.json     llama-brrr bench --sweep --quick (3 shapes, decode batch x context, prefill)
+#   sweep.json     llama-brrr bench --sweep $SWEEP_ARGS (default --quick: 3 shapes, decode batch
+#                  x context, prefill; the full sweep adds batch 4: SWEEP_ARGS="--repeats 3 -n 32")
 #   profile/       llama-brrr profile of 1B-shape decode: report, roofline / breakdown PNGs, trace
 #   gemm_lab/      benchmarks/lab/run_gemm_lab.sh: GEMM variants checked and timed against cuBLAS
 #   flash_decode_lab/  benchmarks/lab/run_flash_decode_lab.sh: flash_decode launch variants, checked
@@ -30,7 +31,7 @@
 #   summary.txt    the table printed last
 #   results.tar.gz everything above but summary.txt, packed (PACK=0 leaves the files as they are)
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
-# sweep gets up to 150 s, the decode variants VARIANTS_S (default 200) and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
+# sweep gets up to SWEEP_S (default 150) s, the decode variants VARIANTS_S (default 200) and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
 #   cuda-tests cpu-tests sanitizer kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
@@ -183,8 +184,9 @@ EOF
         --device cuda --max-new-tokens 128 --torch --out "$OUT/profile"
     wanted decode && phase decode 90 "$OUT/bench.log" python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b \
         --device cuda -b 1 -p 128 -n 256 --repeats 5 --json "$OUT/bench.json"
-    wanted sweep && phase sweep 150 "$OUT/bench.log" python3 -m llama_brrr bench --sweep --quick --device cuda \
-        --json "$OUT/sweep.json"
+    # shellcheck disable=SC2086  # SWEEP_ARGS is a list of arguments
+    wanted sweep && phase sweep "${SWEEP_S:-150}" "$OUT/bench.log" python3 -m llama_brrr bench --sweep ${SWEEP_ARGS:---quick} \
+        --device cuda --json "$OUT/sweep.json"
     BENCH_S=$(( $(left) - 25 ))
     # shellcheck disable=SC2086  # COMPARE_ARGS is a list of arguments
     wanted compare && phase compare $(( BENCH_S + 15 )) "$OUT/bench.log" python3 -m llama_brrr compare \
