@@ -77,7 +77,7 @@ void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, i
 // Who does a GEMV's arithmetic: Auto takes the CUDA cores below a measured row count and the tensor cores from it.
 enum class GemvPath : int { Auto = 0, CudaCores = 1, TensorCores = 2 };
 void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream, GemvPath path = GemvPath::Auto);
-// y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: M = 1 normalizes inside the CUDA-core GEMV, larger M runs rmsnorm_residual into xn [M, K] first, then the tensor-core GEMV (M <= 16) or gemm_bf16 (without xn, M <= 16 normalizes inside the CUDA-core GEMV).
+// y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: rows below the tensor-core switch (M = 1) normalize inside the CUDA-core GEMV, more run rmsnorm_residual into xn [M, K] first, then the tensor-core GEMV (M <= 16) or gemm_bf16 (without xn, M <= 16 normalizes inside the CUDA-core GEMV).
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream);
 
 // ---- gemm.cu: prefill, tensor cores (wgmma on sm_90a, else mma.sync; bf16 -> fp32), any M, N, K
