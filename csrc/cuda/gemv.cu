@@ -799,15 +799,13 @@ void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf
         launch_gemv("rmsnorm_matmul_bf16", nullptr, x, norm_w, eps, W, M, N, K, ep, args, GemvPath::Auto, stream);
         return;
     }
-    if (M <= kMaxRows) {
-        rmsnorm_residual(const_cast<float*>(x), nullptr, norm_w, xn, M, K, eps, stream);
-        launch_gemv("rmsnorm_matmul_bf16", xn, nullptr, nullptr, 0.f, W, M, N, K, ep, args, GemvPath::Auto, stream);
-        return;
-    }
     BRRR_CHECK(xn != nullptr, "rmsnorm_matmul_bf16: M=" << M << " > " << kMaxRows
                                                        << " needs the xn scratch [M, K]; got null");
     rmsnorm_residual(const_cast<float*>(x), nullptr, norm_w, xn, M, K, eps, stream);
-    gemm_bf16(xn, W, M, N, K, ep, args, stream);
+    if (M <= kMaxRows)
+        launch_gemv("rmsnorm_matmul_bf16", xn, nullptr, nullptr, 0.f, W, M, N, K, ep, args, GemvPath::Auto, stream);
+    else
+        gemm_bf16(xn, W, M, N, K, ep, args, stream);
 }
 
 }  // namespace cuda
