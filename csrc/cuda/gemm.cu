@@ -104,7 +104,6 @@ struct GemmArgs {
     int half_n;  // H: first up row of w13 (SwiGLU only)
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
-    bool residual_red;  // Hopper AddResidual: red.v4 straight from the accumulators instead (epilogue_red)
     bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
     bool split_release;  // split-K: count a finished split with one acq_rel atomic (else fences + atomic)
     Epilogue ep;
@@ -492,30 +491,6 @@ __device__ __forceinline__ void epilogue_tma(const CUtensorMap* map, unsigned ch
     }
 }
 
-// AddResidual without staging (GemmArgs::residual_red). The two threads t, t ^ 1 of a quad trade
-// halves with one shuffle pair per accumulator group, so that each holds four adjacent columns of
-// one row (even t: row g, odd t: row g + 8), and each thread adds its four into the residual with
-// one red.v4: no shared-memory box to wait for TMA to read, so the warpgroup starts its next
-// tile's MMAs as soon as its reds are issued. row_g: the row of this thread's d[4i + 0..1]. Needs
-// width % 4 == 0, ld_out % 4 == 0 and a 16-byte aligned residual (prepare_args' rule), so a
-// group of four is either wholly inside the width or wholly past it.
-template <int BN>
-__device__ __forceinline__ void epilogue_red(const GemmArgs& p, int row_g, int col0, int t, const float (&acc)[BN / 2]) {
-    const bool odd = t & 1;
-    const int row = row_g + (odd ? 8 : 0);
-    const int first_col = col0 + 2 * (t & ~1);
-    float* out = p.out.residual + (size_t)row * p.out.ld_out + first_col;
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-        const float* d = acc + 4 * i;
-        // Even t hands over its row g + 8 pair and takes its partner's row g pair; odd t the reverse.
-        const float give0 = odd ? d[0] : d[2], give1 = odd ? d[1] : d[3];
-        const float take0 = ptx::shfl_xor_f32(give0, 1), take1 = ptx::shfl_xor_f32(give1, 1);
-        const float4 v = odd ? make_float4(take0, take1, d[2], d[3]) : make_float4(d[0], d[1], take0, take1);
-        if (row < p.M && first_col + 8 * i < p.width) hopper::red_add_v4_f32(out + 8 * i, v);
-    }
-}
-
 // Tile order: consecutive tiles walk down `group_m` tile rows before moving one tile column
 // right, so the CTAs resident at one time share a band of x rows and a band of W rows in L2.
 // With splits > 1 a work item is one K range (k_per_split k tiles) of a tile.
@@ -726,10 +701,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                    col0, p.out.rope.n_heads * ROPE_HD, false, acc);
                     continue;
                 }
-            }
-            if (!SWIGLU && ROPE_HD == 0 && p.residual_red) {
-                epilogue_red<BN>(p, row0 + warp * 16 + (lane >> 2), col0, lane & 3, acc);
-                continue;
             }
             if (!SWIGLU && ROPE_HD == 0 && p.epilogue_tma) {
                 if (row0 >= p.M) continue;
@@ -980,11 +951,6 @@ bool residual_tma_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMM_RESIDUAL_TMA", true);
     return on;
 }
-// LLAMA_BRRR_GEMM_RESIDUAL_RED=1 runs it by red.v4 from the accumulators (epilogue_red), read once.
-bool residual_red_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMM_RESIDUAL_RED", false);
-    return on;
-}
 bool store_tma_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMM_STORE_TMA", true);
     return on;
@@ -1009,15 +975,11 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     p.half_n = N / 2;
     p.ep = ep;
     p.split_release = split_release_enabled();
-    // Only the Hopper kernel reads the flags; the mma.sync kernel always stores from registers. TMA
-    // and red.v4 need 16-byte aligned bases and row strides.
-    p.residual_red = false;
+    // Only the Hopper kernel reads the flag; the mma.sync kernel always stores from registers. TMA
+    // needs 16-byte aligned bases and row strides.
     switch (ep) {
         case Epilogue::AddResidual:
-            p.residual_red = residual_red_enabled() && p.width % 4 == 0 && p.out.ld_out % 4 == 0 &&
-                             util::aligned_to(p.out.residual, 16);
-            p.epilogue_tma = !p.residual_red && residual_tma_enabled() && p.out.ld_out % 4 == 0 &&
-                             util::aligned_to(p.out.residual, 16);
+            p.epilogue_tma = residual_tma_enabled() && p.out.ld_out % 4 == 0 && util::aligned_to(p.out.residual, 16);
             break;
         case Epilogue::StoreF32:
             p.epilogue_tma = store_tma_enabled() && p.out.ld_out % 4 == 0 && util::aligned_to(p.out.out_f32, 16);

@@ -147,13 +147,6 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void*
                  "r"(inner), "r"(outer), "r"(ptx::smem_addr(src))
                  : "memory");
 }
-// p[0..3] += v, element by element, at L2 and without waiting for anything to come back (red is
-// atom without the return value); p must be 16-byte aligned. Each element's add is the plain fp32
-// add of the two values, whatever order the four are applied in.
-__device__ __forceinline__ void red_add_v4_f32(float* p, float4 v) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Until at most Pending of this thread's bulk groups still read their shared memory.
 template <int Pending>

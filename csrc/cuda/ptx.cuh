@@ -40,15 +40,6 @@ __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
     return v;
 }
 
-// __shfl_xor_sync(~0u, v, mask) spelled as PTX. In the Hopper GEMM's consumer warpgroups the
-// intrinsic makes ptxas serialize every wgmma of the kernel ("C7518: wgmma.mma_async instructions
-// are serialized due to ... WG.DP in divergent path"); the same shfl.sync as inline PTX does not.
-__device__ __forceinline__ float shfl_xor_f32(float v, int lane_mask) {
-    float out;
-    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, -1;" : "=f"(out) : "f"(v), "r"(lane_mask));
-    return out;
-}
-
 // *p += v at GPU scope, returning the old value, as one acquire-release: the caller's earlier writes
 // (and those a CTA barrier ordered before it) are published with the count, and whoever reads the
 // count sees what the earlier counters published.
