@@ -54,11 +54,12 @@
 // also splits the 8B wo's gap at M = 2048: bf16 store 0.98 of cuBLAS, fp32 store 0.94, fp32
 // residual add 0.88. Neither asking L2 for the residual of only each CTA's last tile (the wave
 // nothing hides) nor exiting once TMA has read the boxes instead of once the adds have landed
-// gained (gemm_residual_last.txt, gemm_exit_read.txt). StoreF32 / StoreBf16 on Hopper go the same
-// way, through TMA stores of the staged boxes (64 bf16 columns a box), instead of 4-byte pair
-// stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those): H100, Llama-3-8B wqkv with the
-// bf16 store at M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of cuBLAS from registers, 0.99 / 0.99 /
-// 0.99 through TMA (gemm_store_tma.txt). RopeKV rotates a tile of q heads in registers and stores
+// gained (gemm_residual_last.txt, gemm_exit_read.txt), and adding each thread's accumulators by
+// red.global.add.v4 with no staging at all lost (0.84, gemm_residual_red.txt). StoreF32 /
+// StoreBf16 on Hopper go the same way, through TMA stores of the staged boxes (64 bf16 columns a
+// box), instead of 4-byte pair stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those):
+// H100, Llama-3-8B wqkv with the bf16 store at M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of
+// cuBLAS from registers, 0.99 / 0.99 / 0.99 through TMA (gemm_store_tma.txt). RopeKV rotates a tile of q heads in registers and stores
 // it the same way (q_out is a plain [M, q_dim] matrix); k / v tiles, whose rows land at each row's
 // cache slot and position, keep the register stores.
 //
