@@ -105,7 +105,6 @@ struct GemmArgs {
     int half_n;  // H: first up row of w13 (SwiGLU only)
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
-    bool epilogue_ring;  // and for AddResidual / StoreF32, a whole tile at once (ring_box; set by sm90::launch)
     bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
     bool split_release;  // split-K: count a finished split with one acq_rel atomic (else fences + atomic)
     Epilogue ep;
@@ -422,16 +421,14 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
 // Shared memory: the ring's STAGES slots, then (RES: instances whose epilogue may run through TMA:
 // AddResidual, StoreF32, StoreBf16, RopeKV's q tiles) the staging boxes of epilogue_tma (kResBufs per consumer
 // warpgroup, 64 rows x 128 bytes each: two where they fit, so one box fills while TMA reads the
-// other), then the full / empty barriers and the ring epilogue's two (staged, boxes_free).
-// The ring epilogue (GemmArgs::epilogue_ring) stages a whole fp32 tile at once: its kTileBoxes
-// boxes fill kEpiSlots ring slots (kBoxesPerStage boxes each), then the staging boxes.
+// other), then the full / empty barriers.
 template <int BN, int STAGES, bool RES>
 struct Layout {
     static constexpr int kABytes = kBM * kBK * 2;
     static constexpr int kBBytes = BN * kBK * 2;
     static constexpr int kStageBytes = kABytes + kBBytes;
     static constexpr int kResBoxBytes = 64 * 32 * 4;
-    static constexpr size_t kBarrierBytes = (2 * STAGES + 2) * sizeof(uint64_t);
+    static constexpr size_t kBarrierBytes = 2 * STAGES * sizeof(uint64_t);
     // + 1024: the dynamic window is only 16-byte aligned and the swizzle atoms need 1024.
     static constexpr size_t kFixedBytes = 1024 + (size_t)STAGES * kStageBytes + kBarrierBytes;
     static constexpr int kResBufs = !RES ? 0 : kFixedBytes + 2 * kConsumers * kResBoxBytes <= 227 * 1024 ? 2 : 1;
@@ -439,12 +436,6 @@ struct Layout {
     static constexpr size_t kBarrierOffset = kResOffset + (size_t)kResBufs * kConsumers * kResBoxBytes;
     static constexpr size_t kSmemBytes = 1024 + kBarrierOffset + kBarrierBytes;
     static_assert(kSmemBytes <= 227 * 1024, "stages do not fit in shared memory");
-    static constexpr int kTileBoxes = kConsumers * BN / 32;
-    static constexpr int kBoxesPerStage = kStageBytes / kResBoxBytes;
-    static constexpr int kSlotBoxes = kTileBoxes > kResBufs * kConsumers ? kTileBoxes - kResBufs * kConsumers : 0;
-    static constexpr int kEpiSlots = CEIL_DIV(kSlotBoxes, kBoxesPerStage);
-    // At least one slot left for the next tile's first k tile while the boxes drain.
-    static constexpr bool kRingEpilogue = RES && kEpiSlots >= 1 && kEpiSlots < STAGES;
 };
 
 // The TMA epilogue: consumer warpgroup `consumer` (thread ct of 128, warp `warp`) writes its
@@ -456,48 +447,41 @@ struct Layout {
 // tile; one tile touches each residual element once, so the sum is the plain fp32 add of the
 // register epilogue. The stores: the register epilogue writes 4-byte pairs, 16 bytes per row and
 // warp instruction, which the consumers issue before their next tile's first MMA.
-// Box j of a warpgroup's 64 x BN accumulators (32 fp32 columns, or BF16: 64 bf16 columns) into
-// shared memory at `box`, in the 128-byte swizzle the destination's tensor map reads.
-template <int BN, bool BF16>
-__device__ __forceinline__ void write_box(unsigned char* box, int warp, int lane, int j, const float (&acc)[BN / 2]) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + g + 8 * h;
-        if constexpr (BF16) {
-            // Accumulator group i = 8 j + ii holds columns 8 ii + 2 t, + 1 of the box: 16-byte
-            // chunk ii of the row, swizzled; the 32 lanes hit 32 different banks.
-#pragma unroll
-            for (int ii = 0; ii < 8; ++ii) {
-                const int i = 8 * j + ii;
-                *reinterpret_cast<uint32_t*>(box + r * 128 + (ii ^ (r & 7)) * 16 + 4 * t) =
-                    util::pack_bf16x2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-            }
-        } else {
-#pragma unroll
-            for (int ii = 0; ii < 4; ++ii) {
-                const int i = 4 * j + ii;
-                const int chunk = (2 * ii + (t >> 1)) ^ (r & 7);
-                *reinterpret_cast<float2*>(box + r * 128 + chunk * 16 + 8 * (t & 1)) =
-                    make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-            }
-        }
-    }
-}
-
 template <int BN, int STAGES, bool BF16>
 __device__ __forceinline__ void epilogue_tma(const CUtensorMap* map, unsigned char* box_smem, int consumer, int ct,
                                              int warp, int lane, int row0, int col0, int width, bool add,
                                              const float (&acc)[BN / 2]) {
     using L = Layout<BN, STAGES, true>;
     constexpr int kBoxCols = BF16 ? 64 : 32;
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < BN / kBoxCols; ++j) {
         if (col0 + kBoxCols * j >= width) break;  // the same for the whole warpgroup
         unsigned char* box = box_smem + (consumer * L::kResBufs + j % L::kResBufs) * L::kResBoxBytes;
         if (ct == 0) hopper::bulk_wait_read<L::kResBufs - 1>();  // TMA is done reading this box
         hopper::named_barrier_sync(2 + consumer, 128);
-        write_box<BN, BF16>(box, warp, lane, j, acc);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + g + 8 * h;
+            if constexpr (BF16) {
+                // Accumulator group i = 8 j + ii holds columns 8 ii + 2 t, + 1 of the box: 16-byte
+                // chunk ii of the row, swizzled; the 32 lanes hit 32 different banks.
+#pragma unroll
+                for (int ii = 0; ii < 8; ++ii) {
+                    const int i = 8 * j + ii;
+                    *reinterpret_cast<uint32_t*>(box + r * 128 + (ii ^ (r & 7)) * 16 + 4 * t) =
+                        util::pack_bf16x2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                }
+            } else {
+#pragma unroll
+                for (int ii = 0; ii < 4; ++ii) {
+                    const int i = 4 * j + ii;
+                    const int chunk = (2 * ii + (t >> 1)) ^ (r & 7);
+                    *reinterpret_cast<float2*>(box + r * 128 + chunk * 16 + 8 * (t & 1)) =
+                        make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                }
+            }
+        }
         hopper::fence_proxy_async_shared();
         hopper::named_barrier_sync(2 + consumer, 128);
         if (ct == 0) {
@@ -506,30 +490,6 @@ __device__ __forceinline__ void epilogue_tma(const CUtensorMap* map, unsigned ch
             hopper::bulk_commit();
         }
     }
-}
-
-// The ring epilogue (GemmArgs::epilogue_ring: AddResidual and StoreF32, one K range per tile).
-// Two staging boxes per warpgroup make a consumer wait for TMA to drain a box six times a tile,
-// with the tensor cores idle: on the Llama-3-8B wo the fp32 add costs ~5 us a tile that way
-// (bytes in flight / L2 round trip). Here the whole fp32 tile is staged at once, in kEpiSlots
-// ring slots the producer leaves unloaded after each tile plus the staging boxes: the consumers
-// write every box, signal `staged` and start the next tile on the k tiles the producer loaded
-// first; the producer issues every box's TMA add or store, refills those slots once TMA has read
-// them, and then frees the staging boxes for the next epilogue (`boxes_free`).
-// Ring positions: a tile's k tiles, then its kEpiSlots epilogue positions. The producer loads the
-// next tile's first STAGES - kEpiSlots k tiles before it handles the epilogue positions, and
-// closes their full phases with a plain arrival (no bytes); the consumers release them as usual:
-// every barrier stays one phase per position.
-// Box b (warpgroup b / (BN / 32), column box b % (BN / 32)) lies in the epilogue slots while
-// b < kSlotBoxes, in staging box b - kSlotBoxes after.
-template <int BN, int STAGES>
-__device__ __forceinline__ unsigned char* ring_box(unsigned char* smem, int first_slot, int b) {
-    using L = Layout<BN, STAGES, true>;
-    if (b < L::kSlotBoxes) {
-        const int slot = (first_slot + b / L::kBoxesPerStage) % STAGES;
-        return smem + slot * L::kStageBytes + (b % L::kBoxesPerStage) * L::kResBoxBytes;
-    }
-    return smem + L::kResOffset + (b - L::kSlotBoxes) * L::kResBoxBytes;
 }
 
 // Tile order: consecutive tiles walk down `group_m` tile rows before moving one tile column
@@ -616,14 +576,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char* smem = raw + ((1024 - (ptx::smem_addr(raw) & 1023)) & 1023);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
     uint64_t* empty = full + STAGES;
-    uint64_t* staged = empty + STAGES;  // ring epilogue: both consumers' boxes are written
-    uint64_t* boxes_free = staged + 1;  // ring epilogue: TMA has read the last epilogue's boxes
-    // Only instances whose layout has room run the ring epilogue; the launcher sets the flag so.
-    constexpr bool kRingCapable = !SWIGLU && ROPE_HD == 0 && CLUSTER == 1 && L::kRingEpilogue;
-    const bool ring = kRingCapable && p.epilogue_ring;
-    constexpr int kEpiSlots = kRingCapable ? L::kEpiSlots : 0;
-    static_assert(!kRingCapable || (L::kSlotBoxes < L::kTileBoxes && kEpiSlots <= 3),
-                  "the ring epilogue's read waits count a group per slot (at most 3) and one for the staging boxes");
     const int warpgroup = threadIdx.x / 128;
     const uint32_t rank = CLUSTER == 1 ? 0 : hopper::cluster_rank();
     if (threadIdx.x == 0) {
@@ -631,8 +583,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             hopper::mbarrier_init(full + s, 1);
             hopper::mbarrier_init(empty + s, kConsumers * 4 * CLUSTER);
         }
-        hopper::mbarrier_init(staged, kConsumers);
-        hopper::mbarrier_init(boxes_free, 1);
         hopper::fence_barrier_init();
     }
     if (CLUSTER == 1) __syncthreads();
@@ -663,90 +613,35 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x == 0) {
             hopper::prefetch_tensor_map(&x_map);
             hopper::prefetch_tensor_map(&w_map);
-            if (ring) hopper::prefetch_tensor_map(&out_map);
-            // Ring epilogue: the last epilogue's slots TMA may still be reading (a bit per slot; its
-            // boxes went out as one bulk group per slot, first_epi's first, then one for the
-            // staging boxes), and whether the staging boxes may be.
-            uint32_t unread = 0;
-            bool boxes_unread = false;
-            int first_epi = 0;
-            // k tile kt of tile (tm, tn) into the slot of ring position q.
-            auto load = [&](int q, int tm, int tn, int kt) {
-                const int stage = q % STAGES;
-                const uint32_t phase = (q / STAGES) & 1;
-                if (unread >> stage & 1) {
-                    // Groups after this slot's may still be read: the later slots' and the boxes'.
-                    const int later = kEpiSlots - (stage - first_epi + STAGES) % STAGES;
-                    if (later >= 2) hopper::bulk_wait_read<2>();
-                    else if (later == 1) hopper::bulk_wait_read<1>();
-                    else hopper::bulk_wait_read<0>();
-                    unread &= ~(1u << stage);
-                }
-                const int m0 = tm * kBM, col0 = tn * kTileCols;
-                // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
-                // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
-                const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
-                hopper::mbarrier_wait(empty + stage, phase ^ 1);
-                unsigned char* a = smem + stage * L::kStageBytes;
-                unsigned char* b = a + L::kABytes;
-                hopper::mbarrier_arrive_expect_tx(full + stage, L::kStageBytes);
-                hopper::tma_load_2d(a, &x_map, kt * kBK, m0, full + stage);
-                if (CLUSTER == 1) {
-                    hopper::tma_load_2d(b, &w_map, kt * kBK, b_row0, full + stage);
-                    hopper::tma_load_2d(b + L::kBBytes / 2, &w_map, kt * kBK, b_row1, full + stage);
-                } else {
-                    hopper::tma_load_2d_multicast(b + rank * (L::kBBytes / 2), &w_map, kt * kBK,
-                                                  rank ? b_row1 : b_row0, full + stage, 0x3);
-                }
-            };
-            int pos = 0, preloaded = 0, epilogues = 0;
+            int stage = 0;
+            uint32_t phase = 0;
             for (int work = first_work; work < num_work; work += work_stride) {
                 int tm, tn, k_begin, k_end;
                 tile_coords(work, tm, tn);
                 k_range(work, k_begin, k_end);
-                for (int kt = k_begin + preloaded; kt < k_end; ++kt) load(pos + kt - k_begin, tm, tn, kt);
-                pos += k_end - k_begin;
-                if (!ring) continue;
-                // The next tile's first k tiles, then this tile's epilogue positions.
-                const int epi = pos;
-                pos += kEpiSlots;
-                preloaded = 0;
-                if (work + work_stride < num_work) {
-                    int tm2, tn2, kb2, ke2;
-                    tile_coords(work + work_stride, tm2, tn2);
-                    k_range(work + work_stride, kb2, ke2);
-                    preloaded = min(STAGES - kEpiSlots, ke2 - kb2);
-                    for (int i = 0; i < preloaded; ++i) load(pos + i, tm2, tn2, kb2 + i);
-                }
-                // The consumers stage only once TMA has read the last epilogue's boxes.
-                if (boxes_unread) {
-                    hopper::bulk_wait_read<0>();
-                    hopper::mbarrier_arrive(boxes_free);
-                    unread = 0;
-                    boxes_unread = false;
-                }
-                hopper::mbarrier_wait(staged, epilogues & 1);
-                for (int e = 0; e < kEpiSlots; ++e) hopper::mbarrier_arrive(full + (epi + e) % STAGES);
                 const int m0 = tm * kBM, col0 = tn * kTileCols;
-                first_epi = epi % STAGES;
-#pragma unroll 1
-                for (int bx = 0; bx < L::kTileBoxes; ++bx) {
-                    const int row = m0 + 64 * (bx / (BN / 32)), col = col0 + 32 * (bx % (BN / 32));
-                    if (row < p.M && col < p.width) {
-                        const unsigned char* box = ring_box<BN, STAGES>(smem, first_epi, bx);
-                        if (p.ep == Epilogue::AddResidual) hopper::tma_reduce_add_2d(&out_map, box, col, row);
-                        else hopper::tma_store_2d(&out_map, box, col, row);
+                // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
+                // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
+                const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
+                for (int kt = k_begin; kt < k_end; ++kt) {
+                    hopper::mbarrier_wait(empty + stage, phase ^ 1);
+                    unsigned char* a = smem + stage * L::kStageBytes;
+                    unsigned char* b = a + L::kABytes;
+                    hopper::mbarrier_arrive_expect_tx(full + stage, L::kStageBytes);
+                    hopper::tma_load_2d(a, &x_map, kt * kBK, m0, full + stage);
+                    if (CLUSTER == 1) {
+                        hopper::tma_load_2d(b, &w_map, kt * kBK, b_row0, full + stage);
+                        hopper::tma_load_2d(b + L::kBBytes / 2, &w_map, kt * kBK, b_row1, full + stage);
+                    } else {
+                        hopper::tma_load_2d_multicast(b + rank * (L::kBBytes / 2), &w_map, kt * kBK,
+                                                      rank ? b_row1 : b_row0, full + stage, 0x3);
                     }
-                    // One group per epilogue slot, then one for the staging boxes.
-                    if (bx + 1 == L::kTileBoxes || bx + 1 == L::kSlotBoxes ||
-                        (bx + 1 < L::kSlotBoxes && (bx + 1) % L::kBoxesPerStage == 0))
-                        hopper::bulk_commit();
+                    if (++stage == STAGES) {
+                        stage = 0;
+                        phase ^= 1;
+                    }
                 }
-                for (int e = 0; e < kEpiSlots; ++e) unread |= 1u << ((epi + e) % STAGES);
-                boxes_unread = true;
-                ++epilogues;
             }
-            if (ring) hopper::bulk_wait_all();  // the adds have landed; no TMA still reads the boxes
         }
     } else {
         hopper::regs_increase<kConsumerRegs>();
@@ -757,7 +652,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             hopper::mbarrier_arrive(empty + slot);
             if (CLUSTER == 2) hopper::mbarrier_arrive_cluster(empty + slot, rank ^ 1);
         };
-        int stage = 0, epilogues = 0;
+        int stage = 0;
         uint32_t phase = 0;
         float acc[BN / 2];
         for (int work = first_work; work < num_work; work += work_stride) {
@@ -797,33 +692,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                 continue;  // another split of this tile finishes it
 
             const int row0 = m0 + consumer * 64, ct = threadIdx.x & 127;  // this warpgroup's rows
-            if (ring) {
-                // Once TMA has read the last epilogue's staging boxes and both consumers are done
-                // with the epilogue slots' k tiles: every box of the tile at once, then the next tile.
-                if (epilogues > 0) hopper::mbarrier_wait(boxes_free, (epilogues - 1) & 1);
-                const int first_slot = stage;
-                for (int e = 0; e < kEpiSlots; ++e) {
-                    hopper::mbarrier_wait(empty + stage, phase ^ 1);
-                    if (++stage == STAGES) {
-                        stage = 0;
-                        phase ^= 1;
-                    }
-                }
-                if (row0 < p.M) {
-#pragma unroll
-                    for (int j = 0; j < BN / 32; ++j) {
-                        if (col0 + 32 * j < p.width)
-                            write_box<BN, false>(ring_box<BN, STAGES>(smem, first_slot, consumer * (BN / 32) + j),
-                                                 warp, lane, j, acc);
-                    }
-                }
-                hopper::fence_proxy_async_shared();
-                hopper::named_barrier_sync(2 + consumer, 128);
-                if (ct == 0) hopper::mbarrier_arrive(staged);
-                for (int e = 0; e < kEpiSlots; ++e) release((first_slot + e) % STAGES);
-                ++epilogues;
-                continue;
-            }
             if constexpr (ROPE_HD > 0) {
                 // Tiles of q heads only through TMA (a tile that also holds k heads, as SmolLM2's
                 // 576 q columns leave one, takes the register stores below).
@@ -939,19 +807,12 @@ int resident_clusters(KernelFn kernel, int cluster, size_t smem) {
     return std::max(1, n);
 }
 
-// LLAMA_BRRR_GEMM_RING_EPILOGUE=1 stages AddResidual / StoreF32 tiles whole (ring_box), read once.
-bool ring_epilogue_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMM_RING_EPILOGUE", false);
-    return on;
-}
-
 // One configuration: BN columns of W per tile, STAGES ring slots, CLUSTER CTAs sharing W
 // tiles; at most `max_ctas` CTAs walk the tiles (0: one CTA per tile), and with CLUSTER > 1 no
 // more clusters than fit at once; K split `splits` ways (p.out.split must then hold splits slots
 // per tile and a counter per tile).
 template <int BN, int STAGES, int CLUSTER = 1>
-void launch(const GemmArgs& args, int max_ctas, int group_m, cudaStream_t stream, int splits = 1) {
-    GemmArgs p = args;
+void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, int splits = 1) {
     const bool swiglu = p.ep == Epilogue::SwiGLU;
     const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
     const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
@@ -976,9 +837,6 @@ void launch(const GemmArgs& args, int max_ctas, int group_m, cudaStream_t stream
                                                            p.out.split.floats &&
                                      tiles.tiles_m * tiles.tiles_n <= p.out.split.n_counters),
                "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
-    p.epilogue_ring = ring_epilogue_enabled() && Layout<BN, STAGES, true>::kRingEpilogue && CLUSTER == 1 &&
-                      tiles.splits == 1 && p.epilogue_tma &&
-                      (p.ep == Epilogue::AddResidual || p.ep == Epilogue::StoreF32);
     const bool res = p.ep != Epilogue::SwiGLU;  // as pick_kernel's instances
     const size_t smem = res ? Layout<BN, STAGES, true>::kSmemBytes : Layout<BN, STAGES, false>::kSmemBytes;
     const KernelFn kernel = pick_kernel<BN, STAGES, CLUSTER>(p);
@@ -1118,7 +976,6 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     p.half_n = N / 2;
     p.ep = ep;
     p.split_release = split_release_enabled();
-    p.epilogue_ring = false;
     // Only the Hopper kernel reads the flag; the mma.sync kernel always stores from registers. TMA
     // needs 16-byte aligned bases and row strides.
     switch (ep) {
