@@ -233,6 +233,14 @@ def test_gemm_many_tiles_per_cta(ops, gen, epilogue):
     check_matmul(ops, "gemm_bf16", 2000, 4104, 576, epilogue, gen)
 
 
+@pytest.mark.parametrize("epilogue", [STORE_F32, ADD_RESIDUAL], ids=["store_f32", "add_residual"])
+@pytest.mark.parametrize("K", [64, 136], ids=["one-k-tile", "three-k-tiles"])
+def test_gemm_short_k_many_tiles_per_cta(ops, gen, K, epilogue):
+    """Tiles of one to three k tiles, several per CTA: on Hopper the ring runs on from tile to tile
+    every k tile or two, while the epilogue's staging boxes are still being drained."""
+    check_matmul(ops, "gemm_bf16", 2000, 4104, K, epilogue, gen)
+
+
 @pytest.mark.parametrize("M,N,K", [(300, 4096, 4096), (2048, 6144, 4096), (515, 4096, 14336)],
                          ids=["narrow-tiles", "wide-tiles", "long-k"])
 def test_gemm_llama_shapes(ops, gen, M, N, K):

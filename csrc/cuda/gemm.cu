@@ -447,17 +447,24 @@ struct Layout {
 // tile; one tile touches each residual element once, so the sum is the plain fp32 add of the
 // register epilogue. The stores: the register epilogue writes 4-byte pairs, 16 bytes per row and
 // warp instruction, which the consumers issue before their next tile's first MMA.
+// `boxes` counts the warpgroup's boxes over all its tiles: box n goes to staging box n % kResBufs,
+// so the one bulk group that may still be pending when box n is written is box n - 1's, in the
+// other staging box. (Counting from 0 again at each tile, as until 2026-11-25, broke this after a
+// tile with an odd box count, an N tail: its last box and the next tile's first shared a staging
+// box that TMA could still be reading. On H100, M = 2000, N = 4104, K = 64 / 136 added wrong values
+// in the tail boxes, tests/test_cuda_kernels.py's short-K test; longer tiles left TMA time enough.)
 template <int BN, int STAGES, bool BF16>
 __device__ __forceinline__ void epilogue_tma(const CUtensorMap* map, unsigned char* box_smem, int consumer, int ct,
                                              int warp, int lane, int row0, int col0, int width, bool add,
-                                             const float (&acc)[BN / 2]) {
+                                             int& boxes, const float (&acc)[BN / 2]) {
     using L = Layout<BN, STAGES, true>;
     constexpr int kBoxCols = BF16 ? 64 : 32;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < BN / kBoxCols; ++j) {
         if (col0 + kBoxCols * j >= width) break;  // the same for the whole warpgroup
-        unsigned char* box = box_smem + (consumer * L::kResBufs + j % L::kResBufs) * L::kResBoxBytes;
+        unsigned char* box = box_smem + (consumer * L::kResBufs + boxes % L::kResBufs) * L::kResBoxBytes;
+        ++boxes;
         if (ct == 0) hopper::bulk_wait_read<L::kResBufs - 1>();  // TMA is done reading this box
         hopper::named_barrier_sync(2 + consumer, 128);
 #pragma unroll
@@ -654,6 +661,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         };
         int stage = 0;
         uint32_t phase = 0;
+        int staged_boxes = 0;  // epilogue_tma's boxes so far, over every tile of this warpgroup
         float acc[BN / 2];
         for (int work = first_work; work < num_work; work += work_stride) {
             int tm, tn, k_begin, k_end;
@@ -699,7 +707,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (row0 >= p.M) continue;
                     rope_q_in_place<BN, ROPE_HD>(p, row0 + warp * 16 + (lane >> 2), lane & 3, acc);
                     epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
-                                                   col0, p.out.rope.n_heads * ROPE_HD, false, acc);
+                                                   col0, p.out.rope.n_heads * ROPE_HD, false, staged_boxes, acc);
                     continue;
                 }
             }
@@ -707,10 +715,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (row0 >= p.M) continue;
                 if (p.ep == Epilogue::StoreBf16) {
                     epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0, col0,
-                                                   p.width, false, acc);
+                                                   p.width, false, staged_boxes, acc);
                 } else {
                     epilogue_tma<BN, STAGES, false>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
-                                                    col0, p.width, p.ep == Epilogue::AddResidual, acc);
+                                                    col0, p.width, p.ep == Epilogue::AddResidual, staged_boxes, acc);
                 }
                 continue;
             }
