@@ -55,13 +55,18 @@
 // residual add 0.88. Neither asking L2 for the residual of only each CTA's last tile (the wave
 // nothing hides) nor exiting once TMA has read the boxes instead of once the adds have landed
 // gained (gemm_residual_last.txt, gemm_exit_read.txt), and adding each thread's accumulators by
-// red.global.add.v4 with no staging at all lost (0.84, gemm_residual_red.txt). StoreF32 /
-// StoreBf16 on Hopper go the same way, through TMA stores of the staged boxes (64 bf16 columns a
-// box), instead of 4-byte pair stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs those):
-// H100, Llama-3-8B wqkv with the bf16 store at M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88 of
-// cuBLAS from registers, 0.99 / 0.99 / 0.99 through TMA (gemm_store_tma.txt). RopeKV rotates a tile of q heads in registers and stores
-// it the same way (q_out is a plain [M, q_dim] matrix); k / v tiles, whose rows land at each row's
-// cache slot and position, keep the register stores.
+// red.global.add.v4 with no staging at all lost (0.84, gemm_residual_red.txt), and so did staging
+// a whole tile at once in ring slots (0.85, gemm_ring_epilogue.txt). What pays: the producer asks
+// L2 for the tile's residual box by box over the last quarter of its main loop, where tiles
+// outnumber CTAs. A wave's epilogues all come at once, so their residual reads met HBM as one
+// burst; the asks above were bursts too. 8B wo at M = 2048: 0.873 -> 0.897 of cuBLAS in one run
+// (gemm_residual_spread.txt; LLAMA_BRRR_GEMM_RESIDUAL_SPREAD).
+// StoreF32 / StoreBf16 on Hopper go the same way, through TMA stores of the staged boxes (64 bf16
+// columns a box), instead of 4-byte pair stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs
+// those): H100, Llama-3-8B wqkv with the bf16 store at M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88
+// of cuBLAS from registers, 0.99 / 0.99 / 0.99 through TMA (gemm_store_tma.txt). RopeKV rotates a
+// tile of q heads in registers and stores it the same way (q_out is a plain [M, q_dim] matrix);
+// k / v tiles, whose rows land at each row's cache slot and position, keep the register stores.
 //
 // matmul_bf16 picks the GEMV (gemv.cu) for M <= kGemvMaxRows, gemm_bf16 above.
 #include <cuda.h>
@@ -105,6 +110,8 @@ struct GemmArgs {
     int half_n;  // H: first up row of w13 (SwiGLU only)
     bool pair_stores;  // two adjacent outputs may be written as one 4- or 8-byte store
     bool epilogue_tma;  // Hopper AddResidual / StoreF32 / StoreBf16: staged in shared memory, written by TMA
+    int residual_spread;  // Hopper AddResidual by TMA: L2 asked for the residual box by box over the
+                          // main loop's last 1 / residual_spread (0: not asked)
     bool rope_q_tma;    // Hopper RopeKV: q tiles rotated in registers, then stored like StoreBf16
     bool split_release;  // split-K: count a finished split with one acq_rel atomic (else fences + atomic)
     Epilogue ep;
@@ -620,6 +627,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x == 0) {
             hopper::prefetch_tensor_map(&x_map);
             hopper::prefetch_tensor_map(&w_map);
+            // AddResidual by TMA, one K range per tile: the tile's residual boxes are asked of L2
+            // one at a time, spread over its main loop, so that a wave's epilogues (which all
+            // come at once: equal tiles, one CTA per SM) find them there instead of reading HBM
+            // in one burst.
+            constexpr int kResidualBoxes = kConsumers * BN / 32;
+            // Only where tiles outnumber CTAs: in a single wave nothing would come of it but the
+            // prefetches' own traffic (the 8B wo / w2 at M = 512 lost 4-5%).
+            const int spread = !SWIGLU && ROPE_HD == 0 && p.epilogue_tma && tiles.splits == 1 && num_work > work_stride
+                                   ? p.residual_spread : 0;
             int stage = 0;
             uint32_t phase = 0;
             for (int work = first_work; work < num_work; work += work_stride) {
@@ -630,7 +646,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                 // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
                 const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
+                int next_box = 0;
                 for (int kt = k_begin; kt < k_end; ++kt) {
+                    // Box b goes out at k tile n - n / spread + b * n / (spread * kResidualBoxes) of the
+                    // tile's n.
+                    const int n = k_end - k_begin;
+                    while (spread > 0 && next_box < kResidualBoxes &&
+                           next_box * n <= ((kt - k_begin) * spread - n * (spread - 1)) * kResidualBoxes) {
+                        const int row = m0 + 64 * (next_box / (BN / 32)), col = col0 + 32 * (next_box % (BN / 32));
+                        if (row < p.M && col < p.width) hopper::tma_prefetch_2d(&out_map, col, row);
+                        ++next_box;
+                    }
                     hopper::mbarrier_wait(empty + stage, phase ^ 1);
                     unsigned char* a = smem + stage * L::kStageBytes;
                     unsigned char* b = a + L::kABytes;
@@ -960,6 +986,17 @@ bool residual_tma_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMM_RESIDUAL_TMA", true);
     return on;
 }
+// LLAMA_BRRR_GEMM_RESIDUAL_SPREAD=F asks L2 for each tile's residual over the last 1 / F of its
+// main loop (0: not asked), read once. H100, two alternations (gemm_residual_spread.txt, run CI):
+// the 8B wo at M = 2048 / 4096 / 8192 0.873-0.874 / 0.887 / 0.898-0.901 of cuBLAS not asked,
+// 0.896-0.898 / 0.899-0.903 / 0.906-0.910 at F = 4 (F = 2 about half that gain, F = 1 none); the
+// 1B wo at M = 4096 / 8192 0.67-0.68 / 0.69 -> 0.74-0.75 / 0.77.
+constexpr int kResidualSpread = 4;
+int residual_spread() {
+    static const int f = env_int("LLAMA_BRRR_GEMM_RESIDUAL_SPREAD", kResidualSpread);
+    return f >= 1 && f <= 64 ? f : 0;
+}
+
 bool store_tma_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMM_STORE_TMA", true);
     return on;
@@ -984,6 +1021,7 @@ GemmArgs prepare_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogu
     p.half_n = N / 2;
     p.ep = ep;
     p.split_release = split_release_enabled();
+    p.residual_spread = ep == Epilogue::AddResidual ? residual_spread() : 0;
     // Only the Hopper kernel reads the flag; the mma.sync kernel always stores from registers. TMA
     // needs 16-byte aligned bases and row strides.
     switch (ep) {

@@ -138,6 +138,13 @@ __device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const 
         "r"(inner), "r"(outer), "r"(ptx::smem_addr(src))
         : "memory");
 }
+// Asks L2 for the box at (inner, outer) of `map`: no shared memory, nothing to wait for.
+__device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap* map, int inner, int outer) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(inner), "r"(outer)
+                 : "memory");
+}
 // Stores the box at `src` (shared memory, laid out as `map` describes) to global memory at
 // (inner, outer) of `map`; parts of the box past the matrix are dropped. Completes as a bulk
 // group, like tma_reduce_add_2d.
