@@ -5,6 +5,8 @@
 #   build.log      nvidia-smi, the build
 #   tests.log      pytest -m cuda, then pytest -m "not cuda"
 #   sanitizer.log  compute-sanitizer --tool memcheck on a tiny model, 8 tokens, graphs on and off
+#   gemm_race.log  benchmarks/lab/gemm_residual_race.py: AddResidual checked bit for bit, repeated, on
+#                  short-K shapes with an N tail (the TMA epilogue's staging-box race)
 #   bench.log      the benchmarks' tables
 #   kernels.json   benchmarks/bench_kernels.py $KERNELS_ARGS (default --quick: 1B shapes)
 #   variants/      benchmarks/lab/decode_variants.sh: decode with each fusion switched off
@@ -33,14 +35,14 @@
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
 # sweep gets up to SWEEP_S (default 150) s, the decode variants VARIANTS_S (default 200) and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default: all of them, in this order):
-#   cuda-tests cpu-tests sanitizer kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare
+#   cuda-tests cpu-tests sanitizer gemmrace kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
-PHASES=${PHASES:-cuda-tests cpu-tests sanitizer kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare}
+PHASES=${PHASES:-cuda-tests cpu-tests sanitizer gemmrace kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare}
 BASE_DIR=${BASE_DIR:-/tmp/brrr_base}
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -161,6 +163,9 @@ print("sanitized run done")
 EOF
     wanted sanitizer && phase sanitizer 120 "$OUT/sanitizer.log" "$SANITIZER" --tool memcheck \
         --error-exitcode 1 --leak-check no python3 /tmp/brrr_sanitize.py
+
+    wanted gemmrace && phase gemmrace 60 "$OUT/gemm_race.log" python3 benchmarks/lab/gemm_residual_race.py \
+        --ks 64,136,576 --repeats 5
 
     # ---- benchmarks -------------------------------------------------------------------------------
     # shellcheck disable=SC2086  # KERNELS_ARGS is a list of arguments
