@@ -646,11 +646,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                 // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
                 const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
+                // Residual box b goes out at k tile n - n / spread + b * n / (spread * kResidualBoxes)
+                // of the tile's n.
+                const int n = k_end - k_begin;
                 int next_box = 0;
                 for (int kt = k_begin; kt < k_end; ++kt) {
-                    // Box b goes out at k tile n - n / spread + b * n / (spread * kResidualBoxes) of the
-                    // tile's n.
-                    const int n = k_end - k_begin;
                     while (spread > 0 && next_box < kResidualBoxes &&
                            next_box * n <= ((kt - k_begin) * spread - n * (spread - 1)) * kResidualBoxes) {
                         const int row = m0 + 64 * (next_box / (BN / 32)), col = col0 + 32 * (next_box % (BN / 32));
