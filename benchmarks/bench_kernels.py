@@ -14,7 +14,10 @@ copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from 
   gemm          prefill projections at M = 128, 512, 2048, 4096, 8192: TFLOP/s against
                 torch.matmul, and as a fraction of the measured GEMM ceiling (best cuBLAS TFLOP/s
                 of an 8192^3 bf16 matmul). wqkv also as the engine calls it (RMSNorm first, RoPE +
-                KV-cache append in the epilogue) against the same call with a plain store.
+                KV-cache append in the epilogue) against the same call with a plain store. The fp32
+                epilogues also against cuBLAS doing the same job in one call ("x same job": wo / w2
+                as an addmm into the fp32 residual, beta = 1), since the plain matmul writes half
+                the bytes and reads none back.
   flash_decode  one query per sequence over 128 / 2048 / 8192 cached positions (1B: hd 64,
                 8B: hd 128, 32 query / 8 KV heads): GB/s of K/V read, against torch SDPA.
   prefill       causal attention of T new tokens (T = 512, 2048, 8192, 16384): TFLOP/s against torch
@@ -180,6 +183,27 @@ class Matmul:
     def cublas(self, i):
         torch.matmul(self.x, self.weights[i % len(self.weights)].T, out=self.torch_out)
 
+    def cublas_same_job(self):
+        """cuBLAS asked for what our epilogue delivers, in one call: the fp32 store as a bf16 x bf16
+        -> fp32 matmul, the residual add as an addmm into the fp32 residual itself (beta = 1: read,
+        add, write back, as ours). The plain bf16 matmul (cublas) leaves that traffic out. None where
+        one call cannot (SwiGLU, the bf16 store: the plain matmul is that job) or where this torch
+        has no out_dtype matmul (torch.mm / addmm with out_dtype, CUDA only)."""
+        if self.epilogue == STORE_F32:
+            def run(i):
+                torch.mm(self.x, self.weights[i % len(self.weights)].T, out_dtype=torch.float32, out=self.out)
+        elif self.epilogue == ADD_RESIDUAL:
+            def run(i):
+                torch.addmm(self.out, self.x, self.weights[i % len(self.weights)].T, out_dtype=torch.float32,
+                            out=self.out)
+        else:
+            return None
+        try:
+            run(0)
+        except (RuntimeError, TypeError):
+            return None
+        return run
+
 
 def bench_gemv(ops, shapes, repeats, copy_bw):
     rows = []
@@ -273,6 +297,11 @@ def bench_gemm(ops, shapes, ms, repeats, ceiling):
                        "ours_frac_of_gemm_ceiling": flops / ours["median_s"] / ceiling,
                        "cublas_TFLOPs": flops / theirs["median_s"] / 1e12,
                        "speedup_vs_cublas": theirs["median_s"] / ours["median_s"]}
+                same_job = mm.cublas_same_job()
+                if same_job is not None:
+                    same = device_times(same_job, repeats)
+                    row.update({"cublas_same_job": same,
+                                "speedup_vs_cublas_same_job": same["median_s"] / ours["median_s"]})
                 if name == "wqkv":
                     row["engine_call"] = bench_wqkv_rope(ops, config, mm, repeats)
                 rows.append(row)
@@ -393,11 +422,14 @@ def print_tables(result):
             cells = "".join(f"{r[k]['median_s'] * 1e6:>10.1f} ({100 * r['frac_of_copy'][k]:>3.0f}%)"
                             for k in ("cuda_cores", "tensor_cores", "gemm"))
             print(f"{r['shape'] + ' ' + r['proj']:<24}{r['M']:>4}{cells}")
-    print(f"\n{'gemm':<24}{'M':>6}{'N x K':>14}{'ours TF/s':>11}{'% ceil':>8}{'cuBLAS TF/s':>13}{'x cuBLAS':>9}")
+    print(f"\n{'gemm':<24}{'M':>6}{'N x K':>14}{'ours TF/s':>11}{'% ceil':>8}{'cuBLAS TF/s':>13}{'x cuBLAS':>9}"
+          f"{'x same job':>11}")
     for r in result["gemm"]:
+        same = r.get("speedup_vs_cublas_same_job")
         print(f"{r['shape'] + ' ' + r['proj']:<24}{r['M']:>6}{str(r['N']) + 'x' + str(r['K']):>14}"
               f"{r['ours_TFLOPs']:>11.1f}{100 * r['ours_frac_of_gemm_ceiling']:>7.1f}%"
-              f"{r['cublas_TFLOPs']:>13.1f}{r['speedup_vs_cublas']:>9.2f}")
+              f"{r['cublas_TFLOPs']:>13.1f}{r['speedup_vs_cublas']:>9.2f}"
+              + (f"{same:>11.2f}" if same else f"{'-':>11}"))
     print(f"\n{'wqkv as the engine calls it':<28}{'M':>6}{'norm+store us':>15}{'norm+RoPE us':>14}{'RoPE us':>9}")
     for r in result["gemm"]:
         call = r.get("engine_call")

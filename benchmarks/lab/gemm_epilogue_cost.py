@@ -1,6 +1,7 @@
 """gemm_epilogue_cost.py — what the Hopper GEMM's epilogue costs on one projection shape: the same
 x and W through gemm_bf16 with each epilogue (bf16 store, fp32 store, fp32 residual add), beside
-cuBLAS's plain bf16 matmul, device time from the kernels' own durations (bench_kernels.py's
+cuBLAS's plain bf16 matmul and, for the fp32 epilogues, cuBLAS doing the same job in one call
+(bench_kernels.py's Matmul.cublas_same_job: an fp32-out matmul, an addmm into the residual), device time from the kernels' own durations (bench_kernels.py's
 method). The Llama-3-8B wo (K = 4096) is where the fp32 residual add shows most: its tiles have the
 shortest main loop per output byte.
 
@@ -31,7 +32,8 @@ def main():
     args = ap.parse_args()
     from llama_brrr import _C
     ops = _C.cuda_ops
-    print(f"{'setting':12} {'N':>6} {'K':>6} {'M':>5} {'epilogue':13} {'us':>8} {'cuBLAS us':>9} {'x cuBLAS':>8}")
+    print(f"{'setting':12} {'N':>6} {'K':>6} {'M':>5} {'epilogue':13} {'us':>8} {'cuBLAS us':>9} {'x cuBLAS':>8}"
+          f" {'same-job us':>11} {'x same':>6}")
     for shape in args.shapes.split(","):
         N, K = (int(v) for v in shape.split("x"))
         for M in (int(v) for v in args.ms.split(",")):
@@ -41,13 +43,18 @@ def main():
                 ours = device_times(mm.ours("gemm_bf16"), args.repeats)
                 theirs = device_times(mm.cublas, args.repeats)
                 ratio = theirs["median_s"] / ours["median_s"]
+                same_job = mm.cublas_same_job()
+                same = device_times(same_job, args.repeats) if same_job else None
+                same_cells = (f" {same['median_s'] * 1e6:11.1f} {same['median_s'] / ours['median_s']:6.3f}"
+                              if same else f" {'-':>11} {'-':>6}")
                 name = EPILOGUE_NAMES[epilogue]
                 print(f"{args.label:12} {N:6} {K:6} {M:5} {name:13} {ours['median_s'] * 1e6:8.1f} "
-                      f"{theirs['median_s'] * 1e6:9.1f} {ratio:8.3f}")
+                      f"{theirs['median_s'] * 1e6:9.1f} {ratio:8.3f}" + same_cells)
                 if args.json:
                     with open(args.json, "a") as f:
                         f.write(json.dumps({"setting": args.label, "N": N, "K": K, "M": M, "epilogue": name,
-                                            "ours": ours, "cublas": theirs, "x_cublas": ratio}) + "\n")
+                                            "ours": ours, "cublas": theirs, "x_cublas": ratio,
+                                            "cublas_same_job": same}) + "\n")
                 del mm
 
 
