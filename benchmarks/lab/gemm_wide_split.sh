@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gemm_wide_split.sh — M = 512 projections as 256-column tiles with K split to fill one wave
-# (LLAMA_BRRR_GEMM_WIDE_SPLIT=1) against one wave of 128-column tiles (=0), on a built tree:
+# (LLAMA_BRRR_GEMM_WIDE_SPLIT=1, a switch of the tree at 6dccef8, retired after run CN: slower)
+# against one wave of 128-column tiles (=0), on a built tree:
 #   1. gemm_epilogue_cost.py at M = 512 on the 8B wo / w2 / wqkv and 1B wo / w2 / wqkv shapes,
 #      bf16 store and residual add, alternated twice;
 #   2. prefill of 512 tokens (one M = 512 chunk), both shapes, end to end, alternated twice;

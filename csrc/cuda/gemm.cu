@@ -943,23 +943,6 @@ int split_count(const GemmArgs& p, int sm_count) {
     return best;
 }
 
-// Experiment: LLAMA_BRRR_GEMM_WIDE_SPLIT=1 runs a projection whose 256-column tiles fill at most
-// half of the SMs (M = 512 on the 8B wo / w2, the 1B wqkv / wo / w2) as 256-column tiles with K
-// split to fill one wave, instead of one wave of 128-column tiles: a 256-column tile reads
-// 0.75x the operand bytes per FLOP, for a round trip of fp32 partials through L2.
-int wide_split_count(const GemmArgs& p, int sm_count) {
-    static const bool on = env_flag("LLAMA_BRRR_GEMM_WIDE_SPLIT", false);
-    const SplitKScratch& sc = p.out.split;
-    if (!on || sc.partials == nullptr || sc.counters == nullptr) return 1;
-    const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;
-    const long long tiles = (long long)CEIL_DIV(p.M, sm90::kBM) * CEIL_DIV(p.width, 256 / out_per_col);
-    const int k_tiles = CEIL_DIV(p.K, sm90::kBK);
-    if (tiles > sc.n_counters) return 1;
-    const int splits = (int)std::min<long long>(std::min<long long>(sm_count / tiles, 4), k_tiles / 8);
-    if (splits < 2 || (size_t)tiles * splits * sm90::kBM * 256 > sc.floats) return 1;
-    return splits;
-}
-
 // LLAMA_BRRR_GEMM_BN=128/192/256 overrides the wave model's tile width (for measuring;
 // bench_kernels.py), read once; RopeKV never takes 192.
 int forced_tile_width() {
@@ -971,11 +954,6 @@ void launch_sm90_auto(const GemmArgs& p, int sm_count, cudaStream_t stream) {
     const int splits = split_count(p, sm_count);
     if (splits > 1) {
         sm90::launch<128, 6>(p, sm_count, 8, stream, splits);
-        return;
-    }
-    const int wide_splits = wide_split_count(p, sm_count);
-    if (wide_splits > 1) {
-        sm90::launch<256, 4>(p, sm_count, 8, stream, wide_splits);
         return;
     }
     const long long tiles_m = CEIL_DIV(p.M, sm90::kBM);
@@ -1100,7 +1078,7 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
 }
 
 // split_count keeps tiles x splits <= sm_count and tiles <= sm_count / 2.
-size_t gemm_split_scratch_floats(int sm_count) { return (size_t)sm_count * sm90::kBM * 256; }
+size_t gemm_split_scratch_floats(int sm_count) { return (size_t)sm_count * sm90::kBM * 128; }
 int gemm_split_scratch_counters(int sm_count) { return std::max(1, sm_count / 2); }
 
 void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
