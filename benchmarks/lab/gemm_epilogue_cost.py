@@ -1,9 +1,10 @@
 """gemm_epilogue_cost.py — what the Hopper GEMM's epilogue costs on one projection shape: the same
 x and W through gemm_bf16 with each epilogue (bf16 store, fp32 store, fp32 residual add), beside
 cuBLAS's plain bf16 matmul and, for the fp32 epilogues, cuBLAS doing the same job in one call
-(bench_kernels.py's Matmul.cublas_same_job: an fp32-out matmul, an addmm into the residual), device time from the kernels' own durations (bench_kernels.py's
-method). The Llama-3-8B wo (K = 4096) is where the fp32 residual add shows most: its tiles have the
-shortest main loop per output byte.
+(bench_kernels.py's Matmul.cublas_same_job: an fp32-out matmul, an addmm into the residual);
+device time from the kernels' own durations (bench_kernels.py's method). The Llama-3-8B wo
+(K = 4096) is where the fp32 residual add shows most: its tiles have the shortest main loop per
+output byte.
 
     python3 benchmarks/lab/gemm_epilogue_cost.py [--shapes 4096x4096,4096x14336] [--ms 2048,4096]
 
