@@ -60,7 +60,10 @@
 // L2 for the tile's residual box by box over the last quarter of its main loop, where tiles
 // outnumber CTAs. A wave's epilogues all come at once, so their residual reads met HBM as one
 // burst; the asks above were bursts too. 8B wo at M = 2048: 0.873 -> 0.897 of cuBLAS in one run
-// (gemm_residual_spread.txt; LLAMA_BRRR_GEMM_RESIDUAL_SPREAD).
+// (gemm_residual_spread.txt; LLAMA_BRRR_GEMM_RESIDUAL_SPREAD). A single wave (M = 512) still pays
+// the round trip at its end, 0.78-0.80 of cuBLAS's bf16 matmul but 0.91 of cuBLAS doing the same
+// add (kernels.json's same-job column); 256-column tiles with K split to fill that wave lost
+// (gemm_wide_split.txt).
 // StoreF32 / StoreBf16 on Hopper go the same way, through TMA stores of the staged boxes (64 bf16
 // columns a box), instead of 4-byte pair stores from registers (LLAMA_BRRR_GEMM_STORE_TMA=0 runs
 // those): H100, Llama-3-8B wqkv with the bf16 store at M = 2048 / 4096 / 8192: 0.85 / 0.87 / 0.88
