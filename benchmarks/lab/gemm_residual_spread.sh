@@ -22,25 +22,13 @@ for pass in 1 2; do
             --ms 512,2048,4096,8192 > "$OUT/spread${f}_$pass.txt" 2>&1 || echo "spread=$f pass $pass: rc=$?"
     done
 done
-for pass in 1 2; do
-    for f in 0 1 2; do
-        LLAMA_BRRR_GEMM_RESIDUAL_SPREAD=$f timeout -k 5 90 python3 -m llama_brrr bench --shape llama3-8b,llama3.2-1b \
-            --device cuda -b 1 -p 2048 -n 0 --repeats 5 --no-split --json "$OUT/prefill_spread${f}_$pass.json" \
-            > /dev/null 2>&1 || echo "prefill spread=$f pass $pass: rc=$?"
-    done
-done
+VAR=LLAMA_BRRR_GEMM_RESIDUAL_SPREAD VALUES="0 1 2" TAG=prefill_spread OUT="$OUT" bash benchmarks/lab/prefill_ab.sh
 {
     echo "setting           N      K     M epilogue            us cuBLAS us x cuBLAS"
     for f in "$OUT"/spread?_?.txt; do grep -E "^spread" "$f"; done | sort -k2,2n -k3,3n -k4,4n -k1,1
     echo
     echo "prefill of 2048 tokens, TTFT ms (median / min of 5):"
-    python3 - "$OUT" <<'PY'
-import glob, json, os, sys
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "prefill_spread*.json"))):
-    cells = [f"{r['model']} {1e3 * r['ttft_s']['median']:.2f} / {1e3 * r['ttft_s']['min']:.2f}"
-             for r in json.load(open(path))["runs"]]
-    print(os.path.basename(path), *cells, sep="   ")
-PY
+    python3 benchmarks/lab/prefill_ttft.py "$OUT"/prefill_spread*.json
 } > "$OUT/table.txt"
 # the device returns few files: the table first in the output, then the 8B / 1B wo rows compactly
 grep -E "^spread|^prefill" "$OUT/table.txt" | awk '{print $1, $2, $3, $4, $6, $8}' | grep -E " (4096 4096|2048 2048|4096 14336|2048 8192) " | head -200

@@ -20,21 +20,13 @@ for pass in 1 2; do
         LLAMA_BRRR_GEMM_WIDE_SPLIT=$w timeout -k 5 90 python3 benchmarks/lab/gemm_epilogue_cost.py \
             --label "wide${w}_$pass" --epilogues store_bf16,add_residual --shapes $SHAPES --ms 512 \
             >> "$OUT/epilogue.txt" 2>&1 || echo "epilogue wide=$w pass $pass: rc=$?"
-        LLAMA_BRRR_GEMM_WIDE_SPLIT=$w timeout -k 5 90 python3 -m llama_brrr bench --shape llama3-8b,llama3.2-1b \
-            --device cuda -b 1 -p 512 -n 0 --repeats 5 --no-split --json "$OUT/prefill512_wide${w}_$pass.json" \
-            > /dev/null 2>&1 || echo "prefill 512 wide=$w pass $pass: rc=$?"
     done
 done
+VAR=LLAMA_BRRR_GEMM_WIDE_SPLIT VALUES="0 1" PROMPT=512 TAG=prefill512_wide OUT="$OUT" bash benchmarks/lab/prefill_ab.sh
 timeout -k 5 120 python3 benchmarks/lab/gemm_epilogue_cost.py --label same_job --epilogues store_f32,add_residual \
     --shapes 4096x4096,4096x14336,2048x2048,2048x8192 --ms 512,2048,4096,8192 > "$OUT/same_job.txt" 2>&1 \
     || echo "same job: rc=$?"
-for pass in 1 2; do
-    for f in 0 4; do
-        LLAMA_BRRR_GEMM_RESIDUAL_SPREAD=$f timeout -k 5 90 python3 -m llama_brrr bench --shape llama3-8b,llama3.2-1b \
-            --device cuda -b 1 -p 2048 -n 0 --repeats 5 --no-split --json "$OUT/prefill2048_spread${f}_$pass.json" \
-            > /dev/null 2>&1 || echo "prefill 2048 spread=$f pass $pass: rc=$?"
-    done
-done
+VAR=LLAMA_BRRR_GEMM_RESIDUAL_SPREAD VALUES="0 4" TAG=prefill2048_spread OUT="$OUT" bash benchmarks/lab/prefill_ab.sh
 {
     echo "setting           N      K     M epilogue            us cuBLAS us x cuBLAS same-job us x same"
     grep -E "^wide" "$OUT/epilogue.txt" | sort -k2,2n -k3,3n -k5,5 -k1,1
@@ -42,12 +34,6 @@ done
     cat "$OUT/same_job.txt"
     echo
     echo "prefill, TTFT ms (median / min of 5):"
-    python3 - "$OUT" <<'PY'
-import glob, json, os, sys
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "prefill*.json"))):
-    runs = json.load(open(path))["runs"]
-    cells = [f"{r['model']} {1e3 * r['ttft_s']['median']:.2f} / {1e3 * r['ttft_s']['min']:.2f}" for r in runs]
-    print(f"{os.path.basename(path):32} " + "   ".join(cells))
-PY
+    python3 benchmarks/lab/prefill_ttft.py "$OUT"/prefill*.json
 } > "$OUT/table.txt"
 cat "$OUT/table.txt"
