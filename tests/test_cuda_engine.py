@@ -298,6 +298,75 @@ def test_decode_steps_equals_decode_and_sample_in_turn(C, rng, make_weights, gra
     np.testing.assert_array_equal(np.concatenate([first, rest]), expected_tokens)
 
 
+def greedy_params(n=1, seed=0):
+    """temperature 0, top-k / top-p / min-p / repetition penalty off; seeds."""
+    return (np.zeros(n, np.float32), np.zeros(n, np.int32), np.ones(n, np.float32), np.zeros(n, np.float32),
+            np.ones(n, np.float32), np.full(n, seed, np.uint64))
+
+
+def fused_and_plain(C, config, tensors, graphs, max_seq=96):
+    """Two engines on the same weights: the greedy tail on (the default) and off."""
+    fused = make_engine(C, config, tensors, max_seq=max_seq, max_batch=2, graphs=graphs)
+    plain = make_engine(C, config, tensors, max_seq=max_seq, max_batch=2, graphs=graphs)
+    assert fused.fused_greedy
+    plain.fused_greedy = False
+    assert not plain.fused_greedy
+    return fused, plain
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("name", ["gqa-untied-hd64", "tied-llama3-hd128"])
+def test_greedy_tail_gives_the_samplers_tokens(C, rng, make_weights, name, graphs):
+    """Batch-1 greedy decode_steps chooses its tokens in the LM head's last CTA: the sampler's
+    tokens, its logprobs within 1e-5, and the loop's state as the sampler's feed-back leaves it
+    (a second call, then decode + sample, go on from there alike)."""
+    config = CONFIGS[name]
+    fused, plain = fused_and_plain(C, config, make_weights(config, rng), graphs)
+    prompt = rng.integers(0, config.vocab_size, size=7).astype(np.int32)
+    slots, positions = np.array([1], np.int32), np.array([7], np.int32)  # slot 1: row 0 need not be slot 0
+    tokens = rng.integers(0, config.vocab_size, size=1).astype(np.int32)
+    got = {}
+    for key, engine in (("fused", fused), ("plain", plain)):
+        engine.prefill(1, prompt, 0, "none")
+        first, first_lp = engine.decode_steps(tokens, slots, positions, *greedy_params(), np.zeros(1, np.uint64), 40)
+        again, again_lp = engine.decode_steps(first[-1].astype(np.int32), slots, positions + 40, *greedy_params(),
+                                              np.full(1, 40, np.uint64), 3)
+        assert engine.decode(again[-1].astype(np.int32), slots, positions + 43, False) is None
+        after, after_lp = engine.sample(slots, positions + 43, *greedy_params(), np.full(1, 43, np.uint64))
+        got[key] = (np.concatenate([first[:, 0], again[:, 0], after]),
+                    np.concatenate([first_lp[:, 0], again_lp[:, 0], after_lp]))
+    np.testing.assert_array_equal(got["fused"][0], got["plain"][0])
+    assert np.isfinite(got["fused"][1]).all() and (got["fused"][1] <= 0).all()
+    np.testing.assert_allclose(got["fused"][1], got["plain"][1], rtol=1e-5, atol=1e-5)
+    # A penalized or sampled round at batch 1 is the sampler's on both engines.
+    penalized = greedy_params()[:4] + (np.full(1, 1.3, np.float32), np.zeros(1, np.uint64))
+    outs = [e.decode_steps(after.astype(np.int32), slots, positions + 44, *penalized, np.zeros(1, np.uint64), 5)
+            for e in (fused, plain)]
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_greedy_tail_breaks_ties_to_the_lowest_index(C, rng, make_weights, graphs):
+    """An LM head of zero rows but three equal ones (5, 600 and the last, 1000: alone in its CTA)
+    makes every logit tie with others: the lowest index among the largest wins, as in the sampler."""
+    config = CONFIGS["gqa-untied-hd64"]
+    tensors = make_weights(config, rng)
+    row = tensors["output"][5].copy()
+    tensors["output"][:] = 0.0
+    tensors["output"][[5, 600, 1000]] = row
+    fused, plain = fused_and_plain(C, config, tensors, graphs)
+    prompt = rng.integers(0, config.vocab_size, size=5).astype(np.int32)
+    chosen = []
+    for engine in (fused, plain):
+        engine.prefill(0, prompt, 0, "none")
+        tokens, _ = engine.decode_steps(prompt[-1:], np.array([0], np.int32), np.array([5], np.int32),
+                                        *greedy_params(), np.zeros(1, np.uint64), 12)
+        chosen.append(tokens[:, 0])
+    np.testing.assert_array_equal(chosen[0], chosen[1])
+    assert set(chosen[0].tolist()) <= {0, 5}
+
+
 def test_decode_steps_bad_arguments_raise_and_leave_the_engine_usable(C, rng, make_weights):
     config = CONFIGS["mha-odd-dims"]
     engine = make_engine(C, config, make_weights(config, rng), max_seq=32, max_batch=2)
