@@ -634,9 +634,6 @@ PYBIND11_MODULE(_C, m) {
     engine_cls.def_property("use_cuda_graphs", [](PyEngine&) { return false; },
                             [](PyEngine&, bool) {},
                             "cuda backend only: replay CUDA graphs in decode; always False here");
-    engine_cls.def_property("fused_greedy", [](PyEngine&) { return false; },
-                            [](PyEngine&, bool) {},
-                            "cuda backend only: greedy tokens chosen in the LM head; always False here");
 #endif
 
     // ---- cpu_ops: the CPU kernels on numpy arrays (tests) ----------------------------------------
@@ -800,16 +797,6 @@ PYBIND11_MODULE(_C, m) {
         },
         "cuda backend: decode replays one CUDA graph per batch size (default True); False runs "
         "every kernel eagerly. Always False, and setting it does nothing, on the cpu backend");
-    engine_cls.def_property(
-        "fused_greedy", [](PyEngine& self) { return brrr::cuda_fused_greedy(*self.impl); },
-        [](PyEngine& self, bool on) {
-            std::lock_guard<std::mutex> lock(self.mutex);
-            brrr::cuda_set_fused_greedy(*self.impl, on);
-        },
-        "cuda backend: a batch-1 decode_steps call with temperature 0 and no repetition penalty "
-        "chooses each token in the LM head's last CTA instead of the sampler's kernels (default "
-        "True; the tokens are the same, logprobs agree to ~1e-6). Always False, and setting it "
-        "does nothing, on the cpu backend");
 
     // cuda_ops: each launcher on device pointers (Python ints, e.g. torch's data_ptr()) on the
     // current device's default stream, then a device synchronize, so a failing kernel raises
@@ -859,8 +846,7 @@ PYBIND11_MODULE(_C, m) {
         py::gil_scoped_release release;
         brrr::cuda::embed(static_cast<const int*>(CudaOp::ptr(tokens, "tokens")),
                           static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(table, "table")),
-                          static_cast<float*>(CudaOp::ptr(x, "x")), (int)M, (int)D, (int)V, record,
-                          brrr::cuda::GreedyPick(), 0);
+                          static_cast<float*>(CudaOp::ptr(x, "x")), (int)M, (int)D, (int)V, record, 0);
         CudaOp::finish("cuda_ops.embed");
     }, py::arg("tokens"), py::arg("table"), py::arg("x"), py::arg("M"), py::arg("D"), py::arg("V"),
        py::arg("history") = 0, py::arg("slots") = 0, py::arg("positions") = 0, py::arg("max_batch") = 0,

@@ -132,7 +132,7 @@ if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace \
 # A tiny model through prefill (chunked), decode (graphed and eager) and sampling, 8 tokens each at
 # batch 2 (the tensor-core GEMV; dim 2056 ends inside its 2048-column step) and 2 at batch 1 (the
 # CUDA-core GEMV, normalizing from shared-memory copies: M x K >= 4096), then 3 greedy rounds of
-# decode_steps at batch 1 (the LM head's greedy tail).
+# decode_steps at batch 1 (the sampler feeding the loop back on the device).
 import numpy as np
 from llama_brrr import _C
 from llama_brrr.config import ModelConfig
@@ -161,7 +161,7 @@ for graphs in (True, False):
         positions[:1] += 1
     greedy = (np.zeros(1, np.float32), np.zeros(1, np.int32), np.ones(1, np.float32), np.zeros(1, np.float32),
               np.ones(1, np.float32), np.zeros(1, np.uint64), np.zeros(1, np.uint64))
-    rounds, _ = engine.decode_steps(tokens[:1], slots[:1], positions[:1], *greedy, 3)  # the LM head's greedy tail
+    rounds, _ = engine.decode_steps(tokens[:1], slots[:1], positions[:1], *greedy, 3)
     print("graphs" if graphs else "eager", "tokens", tokens.tolist(), "greedy rounds", rounds[:, 0].tolist())
 print("sanitized run done")
 EOF

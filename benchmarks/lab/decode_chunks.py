@@ -4,10 +4,9 @@ Llama.generate (and `llama-brrr bench` / `compare`, which drive the engine the s
 calls of DECODE_CHUNK rounds: each call enqueues its rounds, then waits for their tokens, so the GPU
 idles from the end of one call's last round until the host has enqueued the next call's first.
 This times 256 greedy tokens after a 128-token prompt (random weights) with the chunk at 1, 4, 16
-(shipped) and 64 (the most one call takes), through the bench contestant's decode_run; at 16 and 64
-also with the engine's fused_greedy off (the sampler's kernels choose each token instead of the LM
-head's tail); and beside them the decode graph replayed alone (no sampling, no feed-back). Per
-token: median of repeats.
+(shipped) and 64 (the most one call takes), through the bench contestant's decode_run, and beside
+them the decode graph replayed alone (no sampling, no feed-back: what the sampler's two kernels
+and the feed-back cost a token is the difference). Per token: median of repeats.
   PYTHONPATH=. python3 benchmarks/lab/decode_chunks.py [--shapes llama3.2-1b llama3-8b] [--json F]
 """
 import argparse
@@ -22,7 +21,6 @@ from llama_brrr import Llama
 from llama_brrr.bench.contestants import Engine
 
 CHUNKS = (1, 4, 16, 64)
-SAMPLER_CHUNKS = (16, 64)
 
 
 def per_token_us(fn, n, repeats):
@@ -37,7 +35,7 @@ def per_token_us(fn, n, repeats):
 
 
 def measure(shape, args, shipped):
-    """One shape's row: us per token at each chunk, tail and sampler, and the graph alone."""
+    """One shape's row: us per token at each chunk, and the graph alone."""
     model = Llama.random(shape, device="cuda", max_seq_len=args.p + args.n + 8, max_batch=1)
     contestant, engine = Engine(model), model.engine
     rng = np.random.default_rng(0)
@@ -53,14 +51,8 @@ def measure(shape, args, shipped):
             Llama.DECODE_CHUNK["cuda"] = chunk
             run()  # warm-up (the first call also captures the decode graph)
             row[f"chunk_{chunk}_us"] = per_token_us(run, args.n, args.repeats)
-        engine.fused_greedy = False
-        for chunk in SAMPLER_CHUNKS:
-            Llama.DECODE_CHUNK["cuda"] = chunk
-            run()
-            row[f"chunk_{chunk}_sampler_us"] = per_token_us(run, args.n, args.repeats)
     finally:
         Llama.DECODE_CHUNK["cuda"] = shipped
-        engine.fused_greedy = True
 
     def one(v):
         return np.array([v], dtype=np.int32)
@@ -88,11 +80,9 @@ def main():
         row = measure(shape, args, shipped)  # the engine is freed before the next shape's
         rows.append(row)
         cells = "  ".join(f"chunk {c}: {row[f'chunk_{c}_us'][0]:7.1f}" for c in CHUNKS)
-        sampler = "  ".join(f"chunk {c}: {row[f'chunk_{c}_sampler_us'][0]:7.1f}" for c in SAMPLER_CHUNKS)
-        print(f"{shape:12s} us/token  {cells}  graph alone: {row['graph_only_us'][0]:7.1f}\n"
-              f"{'':12s} sampler   {sampler}  (tok/s at chunk {shipped}: "
-              f"{1e6 / row[f'chunk_{shipped}_us'][0]:.1f} tail, "
-              f"{1e6 / row[f'chunk_{shipped}_sampler_us'][0]:.1f} sampler)", flush=True)
+        print(f"{shape:12s} us/token  {cells}  graph alone: {row['graph_only_us'][0]:7.1f}  "
+              f"(tok/s at chunk {shipped}: {1e6 / row[f'chunk_{shipped}_us'][0]:.1f}, "
+              f"at 64: {1e6 / row['chunk_64_us'][0]:.1f})", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -8,13 +8,10 @@
 // One block per row; rows whose D is a multiple of 8 move 16 bytes per thread per step (8 bf16 in,
 // two float4 out). The host validates token ids before they reach the device; a bad id that slips
 // through anyway turns the row into NaN instead of reading outside the table. Launched with PDL
-// (launch.cuh) behind decode_steps' sampler, which writes the tokens it reads. In decode_steps'
-// batch-1 greedy rounds there is no sampler: the token is taken here, from the keys the previous
-// round's LM head left (GreedyPick in ops.h), one L2 round trip where the sampler took two kernels.
+// (launch.cuh) behind decode_steps' sampler, which writes the tokens it reads.
 #include <cmath>
 
 #include "cuda/check.cuh"
-#include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
 
@@ -33,36 +30,13 @@ __device__ __forceinline__ void record_token(const TokenHistory& h, int m, int t
     h.history[(size_t)slot * h.max_seq + pos] = tok;
 }
 
-// Row m's token, for every thread of its block. With a GreedyPick (M = 1) thread 0 first takes a
-// pending greedy token from the previous round's keys, then zeroes the keys of the round about to
-// run (its LM head reduces into them).
-__device__ int row_token(const int* tokens, int m, const GreedyPick& pick) {
-    if (!pick.state) return tokens[m];
-    __shared__ int token;
-    if (threadIdx.x == 0) {
-        token = tokens[m];
-        if (pick.state->enabled) {
-            int round = pick.state->round;
-            if (pick.state->pending) {
-                token = util::take_greedy_token(pick, round);
-                pick.state->round = ++round;
-                pick.state->pending = 0;
-            }
-            if (round < kGreedyRounds)
-                for (int i = 0; i < kGreedyKeys; ++i) pick.keys[(size_t)round * kGreedyKeys + i] = 0ull;
-        }
-    }
-    __syncthreads();
-    return token;
-}
-
 template <bool VEC8>
-__global__ void embed_kernel(const int* tokens, const bf16* __restrict__ table, float* __restrict__ x, int V,
-                             int D, TokenHistory record, GreedyPick pick) {
+__global__ void embed_kernel(const int* __restrict__ tokens, const bf16* __restrict__ table,
+                             float* __restrict__ x, int V, int D, TokenHistory record) {
     pdl_wait();
     pdl_launch_dependents();
     const int m = blockIdx.x;
-    const int tok = row_token(tokens, m, pick);
+    const int tok = tokens[m];
     record_token(record, m, tok);
     float* row_out = x + (size_t)m * D;
     if (tok < 0 || tok >= V) {
@@ -90,18 +64,17 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 }  // namespace
 
 void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V,
-           const TokenHistory& record, const GreedyPick& pick, cudaStream_t stream) {
+           const TokenHistory& record, cudaStream_t stream) {
     BRRR_CHECK(M >= 0 && D > 0 && V > 0, "embed: bad sizes M=" << M << " D=" << D << " V=" << V);
     BRRR_CHECK(!record.history || (record.slots && record.positions && record.max_batch > 0 && record.max_seq > 0),
                "embed: a token history needs slots, positions and sizes max_batch=" << record.max_batch
                                                                                 << " max_seq=" << record.max_seq);
-    BRRR_CHECK(!pick.state || M == 1, "embed: a greedy pick is for one row, got M=" << M);
     if (M == 0) return;
     if (D % 8 == 0 && aligned16(table) && aligned16(x)) {
-        launch_pdl(embed_kernel<true>, dim3(M), dim3(kEmbedThreads), 0, stream, tokens, table, x, V, D, record, pick);
+        launch_pdl(embed_kernel<true>, dim3(M), dim3(kEmbedThreads), 0, stream, tokens, table, x, V, D, record);
         CUDA_CHECK_LAUNCH("embed_kernel<vec8>");
     } else {
-        launch_pdl(embed_kernel<false>, dim3(M), dim3(kEmbedThreads), 0, stream, tokens, table, x, V, D, record, pick);
+        launch_pdl(embed_kernel<false>, dim3(M), dim3(kEmbedThreads), 0, stream, tokens, table, x, V, D, record);
         CUDA_CHECK_LAUNCH("embed_kernel<scalar>");
     }
 }

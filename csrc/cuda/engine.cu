@@ -79,7 +79,6 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
         rows_ = std::max(c.max_batch, std::min(kPrefillChunk, c.max_seq_len));
         logit_rows_ = std::max(c.max_batch, kLogitRows);
         max_splits_ = layer_max_splits();
-        greedy_tail_ok_ = gemv_greedy_tail_available();
 
         // Sizes first, in double too: an absurd max_seq_len must not wrap size_t into a small number.
         const double kv_bytes_d = 4.0 * c.n_layers * c.max_batch * (double)c.max_seq_len * c.kv_dim();
@@ -113,8 +112,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
 
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaMallocHost(&h_greedy_, sizeof(GreedyState) + sizeof(int) * 3 * rows_));
-        h_in_ = reinterpret_cast<int*>(h_greedy_ + 1);
+        CUDA_CHECK(cudaMallocHost(&h_in_, sizeof(int) * 3 * rows_));
         CUDA_CHECK(cudaMallocHost(&h_sample_in_, sample_in_bytes_));
         CUDA_CHECK(cudaMallocHost(&h_out_, (sizeof(int) + sizeof(float)) * kMaxDecodeSteps * c.max_batch));
 
@@ -181,14 +179,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     split_k_.partials = a.take<float>(split_k_.floats);
     split_k_.n_counters = gemm_split_scratch_counters(sms);
     split_k_.counters = a.take<unsigned>(split_k_.n_counters);
-    // The greedy state and the inputs as one block, one upload per call.
-    static_assert(sizeof(GreedyState) % 16 == 0, "the inputs after the GreedyState stay 16-byte aligned");
-    d_greedy_ = a.take<GreedyState>(1);
-    d_in_ = d_greedy_ ? reinterpret_cast<int*>(d_greedy_ + 1) : nullptr;
-    a.offset += sizeof(int) * 3 * R;
-    greedy_parts_ = gemv_m1_ctas(c.vocab_size);
-    d_greedy_keys_ = a.take<unsigned long long>((size_t)kGreedyRounds * kGreedyKeys);
-    d_greedy_parts_ = a.take<float2>((size_t)kGreedyRounds * greedy_parts_);
+    d_in_ = a.take<int>(3 * R);
     d_tokens_ = d_in_;
     d_slots_ = d_in_ ? d_in_ + R : nullptr;
     d_positions_ = d_in_ ? d_in_ + 2 * R : nullptr;
@@ -224,7 +215,7 @@ void CudaEngine::release() noexcept {
     prof_clock_.release();
     if (inputs_uploaded_) cudaEventDestroy(inputs_uploaded_), inputs_uploaded_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_), stream_ = nullptr;
-    if (h_greedy_) cudaFreeHost(h_greedy_), h_greedy_ = nullptr, h_in_ = nullptr;
+    if (h_in_) cudaFreeHost(h_in_), h_in_ = nullptr;
     if (h_sample_in_) cudaFreeHost(h_sample_in_), h_sample_in_ = nullptr;
     if (h_out_) cudaFreeHost(h_out_), h_out_ = nullptr;
     if (arena_) cudaFree(arena_), arena_ = nullptr;
@@ -350,16 +341,14 @@ void CudaEngine::check_token(int32_t token, int index) const {
 // ---- entry points -----------------------------------------------------------------------------
 
 void CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots,
-                              const int32_t* positions, int rows, bool greedy_tail) {
+                              const int32_t* positions, int rows) {
     // The previous upload may still be queued behind a forward pass; h_in_ is its source.
     CUDA_CHECK(cudaEventSynchronize(inputs_uploaded_));
-    std::memset(h_greedy_, 0, sizeof(GreedyState));
-    h_greedy_->enabled = greedy_tail ? 1 : 0;
     std::memcpy(h_in_, tokens, sizeof(int) * rows);
     std::memcpy(h_in_ + rows_, slots, sizeof(int) * rows);
     std::memcpy(h_in_ + 2 * rows_, positions, sizeof(int) * rows);
-    CUDA_CHECK(cudaMemcpyAsync(d_greedy_, h_greedy_, sizeof(GreedyState) + sizeof(int) * 3 * rows_,
-                               cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(d_in_, h_in_, sizeof(int) * 3 * rows_, cudaMemcpyHostToDevice,
+                               stream_));
     CUDA_CHECK(cudaEventRecord(inputs_uploaded_, stream_));
 }
 
@@ -643,12 +632,7 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     activate();
 
     logits_valid_rows_ = 0;
-    // A batch-1 greedy round without a penalty has no sampler kernels: the LM head leaves argmax
-    // keys in its tail (gemv.cu), the next round's embed takes the token from them, and one
-    // kernel after the last round takes its token and every round's logprob.
-    const bool fused = batch == 1 && fused_greedy() && params[0].temperature == 0.f &&
-                       params[0].repetition_penalty == 1.f;
-    stage_inputs(tokens, slots, positions, batch, fused);
+    stage_inputs(tokens, slots, positions, batch);
     upload_sample_inputs(slots, positions, params, steps, batch);
     for (int s = 0; s < n_steps; ++s) {
         steps_ahead_ = s;
@@ -659,10 +643,8 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
         try {
             prof_.set_phase(profile::Phase::Decode);
             run_decode(batch);
-            if (!fused) {
-                prof_.set_phase(profile::Phase::Sample);
-                enqueue_sample(batch, s, true);
-            }
+            prof_.set_phase(profile::Phase::Sample);
+            enqueue_sample(batch, s, true);
             prof_.end();
         } catch (...) {
             if (hold) prof_clock_.release_hold();
@@ -671,13 +653,6 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
         if (hold) prof_clock_.release_hold();
     }
     steps_ahead_ = 0;
-    if (fused) {
-        prof_.set_phase(profile::Phase::Sample);
-        prof_.op("greedy_finish", profile::OpClass::Sampling,
-                 profile::elementwise_cost(4.0 * n_steps * greedy_parts_, 8.0 * n_steps * greedy_parts_));
-        greedy_finish(greedy_pick(), d_greedy_parts_, greedy_parts_, n_steps, d_out_logprobs_, stream_);
-        prof_.end();
-    }
     logits_valid_rows_ = batch;
     const size_t n = (size_t)n_steps * batch;
     CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, sizeof(int) * n, cudaMemcpyDeviceToHost, stream_));
@@ -686,28 +661,6 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::memcpy(out_tokens, h_out_, sizeof(int) * n);
     std::memcpy(out_logprobs, h_out_ + sizeof(int) * n, sizeof(float) * n);
-}
-
-GreedyTail CudaEngine::greedy_tail() const {
-    GreedyTail g;
-    if (!greedy_tail_ok_) return g;
-    g.state = d_greedy_;
-    g.keys = d_greedy_keys_;
-    g.parts = d_greedy_parts_;
-    return g;
-}
-
-GreedyPick CudaEngine::greedy_pick() const {
-    GreedyPick p;
-    if (!greedy_tail_ok_) return p;
-    p.state = d_greedy_;
-    p.keys = d_greedy_keys_;
-    p.out_tokens = d_out_tokens_;  // [round][B] with B = 1
-    p.tokens = d_tokens_;
-    p.positions = d_positions_;
-    p.sample_positions = d_sample_positions_;
-    p.steps = d_steps_;
-    return p;
 }
 
 void CudaEngine::enqueue_sample(int B, int round, bool feed_back) {
@@ -788,15 +741,6 @@ void cuda_set_use_graphs(Engine& engine, bool on) {
 bool cuda_use_graphs(const Engine& engine) {
     const auto* e = dynamic_cast<const cuda::CudaEngine*>(&engine);
     return e != nullptr && e->use_graphs();
-}
-
-void cuda_set_fused_greedy(Engine& engine, bool on) {
-    if (auto* e = dynamic_cast<cuda::CudaEngine*>(&engine)) e->set_fused_greedy(on);
-}
-
-bool cuda_fused_greedy(const Engine& engine) {
-    const auto* e = dynamic_cast<const cuda::CudaEngine*>(&engine);
-    return e != nullptr && e->fused_greedy();
 }
 
 }  // namespace brrr

@@ -11,9 +11,8 @@
 //   activations     rows = max(max_batch, prefill chunk): x f32 [rows, D], xn bf16 [rows, D],
 //                   qkv f32 [rows, qkv_dim], q, att bf16 [rows, Hq hd], hb bf16 [rows, H]
 //   logits (f32)    [max(max_batch, kLogitRows), V]; prefill "all" goes through it kLogitRows at a time
-//   inputs          tokens, slots, positions i32 [rows] each, after the GreedyState (ops.h), all
-//                   one block filled from pinned host staging; decode graphs read these fixed buffers
-//   greedy tail     keys u64 [kGreedyRounds][kGreedyKeys], parts float2 [kGreedyRounds][gemv_m1_ctas(V)]
+//   inputs          tokens, slots, positions i32 [rows] each, filled from pinned host staging;
+//                   decode graphs read these fixed buffers
 #pragma once
 
 #include <cuda_runtime.h>
@@ -66,7 +65,6 @@ public:
     static constexpr int kLogitRows = 64;
     // Most rounds one decode_steps call runs (the depth of the on-device token ring).
     static constexpr int kMaxDecodeSteps = 64;
-    static_assert(kMaxDecodeSteps == kGreedyRounds, "the greedy tail keeps one key per round");
 
     CudaEngine(const Config& config, DType weight_dtype, int device);
     ~CudaEngine() override;
@@ -90,10 +88,6 @@ public:
 
     void set_use_graphs(bool on) { use_graphs_ = on; }
     bool use_graphs() const { return use_graphs_; }
-    // Batch-1 greedy decode_steps rounds take their token from the LM head's tail (default) or
-    // from the sampler's kernels: a switch for tests and measurements; the tokens are the same.
-    void set_fused_greedy(bool on) { fused_greedy_ = on; }
-    bool fused_greedy() const { return fused_greedy_ && greedy_tail_ok_; }
 
     // profile::Profiled (engine.cu): events between launches; decode graphs as described there.
     profile::Recorder& recorder() override { return prof_; }
@@ -121,13 +115,8 @@ private:
     void check_token(int32_t token, int index) const;
     WeightSlot slot_for(const std::string& name) const;
     void require_weights() const;
-    // Uploads the rows' inputs and a fresh GreedyState (its tail enabled for this call or not).
     void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
-                      int rows, bool greedy_tail = false);
-    // The greedy rounds' two sides over the engine's buffers (inactive unless a call enables them):
-    // the batch-1 decode LM head's tail, and embed / greedy_finish taking the tokens.
-    GreedyTail greedy_tail() const;
-    GreedyPick greedy_pick() const;
+                      int rows);
     void run_decode(int B);
     void forward_decode_eager(int B);
     // decode()'s and sample()'s argument checks, shared with decode_steps.
@@ -185,11 +174,7 @@ private:
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;
-    GreedyState* d_greedy_ = nullptr;  // uploaded with the inputs, just before them
-    int* d_in_ = nullptr;              // [3][rows_]: tokens | slots | positions
-    unsigned long long* d_greedy_keys_ = nullptr;  // [kGreedyRounds][kGreedyKeys]
-    float2* d_greedy_parts_ = nullptr;             // [kGreedyRounds][greedy_parts_]
-    int greedy_parts_ = 0;              // gemv_m1_ctas(V)
+    int* d_in_ = nullptr;  // [3][rows_]: tokens | slots | positions
     int* d_tokens_ = nullptr;
     int* d_slots_ = nullptr;
     int* d_positions_ = nullptr;
@@ -202,7 +187,6 @@ private:
     size_t sample_in_bytes_ = 0;
 
     // Pinned host mirrors of the input/output blocks, so copies are truly asynchronous.
-    GreedyState* h_greedy_ = nullptr;  // h_in_ follows it, as on the device
     int* h_in_ = nullptr;
     char* h_sample_in_ = nullptr;  // same layout as the device block starting at d_sample_params_
     char* h_out_ = nullptr;        // tokens then logprobs, like d_out_tokens_
@@ -221,8 +205,6 @@ private:
     int logits_valid_rows_ = 0;
 
     bool use_graphs_ = true;
-    bool fused_greedy_ = true;
-    bool greedy_tail_ok_ = false;  // gemv_greedy_tail_available() at construction
     std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B
     std::vector<cudaGraphExec_t> decode_graphs_;  // [max_batch + 1]
 

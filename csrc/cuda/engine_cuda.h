@@ -29,9 +29,5 @@ uint64_t init_random_key(uint64_t seed, size_t tensor_index);
 // A no-op for engines that are not CUDA engines, so callers need not know the backend.
 void cuda_set_use_graphs(Engine& engine, bool on);
 bool cuda_use_graphs(const Engine& engine);
-// Batch-1 greedy decode_steps rounds pick their token in the LM head's tail (on by default) or
-// in the sampler's kernels; same tokens. False for engines that are not CUDA engines.
-void cuda_set_fused_greedy(Engine& engine, bool on);
-bool cuda_fused_greedy(const Engine& engine);
 
 }  // namespace brrr

@@ -73,9 +73,7 @@ void CudaEngine::forward_decode(int B) {
     cudaStream_t s = stream_;
 
     prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * B * D + 4.0 * B));
-    // at B = 1 the token may be the previous greedy round's, taken from its LM head's keys first
-    embed(d_tokens_, tok_embeddings_, x_, B, D, c.vocab_size, token_history(),
-          B == 1 ? greedy_pick() : GreedyPick(), s);
+    embed(d_tokens_, tok_embeddings_, x_, B, D, c.vocab_size, token_history(), s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
@@ -97,12 +95,10 @@ void CudaEngine::forward_decode(int B) {
         prof_.op("w2", OpClass::Matmul, profile::matmul_cost(B, D, H, 2, 2, 8));
         matmul_bf16(hb_, w.w2, B, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
     }
-    // final norm + LM head over all B rows; at B = 1 with the greedy tail, which decode_steps
-    // enables for greedy rounds (argmax keys and log-sum-exp parts beside the logits)
+    // final norm + LM head over all B rows
     prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(B, c.vocab_size, D, 2, 4, 4));
-    EpilogueArgs head = store_f32(logits_, split_k_);
-    if (B == 1) head.greedy = greedy_tail();
-    rmsnorm_matmul_bf16(x_, norm_, eps, output_, B, c.vocab_size, D, Epilogue::StoreF32, head, xn_, s);
+    rmsnorm_matmul_bf16(x_, norm_, eps, output_, B, c.vocab_size, D, Epilogue::StoreF32,
+                        store_f32(logits_, split_k_), xn_, s);
     prof_.end();
 }
 
@@ -114,7 +110,7 @@ void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
     cudaStream_t s = stream_;
 
     prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * T * D + 4.0 * T));
-    embed(d_tokens_, tok_embeddings_, x_, T, D, c.vocab_size, token_history(), GreedyPick(), s);
+    embed(d_tokens_, tok_embeddings_, x_, T, D, c.vocab_size, token_history(), s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;

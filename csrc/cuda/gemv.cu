@@ -53,11 +53,6 @@
 //     in registers and only [M, H] bf16 leaves the chip; RopeKV streams the rotation pair (dim i,
 //     dim i + hd/2) of one q/k/v head, so RoPE and the KV-cache append happen in the epilogue and
 //     the fp32 qkv never exists.
-//   * Greedy tail (GreedyTail in ops.h; the batch-1 LM head of a greedy decode_steps round): each
-//     CTA folds its logits into the round's argmax keys with a 64-bit max reduction (exact, so the
-//     order CTAs finish in cannot change the token) and writes a log-sum-exp part; the next
-//     round's embed reads the keys. That replaces the sampler's two kernels per token (a pass
-//     over the logits, then a merge).
 // K % 8 != 0 or x / W not 16-byte aligned selects a scalar-load variant of the same kernel:
 // correct, slower; real model shapes always take the vector path (decided at the launcher).
 #include <algorithm>
@@ -218,32 +213,6 @@ __device__ __forceinline__ uint16_t staged_x1(const GemvArgs& a, int m, int k, c
     return __bfloat16_as_ushort(__float2bfloat16_rn(y));
 }
 
-// The greedy tail, after this CTA's kWarps x UNITS logits (every lane holds its warp's) are
-// stored: its part, its key into the round's max. Nothing here waits on memory, so the CTA's slot
-// goes to the next CTA at once. (Choosing in the CTA that finishes last, through a fence and a
-// counter in every CTA, cost the 32064-CTA Llama-3.2-1B LM head ~107 us a token more than the
-// sampler on H100, run CQ: each CTA of its 61 waves held its slot for that round trip.)
-template <int UNITS>
-__device__ void greedy_tail(const GreedyTail& g, int round, const float* logits, int n_units) {
-    __shared__ float vals[kWarps * UNITS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0)
-        for (int u = 0; u < UNITS; ++u) vals[warp * UNITS + u] = logits[u];
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    const int first = blockIdx.x * kWarps * UNITS;
-    util::LseF lse;
-    unsigned long long key = 0ull;
-    for (int i = 0; i < kWarps * UNITS && first + i < n_units; ++i) {
-        util::lse_add(lse, vals[i]);
-        const unsigned long long k = util::greedy_key(vals[i], first + i);
-        key = k > key ? k : key;
-    }
-    g.parts[(size_t)round * gridDim.x + blockIdx.x] = make_float2(lse.m, lse.s);
-    if (key) ptx::red_max_u64(g.keys + (size_t)round * kGreedyKeys + blockIdx.x % kGreedyKeys, key);
-    if (blockIdx.x == 0) g.state->pending = 1;
-}
-
 // One CTA: WARPS warps x UNITS units each; LOADS 16-byte W loads per lane in flight.
 template <int M, int UNITS, Pairing P, bool VEC, bool NORM, int LOADS = 8>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
@@ -317,12 +286,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     float residual = 0.f;
     if (early_residual && my_m < M && unit0 + my_u < a.n_units)
         residual = __ldcg(a.out.residual + (size_t)my_m * a.out.ld_out + unit0 + my_u);
-    // The greedy tail's round (-1: none), read now so that the tail does not wait for it (this
-    // step's embed wrote it).
-    constexpr bool kGreedy = M == 1 && P == Pairing::None && NORM;
-    int greedy_round = -1;
-    if (kGreedy && a.out.greedy.state && __ldcg(&a.out.greedy.state->enabled))
-        greedy_round = __ldcg(&a.out.greedy.state->round);
 
     const float* x_norm = a.x_f32;
     const bf16* w_norm = a.norm_w;
@@ -425,9 +388,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                 }
             }
         }
-    }
-    if constexpr (kGreedy) {
-        if (greedy_round >= 0) greedy_tail<UNITS>(a.out.greedy, greedy_round, acc[0], a.n_units);
     }
 }
 
@@ -808,11 +768,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     // vector path and, for RopeKV, whole 8-dim groups of a head; elsewhere the CUDA-core form runs
     // whatever was asked.
     const bool mma_fits = !norm && vec && device_facts().major >= 8 && (pairing != Pairing::Rope || a.half_n % 8 == 0);
-    const bool mma = mma_fits && takes_tensor_cores(path, M);
-    BRRR_CHECK(!args.greedy.state || (M == 1 && norm && ep == Epilogue::StoreF32 && !mma),
-               op << ": a greedy tail rides only on the normalized M = 1 CUDA-core GEMV with StoreF32 (got M=" << M
-                  << (norm ? "" : ", x not normalized in the GEMV") << (mma ? ", the tensor-core form" : "") << ")");
-    if (!mma) {
+    if (!(mma_fits && takes_tensor_cores(path, M))) {
         launch_rows<1>(M, pairing, vec, norm, a, stream);
         return;
     }
@@ -824,10 +780,6 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
 }
 
 }  // namespace
-
-int gemv_m1_ctas(int N) { return CEIL_DIV(N, kWarps * units_per_warp(1, Pairing::None)); }
-
-bool gemv_greedy_tail_available() { return fused_norm_enabled() && !takes_tensor_cores(GemvPath::Auto, 1); }
 
 void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
                const EpilogueArgs& args, cudaStream_t stream, GemvPath path) {

@@ -52,68 +52,6 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Running log-sum-exp of fp32 values, one at a time: max m and sum s of exp(x - m) (the sampler's
-// scan and the greedy tail of the LM head; single-instruction exp, as on every token's path).
-struct LseF {
-    float m = -INFINITY;
-    float s = 0.f;
-};
-__device__ __forceinline__ void lse_add(LseF& a, float x) {
-    if (x > a.m) {
-        a.s = (a.m == -INFINITY ? 0.f : a.s * __expf(a.m - x)) + 1.f;
-        a.m = x;
-    } else if (x != -INFINITY) {
-        a.s += __expf(x - a.m);
-    }
-}
-
-// Greedy choice as one 64-bit max: z's bits made to order like the floats (sign flipped for
-// positives, all bits for negatives) over the complement of the index, so the largest z wins and
-// the lowest index among equals, as the sampler's strict-greater scan from index 0 has it. NaN is 0
-// (never chosen; all NaN leaves 0, and the sampler's token 0); -0 counts as +0. Bit tests, not
-// float compares: fast math may drop those.
-__device__ __forceinline__ unsigned long long greedy_key(float z, int index) {
-    uint32_t u = __float_as_uint(z);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0ull;
-    if ((u << 1) == 0u) u = 0u;
-    const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((unsigned long long)ordered << 32) | (0xffffffffu - (uint32_t)index);
-}
-__device__ __forceinline__ int greedy_key_index(unsigned long long key) {
-    return key ? (int)(0xffffffffu - (uint32_t)key) : 0;
-}
-__device__ __forceinline__ float greedy_key_value(unsigned long long key) {
-    const uint32_t ordered = (uint32_t)(key >> 32);
-    return key ? __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered) : NAN;
-}
-
-// The token of greedy round `round` from its keys (GreedyPick in ops.h), fed back as the sampler
-// does: into the ring, as the next decode's input, positions and RNG step one on. One thread.
-__device__ __forceinline__ int take_greedy_token(const GreedyPick& p, int round) {
-    unsigned long long key = 0ull;
-#pragma unroll
-    for (int i = 0; i < kGreedyKeys; ++i) {
-        const unsigned long long k = __ldcg(p.keys + (size_t)round * kGreedyKeys + i);
-        key = k > key ? k : key;
-    }
-    const int token = greedy_key_index(key);
-    p.out_tokens[round] = token;
-    *p.tokens = token;
-    *p.positions += 1;
-    *p.sample_positions += 1;
-    *p.steps += 1;
-    return token;
-}
-// The max over round `round`'s keys as a float (NaN when every logit was NaN).
-__device__ __forceinline__ float greedy_round_max(const unsigned long long* keys, int round) {
-    unsigned long long key = 0ull;
-    for (int i = 0; i < kGreedyKeys; ++i) {
-        const unsigned long long k = __ldcg(keys + (size_t)round * kGreedyKeys + i);
-        key = k > key ? k : key;
-    }
-    return greedy_key_value(key);
-}
-
 // Split-K style merges (flash_decode's splits, the GEMM's split-K tiles): each of `splits` groups
 // of threads writes its partial to global memory, then counts itself in; the last to arrive reads
 // every partial and merges. Every thread of the group calls this after writing its share, and

@@ -44,34 +44,6 @@ struct SplitKScratch {
     unsigned* counters = nullptr;  // [n_counters], one per tile
     int n_counters = 0;
 };
-// Greedy decoding without the sampler's kernels (decode_steps at batch 1, temperature 0, no
-// penalty): while `enabled`, every CTA of the batch-1 LM head (the M = 1 GEMV) folds its logits into
-// the round's argmax keys with fire-and-forget 64-bit max reductions and leaves a log-sum-exp part;
-// the next round's embed takes the token from the keys, feeding the loop back as the sampler does,
-// and greedy_finish takes the last round's and every round's logprob. The state is uploaded with
-// each call's inputs (disabled but for such calls); the keys are zeroed by embed before each round.
-constexpr int kGreedyRounds = 64;  // rounds one decode_steps call may run
-constexpr int kGreedyKeys = 32;    // max targets per round, CTA c reducing into c % kGreedyKeys
-struct GreedyState {
-    int enabled;  // 0: the LM head only stores its logits, embed only embeds
-    int round;    // the round whose LM head runs next (or ran last, while `pending`)
-    int pending;  // 1 once that LM head has run: its token is still to be taken from the keys
-    int pad;
-};
-struct GreedyTail {                     // the LM head's side
-    GreedyState* state = nullptr;       // nullptr: no tail (every launch but the batch-1 decode LM head)
-    unsigned long long* keys = nullptr; // [kGreedyRounds][kGreedyKeys]: max of (z as ordered bits, ~index)
-    float2* parts = nullptr;            // [kGreedyRounds][gemv_m1_ctas(V)]: per CTA (max z, sum exp(z - max))
-};
-struct GreedyPick {                     // the side that takes the token: embed, greedy_finish
-    GreedyState* state = nullptr;       // nullptr: nothing to take
-    unsigned long long* keys = nullptr; // as in GreedyTail
-    int* out_tokens = nullptr;          // [kGreedyRounds] the token of each round
-    int* tokens = nullptr;              // [1] the decode's input token
-    int* positions = nullptr;           // [1] the decode's position, advanced by one per token
-    int* sample_positions = nullptr;    // [1] the sampler's copy, advanced alike
-    uint64_t* steps = nullptr;          // [1] the sampler's RNG step, advanced alike
-};
 struct EpilogueArgs {
     bf16* out_bf16 = nullptr;   // [M, N] or [M, N/2] for SwiGLU
     float* out_f32 = nullptr;   // [M, N]; RopeKV on the GEMM path stages y here
@@ -79,7 +51,6 @@ struct EpilogueArgs {
     int ld_out = 0;             // row stride of the output in elements (0 = packed)
     RopeKVArgs rope;            // RopeKV only
     SplitKScratch split;        // GEMM only, optional
-    GreedyTail greedy;          // StoreF32 through rmsnorm_matmul_bf16 at M = 1 only, optional
 };
 
 // Device-side copy of SamplingParams (model.h) for one sequence.
@@ -98,8 +69,7 @@ struct TokenHistory {
     int max_batch = 0, max_seq = 0;
 };
 // x[m, :] = table[tokens[m], :] as fp32 and the token into `record`; tokens [M], table [V, D] bf16 (a row with an id outside [0, V) becomes NaN).
-// With a GreedyPick (M = 1, decode_steps' greedy rounds) the row's token is first taken from the previous round's keys when one is pending, and the round's keys are zeroed.
-void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, const TokenHistory& record, const GreedyPick& pick, cudaStream_t stream);
+void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, const TokenHistory& record, cudaStream_t stream);
 // x += residual (when residual != nullptr), then y = x * rsqrt(mean(x^2) + eps) * w; x [M, D] fp32.
 void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D, float eps, cudaStream_t stream);
 
@@ -109,10 +79,6 @@ enum class GemvPath : int { Auto = 0, CudaCores = 1, TensorCores = 2 };
 void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream, GemvPath path = GemvPath::Auto);
 // y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: rows below the tensor-core switch (M = 1) normalize inside the CUDA-core GEMV, more run rmsnorm_residual into xn [M, K] first, then the tensor-core GEMV (M <= 16) or gemm_bf16 (without xn, M <= 16 normalizes inside the CUDA-core GEMV).
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream);
-// CTAs of the M = 1 CUDA-core GEMV over N output columns: a GreedyTail's parts per round.
-int gemv_m1_ctas(int N);
-// Whether rmsnorm_matmul_bf16 at M = 1 normalizes inside the CUDA-core GEMV, the form that carries a GreedyTail.
-bool gemv_greedy_tail_available();
 
 // ---- gemm.cu: prefill, tensor cores (wgmma on sm_90a, else mma.sync; bf16 -> fp32), any M, N, K
 // RopeKV is fused on Hopper for head_dim 64 / 128; elsewhere it stages q|k|v in args.out_f32 [M, N] and runs rope_kv_append.
@@ -155,8 +121,6 @@ struct SampleFeedBack {
     int* positions = nullptr;
 };
 void sample_tokens(const float* logits, const int* history, const int* slots, int* positions, const SampleParamsDev* params, uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back, cudaStream_t stream);
-// After decode_steps' last greedy round: takes its pending token (as embed would), and out_logprobs[r] = log_softmax(logits of round r)[its token], r < n_rounds, from the keys and parts (n_parts per round).
-void greedy_finish(const GreedyPick& pick, const float2* parts, int n_parts, int n_rounds, float* out_logprobs, cudaStream_t stream);
 
 // ---- init.cu ---------------------------------------------------------------------------------
 // p[i] = mean + std * N(0, 1), pair k Box-Muller of splitmix64(key + 2k), splitmix64(key + 2k + 1)

@@ -49,11 +49,6 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
     return old;
 }
 
-// *p = max(*p, v) in L2 with nothing returned: the thread does not wait for it.
-__device__ __forceinline__ void red_max_u64(unsigned long long* p, unsigned long long v) {
-    asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
 // Asynchronous 16-byte global -> shared copy; when `valid` is false nothing is read and the 16
 // bytes are zero-filled (tile tails, masked rows). `src` must still be a mapped address.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, bool valid) {

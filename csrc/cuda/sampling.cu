@@ -25,11 +25,6 @@
 // sampling kernel's last step rather than a launch of its own (a few microseconds a token at
 // batch 1, where the GPU has nothing else to do).
 //
-// Batch-1 greedy rounds without a penalty skip both kernels: the LM head folds its logits into
-// argmax keys and log-sum-exp parts in its tail (gemv.cu), the next round's embed takes the token
-// from the keys, and greedy_finish_kernel takes the last round's and turns the parts into every
-// round's logprob once, after the call's last round, off the tokens' path.
-//
 // Bitwise agreement with the CPU: the build uses fast math, so the arithmetic that decides which
 // token wins is spelled out in IEEE-rounded intrinsics, exp is taken in double and rounded to
 // float (what glibc's expf returns), and masses are summed in double as on the CPU. Only the
@@ -40,7 +35,6 @@
 #include <cmath>
 
 #include "cuda/check.cuh"
-#include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "model.h"
@@ -135,8 +129,18 @@ struct Lse {
     float m = -INFINITY;
     double s = 0.0;
 };
-using util::LseF;
-using util::lse_add;
+struct LseF {
+    float m = -INFINITY;
+    float s = 0.f;
+};
+__device__ __forceinline__ void lse_add(LseF& a, float x) {
+    if (x > a.m) {
+        a.s = (a.m == -INFINITY ? 0.f : a.s * __expf(a.m - x)) + 1.f;
+        a.m = x;
+    } else if (x != -INFINITY) {
+        a.s += __expf(x - a.m);
+    }
+}
 __device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
     if (b.m == -INFINITY) return a;
     if (a.m == -INFINITY) return b;
@@ -529,35 +533,6 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// ---- the end of a call's greedy rounds (GreedyPick in ops.h) ------------------------------------
-
-// grid (n_rounds): round r's token is the one its keys name and z, their max, its logit, so the
-// logprob is z - the log-sum-exp of the CTA parts, merged in index order (in double, like pass A's
-// parts). Block 0 also takes the last round's token, which no embed after it took.
-__global__ void __launch_bounds__(kThreads)
-    greedy_finish_kernel(GreedyPick pick, const float2* __restrict__ parts, int n_parts, float* __restrict__ out_logprobs) {
-    __shared__ Shared sh;
-    pdl_wait();  // the last round's LM head
-    pdl_launch_dependents();
-    const int r = blockIdx.x;
-    if (r == 0 && threadIdx.x == 0 && pick.state->enabled && pick.state->pending) {
-        const int round = pick.state->round;
-        util::take_greedy_token(pick, round);
-        pick.state->round = round + 1;
-        pick.state->pending = 0;
-    }
-    Lse total;
-    for (int i = threadIdx.x; i < n_parts; i += kThreads) {
-        const float2 p = parts[(size_t)r * n_parts + i];
-        Lse part;
-        part.m = p.x;
-        part.s = p.y;
-        total = lse_merge(total, part);
-    }
-    const double log_total = block_log_sum_exp(total, sh);
-    if (threadIdx.x == 0) out_logprobs[r] = (float)((double)util::greedy_round_max(pick.keys, r) - log_total);
-}
-
 size_t seen_bytes(int V) { return (size_t)((V + 31) / 32) * sizeof(unsigned); }
 
 }  // namespace
@@ -598,15 +573,6 @@ void sample_tokens(const float* logits, const int* history, const int* slots, in
                params, steps, V, max_seq, static_cast<const ScanPart*>(parts), n_parts,
                static_cast<float*>(scratch), out_tokens, out_logprobs, feed_back);
     CUDA_CHECK_LAUNCH("sample_kernel");
-}
-
-void greedy_finish(const GreedyPick& pick, const float2* parts, int n_parts, int n_rounds, float* out_logprobs,
-                   cudaStream_t stream) {
-    BRRR_CHECK(pick.state && n_parts > 0 && n_rounds >= 0 && n_rounds <= kGreedyRounds,
-               "greedy_finish: bad arguments n_parts=" << n_parts << " n_rounds=" << n_rounds);
-    if (n_rounds == 0) return;
-    launch_pdl(greedy_finish_kernel, dim3(n_rounds), dim3(kThreads), 0, stream, pick, parts, n_parts, out_logprobs);
-    CUDA_CHECK_LAUNCH("greedy_finish_kernel");
 }
 
 }  // namespace cuda
