@@ -23,7 +23,9 @@
 // With a SampleFeedBack the sampler also closes the loop of engine.decode_steps on the device: the
 // token just sampled becomes the next decode's input and the row moves one position on, in the
 // sampling kernel's last step rather than a launch of its own (a few microseconds a token at
-// batch 1, where the GPU has nothing else to do).
+// batch 1, where the GPU has nothing else to do). The two kernels cost ~7 us of a ~1 ms 1B token
+// on H100; choosing greedy tokens in the LM head's tail instead broke even at best (runs CQ, CR,
+// benchmarks/results/h100-sxm/variants/greedy_tail_table.txt).
 //
 // Bitwise agreement with the CPU: the build uses fast math, so the arithmetic that decides which
 // token wins is spelled out in IEEE-rounded intrinsics, exp is taken in double and rounded to
