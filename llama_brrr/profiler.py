@@ -633,12 +633,31 @@ def _gpu_kernel_costs(kernels, cpu_events, links=None, dtypes=None) -> list[tupl
     return costs
 
 
+def _share_unattributed(costs, kernels, model_flops=None, model_bytes=None) -> list[tuple[str, float, float]]:
+    """Kernels that carry no cost estimate (no launching op in the trace: those replayed from a CUDA
+    graph, as every kernel of torch.compile's reduce-overhead decode is) take what the phase's
+    analytic totals leave beyond the estimated kernels, shared by duration. Without that they
+    would class as latency-bound, and a graph's memory-bound GEMVs would read as overhead."""
+    bare = [i for i, (_, f, b) in enumerate(costs) if f == 0 and b == 0]
+    span = sum(_duration(kernels[i]) for i in bare)
+    if not bare or span <= 0 or not (model_flops or model_bytes):
+        return costs
+    flops_left = max(0.0, float(model_flops or 0) - sum(c[1] for c in costs))
+    bytes_left = max(0.0, float(model_bytes or 0) - sum(c[2] for c in costs))
+    shared = list(costs)
+    for i in bare:
+        share = _duration(kernels[i]) / span
+        shared[i] = (costs[i][0], flops_left * share, bytes_left * share)
+    return shared
+
+
 def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, phase="decode",
                   peaks=None, **kwargs) -> ProfileSummary:
     """Runs fn(*args, **kwargs) (e.g. a HF model's generate) under torch.profiler and reports it as
     profile() reports the engine: CUDA kernels when a GPU is in use, else the top-level CPU ops.
     FLOPs come from torch's own estimates (with_flops) and bytes from recorded input shapes; a
-    phase total given as model_flops / model_bytes replaces the sum of the estimates."""
+    phase total given as model_flops / model_bytes replaces the sum of the estimates, and what it
+    leaves beyond them goes to the GPU kernels no op estimates (_share_unattributed)."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     try:
@@ -673,7 +692,8 @@ def profile_torch(fn, *args, model_flops=None, model_bytes=None, tokens=None, ph
     links, dtypes = _kineto_maps(tp)
     if on_gpu:
         cpu_events = [e for e in events if not str(getattr(e, "device_type", "")).endswith("CUDA")]
-        costs = _gpu_kernel_costs(ops, cpu_events, links, dtypes)
+        costs = _share_unattributed(_gpu_kernel_costs(ops, cpu_events, links, dtypes), ops, model_flops,
+                                    model_bytes)
     else:
         costs = [(_torch_class(e.name), _tree_flops(e), _shape_bytes(e, dtypes)) for e in ops]
     records = []

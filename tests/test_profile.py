@@ -265,6 +265,28 @@ def test_gpu_kernels_take_the_cost_of_the_op_that_launched_them():
     assert _gpu_kernel_costs(kernels, [mm, add, launch], links, dtypes) == costs
 
 
+def test_kernels_without_an_estimate_share_what_the_phase_totals_leave():
+    """Kernels replayed from a CUDA graph have no launching op: they take the phase's analytic
+    totals beyond the estimated kernels, by duration, instead of classing as latency-bound."""
+    from types import SimpleNamespace as NS
+
+    from llama_brrr.profiler import _share_unattributed
+
+    def kernel(start, end):
+        return NS(time_range=NS(start=start, end=end))
+
+    kernels = [kernel(0, 10), kernel(10, 40), kernel(40, 50)]
+    costs = [("matmul", 100.0, 1000.0), ("matmul", 0.0, 0.0), ("elementwise", 0.0, 0.0)]
+    shared = _share_unattributed(costs, kernels, model_flops=500.0, model_bytes=9000.0)
+    assert shared[0] == costs[0]
+    assert shared[1] == ("matmul", pytest.approx(300.0), pytest.approx(6000.0))
+    assert shared[2] == ("elementwise", pytest.approx(100.0), pytest.approx(2000.0))
+    # Without totals, or with nothing left over, the estimates stand as they are.
+    assert _share_unattributed(costs, kernels) == costs
+    assert _share_unattributed(costs, kernels, model_flops=50.0, model_bytes=10.0) == [
+        costs[0], ("matmul", 0.0, 0.0), ("elementwise", 0.0, 0.0)]
+
+
 def test_kineto_maps_read_the_raw_kineto_events():
     from types import SimpleNamespace as NS
 
