@@ -203,6 +203,28 @@ def test_readme_results_block(tmp_path):
         module.rewrite(readme, REPO / "benchmarks" / "results")
 
 
+def test_readme_flags_torch_compile_on_a_longer_workloads_cache():
+    """Compare files made before the harness sized torch.compile's cache per workload name the
+    workload the cache was sized for, beside each shorter workload's torch.compile figure."""
+    spec = importlib.util.spec_from_file_location("readme_results", REPO / "scripts" / "readme_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def run(prompt, note):
+        entry = {"note": note, "prefill_tok_s": {"median": 1.0}, "check": {"agrees": True}}
+        return {"model": "m", "dtype": "bf16", "name": f"b1 pp{prompt}", "workload": {"prompt": prompt, "generate": 0},
+                "contestants": {"llama_brrr": {"prefill_tok_s": {"median": 2.0}}, "torch-compile": entry}}
+
+    old = {"benchmark": "compare", "date_utc": "2026-11-25T22:06:47+00:00",
+           "runs": [run(512, "cuda bfloat16, static KV cache"), run(8192, "cuda bfloat16, static KV cache")]}
+    opponents = [row[4] for row in module.rows_compare(old, "src")]
+    assert opponents == ["torch-compile (cache sized for pp8192)", "torch-compile"]
+    new = dict(old, date_utc="2026-11-26T00:00:00+00:00")
+    assert [row[4] for row in module.rows_compare(new, "src")] == ["torch-compile"] * 2
+    named = dict(old, runs=[run(512, "static KV cache of 513 positions"), run(8192, "static KV cache of 8193 positions")])
+    assert [row[4] for row in module.rows_compare(named, "src")] == ["torch-compile"] * 2
+
+
 def test_static_cache_decoder_matches_the_reference(C, rng, make_weights):
     """The torch.compile opponent's model (run uncompiled here) computes what reference.py does:
     prefill, then decode steps through its static cache, at batch 2."""

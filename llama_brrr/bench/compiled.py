@@ -80,7 +80,8 @@ class Compiled(_Torch):
         self.decode_step = torch.compile(self.model.greedy, mode="reduce-overhead", fullgraph=True)
         self.prefill_step = torch.compile(self.model.greedy, fullgraph=True, dynamic=False)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
-        self.note = f"{device} {str(dtype).replace('torch.', '')}, static KV cache, fused wqkv/w13"
+        self.note = (f"{device} {str(dtype).replace('torch.', '')}, static KV cache of {max_seq} positions, "
+                     f"fused wqkv/w13")
 
     def prefill(self, prompts):
         ids = self.ids(prompts)
