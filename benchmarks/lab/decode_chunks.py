@@ -11,12 +11,11 @@ and the feed-back cost a token is the difference). Per token: median of repeats.
 """
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import torch
 
+from decode_breakdown import per_token_s  # this folder: the script's own directory is on sys.path
 from llama_brrr import Llama
 from llama_brrr.bench.contestants import Engine
 
@@ -24,14 +23,8 @@ CHUNKS = (1, 4, 16, 64)
 
 
 def per_token_us(fn, n, repeats):
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(times), min(times), max(times)
+    """decode_breakdown's timer (median, min, max seconds a token), in microseconds."""
+    return tuple(t * 1e6 for t in per_token_s(fn, n, repeats))
 
 
 def measure(shape, args, shipped):
