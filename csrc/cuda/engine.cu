@@ -125,7 +125,6 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
         CUDA_CHECK(cudaMemcpyAsync(inv_freq_, inv_freq.data(), sizeof(float) * inv_freq.size(),
                                    cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        persist_lm_head_in_l2();
     } catch (...) {
         release();
         throw;
@@ -199,49 +198,6 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     *other_bytes = a.offset - *weights_bytes - *kv_bytes;
 }
 
-// Experiment (LLAMA_BRRR_L2_PERSIST_MB, off by default): set that much L2 aside for persisting
-// accesses and mark the LM head's first rows (up to the largest access-policy window) as
-// persisting, in the proportion the set-aside holds, so those bytes come from L2 every token
-// instead of HBM. Applied to the stream (eager launches) and to every captured kernel node.
-void CudaEngine::persist_lm_head_in_l2() {
-    const int mb = env_int("LLAMA_BRRR_L2_PERSIST_MB", 0);
-    if (mb <= 0) return;
-    int max_persist = 0, max_window = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, device_));
-    CUDA_CHECK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, device_));
-    if (max_persist <= 0 || max_window <= 0) return;
-    const size_t set_aside = std::min((size_t)mb << 20, (size_t)max_persist);
-    CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, set_aside));
-    const size_t head_bytes = sizeof(bf16) * (size_t)cfg_.vocab_size * cfg_.dim;
-    l2_window_.base_ptr = output_;
-    l2_window_.num_bytes = std::min(head_bytes, (size_t)max_window);
-    l2_window_.hitRatio = std::min(1.0f, (float)set_aside / (float)l2_window_.num_bytes);
-    l2_window_.hitProp = cudaAccessPropertyPersisting;
-    l2_window_.missProp = cudaAccessPropertyStreaming;
-    cudaStreamAttrValue value = {};
-    value.accessPolicyWindow = l2_window_;
-    CUDA_CHECK(cudaStreamSetAttribute(stream_, cudaStreamAttributeAccessPolicyWindow, &value));
-    std::fprintf(stderr, "llama_brrr: L2 persisting %zu bytes (max %d) over the LM head's first %zu bytes "
-                 "(window max %d), hit ratio %.3f\n", set_aside, max_persist, l2_window_.num_bytes,
-                 max_window, l2_window_.hitRatio);
-}
-
-void CudaEngine::persist_in_graph(cudaGraph_t graph) {
-    if (!l2_window_.base_ptr) return;
-    size_t n = 0;
-    CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-    std::vector<cudaGraphNode_t> nodes(n);
-    CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-    cudaKernelNodeAttrValue value = {};
-    value.accessPolicyWindow = l2_window_;
-    for (cudaGraphNode_t node : nodes) {
-        cudaGraphNodeType type;
-        CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-        if (type == cudaGraphNodeTypeKernel)
-            CUDA_CHECK(cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &value));
-    }
-}
-
 void CudaEngine::release() noexcept {
     if (cudaSetDevice(device_) != cudaSuccess) {
         cudaGetLastError();
@@ -263,11 +219,6 @@ void CudaEngine::release() noexcept {
     if (h_sample_in_) cudaFreeHost(h_sample_in_), h_sample_in_ = nullptr;
     if (h_out_) cudaFreeHost(h_out_), h_out_ = nullptr;
     if (arena_) cudaFree(arena_), arena_ = nullptr;
-    if (l2_window_.base_ptr) {
-        cudaCtxResetPersistingL2Cache();
-        cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
-        l2_window_ = {};
-    }
     cudaGetLastError();
 }
 
@@ -570,7 +521,6 @@ cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented) {
     }
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    persist_in_graph(graph);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);

@@ -107,8 +107,6 @@ private:
     void forward_prefill_layers(int slot, int start_pos, int T);
     // Final norm and LM head of x_ rows [row, row + rows) into logits_ rows [0, rows).
     void forward_lm_head(int row, int rows);
-    void persist_lm_head_in_l2();
-    void persist_in_graph(cudaGraph_t graph);
 
     // ---- engine.cu ----
     void carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes);
@@ -157,7 +155,6 @@ private:
     int max_splits_ = 1;  // flash-decode KV splits
 
     char* arena_ = nullptr;
-    cudaAccessPolicyWindow l2_window_ = {};  // experiment: LLAMA_BRRR_L2_PERSIST_MB
     bf16* tok_embeddings_ = nullptr;
     bf16* output_ = nullptr;  // == tok_embeddings_ when tied
     bf16* norm_ = nullptr;
