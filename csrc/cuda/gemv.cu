@@ -26,7 +26,10 @@
 //     and a multi-wave projection's rows are evicted before use). Prefetching only wo's rows,
 //     during flash_decode, which leaves HBM nearly idle, was slower too: 1B -1.8%, 8B -1.2%
 //     (up to half of L2 asked for; all of it, or with the wo launch moved earlier, no better).
-//     It stays as a switch, LLAMA_BRRR_GEMV_PREFETCH=1, off by default.
+//     It stays as a switch, LLAMA_BRRR_GEMV_PREFETCH=1, off by default. Keeping part of the LM
+//     head in L2 across tokens (32 MB set aside for an access-policy window) was slower still:
+//     1B -5%, 8B -6%; the ~16 MB of loads in flight need the normal L2 the set-aside takes away
+//     (benchmarks/results/h100-sxm/variants/l2_persist_table.txt).
 //   * The first step's 16-byte loads per lane of the warp's rows are issued before that wait, into
 //     the registers the first step consumes: weights never depend on the kernel before, so the
 //     stream starts while it drains and while this CTA reduces and stages x. Unlike the L2
