@@ -7,8 +7,10 @@ copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from 
 
   gemv          batch-1 decode projections of Llama-3.2-1B and Llama-3-8B (qkv, wo, w13 with the
                 SwiGLU epilogue, w2, LM head): GB/s of our GEMV as a fraction of the measured
-                device-copy bandwidth (read + write of 1 GiB), and against torch.matmul (cuBLAS)
-                of the same [M, K] x [K, N] (cuBLAS does no epilogue).
+                device-copy bandwidth (read + write of 1 GiB), against torch.matmul (cuBLAS)
+                of the same [M, K] x [K, N] (cuBLAS does no epilogue), and against a device copy
+                that moves the GEMV's own byte count (what any stand-alone stream of that size
+                reaches, ramp and tail included).
   switch        the decode projections at M = 1..16 rows: the GEMV on CUDA cores, the GEMV on tensor
                 cores and the tile GEMM, us and % of the copy bandwidth: where the engine switches.
   gemm          prefill projections at M = 128, 512, 2048, 4096, 8192: TFLOP/s against
@@ -56,8 +58,9 @@ ROTATE_BYTES = 200 * 1024 * 1024  # operand bytes cycled through per kernel: 4x 
 INIT_STD = 0.02
 
 
-def device_times(fn, repeats: int, warmup: int = 3) -> dict:
-    """Device seconds per call of fn(i): the summed durations of the kernels call i launched."""
+def device_times(fn, repeats: int, warmup: int = 3, copies: bool = False) -> dict:
+    """Device seconds per call of fn(i): the summed durations of the kernels call i launched (with
+    copies=True, of its device copies too)."""
     from torch.profiler import ProfilerActivity, profile
 
     for i in range(warmup):
@@ -68,7 +71,7 @@ def device_times(fn, repeats: int, warmup: int = 3) -> dict:
             fn(warmup + i)
         torch.cuda.synchronize()
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                      and not e.name.startswith(("Memcpy", "Memset"))),
+                      and (copies or not e.name.startswith(("Memcpy", "Memset")))),
                      key=lambda e: e.time_range.start)
     if not kernels:
         raise RuntimeError("the profiler recorded no kernels (CUPTI unavailable?)")
@@ -122,6 +125,20 @@ def gemm_ceiling() -> float:
     del a, b, out
     torch.cuda.empty_cache()
     return 2.0 * n ** 3 / best
+
+
+def same_size_copy(weights, moved: int, repeats: int) -> dict:
+    """A device-to-device copy (cudaMemcpy) that moves as many bytes as the GEMV, read + write
+    counted as in copy_bandwidth, from the same L2-defeating weight copies: what the copy engine
+    itself reaches at this size, launch ramp and tail included, which the 1 GiB copy amortizes away."""
+    half = moved // 2 // 16 * 16
+    sources = [w.view(torch.uint8).view(-1)[:half] for w in weights]
+    targets = [torch.empty(half, dtype=torch.uint8, device="cuda") for _ in range(copies_to_defeat_l2(half))]
+
+    def run(i):
+        targets[i % len(targets)].copy_(sources[i % len(sources)])
+    times = device_times(run, repeats, copies=True)
+    return {**times, "bytes": 2 * half, "Bps": 2 * half / times["median_s"]}
 
 
 def copies_to_defeat_l2(bytes_each: int) -> int:
@@ -213,10 +230,14 @@ def bench_gemv(ops, shapes, repeats, copy_bw):
             ours = device_times(mm.ours("gemv_bf16"), repeats)
             theirs = device_times(mm.cublas, repeats)
             moved = mm.bytes_moved()
+            copy = same_size_copy(mm.weights, moved, repeats)
             rows.append({"shape": shape, "proj": name, "M": 1, "N": N, "K": K,
                          "epilogue": EPILOGUE_NAMES[epilogue], "bytes": moved, "ours": ours, "cublas": theirs,
+                         "copy_same_bytes": copy,
                          "ours_GBps": moved / ours["median_s"] / 1e9,
                          "ours_frac_of_copy": moved / ours["median_s"] / copy_bw,
+                         "ours_frac_of_same_size_copy": moved / ours["median_s"] / copy["Bps"],
+                         "same_size_copy_frac_of_copy": copy["Bps"] / copy_bw,
                          "cublas_GBps": moved / theirs["median_s"] / 1e9,
                          "speedup_vs_cublas": theirs["median_s"] / ours["median_s"]})
             del mm
@@ -411,11 +432,15 @@ def print_tables(result):
     gpu = result["gpu"]
     print(f"\n{gpu}: device copy {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s (read + write, measured), "
           f"GEMM ceiling {result['gemm_ceiling_FLOPs'] / 1e12:.0f} TFLOP/s (cuBLAS 8192^3 bf16)")
-    print(f"\n{'gemv M=1':<24}{'N x K':>14}{'ours us':>10}{'GB/s':>8}{'% copy':>8}{'cuBLAS us':>11}{'x cuBLAS':>9}")
+    print(f"\n{'gemv M=1':<24}{'N x K':>14}{'ours us':>10}{'GB/s':>8}{'% copy':>8}{'cuBLAS us':>11}{'x cuBLAS':>9}"
+          f"{'copy@size us':>14}{'its % copy':>12}{'ours % of it':>14}")
     for r in result["gemv"]:
+        same = r.get("copy_same_bytes")
         print(f"{r['shape'] + ' ' + r['proj']:<24}{str(r['N']) + 'x' + str(r['K']):>14}"
               f"{r['ours']['median_s'] * 1e6:>10.1f}{r['ours_GBps']:>8.0f}{100 * r['ours_frac_of_copy']:>7.1f}%"
-              f"{r['cublas']['median_s'] * 1e6:>11.1f}{r['speedup_vs_cublas']:>9.2f}")
+              f"{r['cublas']['median_s'] * 1e6:>11.1f}{r['speedup_vs_cublas']:>9.2f}"
+              + (f"{same['median_s'] * 1e6:>14.1f}{100 * r['same_size_copy_frac_of_copy']:>11.1f}%"
+                 f"{100 * r['ours_frac_of_same_size_copy']:>13.1f}%" if same else ""))
     if result.get("switch"):
         print(f"\n{'M rows, us (% copy)':<24}{'M':>4}{'CUDA cores':>18}{'tensor cores':>18}{'GEMM':>18}")
         for r in result["switch"]:
