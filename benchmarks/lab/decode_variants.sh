@@ -96,9 +96,6 @@
 #                   masked there): 64 registers instead of 95-128, room for the next kernel's CTAs
 #   59              58 + 14: the next kernel's CTAs take that room while this one streams
 #   60              17 + 14
-#   61 gemv-exact-1wave  LLAMA_BRRR_GEMV_EXACT_LOADS=2: 58 only where the grid fits the GPU at once
-#                   (the 1B wo, not the LM head)
-#   62              61 + 14
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -143,8 +140,6 @@ variants=(
     "58-gemv-exact|LLAMA_BRRR_GEMV_EXACT_LOADS=1"
     "59-gemv-exact-trigger|LLAMA_BRRR_GEMV_EXACT_LOADS=1 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
     "60-gemv-trigger-loads8|LLAMA_BRRR_GEMV_LOADS=8 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
-    "61-gemv-exact-1wave|LLAMA_BRRR_GEMV_EXACT_LOADS=2"
-    "62-gemv-exact-1wave-trigger|LLAMA_BRRR_GEMV_EXACT_LOADS=2 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

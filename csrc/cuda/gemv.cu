@@ -593,7 +593,7 @@ int resident_chunk(void (*kernel)(GemvArgs), int M, int chunk, int blocks) {
 // w2: 768-1024 CTAs); LLAMA_BRRR_GEMV_LOADS=8/16/32 forces a depth. On H100 the rule and 16
 // everywhere measured alike end to end (8B 173.3 / 173.7 tok/s, 1B 951 / 960 within its 1.4%
 // spread, run U); the rule stays as the guard against a second wave on other SM counts.
-int exact_loads();
+bool exact_loads_enabled();
 
 template <int UNITS, Pairing P, bool NORM>
 auto pick_m1_kernel(int loads, int blocks, int K) {
@@ -602,11 +602,9 @@ auto pick_m1_kernel(int loads, int blocks, int K) {
     if (loads == 32) return gemv_kernel<1, UNITS, P, true, NORM, 32>;
     if (loads == 8) return shallow;
     if (loads == 16) return deep;
-    const size_t least_smem = 256 * sizeof(uint16_t);  // the smallest x slice resident_chunk goes to
     constexpr int kRows = P != Pairing::None ? 2 * UNITS : UNITS;
-    const int exact = exact_loads();
-    if (exact && K * kRows <= 8 * 32 * 8 && (exact == 1 || resident_ctas(deep, least_smem) >= blocks))
-        return shallow;
+    if (exact_loads_enabled() && K * kRows <= 8 * 32 * 8) return shallow;
+    const size_t least_smem = 256 * sizeof(uint16_t);  // the smallest x slice resident_chunk goes to
     return resident_ctas(deep, least_smem) < blocks && resident_ctas(shallow, least_smem) >= blocks ? shallow : deep;
 }
 
@@ -705,11 +703,10 @@ int loads_per_lane() {
     return n == 8 || n == 16 || n == 32 ? n : 0;  // 0: pick_m1_kernel's rule
 }
 // Experiment: at M = 1, 8 loads per lane wherever they cover a warp's rows in one step (the 1B wo
-// and LM head, K = 2048), where 16 leave half their registers masked; 1 everywhere, 2 only where
-// the grid fits the GPU at once (the 1B wo, not the LM head).
-int exact_loads() {
-    static const int n = env_int("LLAMA_BRRR_GEMV_EXACT_LOADS", 0);
-    return n == 1 || n == 2 ? n : 0;
+// and LM head, K = 2048), where 16 leave half their registers masked.
+bool exact_loads_enabled() {
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_EXACT_LOADS", false);
+    return on;
 }
 bool norm_in_smem_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM_SMEM", true);
