@@ -91,11 +91,6 @@
 #   (57, run BV 2026-11-25 and retired, code at ef1a76a: the QKV GEMV reading positions and slots and
 #   turning its RoPE angles right after its PDL wait: no gain, 1B 1.000-1.004x and 8B 1.002x for the
 #   epilogue form; variants/early_rope_table.txt)
-#   58 gemv-exact   LLAMA_BRRR_GEMV_EXACT_LOADS=1: 8 W loads per lane wherever they cover a warp's
-#                   rows in one step (the 1B wo and LM head, K = 2048; 16 leave half their registers
-#                   masked there): 64 registers instead of 95-128, room for the next kernel's CTAs
-#   59              58 + 14: the next kernel's CTAs take that room while this one streams
-#   60              17 + 14
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -137,9 +132,6 @@ variants=(
     "49-fd-one-chunk-early|LLAMA_BRRR_DECODE_CHUNK=1048576 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "50-fd-chunk128-early|LLAMA_BRRR_DECODE_CHUNK=128 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "56-gemv-late-residual|LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0"
-    "58-gemv-exact|LLAMA_BRRR_GEMV_EXACT_LOADS=1"
-    "59-gemv-exact-trigger|LLAMA_BRRR_GEMV_EXACT_LOADS=1 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
-    "60-gemv-trigger-loads8|LLAMA_BRRR_GEMV_LOADS=8 LLAMA_BRRR_GEMV_EARLY_TRIGGER=1"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

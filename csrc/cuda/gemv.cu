@@ -593,17 +593,13 @@ int resident_chunk(void (*kernel)(GemvArgs), int M, int chunk, int blocks) {
 // w2: 768-1024 CTAs); LLAMA_BRRR_GEMV_LOADS=8/16/32 forces a depth. On H100 the rule and 16
 // everywhere measured alike end to end (8B 173.3 / 173.7 tok/s, 1B 951 / 960 within its 1.4%
 // spread, run U); the rule stays as the guard against a second wave on other SM counts.
-bool exact_loads_enabled();
-
 template <int UNITS, Pairing P, bool NORM>
-auto pick_m1_kernel(int loads, int blocks, int K) {
+auto pick_m1_kernel(int loads, int blocks) {
     const auto deep = gemv_kernel<1, UNITS, P, true, NORM, 16>;
     const auto shallow = gemv_kernel<1, UNITS, P, true, NORM, 8>;
     if (loads == 32) return gemv_kernel<1, UNITS, P, true, NORM, 32>;
     if (loads == 8) return shallow;
     if (loads == 16) return deep;
-    constexpr int kRows = P != Pairing::None ? 2 * UNITS : UNITS;
-    if (exact_loads_enabled() && K * kRows <= 8 * 32 * 8) return shallow;
     const size_t least_smem = 256 * sizeof(uint16_t);  // the smallest x slice resident_chunk goes to
     return resident_ctas(deep, least_smem) < blocks && resident_ctas(shallow, least_smem) >= blocks ? shallow : deep;
 }
@@ -613,7 +609,7 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     constexpr int units = units_per_warp(M, P);
     const int blocks = CEIL_DIV(a.n_units, kWarps * units);
     auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
-    if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks, a.K);
+    if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
     // The normalized prologue reads x and norm_w from shared-memory copies where the staging loop
@@ -701,12 +697,6 @@ bool early_trigger_enabled() {
 int loads_per_lane() {
     static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", 0);
     return n == 8 || n == 16 || n == 32 ? n : 0;  // 0: pick_m1_kernel's rule
-}
-// Experiment: at M = 1, 8 loads per lane wherever they cover a warp's rows in one step (the 1B wo
-// and LM head, K = 2048), where 16 leave half their registers masked.
-bool exact_loads_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_EXACT_LOADS", false);
-    return on;
 }
 bool norm_in_smem_enabled() {
     static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM_SMEM", true);
