@@ -23,7 +23,7 @@
 #   12 fd-1-per-sm  LLAMA_BRRR_DECODE_CTAS_PER_SM=1: a grid of one flash_decode CTA per SM (shipped: 2)
 #   14 gemv-trigger LLAMA_BRRR_GEMV_EARLY_TRIGGER=1: a GEMV lets the next kernel launch before its
 #                   own PDL wait, so the GEMV after next (w13 behind wo) starts its weight loads
-#                   while flash_decode runs
+#                   while flash_decode runs (shipped since runs CY / CZ: 63 is the form before)
 #   15, 16          14 with flash_decode's trigger late (15) or early (16) at every head dim
 #   17 gemv-loads8  LLAMA_BRRR_GEMV_LOADS=8: at M = 1, 8 W loads per lane in flight everywhere (shipped:
 #                   16, which asks for the 1B wqkv / w13 row pairs of a warp at once, except where its
@@ -91,6 +91,10 @@
 #   (57, run BV 2026-11-25 and retired, code at ef1a76a: the QKV GEMV reading positions and slots and
 #   turning its RoPE angles right after its PDL wait: no gain, 1B 1.000-1.004x and 8B 1.002x for the
 #   epilogue form; variants/early_rope_table.txt)
+#   (58-62, runs CY / CZ 2026-11-26 and retired, code at 5bd831e / 8f753f3: 8 W loads per lane where
+#   they cover a row in one step, 1B 0.953-0.972x; variants/exact_loads_table.txt)
+#   63 gemv-late-trigger  LLAMA_BRRR_GEMV_EARLY_TRIGGER=0: the GEMV lets the next kernel launch only
+#                   after its own PDL wait (shipped until runs CY / CZ)
 # Every variant computes the same tokens (the bench checks nothing here; tests/test_cuda_fused.py
 # holds the fused and unfused paths to the same reference). Output: $OUT/<variant>.json and
 # $OUT/table.txt (median decode tok/s, spread, ms/token, ratio to 01).
@@ -132,6 +136,7 @@ variants=(
     "49-fd-one-chunk-early|LLAMA_BRRR_DECODE_CHUNK=1048576 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "50-fd-chunk128-early|LLAMA_BRRR_DECODE_CHUNK=128 LLAMA_BRRR_DECODE_LATE_TRIGGER=0"
     "56-gemv-late-residual|LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0"
+    "63-gemv-late-trigger|LLAMA_BRRR_GEMV_EARLY_TRIGGER=0"
 )
 for v in "${variants[@]}"; do
     name=${v%%|*}

@@ -20,7 +20,11 @@
 //     wqkv / w13 rows in one go (eight took two memory round trips per row pair): 1B decode 1.07x,
 //     8B 1.01x on H100 (decode_variants.sh, runs S and T), at 96-126 registers instead of 64-72.
 //   * Launched with PDL (launch.cuh), so the CTAs of this projection are resident and waiting when
-//     the kernel before it ends. Prefetching the W rows into L2 before that wait (so the weight
+//     the kernel before it ends. At M = 1 it lets the next kernel launch before its own wait, not
+//     after: a single-wave grid (the 1B wqkv, wo, w2) leaves room that the next kernel's CTAs take
+//     while it streams, so their first weight loads overlap its tail: 1B decode 1.004-1.010x, 8B
+//     0.999-1.000x (runs CY, CZ, variants/early_trigger_table.txt; LLAMA_BRRR_GEMV_EARLY_TRIGGER=0
+//     for the trigger after the wait). Prefetching the W rows into L2 before that wait (so the weight
 //     stream would overlap the previous kernel) measured slower on H100: 1B decode -8%, 8B -13%
 //     (benchmarks/lab/decode_variants.sh; the prefetches compete with the running kernel's stream
 //     and a multi-wave projection's rows are evicted before use). Prefetching only wo's rows,
@@ -668,10 +672,10 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 
 // Switches for measuring what each fusion buys (benchmarks/lab/decode_variants.sh), read once:
 // LLAMA_BRRR_GEMV_PREFETCH=1 turns the L2 weight prefetch on, LLAMA_BRRR_GEMV_EARLY=0 waits for
-// the previous kernel before the first weight load, LLAMA_BRRR_GEMV_EARLY_TRIGGER=1 lets the next
-// kernel launch before this one's wait (safe only because what runs before a wait in the kernels
-// after a GEMV, weights, positions, slots and earlier tokens' K/V, was written before the step's
-// first kernel, which is launched plainly), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
+// the previous kernel before the first weight load, LLAMA_BRRR_GEMV_EARLY_TRIGGER=0 lets the next
+// kernel launch only after this one's wait (shipped: before it, which is safe because what runs
+// before a wait in the kernels after a GEMV, weights, positions, slots and earlier tokens' K/V, was
+// written before the step's first kernel, which triggers after its own wait: launch.cuh), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
 // flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
 // LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
@@ -691,7 +695,7 @@ bool early_residual_enabled() {
     return on;
 }
 bool early_trigger_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_TRIGGER", false);
+    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_TRIGGER", true);
     return on;
 }
 int loads_per_lane() {

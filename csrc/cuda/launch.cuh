@@ -6,17 +6,21 @@
 // that no amount of bandwidth wins back. On Hopper a kernel launched with PDL may start while its
 // predecessor is still running: its CTAs become resident, set up (and may do work that does not
 // depend on the predecessor), then block in pdl_wait() until the predecessor has finished and its
-// writes are visible. Each PDL kernel calls pdl_launch_dependents() right after its own wait, so
-// at most two grids overlap and the chain stays ordered:
+// writes are visible. A PDL kernel calls pdl_launch_dependents() right after its own wait (the
+// M = 1 GEMV before it: below), so the chain stays ordered:
 //
 //   kernel N-1   [=========== body ===========]
 //   kernel N          [setup | wait ..........][==== body ====]
 //
-// Rules for a kernel launched through launch_pdl: every CTA waits before it triggers or exits.
-// Before pdl_wait() it may read data no earlier kernel of the stream writes (weights) and data
-// written two or more kernels back: it started only after its predecessor passed its own wait, so
-// every kernel before the predecessor has completed. Read the latter through L2 (ld.global.cg,
-// cp.async.cg), never L1, which an earlier kernel may have left stale. After the wait, anything.
+// Rules for a kernel launched through launch_pdl: every CTA waits before it exits, and triggers
+// after its wait, except the M = 1 GEMV (gemv.cu), which triggers before it so that the next
+// kernel's CTAs can take the room its single-wave grids leave. Behind a run of GEMVs a kernel may
+// therefore start while kernels several back still run. Before pdl_wait() a kernel may read data
+// no earlier kernel of the stream writes (weights) and data written before the current decode
+// step (positions, slots, earlier tokens' K/V): the step's first kernel (embed, or a plain launch)
+// triggers after its wait, so everything before it has completed when anything after it starts.
+// Read the latter through L2 (ld.global.cg, cp.async.cg), never L1, which an earlier kernel may
+// have left stale. After the wait, anything.
 // Kernels launched plainly after a PDL kernel are fully ordered as usual. Below sm_90 both device
 // calls compile to nothing and the launch attribute is not set, so the same code runs serialized
 // on Ampere. CUDA graphs capture the attribute as a programmatic edge, so replayed decode steps
