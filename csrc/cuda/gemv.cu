@@ -20,10 +20,10 @@
 //     wqkv / w13 rows in one go (eight took two memory round trips per row pair): 1B decode 1.07x,
 //     8B 1.01x on H100 (decode_variants.sh, runs S and T), at 96-126 registers instead of 64-72.
 //   * Launched with PDL (launch.cuh), so the CTAs of this projection are resident and waiting when
-//     the kernel before it ends. At M = 1 it lets the next kernel launch before its own wait, not
-//     after: a single-wave grid (the 1B wqkv, wo, w2) leaves room that the next kernel's CTAs take
-//     while it streams, so their first weight loads overlap its tail: 1B decode 1.004-1.010x, 8B
-//     0.999-1.000x (runs CY, CZ, variants/early_trigger_table.txt; LLAMA_BRRR_GEMV_EARLY_TRIGGER=0
+//     the kernel before it ends. It lets the next kernel launch before its own wait, not after:
+//     a single-wave grid (the 1B wqkv, wo, w2) leaves room that the next kernel's CTAs take while
+//     it streams, so their first weight loads overlap its tail: 1B decode 1.003-1.010x, 8B
+//     0.999-1.000x (runs CY-DA, variants/early_trigger_table.txt; LLAMA_BRRR_GEMV_EARLY_TRIGGER=0
 //     for the trigger after the wait). Prefetching the W rows into L2 before that wait (so the weight
 //     stream would overlap the previous kernel) measured slower on H100: 1B decode -8%, 8B -13%
 //     (benchmarks/lab/decode_variants.sh; the prefetches compete with the running kernel's stream

@@ -7,15 +7,15 @@
 // predecessor is still running: its CTAs become resident, set up (and may do work that does not
 // depend on the predecessor), then block in pdl_wait() until the predecessor has finished and its
 // writes are visible. A PDL kernel calls pdl_launch_dependents() right after its own wait (the
-// M = 1 GEMV before it: below), so the chain stays ordered:
+// CUDA-core GEMV before it: below), so the chain stays ordered:
 //
 //   kernel N-1   [=========== body ===========]
 //   kernel N          [setup | wait ..........][==== body ====]
 //
 // Rules for a kernel launched through launch_pdl: every CTA waits before it exits, and triggers
-// after its wait, except the M = 1 GEMV (gemv.cu), which triggers before it so that the next
-// kernel's CTAs can take the room its single-wave grids leave. Behind a run of GEMVs a kernel may
-// therefore start while kernels several back still run. Before pdl_wait() a kernel may read data
+// after its wait, except the CUDA-core GEMV (gemv.cu, what M = 1 takes), which triggers before it
+// so that the next kernel's CTAs can take the room its single-wave grids leave. Behind a run of
+// GEMVs a kernel may therefore start while kernels several back still run. Before pdl_wait() a kernel may read data
 // no earlier kernel of the stream writes (weights) and data written before the current decode
 // step (positions, slots, earlier tokens' K/V): the step's first kernel (embed, or a plain launch)
 // triggers after its wait, so everything before it has completed when anything after it starts.
