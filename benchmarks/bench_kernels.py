@@ -9,8 +9,8 @@ copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from 
                 SwiGLU epilogue, w2, LM head): GB/s of our GEMV as a fraction of the measured
                 device-copy bandwidth (read + write of 1 GiB), against torch.matmul (cuBLAS)
                 of the same [M, K] x [K, N] (cuBLAS does no epilogue), and against a device copy
-                that moves the GEMV's own byte count (what any stand-alone stream of that size
-                reaches, ramp and tail included).
+                that moves the GEMV's own byte count (the copy yardstick at that size, with the
+                launch ramp and tail that a 1 GiB copy amortizes away).
   switch        the decode projections at M = 1..16 rows: the GEMV on CUDA cores, the GEMV on tensor
                 cores and the tile GEMM, us and % of the copy bandwidth: where the engine switches.
   gemm          prefill projections at M = 128, 512, 2048, 4096, 8192: TFLOP/s against
@@ -129,8 +129,8 @@ def gemm_ceiling() -> float:
 
 def same_size_copy(weights, moved: int, repeats: int) -> dict:
     """A device-to-device copy (cudaMemcpy) that moves as many bytes as the GEMV, read + write
-    counted as in copy_bandwidth, from the same L2-defeating weight copies: what the copy engine
-    itself reaches at this size, launch ramp and tail included, which the 1 GiB copy amortizes away."""
+    counted as in copy_bandwidth, from the same L2-defeating weight copies: what a device copy
+    reaches at this size, launch ramp and tail included, which the 1 GiB copy amortizes away."""
     half = moved // 2 // 16 * 16
     sources = [w.view(torch.uint8).view(-1)[:half] for w in weights]
     targets = [torch.empty(half, dtype=torch.uint8, device="cuda") for _ in range(copies_to_defeat_l2(half))]

@@ -675,8 +675,9 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
 // the previous kernel before the first weight load, LLAMA_BRRR_GEMV_EARLY_TRIGGER=0 lets the next
 // kernel launch only after this one's wait (shipped: before it, which is safe because what runs
 // before a wait in the kernels after a GEMV, weights, positions, slots and earlier tokens' K/V, was
-// written before the step's first kernel, which triggers after its own wait: launch.cuh), LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in
-// flight at M = 1 (shipped: pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
+// written before the step's first kernel, which triggers after its own wait: launch.cuh),
+// LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in flight at M = 1 (shipped:
+// pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
 // input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
 // LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
 // LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes long rows from global memory instead of copies,
