@@ -307,6 +307,11 @@ def default_dtype(device: str) -> str:
 
 # ---- compare ----------------------------------------------------------------------------------------------
 
+def compare_positions(w: Workload) -> int:
+    """Cache positions a compare workload needs: its prompt and generation, and the agreement check."""
+    return max(w.prompt + w.generate + 1, CHECK_PROMPT)
+
+
 def build_opponent(key: str, opts: Options, llm, weights: dict, device: str, w: Workload,
                    compiled: dict):
     """One PyTorch / llama.cpp contestant for workload w, or Skip with the reason. A compiled
@@ -325,7 +330,7 @@ def build_opponent(key: str, opts: Options, llm, weights: dict, device: str, w: 
     if key == "torch-compile":
         from .compiled import Compiled
 
-        length = max(w.prompt + w.generate + 1, CHECK_PROMPT)
+        length = compare_positions(w)
         if compiled.get(w.batch, (None, None))[0] != length:
             compiled.pop(w.batch, None)  # its caches go before the next one's are allocated
             _empty_cache(device)
@@ -404,7 +409,7 @@ def run_compare(opts: Options, groups: list[list[Workload]]) -> dict:
     budget = Budget(opts.budget_s)
     for group in groups:
         batch = max(w.batch for w in group)
-        max_seq = max([w.prompt + w.generate + 1 for w in group] + [CHECK_PROMPT])
+        max_seq = max(compare_positions(w) for w in group)
         dtype = opts.dtype or default_dtype(device)
         if not opts.model:
             note = fits(shape_config(opts.shape), dtype, device, batch, max_seq, 2)
