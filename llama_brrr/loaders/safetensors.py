@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
+from ..tokenizer.chat import hf_chat_template
 from .common import LoadedModel, ProgressFn, check_shapes, dominant, make_config, require_file
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -291,26 +292,5 @@ def _tokenizer_spec(directory: Path) -> dict:
     for key, filename in _TOKENIZER_FILES.items():
         candidate = directory / filename
         spec[key] = str(candidate.resolve()) if candidate.is_file() else None
-    spec["chat_template"] = _chat_template(directory, spec["tokenizer_config"])
+    spec["chat_template"] = hf_chat_template(directory, spec["tokenizer_config"])
     return spec
-
-
-def _chat_template(directory: Path, tokenizer_config: str | None) -> str | None:
-    # Newer transformers save the template as its own file; older ones inside tokenizer_config.json,
-    # either as a string or as a list of named templates of which "default" is the one to use.
-    jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    as_json = directory / "chat_template.json"
-    if as_json.is_file():
-        template = _read_json(as_json).get("chat_template")
-        if isinstance(template, str):
-            return template
-    if tokenizer_config:
-        template = _read_json(Path(tokenizer_config)).get("chat_template")
-        if isinstance(template, list):
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        if isinstance(template, str):
-            return template
-    return None

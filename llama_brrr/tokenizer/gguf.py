@@ -1,0 +1,79 @@
+"""What both GGUF vocabulary kinds share: the spec of a GGUF file, its token types, the checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import end_of_turn_ids, file_error
+
+# GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
+# Token types whose text is matched whole in the input and stands for itself when decoded.
+TYPES_MATCHED_WHOLE = (TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNKNOWN)
+
+
+def spec_from_gguf(path) -> dict:
+    """The tokenizer_spec of a GGUF file, as the GGUF loader makes it (see loaders.LoadedModel),
+    without loading the tensors."""
+    from ..loaders.gguf import read_tokenizer_spec
+
+    if not Path(path).is_file():
+        raise file_error(path, "GGUF file not found")
+    spec = read_tokenizer_spec(path)
+    if spec["model"] is None or spec["tokens"] is None:
+        raise file_error(path, "no tokenizer in this GGUF (tokenizer.ggml.model / tokenizer.ggml.tokens "
+                               "missing); use a GGUF converted with its tokenizer")
+    return spec
+
+
+def gguf_source(spec: dict) -> str:
+    return spec.get("path") or "the GGUF tokenizer metadata"
+
+
+class GGUFVocabulary:
+    """The checked token tables of a GGUF spec.
+
+    tokens[i], types[i]: text and type of id i; matched: text -> id of the tokens matched whole in
+    text (control, user-defined and unknown, as llama.cpp does); special: ids of control and unknown
+    tokens; eos_ids: the declared EOS, EOT and EOM, then the end-of-turn tokens among the specials.
+    """
+
+    def __init__(self, spec: dict, source: str):
+        tokens = spec.get("tokens")
+        if not isinstance(tokens, list) or not tokens:
+            raise file_error(source, "tokenizer.ggml.tokens is missing or empty")
+        types = spec.get("token_type")
+        if types is None:
+            types = [TYPE_NORMAL] * len(tokens)
+        if len(types) != len(tokens):
+            raise file_error(source, f"tokenizer.ggml.token_type has {len(types)} entries for "
+                             f"{len(tokens)} tokens")
+        for key in ("bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "unknown_token_id"):
+            value = spec.get(key)
+            if value is not None and not 0 <= value < len(tokens):
+                raise file_error(source, f"tokenizer.ggml.{key} = {value} is outside the vocabulary "
+                                 f"of {len(tokens)} tokens")
+        self.tokens = tokens
+        self.types = types
+        self.matched = {tokens[i]: i for i in range(len(tokens)) if types[i] in TYPES_MATCHED_WHOLE and tokens[i]}
+        self.special = {i for i in range(len(tokens)) if types[i] in (TYPE_CONTROL, TYPE_UNKNOWN)}
+        declared = [spec.get(key) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
+        self.eos_ids = ([i for i in declared if i is not None]
+                        + end_of_turn_ids({tokens[i]: i for i in self.special}))
+
+    def piece_bytes(self, piece_of_text) -> list[bytes]:
+        """Raw bytes of every token: whole-matched tokens stand for their text, the others for
+        what `piece_of_text(text)` says."""
+        return [token.encode("utf-8") if self.types[i] in TYPES_MATCHED_WHOLE else piece_of_text(token)
+                for i, token in enumerate(self.tokens)]
+
+    def add_matched_tokens(self, backend) -> None:
+        """Control and unknown tokens as special added tokens, user-defined ones as plain added
+        tokens: `backend` matches them whole in text before its model sees it."""
+        from tokenizers import AddedToken
+
+        backend.add_special_tokens([AddedToken(self.tokens[i], special=True, normalized=False)
+                                    for i in sorted(self.special) if self.tokens[i]])
+        backend.add_tokens([AddedToken(token, special=False, normalized=False)
+                            for token, kind in zip(self.tokens, self.types) if kind == TYPE_USER_DEFINED and token])
+

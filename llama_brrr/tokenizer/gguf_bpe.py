@@ -1,0 +1,73 @@
+"""GGUF byte-level BPE vocabularies (tokenizer.ggml.model "gpt2"): SmolLM2, Llama 3."""
+
+from __future__ import annotations
+
+import warnings
+
+from .base import BackendTokenizer, byte_level_piece, file_error
+from .gguf import GGUFVocabulary, gguf_source
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_PRE_NAMES = ("llama-bpe", "llama3", "llama-v3")
+_KNOWN_BPE_PRE_NAMES = ("default", "gpt2", "smollm") + _LLAMA3_PRE_NAMES
+
+
+class GGUFByteLevelTokenizer(BackendTokenizer):
+    """GGUF byte-level BPE (tokenizer.ggml.model "gpt2"), built on HF `tokenizers` from the file's
+    vocabulary and merges, with the pre-tokenizer llama.cpp uses for tokenizer.ggml.pre:
+
+        smollm               digits split one by one, then GPT-2's regex
+        llama-bpe / llama3   Llama 3's regex; whole words found in the vocabulary skip the merges
+        gpt2 / default       GPT-2's regex (also the fallback, with a warning, for unknown names)
+
+    BOS by default only when the file says add_bos_token, or for Llama 3 files that do not say.
+    """
+
+    def __init__(self, spec: dict):
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFBackend
+
+        source = gguf_source(spec)
+        vocabulary = GGUFVocabulary(spec, source)
+        pre = spec.get("pre") or "default"
+        if pre not in _KNOWN_BPE_PRE_NAMES:
+            warnings.warn(f"{source}: unknown tokenizer.ggml.pre {pre!r}; using GPT-2's pre-tokenizer "
+                          f"(the tokenization may differ from llama.cpp's)", stacklevel=3)
+        llama3 = pre in _LLAMA3_PRE_NAMES
+        merges = []
+        for index, merge in enumerate(spec.get("merges") or []):
+            parts = merge.split(" ")
+            if len(parts) != 2:
+                raise file_error(source, f"tokenizer.ggml.merges[{index}] = {merge!r} is not two "
+                                 f"tokens separated by one space")
+            merges.append((parts[0], parts[1]))
+        vocab = {}
+        for index, token in enumerate(vocabulary.tokens):
+            vocab.setdefault(token, index)
+        try:
+            model = models.BPE(vocab=vocab, merges=merges, ignore_merges=llama3)
+        except Exception as error:  # tokenizers raises its own exception type for inconsistent merges
+            raise file_error(source, f"the vocabulary and merges do not form a BPE model ({error})") from None
+        backend = HFBackend(model)
+        if llama3:
+            backend.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        elif pre == "smollm":
+            backend.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        else:
+            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        backend.decoder = decoders.ByteLevel()
+        vocabulary.add_matched_tokens(backend)
+
+        add_bos = spec.get("add_bos_token")
+        super().__init__(
+            backend, piece_bytes=vocabulary.piece_bytes(byte_level_piece), special_ids=vocabulary.special,
+            bos_id=spec.get("bos_token_id"), eos_ids=vocabulary.eos_ids,
+            add_bos=llama3 if add_bos is None else bool(add_bos), add_eos=bool(spec.get("add_eos_token")),
+            chat_template=spec.get("chat_template"), strip_leading_space=False, source=source)
