@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from llama_brrr import Llama, ModelConfig, fetch
+from llama_brrr.tokenizer import byte_level_alphabet
 
 REPO = Path(__file__).resolve().parents[1]
 # Progress bars end with "\r" rather than a newline, so the line may start after one.
@@ -31,18 +32,9 @@ GGUF_LAYER = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "a
 
 
 def byte_symbols():
-    """GPT-2's byte-level alphabet: printable bytes stand for themselves, the other bytes get the
-    code points from 256 upwards in byte order (so every byte is one visible character)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    symbols, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            symbols[b] = chr(b)
-        else:
-            symbols[b] = chr(256 + extra)
-            extra += 1
-    return [symbols[b] for b in range(256)]
+    """GPT-2's byte-level alphabet in byte order (every byte is one visible character)."""
+    alphabet = byte_level_alphabet()
+    return [alphabet[b] for b in range(256)]
 
 
 def pair_order(w, n_heads):

@@ -22,15 +22,16 @@ class LoadedModel:
     tensors: canonical names (see config.py) -> float32, float16 or ml_dtypes.bfloat16 arrays of
         exactly ``config.tensor_shapes()``; q/k rows in rotate-half order. Arrays that could be
         used straight from the file are read-only memory maps of it.
-    tokenizer_spec: always has "format" ("gguf", "hf" or "llama2c"); the other keys depend on it:
+    tokenizer_spec: what llama_brrr.tokenizer.load_tokenizer reads, under these same keys. Always
+        has "format" ("gguf", "hf" or "llama2c"); the other keys depend on it:
         gguf:    every ``tokenizer.ggml.*`` key without that prefix ("model", "pre", "tokens",
                  "scores", "token_type", "merges", "bos_token_id", "eos_token_id",
                  "unknown_token_id", "padding_token_id", "add_bos_token", "add_eos_token",
-                 "add_space_prefix", ...) plus "chat_template" (None when absent). The keys
-                 named here are always present (None when the file lacks them).
+                 "add_space_prefix", ...) plus "chat_template" (None when absent) and "path" (the
+                 file, as str). The keys named here are always present (None when the file lacks them).
         hf:      "tokenizer_json", "tokenizer_model", "tokenizer_config", "generation_config",
                  "special_tokens_map" (absolute paths as str, or None) and "chat_template".
-        llama2c: "tokenizer_bin" (absolute path as str).
+        llama2c: "tokenizer_bin" (absolute path as str) and "vocab_size" (the model's).
     file_dtype: the tensor type holding most of the parameters in the file ("Q4_1", "BF16", "F32").
     """
 

@@ -255,28 +255,6 @@ def sentencepiece_piece(token: str) -> bytes:
     return token.replace(SPM_SPACE, " ").encode("utf-8")
 
 
-def special_splitter(texts: dict[str, int]):
-    """A regex matching any special token text, longest first (so "<|im_start|>" beats "<|im")."""
-    usable = sorted((text for text in texts if text), key=len, reverse=True)
-    return re.compile("|".join(re.escape(text) for text in usable)) if usable else None
-
-
-def split_on_specials(text: str, splitter, special_ids: dict[str, int]):
-    """Yield (True, id) for special tokens written in `text` and (False, fragment) for the text between."""
-    if splitter is None:
-        if text:
-            yield False, text
-        return
-    position = 0
-    for match in splitter.finditer(text):
-        if match.start() > position:
-            yield False, text[position:match.start()]
-        yield True, special_ids[match.group()]
-        position = match.end()
-    if position < len(text):
-        yield False, text[position:]
-
-
 def end_of_turn_ids(texts_to_ids: dict[str, int]) -> list[int]:
     return [texts_to_ids[text] for text in _END_OF_TURN_TEXTS if text in texts_to_ids]
 

@@ -53,6 +53,7 @@ class GGUFVocabulary:
             if value is not None and not 0 <= value < len(tokens):
                 raise file_error(source, f"tokenizer.ggml.{key} = {value} is outside the vocabulary "
                                  f"of {len(tokens)} tokens")
+        self.source = source
         self.tokens = tokens
         self.types = types
         self.matched = {tokens[i]: i for i in range(len(tokens)) if types[i] in TYPES_MATCHED_WHOLE and tokens[i]}
@@ -61,11 +62,18 @@ class GGUFVocabulary:
         self.eos_ids = ([i for i in declared if i is not None]
                         + end_of_turn_ids({tokens[i]: i for i in self.special}))
 
-    def piece_bytes(self, piece_of_text) -> list[bytes]:
-        """Raw bytes of every token: whole-matched tokens stand for their text, the others for
-        what `piece_of_text(text)` says."""
-        return [token.encode("utf-8") if self.types[i] in TYPES_MATCHED_WHOLE else piece_of_text(token)
-                for i, token in enumerate(self.tokens)]
+    def tokenizer_fields(self, spec: dict, piece_of_text, *, add_bos_default: bool,
+                         strip_leading_space: bool) -> dict:
+        """Tokenizer.__init__'s arguments, filled the same way for both GGUF kinds: raw bytes of
+        whole-matched tokens are their text, of the others what `piece_of_text(text)` says; BOS
+        `add_bos_default` unless the file says add_bos_token."""
+        add_bos = spec.get("add_bos_token")
+        return dict(
+            piece_bytes=[token.encode("utf-8") if self.types[i] in TYPES_MATCHED_WHOLE else piece_of_text(token)
+                         for i, token in enumerate(self.tokens)],
+            special_ids=self.special, bos_id=spec.get("bos_token_id"), eos_ids=self.eos_ids,
+            add_bos=add_bos_default if add_bos is None else bool(add_bos), add_eos=bool(spec.get("add_eos_token")),
+            chat_template=spec.get("chat_template"), strip_leading_space=strip_leading_space, source=self.source)
 
     def add_matched_tokens(self, backend) -> None:
         """Control and unknown tokens as special added tokens, user-defined ones as plain added

@@ -65,9 +65,5 @@ class GGUFByteLevelTokenizer(BackendTokenizer):
         backend.decoder = decoders.ByteLevel()
         vocabulary.add_matched_tokens(backend)
 
-        add_bos = spec.get("add_bos_token")
-        super().__init__(
-            backend, piece_bytes=vocabulary.piece_bytes(byte_level_piece), special_ids=vocabulary.special,
-            bos_id=spec.get("bos_token_id"), eos_ids=vocabulary.eos_ids,
-            add_bos=llama3 if add_bos is None else bool(add_bos), add_eos=bool(spec.get("add_eos_token")),
-            chat_template=spec.get("chat_template"), strip_leading_space=False, source=source)
+        super().__init__(backend, **vocabulary.tokenizer_fields(spec, byte_level_piece, add_bos_default=llama3,
+                                                                strip_leading_space=False))

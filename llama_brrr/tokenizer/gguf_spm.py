@@ -28,6 +28,9 @@ class GGUFSentencePieceTokenizer(BackendTokenizer):
             raise file_error(source, f"a sentencepiece vocabulary needs tokenizer.ggml.scores with one "
                              f"score per token ({len(tokens)}), got "
                              f"{'none' if scores is None else len(scores)}")
+        # pieces: what merges build and start from (normal tokens). vocab, what the BPE model may emit:
+        # the pieces, the byte tokens under the name byte fallback looks up, and the tokens matched
+        # whole (so that, added to the backend, they keep their ids). Unused tokens stay out.
         pieces, piece_scores, vocab = {}, {}, {}
         for index, (token, token_type) in enumerate(zip(tokens, types)):
             if token_type == TYPE_NORMAL and token not in pieces:
@@ -49,9 +52,5 @@ class GGUFSentencePieceTokenizer(BackendTokenizer):
                               if add_space_prefix else spaces)
         vocabulary.add_matched_tokens(backend)
 
-        add_bos = spec.get("add_bos_token")
-        super().__init__(
-            backend, piece_bytes=vocabulary.piece_bytes(sentencepiece_piece), special_ids=vocabulary.special,
-            bos_id=spec.get("bos_token_id"), eos_ids=vocabulary.eos_ids,
-            add_bos=True if add_bos is None else bool(add_bos), add_eos=bool(spec.get("add_eos_token")),
-            chat_template=spec.get("chat_template"), strip_leading_space=add_space_prefix, source=source)
+        super().__init__(backend, **vocabulary.tokenizer_fields(spec, sentencepiece_piece, add_bos_default=True,
+                                                                strip_leading_space=add_space_prefix))

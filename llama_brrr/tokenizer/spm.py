@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from .base import SPM_SPACE, Tokenizer, end_of_turn_ids, file_error, sentencepiece_piece, special_splitter, split_on_specials
+from .base import SPM_SPACE, Tokenizer, end_of_turn_ids, file_error, sentencepiece_piece
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -29,7 +30,7 @@ class SentencePieceTokenizer(Tokenizer):
         size = processor.vocab_size()
         special = {i for i in range(size) if processor.IsControl(i) or processor.IsUnknown(i)}
         self._matched = {processor.IdToPiece(i): i for i in special}
-        self._splitter = special_splitter(self._matched)
+        self._splitter = _special_splitter(self._matched)
         piece_bytes = [processor.IdToPiece(i).encode("utf-8") if i in special
                        else sentencepiece_piece(processor.IdToPiece(i)) for i in range(size)]
         # The model proto's add_dummy_prefix is not exposed without protobuf; its effect is.
@@ -44,6 +45,28 @@ class SentencePieceTokenizer(Tokenizer):
 
     def _encode_text(self, text: str) -> list[int]:
         ids = []
-        for is_special, value in split_on_specials(text, self._splitter, self._matched):
+        for is_special, value in _split_on_specials(text, self._splitter, self._matched):
             ids.extend([value] if is_special else self._processor.EncodeAsIds(value))
         return ids
+
+
+def _special_splitter(texts: dict[str, int]):
+    """A regex matching any special token text, longest first (so "<|im_start|>" beats "<|im")."""
+    usable = sorted((text for text in texts if text), key=len, reverse=True)
+    return re.compile("|".join(re.escape(text) for text in usable)) if usable else None
+
+
+def _split_on_specials(text: str, splitter, special_ids: dict[str, int]):
+    """Yield (True, id) for special tokens written in `text` and (False, fragment) for the text between."""
+    if splitter is None:
+        if text:
+            yield False, text
+        return
+    position = 0
+    for match in splitter.finditer(text):
+        if match.start() > position:
+            yield False, text[position:match.start()]
+        yield True, special_ids[match.group()]
+        position = match.end()
+    if position < len(text):
+        yield False, text[position:]
