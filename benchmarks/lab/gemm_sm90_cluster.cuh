@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cluster_sync();  // no remote arrival may target an exited CTA
 #else
-    __trap();  // built without sm_90a: the host never launches this (see hopper_device)
+    __trap();  // built without sm_90a: the host never launches this (see gemm_sm90_available)
 #endif
 }
 

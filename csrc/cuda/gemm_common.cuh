@@ -125,7 +125,7 @@ __device__ __forceinline__ void store_swiglu_pair(const GemmArgs& p, int row, in
 // AddResidual for G column pairs of one row, (col + 8 j, col + 8 j + 1) for j < G: the layout of
 // an mma accumulator row. Every residual value is loaded before any is written back, because the
 // compiler may not move a load past a store to the same array: added pair by pair, each pair
-// waited out a full memory round trip (the 1B wo GEMM ran at half of cuBLAS's speed that way).
+// waited out a full memory round trip.
 template <int G>
 __device__ __forceinline__ void add_residual_pairs(const GemmArgs& p, int row, int col, const float2 (&y)[G]) {
     if (row >= p.M) return;

@@ -439,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if ((p.epilogue_tma || p.rope_q_tma) && (threadIdx.x & 127) == 0) hopper::bulk_wait_all();
     }
 #else
-    __trap();  // built without sm_90a: the host never launches this (see hopper_device)
+    __trap();  // built without sm_90a: the host never launches this (see gemm_sm90_available)
 #endif
 }
 
