@@ -177,38 +177,25 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
 // d (+)= A * B^T for a 64 x N x 16 step; A and B through descriptors; accumulate = 0 overwrites.
-__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
-                                                      int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p_acc;\n"
-        "setp.ne.b32 p_acc, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" BRRR_WGMMA_R0_31 ", " BRRR_WGMMA_R32_63
-        "}, %64, %65, p_acc, 1, 1, 0, 0;\n}\n"
-        : BRRR_WGMMA_D32(0), BRRR_WGMMA_D32(32)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wgmma_m64n192k16_bf16(float (&d)[96], uint64_t desc_a, uint64_t desc_b,
-                                                      int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p_acc;\n"
-        "setp.ne.b32 p_acc, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" BRRR_WGMMA_R0_31 ", " BRRR_WGMMA_R32_63
-        ", " BRRR_WGMMA_R64_95 "}, %96, %97, p_acc, 1, 1, 0, 0;\n}\n"
-        : BRRR_WGMMA_D32(0), BRRR_WGMMA_D32(32), BRRR_WGMMA_D32(64)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
-                                                      int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p_acc;\n"
-        "setp.ne.b32 p_acc, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" BRRR_WGMMA_R0_31 ", " BRRR_WGMMA_R32_63
-        ", " BRRR_WGMMA_R64_95 ", " BRRR_WGMMA_R96_127 "}, %128, %129, p_acc, 1, 1, 0, 0;\n}\n"
-        : BRRR_WGMMA_D32(0), BRRR_WGMMA_D32(32), BRRR_WGMMA_D32(64), BRRR_WGMMA_D32(96)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
+// wgmma_m64n<N>k16_bf16(d, desc_a, desc_b, accumulate): D_REGS names d's placeholders, A, B, ACC
+// those of the three inputs, which follow the N / 2 accumulators.
+#define BRRR_WGMMA_SS(N, D_REGS, A, B, ACC, ...)                                                          \
+    __device__ __forceinline__ void wgmma_m64n##N##k16_bf16(float(&d)[N / 2], uint64_t desc_a, uint64_t desc_b, \
+                                                            int accumulate) {                              \
+        asm volatile(                                                                                      \
+            "{\n.reg .pred p_acc;\n"                                                                       \
+            "setp.ne.b32 p_acc, " ACC ", 0;\n"                                                             \
+            "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" D_REGS "}, " A ", " B              \
+            ", p_acc, 1, 1, 0, 0;\n}\n"                                                                     \
+            : __VA_ARGS__                                                                                  \
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                                  \
+    }
+BRRR_WGMMA_SS(128, BRRR_WGMMA_R0_31 ", " BRRR_WGMMA_R32_63, "%64", "%65", "%66", BRRR_WGMMA_D32(0), BRRR_WGMMA_D32(32))
+BRRR_WGMMA_SS(192, BRRR_WGMMA_R0_31 ", " BRRR_WGMMA_R32_63 ", " BRRR_WGMMA_R64_95, "%96", "%97", "%98",
+              BRRR_WGMMA_D32(0), BRRR_WGMMA_D32(32), BRRR_WGMMA_D32(64))
+BRRR_WGMMA_SS(256, BRRR_WGMMA_R0_31 ", " BRRR_WGMMA_R32_63 ", " BRRR_WGMMA_R64_95 ", " BRRR_WGMMA_R96_127, "%128",
+              "%129", "%130", BRRR_WGMMA_D32(0), BRRR_WGMMA_D32(32), BRRR_WGMMA_D32(64), BRRR_WGMMA_D32(96))
+#undef BRRR_WGMMA_SS
 
 template <int N>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
