@@ -1,10 +1,11 @@
-// cuda_gemm_lab.cu — the prefill GEMM y = x W^T (csrc/cuda/gemm.cu) from the engine's mma.sync
-// kernel to a Hopper wgmma + TMA kernel, variant by variant, beside cuBLAS on the same shapes.
+// cuda_gemm_lab.cu — the prefill GEMM y = x W^T from the engine's mma.sync kernel to the Hopper
+// wgmma + TMA kernel, variant by variant, beside cuBLAS on the same shapes.
 //
-// This file includes gemm.cu itself, so every variant is the production code: 01 is the mma.sync
-// kernel (the path sm_80 keeps), 02.. are configurations of the sm90 kernel (tile width, ring
-// depth, one CTA per tile or a persistent grid, tile-order grouping), and "auto" is exactly what
-// gemm_bf16 runs on a Hopper device.
+// Every variant is production code or a numbered lab form of it: 01 is the mma.sync kernel
+// (gemm_sm80, the path sm_80 keeps), 02.. are configurations of the sm90 kernel template
+// (csrc/cuda/gemm_sm90.cuh: tile width, ring depth, one CTA per tile or a persistent grid,
+// tile-order grouping), 08 "auto" is exactly what gemm_bf16 runs on a Hopper device (gemm_sm90),
+// and 09 / 10 run clusters of two CTAs sharing W tiles (gemm_sm90_cluster.cuh, lab only).
 //
 //   check  every variant x every epilogue (StoreBf16, StoreF32, AddResidual, SwiGLU) on odd and
 //          model shapes (SmolLM2 576/192/1536, Llama 2048/4096/8192/14336/128256): random inputs,
@@ -17,7 +18,7 @@
 //          Then the GEMV/GEMM switch point (M = 1..16) and the fused epilogues at full size.
 //
 // Build and run: benchmarks/lab/run_gemm_lab.sh (nvcc ... -gencode=arch=compute_90a,code=sm_90a
-// cuda_gemm_lab.cu csrc/cuda/gemv.cu -lcublas; gemv.cu for matmul_bf16's other side).
+// cuda_gemm_lab.cu csrc/cuda/{gemm_sm80,gemm_sm90,matmul,gemv,norm,rope}.cu -lcublas).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -28,7 +29,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/gemm.cu"
+#include "cuda/gemm_common.cuh"
+#include "cuda/gemm_sm90.cuh"
+#include "gemm_sm90_cluster.cuh"
 
 using namespace brrr::cuda;
 
@@ -145,16 +148,16 @@ struct Variant {
 };
 
 const Variant kVariants[] = {
-    {"01_mma_sync_128x128_s3", false, [](const GemmArgs& p, cudaStream_t s) { launch_mma_sync(p, s); }},
+    {"01_mma_sync_128x128_s3", false, [](const GemmArgs& p, cudaStream_t s) { gemm_sm80(p, s); }},
     {"02_wgmma_128x128_s6_grid", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<128, 6>(p, 0, 8, s); }},
     {"03_wgmma_128x256_s4_grid", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<256, 4>(p, 0, 8, s); }},
     {"04_wgmma_128x128_s6_persist", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<128, 6>(p, g_sms, 8, s); }},
     {"05_wgmma_128x256_s4_persist", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<256, 4>(p, g_sms, 8, s); }},
     {"06_wgmma_128x256_s3_persist", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<256, 3>(p, g_sms, 8, s); }},
     {"07_wgmma_128x256_s4_persist_g16", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<256, 4>(p, g_sms, 16, s); }},
-    {"08_auto_gemm_bf16", true, [](const GemmArgs& p, cudaStream_t s) { launch_sm90_auto(p, g_sms, s); }},
-    {"09_wgmma_128x256_s4_persist_cluster2", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<256, 4, 2>(p, g_sms, 8, s); }},
-    {"10_wgmma_128x128_s6_persist_cluster2", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<128, 6, 2>(p, g_sms, 8, s); }},
+    {"08_auto_gemm_bf16", true, [](const GemmArgs& p, cudaStream_t s) { gemm_sm90(p, 1, g_sms, s); }},
+    {"09_wgmma_128x256_s4_persist_cluster2", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch_cluster<256, 4>(p, g_sms, 8, s); }},
+    {"10_wgmma_128x128_s6_persist_cluster2", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch_cluster<128, 6>(p, g_sms, 8, s); }},
     {"11_wgmma_128x192_s5_persist", true, [](const GemmArgs& p, cudaStream_t s) { sm90::launch<192, 5>(p, g_sms, 8, s); }},
 };
 
@@ -231,7 +234,7 @@ Result check_variant(const Variant& v, int M, int N, int K, Epilogue ep, int ld_
     out.out_bf16 = g_buf.out_bf16;
     out.out_f32 = g_buf.out_f32;
     out.residual = g_buf.residual;
-    const GemmArgs p = prepare_args(g_buf.x, g_buf.W, M, N, K, ep, out);
+    const GemmArgs p = gemm_args(g_buf.x, g_buf.W, M, N, K, ep, out);
     if (v.needs_tma && !sm90_ok(p)) return r;
     r.ran = true;
     const size_t n_out = (size_t)M * ld;
@@ -412,7 +415,7 @@ void run_bench(FILE* json, const std::vector<std::string>& only) {
             }
             EpilogueArgs out;
             out.out_bf16 = g_buf.out_bf16;
-            const GemmArgs p = prepare_args(g_buf.x, g_buf.W, s.M, s.N, s.K, Epilogue::StoreBf16, out);
+            const GemmArgs p = gemm_args(g_buf.x, g_buf.W, s.M, s.N, s.K, Epilogue::StoreBf16, out);
             const float ms = median_ms([&] { v.run(p, 0); });
             const double tf = flop / (ms * 1e-3) / 1e12;
             std::printf("%-34s %6d %6d %6d %9.1f %8.1f %10.2e\n", v.name, s.M, s.N, s.K, tf, 100.0 * tf / cublas_tf,
@@ -439,10 +442,10 @@ void run_bench(FILE* json, const std::vector<std::string>& only) {
         for (int M : {1, 2, 4, 8, 12, 16}) {
             EpilogueArgs out;
             out.out_bf16 = g_buf.out_bf16;
-            const GemmArgs p = prepare_args(g_buf.x, g_buf.W, M, s.N, s.K, Epilogue::StoreBf16, out);
+            const GemmArgs p = gemm_args(g_buf.x, g_buf.W, M, s.N, s.K, Epilogue::StoreBf16, out);
             const float gemv_ms = median_ms([&] { gemv_bf16(g_buf.x, g_buf.W, M, s.N, s.K, Epilogue::StoreBf16, out, 0); });
-            const float gemm_ms = median_ms([&] { launch_sm90_auto(p, g_sms, 0); });
-            const float mma_ms = median_ms([&] { launch_mma_sync(p, 0); });
+            const float gemm_ms = median_ms([&] { gemm_sm90(p, 1, g_sms, 0); });
+            const float mma_ms = median_ms([&] { gemm_sm80(p, 0); });
             std::printf("%6d %6d %6d %10.2f %10.2f %10.2f\n", M, s.N, s.K, gemv_ms * 1e3, gemm_ms * 1e3, mma_ms * 1e3);
             std::fprintf(json,
                          "{\"mode\":\"switch\",\"M\":%d,\"N\":%d,\"K\":%d,\"gemv_us\":%.2f,\"gemm_auto_us\":%.2f,"
@@ -472,7 +475,7 @@ void run_bench(FILE* json, const std::vector<std::string>& only) {
         out.out_bf16 = g_buf.out_bf16;
         out.out_f32 = g_buf.out_f32;
         out.residual = g_buf.residual;
-        const GemmArgs p = prepare_args(g_buf.x, g_buf.W, s.M, s.N, s.K, e.ep, out);
+        const GemmArgs p = gemm_args(g_buf.x, g_buf.W, s.M, s.N, s.K, e.ep, out);
         const float ms = median_ms([&] { prod.run(p, 0); });
         const double tf = 2.0 * s.M * s.N * s.K / (ms * 1e-3) / 1e12;
         std::printf("  %-12s M=%d N=%d K=%d: %.1f TFLOP/s\n", ep_name(e.ep), s.M, s.N, s.K, tf);
@@ -504,9 +507,9 @@ int main(int argc, char** argv) {
     g_sms = prop.multiProcessorCount;
     std::printf("%s, %d SMs, cc %d.%d\n", prop.name, g_sms, prop.major, prop.minor);
     cudaFuncAttributes attr;
-    LAB_CHECK(cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 0, 1>));
+    LAB_CHECK(cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 0>));
     int sms = 0;
-    const bool production_uses_sm90 = hopper_device(&sms);
+    const bool production_uses_sm90 = gemm_sm90_available(&sms);
     std::printf("sm90 kernel binaryVersion %d; gemm_bf16 takes the sm90 path here: %s\n", attr.binaryVersion,
                 production_uses_sm90 ? "yes" : "NO");
     if (prop.major != 9) {

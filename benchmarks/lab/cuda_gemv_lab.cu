@@ -37,7 +37,7 @@
 //        GB/s counts W + x + y once; % of a 1 GiB device-to-device copy (read + write).
 //
 //   nvcc -std=c++17 -O3 --use_fast_math -Icsrc -DBRRR_WITH_CUDA -gencode=arch=compute_90a,code=sm_90a \
-//        benchmarks/lab/cuda_gemv_lab.cu csrc/cuda/gemv.cu csrc/cuda/gemm.cu csrc/cuda/norm.cu \
+//        benchmarks/lab/cuda_gemv_lab.cu csrc/cuda/gemv.cu csrc/cuda/{gemm_sm80,gemm_sm90,matmul}.cu csrc/cuda/norm.cu \
 //        csrc/cuda/rope.cu -o /tmp/gemv_lab && /tmp/gemv_lab
 #include <algorithm>
 #include <cmath>

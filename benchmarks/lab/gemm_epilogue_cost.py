@@ -7,8 +7,6 @@ device time from the kernels' own durations (bench_kernels.py's method). The Lla
 output byte.
 
     python3 benchmarks/lab/gemm_epilogue_cost.py [--shapes 4096x4096,4096x14336] [--ms 2048,4096]
-
-Environment switches of the engine (LLAMA_BRRR_GEMM_*) apply as in the engine; run once per setting.
 """
 import argparse
 import json

@@ -5,7 +5,6 @@ y of the same x and W (bit for bit: the add is one fp32 add), and every wrong el
   twice    residual + 2 y (added twice)
   other    anything else (e.g. another box's values)
 and located by 64 x 32 box (the TMA epilogue's unit). Exit status 1 when any element was wrong.
-Environment switches apply as in the engine.
     python3 benchmarks/lab/gemm_residual_race.py [--ks 64,136,576] [--repeats 5] [--label default]
 """
 import argparse

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# prefill_ab.sh — prefill end to end, 8B and 1B shapes, under each value of one engine switch,
-# alternated twice, on a built tree: the A/B the GEMM lab scripts share.
-#   VAR     the environment switch (e.g. LLAMA_BRRR_GEMM_RESIDUAL_SPREAD)
+# prefill_ab.sh — prefill end to end, 8B and 1B shapes, under each value of one environment
+# variable, alternated twice, on a built tree.
+#   VAR     the variable (the engine's one runtime switch: LLAMA_BRRR_PDL, values "1 0")
 #   VALUES  its values, in the order run ("0 4")
 #   PROMPT  prompt tokens (default 2048)
 #   TAG     file prefix: $OUT/<TAG><value>_<pass>.json

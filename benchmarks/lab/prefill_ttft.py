@@ -1,7 +1,7 @@
 """prefill_ttft.py — one line per `llama-brrr bench --json` file: each model's time to first token,
-median / min of its repeats, in ms (the table the GEMM lab's prefill A/Bs print).
+median / min of its repeats, in ms (the table of prefill_ab.sh's runs).
 
-    python3 benchmarks/lab/prefill_ttft.py OUT/prefill_spread*.json
+    python3 benchmarks/lab/prefill_ttft.py OUT/prefill_pdl*.json
 """
 import json
 import os

@@ -32,7 +32,8 @@ fi
 # BRRR_MBARRIER_TIMEOUT: a lost arrival traps (an error) instead of hanging the run.
 if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
         -DBRRR_MBARRIER_TIMEOUT -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
-        benchmarks/lab/cuda_gemm_lab.cu csrc/cuda/gemv.cu csrc/cuda/norm.cu csrc/cuda/rope.cu -o "$BIN" "${CUBLAS_FLAGS[@]}" > "$OUT/build.log" 2>&1; then
+        benchmarks/lab/cuda_gemm_lab.cu csrc/cuda/gemm_sm80.cu csrc/cuda/gemm_sm90.cu csrc/cuda/matmul.cu \
+        csrc/cuda/gemv.cu csrc/cuda/norm.cu csrc/cuda/rope.cu -o "$BIN" "${CUBLAS_FLAGS[@]}" > "$OUT/build.log" 2>&1; then
     echo "build failed:"; tail -40 "$OUT/build.log"; exit 2
 fi
 grep -E "spill|Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c > "$OUT/ptxas_summary.txt"

@@ -11,7 +11,8 @@ OBJ=$(mktemp -d)
 FLAGS=(-O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA
        -gencode=arch=compute_90a,code=sm_90a)
 pids=()
-for src in benchmarks/lab/cuda_gemv_lab.cu csrc/cuda/gemv.cu csrc/cuda/gemm.cu csrc/cuda/norm.cu csrc/cuda/rope.cu; do
+for src in benchmarks/lab/cuda_gemv_lab.cu csrc/cuda/gemv.cu csrc/cuda/gemm_sm80.cu csrc/cuda/gemm_sm90.cu csrc/cuda/matmul.cu \
+           csrc/cuda/norm.cu csrc/cuda/rope.cu; do
     nvcc "${FLAGS[@]}" -Xptxas -v -c "$src" -o "$OBJ/$(basename "$src").o" > "$OUT/build_$(basename "$src").log" 2>&1 &
     pids+=($!)
 done

@@ -33,6 +33,7 @@
 #include <cstdlib>
 
 #include "cuda/check.cuh"
+#include "cuda/tuning.h"
 
 namespace brrr {
 namespace cuda {
@@ -48,13 +49,6 @@ __device__ __forceinline__ void pdl_wait() {
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Asks L2 to fetch [p, p + bytes) without waiting for it (p 16-byte aligned, bytes % 16 == 0).
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 
@@ -108,22 +102,16 @@ bool runs_sm90a(void (*kernel)(KernelArgs...)) {
     return s == 1;
 }
 
-// An integer from the environment, or fallback when unset, empty or not a number: the
-// diagnostic switches of benchmarks/lab/decode_variants.sh, each read once by its user.
-inline int env_int(const char* name, int fallback) {
-    const char* v = std::getenv(name);
-    if (!v || !*v) return fallback;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    return *end == '\0' ? (int)n : fallback;
-}
-
-// A switch from the environment: 0 is off, another integer on, anything else the fallback.
-inline bool env_flag(const char* name, bool fallback) { return env_int(name, fallback ? 1 : 0) != 0; }
-
-// LLAMA_BRRR_PDL=0 launches plainly (a diagnostic for benchmarks/lab/decode_variants.sh), read once.
+// Whether launch_pdl sets the PDL attribute: tuning::kPdlEnv (LLAMA_BRRR_PDL=0 turns it off),
+// read once per process.
 inline bool pdl_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_PDL", true);
+    static const bool on = [] {
+        const char* v = std::getenv(tuning::kPdlEnv);
+        if (v == nullptr || *v == '\0') return true;
+        char* end = nullptr;
+        const long n = std::strtol(v, &end, 10);
+        return *end != '\0' || n != 0;  // only an integer 0 turns it off
+    }();
     return on;
 }
 

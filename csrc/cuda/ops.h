@@ -80,14 +80,22 @@ void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
 // y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: rows below the tensor-core switch (M = 1) normalize inside the CUDA-core GEMV, more run rmsnorm_residual into xn [M, K] first, then the tensor-core GEMV (M <= 16) or gemm_bf16 (without xn, M <= 16 normalizes inside the CUDA-core GEMV).
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream);
 
-// ---- gemm.cu: prefill, tensor cores (wgmma on sm_90a, else mma.sync; bf16 -> fp32), any M, N, K
-// RopeKV is fused on Hopper for head_dim 64 / 128; elsewhere it stages q|k|v in args.out_f32 [M, N] and runs rope_kv_append.
+// ---- matmul.cu: the matmul entry points; gemm_sm80.cu / gemm_sm90.cu: the prefill GEMMs -----
+// Tensor cores (wgmma on sm_90a, else mma.sync; bf16 -> fp32), any M, N, K. RopeKV is fused on Hopper for head_dim 64 / 128; elsewhere it stages q|k|v in args.out_f32 [M, N] and runs rope_kv_append.
 void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 // The split-K scratch that lets any GEMM on a device of `sm_count` SMs split as far as it would.
 size_t gemm_split_scratch_floats(int sm_count);
 int gemm_split_scratch_counters(int sm_count);
-// The engine's choice between the two by shape (the switch point is measured, see gemm.cu).
+// The engine's choice by shape: the GEMV up to tuning::kGemvMaxRows rows, gemm_bf16 above.
 void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// The two kernels behind gemm_bf16, on one call's argument block (gemm_common.cuh).
+struct GemmArgs;
+// mma.sync GEMM, any GPU from sm_80, any shape and alignment.
+void gemm_sm80(const GemmArgs& p, cudaStream_t stream);
+// Whether the wgmma GEMM runs here (a Hopper device and an sm_90a image); sets the device's SM count.
+bool gemm_sm90_available(int* sm_count);
+// wgmma GEMM with K split `splits` ways (1: none), tile width by the wave model; needs tma_compatible(p).
+void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
 
 // ---- rope.cu: rotate-half RoPE on q and k, k and v appended to the cache ----------------------
 // qkv [M, (Hq + 2 Hkv) * hd] fp32 from the QKV matmul; row m is token `positions[m]` of slot

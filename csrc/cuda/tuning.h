@@ -14,6 +14,27 @@ namespace tuning {
 // ---- prefill attention (attention_prefill_sm80.cu, attention_prefill_sm90.cu) -----------------
 
 // ---- GEMM (gemm_sm80.cu, gemm_sm90.cu) and the matmul dispatch (matmul.cu) --------------------
+// Largest M that matmul_bf16 sends to the GEMV; from M = 17 on the GEMM is as fast or faster.
+constexpr int kGemvMaxRows = 16;
+// mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
+constexpr int kGemmSm80TileK = 32;
+// mma.sync GEMM: cp.async ring depth (stages in flight hide the global-load latency).
+constexpr int kGemmSm80Stages = 3;
+// wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
+constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
+// wgmma GEMM: tile rows walked before moving one tile column right (L2 reuse of x and W bands).
+constexpr int kGemmSm90GroupM = 8;
+// wgmma GEMM: 256-column tiles win ties within this ratio (num / den) against narrower ones.
+constexpr int kGemmWideTieNum = 21, kGemmWideTieDen = 20;
+// wgmma GEMM, AddResidual: L2 is asked for a tile's residual over the last 1 / F of its main loop.
+constexpr int kGemmResidualSpread = 4;
+
+// ---- the runtime switch (launch.cuh) -------------------------------------------------------------
+// LLAMA_BRRR_PDL=0 launches the decode chain's kernels plainly instead of with programmatic
+// dependent launch. A kill-switch, not a knob: PDL is on by default (each kernel's setup overlaps
+// its predecessor's tail); the switch isolates PDL when a decode result or a sanitizer run is in
+// doubt, and measures what the overlap is worth.
+constexpr const char* kPdlEnv = "LLAMA_BRRR_PDL";
 
 }  // namespace tuning
 }  // namespace cuda

@@ -1,0 +1,58 @@
+// gemm_sm90.cu — which configuration of the Hopper GEMM (gemm_sm90.cuh) a call runs.
+//
+//   gemm_sm90(p, splits, sm_count): tile width BN in {256, 192, 128} with its ring depth, a
+//   persistent grid of at most sm_count CTAs, tiles walked in groups of kGemmSm90GroupM tile rows.
+//
+// Tile width by a wave model: time ~ waves x tile width (a tile's work grows with its width, and a
+// partly filled last wave costs a full one). The cheapest of 256 / 192 / 128 columns wins; 256
+// also wins near-ties (within kGemmWideTieNum / kGemmWideTieDen), because its tiles re-read x
+// half as often. RopeKV leaves out 192, which does not hold whole heads of 128.
+// With splits > 1 (chosen by matmul.cu's split-K model) the call runs 128-column tiles, the width
+// the split-K scratch is sized for. Ring depth per width is the deepest that fits shared memory
+// beside the epilogue's staging boxes (tuning.h).
+//
+// Invariants: the instances compiled here are exactly those a call can pick (per width: SwiGLU,
+// plain, RopeKV with head_dim 64 and, where BN holds whole heads of 128, 128); the sm_90a image
+// is checked once per device (gemm_sm90_available) before any of them is launched.
+#include "cuda/gemm_sm90.cuh"
+
+#include <algorithm>
+
+#include "cuda/launch.cuh"
+#include "cuda/tuning.h"
+
+namespace brrr {
+namespace cuda {
+
+bool gemm_sm90_available(int* sm_count) {
+    *sm_count = device_facts().sm_count;
+    return runs_sm90a(sm90::gemm_sm90_kernel<256, tuning::kGemmSm90Stages256, false, 0>);
+}
+
+void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream) {
+    constexpr int kGroupM = tuning::kGemmSm90GroupM;
+    if (splits > 1) {
+        static_assert(sm90::kSplitTileCols == 128, "split-K runs the 128-column instance");
+        sm90::launch<128, tuning::kGemmSm90Stages128>(p, sm_count, kGroupM, stream, splits);
+        return;
+    }
+    const long long tiles_m = CEIL_DIV(p.M, sm90::kBM);
+    const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;  // a SwiGLU tile yields BN / 2 outputs
+    auto cost = [&](int bn) {
+        const long long tiles = tiles_m * CEIL_DIV(p.width, bn / out_per_col);
+        return CEIL_DIV(tiles, (long long)sm_count) * bn;
+    };
+    const long long c256 = cost(256), c128 = cost(128);
+    const long long c192 = p.ep == Epilogue::RopeKV ? c128 + 1 : cost(192);
+    const long long best_narrow = std::min(c192, c128);
+    if (tuning::kGemmWideTieDen * c256 <= tuning::kGemmWideTieNum * best_narrow) {
+        sm90::launch<256, tuning::kGemmSm90Stages256>(p, sm_count, kGroupM, stream);
+    } else if (c192 <= c128) {
+        sm90::launch<192, tuning::kGemmSm90Stages192>(p, sm_count, kGroupM, stream);
+    } else {
+        sm90::launch<128, tuning::kGemmSm90Stages128>(p, sm_count, kGroupM, stream);
+    }
+}
+
+}  // namespace cuda
+}  // namespace brrr

@@ -1,0 +1,105 @@
+// matmul.cu — the entry points of every matmul: which kernel a call runs, chosen by shape.
+//
+//   matmul_bf16: M <= kGemvMaxRows rows go to the GEMV (gemv.cu, memory-bound: each weight byte
+//                streamed once), more to gemm_bf16 (compute-bound tiles on tensor cores).
+//   gemm_bf16:   the wgmma GEMM (gemm_sm90.cu) on a Hopper device with an sm_90a image when TMA can
+//                describe x and W (K % 8 == 0, 16-byte aligned), else the mma.sync GEMM
+//                (gemm_sm80.cu). RopeKV is fused on Hopper for head_dim 64 / 128 with 4-byte
+//                aligned destinations; otherwise q|k|v is staged in args.out_f32 and
+//                rope_kv_append (rope.cu) finishes.
+//
+// Split-K (Hopper only, and only with the scratch the caller lends in EpilogueArgs::split): when
+// even 128-column tiles leave more than half of the SMs idle (M up to ~128 on the Llama
+// projections: short prompts, the last chunk of a long one, batches of 17-64 sequences), K is
+// split, at most as far as one wave of work items. Then one SM's bytes bound the time: a split
+// streams its k slices (kSliceBytes of x and W each) and writes its partials, and the last one
+// also reads every split's partials back (128 x 4 bytes a tile row, rows past M skipped by whole
+// 8-row groups). The split count with the fewest such bytes wins (e.g. 4 for the 1B wo at
+// M = 128, K = 2048; 8 for its w2, K = 8192).
+// Invariants: gemm_split_scratch_* size the scratch so that any split this model picks fits;
+// the split counters are left zero by every call.
+#include <algorithm>
+
+#include "cuda/check.cuh"
+#include "cuda/gemm_common.cuh"
+#include "cuda/ops.h"
+#include "cuda/tuning.h"
+
+namespace brrr {
+namespace cuda {
+
+namespace {
+
+// Bytes of x and W one k slice of a 128 x 128 split-K tile streams: (128 + 128) rows x 64 bf16.
+constexpr long long kSliceBytes = (long long)(sm90::kBM + sm90::kSplitTileCols) * sm90::kBK * 2;
+
+// The fused RopeKV epilogue: head_dim 64 or 128 (tiles of whole heads), and destinations that
+// take 4-byte bf16 pairs. Anything else stages q|k|v in fp32 and runs rope_kv_append.
+bool rope_fusable(const GemmArgs& p) {
+    const RopeKVArgs& r = p.out.rope;
+    return (r.head_dim == 64 || r.head_dim == 128) && util::aligned_to(r.q_out, 4) &&
+           util::aligned_to(r.k_cache, 4) && util::aligned_to(r.v_cache, 4);
+}
+
+// The split count of p by the byte model above; 1 (no split) without scratch.
+int split_count(const GemmArgs& p, int sm_count) {
+    const SplitKScratch& sc = p.out.split;
+    if (sc.partials == nullptr || sc.counters == nullptr) return 1;
+    const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;
+    const long long tiles = (long long)CEIL_DIV(p.M, sm90::kBM) * CEIL_DIV(p.width, sm90::kSplitTileCols / out_per_col);
+    const int k_tiles = CEIL_DIV(p.K, sm90::kBK);
+    if (2 * tiles > sm_count || tiles > sc.n_counters) return 1;
+    const long long rows = std::min(sm90::kBM, CEIL_DIV(p.M, 8) * 8);  // of the fullest tile
+    auto bytes = [&](long long splits) {
+        const long long partials = splits > 1 ? (splits + 1) * rows * sm90::kSplitTileCols * 4 : 0;
+        return CEIL_DIV(k_tiles, splits) * kSliceBytes + partials;
+    };
+    int best = 1;
+    for (int splits = 2; splits <= k_tiles && tiles * splits <= sm_count; ++splits) {
+        if ((size_t)(tiles * splits) * sm90::kBM * sm90::kSplitTileCols > sc.floats) break;
+        if (bytes(splits) < bytes(best)) best = splits;
+    }
+    return best;
+}
+
+}  // namespace
+
+void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args,
+               cudaStream_t stream) {
+    const GemmArgs p = gemm_args(x, W, M, N, K, ep, args);
+    if (M == 0) return;
+    int sm_count = 0;
+    const bool hopper = tma_compatible(p) && gemm_sm90_available(&sm_count);
+    if (ep == Epilogue::RopeKV && !(hopper && rope_fusable(p))) {
+        BRRR_CHECK(args.out_f32 != nullptr, "gemm_bf16: RopeKV here (no fused epilogue for head_dim "
+                                                << args.rope.head_dim << " on this device) stages q|k|v in "
+                                                << "args.out_f32 [M, N]; got null");
+        EpilogueArgs staged;
+        staged.out_f32 = args.out_f32;
+        staged.split = args.split;
+        gemm_bf16(x, W, M, N, K, Epilogue::StoreF32, staged, stream);
+        rope_kv_append(args.out_f32, args.rope, M, stream);
+        return;
+    }
+    if (hopper) {
+        gemm_sm90(p, split_count(p, sm_count), sm_count, stream);
+    } else {
+        gemm_sm80(p, stream);
+    }
+}
+
+// split_count keeps tiles x splits <= sm_count and tiles <= sm_count / 2.
+size_t gemm_split_scratch_floats(int sm_count) { return (size_t)sm_count * sm90::kBM * sm90::kSplitTileCols; }
+int gemm_split_scratch_counters(int sm_count) { return std::max(1, sm_count / 2); }
+
+void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
+                 const EpilogueArgs& args, cudaStream_t stream) {
+    if (M <= tuning::kGemvMaxRows) {
+        gemv_bf16(x, W, M, N, K, ep, args, stream);
+    } else {
+        gemm_bf16(x, W, M, N, K, ep, args, stream);
+    }
+}
+
+}  // namespace cuda
+}  // namespace brrr
