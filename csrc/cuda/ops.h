@@ -97,7 +97,7 @@ void rope_kv_append(const float* qkv, const int* positions, const int* slots, co
 // The same with the destinations of an EpilogueArgs (what gemm_bf16 runs where RopeKV is not fused).
 void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_t stream);
 
-// ---- attention.cu ----------------------------------------------------------------------------
+// ---- attention_decode.cu, attention_prefill_sm80.cu, attention_prefill_sm90.cu --------------
 // Flash-decoding: one query token per sequence b (q [B, Hq, hd]) over its cached positions
 // [0, positions[b]]; split over the KV length into at most `max_splits` chunks, GQA-aware (each
 // K/V element read once per KV head), merged by the last chunk to finish. scratch: floats of

@@ -19,6 +19,19 @@ constexpr int kGemvLoads = 8;
 constexpr int kGemvM1Loads = 16;
 
 // ---- decode attention (attention_decode.cu) ---------------------------------------------------
+// Fewest positions a flash_decode split takes: smaller splits spread a short context over more
+// CTAs but add merge work and scratch round trips.
+constexpr int kDecodeMinChunk = 64;
+// Threads per flash_decode CTA: more warps per chunk shorten it, at the price of a larger
+// cross-warp combine (and the kernel's register cap, set for 2 CTAs of 256 per SM).
+constexpr int kDecodeThreads = 256;
+// flash_decode CTAs per SM the grid is sized for (one wave): more splits a sequence, against
+// more merging and a second wave once the registers no longer fit.
+constexpr int kDecodeCtasPerSm = 2;
+// Head dim from which the kernel after flash_decode (wo) may launch only as its CTAs exit, not
+// once their first rows are asked for: the late launch measured faster at hd 128 (Llama-3-8B) and
+// slower at hd 64 (Llama-3.2-1B); why is open (docs/kernels/attention.md).
+constexpr int kDecodeLateTriggerHeadDim = 128;
 
 // ---- prefill attention (attention_prefill_sm80.cu, attention_prefill_sm90.cu) -----------------
 
