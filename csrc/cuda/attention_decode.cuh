@@ -431,6 +431,8 @@ inline DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_
 }
 
 inline void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaStream_t stream) {
+    static_assert(tuning::kDecodeThreads == 128 || tuning::kDecodeThreads == 256,
+                  "flash_decode_kernel's register cap and merge assume 128 or 256 threads");
     if (head_dim == 64) launch_decode_group<64, tuning::kDecodeThreads>(a, B, stream);
     else launch_decode_group<128, tuning::kDecodeThreads>(a, B, stream);
 }
