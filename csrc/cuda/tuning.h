@@ -34,8 +34,6 @@ constexpr int kDecodeCtasPerSm = 2;
 constexpr int kDecodeLateTriggerHeadDim = 128;
 
 // ---- prefill attention (attention_prefill_sm80.cu, attention_prefill_sm90.cu) -----------------
-// No free knobs: the tiles (128 queries a CTA, 64- or 128-position K/V tiles, two ring slots) are
-// fixed by the fragment and swizzle layouts; attention_common.cuh and the kernels' headers name them.
 
 // ---- GEMM (gemm_sm80.cu, gemm_sm90.cu) and the matmul dispatch (matmul.cu) --------------------
 
