@@ -4,7 +4,7 @@
 // V brought in by cp.async.
 //
 // A CTA owns 128 queries of one head as two warpgroups of 64 rows; per KV tile of 128 positions
-// each runs the engine's per-tile step (attention.cu: wg_attend_tile, S = Q K^T and O += P V on
+// each runs the engine's per-tile step (attention_prefill_sm90.cuh: wg_attend_tile, S = Q K^T and O += P V on
 // wgmma, P from registers, V an MN-major operand). Q, K and V arrive by cp.async (16-byte chunks
 // placed where the 128-byte swizzle puts them), K/V double-buffered; a proxy fence makes those
 // generic-proxy writes visible to wgmma. The two warpgroups step through the tiles together (a CTA

@@ -1,7 +1,7 @@
-"""batches_table.py — the tables of decode_batches.sh's output: median decode tok/s per shape, batch
-and GEMV switch point (rows<N>.json: LLAMA_BRRR_GEMV_MMA_ROWS=N), each against 17 (the CUDA cores
-alone). Given a second folder (the same script run on a baseline tree, gpu_check.sh's BASE_PATCH),
-it sets this folder's figures against the baseline's instead, point by point.
+"""batches_table.py — the table of decode_batches.sh's output: median decode tok/s per shape and
+batch, one column per JSON file of the folder. Given a second folder (the same script run on a
+baseline tree, gpu_check.sh's BASE_PATCH), each figure is also set against the baseline's: its
+column of the same name, or its only column.
   python3 benchmarks/lab/batches_table.py OUT [BASE_OUT]
 """
 import json
@@ -10,12 +10,12 @@ from pathlib import Path
 
 
 def load(folder: Path) -> dict:
-    """{(model, batch): {rows: decode tok/s median}} from every rows<N>.json in folder."""
+    """{(model, batch): {file stem: decode tok/s median}} from every *.json in folder."""
     table = {}
-    for path in folder.glob("rows*.json"):
+    for path in sorted(folder.glob("*.json")):
         for run in json.loads(path.read_text())["runs"]:
             key = (run["model"], run["workload"]["batch"])
-            table.setdefault(key, {})[int(path.stem[4:])] = run["decode_tok_s"]["median"]
+            table.setdefault(key, {})[path.stem] = run["decode_tok_s"]["median"]
     return table
 
 
@@ -28,12 +28,16 @@ def cell(value, base) -> str:
 def main():
     this = load(Path(sys.argv[1]))
     base = load(Path(sys.argv[2])) if len(sys.argv) > 2 else None
-    cols = sorted({r for by in this.values() for r in by})
-    against = ", x of the baseline's" if base is not None else ", x of rows>=17" if 17 in cols else ""
-    print(f"{'shape':12} {'batch':>5} " + " ".join(f"{'rows>=' + str(r):>16}" for r in cols) + f"   (tok/s{against})")
+    cols = sorted({c for by in this.values() for c in by})
+    against = ", x of the baseline's" if base is not None else ""
+    print(f"{'shape':12} {'batch':>5} " + " ".join(f"{c:>16}" for c in cols) + f"   (tok/s{against})")
     for (model, batch), by in sorted(this.items()):
-        ref = {r: (base.get((model, batch), {}).get(r) if base is not None else by.get(17)) for r in cols}
-        print(f"{model:12} {batch:5d} " + " ".join(cell(by.get(r), ref[r]) for r in cols))
+        ref = {}
+        if base is not None:
+            theirs = base.get((model, batch), {})
+            for c in cols:
+                ref[c] = theirs.get(c, next(iter(theirs.values())) if len(theirs) == 1 else None)
+        print(f"{model:12} {batch:5d} " + " ".join(cell(by.get(c), ref.get(c)) for c in cols))
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 // attention_prefill_variants.cuh, each checked against a float64 reference and timed on the
 // attention heads of Llama-3.2-1B and Llama-3-8B.
 //
-// This file includes attention.cu, so variant 01 runs the production kernel. Every variant is a
+// This file includes the prefill kernels' headers and links their .cu files (run_attention_prefill_lab.sh),
+// so variants 11-13 and 15 run the production kernels. Every variant is a
 // launcher with attention_prefill's signature: q [T][Hq][hd], the caches [slots][max_seq][Hkv][hd]
 // and out [T][Hq][hd], all bf16. Query token i sits at position start_pos + i and attends to cache
 // positions [0, start_pos + i] of its slot (the new tokens' K/V are already there); GQA: query
 // head h reads KV head h / (Hq / Hkv).
 //
 //   nvcc -O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
-//        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_attention_prefill_lab.cu -o prefill_lab
+//        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_attention_prefill_lab.cu \
+//        csrc/cuda/attention_prefill_sm80.cu csrc/cuda/attention_prefill_sm90.cu -o prefill_lab
 //   ./prefill_lab check   every variant on odd lengths, offsets and GQA groups; exit 1 on a failure
 //   ./prefill_lab bench [--skip V,V]   Llama-3.2-1B and Llama-3-8B heads at T = 512..16384, JSON lines
 //                         on stdout; the named variants (those that failed the check) are not timed
@@ -25,7 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/attention.cu"
+#include "cuda/attention_prefill_sm80.cuh"
+#include "cuda/attention_prefill_sm90.cuh"
 
 using brrr::cuda::bf16;
 

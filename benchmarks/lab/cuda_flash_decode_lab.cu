@@ -3,15 +3,16 @@
 // that stream a weight matrix and then write q and this token's K/V row (what the fused QKV GEMV
 // does before attention).
 //
-// This file includes attention.cu, so every variant runs the production kernel; they differ only
-// in DecodeArgs: the fewest positions a split takes (min_chunk), threads per CTA, whether the
-// first K/V rows start loading before the PDL wait (early_kv), whether the next kernel may
-// launch before the CTAs exit (late_trigger). 01 is what ships (decode_args()). The shared-memory
-// tile kernel that the warp-owned rows replaced ran here as 10 / 11 (run BR, code at 2397a9c;
-// benchmarks/results/h100-sxm/flash_decode_lab/warps_table.txt).
+// This file includes attention_decode.cuh, so every variant runs the production kernel; they
+// differ only in the fewest positions a split takes (DecodeArgs::min_chunk) and the threads per CTA
+// (the kernel's THREADS; tuning.h's kDecodeMinChunk and kDecodeThreads). 01 is what ships
+// (decode_args()). Variants that are gone with the code they measured (06, 08-11: first K/V rows
+// after the PDL wait, the trigger at every head dim, the shared-memory tile kernel) are in
+// docs/kernels/attention.md.
 //
 //   nvcc -O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
-//        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu -o fd_lab
+//        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu \
+//        csrc/cuda/attention_decode.cu -o fd_lab
 //   ./fd_lab check    every variant on odd lengths, batches and GQA groups; exit 1 on a failure
 //   ./fd_lab bench    Llama-3.2-1B and Llama-3-8B heads at contexts 128..16384, JSON lines on stdout
 #include <cuda_bf16.h>
@@ -24,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/attention.cu"
+#include "cuda/attention_decode.cuh"
 #include "lab_timing.cuh"
 
 using brrr::cuda::bf16;
@@ -37,30 +38,29 @@ using brrr::f32_to_bf16;
 
 struct Variant {
     const char* name;
-    int min_chunk;     // 0: the shipped value
-    int threads;       // 0: the shipped value
-    bool early_kv;     // shipped: true
-    int late_trigger;  // -1: the shipped choice (late at hd 128), else 0 / 1
+    int min_chunk;  // 0: the shipped value
+    int threads;    // 0: the shipped value, else 128
 };
 
 const Variant kVariants[] = {
-    {"01_shipped", 0, 0, true, -1},
-    {"02_chunk128", 128, 0, true, -1},
-    {"03_chunk256", 256, 0, true, -1},
-    {"04_chunk512", 512, 0, true, -1},
-    {"05_one_chunk", 1 << 30, 0, true, -1},
-    {"06_no_early_kv", 0, 0, false, -1},
-    {"07_threads128", 0, 128, true, -1},
-    {"08_late_trigger", 0, 0, true, 1},
-    {"09_early_trigger", 0, 0, true, 0},
+    {"01_shipped", 0, 0},
+    {"02_chunk128", 128, 0},
+    {"03_chunk256", 256, 0},
+    {"04_chunk512", 512, 0},
+    {"05_one_chunk", 1 << 30, 0},
+    {"07_threads128", 0, 128},
 };
 
 DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
     if (v.min_chunk) a.min_chunk = v.min_chunk;
-    if (v.threads) a.threads = v.threads;
-    a.early_kv = v.early_kv;
-    if (v.late_trigger >= 0) a.late_trigger = v.late_trigger != 0;
     return a;
+}
+
+// flash_decode's launch with the variant's CTA size.
+void launch_variant(const Variant& v, const DecodeArgs& a, int B, int head_dim, cudaStream_t s) {
+    if (v.threads == 0) launch_flash_decode(a, B, head_dim, s);
+    else if (head_dim == 64) launch_decode_group<64, 128>(a, B, s);
+    else launch_decode_group<128, 128>(a, B, s);
 }
 
 template <class T>
@@ -142,7 +142,7 @@ int check_one(const Variant& v, Problem& pr) {
     int fails = 0;
     for (int call = 0; call < 2; ++call) {
         CUDA_CHECK(cudaMemset(pr.dout, 0xFF, (size_t)pr.B() * pr.Hq * pr.hd * 2));
-        launch_flash_decode(variant_args(v, pr.args()), pr.B(), pr.hd, 0);
+        launch_variant(v, variant_args(v, pr.args()), pr.B(), pr.hd, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<uint16_t> out((size_t)pr.B() * pr.Hq * pr.hd);
         CUDA_CHECK(cudaMemcpy(out.data(), pr.dout, out.size() * 2, cudaMemcpyDeviceToHost));
@@ -245,10 +245,10 @@ Timing time_variant(const Variant& v, Problem& pr, const std::vector<uint4*>& we
     const DecodeArgs a = variant_args(v, pr.args());
     const double both = graph_replay_us(s, layers, [&](int l) {
         stand_in(l);
-        launch_flash_decode(a, pr.B(), pr.hd, s);
+        launch_variant(v, a, pr.B(), pr.hd, s);
     });
     Timing t;
-    t.isolated_us = graph_replay_us(s, layers, [&](int) { launch_flash_decode(a, pr.B(), pr.hd, s); }) / layers;
+    t.isolated_us = graph_replay_us(s, layers, [&](int) { launch_variant(v, a, pr.B(), pr.hd, s); }) / layers;
     t.chain_us = (both - base) / layers;
     t.stand_in_us = base / layers;
     cudaFree(q_src);

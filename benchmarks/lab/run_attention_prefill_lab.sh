@@ -13,7 +13,8 @@ BIN=/tmp/attention_prefill_lab.bin
 # BRRR_MBARRIER_TIMEOUT: a lost arrival in the TMA variants traps instead of hanging the run.
 if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
         -DBRRR_MBARRIER_TIMEOUT -gencode=arch=compute_90a,code=sm_90a \
-        benchmarks/lab/cuda_attention_prefill_lab.cu -o "$BIN" \
+        benchmarks/lab/cuda_attention_prefill_lab.cu csrc/cuda/attention_prefill_sm80.cu \
+        csrc/cuda/attention_prefill_sm90.cu -o "$BIN" \
         > "$OUT/build.log" 2>&1; then
     echo "build failed:"; tail -40 "$OUT/build.log"; exit 2
 fi

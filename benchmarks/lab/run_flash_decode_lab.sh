@@ -9,7 +9,8 @@ OUT=${OUT:-/tmp/flash_decode_lab}
 mkdir -p "$OUT"
 BIN=/tmp/flash_decode_lab.bin
 if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
-        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu -o "$BIN" \
+        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu \
+        csrc/cuda/attention_decode.cu -o "$BIN" \
         > "$OUT/build.log" 2>&1; then
     echo "build failed:"; tail -40 "$OUT/build.log"; exit 2
 fi

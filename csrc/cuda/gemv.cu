@@ -4,64 +4,28 @@
 //   x [M, K] bf16, or the fp32 residual stream normalized on the fly (rmsnorm_matmul_bf16);
 //   W [N, K] bf16 ([out, in], row-major), fp32 accumulation, y handled per Epilogue.
 //
-// At batch 1 every weight byte is used exactly once, so the kernel is a memory stream: its time is
-// bytes / HBM bandwidth and everything here is about keeping enough 16-byte loads in flight and
-// about not losing time between kernels. Two forms share the contract (GemvPath in ops.h): the
-// CUDA-core kernel below, which M = 1 takes, and from 2 rows the tensor-core kernel after it
-// (mma.sync with W as the A operand), since from there on the CUDA cores' FMAs, not HBM, bind:
-// H100, kernels_switch.json, at M = 16 the CUDA cores stream 10-44% of the copy rate, the tensor
-// cores 44-96%; end to end batch 16 decodes 2.71x (1B) / 2.00x (8B) faster (run BZ), and since
-// its rows are normalized by their own kernel first, another 1.37x / 1.48x (run CB).
-// The notes below are the CUDA-core kernel's; the tensor-core kernel has its own.
-//   * Each warp owns a few output columns ("units") and streams their W rows end to end with
-//     16-byte loads (8 bf16 per lane, 512 contiguous bytes per warp instruction), issued before
-//     any math consumes them, bypassing L1: eight per lane, sixteen at M = 1 where the grid
-//     still fits the GPU at once (pick_m1_kernel). Sixteen ask for a Llama-3.2-1B warp's two 4 KB
-//     wqkv / w13 rows in one go (eight took two memory round trips per row pair): 1B decode 1.07x,
-//     8B 1.01x on H100 (decode_variants.sh, runs S and T), at 96-126 registers instead of 64-72.
-//   * Launched with PDL (launch.cuh), so the CTAs of this projection are resident and waiting when
-//     the kernel before it ends. It lets the next kernel launch before its own wait, not after:
-//     a single-wave grid (the 1B wqkv, wo, w2) leaves room that the next kernel's CTAs take while
-//     it streams, so their first weight loads overlap its tail: 1B decode 1.003-1.010x, 8B
-//     0.999-1.000x (runs CY-DA, variants/early_trigger_table.txt; LLAMA_BRRR_GEMV_EARLY_TRIGGER=0
-//     for the trigger after the wait). Prefetching the W rows into L2 before that wait (so the weight
-//     stream would overlap the previous kernel) measured slower on H100: 1B decode -8%, 8B -13%
-//     (benchmarks/lab/decode_variants.sh; the prefetches compete with the running kernel's stream
-//     and a multi-wave projection's rows are evicted before use). Prefetching only wo's rows,
-//     during flash_decode, which leaves HBM nearly idle, was slower too: 1B -1.8%, 8B -1.2%
-//     (up to half of L2 asked for; all of it, or with the wo launch moved earlier, no better).
-//     It stays as a switch, LLAMA_BRRR_GEMV_PREFETCH=1, off by default. Keeping part of the LM
-//     head in L2 across tokens (32 MB set aside for an access-policy window) was slower still:
-//     1B -5%, 8B -6%; the ~16 MB of loads in flight need the normal L2 the set-aside takes away
-//     (benchmarks/results/h100-sxm/variants/l2_persist_table.txt).
-//   * The first step's 16-byte loads per lane of the warp's rows are issued before that wait, into
-//     the registers the first step consumes: weights never depend on the kernel before, so the
-//     stream starts while it drains and while this CTA reduces and stages x. Unlike the L2
-//     prefetch this asks for no byte that is not consumed at once (LLAMA_BRRR_GEMV_EARLY=0 turns
-//     it off, for measuring).
-//   * x (all M rows) is staged in shared memory once per CTA, in K chunks that stay small at
-//     M = 16. One x vector read from shared memory feeds every row the warp streams, which is why
-//     warps own more rows as M grows: otherwise shared-memory bandwidth, not HBM, would bind.
-//     The copy is cp.async for plain bf16 rows, and for long normalized rows (M x K >= 4096) of
-//     x and norm_w before the RMSNorm reads them: one L2 round trip instead of one per 16 bytes
-//     a thread (stage_x_vec).
-//   * AddResidual (wo, w2): the lane that will store an output reads its residual right after the
-//     PDL wait and holds it through the weight stream, so the epilogue is an add and a store, not
-//     an L2 round trip at the end of every warp: 8B decode 1.015x, 1B 1.002-1.015x (run BU,
-//     LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0 for the old form). The same for RoPE's positions, slots and
-//     angles measured nothing (run BV).
-//   * Fused RMSNorm: each CTA reduces sum(x^2) of its rows itself (K fp32 values per row, from L2)
-//     and stages bf16(x * rstd * norm_w), which is what rmsnorm_residual would have written to HBM
-//     and this kernel would have read back. The reduction order is fixed per row (thread t sums
-//     chunks t, t + 128, ...; then warps in order), so a row's result does not depend on M.
-//   * fp32 accumulators per (m, row) live in registers (M is a template parameter); a butterfly
-//     shuffle reduces them across the warp and the epilogue runs on the reduced values.
-//   * Paired units: SwiGLU streams the pair of w13 rows (gate j, up H + j), so silu(g) * u is formed
-//     in registers and only [M, H] bf16 leaves the chip; RopeKV streams the rotation pair (dim i,
-//     dim i + hd/2) of one q/k/v head, so RoPE and the KV-cache append happen in the epilogue and
-//     the fp32 qkv never exists.
-// K % 8 != 0 or x / W not 16-byte aligned selects a scalar-load variant of the same kernel:
-// correct, slower; real model shapes always take the vector path (decided at the launcher).
+// At batch 1 every weight byte is used once, so the kernel is a memory stream: its time is
+// bytes / HBM bandwidth, and the design keeps enough 16-byte loads in flight and loses no time
+// between kernels. Two forms share the contract (GemvPath in ops.h): the CUDA-core kernel, which
+// takes M < tuning::kGemvTensorCoreMinRows, and the tensor-core kernel (mma.sync with W as the A
+// operand) from there on, where the CUDA cores' FMAs, not HBM, would bind.
+// The CUDA-core kernel:
+//   * A warp owns a few output columns ("units") and streams their W rows end to end with 16-byte
+//     loads that bypass L1 (512 contiguous bytes per warp instruction), tuning::kGemvLoads per
+//     lane in flight, tuning::kGemvM1Loads at M = 1 where the grid still fits the GPU at once.
+//   * Launched with PDL (launch.cuh): it lets the next kernel launch before its own wait, and
+//     issues the first step's W loads before that wait (weights never depend on the kernel
+//     before), so the weight stream starts while the previous kernel drains.
+//   * x (all M rows) is staged in shared memory once per CTA, in K chunks (cp.async for plain
+//     rows); one x vector read from shared memory feeds every W row the warp streams, which is why
+//     warps own more units as M grows. AddResidual reads its residual right after the wait.
+//   * Fused RMSNorm: each CTA reduces sum(x^2) of its rows in a fixed order (so a row's result does
+//     not depend on M) and stages bf16(x * rstd * norm_w), what rmsnorm_residual would have written.
+//   * Paired units: SwiGLU streams gate row j with up row H + j, RopeKV dim i with dim i + hd/2 of
+//     one head, so the pair meets in registers and only the epilogue's output leaves the chip.
+// Invariants: a row's accumulation order never depends on the other rows; K % 8 != 0 or
+// unaligned x / W select a scalar-load instance of the same kernel (correct, slower).
+// Measured alternatives and why they lost: docs/kernels/gemv.md.
 #include <algorithm>
 
 #include "cuda/check.cuh"
@@ -69,6 +33,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
+#include "cuda/tuning.h"
 
 namespace brrr {
 namespace cuda {
@@ -98,12 +63,6 @@ struct GemvArgs {
     int half_n;           // SwiGLU: offset of the up rows (H); Rope: head_dim / 2
     int M;                // rows of x (the tensor-core kernel; the CUDA-core one has it as a template argument)
     int K, chunk;         // chunk = x elements per row staged per K step
-    bool prefetch;        // ask L2 for the W rows before waiting for the previous kernel
-    bool early;           // issue the first W loads into registers before that wait
-    bool trigger_early;   // let the next kernel launch before this one's wait, not after it
-    bool early_residual;  // AddResidual: read the residual right after the wait, not in the epilogue
-    int loads;            // M = 1: W loads per lane in flight, 8, 16 or 32, 0 by rule (M > 1: 8)
-    bool stage_async;     // plain x rows staged by cp.async (else a load-store loop)
     bool norm_in_smem;    // NORM, whole long rows: x and norm_w copied into shared memory first
     Epilogue ep;
     EpilogueArgs out;
@@ -157,13 +116,11 @@ __device__ void row_rstd(const float* __restrict__ x, int K, float eps, float* r
     // The chunk loop starts with a barrier, which publishes rstd.
 }
 
-// Eight consecutive x values of row m from k, as the bf16 the matmul consumes: plain bf16 input, or
+// Eight consecutive normalized x values of row m from k, as the bf16 the matmul consumes:
 // bf16(x * rstd * w) exactly as rmsnorm_residual rounds it.
 // x_f32 / norm_w: the arguments' arrays, or their shared-memory copies (GemvArgs::norm_in_smem).
-template <bool NORM>
-__device__ __forceinline__ uint4 staged_x8(const GemvArgs& a, int m, int k, const float* x_f32, const bf16* norm_w,
-                                           const float* rstd) {
-    if (!NORM) return __ldg(reinterpret_cast<const uint4*>(a.x + (size_t)m * a.K + k));
+__device__ __forceinline__ uint4 normalized_x8(const GemvArgs& a, int m, int k, const float* x_f32, const bf16* norm_w,
+                                               const float* rstd) {
     const float4* x4 = reinterpret_cast<const float4*>(x_f32 + (size_t)m * a.K + k);
     const float4 lo = x4[0], hi = x4[1];
     const uint4 wp = *reinterpret_cast<const uint4*>(norm_w + k);
@@ -184,31 +141,23 @@ __device__ __forceinline__ void copy_to_smem_async(void* dst, const void* src, i
 }
 
 // Stages x[:, k0 : k0 + len) into xs [M][chunk] as the bf16 the matmul consumes (len % 8 == 0).
-// Plain rows (a.stage_async) go by cp.async, every copy of a thread in flight at once and nothing
-// held in registers: x comes from L2 after the previous kernel, and the loop below waits out one
-// round trip per 16 bytes before issuing the next (the compiler keeps a load behind the
-// shared-memory store before it): 8 round trips per thread for the Llama-3.2-1B w2 (K = 8192).
-// H100, decode end to end: 1B 1.013x, 8B 1.022x (run AE). Normalized rows are read from x_f32 /
-// norm_w: global memory, or for long rows (norm_in_smem) the shared-memory copies cp.async made
-// of them in one round trip. Also tried, all slower on the 1B decode (benchmarks/results/h100-sxm/
-// variants/stage_*_table.txt): batched loads (12 registers a group on top of the W loads in
-// flight: 72 -> 128 registers, which would split the one-wave 8B wqkv grid in two); the copies at
-// K = 2048 too (1B 0.91x where 8B gained 1.02x: the loop's 2 staging round trips beat them,
-// since cp.async.wait_group compiles to a DEPBAR that, it seems, also holds the thread for the W
-// loads issued before it); TMA bulk copies, or cp.async arriving on an mbarrier (0.63-0.93x).
+// Plain rows go by cp.async, every copy of a thread in flight at once and nothing held in
+// registers: x comes from L2 after the previous kernel, and a load-store loop would wait out one
+// round trip per 16 bytes before issuing the next. Normalized rows are read from x_f32 / norm_w:
+// global memory, or for long rows (norm_in_smem) the shared-memory copies cp.async made of them.
 template <int M, bool NORM>
 __device__ __forceinline__ void stage_x_vec(const GemvArgs& a, uint16_t* xs, int k0, int len, const float* x_f32,
                                             const bf16* norm_w, const float* rstd) {
-    const int n8 = len / 8, total = M * n8;
-    if (!NORM && a.stage_async) {
+    if constexpr (!NORM) {
         for (int m = 0; m < M; ++m)
             copy_to_smem_async(xs + (size_t)m * a.chunk, a.x + (size_t)m * a.K + k0, len * (int)sizeof(uint16_t));
         ptx::cp_async_wait<0>();
-        return;
-    }
-    for (int i = threadIdx.x; i < total; i += kThreads) {
-        const int m = i / n8, v = i - m * n8;
-        reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = staged_x8<NORM>(a, m, k0 + 8 * v, x_f32, norm_w, rstd);
+    } else {
+        const int n8 = len / 8, total = M * n8;
+        for (int i = threadIdx.x; i < total; i += kThreads) {
+            const int m = i / n8, v = i - m * n8;
+            reinterpret_cast<uint4*>(xs + (size_t)m * a.chunk)[v] = normalized_x8(a, m, k0 + 8 * v, x_f32, norm_w, rstd);
+        }
     }
 }
 
@@ -221,7 +170,7 @@ __device__ __forceinline__ uint16_t staged_x1(const GemvArgs& a, int m, int k, c
 }
 
 // One CTA: WARPS warps x UNITS units each; LOADS 16-byte W loads per lane in flight.
-template <int M, int UNITS, Pairing P, bool VEC, bool NORM, int LOADS = 8>
+template <int M, int UNITS, Pairing P, bool VEC, bool NORM, int LOADS = tuning::kGemvLoads>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     constexpr int R = P != Pairing::None ? 2 * UNITS : UNITS;  // W rows streamed together
     constexpr int U = R >= LOADS ? 1 : LOADS / R;               // loads per row in flight: R * U = LOADS per lane
@@ -251,13 +200,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         }
     }
 
-    // Weights do not depend on the previous kernel, so they may be requested before the wait
-    // (off by default: see the banner).
-    if (VEC && a.prefetch) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (lane == r && row_ok[r]) prefetch_l2(rows[r], (unsigned)K * sizeof(uint16_t));
-    }
     // W[r][u]: the loads of one step, U per row, 32 * 8 * U contiguous elements per row per warp.
     uint4 w[R][U];
     auto load_w = [&](int k0, int v0, int n8) {
@@ -276,19 +218,18 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     bf16* w_raw = reinterpret_cast<bf16*>(x_raw + (size_t)M * K);
     const bool norm_in_smem = NORM && VEC && a.norm_in_smem;
     if (norm_in_smem) copy_to_smem_async(w_raw, a.norm_w, K * (int)sizeof(bf16));
-    if (a.trigger_early) pdl_launch_dependents();
+    pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
     bool preloaded = false;
-    if (VEC && a.early) {
+    if (VEC) {
         load_w(0, lane, min(chunk, K) / 8);
         preloaded = true;
     }
     pdl_wait();
-    if (!a.trigger_early) pdl_launch_dependents();
     // AddResidual: the lane that will store (m, u) reads its residual now, so the epilogue is an
     // add and a store instead of an L2 round trip at the end of every warp (the kernel's tail).
     constexpr bool kEarlyResidual = P == Pairing::None && M * UNITS <= 32;
-    const bool early_residual = kEarlyResidual && a.early_residual && a.ep == Epilogue::AddResidual;
+    const bool early_residual = kEarlyResidual && a.ep == Epilogue::AddResidual;
     const int my_m = lane / UNITS, my_u = lane % UNITS;
     float residual = 0.f;
     if (early_residual && my_m < M && unit0 + my_u < a.n_units)
@@ -486,11 +427,8 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(GemvArgs a) {
     // Rows of x past M are zero for every step (x never depends on this before the wait).
     for (int i = threadIdx.x; i < (XROWS - M) * kMmaStride / 8; i += kMmaThreads)
         reinterpret_cast<uint4*>(xs + (size_t)M * kMmaStride)[i] = make_uint4(0u, 0u, 0u, 0u);
-    bool preloaded = false;
-    if (a.early) {
-        load_w(0);
-        preloaded = true;
-    }
+    load_w(0);
+    bool preloaded = true;
     pdl_wait();
     pdl_launch_dependents();
 
@@ -592,18 +530,13 @@ int resident_chunk(void (*kernel)(GemvArgs), int M, int chunk, int blocks) {
     return result;
 }
 
-// The M = 1 kernel: 16 W loads per lane in flight, unless their registers (96-126 against 64-72)
-// would split a grid that fits the GPU at once with 8 into two waves (Llama-3-8B's wqkv, wo and
-// w2: 768-1024 CTAs); LLAMA_BRRR_GEMV_LOADS=8/16/32 forces a depth. On H100 the rule and 16
-// everywhere measured alike end to end (8B 173.3 / 173.7 tok/s, 1B 951 / 960 within its 1.4%
-// spread, run U); the rule stays as the guard against a second wave on other SM counts.
+// The M = 1 kernel: tuning::kGemvM1Loads W loads per lane in flight, unless their registers
+// would split a grid that fits the GPU at once with tuning::kGemvLoads into two waves (Llama-3-8B's
+// wqkv, wo and w2: 768-1024 CTAs).
 template <int UNITS, Pairing P, bool NORM>
-auto pick_m1_kernel(int loads, int blocks) {
-    const auto deep = gemv_kernel<1, UNITS, P, true, NORM, 16>;
-    const auto shallow = gemv_kernel<1, UNITS, P, true, NORM, 8>;
-    if (loads == 32) return gemv_kernel<1, UNITS, P, true, NORM, 32>;
-    if (loads == 8) return shallow;
-    if (loads == 16) return deep;
+auto pick_m1_kernel(int blocks) {
+    const auto deep = gemv_kernel<1, UNITS, P, true, NORM, tuning::kGemvM1Loads>;
+    const auto shallow = gemv_kernel<1, UNITS, P, true, NORM, tuning::kGemvLoads>;
     const size_t least_smem = 256 * sizeof(uint16_t);  // the smallest x slice resident_chunk goes to
     return resident_ctas(deep, least_smem) < blocks && resident_ctas(shallow, least_smem) >= blocks ? shallow : deep;
 }
@@ -613,15 +546,15 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     constexpr int units = units_per_warp(M, P);
     const int blocks = CEIL_DIV(a.n_units, kWarps * units);
     auto kernel = gemv_kernel<M, units, P, VEC, NORM>;
-    if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(a.loads, blocks);
+    if constexpr (M == 1 && VEC) kernel = pick_m1_kernel<units, P, NORM>(blocks);
     a.chunk = resident_chunk(kernel, M, a.chunk, blocks);
     size_t smem = (size_t)M * a.chunk * sizeof(uint16_t);
     // The normalized prologue reads x and norm_w from shared-memory copies where the staging loop
     // would take 4+ round trips per thread (M x K >= 4096: the Llama-3-8B wqkv, w13 and LM head at
-    // M = 1, 1.022x end to end on H100 in run AE; at K = 2048 the copies lost), whole rows fit in
-    // kXChunkBytes and the copies cost no resident CTA.
+    // M = 1; at K = 2048 the loop's two round trips are cheaper), whole rows fit in kXChunkBytes
+    // and the copies cost no resident CTA.
     const size_t norm_bytes = (size_t)a.K * (M * sizeof(float) + sizeof(bf16));
-    a.norm_in_smem = NORM && VEC && a.norm_in_smem && M * a.K >= 4 * 8 * kThreads && a.chunk == a.K &&
+    a.norm_in_smem = NORM && VEC && M * a.K >= 4 * 8 * kThreads && a.chunk == a.K &&
                      norm_bytes <= (size_t)kXChunkBytes &&
                      resident_ctas(kernel, smem + norm_bytes) >= std::min(blocks, resident_ctas(kernel, smem));
     if (a.norm_in_smem) smem += norm_bytes;
@@ -670,62 +603,9 @@ void launch_rows(int rows, Pairing pairing, bool vec, bool norm, const GemvArgs&
     }
 }
 
-// Switches for measuring what each fusion buys (benchmarks/lab/decode_variants.sh), read once:
-// LLAMA_BRRR_GEMV_PREFETCH=1 turns the L2 weight prefetch on, LLAMA_BRRR_GEMV_EARLY=0 waits for
-// the previous kernel before the first weight load, LLAMA_BRRR_GEMV_EARLY_TRIGGER=0 lets the next
-// kernel launch only after this one's wait (shipped: before it, which is safe because what runs
-// before a wait in the kernels after a GEMV, weights, positions, slots and earlier tokens' K/V, was
-// written before the step's first kernel, which triggers after its own wait: launch.cuh),
-// LLAMA_BRRR_GEMV_LOADS=8/16/32 sets the W loads per lane in flight at M = 1 (shipped:
-// pick_m1_kernel's rule), LLAMA_BRRR_GEMV_NORM=0 runs the
-// input RMSNorm as its own kernel (rmsnorm_residual into xn) instead of in the GEMV,
-// LLAMA_BRRR_GEMV_STAGE_ASYNC=0 stages plain x rows with a load-store loop instead of cp.async,
-// LLAMA_BRRR_GEMV_NORM_SMEM=0 normalizes long rows from global memory instead of copies,
-// LLAMA_BRRR_GEMV_EARLY_RESIDUAL=0 reads AddResidual's residual in the epilogue (read-add-write)
-// instead of right after the wait.
-bool prefetch_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_PREFETCH", false);
-    return on;
-}
-bool early_loads_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY", true);
-    return on;
-}
-bool early_residual_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_RESIDUAL", true);
-    return on;
-}
-bool early_trigger_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_EARLY_TRIGGER", true);
-    return on;
-}
-int loads_per_lane() {
-    static const int n = env_int("LLAMA_BRRR_GEMV_LOADS", 0);
-    return n == 8 || n == 16 || n == 32 ? n : 0;  // 0: pick_m1_kernel's rule
-}
-bool norm_in_smem_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM_SMEM", true);
-    return on;
-}
-bool stage_async_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_STAGE_ASYNC", true);
-    return on;
-}
-bool fused_norm_enabled() {
-    static const bool on = env_flag("LLAMA_BRRR_GEMV_NORM", true);
-    return on;
-}
-// GemvPath::Auto's switch: M >= this many rows take the tensor cores. At M = 1 the CUDA-core form
-// streams faster (H100: 5-10% per projection); from 2 rows up the tensor cores win end to end
-// (decode_batches.sh, run BY: batch 2 1B 1.39x / 8B 0.97x, batch 16 2.59x / 1.87x).
-// LLAMA_BRRR_GEMV_MMA_ROWS=N moves it (2..17; 17 = never), read once.
-constexpr int kMmaMinRows = 2;
-int mma_min_rows() {
-    static const int n = env_int("LLAMA_BRRR_GEMV_MMA_ROWS", kMmaMinRows);
-    return n >= 2 && n <= kMaxRows + 1 ? n : kMmaMinRows;
-}
+// GemvPath::Auto: from tuning::kGemvTensorCoreMinRows rows on, the tensor cores.
 bool takes_tensor_cores(GemvPath path, int M) {
-    return path == GemvPath::TensorCores || (path == GemvPath::Auto && M >= mma_min_rows());
+    return path == GemvPath::TensorCores || (path == GemvPath::Auto && M >= tuning::kGemvTensorCoreMinRows);
 }
 
 // The shared launcher of gemv_bf16 (x bf16) and the fused-norm path (x_f32 + norm_w).
@@ -762,13 +642,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.chunk = K <= max_elems ? K : max_elems / 256 * 256;
     a.ep = ep;
     a.out = args;
-    a.prefetch = prefetch_enabled();
-    a.early = early_loads_enabled();
-    a.trigger_early = early_trigger_enabled();
-    a.early_residual = early_residual_enabled();
-    a.loads = loads_per_lane();
-    a.stage_async = stage_async_enabled();
-    a.norm_in_smem = norm_in_smem_enabled();  // where it pays: launch_variant decides
+    a.norm_in_smem = false;  // where it pays, launch_variant decides
     const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
                             : ep == Epilogue::RopeKV ? Pairing::Rope
                                                      : Pairing::None;
@@ -799,10 +673,9 @@ void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf
     BRRR_CHECK(x != nullptr, "rmsnorm_matmul_bf16: x must be a device pointer, got null");
     // Rows bound for the tensor cores are normalized into xn by their own kernel: normalizing in
     // every CTA, as the CUDA-core GEMV does, re-reads all M fp32 rows per 16 W rows there, which
-    // at M = 16 is 2x the weight bytes again through L2 (H100, run CB: decode 1.37x (1B) / 1.48x
-    // (8B) faster at batch 16, 1.06-1.14x at batch 2-4). Without an xn scratch they take the fused
+    // at M = 16 is 2x the weight bytes again through L2. Without an xn scratch they take the fused
     // CUDA-core form.
-    const bool fuse = fused_norm_enabled() && !takes_tensor_cores(GemvPath::Auto, M);
+    const bool fuse = !takes_tensor_cores(GemvPath::Auto, M);
     if (M <= kMaxRows && (fuse || xn == nullptr)) {
         launch_gemv("rmsnorm_matmul_bf16", nullptr, x, norm_w, eps, W, M, N, K, ep, args, GemvPath::Auto, stream);
         return;

@@ -1,4 +1,4 @@
-// kernel_util.cuh — small pieces gemv.cu, gemm.cu and attention.cu share: bf16 bit unpacking,
+// kernel_util.cuh — small pieces the matmul and attention kernels share: bf16 bit unpacking,
 // warp reductions, the matmul epilogue as a device function, and the host-side argument check
 // every matmul launcher runs before it launches anything.
 #pragma once
@@ -58,11 +58,10 @@ __device__ __forceinline__ float warp_max(float v) {
 // `group_barrier` synchronizes exactly those threads (the CTA, or a named barrier). Returns, in
 // every thread of the group, whether this group arrived last; the last one re-arms the counter to
 // zero (every split has arrived, so nobody else touches it in this call).
-// release = true: the barrier orders every thread's partial before the leader's one acq_rel atomic,
-// which publishes them and, for the last group, acquires the others' (the barrier after it passes
-// that on): one ordered round trip. false: a fence in every thread before a relaxed atomic and
-// another after it, the older form, kept as a measuring switch (1B decode 1.009x, 8B 1.003x for
-// flash_decode, run BA; GEMM split-K 1.000-1.044x, run BF).
+// release = true (what every caller passes): the barrier orders every thread's partial before the
+// leader's one acq_rel atomic, which publishes them and, for the last group, acquires the others'
+// (the barrier after it passes that on): one ordered round trip. false: a fence in every thread
+// before a relaxed atomic and another after it (slower: docs/kernels/attention.md).
 template <class GroupBarrier>
 __device__ __forceinline__ bool arrived_last(int* counter, int splits, bool leader, bool release,
                                              GroupBarrier group_barrier) {

@@ -74,7 +74,7 @@ void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, 
 void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D, float eps, cudaStream_t stream);
 
 // ---- gemv.cu: decode, M <= 16 rows, memory-bound: every weight byte streamed once ------------
-// Who does a GEMV's arithmetic: Auto takes the CUDA cores below a measured row count and the tensor cores from it.
+// Who does a GEMV's arithmetic: Auto takes the CUDA cores below tuning::kGemvTensorCoreMinRows rows and the tensor cores from there.
 enum class GemvPath : int { Auto = 0, CudaCores = 1, TensorCores = 2 };
 void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream, GemvPath path = GemvPath::Auto);
 // y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: rows below the tensor-core switch (M = 1) normalize inside the CUDA-core GEMV, more run rmsnorm_residual into xn [M, K] first, then the tensor-core GEMV (M <= 16) or gemm_bf16 (without xn, M <= 16 normalizes inside the CUDA-core GEMV).
@@ -105,7 +105,7 @@ void rope_kv_append(const float* qkv, const int* positions, const int* slots, co
 // The same with the destinations of an EpilogueArgs (what gemm_bf16 runs where RopeKV is not fused).
 void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_t stream);
 
-// ---- attention.cu ----------------------------------------------------------------------------
+// ---- attention_decode.cu, attention_prefill_sm80.cu, attention_prefill_sm90.cu --------------
 // Flash-decoding: one query token per sequence b (q [B, Hq, hd]) over its cached positions
 // [0, positions[b]]; split over the KV length into at most `max_splits` chunks, GQA-aware (each
 // K/V element read once per KV head), merged by the last chunk to finish. scratch: floats of

@@ -1,7 +1,7 @@
 // ptx.cuh — the few PTX instructions the matmul and attention kernels need that CUDA C++ does not
 // expose directly, each behind a small device function: streaming 16-byte loads, cp.async with
 // zero fill, ldmatrix, and the bf16 tensor-core mma m16n8k16 with fp32 accumulation.
-// Shared by gemv.cu, gemm.cu and attention.cu; sm_80 and newer.
+// Shared by the GEMV, GEMM and attention kernels; sm_80 and newer.
 //
 // Fragment layouts (PTX ISA, "mma.m16n8k16", bf16): g = lane / 4, t = lane % 4.
 //   A (16x16, row-major) a[0] = A[g][2t..2t+1]  a[1] = A[g+8][2t..]  a[2] = A[g][2t+8..]  a[3] = A[g+8][2t+8..]
