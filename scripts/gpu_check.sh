@@ -1,49 +1,36 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one script to run on the GPU machine (repo root, no network): builds the CUDA
-# module, runs the CUDA tests (and the CPU tests, quickly), a compute-sanitizer memcheck of a short
-# generation, and the benchmarks; everything lands in $OUT (default ./out):
+# module, runs the CUDA tests, a compute-sanitizer memcheck of a short generation, and the
+# benchmarks; everything lands in $OUT (default ./out):
 #   build.log      nvidia-smi, the build
-#   tests.log      pytest -m cuda, then pytest -m "not cuda"
+#   tests.log      pytest -m cuda (and, with the cpu-tests phase, pytest -m "not cuda")
 #   sanitizer.log  compute-sanitizer --tool memcheck on a tiny model, 8 tokens, graphs on and off
-#   gemm_race.log  benchmarks/lab/gemm_residual_race.py: AddResidual checked bit for bit, repeated, on
-#                  short-K shapes with an N tail (the TMA epilogue's staging-box race)
-#   bench.log      the benchmarks' tables
+#   gemm_race.log  benchmarks/lab/gemm_residual_race.py: AddResidual checked bit for bit, repeated,
+#                  on short-K shapes with an N tail
+#   ab/            with BASE_DIR holding another tree of the project (e.g. the commit before a
+#                  change, unpacked by `git archive REV | tar -x -C .base`): batch-1 decode (128-token
+#                  prompt, 256 new tokens) and 2048-token prefill of the 1B and 8B shapes from both
+#                  trees, in the order base, this, this, base; ab/table.txt sets them side by side
 #   kernels.json   benchmarks/bench_kernels.py $KERNELS_ARGS (default --quick: 1B shapes)
-#   variants/      benchmarks/lab/decode_variants.sh: decode with each fusion switched off
-#   batches/       benchmarks/lab/decode_batches.sh: decode at batch 1..16 per GEMV switch point
-#   compare.json   llama-brrr compare on $COMPARE_SHAPES (llama3.2-1b) with $COMPARE_ARGS (default
-#   compare.png    batch 1, prompts of 128 and 2048, 128 new tokens, no split) against torch eager,
-#                  HF eager / sdpa, torch.compile; written after each workload, so a cut run keeps
-#                  what it measured
-#   bench.json     llama-brrr bench: batch-1 decode, 128-token prompt, 256 new tokens, 1B and 8B shapes
-#   sweep.json     llama-brrr bench --sweep $SWEEP_ARGS (default --quick: 3 shapes, decode batch
-#                  x context, prefill; the full sweep adds batch 4: SWEEP_ARGS="--repeats 3 -n 32")
+#   bench.json     llama-brrr bench: batch-1 decode, 128-token prompt, 256 new tokens, 1B and 8B
+#   sweep.json     llama-brrr bench --sweep $SWEEP_ARGS (default --quick)
 #   profile/       llama-brrr profile of 1B-shape decode: report, roofline / breakdown PNGs, trace
-#   gemm_lab/      benchmarks/lab/run_gemm_lab.sh: GEMM variants checked and timed against cuBLAS
-#   flash_decode_lab/  benchmarks/lab/run_flash_decode_lab.sh: flash_decode launch variants, checked
-#                  and timed in a graphed chain
-#   attention_prefill_lab/  benchmarks/lab/run_attention_prefill_lab.sh: prefill attention kernels,
-#                  checked against a float64 reference and timed on the Llama heads
-#   gemv_lab/      benchmarks/lab/run_gemv_lab.sh: the decode GEMV against tensor-core variants,
-#                  checked (batch invariance too) and timed at M = 1..16
-#   batches_base/  with BASE_PATCH=file: the batches phase again on a baseline tree (this tree with
-#   batches_ab.txt that patch reversed: the code before a change), built in $BASE_DIR (default
-#                  /tmp/brrr_base) beside the main build, ROWS=${BASE_ROWS:-$ROWS}; batches_ab.txt
-#                  sets its decode tok/s against this tree's, per shape, batch and switch point
+#   compare.json   llama-brrr compare on $COMPARE_SHAPES (llama3.2-1b) against torch eager, HF,
+#                  torch.compile
+#   labs/          each lab program of benchmarks/lab built and run (run_*_lab.sh)
 #   summary.txt    the table printed last
-#   results.tar.gz everything above but summary.txt, packed (PACK=0 leaves the files as they are)
-# The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit; the
-# sweep gets up to SWEEP_S (default 150) s, the decode variants VARIANTS_S (default 200) and compare what is left. Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
-# PHASES picks what runs after the build (default: all of them, in this order):
-#   cuda-tests cpu-tests sanitizer gemmrace kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare
-#   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] bash scripts/gpu_check.sh
+# The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit.
+# Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
+# PHASES picks what runs after the build (default below, in this order):
+#   cuda-tests cpu-tests sanitizer gemmrace ab kernels decode sweep profile compare labs
+#   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] [BASE_DIR=.base] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
-PHASES=${PHASES:-cuda-tests cpu-tests sanitizer gemmrace kernels variants batches basebatches gemmlab fdlab aplab gemvlab profile decode sweep compare}
-BASE_DIR=${BASE_DIR:-/tmp/brrr_base}
+PHASES=${PHASES:-cuda-tests sanitizer gemmrace ab kernels decode}
+BASE_DIR=${BASE_DIR:-}
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY=()
@@ -104,18 +91,11 @@ SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 
 # ---- build ----------------------------------------------------------------------------------------
 export LLAMA_BRRR_CUDA=1 LLAMA_BRRR_CUDA_ARCHS=${LLAMA_BRRR_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
-# The baseline tree builds in the background while the main one does: a copy of this tree (build
-# objects included, so only the files the patch touches recompile) with BASE_PATCH reversed.
+# The baseline tree (BASE_DIR) builds in the background while this one does.
 BASE_PID=
-if [[ -n "${BASE_PATCH:-}" ]] && wanted basebatches; then
-    rm -rf "$BASE_DIR" && mkdir -p "$BASE_DIR"
-    tar -cf - --exclude=./out --exclude=./.whl . | tar -xf - -C "$BASE_DIR"
-    if patch -R -p1 -d "$BASE_DIR" < "$BASE_PATCH" > "$OUT/base_build.log" 2>&1; then
-        (cd "$BASE_DIR" && python3 setup.py build_ext --inplace >> "$OUT/base_build.log" 2>&1) &
-        BASE_PID=$!
-    else
-        echo "BASE_PATCH $BASE_PATCH does not reverse onto this tree" >> "$OUT/base_build.log"
-    fi
+if [[ -n "$BASE_DIR" ]] && wanted ab; then
+    (cd "$BASE_DIR" && MAX_JOBS=8 python3 setup.py build_ext --inplace > "$OUT/base_build.log" 2>&1) &
+    BASE_PID=$!
 fi
 if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace \
         && phase import 30 "$OUT/build.log" python3 -c \
@@ -175,20 +155,13 @@ EOF
     # shellcheck disable=SC2086  # KERNELS_ARGS is a list of arguments
     wanted kernels && phase kernels 180 "$OUT/bench.log" python3 benchmarks/bench_kernels.py ${KERNELS_ARGS:---quick} \
         --out "$OUT/kernels.json"
-    wanted variants && phase variants "${VARIANTS_S:-200}" "$OUT/bench.log" env OUT="$OUT/variants" bash benchmarks/lab/decode_variants.sh
-    wanted batches && phase batches "${BATCHES_S:-200}" "$OUT/bench.log" env OUT="$OUT/batches" bash benchmarks/lab/decode_batches.sh
-    if [[ -n "$BASE_PID" ]] && ! wait "$BASE_PID"; then
-        SUMMARY+=("$(printf '%-12s %-8s %6s  %s' basebatches skipped - "the baseline build failed: base_build.log")")
-    elif [[ -n "$BASE_PID" ]]; then
-        phase basebatches "${BATCHES_S:-200}" "$OUT/bench.log" env OUT="$OUT/batches_base" \
-            PYTHONPATH="$BASE_DIR:$PYTHONPATH" ROWS="${BASE_ROWS:-${ROWS:-2 3 5 17}}" \
-            bash "$BASE_DIR/benchmarks/lab/decode_batches.sh" \
-            && python3 benchmarks/lab/batches_table.py "$OUT/batches" "$OUT/batches_base" | tee "$OUT/batches_ab.txt"
+    if wanted ab && [[ -n "$BASE_PID" ]]; then
+        if wait "$BASE_PID"; then
+            phase ab "${AB_S:-300}" "$OUT/bench.log" bash scripts/ab_bench.sh "$BASE_DIR" "$OUT/ab"
+        else
+            SUMMARY+=("$(printf '%-12s %-8s %6s  %s' ab skipped - "the baseline build failed: base_build.log")")
+        fi
     fi
-    wanted gemmlab && phase gemmlab 240 "$OUT/bench.log" env OUT="$OUT/gemm_lab" bash benchmarks/lab/run_gemm_lab.sh
-    wanted fdlab && phase fdlab 200 "$OUT/bench.log" env OUT="$OUT/flash_decode_lab" bash benchmarks/lab/run_flash_decode_lab.sh
-    wanted aplab && phase aplab 240 "$OUT/bench.log" env OUT="$OUT/attention_prefill_lab" bash benchmarks/lab/run_attention_prefill_lab.sh
-    wanted gemvlab && phase gemvlab 240 "$OUT/bench.log" env OUT="$OUT/gemv_lab" bash benchmarks/lab/run_gemv_lab.sh
     wanted profile && phase profile 160 "$OUT/bench.log" python3 -m llama_brrr profile --shape llama3.2-1b \
         --device cuda --max-new-tokens 128 --torch --out "$OUT/profile"
     wanted decode && phase decode 90 "$OUT/bench.log" python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b \
@@ -196,11 +169,15 @@ EOF
     # shellcheck disable=SC2086  # SWEEP_ARGS is a list of arguments
     wanted sweep && phase sweep "${SWEEP_S:-150}" "$OUT/bench.log" python3 -m llama_brrr bench --sweep ${SWEEP_ARGS:---quick} \
         --device cuda --json "$OUT/sweep.json"
-    BENCH_S=$(( $(left) - 25 ))
-    # shellcheck disable=SC2086  # COMPARE_ARGS is a list of arguments
-    wanted compare && phase compare $(( BENCH_S + 15 )) "$OUT/bench.log" python3 -m llama_brrr compare \
+        # shellcheck disable=SC2086  # COMPARE_ARGS is a list of arguments
+    wanted compare && phase compare "${COMPARE_S:-200}" "$OUT/bench.log" python3 -m llama_brrr compare \
         --shape "${COMPARE_SHAPES:-llama3.2-1b}" --device cuda ${COMPARE_ARGS:--b 1 -p 128,2048 -n 128 --repeats 3 --no-split} \
-        --budget-s "$BENCH_S" --out-dir "$OUT"
+        --budget-s "${COMPARE_S:-200}" --out-dir "$OUT"
+    if wanted labs; then
+        for lab in gemm flash_decode attention_prefill gemv; do
+            phase "lab-$lab" 240 "$OUT/bench.log" env OUT="$OUT/labs/$lab" bash "benchmarks/lab/run_${lab}_lab.sh"
+        done
+    fi
 fi
 
 # ---- summary --------------------------------------------------------------------------------------
