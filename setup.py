@@ -114,7 +114,11 @@ class BuildExtWithCuda(build_ext):
         if self.force:
             FORCE.append(True)
         if CUDA_SOURCES:
-            ext.extra_objects = list(ext.extra_objects or []) + self.compile_cuda(ext)
+            cuda_objects = self.compile_cuda(ext)
+            ext.extra_objects = list(ext.extra_objects or []) + cuda_objects
+            # A CUDA object compiled again (a new command line, say) is newer than the module,
+            # which makes setuptools link it even when no source or header changed.
+            ext.depends = list(ext.depends) + cuda_objects
         super().build_extension(ext)
 
     def compile_cuda(self, ext):
