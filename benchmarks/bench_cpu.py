@@ -67,8 +67,8 @@ from llama_brrr.errors import BrrrError  # noqa: E402
 RESULT_NAME = "decode_smollm2"
 N_CTX = 512
 CALL_TIMEOUT_S = 1200  # loading or one run; generous for a loaded 2-core box, finite for a hang
-AGREE_TOKENS = 32      # DESIGN.md: greedy tokens identical to the oracle for the first 32
-LOGIT_TOLERANCE = 1e-3  # DESIGN.md: fp32 CPU path vs fp32 oracle, max |Δlogit|
+AGREE_TOKENS = 32      # docs/design.md: greedy tokens identical to the oracle for the first 32
+LOGIT_TOLERANCE = 1e-3  # docs/design.md: fp32 CPU path vs fp32 oracle, max |Δlogit|
 
 # A request that makes a small chat model write a long answer; ~128 tokens through ChatML.
 PROMPT_MESSAGES = [

@@ -7,7 +7,7 @@
 
 The engines time every kernel launch while a profile is active (csrc/profile/profile.h explains
 the clocks, engine.cu the CUDA-graph sampling); this module only turns their records into the
-report, by the definitions of DESIGN.md ("Instrumentation"):
+report, by the definitions of docs/design.md ("Metric definitions"):
   wall      host time inside the phase's spans (model.py marks prefill and decode)
   busy      time some kernel ran
   bound     a kernel is compute-bound when flops / peak_flops > bytes / peak_bw, else memory-bound;

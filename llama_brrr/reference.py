@@ -4,7 +4,7 @@ It reads the canonical tensors of config.py (q/k rows in rotate-half order) and 
 transformers' LlamaForCausalLM step by step, including where it changes precision: RMSNorm
 statistics in fp32, RoPE angles and cos/sin in fp32 (then cast to the compute dtype), softmax in
 fp32. So ReferenceLlama(dtype=torch.bfloat16) is "the same computation done by torch in bf16"
-that DESIGN.md's bf16 tolerance rule compares against.
+that docs/design.md's bf16 tolerance rule compares against.
 
     ref = ReferenceLlama(config, tensors)            # tensors: name -> numpy / torch array
     logits = ref.forward([1, 2, 3])                  # [1, 3, vocab], fills the KV cache

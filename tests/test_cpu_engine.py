@@ -16,7 +16,7 @@ import torch
 from llama_brrr.config import ModelConfig
 from llama_brrr.reference import ReferenceLlama
 
-FP32_TOL = 1e-3  # DESIGN.md: fp32 CPU path vs fp32 oracle, max |delta logit|
+FP32_TOL = 1e-3  # docs/design.md: fp32 CPU path vs fp32 oracle, max |delta logit|
 CHUNK = 256      # CpuEngine::kPrefillChunk
 
 LLAMA3_SMALL = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -181,7 +181,7 @@ def test_init_random_is_deterministic_and_scaled(C):
     assert np.isfinite(logits).all()
 
 
-# ---- bf16 weights under DESIGN.md's rule ------------------------------------------------------------
+# ---- bf16 weights under docs/design.md's rule ------------------------------------------------------------
 
 def rel_error(x, oracle):
     return float(np.linalg.norm(x - oracle) / np.linalg.norm(oracle))

@@ -1,4 +1,4 @@
-"""The CUDA engine end to end: logits against llama_brrr.reference.ReferenceLlama under DESIGN.md's
+"""The CUDA engine end to end: logits against llama_brrr.reference.ReferenceLlama under docs/design.md's
 bf16 rule, decode after prefill, batched decode against each sequence alone, CUDA-graph replay
 against eager, on-device sampling against the CPU sampler, the real model's greedy tokens against
 the CPU backend, and the errors (out of memory, bad ids, missing weights).

@@ -4,7 +4,7 @@ the RopeKV epilogue (RoPE + KV-cache append) behind, against PyTorch, through _C
 Every side of the launcher is covered: M = 1 runs the fused CUDA-core GEMV, M = 2..16
 rmsnorm_residual into the xn scratch and then the tensor-core GEMV (without a scratch, the fused
 CUDA-core GEMV), larger M rmsnorm_residual + gemm_bf16 (+ rope_kv_append). Tolerances as in test_cuda_kernels.py
-(DESIGN.md's 2x-torch-bf16 rule against an fp64 oracle); outputs and caches NaN-poisoned; random
+(docs/design.md's 2x-torch-bf16 rule against an fp64 oracle); outputs and caches NaN-poisoned; random
 inputs each run (seed printed by the rng fixture)."""
 
 import math

@@ -1,7 +1,7 @@
 """The CUDA matmul and attention kernels (gemv.cu, gemm.cu, attention.cu) against PyTorch, through
 _C.cuda_ops on device pointers.
 
-Tolerance (DESIGN.md): the relative error (Frobenius norm) against an fp64 reference computed from
+Tolerance (docs/design.md): the relative error (Frobenius norm) against an fp64 reference computed from
 the same bf16 inputs may be at most twice the error of the same computation done by PyTorch in
 bf16; outputs kept in fp32 must also be within 1e-4 (fp32 accumulation, any order). Outputs,
 padding columns, split scratch and every cache entry a kernel must not read are NaN-poisoned, so

@@ -13,7 +13,7 @@ edges wait for the device (a host copy of sampled tokens, or torch.cuda.synchron
 Before speeds are compared (compare), every contestant's last-position logits on a check prompt
 are compared with an fp32 PyTorch oracle on the same weights: the fp32 CPU path must be within
 1e-3 (max |diff|); a 16-bit contestant's relative error (L2) must be at most 2x that of PyTorch
-doing the same computation in that dtype (DESIGN.md). On a real model the greedy tokens are also
+doing the same computation in that dtype (docs/design.md). On a real model the greedy tokens are also
 compared with llama_brrr's. A contestant that disagrees keeps its numbers but is marked.
 """
 
@@ -38,7 +38,7 @@ from .llamacpp import BenchError, LlamaCpp, LLAMA_CPP_INSTALL, available as llam
 SEED = 1234
 INIT_STD = 0.02
 CHECK_PROMPT = 32         # tokens of the agreement-check prompt
-AGREE_TOKENS = 32         # greedy tokens compared on a real model (DESIGN.md)
+AGREE_TOKENS = 32         # greedy tokens compared on a real model (docs/design.md)
 F32_LOGIT_TOLERANCE = 1e-3
 OPPONENTS = ("torch-eager", "hf-eager", "hf-sdpa", "torch-compile", "llama.cpp")
 

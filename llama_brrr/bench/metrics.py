@@ -1,5 +1,5 @@
 """Numbers every benchmark shares: statistics over repeats, the analytic FLOPs and bytes of a
-workload (DESIGN.md's MFU / MBU definitions), the peaks they are divided by, and the facts about
+workload (docs/design.md's MFU / MBU definitions), the peaks they are divided by, and the facts about
 the machine and software that every results file records.
 
 FLOPs and bytes are counted from shapes, not measured:
