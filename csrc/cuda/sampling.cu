@@ -9,8 +9,8 @@
 //
 // Pass A (the raw log-sum-exp for the logprob and the argmax of the penalized logits, all greedy
 // decoding needs) is split over the row: sample_scan_kernel gives each ~2048-logit slice its own
-// block and writes one ScanPart per slice; one block per row then merges the parts. A single
-// block streaming a 128k-logit row cost 28-44 us per token on H100 (one SM's bandwidth).
+// block and writes one ScanPart per slice; one block per row then merges the parts (one block per
+// row would stream a 128k-logit row at one SM's bandwidth).
 //
 // Then one block of 1024 threads per row (temperature > 0 only). The trick is that every filter and the draw is "walk the
 // tokens heaviest first until a running sum (of 1s for top-k, of w for top-p and the draw)
@@ -23,9 +23,8 @@
 // With a SampleFeedBack the sampler also closes the loop of engine.decode_steps on the device: the
 // token just sampled becomes the next decode's input and the row moves one position on, in the
 // sampling kernel's last step rather than a launch of its own (a few microseconds a token at
-// batch 1, where the GPU has nothing else to do). The two kernels cost ~7 us of a ~1 ms 1B token
-// on H100; choosing greedy tokens in the LM head's tail instead broke even at best (runs CQ, CR,
-// benchmarks/results/h100-sxm/variants/greedy_tail_table.txt).
+// batch 1, where the GPU has nothing else to do). Choosing greedy tokens in the LM head's tail
+// instead was tried and lost (docs/kernels/sampling.md).
 //
 // Bitwise agreement with the CPU: the build uses fast math, so the arithmetic that decides which
 // token wins is spelled out in IEEE-rounded intrinsics, exp is taken in double and rounded to
