@@ -1,6 +1,6 @@
 // engine.cuh — CudaEngine: the Engine of model.h with everything on one GPU. Shared by engine.cu
 // (construction, weights, validation, the public calls, CUDA graphs) and forward.cu (the forward
-// passes, one straight-line function per phase).
+// pass: one straight-line layer loop for both phases).
 //
 // Device memory is one arena, carved at construction and never grown:
 //   weights (bf16)  tok_embeddings [V, D], output [V, D] (unless tied), norm [D]
@@ -101,6 +101,21 @@ public:
 
 private:
     // ---- forward.cu ----
+    // One pass of `rows` token rows (staged in d_tokens_/d_slots_/d_positions_ rows [0, rows))
+    // through the layers. The phases differ only in the attention step: decode runs one query
+    // row per sequence over that row's slot (flash_decode); prefill runs T prompt tokens of one
+    // slot at positions start_pos.. causally (attention_prefill).
+    struct Pass {
+        enum Attention { Decode, Prefill };
+        Attention attention;
+        int rows;
+        int slot, start_pos;  // prefill only
+        static Pass decode(int B) { return {Decode, B, 0, 0}; }
+        static Pass prefill(int slot, int start_pos, int T) { return {Prefill, T, slot, start_pos}; }
+    };
+    // Embedding and every layer; leaves the residual in x_. Enqueues only, so decode's pass can
+    // be captured into a graph.
+    void forward_layers(const Pass& pass);
     // Decode of B sequences from d_tokens_/d_slots_/d_positions_ rows [0, B); logits_ [B, V].
     void forward_decode(int B);
     // Layers over T prompt tokens of one slot (inputs rows [0, T)); leaves the residual in x_.
