@@ -53,6 +53,7 @@ NVCC = cuda_wanted()
 CUDA_SOURCES = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu"))) if NVCC else []
 CPP_SOURCES = sorted(
     glob.glob(os.path.join("csrc", "*.cpp"))
+    + glob.glob(os.path.join("csrc", "bindings", "*.cpp"))
     + glob.glob(os.path.join("csrc", "cpu", "*.cpp"))
     + glob.glob(os.path.join("csrc", "profile", "*.cpp"))
 )

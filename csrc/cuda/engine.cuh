@@ -63,8 +63,6 @@ public:
     static constexpr int kPrefillChunk = 2048;
     // LM-head rows per step when a prefill wants the logits of every token.
     static constexpr int kLogitRows = 64;
-    // Most rounds one decode_steps call runs (the depth of the on-device token ring).
-    static constexpr int kMaxDecodeSteps = 64;
 
     CudaEngine(const Config& config, DType weight_dtype, int device);
     ~CudaEngine() override;
@@ -126,19 +124,12 @@ private:
     // ---- engine.cu ----
     void carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes);
     void release() noexcept;  // frees everything; safe on a half-built engine
-    void check_slot(int slot) const;
-    void check_token(int32_t token, int index) const;
     WeightSlot slot_for(const std::string& name) const;
     void require_weights() const;
     void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                       int rows);
     void run_decode(int B);
     void forward_decode_eager(int B);
-    // decode()'s and sample()'s argument checks, shared with decode_steps.
-    void check_decode_rows(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
-                           int batch, int n_steps) const;
-    void check_sample_rows(const int32_t* slots, const int32_t* positions,
-                           const SamplingParams* params, int batch, int n_steps) const;
     // Packs the sampler's inputs into h_sample_in_ and uploads them (d_sample_params_ ...).
     void upload_sample_inputs(const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch);
@@ -193,7 +184,7 @@ private:
     int* d_tokens_ = nullptr;
     int* d_slots_ = nullptr;
     int* d_positions_ = nullptr;
-    SampleParamsDev* d_sample_params_ = nullptr;  // [max_batch]
+    SamplingParams* d_sample_params_ = nullptr;   // [max_batch]
     uint64_t* d_steps_ = nullptr;                 // [max_batch]
     int* d_sample_slots_ = nullptr;               // [max_batch]
     int* d_sample_positions_ = nullptr;           // [max_batch]
