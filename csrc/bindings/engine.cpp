@@ -182,6 +182,18 @@ brrr::DType weight_array_dtype(const py::array& a, const std::string& dtype, con
     return t;
 }
 
+// The rows of a decode call: tokens, slots and positions, int32 arrays of one length B.
+struct BatchRows {
+    py::array_t<int32_t> tokens, slots, positions;
+    py::ssize_t B;
+    BatchRows(const py::object& tok, const py::object& sl, const py::object& pos)
+        : tokens(checked_array<int32_t>(tok, "tokens", {-1}, "int32 array of shape (B,)")),
+          B(tokens.shape(0)) {
+        slots = checked_array<int32_t>(sl, "slots", {B}, "int32 array of shape (B,) like tokens");
+        positions = checked_array<int32_t>(pos, "positions", {B}, "int32 array of shape (B,) like tokens");
+    }
+};
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
@@ -256,11 +268,9 @@ void bind_engine(py::module_& m) {
 
     engine_cls.def("decode", [](PyEngine& self, const py::object& tokens, const py::object& slots,
                                 const py::object& positions, bool logits) -> py::object {
-        auto tok = checked_array<int32_t>(tokens, "tokens", {-1}, "int32 array of shape (B,)");
-        const py::ssize_t B = tok.shape(0);
-        auto sl = checked_array<int32_t>(slots, "slots", {B}, "int32 array of shape (B,) like tokens");
-        auto pos = checked_array<int32_t>(positions, "positions", {B}, "int32 array of shape (B,) like tokens");
-        const int32_t *t = tok.data(), *s = sl.data(), *p = pos.data();
+        const BatchRows rows(tokens, slots, positions);
+        const py::ssize_t B = rows.B;
+        const int32_t *t = rows.tokens.data(), *s = rows.slots.data(), *p = rows.positions.data();
         py::object result = py::none();
         float* out = nullptr;
         if (logits) {
@@ -303,13 +313,11 @@ void bind_engine(py::module_& m) {
     engine_cls.def("decode_steps", [](PyEngine& self, const py::object& tokens, const py::object& slots,
                                       const py::object& positions, const py::object& params,
                                       const py::object& step, int64_t n_steps) {
-        auto tok = checked_array<int32_t>(tokens, "tokens", {-1}, "int32 array of shape (B,)");
-        const py::ssize_t B = tok.shape(0);
-        auto sl = checked_array<int32_t>(slots, "slots", {B}, "int32 array of shape (B,) like tokens");
-        auto pos = checked_array<int32_t>(positions, "positions", {B}, "int32 array of shape (B,) like tokens");
-        auto rows = sampling_rows(params, B);
+        const BatchRows rows(tokens, slots, positions);
+        const py::ssize_t B = rows.B;
+        auto sampling = sampling_rows(params, B);
         auto st = checked_array<uint64_t>(step, "step", {B}, "uint64 array of shape (B,)");
-        const int32_t *t = tok.data(), *s = sl.data(), *p = pos.data();
+        const int32_t *t = rows.tokens.data(), *s = rows.slots.data(), *p = rows.positions.data();
         const int rounds = saturate_int(n_steps);
         // Sized for the rounds asked, at most kMaxDecodeSteps: the engine refuses more (and fewer
         // than one) before it writes anything.
@@ -318,7 +326,7 @@ void bind_engine(py::module_& m) {
         py::array_t<float> out_logprobs({out_rows, B});
         int32_t* tok_out = out_tokens.mutable_data();
         float* lp_out = out_logprobs.mutable_data();
-        const brrr::SamplingParams* rp = rows.data();
+        const brrr::SamplingParams* rp = sampling.data();
         const uint64_t* steps = st.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);

@@ -283,25 +283,30 @@ void bind_testing(py::module_& m) {
        py::arg("path") = "auto",
        "decode GEMV (M <= 16): y = x @ W.T with the epilogue fused (see the comment above); path: 'auto' "
        "(the engine's choice by M), 'cuda_cores' or 'tensor_cores'");
-    testing.def("gemm_bf16", [](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
-                                 uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
-                                 const py::object& split) {
-        CudaMatmul::run("testing.gemm_bf16", brrr::cuda::gemm_bf16, x, W, M, N, K, epilogue, out, out_f32, residual,
-                        ld_out, split);
-    }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
-       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
-       py::arg("split") = py::none(),
-       "tensor-core GEMM, any M: y = x @ W.T with the epilogue fused; split = (partials, floats, counters, "
-       "n_counters) lends it split-K scratch (sizes: gemm_split_scratch_sizes; counters zeroed)");
-    testing.def("matmul_bf16", [](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
-                                   uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
-                                   const py::object& split) {
-        CudaMatmul::run("testing.matmul_bf16", brrr::cuda::matmul_bf16, x, W, M, N, K, epilogue, out, out_f32, residual,
-                        ld_out, split);
-    }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
-       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
-       py::arg("split") = py::none(),
-       "the engine's matmul: GEMV for small M, tensor-core GEMM above (split as for gemm_bf16)");
+    // The tensor-core GEMM and the engine's matmul dispatch take the same arguments.
+    const struct {
+        const char* name;
+        void (*launch)(const brrr::cuda::bf16*, const brrr::cuda::bf16*, int, int, int, brrr::cuda::Epilogue,
+                       const brrr::cuda::EpilogueArgs&, cudaStream_t);
+        const char* doc;
+    } matmuls[] = {
+        {"gemm_bf16", brrr::cuda::gemm_bf16,
+         "tensor-core GEMM, any M: y = x @ W.T with the epilogue fused; split = (partials, floats, counters, "
+         "n_counters) lends it split-K scratch (sizes: gemm_split_scratch_sizes; counters zeroed)"},
+        {"matmul_bf16", brrr::cuda::matmul_bf16,
+         "the engine's matmul: GEMV for small M, tensor-core GEMM above (split as for gemm_bf16)"},
+    };
+    for (const auto& matmul : matmuls) {
+        const std::string op = std::string("testing.") + matmul.name;
+        const auto launch = matmul.launch;
+        testing.def(matmul.name, [op, launch](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K,
+                                              int64_t epilogue, uintptr_t out, uintptr_t out_f32,
+                                              uintptr_t residual, int64_t ld_out, const py::object& split) {
+            CudaMatmul::run(op.c_str(), launch, x, W, M, N, K, epilogue, out, out_f32, residual, ld_out, split);
+        }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
+           py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
+           py::arg("split") = py::none(), matmul.doc);
+    }
     testing.def("gemm_split_scratch_sizes", [](int64_t sm_count) {
         if (sm_count < 1 || sm_count > 4096) bad_argument("gemm_split_scratch_sizes: sm_count must be in [1, 4096]");
         return py::make_tuple((int64_t)brrr::cuda::gemm_split_scratch_floats((int)sm_count),

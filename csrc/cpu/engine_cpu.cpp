@@ -74,7 +74,6 @@ void normal_pair(uint64_t key, uint64_t pair, float* z0, float* z1) {
     *z1 = (float)(radius * std::sin(angle));
 }
 
-
 }  // namespace
 
 // ---- construction -----------------------------------------------------------------------------

@@ -30,13 +30,14 @@
 namespace brrr {
 namespace cuda {
 
+// One layer's weights inside the arena.
 struct LayerWeights {
-    bf16* attn_norm = nullptr;
-    bf16* ffn_norm = nullptr;
-    bf16* wqkv = nullptr;
-    bf16* wo = nullptr;
-    bf16* w13 = nullptr;
-    bf16* w2 = nullptr;
+    bf16* attn_norm = nullptr;  // [D]
+    bf16* ffn_norm = nullptr;   // [D]
+    bf16* wqkv = nullptr;       // [(Hq + 2 Hkv) hd, D]: wq | wk | wv
+    bf16* wo = nullptr;         // [D, Hq hd]
+    bf16* w13 = nullptr;        // [2 H, D]: w1 (gate) | w3 (up)
+    bf16* w2 = nullptr;         // [D, H]
 };
 
 // Where one canonical tensor lives inside the fused device storage.
@@ -57,9 +58,8 @@ struct ProfiledGraph {
 class CudaEngine final : public Engine, public profile::Profiled {
 public:
     // Prompt tokens go through the layers this many at a time, bounding the activation scratch
-    // (8B: 92 KB a row, 188 MB at 2048). 512 left the 1B projections with too few tiles to fill
-    // an H100 (wo 208 TF/s at M = 512, 338 at 2048; w2 323 and 619): 1B prefill of 2040 tokens
-    // spent 12.3 of its 15.3 ms in matmuls at 323 TF/s (benchmarks/results/h100-sxm/profile/).
+    // (8B: 92 KB a row, 188 MB at 2048). Large enough that the 1B model's narrow projections (wo,
+    // w2) still have the tiles to fill an H100; smaller chunks starve them.
     static constexpr int kPrefillChunk = 2048;
     // LM-head rows per step when a prefill wants the logits of every token.
     static constexpr int kLogitRows = 64;
@@ -93,8 +93,8 @@ public:
     bool profile_enabled() const override { return prof_.on(); }
     std::vector<profile::Record> profile_take() override;
     // One decode step in kProfileEvery replays the instrumented graph, whose event nodes undo the
-    // kernels' overlap (about 1.9x a plain step's time at 1B): one in 16 cost 5.8% of 1B decode on
-    // H100 once a plain step took 1.04 ms, over the 5% the profiler may cost.
+    // kernels' overlap (about 1.9x a plain step's time at 1B); one in 32 keeps profiling within the
+    // 5% of decode speed it may cost.
     static constexpr int kProfileEvery = 32;
 
 private:
@@ -161,22 +161,22 @@ private:
     int max_splits_ = 1;  // flash-decode KV splits
 
     char* arena_ = nullptr;
-    bf16* tok_embeddings_ = nullptr;
-    bf16* output_ = nullptr;  // == tok_embeddings_ when tied
-    bf16* norm_ = nullptr;
-    std::vector<LayerWeights> layers_;
-    bf16* k_cache_ = nullptr;
-    bf16* v_cache_ = nullptr;
-    size_t kv_layer_elems_ = 0;  // max_batch * max_seq * Hkv * hd
-    int* history_ = nullptr;
-    float* inv_freq_ = nullptr;
-    float* x_ = nullptr;
-    bf16* xn_ = nullptr;
-    float* qkv_ = nullptr;
-    bf16* q_ = nullptr;
-    bf16* att_ = nullptr;
-    bf16* hb_ = nullptr;
-    float* logits_ = nullptr;
+    bf16* tok_embeddings_ = nullptr;  // [V, D]
+    bf16* output_ = nullptr;          // [V, D]; == tok_embeddings_ when tied
+    bf16* norm_ = nullptr;            // [D]
+    std::vector<LayerWeights> layers_;  // [n_layers]
+    bf16* k_cache_ = nullptr;         // [n_layers][max_batch][max_seq][Hkv][hd]
+    bf16* v_cache_ = nullptr;         // [n_layers][max_batch][max_seq][Hkv][hd]
+    size_t kv_layer_elems_ = 0;       // max_batch * max_seq * Hkv * hd
+    int* history_ = nullptr;          // [max_batch][max_seq]
+    float* inv_freq_ = nullptr;       // [hd / 2]
+    float* x_ = nullptr;              // [rows_, D] residual stream
+    bf16* xn_ = nullptr;              // [rows_, D] normed input of a matmul
+    float* qkv_ = nullptr;            // [rows_, qkv_dim]
+    bf16* q_ = nullptr;               // [rows_, Hq hd] rotated queries
+    bf16* att_ = nullptr;             // [rows_, Hq hd] attention output
+    bf16* hb_ = nullptr;              // [rows_, H] SwiGLU output
+    float* logits_ = nullptr;         // [logit_rows_, V]
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;
