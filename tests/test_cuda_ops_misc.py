@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 
 from llama_brrr.sampling import uniform_rows  # noqa: E402
 
-pytestmark = pytest.mark.cuda
+from counter_rng import MASK64, splitmix64  # noqa: E402
 
-MASK64 = (1 << 64) - 1
+pytestmark = pytest.mark.cuda
 
 
 @pytest.fixture(scope="module")
@@ -213,13 +213,6 @@ def test_rope_kv_append(C, ops, rng, gen, n_heads, n_kv_heads, head_dim, max_seq
 
 
 # ---- init: fill_normal_bf16, convert_f32_to_bf16 ------------------------------------------------
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
 
 def normal_stream(key, n):
     """The CPU engine's Box-Muller stream (csrc/cpu/engine_cpu.cpp normal_pair), in float64."""
