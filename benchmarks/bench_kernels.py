@@ -1,7 +1,7 @@
 """Per-kernel benchmark of the CUDA matmul and attention kernels against cuBLAS / PyTorch, one GPU.
 
 Every figure is device time per call from the kernels' own durations (torch.profiler / CUPTI, so
-neither side pays for the host launch or the synchronization of _C.cuda_ops), the median over
+neither side pays for the host launch or the synchronization of _C.testing), the median over
 --repeats calls after a warm-up, with min and max. Weights and KV caches rotate among enough
 copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from the previous one.
 
@@ -501,7 +501,7 @@ def main(argv=None):
     if not _C.cuda_compiled() or _C.cuda_device_count() < 1:
         sys.exit("bench_kernels: llama_brrr._C has no usable CUDA backend "
                  "(build with LLAMA_BRRR_CUDA=1 on a machine with a GPU)")
-    ops = _C.cuda_ops
+    ops = _C.testing
     torch.backends.cuda.matmul.allow_tf32 = False
     repeats = args.repeats or (10 if args.quick else 30)
     shapes = args.shapes.split(",") if args.shapes else ["llama3.2-1b"] if args.quick else ["llama3.2-1b", "llama3-8b"]

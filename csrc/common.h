@@ -1,7 +1,7 @@
 // common.h — the error-check vocabulary, dtype helpers and small macros both backends share.
 //
 // Every failure the engine can detect becomes a brrr::Error carrying "file:line: message";
-// bindings.cpp turns it into a Python exception, so nothing here ever aborts the process.
+// the bindings (csrc/bindings/) turn it into a Python exception, so nothing here ever aborts the process.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,11 @@ struct Error : std::runtime_error {
 };
 // An allocation the device or host could not satisfy; bindings map it to MemoryError.
 struct OutOfMemory : Error {
+    using Error::Error;
+};
+// A caller's argument breaks a rule of the call (a slot, position or token out of range); the
+// message names the argument, so it carries no file:line. Bindings map it to ValueError.
+struct InvalidArgument : Error {
     using Error::Error;
 };
 
@@ -73,6 +78,16 @@ inline std::string where(const char* file, int line) {
     } while (0)
 
 #define BRRR_FAIL(msg) BRRR_CHECK(false, msg)
+
+// BRRR_CHECK_ARG(cond, "slot " << slot << " ..."): throws brrr::InvalidArgument when cond is false.
+#define BRRR_CHECK_ARG(cond, msg)                                           \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            brrr::Message brrr_os_;                                         \
+            brrr_os_ << msg;                                                \
+            throw brrr::InvalidArgument(brrr_os_.str());                    \
+        }                                                                   \
+    } while (0)
 
 namespace brrr {
 

@@ -1,5 +1,5 @@
-// model.cpp — the backend-independent half of model.h: config validation, RoPE frequencies and
-// the canonical weight names and shapes.
+// model.cpp — the backend-independent half of model.h: config validation, the sampling and call
+// argument rules, RoPE frequencies and the canonical weight names and shapes.
 //
 // rope_inv_freq follows HF transformers' fp32 arithmetic step by step (default, "linear" and
 // "llama3" = _compute_llama3_parameters), so the CPU and GPU engines rotate exactly like the
@@ -46,6 +46,90 @@ void Config::validate() const {
                "config too large: a single weight matrix would exceed 2^31 elements");
 }
 
+std::string sampling_params_problem(const SamplingParams& p) {
+    brrr::Message s;
+    if (!(std::isfinite(p.temperature) && p.temperature >= 0))
+        s << "temperature must be a finite number >= 0 (0 = greedy), got " << p.temperature;
+    else if (p.top_k < 0)
+        s << "top_k must be an integer >= 0 (0 = off), got " << p.top_k;
+    else if (!(p.top_p > 0 && p.top_p <= 1))
+        s << "top_p must be in (0, 1] (1 = off), got " << p.top_p;
+    else if (!(p.min_p >= 0 && p.min_p <= 1))
+        s << "min_p must be in [0, 1] (0 = off), got " << p.min_p;
+    else if (!(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0))
+        s << "repetition_penalty must be a finite number > 0 (1 = off), got " << p.repetition_penalty;
+    return s.str();
+}
+
+namespace {
+
+void check_slot(const Config& c, int slot, const std::string& what) {
+    BRRR_CHECK_ARG(slot >= 0 && slot < c.max_batch,
+                   what << " " << slot << " is out of range: the engine has max_batch = " << c.max_batch
+                        << " KV slots (0.." << c.max_batch - 1 << ")");
+}
+
+void check_tokens(const Config& c, const int32_t* tokens, int n) {
+    for (int i = 0; i < n; ++i)
+        BRRR_CHECK_ARG(tokens[i] >= 0 && tokens[i] < c.vocab_size,
+                       "tokens[" << i << "] = token id " << tokens[i] << " is out of range for vocab_size "
+                                 << c.vocab_size);
+}
+
+void check_batch(const Config& c, int batch) {
+    BRRR_CHECK_ARG(batch >= 1 && batch <= c.max_batch,
+                   "batch size " << batch << " must be in [1, max_batch = " << c.max_batch << "]");
+}
+
+// Every row of a batch call: a valid slot (each at most once) and a position in the context.
+void check_rows(const Config& c, const int32_t* slots, const int32_t* positions, int batch) {
+    BRRR_CHECK_ARG(slots && positions, "null slots or positions pointer");
+    for (int i = 0; i < batch; ++i) {
+        check_slot(c, slots[i], "slots[" + std::to_string(i) + "] =");
+        for (int j = 0; j < i; ++j)
+            BRRR_CHECK_ARG(slots[j] != slots[i], "slot " << slots[i] << " appears twice (slots[" << j
+                                                         << "] and slots[" << i << "])");
+        BRRR_CHECK_ARG(positions[i] >= 0, "positions[" << i << "] = " << positions[i] << " must be >= 0");
+        BRRR_CHECK_ARG(positions[i] < c.max_seq_len,
+                       "context is full: positions[" << i << "] = " << positions[i] << " but max_seq_len is "
+                       << c.max_seq_len << " (create the engine with a larger max_seq_len)");
+    }
+}
+
+}  // namespace
+
+void check_prefill_args(const Config& c, int slot, const int32_t* tokens, int n_tokens, int start_pos) {
+    BRRR_CHECK_ARG(n_tokens >= 1, "tokens must hold at least one token");
+    BRRR_CHECK_ARG(tokens, "null tokens pointer");
+    check_slot(c, slot, "slot");
+    BRRR_CHECK_ARG(start_pos >= 0, "start_pos must be >= 0, got " << start_pos);
+    BRRR_CHECK_ARG((int64_t)start_pos + n_tokens <= c.max_seq_len,
+                   "context is full: " << n_tokens << " tokens at start_pos " << start_pos << " need "
+                   << (int64_t)start_pos + n_tokens << " positions but max_seq_len is " << c.max_seq_len
+                   << " (create the engine with a larger max_seq_len)");
+    check_tokens(c, tokens, n_tokens);
+}
+
+void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* slots,
+                       const int32_t* positions, int batch, int n_steps) {
+    check_batch(c, batch);
+    BRRR_CHECK_ARG(n_steps >= 1 && n_steps <= kMaxDecodeSteps,
+                   "n_steps must be in [1, " << kMaxDecodeSteps << "], got " << n_steps);
+    check_rows(c, slots, positions, batch);
+    for (int i = 0; i < batch; ++i)
+        BRRR_CHECK_ARG((int64_t)positions[i] + n_steps - 1 < c.max_seq_len,
+                       "context is full: positions[" << i << "] = " << positions[i] << " leaves room for "
+                       << c.max_seq_len - positions[i] << " of the " << n_steps
+                       << " steps asked for (max_seq_len is " << c.max_seq_len << ")");
+    BRRR_CHECK_ARG(tokens, "null tokens pointer");
+    check_tokens(c, tokens, batch);
+}
+
+void check_sample_args(const Config& c, const int32_t* slots, const int32_t* positions, int batch) {
+    check_batch(c, batch);
+    check_rows(c, slots, positions, batch);
+}
+
 std::vector<float> rope_inv_freq(const Config& c) {
     const int half = c.head_dim / 2;
     std::vector<float> inv_freq(half);
@@ -86,7 +170,7 @@ std::vector<int64_t> weight_shape(const Config& c, const std::string& name) {
     if (name == "tok_embeddings") return {c.vocab_size, c.dim};
     if (name == "norm") return {c.dim};
     if (name == "output") {
-        BRRR_CHECK(!c.tie_embeddings, "weight 'output' does not exist in this config: it ties the "
+        BRRR_CHECK_ARG(!c.tie_embeddings, "weight 'output' does not exist in this config: it ties the "
                                       "LM head to tok_embeddings (tie_embeddings = true)");
         return {c.vocab_size, c.dim};
     }
@@ -100,7 +184,7 @@ std::vector<int64_t> weight_shape(const Config& c, const std::string& name) {
                        (index.size() == 1 || index[0] != '0');
         if (numeric && dot != std::string::npos) {
             int layer = std::stoi(index);
-            BRRR_CHECK(layer < c.n_layers, "weight '" << name << "': layer " << layer
+            BRRR_CHECK_ARG(layer < c.n_layers, "weight '" << name << "': layer " << layer
                                                       << " out of range (n_layers = " << c.n_layers << ")");
             const std::string kind = name.substr(dot + 1);
             if (kind == "attn_norm" || kind == "ffn_norm") return {c.dim};
@@ -111,8 +195,22 @@ std::vector<int64_t> weight_shape(const Config& c, const std::string& name) {
             if (kind == "w2") return {c.dim, c.hidden_dim};
         }
     }
-    BRRR_FAIL("unknown weight name '" << name << "'; expected tok_embeddings, norm, output or "
+    BRRR_CHECK_ARG(false, "unknown weight name '" << name << "'; expected tok_embeddings, norm, output or "
               "layers.<i>.{attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3}");
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+    brrr::Message s;
+    s << "(";
+    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+    s << (shape.size() == 1 ? ",)" : ")");
+    return s.str();
+}
+
+void check_weight_shape(const Config& c, const std::string& name, const std::vector<int64_t>& shape) {
+    const std::vector<int64_t> expected = weight_shape(c, name);
+    BRRR_CHECK_ARG(shape == expected, "weight '" << name << "' has shape " << shape_str(shape)
+                                                 << " but the config expects " << shape_str(expected));
 }
 
 std::vector<std::string> weight_names(const Config& c) {

@@ -1,5 +1,6 @@
 // model.h — what a Llama-family model is to the engine: its Config, the canonical weight names,
-// the sampling parameters, and the Engine interface every backend (cpu/, cuda/) implements.
+// the sampling parameters, the argument rules of every call, and the Engine interface every
+// backend (cpu/, cuda/) implements.
 //
 // Weight layout (row-major, [out, in]; q/k rows in rotate-half order: dim i pairs with i + hd/2):
 //   tok_embeddings [vocab, dim]          norm [dim]          output [vocab, dim] (unless tied)
@@ -49,11 +50,17 @@ struct Config {
 // The rotary inverse frequencies, head_dim/2 of them, with the config's scaling applied.
 std::vector<float> rope_inv_freq(const Config& c);
 
-// Expected shape of a canonical tensor name; throws brrr::Error for an unknown name.
+// Expected shape of a canonical tensor name; throws InvalidArgument for an unknown name.
 std::vector<int64_t> weight_shape(const Config& c, const std::string& name);
+// Throws InvalidArgument unless `shape` is the expected shape of weight `name` (set_weight's rule).
+void check_weight_shape(const Config& c, const std::string& name, const std::vector<int64_t>& shape);
+// "(a, b)" / "(a,)", as numpy prints a shape.
+std::string shape_str(const std::vector<int64_t>& shape);
 // All canonical names for this config, in load order.
 std::vector<std::string> weight_names(const Config& c);
 
+// One row's sampling parameters, the one form they take from Python (a numpy record of this
+// layout, bindings' SamplingParams dtype) to the CUDA sampler (which reads it as is).
 struct SamplingParams {
     float temperature = 0.f;         // 0 = greedy
     int top_k = 0;                   // 0 = off
@@ -62,6 +69,26 @@ struct SamplingParams {
     float repetition_penalty = 1.f;  // 1 = off (HF rule: logit > 0 ? logit / p : logit * p)
     uint64_t seed = 0;
 };
+
+// The sampling rules: empty when the parameters are usable, else a message naming the offending
+// field. The bindings hold every row to it at the boundary (and llama_brrr's SamplingParams asks
+// it too); behind the boundary the samplers take the rows as given.
+std::string sampling_params_problem(const SamplingParams& p);
+
+// The rules an Engine call's arguments must meet before a backend touches memory with them;
+// each backend checks them on entry. They throw InvalidArgument naming the argument.
+//   prefill: slot in [0, max_batch), n_tokens >= 1, start_pos >= 0, start_pos + n_tokens <=
+//            max_seq_len, every token in [0, vocab_size)
+void check_prefill_args(const Config& c, int slot, const int32_t* tokens, int n_tokens, int start_pos);
+//   decode (n_steps = 1) and decode_steps: batch in [1, max_batch], n_steps in [1, kMaxDecodeSteps],
+//            each slot valid and at most once, positions[i] + n_steps - 1 < max_seq_len, tokens valid
+void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* slots,
+                       const int32_t* positions, int batch, int n_steps);
+//   sample:  batch, slots and positions as for decode
+void check_sample_args(const Config& c, const int32_t* slots, const int32_t* positions, int batch);
+
+// Most rounds one decode_steps call runs (the depth of the CUDA engine's on-device token ring).
+constexpr int kMaxDecodeSteps = 64;
 
 // Counter-based RNG shared by both backends: the same (seed, step) gives the same uniform in
 // [0, 1) on CPU and GPU, so sampled runs are reproducible and independent of batch layout.
@@ -113,6 +140,7 @@ public:
     virtual void decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch,
                               int n_steps, int32_t* out_tokens, float* out_logprobs) {
+        check_decode_args(config(), tokens, slots, positions, batch, n_steps);
         std::vector<int32_t> cur(tokens, tokens + batch), pos(positions, positions + batch);
         std::vector<uint64_t> step(steps, steps + batch);
         for (int s = 0; s < n_steps; ++s) {

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _C, profiler
 from .config import ModelConfig, shape_config
-from .sampling import SamplingParams
+from .sampling import SamplingParams, engine_rows
 
 _DTYPE_ALIASES = {
     "f32": "f32", "float32": "f32", "fp32": "f32",
@@ -459,12 +459,7 @@ class Llama:
                 np.array([r.next_token for r in active], dtype=np.int32),
                 np.array([r.slot for r in active], dtype=np.int32),
                 np.array([r.position for r in active], dtype=np.int32),
-                np.array([r.params.temperature for r in active], dtype=np.float32),
-                np.array([r.params.top_k for r in active], dtype=np.int32),
-                np.array([r.params.top_p for r in active], dtype=np.float32),
-                np.array([r.params.min_p for r in active], dtype=np.float32),
-                np.array([r.params.repetition_penalty for r in active], dtype=np.float32),
-                np.array([r.seed for r in active], dtype=np.uint64),
+                engine_rows(r.params.engine_row(r.seed) for r in active),
                 np.array([len(r.token_ids) for r in active], dtype=np.uint64),
                 n_steps)
             now = time.perf_counter()

@@ -1,7 +1,10 @@
 """SamplingParams: how one request picks its tokens and when it stops (vLLM-like names).
 
-The sampling itself runs inside the engine (`_C.Engine.sample`); this module only holds the
-parameters and rejects values the engine must never see.
+The sampling itself runs inside the engine (`_C.Engine.sample`); this module holds the
+parameters, turns Python values into the engine's types (naming the parameter when it cannot), and
+hands each request's row to the engine in its own record type (`engine_rows`). The rules the
+values must meet are the engine's, stated once in csrc/model.cpp; a SamplingParams is held to them
+when it is made, so a bad value fails at the call that passed it.
 
 Defaults differ from vLLM in one place on purpose: temperature defaults to 0.0 (greedy) instead of
 vLLM's 1.0, so that a run without arguments is deterministic and benchmarks are reproducible.
@@ -10,8 +13,15 @@ vLLM's 1.0, so that a run without arguments is deterministic and benchmarks are 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
+
+import numpy as np
+
+from . import _C
+
+# The fields of the engine's per-row record (_C.sampling_params_dtype) and their "off" values.
+ENGINE_DEFAULTS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, seed=0)
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass
@@ -52,27 +62,15 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens}")
 
         self.temperature = _require_real("temperature", self.temperature, "a finite number >= 0")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(
-                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
-
         self.top_k = _require_int("top_k", self.top_k, "an integer >= 0 (0 = off)")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-
         self.top_p = _require_real("top_p", self.top_p, "a number in (0, 1]")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-
         self.min_p = _require_real("min_p", self.min_p, "a number in [0, 1]")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
-
         self.repetition_penalty = _require_real(
             "repetition_penalty", self.repetition_penalty, "a finite number > 0")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), "
-                             f"got {self.repetition_penalty}")
+        problem = _C.sampling_params_problem(self.temperature, min(self.top_k, _INT32_MAX), self.top_p,
+                                             self.min_p, self.repetition_penalty)
+        if problem:
+            raise ValueError(problem)
 
         if self.seed is not None:
             self.seed = _require_int("seed", self.seed, "an integer or None")
@@ -83,6 +81,11 @@ class SamplingParams:
         self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
         self.ignore_eos = bool(self.ignore_eos)
         self.logprobs = bool(self.logprobs)
+
+    def engine_row(self, seed: int) -> tuple:
+        """This request's record for the engine (a row of engine_rows), with its drawn seed."""
+        return (self.temperature, min(self.top_k, _INT32_MAX), self.top_p, self.min_p,
+                self.repetition_penalty, seed)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -105,6 +108,25 @@ class SamplingParams:
             raise TypeError(f"unknown sampling argument(s) {', '.join(map(repr, unknown))}; "
                             f"valid: {', '.join(cls.field_names())}")
         return cls(**kwargs)
+
+
+def engine_rows(rows) -> np.ndarray:
+    """The `params` argument of _C.Engine.sample and decode_steps: one _C.sampling_params_dtype
+    record per row, from SamplingParams.engine_row tuples."""
+    return np.array(list(rows), dtype=_C.sampling_params_dtype)
+
+
+def uniform_rows(n: int, **fields) -> np.ndarray:
+    """n engine rows, each field (ENGINE_DEFAULTS' names) a scalar for every row or a sequence of
+    n values; fields left out are off. For tests and tools that drive _C.Engine directly."""
+    unknown = sorted(set(fields) - set(ENGINE_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown engine sampling field(s) {', '.join(unknown)}; "
+                        f"valid: {', '.join(ENGINE_DEFAULTS)}")
+    rows = np.zeros(n, dtype=_C.sampling_params_dtype)
+    for name, default in ENGINE_DEFAULTS.items():
+        rows[name] = fields.get(name, default)
+    return rows
 
 
 def _require_int(name: str, value, allowed: str) -> int:

@@ -1,5 +1,5 @@
-"""Fixtures shared by the test files: the compiled module, a logged random generator, and random
-canonical weights for a ModelConfig."""
+"""Fixtures shared by the test files: the compiled module (and it with a CUDA device), a logged
+random generator, and random canonical weights for a ModelConfig."""
 
 import os
 import secrets
@@ -18,6 +18,23 @@ def C():
                     "`LLAMA_BRRR_CUDA=0 python setup.py build_ext --inplace`")
     if _C is None:
         pytest.skip("llama_brrr._C is not built; run `LLAMA_BRRR_CUDA=0 python setup.py build_ext --inplace`")
+    return _C
+
+
+@pytest.fixture(scope="session")
+def cuda_C():
+    """llama_brrr._C with a CUDA device to run on, or a skip that says what is missing."""
+    torch = pytest.importorskip("torch")
+    try:
+        from llama_brrr import _C
+    except ImportError as error:
+        pytest.skip(f"llama_brrr._C is not built ({error})")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to torch")
+    if not _C.cuda_compiled():
+        pytest.skip("llama_brrr._C was built without CUDA (LLAMA_BRRR_CUDA=1 to build it)")
+    if _C.cuda_device_count() < 1:
+        pytest.skip("_C.cuda_device_count() is 0")
     return _C
 
 

@@ -15,6 +15,8 @@ import pytest
 from llama_brrr import Llama, ModelConfig, RequestOutput, SamplingParams
 from llama_brrr.model import RandomModelTokenizer
 
+from counter_rng import uniform01
+
 TINY = dict(dim=48, hidden_dim=80, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=300,
             max_seq_len=128, name="tiny")
 TIMING_KEYS = {"prompt_tokens", "generated_tokens", "ttft_s", "prefill_s", "decode_s", "total_s",
@@ -165,20 +167,6 @@ def test_seeded_sampling_is_reproducible_and_seeds_differ(llm, rng):
     greedy = llm.generate(prompt, max_tokens=16, ignore_eos=True)[0].token_ids
     assert first != greedy  # temperature 3 on O(1) logit gaps must leave the argmax path
 
-
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
-def uniform01(seed, step):
-    """model.h's counter RNG, transcribed: the draw for (seed, step)."""
-    return (splitmix64(splitmix64(seed) ^ ((step * 0xD1B54A32D192ED03) & MASK64)) >> 40) / 2**24
 
 
 def test_sampled_tokens_follow_the_seed_and_step_contract(llm, rng):

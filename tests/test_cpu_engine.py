@@ -15,6 +15,7 @@ import torch
 
 from llama_brrr.config import ModelConfig
 from llama_brrr.reference import ReferenceLlama
+from llama_brrr.sampling import uniform_rows
 
 FP32_TOL = 1e-3  # docs/design.md: fp32 CPU path vs fp32 oracle, max |delta logit|
 CHUNK = 256      # CpuEngine::kPrefillChunk
@@ -205,10 +206,10 @@ def test_bf16_engine_within_twice_torch_bf16_error(C, rng, model, feed):
 # ---- sampling through the engine ----------------------------------------------------------------
 
 def sample_args(batch, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, penalty=1.0, seed=0, step=0):
-    full = lambda v, dt: np.full(batch, v, dtype=dt)  # noqa: E731
-    return (full(temperature, np.float32), full(top_k, np.int32), full(top_p, np.float32),
-            full(min_p, np.float32), full(penalty, np.float32), full(seed, np.uint64),
-            full(step, np.uint64))
+    """(params, step) of Engine.sample for `batch` rows alike."""
+    params = uniform_rows(batch, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repetition_penalty=penalty, seed=seed)
+    return params, np.full(batch, step, dtype=np.uint64)
 
 
 def test_engine_sample_matches_sample_row_with_slot_history(C, rng, make_weights):

@@ -15,23 +15,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from llama_brrr.config import ModelConfig  # noqa: E402
+from llama_brrr.sampling import uniform_rows  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
 
 @pytest.fixture(scope="module")
-def C():
-    try:
-        from llama_brrr import _C
-    except ImportError as error:
-        pytest.skip(f"llama_brrr._C is not built ({error})")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device visible to torch")
-    if not _C.cuda_compiled():
-        pytest.skip("llama_brrr._C was built without CUDA (LLAMA_BRRR_CUDA=1 to build it)")
-    if _C.cuda_device_count() < 1:
-        pytest.skip("_C.cuda_device_count() is 0")
-    return _C
+def C(cuda_C):
+    return cuda_C
 
 
 CHUNK = 2048  # CudaEngine::kPrefillChunk
@@ -233,10 +224,9 @@ def test_decode_without_logits_then_sample(C, rng, make_weights):
         temperature, top_k, top_p, min_p, penalty = cases[step % len(cases)]
         seeds = rng.integers(0, 2**63, size=3).astype(np.uint64)
         steps = np.full(3, step, np.uint64)
-        chosen, logprobs = engine.sample(slots, positions, np.full(3, temperature, np.float32),
-                                         np.full(3, top_k, np.int32), np.full(3, top_p, np.float32),
-                                         np.full(3, min_p, np.float32), np.full(3, penalty, np.float32),
-                                         seeds, steps)
+        params = uniform_rows(3, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=penalty, seed=seeds)
+        chosen, logprobs = engine.sample(slots, positions, params, steps)
         for i in range(3):
             expected, expected_lp = C.cpu_ops.sample_row(
                 logits[i], np.array(history[i], np.int32), temperature, top_k, top_p, min_p, penalty,
@@ -258,7 +248,7 @@ def step_by_step(engine, tokens, slots, positions, params, steps, n_steps):
     out_tokens, out_logprobs = [], []
     for _ in range(n_steps):
         assert engine.decode(tokens, slots, positions, False) is None
-        chosen, logprobs = engine.sample(slots, positions, *params, steps)
+        chosen, logprobs = engine.sample(slots, positions, params, steps)
         out_tokens.append(chosen)
         out_logprobs.append(logprobs)
         tokens, positions, steps = chosen.astype(np.int32), positions + 1, steps + 1
@@ -281,20 +271,20 @@ def test_decode_steps_equals_decode_and_sample_in_turn(C, rng, make_weights, gra
     slots = np.array([2, 0, 1], np.int32)  # rows need not follow slot order
     positions = np.array([lengths[s] for s in slots], np.int32)
     tokens = rng.integers(0, config.vocab_size, size=3).astype(np.int32)
-    params = (np.array([0.0, 0.9, 1.0], np.float32), np.array([0, 40, 0], np.int32),
-              np.array([1.0, 0.9, 1.0], np.float32), np.array([0.0, 0.0, 0.05], np.float32),
-              np.array([1.3, 1.1, 1.0], np.float32), rng.integers(0, 2**63, size=3).astype(np.uint64))
+    params = uniform_rows(3, temperature=[0.0, 0.9, 1.0], top_k=[0, 40, 0], top_p=[1.0, 0.9, 1.0],
+                          min_p=[0.0, 0.0, 0.05], repetition_penalty=[1.3, 1.1, 1.0],
+                          seed=rng.integers(0, 2**63, size=3).astype(np.uint64))
     steps = np.array([0, 5, 2], np.uint64)
     expected_tokens, expected_logprobs = step_by_step(stepped, tokens, slots, positions, params, steps, 7)
-    got_tokens, got_logprobs = looped.decode_steps(tokens, slots, positions, *params, steps, 7)
+    got_tokens, got_logprobs = looped.decode_steps(tokens, slots, positions, params, steps, 7)
     assert got_tokens.shape == (7, 3) and got_logprobs.shape == (7, 3)
     np.testing.assert_array_equal(got_tokens, expected_tokens)
     np.testing.assert_array_equal(got_logprobs, expected_logprobs)
     # The loop continues where it left off, in chunks of any size, including one round.
     positions, steps, tokens = positions + 7, steps + 7, got_tokens[-1].astype(np.int32)
     expected_tokens, _ = step_by_step(stepped, tokens, slots, positions, params, steps, 3)
-    first, _ = looped.decode_steps(tokens, slots, positions, *params, steps, 1)
-    rest, _ = looped.decode_steps(first[0].astype(np.int32), slots, positions + 1, *params, steps + 1, 2)
+    first, _ = looped.decode_steps(tokens, slots, positions, params, steps, 1)
+    rest, _ = looped.decode_steps(first[0].astype(np.int32), slots, positions + 1, params, steps + 1, 2)
     np.testing.assert_array_equal(np.concatenate([first, rest]), expected_tokens)
 
 
@@ -302,20 +292,17 @@ def test_decode_steps_bad_arguments_raise_and_leave_the_engine_usable(C, rng, ma
     config = CONFIGS["mha-odd-dims"]
     engine = make_engine(C, config, make_weights(config, rng), max_seq=32, max_batch=2)
     engine.prefill(0, np.arange(5, dtype=np.int32), 0, "none")
-    one = np.ones(1, np.float32)
-    params = (np.zeros(1, np.float32), np.zeros(1, np.int32), one, np.zeros(1, np.float32), one,
-              np.zeros(1, np.uint64))
+    params = uniform_rows(1)
     args = (np.array([5], np.int32), np.array([0], np.int32), np.array([5], np.int32))
     with pytest.raises(ValueError, match="n_steps"):
-        engine.decode_steps(*args, *params, np.zeros(1, np.uint64), 0)
+        engine.decode_steps(*args, params, np.zeros(1, np.uint64), 0)
     with pytest.raises(ValueError, match="n_steps"):
-        engine.decode_steps(*args, *params, np.zeros(1, np.uint64), 65)
+        engine.decode_steps(*args, params, np.zeros(1, np.uint64), 65)
     with pytest.raises(ValueError, match="context is full"):
-        engine.decode_steps(*args, *params, np.zeros(1, np.uint64), 28)  # positions 5..32 > 31
+        engine.decode_steps(*args, params, np.zeros(1, np.uint64), 28)  # positions 5..32 > 31
     with pytest.raises(ValueError, match="top_k"):
-        engine.decode_steps(*args, params[0], np.full(1, -1, np.int32), *params[2:],
-                            np.zeros(1, np.uint64), 2)
-    tokens, _ = engine.decode_steps(*args, *params, np.zeros(1, np.uint64), 27)  # positions 5..31
+        engine.decode_steps(*args, uniform_rows(1, top_k=-1), np.zeros(1, np.uint64), 2)
+    tokens, _ = engine.decode_steps(*args, params, np.zeros(1, np.uint64), 27)  # positions 5..31
     assert tokens.shape == (27, 1) and ((0 <= tokens) & (tokens < config.vocab_size)).all()
 
 
@@ -324,9 +311,7 @@ def test_sample_after_prefill_uses_its_last_logits(C, rng, make_weights):
     tensors = make_weights(config, rng)
     engine = make_engine(C, config, tensors, max_seq=64, max_batch=2)
     prompt = rng.integers(0, config.vocab_size, size=12).astype(np.int32)
-    one = np.ones(1, np.float32)
-    greedy_args = (np.zeros(1, np.float32), np.zeros(1, np.int32), one, np.zeros(1, np.float32), one,
-                   np.zeros(1, np.uint64), np.zeros(1, np.uint64))
+    greedy_args = (uniform_rows(1), np.zeros(1, np.uint64))
     for mode in ("none", "last", "all"):
         result = engine.prefill(1, prompt, 0, mode)
         token, _ = engine.sample(np.array([1], np.int32), np.array([11], np.int32), *greedy_args)
@@ -422,9 +407,8 @@ def test_bad_arguments_raise_and_leave_the_engine_usable(C, rng, make_weights):
     with pytest.raises(ValueError, match="appears twice"):
         engine.decode(np.array([1, 2], np.int32), np.array([1, 1], np.int32), np.array([0, 0], np.int32), True)
     with pytest.raises(RuntimeError, match="no logits"):
-        engine.sample(np.array([0], np.int32), np.array([0], np.int32), np.zeros(1, np.float32),
-                      np.zeros(1, np.int32), np.ones(1, np.float32), np.zeros(1, np.float32),
-                      np.ones(1, np.float32), np.zeros(1, np.uint64), np.zeros(1, np.uint64))
+        engine.sample(np.array([0], np.int32), np.array([0], np.int32), uniform_rows(1),
+                      np.zeros(1, np.uint64))
     assert np.isfinite(engine.prefill(0, np.array([1, 2, 3], np.int32), 0, "last")).all()
 
 

@@ -1,5 +1,5 @@
 """rmsnorm_matmul_bf16 (gemv.cu): the decode projections with the input RMSNorm fused in front and
-the RopeKV epilogue (RoPE + KV-cache append) behind, against PyTorch, through _C.cuda_ops.
+the RopeKV epilogue (RoPE + KV-cache append) behind, against PyTorch, through _C.testing.
 
 Every side of the launcher is covered: M = 1 runs the fused CUDA-core GEMV, M = 2..16
 rmsnorm_residual into the xn scratch and then the tensor-core GEMV (without a scratch, the fused

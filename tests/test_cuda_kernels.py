@@ -1,5 +1,5 @@
 """The CUDA matmul and attention kernels (gemv.cu, gemm.cu, attention.cu) against PyTorch, through
-_C.cuda_ops on device pointers.
+_C.testing on device pointers.
 
 Tolerance (docs/design.md): the relative error (Frobenius norm) against an fp64 reference computed from
 the same bf16 inputs may be at most twice the error of the same computation done by PyTorch in
@@ -22,18 +22,8 @@ EPILOGUES = {"store_bf16": STORE_BF16, "store_f32": STORE_F32, "add_residual": A
 
 
 @pytest.fixture(scope="module")
-def ops():
-    try:
-        from llama_brrr import _C
-    except ImportError as error:
-        pytest.skip(f"llama_brrr._C is not built ({error})")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device visible to torch")
-    if not _C.cuda_compiled():
-        pytest.skip("llama_brrr._C was built without CUDA (LLAMA_BRRR_CUDA=1 to build it)")
-    if _C.cuda_device_count() < 1:
-        pytest.skip("_C.cuda_device_count() is 0")
-    return _C.cuda_ops
+def ops(cuda_C):
+    return cuda_C.testing
 
 
 @pytest.fixture
@@ -75,7 +65,7 @@ def misaligned_copy(t):
 # ---- matmuls --------------------------------------------------------------------------------
 
 def run_matmul(ops, fn, x, W, epilogue, gen, ld_extra=0, split=None, path=None):
-    """Runs cuda_ops.<fn> on x [M, K], W [N, K] (with split-K scratch `split`, a SplitScratch);
+    """Runs testing.<fn> on x [M, K], W [N, K] (with split-K scratch `split`, a SplitScratch);
     returns (result, reference, torch bf16 result, output tensor including its padding columns,
     padding as it was before the call)."""
     M, K = x.shape

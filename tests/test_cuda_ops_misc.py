@@ -1,6 +1,6 @@
 """The CUDA backend's small kernels (embed with its token history, rmsnorm_residual, rope_kv_append,
 fill_normal_bf16, convert_f32_to_bf16, sample_tokens) against PyTorch / numpy / the CPU sampler,
-through _C.cuda_ops on device pointers. Outputs are NaN-poisoned before each run, sizes are odd
+through _C.testing on device pointers. Outputs are NaN-poisoned before each run, sizes are odd
 where the kernels have a vector path, inputs are random each run (seed printed by the rng fixture)."""
 
 import math
@@ -10,30 +10,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from llama_brrr.sampling import uniform_rows  # noqa: E402
+
+from counter_rng import MASK64, splitmix64  # noqa: E402
+
 pytestmark = pytest.mark.cuda
 
-MASK64 = (1 << 64) - 1
+
+@pytest.fixture(scope="module")
+def ops(cuda_C):
+    return cuda_C.testing
 
 
 @pytest.fixture(scope="module")
-def ops():
-    try:
-        from llama_brrr import _C
-    except ImportError as error:
-        pytest.skip(f"llama_brrr._C is not built ({error})")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device visible to torch")
-    if not _C.cuda_compiled():
-        pytest.skip("llama_brrr._C was built without CUDA (LLAMA_BRRR_CUDA=1 to build it)")
-    if _C.cuda_device_count() < 1:
-        pytest.skip("_C.cuda_device_count() is 0")
-    return _C.cuda_ops
-
-
-@pytest.fixture(scope="module")
-def C(ops):
-    from llama_brrr import _C
-    return _C
+def C(cuda_C):
+    return cuda_C
 
 
 @pytest.fixture
@@ -223,13 +214,6 @@ def test_rope_kv_append(C, ops, rng, gen, n_heads, n_kv_heads, head_dim, max_seq
 
 # ---- init: fill_normal_bf16, convert_f32_to_bf16 ------------------------------------------------
 
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
 def normal_stream(key, n):
     """The CPU engine's Box-Muller stream (csrc/cpu/engine_cpu.cpp normal_pair), in float64."""
     out = np.empty(n + 1)
@@ -331,13 +315,11 @@ class Sampler:
         self.positions = torch.from_numpy(positions.astype(np.int32)).cuda()
 
     def __call__(self, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, penalty=1.0, seed=0, step=0):
-        def col(value, dtype):
-            return np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=dtype), (self.B,)))
-        return self.ops.sample_tokens(
-            ptr(self.logits), ptr(self.history), ptr(self.slots), ptr(self.positions),
-            col(temperature, np.float32), col(top_k, np.int32), col(top_p, np.float32),
-            col(min_p, np.float32), col(penalty, np.float32), col(seed, np.uint64),
-            col(step, np.uint64), self.V, self.max_seq)
+        params = uniform_rows(self.B, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=penalty, seed=seed)
+        steps = np.ascontiguousarray(np.broadcast_to(np.asarray(step, dtype=np.uint64), (self.B,)))
+        return self.ops.sample_tokens(ptr(self.logits), ptr(self.history), ptr(self.slots),
+                                      ptr(self.positions), params, steps, self.V, self.max_seq)
 
 
 def log_softmax64(logits):

@@ -15,18 +15,8 @@ pytestmark = pytest.mark.cuda
 
 
 @pytest.fixture(scope="module")
-def C():
-    try:
-        from llama_brrr import _C
-    except ImportError as error:
-        pytest.skip(f"llama_brrr._C is not built ({error})")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device visible to torch")
-    if not _C.cuda_compiled():
-        pytest.skip("llama_brrr._C was built without CUDA (LLAMA_BRRR_CUDA=1 to build it)")
-    if _C.cuda_device_count() < 1:
-        pytest.skip("_C.cuda_device_count() is 0")
-    return _C
+def C(cuda_C):
+    return cuda_C
 
 
 @pytest.fixture(autouse=True)

@@ -21,16 +21,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from llama_brrr import _C  # noqa: E402
 from llama_brrr.config import shape_config  # noqa: E402
+from llama_brrr.sampling import uniform_rows  # noqa: E402
 
 
 def decode_rate(engine, n_tokens, prompt_len=16):
     vocab = engine.config["vocab_size"]
     prompt = (np.arange(prompt_len) * 7919 % vocab).astype(np.int32)
     engine.prefill(0, prompt, 0, "none")
-    slot, one = np.array([0], np.int32), np.ones(1)
-    greedy = (np.zeros(1, np.float32), np.zeros(1, np.int32), one.astype(np.float32),
-              np.zeros(1, np.float32), one.astype(np.float32), np.zeros(1, np.uint64),
-              np.zeros(1, np.uint64))
+    slot = np.array([0], np.int32)
+    greedy = (uniform_rows(1), np.zeros(1, np.uint64))
     token = np.array([1], np.int32)
     start = time.perf_counter()
     for pos in range(prompt_len, prompt_len + n_tokens):

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from llama_brrr import Llama
+from llama_brrr.sampling import uniform_rows
 
 
 def per_token_s(fn, n, repeats):
@@ -45,9 +46,7 @@ def main():
         prompt = rng.integers(300, 30000, size=128).astype(np.int32)
         eng.prefill(0, prompt, 0, "none")
         one = lambda v, dt: np.array([v], dtype=dt)
-        greedy = dict(temperature=one(0, np.float32), top_k=one(0, np.int32), top_p=one(1, np.float32),
-                      min_p=one(0, np.float32), repetition_penalty=one(1, np.float32),
-                      seed=one(0, np.uint64), step=one(0, np.uint64))
+        greedy = dict(params=uniform_rows(1), step=one(0, np.uint64))
 
         def steps():
             eng.decode_steps(one(7, np.int32), one(0, np.int32), one(128, np.int32), n_steps=n, **greedy)

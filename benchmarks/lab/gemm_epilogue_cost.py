@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--json", default=None, help="append one JSON line per case here")
     args = ap.parse_args()
     from llama_brrr import _C
-    ops = _C.cuda_ops
+    ops = _C.testing
     print(f"{'setting':12} {'N':>6} {'K':>6} {'M':>5} {'epilogue':13} {'us':>8} {'cuBLAS us':>9} {'x cuBLAS':>8}"
           f" {'same-job us':>11} {'x same':>6}")
     for shape in args.shapes.split(","):

@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--label", default="default")
     args = ap.parse_args()
-    ops = _C.cuda_ops
+    ops = _C.testing
     gen = torch.Generator(device="cuda").manual_seed(1)
     M, N = args.m, args.n
     clean = True

@@ -74,14 +74,6 @@ void normal_pair(uint64_t key, uint64_t pair, float* z0, float* z1) {
     *z1 = (float)(radius * std::sin(angle));
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-    brrr::Message s;
-    s << "(";
-    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
-    s << (shape.size() == 1 ? ",)" : ")");
-    return s.str();
-}
-
 }  // namespace
 
 // ---- construction -----------------------------------------------------------------------------
@@ -115,7 +107,7 @@ CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads)
     cfg_.validate();
     BRRR_CHECK(weight_dtype == DType::F32 || weight_dtype == DType::BF16,
                "the CPU engine stores weights as f32 or bf16, not " << dtype_name(weight_dtype));
-    BRRR_CHECK(n_threads >= 0, "n_threads must be >= 0 (0 = all cores), got " << n_threads);
+    BRRR_CHECK_ARG(n_threads >= 0, "n_threads must be >= 0 (0 = all cores), got " << n_threads);
     n_threads_ = n_threads > 0 ? n_threads : omp_get_num_procs();
     const Config& c = cfg_;
     rows_cap_ = std::max(std::min(kPrefillChunk, c.max_seq_len), c.max_batch);
@@ -224,9 +216,7 @@ int CpuEngine::tensor_index(const std::string& name) const {
 void CpuEngine::set_weight(const std::string& name, const void* src, DType src_dtype,
                            const std::vector<int64_t>& shape) {
     const int index = tensor_index(name);
-    const std::vector<int64_t> expected = weight_shape(cfg_, name);
-    BRRR_CHECK(shape == expected, "weight '" << name << "' has shape " << shape_str(shape)
-                                            << " but this config expects " << shape_str(expected));
+    check_weight_shape(cfg_, name, shape);
     const TensorSlot& t = tensors_[index];
     const size_t row_bytes_in = (size_t)t.cols * dtype_size(src_dtype);
     begin_call();
@@ -251,7 +241,7 @@ void CpuEngine::get_weight(const std::string& name, float* dst) const {
 }
 
 void CpuEngine::init_random(uint64_t seed, float std) {
-    BRRR_CHECK(std::isfinite(std) && std >= 0, "init_random: std must be a finite number >= 0, got " << std);
+    BRRR_CHECK_ARG(std::isfinite(std) && std >= 0, "init_random: std must be a finite number >= 0, got " << std);
     begin_call();
     for (size_t i = 0; i < names_.size(); ++i) {
         // Each canonical tensor is contiguous in storage (fused pieces are row ranges), so the
@@ -384,29 +374,10 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
 
 void CpuEngine::begin_call() const { omp_set_num_threads(n_threads_); }
 
-void CpuEngine::check_slot(int slot, const char* what) const {
-    BRRR_CHECK(slot >= 0 && slot < cfg_.max_batch,
-               what << " " << slot << " is out of range: this engine has max_batch = "
-                    << cfg_.max_batch << " KV slots (0.." << cfg_.max_batch - 1 << ")");
-}
-
-void CpuEngine::check_token(int32_t token, int index) const {
-    BRRR_CHECK(token >= 0 && token < cfg_.vocab_size,
-               "token id " << token << " (at index " << index << ") is out of range for vocab_size "
-                           << cfg_.vocab_size);
-}
-
 void CpuEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
                         float* logits, bool all_logits) {
-    check_slot(slot, "slot");
-    BRRR_CHECK(n_tokens >= 1, "prefill needs at least one token, got " << n_tokens);
-    BRRR_CHECK(start_pos >= 0, "start_pos must be >= 0, got " << start_pos);
-    BRRR_CHECK((int64_t)start_pos + n_tokens <= cfg_.max_seq_len,
-               "context is full: " << n_tokens << " tokens at start_pos " << start_pos << " need "
-               << (int64_t)start_pos + n_tokens << " positions but max_seq_len is "
-               << cfg_.max_seq_len);
+    check_prefill_args(cfg_, slot, tokens, n_tokens, start_pos);
     BRRR_CHECK(!all_logits || logits, "prefill: all_logits needs an output buffer");
-    for (int i = 0; i < n_tokens; ++i) check_token(tokens[i], i);
     check_all_weights_set();
     begin_call();
 
@@ -438,20 +409,7 @@ void CpuEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start
 
 void CpuEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                        int batch, float* logits) {
-    BRRR_CHECK(batch >= 1 && batch <= cfg_.max_batch,
-               "decode batch must be in [1, max_batch = " << cfg_.max_batch << "], got " << batch);
-    for (int i = 0; i < batch; ++i) {
-        check_slot(slots[i], "slot");
-        for (int j = 0; j < i; ++j)
-            BRRR_CHECK(slots[j] != slots[i], "decode: slot " << slots[i] << " appears twice in one "
-                                             "batch (rows " << j << " and " << i << ")");
-        BRRR_CHECK(positions[i] >= 0, "decode: position " << positions[i] << " of row " << i
-                                      << " must be >= 0");
-        BRRR_CHECK(positions[i] < cfg_.max_seq_len,
-                   "context is full: row " << i << " (slot " << slots[i] << ") is at position "
-                   << positions[i] << " but max_seq_len is " << cfg_.max_seq_len);
-        check_token(tokens[i], i);
-    }
+    check_decode_args(cfg_, tokens, slots, positions, batch, 1);
     check_all_weights_set();
     begin_call();
 
@@ -468,19 +426,12 @@ void CpuEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_
 void CpuEngine::sample(const int32_t* slots, const int32_t* positions,
                        const SamplingParams* params, const uint64_t* steps, int batch,
                        int32_t* tokens, float* logprobs) {
+    check_sample_args(cfg_, slots, positions, batch);
     BRRR_CHECK(last_rows_ > 0, "sample: there are no logits to sample from; run prefill or "
                                "decode first");
-    BRRR_CHECK(batch >= 1 && batch <= last_rows_,
+    BRRR_CHECK(batch <= last_rows_,
                "sample: batch " << batch << " does not match the " << last_rows_
                << " row(s) of logits of the latest prefill/decode");
-    for (int i = 0; i < batch; ++i) {
-        check_slot(slots[i], "slot");
-        BRRR_CHECK(positions[i] >= 0 && positions[i] < cfg_.max_seq_len,
-                   "sample: position " << positions[i] << " of row " << i
-                   << " is outside [0, max_seq_len = " << cfg_.max_seq_len << ")");
-        const std::string problem = sampling_params_problem(params[i]);
-        BRRR_CHECK(problem.empty(), "sample: row " << i << ": " << problem);
-    }
     begin_call();
     const int V = cfg_.vocab_size;
     prof_.set_phase(profile::Phase::Sample);

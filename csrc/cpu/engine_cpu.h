@@ -98,8 +98,6 @@ private:
 
     void check_fits_in_ram(size_t weight_bytes) const;  // throws OutOfMemory
     int tensor_index(const std::string& name) const;
-    void check_slot(int slot, const char* what) const;
-    void check_token(int32_t token, int index) const;
     void check_all_weights_set();
     void begin_call() const;  // per-call OpenMP team size
 

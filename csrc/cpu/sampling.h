@@ -28,9 +28,7 @@ struct SampleScratch {
     std::vector<uint8_t> seen;     // [vocab] history marks, cleared after each use
 };
 
-// Empty when the parameters are usable, else a message naming the offending field.
-std::string sampling_params_problem(const SamplingParams& p);
-
+// params: rows that pass sampling_params_problem (model.h; the bindings hold them to it).
 // history: the tokens the penalty covers (ids < 0 are skipped as unwritten positions).
 int32_t sample_row(const float* logits, int vocab, const int32_t* history, int n_history,
                    const SamplingParams& params, uint64_t step, SampleScratch& scratch,

@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "cpu/sampling.h"
 #include "cuda/engine.cuh"
 #include "cuda/engine_cuda.h"
 #include "cuda/launch.cuh"
@@ -46,14 +45,6 @@ struct Carver {
         return p;
     }
 };
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-    brrr::Message s;
-    s << "(";
-    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
-    s << (shape.size() == 1 ? ",)" : ")");
-    return s.str();
-}
 
 }  // namespace
 
@@ -187,7 +178,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     // The sampler's inputs as one block, mirrored byte for byte by h_sample_in_.
     const size_t B = c.max_batch;
     const size_t sample_in_start = align_up(a.offset, kArenaAlign);
-    d_sample_params_ = a.take<SampleParamsDev>(B);
+    d_sample_params_ = a.take<SamplingParams>(B);
     d_steps_ = a.take<uint64_t>(B);
     d_sample_slots_ = a.take<int>(B);
     d_sample_positions_ = a.take<int>(B);
@@ -269,9 +260,7 @@ void CudaEngine::set_weight(const std::string& name, const void* src, DType src_
                             const std::vector<int64_t>& shape) {
     activate();
     const WeightSlot slot = slot_for(name);
-    const std::vector<int64_t> expected = weight_shape(cfg_, name);
-    BRRR_CHECK(shape == expected, "weight '" << name << "' has shape " << shape_str(shape)
-                                            << " but this config expects " << shape_str(expected));
+    check_weight_shape(cfg_, name, shape);
     BRRR_CHECK(src != nullptr, "weight '" << name << "': null source pointer");
     std::vector<uint16_t> bits(slot.numel);
     if (src_dtype == DType::BF16) {
@@ -304,8 +293,8 @@ void CudaEngine::get_weight(const std::string& name, float* dst) const {
 }
 
 void CudaEngine::init_random(uint64_t seed, float std) {
-    BRRR_CHECK(std::isfinite(std) && std >= 0,
-               "init_random: std must be a finite number >= 0, got " << std);
+    BRRR_CHECK_ARG(std::isfinite(std) && std >= 0,
+                   "init_random: std must be a finite number >= 0, got " << std);
     activate();
     for (size_t i = 0; i < names_.size(); ++i) {
         const WeightSlot slot = slot_for(names_[i]);
@@ -324,20 +313,6 @@ void CudaEngine::require_weights() const {
                                    "every canonical tensor (or init_random) before running the model");
 }
 
-// ---- argument checks (the CPU engine's rules and words) ----------------------------------------
-
-void CudaEngine::check_slot(int slot) const {
-    BRRR_CHECK(slot >= 0 && slot < cfg_.max_batch,
-               "slot " << slot << " is out of range: this engine has max_batch = " << cfg_.max_batch
-                       << " KV slots (0.." << cfg_.max_batch - 1 << ")");
-}
-
-void CudaEngine::check_token(int32_t token, int index) const {
-    BRRR_CHECK(token >= 0 && token < cfg_.vocab_size,
-               "token id " << token << " (at index " << index << ") is out of range for vocab_size "
-                           << cfg_.vocab_size);
-}
-
 // ---- entry points -----------------------------------------------------------------------------
 
 void CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots,
@@ -354,16 +329,8 @@ void CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots,
 
 void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
                          float* logits, bool all_logits) {
-    check_slot(slot);
-    BRRR_CHECK(n_tokens >= 1, "prefill needs at least one token, got " << n_tokens);
-    BRRR_CHECK(start_pos >= 0, "start_pos must be >= 0, got " << start_pos);
-    BRRR_CHECK((int64_t)start_pos + n_tokens <= cfg_.max_seq_len,
-               "context is full: " << n_tokens << " tokens at start_pos " << start_pos << " need "
-                                   << (int64_t)start_pos + n_tokens << " positions but max_seq_len is "
-                                   << cfg_.max_seq_len);
+    check_prefill_args(cfg_, slot, tokens, n_tokens, start_pos);
     BRRR_CHECK(!all_logits || logits, "prefill: all_logits needs an output buffer");
-    BRRR_CHECK(tokens != nullptr, "prefill: null tokens pointer");
-    for (int i = 0; i < n_tokens; ++i) check_token(tokens[i], i);
     require_weights();
     activate();
 
@@ -406,29 +373,9 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
     logits_valid_rows_ = 1;
 }
 
-void CudaEngine::check_decode_rows(const int32_t* tokens, const int32_t* slots,
-                                   const int32_t* positions, int batch, int n_steps) const {
-    BRRR_CHECK(batch >= 1 && batch <= cfg_.max_batch,
-               "decode batch must be in [1, max_batch = " << cfg_.max_batch << "], got " << batch);
-    BRRR_CHECK(tokens && slots && positions, "decode: null tokens, slots or positions pointer");
-    for (int i = 0; i < batch; ++i) {
-        check_slot(slots[i]);
-        for (int j = 0; j < i; ++j)
-            BRRR_CHECK(slots[j] != slots[i], "decode: slot " << slots[i] << " appears twice in one "
-                                             "batch (rows " << j << " and " << i << ")");
-        BRRR_CHECK(positions[i] >= 0, "decode: position " << positions[i] << " of row " << i
-                                      << " must be >= 0");
-        BRRR_CHECK((int64_t)positions[i] + n_steps - 1 < cfg_.max_seq_len,
-                   "context is full: row " << i << " (slot " << slots[i] << ") is at position "
-                   << positions[i] << "; " << n_steps << " step(s) need positions up to "
-                   << (int64_t)positions[i] + n_steps - 1 << " but max_seq_len is " << cfg_.max_seq_len);
-        check_token(tokens[i], i);
-    }
-}
-
 void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                         int batch, float* logits) {
-    check_decode_rows(tokens, slots, positions, batch, 1);
+    check_decode_args(cfg_, tokens, slots, positions, batch, 1);
     require_weights();
     activate();
 
@@ -593,13 +540,13 @@ std::vector<profile::Record> CudaEngine::profile_take() {
 void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
                         const SamplingParams* params, const uint64_t* steps, int batch,
                         int32_t* tokens, float* logprobs) {
+    check_sample_args(cfg_, slots, positions, batch);
     BRRR_CHECK(logits_valid_rows_ > 0, "sample: there are no logits to sample from; run prefill or "
                                        "decode first");
-    BRRR_CHECK(batch >= 1 && batch <= logits_valid_rows_,
+    BRRR_CHECK(batch <= logits_valid_rows_,
                "sample: batch " << batch << " does not match the " << logits_valid_rows_
                                 << " row(s) of logits of the latest prefill/decode");
-    BRRR_CHECK(steps && tokens, "sample: null steps or tokens pointer");
-    check_sample_rows(slots, positions, params, batch, 1);
+    BRRR_CHECK(params && steps && tokens, "sample: null params, steps or tokens pointer");
     activate();
     prof_.set_phase(profile::Phase::Sample);
     upload_sample_inputs(slots, positions, params, steps, batch);
@@ -618,16 +565,12 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
 // row s of the token ring and feeds the tokens back as round s + 1's inputs (positions and RNG
 // steps advance on the device too, in the sampler's last step). The host enqueues every round
 // without waiting, so the GPU never idles for Python between tokens; one download at the end.
-// (One graph per round, sampler inside, measured 1.002x at 1B and 0.999x at 8B over three
-// alternations on H100: not kept.)
 void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch,
                               int n_steps, int32_t* out_tokens, float* out_logprobs) {
-    BRRR_CHECK(n_steps >= 1 && n_steps <= kMaxDecodeSteps,
-               "decode_steps: n_steps must be in [1, " << kMaxDecodeSteps << "], got " << n_steps);
-    BRRR_CHECK(steps && out_tokens && out_logprobs, "decode_steps: null steps or output pointer");
-    check_decode_rows(tokens, slots, positions, batch, n_steps);
-    check_sample_rows(slots, positions, params, batch, n_steps);
+    check_decode_args(cfg_, tokens, slots, positions, batch, n_steps);
+    BRRR_CHECK(params && steps && out_tokens && out_logprobs,
+               "decode_steps: null params, steps or output pointer");
     require_weights();
     activate();
 
@@ -675,19 +618,6 @@ void CudaEngine::enqueue_sample(int B, int round, bool feed_back) {
                   d_out_logprobs_ + (size_t)round * B, fb, stream_);
 }
 
-void CudaEngine::check_sample_rows(const int32_t* slots, const int32_t* positions,
-                                   const SamplingParams* params, int batch, int n_steps) const {
-    BRRR_CHECK(slots && positions && params, "sample: null slots, positions or params pointer");
-    for (int i = 0; i < batch; ++i) {
-        check_slot(slots[i]);
-        BRRR_CHECK(positions[i] >= 0 && (int64_t)positions[i] + n_steps - 1 < cfg_.max_seq_len,
-                   "sample: position " << positions[i] << " of row " << i
-                   << " is outside [0, max_seq_len = " << cfg_.max_seq_len << ")");
-        const std::string problem = cpu::sampling_params_problem(params[i]);
-        BRRR_CHECK(problem.empty(), "sample: row " << i << ": " << problem);
-    }
-}
-
 // Packs the sampler's inputs into the pinned mirror of the device block and uploads it (every
 // caller waits for its stream before returning, so the mirror is free again).
 void CudaEngine::upload_sample_inputs(const int32_t* slots, const int32_t* positions,
@@ -696,13 +626,12 @@ void CudaEngine::upload_sample_inputs(const int32_t* slots, const int32_t* posit
     auto mirror = [&](const void* device_ptr) {
         return base + (static_cast<const char*>(device_ptr) - reinterpret_cast<const char*>(d_sample_params_));
     };
-    SampleParamsDev* hp = reinterpret_cast<SampleParamsDev*>(mirror(d_sample_params_));
+    SamplingParams* hp = reinterpret_cast<SamplingParams*>(mirror(d_sample_params_));
     uint64_t* hs = reinterpret_cast<uint64_t*>(mirror(d_steps_));
     int* hsl = reinterpret_cast<int*>(mirror(d_sample_slots_));
     int* hpos = reinterpret_cast<int*>(mirror(d_sample_positions_));
     for (int i = 0; i < batch; ++i) {
-        hp[i] = SampleParamsDev{params[i].temperature, params[i].top_p, params[i].min_p,
-                                params[i].repetition_penalty, params[i].top_k, params[i].seed};
+        hp[i] = params[i];
         hs[i] = steps[i];
         hsl[i] = slots[i];
         hpos[i] = positions[i];

@@ -1,6 +1,6 @@
 // engine.cuh — CudaEngine: the Engine of model.h with everything on one GPU. Shared by engine.cu
 // (construction, weights, validation, the public calls, CUDA graphs) and forward.cu (the forward
-// passes, one straight-line function per phase).
+// pass: one straight-line layer loop for both phases).
 //
 // Device memory is one arena, carved at construction and never grown:
 //   weights (bf16)  tok_embeddings [V, D], output [V, D] (unless tied), norm [D]
@@ -30,13 +30,14 @@
 namespace brrr {
 namespace cuda {
 
+// One layer's weights inside the arena.
 struct LayerWeights {
-    bf16* attn_norm = nullptr;
-    bf16* ffn_norm = nullptr;
-    bf16* wqkv = nullptr;
-    bf16* wo = nullptr;
-    bf16* w13 = nullptr;
-    bf16* w2 = nullptr;
+    bf16* attn_norm = nullptr;  // [D]
+    bf16* ffn_norm = nullptr;   // [D]
+    bf16* wqkv = nullptr;       // [(Hq + 2 Hkv) hd, D]: wq | wk | wv
+    bf16* wo = nullptr;         // [D, Hq hd]
+    bf16* w13 = nullptr;        // [2 H, D]: w1 (gate) | w3 (up)
+    bf16* w2 = nullptr;         // [D, H]
 };
 
 // Where one canonical tensor lives inside the fused device storage.
@@ -57,14 +58,11 @@ struct ProfiledGraph {
 class CudaEngine final : public Engine, public profile::Profiled {
 public:
     // Prompt tokens go through the layers this many at a time, bounding the activation scratch
-    // (8B: 92 KB a row, 188 MB at 2048). 512 left the 1B projections with too few tiles to fill
-    // an H100 (wo 208 TF/s at M = 512, 338 at 2048; w2 323 and 619): 1B prefill of 2040 tokens
-    // spent 12.3 of its 15.3 ms in matmuls at 323 TF/s (benchmarks/results/h100-sxm/profile/).
+    // (8B: 92 KB a row, 188 MB at 2048). Large enough that the 1B model's narrow projections (wo,
+    // w2) still have the tiles to fill an H100; smaller chunks starve them.
     static constexpr int kPrefillChunk = 2048;
     // LM-head rows per step when a prefill wants the logits of every token.
     static constexpr int kLogitRows = 64;
-    // Most rounds one decode_steps call runs (the depth of the on-device token ring).
-    static constexpr int kMaxDecodeSteps = 64;
 
     CudaEngine(const Config& config, DType weight_dtype, int device);
     ~CudaEngine() override;
@@ -95,12 +93,27 @@ public:
     bool profile_enabled() const override { return prof_.on(); }
     std::vector<profile::Record> profile_take() override;
     // One decode step in kProfileEvery replays the instrumented graph, whose event nodes undo the
-    // kernels' overlap (about 1.9x a plain step's time at 1B): one in 16 cost 5.8% of 1B decode on
-    // H100 once a plain step took 1.04 ms, over the 5% the profiler may cost.
+    // kernels' overlap (about 1.9x a plain step's time at 1B); one in 32 keeps profiling within the
+    // 5% of decode speed it may cost.
     static constexpr int kProfileEvery = 32;
 
 private:
     // ---- forward.cu ----
+    // One pass of `rows` token rows (staged in d_tokens_/d_slots_/d_positions_ rows [0, rows))
+    // through the layers. The phases differ only in the attention step: decode runs one query
+    // row per sequence over that row's slot (flash_decode); prefill runs T prompt tokens of one
+    // slot at positions start_pos.. causally (attention_prefill).
+    struct Pass {
+        enum Attention { Decode, Prefill };
+        Attention attention;
+        int rows;
+        int slot, start_pos;  // prefill only
+        static Pass decode(int B) { return {Decode, B, 0, 0}; }
+        static Pass prefill(int slot, int start_pos, int T) { return {Prefill, T, slot, start_pos}; }
+    };
+    // Embedding and every layer; leaves the residual in x_. Enqueues only, so decode's pass can
+    // be captured into a graph.
+    void forward_layers(const Pass& pass);
     // Decode of B sequences from d_tokens_/d_slots_/d_positions_ rows [0, B); logits_ [B, V].
     void forward_decode(int B);
     // Layers over T prompt tokens of one slot (inputs rows [0, T)); leaves the residual in x_.
@@ -111,19 +124,12 @@ private:
     // ---- engine.cu ----
     void carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes);
     void release() noexcept;  // frees everything; safe on a half-built engine
-    void check_slot(int slot) const;
-    void check_token(int32_t token, int index) const;
     WeightSlot slot_for(const std::string& name) const;
     void require_weights() const;
     void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                       int rows);
     void run_decode(int B);
     void forward_decode_eager(int B);
-    // decode()'s and sample()'s argument checks, shared with decode_steps.
-    void check_decode_rows(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
-                           int batch, int n_steps) const;
-    void check_sample_rows(const int32_t* slots, const int32_t* positions,
-                           const SamplingParams* params, int batch, int n_steps) const;
     // Packs the sampler's inputs into h_sample_in_ and uploads them (d_sample_params_ ...).
     void upload_sample_inputs(const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch);
@@ -155,22 +161,22 @@ private:
     int max_splits_ = 1;  // flash-decode KV splits
 
     char* arena_ = nullptr;
-    bf16* tok_embeddings_ = nullptr;
-    bf16* output_ = nullptr;  // == tok_embeddings_ when tied
-    bf16* norm_ = nullptr;
-    std::vector<LayerWeights> layers_;
-    bf16* k_cache_ = nullptr;
-    bf16* v_cache_ = nullptr;
-    size_t kv_layer_elems_ = 0;  // max_batch * max_seq * Hkv * hd
-    int* history_ = nullptr;
-    float* inv_freq_ = nullptr;
-    float* x_ = nullptr;
-    bf16* xn_ = nullptr;
-    float* qkv_ = nullptr;
-    bf16* q_ = nullptr;
-    bf16* att_ = nullptr;
-    bf16* hb_ = nullptr;
-    float* logits_ = nullptr;
+    bf16* tok_embeddings_ = nullptr;  // [V, D]
+    bf16* output_ = nullptr;          // [V, D]; == tok_embeddings_ when tied
+    bf16* norm_ = nullptr;            // [D]
+    std::vector<LayerWeights> layers_;  // [n_layers]
+    bf16* k_cache_ = nullptr;         // [n_layers][max_batch][max_seq][Hkv][hd]
+    bf16* v_cache_ = nullptr;         // [n_layers][max_batch][max_seq][Hkv][hd]
+    size_t kv_layer_elems_ = 0;       // max_batch * max_seq * Hkv * hd
+    int* history_ = nullptr;          // [max_batch][max_seq]
+    float* inv_freq_ = nullptr;       // [hd / 2]
+    float* x_ = nullptr;              // [rows_, D] residual stream
+    bf16* xn_ = nullptr;              // [rows_, D] normed input of a matmul
+    float* qkv_ = nullptr;            // [rows_, qkv_dim]
+    bf16* q_ = nullptr;               // [rows_, Hq hd] rotated queries
+    bf16* att_ = nullptr;             // [rows_, Hq hd] attention output
+    bf16* hb_ = nullptr;              // [rows_, H] SwiGLU output
+    float* logits_ = nullptr;         // [logit_rows_, V]
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;
@@ -178,7 +184,7 @@ private:
     int* d_tokens_ = nullptr;
     int* d_slots_ = nullptr;
     int* d_positions_ = nullptr;
-    SampleParamsDev* d_sample_params_ = nullptr;  // [max_batch]
+    SamplingParams* d_sample_params_ = nullptr;   // [max_batch]
     uint64_t* d_steps_ = nullptr;                 // [max_batch]
     int* d_sample_slots_ = nullptr;               // [max_batch]
     int* d_sample_positions_ = nullptr;           // [max_batch]

@@ -1,6 +1,6 @@
 // engine_cuda.h — the CUDA backend as the host code sees it: a factory and a device count.
-// Plain C++ (no CUDA types), so bindings.cpp and other host sources can include it; the engine
-// itself lives in engine.cu.
+// Plain C++ (no CUDA types), so the bindings (csrc/bindings/) and other host sources can include
+// it; the engine itself lives in engine.cu.
 #pragma once
 
 #include <cstddef>

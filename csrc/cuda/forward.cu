@@ -1,5 +1,6 @@
-// forward.cu — the Llama forward pass on the GPU, one straight-line function per phase: read top
-// to bottom, one kernel per step. Everything is enqueued on the engine's stream; nothing here
+// forward.cu — the Llama forward pass on the GPU, one straight-line layer loop shared by decode and
+// prefill (they differ only in the attention step and the row count): read top to bottom, one
+// kernel per step. Everything is enqueued on the engine's stream; nothing here
 // synchronizes or allocates, so forward_decode can be captured into a CUDA graph as is.
 //
 // Per layer:  q, cache[k, v] = rope(rmsnorm(x) * attn_norm · wqkv^T)   (one launch: the norm runs
@@ -65,72 +66,54 @@ EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, 
 
 }  // namespace
 
-void CudaEngine::forward_decode(int B) {
+void CudaEngine::forward_layers(const Pass& pass) {
     const Config& c = cfg_;
     const int D = c.dim, H = c.hidden_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const int S = c.max_seq_len;
+    const int M = pass.rows;
     const float eps = c.norm_eps;
     cudaStream_t s = stream_;
 
-    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * B * D + 4.0 * B));
-    embed(d_tokens_, tok_embeddings_, x_, B, D, c.vocab_size, token_history(), s);
+    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * M * D + 4.0 * M));
+    embed(d_tokens_, tok_embeddings_, x_, M, D, c.vocab_size, token_history(), s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
         bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
         // attention block
-        prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(B, c.qkv_dim(), D, 2, 4, 2));
-        rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, B, c.qkv_dim(), D, Epilogue::RopeKV,
+        prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(M, c.qkv_dim(), D, 2, 4, 2));
+        rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, M, c.qkv_dim(), D, Epilogue::RopeKV,
                             rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_), xn_, s);
-        prof_.op("flash_decode", OpClass::Attention,
-                 profile::attention_decode_cost(B, decode_context(B), Hq, Hkv, hd, 2));
-        flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, B, Hq, Hkv, hd, S,
-                     max_splits_, s);
-        prof_.op("wo", OpClass::Matmul, profile::matmul_cost(B, D, c.q_dim(), 2, 2, 8));
-        matmul_bf16(att_, w.wo, B, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
+        if (pass.attention == Pass::Decode) {
+            // one query row per sequence over its own slot's cache [0, positions[b]]
+            prof_.op("flash_decode", OpClass::Attention,
+                     profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, 2));
+            flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, S,
+                         max_splits_, s);
+        } else {
+            // causal over the cache [0, start_pos + t] of one slot for row t
+            prof_.op("attention_prefill", OpClass::Attention,
+                     profile::attention_prefill_cost(M, pass.start_pos, Hq, Hkv, hd, 2));
+            attention_prefill(q_, kc, vc, pass.slot, pass.start_pos, M, att_, Hq, Hkv, hd, S, s);
+        }
+        prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), 2, 2, 8));
+        matmul_bf16(att_, w.wo, M, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
         // MLP block
-        prof_.op("w13", OpClass::Matmul, profile::matmul_cost(B, 2 * H, D, 2, 4, 1));
-        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, B, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_, split_k_),
+        prof_.op("w13", OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, 2, 4, 1));
+        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, M, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_, split_k_),
                             xn_, s);
-        prof_.op("w2", OpClass::Matmul, profile::matmul_cost(B, D, H, 2, 2, 8));
-        matmul_bf16(hb_, w.w2, B, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
+        prof_.op("w2", OpClass::Matmul, profile::matmul_cost(M, D, H, 2, 2, 8));
+        matmul_bf16(hb_, w.w2, M, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
     }
-    // final norm + LM head over all B rows
-    prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(B, c.vocab_size, D, 2, 4, 4));
-    rmsnorm_matmul_bf16(x_, norm_, eps, output_, B, c.vocab_size, D, Epilogue::StoreF32,
-                        store_f32(logits_, split_k_), xn_, s);
-    prof_.end();
+}
+
+void CudaEngine::forward_decode(int B) {
+    forward_layers(Pass::decode(B));
+    forward_lm_head(0, B);  // over all B rows
 }
 
 void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
-    const Config& c = cfg_;
-    const int D = c.dim, H = c.hidden_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
-    const int S = c.max_seq_len;
-    const float eps = c.norm_eps;
-    cudaStream_t s = stream_;
-
-    prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * T * D + 4.0 * T));
-    embed(d_tokens_, tok_embeddings_, x_, T, D, c.vocab_size, token_history(), s);
-    for (int l = 0; l < c.n_layers; ++l) {
-        const LayerWeights& w = layers_[l];
-        bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
-        bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
-        // attention block: causal over the cache [0, start_pos + t] for row t
-        prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(T, c.qkv_dim(), D, 2, 4, 2));
-        rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, T, c.qkv_dim(), D, Epilogue::RopeKV,
-                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_), xn_, s);
-        prof_.op("attention_prefill", OpClass::Attention,
-                 profile::attention_prefill_cost(T, start_pos, Hq, Hkv, hd, 2));
-        attention_prefill(q_, kc, vc, slot, start_pos, T, att_, Hq, Hkv, hd, S, s);
-        prof_.op("wo", OpClass::Matmul, profile::matmul_cost(T, D, c.q_dim(), 2, 2, 8));
-        matmul_bf16(att_, w.wo, T, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
-        // MLP block
-        prof_.op("w13", OpClass::Matmul, profile::matmul_cost(T, 2 * H, D, 2, 4, 1));
-        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, T, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_, split_k_),
-                            xn_, s);
-        prof_.op("w2", OpClass::Matmul, profile::matmul_cost(T, D, H, 2, 2, 8));
-        matmul_bf16(hb_, w.w2, T, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
-    }
+    forward_layers(Pass::prefill(slot, start_pos, T));
     prof_.end();
 }
 

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "model.h"
+
 namespace brrr {
 namespace cuda {
 
@@ -53,12 +55,9 @@ struct EpilogueArgs {
     SplitKScratch split;        // GEMM only, optional
 };
 
-// Device-side copy of SamplingParams (model.h) for one sequence.
-struct SampleParamsDev {
-    float temperature, top_p, min_p, repetition_penalty;
-    int top_k;
-    uint64_t seed;
-};
+// One sequence's sampling parameters: model.h's SamplingParams as is, the layout they have from
+// Python on.
+using SampleParamsDev = SamplingParams;
 
 // ---- embed.cu / norm.cu ---------------------------------------------------------------------
 // Where embed records each row's token for the sampler's repetition penalty: history [max_batch, max_seq] int32 at (slots[m], positions[m]); history == nullptr records nothing.

@@ -25,6 +25,8 @@ import inspect
 
 import numpy as np
 
+from ..sampling import uniform_rows
+
 
 class Skip(Exception):
     """A contestant that cannot run this workload here; the message is the note shown instead."""
@@ -42,10 +44,7 @@ class Engine:
     def _greedy(self, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
         n = len(slots)
         # Greedy: temperature 0; top-k / top-p / min-p / repetition penalty off.
-        tokens, _ = self.engine.sample(slots, positions, np.zeros(n, np.float32), np.zeros(n, np.int32),
-                                       np.ones(n, np.float32), np.zeros(n, np.float32),
-                                       np.ones(n, np.float32), np.zeros(n, np.uint64),
-                                       np.zeros(n, np.uint64))
+        tokens, _ = self.engine.sample(slots, positions, uniform_rows(n), np.zeros(n, np.uint64))
         return tokens
 
     def prefill(self, prompts: np.ndarray) -> np.ndarray:
@@ -69,15 +68,13 @@ class Engine:
 
         chunk = Llama.DECODE_CHUNK["cuda" if self.llm.device.startswith("cuda") else "cpu"]
         b = len(tokens)
-        slots, zeros_u64 = np.arange(b, dtype=np.int32), np.zeros(b, np.uint64)
+        slots, greedy, zeros_u64 = np.arange(b, dtype=np.int32), uniform_rows(b), np.zeros(b, np.uint64)
         out: list[np.ndarray] = []
         tokens = tokens.astype(np.int32)
         while len(out) < n:
             steps = min(chunk, n - len(out))
             rounds, _ = self.engine.decode_steps(
-                tokens, slots, np.full(b, position + len(out), np.int32), np.zeros(b, np.float32),
-                np.zeros(b, np.int32), np.ones(b, np.float32), np.zeros(b, np.float32),
-                np.ones(b, np.float32), zeros_u64, zeros_u64, steps)
+                tokens, slots, np.full(b, position + len(out), np.int32), greedy, zeros_u64, steps)
             out.extend(np.asarray(r, np.int32) for r in rounds)
             tokens = out[-1]
         return out

@@ -47,8 +47,8 @@ def shared_weights(llm, random_seed: int | None, init_std: float, device: str) -
         target = tensors[name]
         if redraw:
             mean = 1.0 if name.endswith("norm") else 0.0
-            _C.cuda_ops.fill_normal_bf16(target.data_ptr(), target.numel(),
-                                         _C.cuda_ops.init_random_key(random_seed, index), mean,
+            _C.testing.fill_normal_bf16(target.data_ptr(), target.numel(),
+                                         _C.testing.init_random_key(random_seed, index), mean,
                                          init_std)
         else:
             target.copy_(torch.from_numpy(llm.engine.get_weight(name)))

@@ -1,0 +1,400 @@
+// engine.cpp — _C.Engine: one model's weights, KV cache and forward pass on either backend.
+// The bindings check what only Python can get wrong (array dtypes, shapes, contiguity, option
+// strings) and narrow Python ints; the rules of the call itself (slots, positions, tokens, batch)
+// are the engine's, checked once in model.cpp, and arrive here as ValueError all the same.
+//
+//   Engine(backend: "cpu"|"cuda", config: dict, dtype: "f32"|"f16"|"bf16", device: int = 0,
+//          n_threads: int = 0)              config keys: ModelConfig.engine_dict(); the cpu
+//                                            backend stores "f32" or "bf16", n_threads 0 = all
+//     .config -> dict,  .backend -> str,  .dtype -> str
+//     .set_weight(name, array, dtype)        array: C-contiguous numpy; dtype "f32"|"f16"|"bf16"
+//                                            (bf16 arrays as their uint16 bits or ml_dtypes.bfloat16)
+//     .get_weight(name) -> np.ndarray[f32]
+//     .init_random(seed, std=0.02)
+//     .prefill(slot, tokens[int32 T], start_pos=0, logits="last") -> ndarray | None
+//        logits "all" -> [T, vocab], "last" -> [1, vocab] (either is what sample() then
+//        draws from), "none" -> None: no LM head at all (sample() raises until the next call)
+//     .decode(tokens[int32 B], slots[int32 B], positions[int32 B], logits=True) -> [B, vocab] | None
+//        one token per sequence; each slot at most once per call
+//     .sample(slots[int32 B], positions[int32 B], params[sampling_params_dtype B], step[uint64 B])
+//             -> (tokens[int32 B], logprobs[f32 B])
+//        samples from the logits of the most recent prefill (B = 1) or decode (row i = sequence i);
+//        repetition penalty covers the slot's tokens at positions [0, positions[i]]; rules in
+//        csrc/cpu/sampling.h
+//     .decode_steps(tokens, slots, positions, params, step, n_steps) -> (tokens, logprobs)
+//        n_steps (<= 64) rounds of decode + sample, each [n_steps, B]
+//     .use_cuda_graphs (read/write)          cuda backend: replay one decode graph per batch size
+//     profiling (llama_brrr/profiler.py reads these):
+//     .profile_enabled (read/write)          on: every launch is timed (see csrc/profile/profile.h)
+//     .profile_records() -> list of (name, kind, op_class, phase, flops, bytes, t0, t1, group,
+//        sampled), oldest first; the engine's records are handed over and forgotten
+//     .profile_clear()                       drops the records without reading them
+#include "bindings/bindings.h"
+
+#include <memory>
+#include <mutex>
+
+#include "cpu/engine_cpu.h"
+#include "profile/profile.h"
+
+#ifdef BRRR_WITH_CUDA
+#include "cuda/engine_cuda.h"
+#endif
+
+namespace brrr {
+namespace bindings {
+
+
+brrr::Config config_from_dict(const py::dict& d) {
+    static const char* keys[] = {
+        "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size",
+        "max_seq_len", "max_batch", "norm_eps", "rope_theta", "rope_type", "rope_factor",
+        "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_pos",
+        "tie_embeddings"};
+    std::string missing;
+    for (const char* key : keys)
+        if (!d.contains(key)) missing += (missing.empty() ? "" : ", ") + std::string(key);
+    if (!missing.empty())
+        throw py::key_error("engine config is missing keys: " + missing +
+                            " (build it with ModelConfig.engine_dict(max_seq_len, max_batch))");
+    brrr::Config c;
+    try {
+        auto as_int = [&](const char* key) {
+            const int64_t v = d[key].cast<int64_t>();
+            if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+                bad_argument(std::string("config['") + key + "'] = " + std::to_string(v) +
+                             " does not fit in a 32-bit int");
+            return (int)v;
+        };
+        c.dim = as_int("dim");
+        c.hidden_dim = as_int("hidden_dim");
+        c.n_layers = as_int("n_layers");
+        c.n_heads = as_int("n_heads");
+        c.n_kv_heads = as_int("n_kv_heads");
+        c.head_dim = as_int("head_dim");
+        c.vocab_size = as_int("vocab_size");
+        c.max_seq_len = as_int("max_seq_len");
+        c.max_batch = as_int("max_batch");
+        c.norm_eps = d["norm_eps"].cast<float>();
+        c.rope_theta = d["rope_theta"].cast<float>();
+        c.rope_type = static_cast<brrr::RopeType>(as_int("rope_type"));
+        c.rope_factor = d["rope_factor"].cast<float>();
+        c.rope_low_freq_factor = d["rope_low_freq_factor"].cast<float>();
+        c.rope_high_freq_factor = d["rope_high_freq_factor"].cast<float>();
+        c.rope_original_max_pos = as_int("rope_original_max_pos");
+        c.tie_embeddings = d["tie_embeddings"].cast<bool>();
+    } catch (const py::cast_error&) {
+        bad_argument("engine config has a value of the wrong type: ints for sizes, floats for "
+                     "norm_eps/rope_*, bool for tie_embeddings");
+    }
+    try {
+        c.validate();
+    } catch (const brrr::Error& e) {
+        bad_argument(e.what());
+    }
+    return c;
+}
+
+py::dict config_to_dict(const brrr::Config& c) {
+    py::dict d;
+    d["dim"] = c.dim;
+    d["hidden_dim"] = c.hidden_dim;
+    d["n_layers"] = c.n_layers;
+    d["n_heads"] = c.n_heads;
+    d["n_kv_heads"] = c.n_kv_heads;
+    d["head_dim"] = c.head_dim;
+    d["vocab_size"] = c.vocab_size;
+    d["max_seq_len"] = c.max_seq_len;
+    d["max_batch"] = c.max_batch;
+    d["norm_eps"] = c.norm_eps;
+    d["rope_theta"] = c.rope_theta;
+    d["rope_type"] = static_cast<int>(c.rope_type);
+    d["rope_factor"] = c.rope_factor;
+    d["rope_low_freq_factor"] = c.rope_low_freq_factor;
+    d["rope_high_freq_factor"] = c.rope_high_freq_factor;
+    d["rope_original_max_pos"] = c.rope_original_max_pos;
+    d["tie_embeddings"] = c.tie_embeddings;
+    return d;
+}
+
+namespace {
+
+std::unique_ptr<brrr::Engine> make_engine(const std::string& backend, const brrr::Config& cfg,
+                                          brrr::DType dtype, int device, int n_threads) {
+    if (backend == "cpu") {
+        if (dtype == brrr::DType::F16)
+            bad_argument("the CPU engine stores weights as \"f32\" or \"bf16\" (f16 inputs are "
+                         "converted); dtype \"f16\" is for the cuda backend");
+        if (device != 0) bad_argument("device must be 0 for the cpu backend, got " + std::to_string(device));
+        return std::make_unique<brrr::cpu::CpuEngine>(cfg, dtype, n_threads);
+    }
+    if (backend == "cuda") {
+#ifdef BRRR_WITH_CUDA
+        if (device < 0) bad_argument("device must be >= 0, got " + std::to_string(device));
+        return brrr::make_cuda_engine(cfg, dtype, device);
+#else
+        throw std::runtime_error("this build of llama_brrr has no CUDA support; reinstall with "
+                                 "nvcc on PATH or LLAMA_BRRR_CUDA=1");
+#endif
+    }
+    bad_argument("backend must be \"cpu\" or \"cuda\", got \"" + backend + "\"");
+}
+
+// What Python holds: the backend's engine and a lock, since calls release the GIL and an engine
+// runs one call at a time.
+struct PyEngine {
+    std::unique_ptr<brrr::Engine> impl;
+    std::string backend;
+    brrr::DType dtype;
+    std::mutex mutex;
+    brrr::profile::Profiled* profiled = nullptr;  // impl's profiling face (both engines have one)
+
+    const brrr::Config& cfg() const { return impl->config(); }
+
+    // A host span for one entry point (dispatch and argument checks inside the engine included).
+    void record_call(const char* name, brrr::profile::Phase phase, double t0) {
+        if (!profiled || !profiled->profile_enabled()) return;
+        brrr::profile::Record r;
+        r.name = name;
+        r.kind = brrr::profile::Kind::Call;
+        r.phase = phase;
+        r.t0 = t0;
+        r.t1 = brrr::profile::now();
+        profiled->recorder().add(r);
+    }
+};
+
+// The array a weight arrives as, checked against the dtype it is declared as.
+brrr::DType weight_array_dtype(const py::array& a, const std::string& dtype, const std::string& name) {
+    const brrr::DType t = parse_dtype(dtype, "dtype");
+    const std::string got = dtype_of(a);
+    const bool ok = t == brrr::DType::F32 ? py::isinstance<py::array_t<float>>(a)
+                                          : a.itemsize() == 2 && (got == "uint16" || got == "int16" ||
+                                                                  got == (t == brrr::DType::F16 ? "float16" : "bfloat16"));
+    if (!ok)
+        bad_argument("weight '" + name + "': an array declared \"" + dtype + "\" must be " +
+                     (t == brrr::DType::F32 ? "float32"
+                                            : t == brrr::DType::F16 ? "float16 (or its uint16 bits)"
+                                                                    : "bfloat16 bits as uint16 (or ml_dtypes.bfloat16)") +
+                     ", got " + got);
+    if (!(a.flags() & py::array::c_style))
+        bad_argument("weight '" + name + "' must be C-contiguous (use np.ascontiguousarray)");
+    return t;
+}
+
+// The rows of a decode call: tokens, slots and positions, int32 arrays of one length B.
+struct BatchRows {
+    py::array_t<int32_t> tokens, slots, positions;
+    py::ssize_t B;
+    BatchRows(const py::object& tok, const py::object& sl, const py::object& pos)
+        : tokens(checked_array<int32_t>(tok, "tokens", {-1}, "int32 array of shape (B,)")),
+          B(tokens.shape(0)) {
+        slots = checked_array<int32_t>(sl, "slots", {B}, "int32 array of shape (B,) like tokens");
+        positions = checked_array<int32_t>(pos, "positions", {B}, "int32 array of shape (B,) like tokens");
+    }
+};
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+    py::class_<PyEngine> engine_cls(m, "Engine", "One model's weights, KV cache and forward pass");
+    engine_cls.def(py::init([](const std::string& backend, const py::dict& config,
+                               const std::string& dtype, int device, int n_threads) {
+        const brrr::Config cfg = config_from_dict(config);
+        auto e = std::make_unique<PyEngine>();
+        e->backend = backend;
+        e->dtype = parse_dtype(dtype, "dtype");
+        e->impl = make_engine(backend, cfg, e->dtype, device, n_threads);
+        e->profiled = dynamic_cast<brrr::profile::Profiled*>(e->impl.get());
+        return e;
+    }), py::arg("backend"), py::arg("config"), py::arg("dtype"), py::arg("device") = 0,
+       py::arg("n_threads") = 0);
+    engine_cls.def_property_readonly("config", [](PyEngine& self) { return config_to_dict(self.cfg()); });
+    engine_cls.def_property_readonly("backend", [](PyEngine& self) { return self.backend; });
+    engine_cls.def_property_readonly("dtype", [](PyEngine& self) { return std::string(brrr::dtype_name(self.dtype)); });
+
+    engine_cls.def("set_weight", [](PyEngine& self, const std::string& name, const py::array& array,
+                                    const std::string& dtype) {
+        const brrr::DType t = weight_array_dtype(array, dtype, name);
+        const std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
+        const void* src = array.data();
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.impl->set_weight(name, src, t, shape);
+        });
+    }, py::arg("name"), py::arg("array"), py::arg("dtype"));
+
+    engine_cls.def("get_weight", [](PyEngine& self, const std::string& name) {
+        const std::vector<int64_t> shape = brrr::weight_shape(self.cfg(), name);
+        py::array_t<float> out(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+        float* dst = out.mutable_data();
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.impl->get_weight(name, dst);
+        });
+        return out;
+    }, py::arg("name"));
+
+    engine_cls.def("init_random", [](PyEngine& self, uint64_t seed, float std) {
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.impl->init_random(seed, std);
+        });
+    }, py::arg("seed"), py::arg("std") = 0.02f);
+
+    engine_cls.def("prefill", [](PyEngine& self, int64_t slot, const py::object& tokens,
+                                 int64_t start_pos, const std::string& logits) -> py::object {
+        auto tok = checked_array<int32_t>(tokens, "tokens", {-1}, "int32 array of shape (T,)");
+        const py::ssize_t T = tok.shape(0);
+        if (logits != "none" && logits != "last" && logits != "all")
+            bad_argument("logits must be \"none\", \"last\" or \"all\", got \"" + logits + "\"");
+        const int32_t* ids = tok.data();
+        const int n = saturate_int(T), first = saturate_int(start_pos), row = saturate_int(slot);
+        py::object result = py::none();
+        float* out = nullptr;
+        if (logits != "none") {
+            py::array_t<float> arr({logits == "all" ? T : (py::ssize_t)1, (py::ssize_t)self.cfg().vocab_size});
+            out = arr.mutable_data();
+            result = arr;
+        }
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
+            self.impl->prefill(row, ids, n, first, out, logits == "all");
+            self.record_call("prefill", brrr::profile::Phase::Prefill, t0);
+        });
+        return result;
+    }, py::arg("slot"), py::arg("tokens"), py::arg("start_pos") = 0, py::arg("logits") = "last");
+
+    engine_cls.def("decode", [](PyEngine& self, const py::object& tokens, const py::object& slots,
+                                const py::object& positions, bool logits) -> py::object {
+        const BatchRows rows(tokens, slots, positions);
+        const py::ssize_t B = rows.B;
+        const int32_t *t = rows.tokens.data(), *s = rows.slots.data(), *p = rows.positions.data();
+        py::object result = py::none();
+        float* out = nullptr;
+        if (logits) {
+            py::array_t<float> arr({B, (py::ssize_t)self.cfg().vocab_size});
+            out = arr.mutable_data();
+            result = arr;
+        }
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
+            self.impl->decode(t, s, p, saturate_int(B), out);
+            self.record_call("decode", brrr::profile::Phase::Decode, t0);
+        });
+        return result;
+    }, py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("logits") = true);
+
+    engine_cls.def("sample", [](PyEngine& self, const py::object& slots, const py::object& positions,
+                                const py::object& params, const py::object& step) {
+        auto sl = checked_array<int32_t>(slots, "slots", {-1}, "int32 array of shape (B,)");
+        const py::ssize_t B = sl.shape(0);
+        auto pos = checked_array<int32_t>(positions, "positions", {B}, "int32 array of shape (B,)");
+        auto rows = sampling_rows(params, B);
+        auto st = checked_array<uint64_t>(step, "step", {B}, "uint64 array of shape (B,)");
+        const int32_t *s = sl.data(), *p = pos.data();
+        py::array_t<int32_t> tokens(B);
+        py::array_t<float> logprobs(B);
+        int32_t* tok_out = tokens.mutable_data();
+        float* lp_out = logprobs.mutable_data();
+        const brrr::SamplingParams* rp = rows.data();
+        const uint64_t* steps = st.data();
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
+            self.impl->sample(s, p, rp, steps, saturate_int(B), tok_out, lp_out);
+            self.record_call("sample", brrr::profile::Phase::Sample, t0);
+        });
+        return py::make_tuple(tokens, logprobs);
+    }, py::arg("slots"), py::arg("positions"), py::arg("params"), py::arg("step"));
+
+    engine_cls.def("decode_steps", [](PyEngine& self, const py::object& tokens, const py::object& slots,
+                                      const py::object& positions, const py::object& params,
+                                      const py::object& step, int64_t n_steps) {
+        const BatchRows rows(tokens, slots, positions);
+        const py::ssize_t B = rows.B;
+        auto sampling = sampling_rows(params, B);
+        auto st = checked_array<uint64_t>(step, "step", {B}, "uint64 array of shape (B,)");
+        const int32_t *t = rows.tokens.data(), *s = rows.slots.data(), *p = rows.positions.data();
+        const int rounds = saturate_int(n_steps);
+        // Sized for the rounds asked, at most kMaxDecodeSteps: the engine refuses more (and fewer
+        // than one) before it writes anything.
+        const py::ssize_t out_rows = std::clamp(rounds, 0, brrr::kMaxDecodeSteps);
+        py::array_t<int32_t> out_tokens({out_rows, B});
+        py::array_t<float> out_logprobs({out_rows, B});
+        int32_t* tok_out = out_tokens.mutable_data();
+        float* lp_out = out_logprobs.mutable_data();
+        const brrr::SamplingParams* rp = sampling.data();
+        const uint64_t* steps = st.data();
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
+            self.impl->decode_steps(t, s, p, rp, steps, saturate_int(B), rounds, tok_out, lp_out);
+            self.record_call("decode_steps", brrr::profile::Phase::Decode, t0);
+        });
+        return py::make_tuple(out_tokens, out_logprobs);
+    }, py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("params"), py::arg("step"),
+       py::arg("n_steps"),
+       "n_steps rounds of decode + sample, each round's tokens fed back as the next round's inputs "
+       "(on the device for CUDA); returns (tokens, logprobs), each of shape (n_steps, B)");
+
+    engine_cls.def_property(
+        "use_cuda_graphs",
+        [](PyEngine& self) {
+#ifdef BRRR_WITH_CUDA
+            return brrr::cuda_use_graphs(*self.impl);
+#else
+            (void)self;
+            return false;
+#endif
+        },
+        [](PyEngine& self, bool on) {
+#ifdef BRRR_WITH_CUDA
+            std::lock_guard<std::mutex> lock(self.mutex);
+            brrr::cuda_set_use_graphs(*self.impl, on);
+#else
+            (void)self;
+            (void)on;
+#endif
+        },
+        "cuda backend: decode replays one CUDA graph per batch size (default True); False runs "
+        "every kernel eagerly. Always False, and setting it does nothing, on the cpu backend");
+
+    engine_cls.def_property("profile_enabled",
+        [](PyEngine& self) { return self.profiled && self.profiled->profile_enabled(); },
+        [](PyEngine& self, bool on) {
+            if (!self.profiled) throw std::runtime_error("this engine cannot be profiled");
+            without_gil([&] {
+                std::lock_guard<std::mutex> lock(self.mutex);
+                self.profiled->profile_enable(on);
+            });
+        }, "time every kernel launch (and CUDA-graph replay) of this engine");
+    engine_cls.def("profile_records", [](PyEngine& self) {
+        std::vector<brrr::profile::Record> records;
+        if (self.profiled)
+            without_gil([&] {
+                std::lock_guard<std::mutex> lock(self.mutex);
+                records = self.profiled->profile_take();
+            });
+        py::list out;
+        for (const brrr::profile::Record& r : records)
+            out.append(py::make_tuple(r.name, brrr::profile::kind_name(r.kind),
+                                      brrr::profile::op_class_name(r.op_class),
+                                      brrr::profile::phase_name(r.phase), r.cost.flops, r.cost.bytes,
+                                      r.t0, r.t1, r.group, r.sampled));
+        return out;
+    }, "the records so far as (name, kind, op_class, phase, flops, bytes, t0, t1, group, sampled); "
+       "taking them empties the engine's list");
+    engine_cls.def("profile_clear", [](PyEngine& self) {
+        if (!self.profiled) return;
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.profiled->profile_take();
+        });
+    }, "drops every record not yet taken");
+}
+
+}  // namespace bindings
+}  // namespace brrr

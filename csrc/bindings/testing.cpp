@@ -1,0 +1,423 @@
+// testing.cpp — _C.testing: every CUDA launcher of ops.h on raw device pointers (Python ints,
+// e.g. torch's data_ptr()), for the kernel tests and benchmarks. Not part of the API: nothing
+// checks that a pointer holds what the launcher reads.
+//
+// Each call launches on the current device's default stream, then synchronizes the device, so a
+// failing kernel raises here (RuntimeError naming it) rather than in a later, unrelated call.
+// Sizes are checked to fit an int; what a kernel needs to stay in bounds (head_dim, alignment,
+// split-K scratch) is checked per op.
+#include "bindings/bindings.h"
+
+#ifdef BRRR_WITH_CUDA
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "cuda/engine_cuda.h"
+#include "cuda/ops.h"
+
+namespace brrr {
+namespace bindings {
+
+namespace {
+
+struct CudaOp {
+    static void* ptr(uintptr_t address, const char* name) {
+        if (address == 0) bad_argument(std::string(name) + " must be a device pointer, got 0");
+        return reinterpret_cast<void*>(address);
+    }
+    static void check_sizes(std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+        for (const auto& s : sizes)
+            if (s.second < 0 || s.second > std::numeric_limits<int>::max())
+                bad_argument(std::string(s.first) + " must be in [0, 2^31), got " +
+                             std::to_string(s.second));
+    }
+    // A CUDA error as the engine reports it: RuntimeError, MemoryError for an allocation.
+    static void check(cudaError_t err, const char* op) {
+        if (err == cudaSuccess) return;
+        cudaGetLastError();
+        const std::string message = std::string(op) + ": " + cudaGetErrorName(err) + " (" +
+                                    cudaGetErrorString(err) + ")";
+        if (err == cudaErrorMemoryAllocation) throw brrr::OutOfMemory(message);
+        throw brrr::Error(message);
+    }
+    static void finish(const char* op) {
+        check(cudaGetLastError(), op);
+        check(cudaDeviceSynchronize(), op);
+    }
+};
+
+struct CudaMatmul {
+    // split: None, or (partials, floats, counters, n_counters), device pointers and their lengths.
+    static brrr::cuda::SplitKScratch split_scratch(const py::object& split) {
+        brrr::cuda::SplitKScratch sc;
+        if (split.is_none()) return sc;
+        const auto t = split.cast<std::tuple<uintptr_t, int64_t, uintptr_t, int64_t>>();
+        CudaOp::check_sizes({{"split floats", std::get<1>(t)}, {"split counters", std::get<3>(t)}});
+        sc.partials = static_cast<float*>(CudaOp::ptr(std::get<0>(t), "split partials"));
+        sc.floats = (size_t)std::get<1>(t);
+        sc.counters = static_cast<unsigned*>(CudaOp::ptr(std::get<2>(t), "split counters"));
+        sc.n_counters = (int)std::get<3>(t);
+        return sc;
+    }
+    // A matmul launcher of ops.h, or a lambda around one.
+    using Launcher = std::function<void(const brrr::cuda::bf16*, const brrr::cuda::bf16*, int, int, int,
+                                        brrr::cuda::Epilogue, const brrr::cuda::EpilogueArgs&, cudaStream_t)>;
+    static void run(const char* op, const Launcher& launcher, uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
+                    uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
+                    const py::object& split = py::none()) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}});
+        if (N < 1 || K < 1) bad_argument(std::string(op) + ": N and K must be >= 1");
+        if (epilogue < 0 || epilogue > 3)
+            bad_argument(std::string(op) + ": epilogue must be 0 StoreBf16, 1 StoreF32, 2 AddResidual or "
+                         "3 SwiGLU, got " + std::to_string(epilogue));
+        const auto ep = static_cast<brrr::cuda::Epilogue>(epilogue);
+        if (ep == brrr::cuda::Epilogue::SwiGLU && N % 2)
+            bad_argument(std::string(op) + ": SwiGLU needs an even N (gate rows | up rows), got " + std::to_string(N));
+        brrr::cuda::EpilogueArgs args;
+        switch (ep) {
+            case brrr::cuda::Epilogue::StoreBf16:
+            case brrr::cuda::Epilogue::SwiGLU:
+                args.out_bf16 = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out")); break;
+            case brrr::cuda::Epilogue::StoreF32:
+                args.out_f32 = static_cast<float*>(CudaOp::ptr(out_f32, "out_f32")); break;
+            case brrr::cuda::Epilogue::AddResidual:
+                args.residual = static_cast<float*>(CudaOp::ptr(residual, "residual")); break;
+            case brrr::cuda::Epilogue::RopeKV: break;  // refused above: it needs rmsnorm_matmul_bf16's arguments
+        }
+        args.ld_out = (int)ld_out;
+        args.split = split_scratch(split);
+        const int width = ep == brrr::cuda::Epilogue::SwiGLU ? (int)N / 2 : (int)N;
+        if (ld_out != 0 && ld_out < width)
+            bad_argument(std::string(op) + ": ld_out=" + std::to_string(ld_out) + " is shorter than an output row (" +
+                         std::to_string(width) + ")");
+        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+        const auto* wp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(W, "W"));
+        py::gil_scoped_release release;
+        launcher(xp, wp, (int)M, (int)N, (int)K, ep, args, 0);
+        CudaOp::finish(op);
+    }
+};
+
+struct CudaAttention {
+    static void check_heads(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+        if (head_dim != 64 && head_dim != 128)
+            bad_argument("head_dim must be 64 or 128 on the GPU, got " + std::to_string(head_dim));
+        if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads)
+            bad_argument("n_heads (" + std::to_string(n_heads) + ") must be a positive multiple of n_kv_heads (" +
+                         std::to_string(n_kv_heads) + ")");
+    }
+};
+
+}  // namespace
+
+void bind_testing(py::module_& m) {
+    py::module_ testing = m.def_submodule(
+        "testing", "CUDA launchers on raw device pointers, for tests and kernel benchmarks; not part of the API");
+
+    testing.def("embed", [](uintptr_t tokens, uintptr_t table, uintptr_t x, int64_t M, int64_t D,
+                             int64_t V, uintptr_t history, uintptr_t slots, uintptr_t positions,
+                             int64_t max_batch, int64_t max_seq) {
+        CudaOp::check_sizes({{"M", M}, {"D", D}, {"V", V}, {"max_batch", max_batch}, {"max_seq", max_seq}});
+        brrr::cuda::TokenHistory record;
+        if (history) {
+            if (max_batch < 1 || max_seq < 1)
+                bad_argument("a token history needs max_batch >= 1 and max_seq >= 1, got " +
+                             std::to_string(max_batch) + " and " + std::to_string(max_seq));
+            record.history = static_cast<int*>(CudaOp::ptr(history, "history"));
+            record.slots = static_cast<const int*>(CudaOp::ptr(slots, "slots"));
+            record.positions = static_cast<const int*>(CudaOp::ptr(positions, "positions"));
+            record.max_batch = (int)max_batch;
+            record.max_seq = (int)max_seq;
+        }
+        py::gil_scoped_release release;
+        brrr::cuda::embed(static_cast<const int*>(CudaOp::ptr(tokens, "tokens")),
+                          static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(table, "table")),
+                          static_cast<float*>(CudaOp::ptr(x, "x")), (int)M, (int)D, (int)V, record, 0);
+        CudaOp::finish("testing.embed");
+    }, py::arg("tokens"), py::arg("table"), py::arg("x"), py::arg("M"), py::arg("D"), py::arg("V"),
+       py::arg("history") = 0, py::arg("slots") = 0, py::arg("positions") = 0, py::arg("max_batch") = 0,
+       py::arg("max_seq") = 0,
+       "x[m] = float(table[tokens[m]]); tokens int32 [M], table bf16 [V, D], x f32 [M, D]; with a "
+       "history (int32 [max_batch, max_seq]) also history[slots[m], positions[m]] = tokens[m]");
+
+    testing.def("rmsnorm_residual", [](uintptr_t x, uintptr_t residual, uintptr_t w, uintptr_t y,
+                                        int64_t M, int64_t D, float eps) {
+        CudaOp::check_sizes({{"M", M}, {"D", D}});
+        if (!(eps > 0)) bad_argument("eps must be > 0, got " + std::to_string(eps));
+        py::gil_scoped_release release;
+        brrr::cuda::rmsnorm_residual(static_cast<float*>(CudaOp::ptr(x, "x")),
+                                     residual ? reinterpret_cast<const float*>(residual) : nullptr,
+                                     static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(w, "w")),
+                                     static_cast<brrr::cuda::bf16*>(CudaOp::ptr(y, "y")), (int)M, (int)D, eps, 0);
+        CudaOp::finish("testing.rmsnorm_residual");
+    }, py::arg("x"), py::arg("residual"), py::arg("w"), py::arg("y"), py::arg("M"), py::arg("D"),
+       py::arg("eps"),
+       "x += residual (residual = 0: none); y = bf16(x * rsqrt(mean(x^2) + eps) * w); x f32 [M, D]");
+
+    testing.def("rope_kv_append", [](uintptr_t qkv, uintptr_t positions, uintptr_t slots,
+                                      uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache,
+                                      uintptr_t v_cache, int64_t M, int64_t n_heads,
+                                      int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+        CudaOp::check_sizes({{"M", M}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
+                             {"head_dim", head_dim}, {"max_seq", max_seq}});
+        py::gil_scoped_release release;
+        brrr::cuda::rope_kv_append(
+            static_cast<const float*>(CudaOp::ptr(qkv, "qkv")), static_cast<const int*>(CudaOp::ptr(positions, "positions")),
+            static_cast<const int*>(CudaOp::ptr(slots, "slots")), static_cast<const float*>(CudaOp::ptr(inv_freq, "inv_freq")),
+            static_cast<brrr::cuda::bf16*>(CudaOp::ptr(q_out, "q_out")),
+            static_cast<brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache")),
+            static_cast<brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache")), (int)M, (int)n_heads,
+            (int)n_kv_heads, (int)head_dim, (int)max_seq, 0);
+        CudaOp::finish("testing.rope_kv_append");
+    }, py::arg("qkv"), py::arg("positions"), py::arg("slots"), py::arg("inv_freq"), py::arg("q_out"),
+       py::arg("k_cache"), py::arg("v_cache"), py::arg("M"), py::arg("n_heads"),
+       py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("max_seq"),
+       "rotate-half RoPE of q and k from qkv f32 [M, (Hq+2Hkv)*hd]; q_out bf16 [M, Hq, hd]; k, v "
+       "into bf16 caches [max_batch, max_seq, Hkv, hd] at (slots[m], positions[m])");
+
+    testing.def("sample_tokens", [](uintptr_t logits, uintptr_t history, uintptr_t slots,
+                                     uintptr_t positions, const py::object& params,
+                                     const py::object& step, int64_t V, int64_t max_seq) {
+        auto st = checked_array<uint64_t>(step, "step", {-1}, "uint64 array of shape (B,)");
+        const py::ssize_t B = st.shape(0);
+        auto rows = sampling_rows(params, B);
+        CudaOp::check_sizes({{"B", B}, {"V", V}, {"max_seq", max_seq}});
+        if (B < 1 || V < 1) bad_argument("need B >= 1 rows and V >= 1 logits");
+        const float* lg = static_cast<const float*>(CudaOp::ptr(logits, "logits"));
+        const int* hist = static_cast<const int*>(CudaOp::ptr(history, "history"));
+        const int* sl = static_cast<const int*>(CudaOp::ptr(slots, "slots"));
+        int* pos = static_cast<int*>(CudaOp::ptr(positions, "positions"));
+        py::array_t<int32_t> tokens(B);
+        py::array_t<float> logprobs(B);
+        int32_t* tok_out = tokens.mutable_data();
+        float* lp_out = logprobs.mutable_data();
+        const brrr::SamplingParams* host_params = rows.data();
+        const uint64_t* host_steps = st.data();
+        const size_t params_bytes = sizeof(brrr::SamplingParams) * B;
+        const size_t steps_bytes = sizeof(uint64_t) * B;
+        const size_t scratch_bytes = brrr::cuda::sample_scratch_bytes((int)B, (int)V);
+        const size_t out_bytes = (sizeof(int) + sizeof(float)) * B;
+        {
+            py::gil_scoped_release release;
+            // One temporary block: params | steps | outputs | scratch, each 256-byte aligned.
+            auto up = [](size_t n) { return (n + 255) / 256 * 256; };
+            const size_t total = up(params_bytes) + up(steps_bytes) + up(out_bytes) + scratch_bytes;
+            void* raw = nullptr;
+            CudaOp::check(cudaMalloc(&raw, total), "testing.sample_tokens: cudaMalloc of its scratch");
+            std::unique_ptr<void, cudaError_t (*)(void*)> guard(raw, cudaFree);
+            char* block = static_cast<char*>(raw);
+            auto* d_params = reinterpret_cast<brrr::SamplingParams*>(block);
+            auto* d_steps = reinterpret_cast<uint64_t*>(block + up(params_bytes));
+            int* d_tokens = reinterpret_cast<int*>(block + up(params_bytes) + up(steps_bytes));
+            float* d_logprobs = reinterpret_cast<float*>(d_tokens + B);
+            void* d_scratch = block + up(params_bytes) + up(steps_bytes) + up(out_bytes);
+            CudaOp::check(cudaMemcpy(d_params, host_params, params_bytes, cudaMemcpyHostToDevice),
+                          "testing.sample_tokens: upload");
+            CudaOp::check(cudaMemcpy(d_steps, host_steps, steps_bytes, cudaMemcpyHostToDevice),
+                          "testing.sample_tokens: upload");
+            brrr::cuda::sample_tokens(lg, hist, sl, pos, d_params, d_steps, (int)B, (int)V,
+                                      (int)max_seq, d_scratch, d_tokens, d_logprobs,
+                                      brrr::cuda::SampleFeedBack{}, 0);
+            CudaOp::finish("testing.sample_tokens");
+            CudaOp::check(cudaMemcpy(tok_out, d_tokens, sizeof(int) * B, cudaMemcpyDeviceToHost),
+                          "testing.sample_tokens: download");
+            CudaOp::check(cudaMemcpy(lp_out, d_logprobs, sizeof(float) * B, cudaMemcpyDeviceToHost),
+                          "testing.sample_tokens: download");
+        }
+        return py::make_tuple(tokens, logprobs);
+    }, py::arg("logits"), py::arg("history"), py::arg("slots"), py::arg("positions"),
+       py::arg("params"), py::arg("step"), py::arg("V"), py::arg("max_seq"),
+       "(tokens int32 [B], logprobs f32 [B]) from logits f32 [B, V] on the device by the rules of "
+       "cpu/sampling.h; history int32 [max_batch, max_seq], slots/positions int32 [B] device "
+       "pointers; params (sampling_params_dtype) and step (uint64) numpy arrays of shape (B,)");
+
+    testing.def("fill_normal_bf16", [](uintptr_t p, uint64_t n, uint64_t key, float mean, float std) {
+        if (!(std::isfinite(mean) && std::isfinite(std) && std >= 0))
+            bad_argument("mean and std must be finite and std >= 0");
+        py::gil_scoped_release release;
+        brrr::cuda::fill_normal_bf16(static_cast<brrr::cuda::bf16*>(CudaOp::ptr(p, "p")), (size_t)n, key, mean,
+                                     std, 0);
+        CudaOp::finish("testing.fill_normal_bf16");
+    }, py::arg("p"), py::arg("n"), py::arg("key"), py::arg("mean") = 0.f, py::arg("std") = 1.f,
+       "p[i] = bf16(mean + std * z_i), z from the counter stream `key` (see init_random_key)");
+
+    testing.def("init_random_key", [](uint64_t seed, uint64_t tensor_index) {
+        return brrr::init_random_key(seed, (size_t)tensor_index);
+    }, py::arg("seed"), py::arg("tensor_index"),
+       "the fill_normal_bf16 key of canonical tensor `tensor_index` (weight_names order) under "
+       "Engine.init_random(seed); norms use mean 1, everything else mean 0");
+
+    testing.def("convert_f32_to_bf16", [](uintptr_t src, uintptr_t dst, uint64_t n) {
+        py::gil_scoped_release release;
+        brrr::cuda::convert_f32_to_bf16(static_cast<const float*>(CudaOp::ptr(src, "src")),
+                                        static_cast<brrr::cuda::bf16*>(CudaOp::ptr(dst, "dst")), (size_t)n, 0);
+        CudaOp::finish("testing.convert_f32_to_bf16");
+    }, py::arg("src"), py::arg("dst"), py::arg("n"), "dst[i] = bf16(src[i]), round to nearest even");
+
+    // ---- matmuls and attention ----
+    // Matmuls: x [M, K] bf16, W [N, K] bf16; epilogue 0 StoreBf16 (out), 1 StoreF32 (out_f32),
+    // 2 AddResidual (residual += y), 3 SwiGLU (out [M, N/2] = silu(gate) * up). Pointers the
+    // epilogue does not use may be 0; ld_out 0 means packed rows.
+    testing.def("gemv_bf16", [](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K, int64_t epilogue,
+                                 uintptr_t out, uintptr_t out_f32, uintptr_t residual, int64_t ld_out,
+                                 const std::string& path) {
+        if (M > 16) bad_argument("gemv_bf16: M=" + std::to_string(M) + " rows; the GEMV takes at most 16");
+        using brrr::cuda::GemvPath;
+        if (path != "auto" && path != "cuda_cores" && path != "tensor_cores")
+            bad_argument("gemv_bf16: path must be 'auto', 'cuda_cores' or 'tensor_cores', got '" + path + "'");
+        const GemvPath chosen = path == "cuda_cores"     ? GemvPath::CudaCores
+                                : path == "tensor_cores" ? GemvPath::TensorCores
+                                                         : GemvPath::Auto;
+        CudaMatmul::run("testing.gemv_bf16",
+                        [chosen](const brrr::cuda::bf16* x, const brrr::cuda::bf16* W, int M, int N, int K,
+                                 brrr::cuda::Epilogue ep, const brrr::cuda::EpilogueArgs& args, cudaStream_t s) {
+                            brrr::cuda::gemv_bf16(x, W, M, N, K, ep, args, s, chosen);
+                        },
+                        x, W, M, N, K, epilogue, out, out_f32, residual, ld_out);
+    }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
+       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
+       py::arg("path") = "auto",
+       "decode GEMV (M <= 16): y = x @ W.T with the epilogue fused (see the comment above); path: 'auto' "
+       "(the engine's choice by M), 'cuda_cores' or 'tensor_cores'");
+    // The tensor-core GEMM and the engine's matmul dispatch take the same arguments.
+    const struct {
+        const char* name;
+        void (*launch)(const brrr::cuda::bf16*, const brrr::cuda::bf16*, int, int, int, brrr::cuda::Epilogue,
+                       const brrr::cuda::EpilogueArgs&, cudaStream_t);
+        const char* doc;
+    } matmuls[] = {
+        {"gemm_bf16", brrr::cuda::gemm_bf16,
+         "tensor-core GEMM, any M: y = x @ W.T with the epilogue fused; split = (partials, floats, counters, "
+         "n_counters) lends it split-K scratch (sizes: gemm_split_scratch_sizes; counters zeroed)"},
+        {"matmul_bf16", brrr::cuda::matmul_bf16,
+         "the engine's matmul: GEMV for small M, tensor-core GEMM above (split as for gemm_bf16)"},
+    };
+    for (const auto& matmul : matmuls) {
+        const std::string op = std::string("testing.") + matmul.name;
+        const auto launch = matmul.launch;
+        testing.def(matmul.name, [op, launch](uintptr_t x, uintptr_t W, int64_t M, int64_t N, int64_t K,
+                                              int64_t epilogue, uintptr_t out, uintptr_t out_f32,
+                                              uintptr_t residual, int64_t ld_out, const py::object& split) {
+            CudaMatmul::run(op.c_str(), launch, x, W, M, N, K, epilogue, out, out_f32, residual, ld_out, split);
+        }, py::arg("x"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
+           py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
+           py::arg("split") = py::none(), matmul.doc);
+    }
+    testing.def("gemm_split_scratch_sizes", [](int64_t sm_count) {
+        if (sm_count < 1 || sm_count > 4096) bad_argument("gemm_split_scratch_sizes: sm_count must be in [1, 4096]");
+        return py::make_tuple((int64_t)brrr::cuda::gemm_split_scratch_floats((int)sm_count),
+                              (int64_t)brrr::cuda::gemm_split_scratch_counters((int)sm_count));
+    }, py::arg("sm_count"), "(floats, counters) of the split-K scratch the engine gives its GEMMs");
+
+    testing.def("rmsnorm_matmul_bf16", [](uintptr_t x, uintptr_t norm_w, float eps, uintptr_t W, int64_t M,
+                                           int64_t N, int64_t K, int64_t epilogue, uintptr_t out,
+                                           uintptr_t out_f32, uintptr_t residual, int64_t ld_out, uintptr_t xn,
+                                           uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
+                                           uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
+                                           int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                                           const py::object& split) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
+                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
+        if (epilogue < 0 || epilogue > 4)
+            bad_argument("rmsnorm_matmul_bf16: epilogue must be 0 StoreBf16, 1 StoreF32, 2 AddResidual, "
+                         "3 SwiGLU or 4 RopeKV, got " + std::to_string(epilogue));
+        brrr::cuda::EpilogueArgs args;
+        args.out_bf16 = reinterpret_cast<brrr::cuda::bf16*>(out);
+        args.out_f32 = reinterpret_cast<float*>(out_f32);
+        args.residual = reinterpret_cast<float*>(residual);
+        args.ld_out = (int)ld_out;
+        args.rope.positions = reinterpret_cast<const int*>(positions);
+        args.rope.slots = reinterpret_cast<const int*>(slots);
+        args.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
+        args.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
+        args.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
+        args.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
+        args.rope.n_heads = (int)n_heads;
+        args.rope.n_kv_heads = (int)n_kv_heads;
+        args.rope.head_dim = (int)head_dim;
+        args.rope.max_seq = (int)max_seq;
+        args.split = CudaMatmul::split_scratch(split);
+        const auto* xp = static_cast<const float*>(CudaOp::ptr(x, "x"));
+        const auto* np = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(norm_w, "norm_w"));
+        const auto* wp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(W, "W"));
+        py::gil_scoped_release release;
+        brrr::cuda::rmsnorm_matmul_bf16(xp, np, eps, wp, (int)M, (int)N, (int)K,
+                                        static_cast<brrr::cuda::Epilogue>(epilogue), args,
+                                        reinterpret_cast<brrr::cuda::bf16*>(xn), 0);
+        CudaOp::finish("testing.rmsnorm_matmul_bf16");
+    }, py::arg("x"), py::arg("norm_w"), py::arg("eps"), py::arg("W"), py::arg("M"), py::arg("N"), py::arg("K"),
+       py::arg("epilogue"), py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0,
+       py::arg("ld_out") = 0, py::arg("xn") = 0, py::arg("positions") = 0, py::arg("slots") = 0,
+       py::arg("inv_freq") = 0, py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0,
+       py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0,
+       py::arg("split") = py::none(),
+       "y = bf16(rmsnorm(x) * norm_w) @ W.T with the epilogue (4 RopeKV: q -> q_out, k/v -> caches "
+       "at (slots[m], positions[m])); x f32 [M, K]; M > 16 uses xn bf16 [M, K] (and out_f32 [M, N] "
+       "for RopeKV) as scratch");
+
+    testing.def("flash_decode_scratch_floats", [](int64_t B, int64_t n_heads, int64_t head_dim, int64_t max_splits) {
+        CudaOp::check_sizes({{"B", B}, {"n_heads", n_heads}, {"head_dim", head_dim}, {"max_splits", max_splits}});
+        if (max_splits < 1) bad_argument("max_splits must be >= 1");
+        return brrr::cuda::flash_decode_scratch_floats((int)B, (int)n_heads, (int)head_dim, (int)max_splits);
+    }, py::arg("B"), py::arg("n_heads"), py::arg("head_dim"), py::arg("max_splits"),
+       "floats of scratch flash_decode needs for this batch and split limit; zero it before the first call");
+    testing.def("flash_decode", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slots,
+                                    uintptr_t positions, uintptr_t out, uintptr_t scratch, int64_t B,
+                                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                                    int64_t max_splits) {
+        CudaOp::check_sizes({{"B", B}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
+                             {"head_dim", head_dim}, {"max_seq", max_seq}, {"max_splits", max_splits}});
+        CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
+        if (max_seq < 1 || max_splits < 1) bad_argument("max_seq and max_splits must be >= 1");
+        if (max_splits > 1 && scratch == 0)
+            bad_argument("scratch must be a device buffer of flash_decode_scratch_floats() floats when max_splits > 1");
+        if (q % 16 || k_cache % 16 || v_cache % 16)
+            bad_argument("q, k_cache and v_cache must be 16-byte aligned (rows are read 16 bytes a lane)");
+        const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
+        const auto* kp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache"));
+        const auto* vp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache"));
+        const int* sp = static_cast<const int*>(CudaOp::ptr(slots, "slots"));
+        const int* pp = static_cast<const int*>(CudaOp::ptr(positions, "positions"));
+        auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
+        py::gil_scoped_release release;
+        brrr::cuda::flash_decode(qp, kp, vp, sp, pp, op, reinterpret_cast<float*>(scratch), (int)B, (int)n_heads,
+                                 (int)n_kv_heads, (int)head_dim, (int)max_seq, (int)max_splits, 0);
+        CudaOp::finish("testing.flash_decode");
+    }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("positions"),
+       py::arg("out"), py::arg("scratch"), py::arg("B"), py::arg("n_heads"), py::arg("n_kv_heads"),
+       py::arg("head_dim"), py::arg("max_seq"), py::arg("max_splits"),
+       "one query per sequence: q bf16 [B, Hq, hd] over cache bf16 [max_batch, max_seq, Hkv, hd] "
+       "positions [0, positions[b]] of slot slots[b] (int32 device arrays); out bf16 [B, Hq * hd]");
+    testing.def("attention_prefill", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, int64_t slot,
+                                         int64_t start_pos, int64_t T, uintptr_t out, int64_t n_heads,
+                                         int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, bool mma_sync) {
+        CudaOp::check_sizes({{"slot", slot}, {"start_pos", start_pos}, {"T", T}, {"n_heads", n_heads},
+                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
+        CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
+        if (start_pos + T > max_seq)
+            bad_argument("start_pos + T = " + std::to_string(start_pos + T) + " exceeds max_seq = " + std::to_string(max_seq));
+        const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
+        const auto* kp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache"));
+        const auto* vp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache"));
+        auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
+        py::gil_scoped_release release;
+        (mma_sync ? brrr::cuda::attention_prefill_mma_sync : brrr::cuda::attention_prefill)(
+            qp, kp, vp, (int)slot, (int)start_pos, (int)T, op, (int)n_heads, (int)n_kv_heads, (int)head_dim,
+            (int)max_seq, 0);
+        CudaOp::finish("testing.attention_prefill");
+    }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slot"), py::arg("start_pos"),
+       py::arg("T"), py::arg("out"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("head_dim"),
+       py::arg("max_seq"), py::arg("mma_sync") = false,
+       "causal prefill of T tokens at positions start_pos.. of cache slot `slot` (their K/V already "
+       "in the cache): q bf16 [T, Hq, hd], out bf16 [T, Hq * hd]. mma_sync=True runs the pre-Hopper "
+       "kernel whatever the GPU (Hopper runs TMA-fed wgmma otherwise)");
+}
+
+}  // namespace bindings
+}  // namespace brrr
+
+#endif  // BRRR_WITH_CUDA
