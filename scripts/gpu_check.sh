@@ -116,11 +116,14 @@ if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace \
 import numpy as np
 from llama_brrr import _C
 from llama_brrr.config import ModelConfig
+from llama_brrr.sampling import uniform_rows
 
 config = ModelConfig(dim=2056, hidden_dim=200, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
                      vocab_size=1001, rope_scaling={"rope_type": "llama3", "factor": 8.0,
                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 64})
+sampled = uniform_rows(2, temperature=0.8, top_k=40, top_p=0.9, min_p=0.02, repetition_penalty=1.1,
+                       seed=[1, 2])
 for graphs in (True, False):
     engine = _C.Engine("cuda", config.engine_dict(600, 2), "bf16", 0)
     engine.use_cuda_graphs = graphs
@@ -128,20 +131,16 @@ for graphs in (True, False):
     engine.prefill(1, np.arange(530, dtype=np.int32) % 1001, 0, "all")
     engine.prefill(0, np.array([5, 6, 7], np.int32), 0, "none")
     tokens, positions, slots = np.array([8, 9], np.int32), np.array([3, 530], np.int32), np.array([0, 1], np.int32)
-    ones = np.ones(2, np.float32)
     for step in range(8):
         engine.decode(tokens, slots, positions, step % 3 == 0)
-        tokens, _ = engine.sample(slots, positions, np.full(2, 0.8, np.float32), np.full(2, 40, np.int32),
-                                  np.full(2, 0.9, np.float32), np.full(2, 0.02, np.float32), 1.1 * ones,
-                                  np.array([1, 2], np.uint64), np.full(2, step, np.uint64))
+        tokens, _ = engine.sample(slots, positions, sampled, np.full(2, step, np.uint64))
         tokens = tokens.astype(np.int32)
         positions += 1
     for step in range(2):
         engine.decode(tokens[:1], slots[:1], positions[:1], True)
         positions[:1] += 1
-    greedy = (np.zeros(1, np.float32), np.zeros(1, np.int32), np.ones(1, np.float32), np.zeros(1, np.float32),
-              np.ones(1, np.float32), np.zeros(1, np.uint64), np.zeros(1, np.uint64))
-    rounds, _ = engine.decode_steps(tokens[:1], slots[:1], positions[:1], *greedy, 3)
+    rounds, _ = engine.decode_steps(tokens[:1], slots[:1], positions[:1], uniform_rows(1),
+                                    np.zeros(1, np.uint64), 3)
     print("graphs" if graphs else "eager", "tokens", tokens.tolist(), "greedy rounds", rounds[:, 0].tolist())
 print("sanitized run done")
 EOF

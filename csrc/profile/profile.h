@@ -155,7 +155,7 @@ private:
     std::vector<Record> records_;
 };
 
-// What an engine that can be profiled offers; bindings.cpp reaches it by dynamic_cast.
+// What an engine that can be profiled offers; csrc/bindings/engine.cpp reaches it by dynamic_cast.
 class Profiled {
 public:
     virtual ~Profiled() = default;
