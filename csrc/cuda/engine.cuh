@@ -101,7 +101,7 @@ private:
     // ---- forward.cu ----
     // One pass of `rows` token rows (staged in d_tokens_/d_slots_/d_positions_ rows [0, rows))
     // through the layers. The phases differ only in the attention step: decode runs one query
-    // row per sequence over that row's slot (flash_decode); prefill runs T prompt tokens of one
+    // row per sequence over that row's slot (flash_decode); prefill takes T prompt tokens of one
     // slot at positions start_pos.. causally (attention_prefill).
     struct Pass {
         enum Attention { Decode, Prefill };
