@@ -55,6 +55,7 @@ CPP_SOURCES = sorted(
     glob.glob(os.path.join("csrc", "*.cpp"))
     + glob.glob(os.path.join("csrc", "cpu", "*.cpp"))
     + glob.glob(os.path.join("csrc", "profile", "*.cpp"))
+    + glob.glob(os.path.join("csrc", "bindings", "*.cpp"))
 )
 
 

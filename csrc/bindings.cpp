@@ -68,6 +68,8 @@
 
 namespace py = pybind11;
 
+void bind_quant_ops(py::module_& m);  // csrc/bindings/quant_ops.cpp
+
 namespace {
 
 // Rounds one Engine.decode_steps call may run (CudaEngine::kMaxDecodeSteps, its token ring).
@@ -327,6 +329,7 @@ void without_gil(F&& f) {
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "llama_brrr engine (C++ core); see csrc/bindings.cpp for the API";
+    bind_quant_ops(m);
 
     // brrr::OutOfMemory derives from brrr::Error, so it must be matched first.
     py::register_exception_translator([](std::exception_ptr p) {

@@ -1,0 +1,441 @@
+// quant_gemv.cpp — dot products, GEMV and GEMM on GGUF weight blocks against int8 activations.
+//
+// Activations: each row of x is quantized once per call into ActBlocks of 32 (quantize_activations):
+// amax = max |x_i| over the block, d = amax / 127, q_i = roundf(x_i * (1/d)) in [-127, 127]
+// (d = 0, q = 0 for an all-zero block). Every ISA path uses these same int8 values, so the paths
+// differ only in float summation order. Error of one product against the float64 dot of the
+// same weight blocks with the fp32 x: |x_i - d q_i| <= d / 2, hence
+//   |err| <= sum_blocks (amax_b / 254) * sum_{i in b} |w_i|  (+ fp32 rounding of the sums),
+// which the tests assert.
+//
+// The trick: every weight type is cut into chunks of 32 values that line up with one ActBlock,
+// and each chunk is (32 unsigned codes c_i, a weight scale per 16-value half, a bias per half)
+// with w_i = s_half * c_i + b_half. Then
+//   dot = sum_chunks d_x * ( sum_halves s_half * sum_i c_i q_i  +  b_half * sum_i q_i ),
+// where sum_i c_i q_i is an unsigned x signed int8 dot (VNNI vpdpbusd, or AVX2 vpmaddubsw +
+// vpmaddwd) summed exactly in int32 lanes, converted to float once per chunk and FMA'd with the
+// scale vector; the bias term uses the ActBlock's exact half sums. Q8_0's signed weights use
+// |w| as codes and sign(w) moved onto q (vpsignb), so they need no bias. Q6_K has a scale per
+// 16 values, which is why scales come per half (lanes 0-3 and 4-7 of the int32 vector).
+// The AVX-512 path puts two chunks into one zmm (vpdpbusd on 64 bytes); AVX2 one chunk per ymm.
+//
+// Invariants: K % 32 == 0 (K % 256 for K-quants, checked by row_bytes); codes fit the vpmaddubsw
+// pair sum in int16 (|c| <= 128, |q| <= 127: 2 * 128 * 127 < 32768); W rows are row_bytes apart.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common.h"
+#include "cpu/quant.h"
+
+namespace brrr {
+namespace quant {
+namespace {
+
+// ---- chunk descriptions, shared by every path -----------------------------------------------
+
+struct ChunkScales {  // w_i = s[h] * c_i + b[h] for i in half h (0: values 0-15, 1: 16-31)
+    float s[2], b[2];
+};
+
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+// Each Traits: Block, kChunks per block, scales(block, chunk), codes(block, chunk, out[32]) with
+// sum_i codes_i * q_i = the chunk's integer dot (the scalar path; signed codes allowed there).
+struct Q8_0T {
+    using Block = BlockQ8_0;
+    static constexpr int kChunks = 1;
+    static ChunkScales scales(const Block& b, int) {
+        const float d = f16_to_f32(b.d);
+        return {{d, d}, {0.f, 0.f}};
+    }
+    static void codes(const Block& b, int, int* c) {
+        for (int i = 0; i < 32; ++i) c[i] = b.qs[i];
+    }
+};
+inline void nibble_codes(const uint8_t* qs, int* c) {  // 16 bytes: values j and j + 16
+    for (int i = 0; i < 16; ++i) c[i] = qs[i] & 0xF, c[i + 16] = qs[i] >> 4;
+}
+struct Q4_0T {
+    using Block = BlockQ4_0;
+    static constexpr int kChunks = 1;
+    static ChunkScales scales(const Block& b, int) {
+        const float d = f16_to_f32(b.d);
+        return {{d, d}, {-8.f * d, -8.f * d}};
+    }
+    static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
+};
+struct Q4_1T {
+    using Block = BlockQ4_1;
+    static constexpr int kChunks = 1;
+    static ChunkScales scales(const Block& b, int) {
+        const float d = f16_to_f32(b.d), m = f16_to_f32(b.m);
+        return {{d, d}, {m, m}};
+    }
+    static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
+};
+template <class B>
+ChunkScales k4_scales(const B& b, int c) {  // Q4_K and Q5_K: d * sc[c] * q - dmin * m[c]
+    uint8_t sc, m;
+    scale_min_k4(c, b.scales, &sc, &m);
+    const float s = f16_to_f32(b.d) * sc, bias = -(f16_to_f32(b.dmin) * m);
+    return {{s, s}, {bias, bias}};
+}
+struct Q4_KT {
+    using Block = BlockQ4_K;
+    static constexpr int kChunks = 8;
+    static ChunkScales scales(const Block& b, int c) { return k4_scales(b, c); }
+    static void codes(const Block& b, int c, int* out) {
+        const uint8_t* q = b.qs + 32 * (c / 2);
+        for (int i = 0; i < 32; ++i) out[i] = (c & 1) ? q[i] >> 4 : q[i] & 0xF;
+    }
+};
+struct Q5_KT {
+    using Block = BlockQ5_K;
+    static constexpr int kChunks = 8;
+    static ChunkScales scales(const Block& b, int c) { return k4_scales(b, c); }
+    static void codes(const Block& b, int c, int* out) {
+        const uint8_t* q = b.qs + 32 * (c / 2);
+        for (int i = 0; i < 32; ++i)
+            out[i] = ((c & 1) ? q[i] >> 4 : q[i] & 0xF) | (((b.qh[i] >> c) & 1) << 4);
+    }
+};
+struct Q6_KT {
+    using Block = BlockQ6_K;
+    static constexpr int kChunks = 8;
+    static ChunkScales scales(const Block& b, int c) {
+        const float d = f16_to_f32(b.d);
+        const int8_t* sc = b.scales + 8 * (c / 4) + 2 * (c % 4);
+        const float s0 = d * sc[0], s1 = d * sc[1];
+        return {{s0, s1}, {-32.f * s0, -32.f * s1}};
+    }
+    // chunk c = 4 h + k of half h: low nibbles of ql[32 (k & 1) ..] (shifted by 4 for k >= 2),
+    // high two bits from qh[..] >> 2 k.
+    static void codes(const Block& b, int c, int* out) {
+        const int h = c / 4, k = c % 4;
+        const uint8_t* ql = b.ql + 64 * h + 32 * (k & 1);
+        const uint8_t* qh = b.qh + 32 * h;
+        for (int i = 0; i < 32; ++i) out[i] = ((ql[i] >> (4 * (k >> 1))) & 0xF) | (((qh[i] >> (2 * k)) & 3) << 4);
+    }
+};
+
+// ---- scalar path ------------------------------------------------------------------------------
+
+template <class T>
+float dot_scalar(const void* w_row, const ActBlock* x, int64_t K) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t n_chunks = K / 32;
+    float sum = 0.f;
+    int c[32];
+    for (int64_t g = 0; g < n_chunks; ++g) {
+        const auto& blk = w[g / T::kChunks];
+        const int ci = (int)(g % T::kChunks);
+        T::codes(blk, ci, c);
+        const ChunkScales s = T::scales(blk, ci);
+        int lo = 0, hi = 0;
+        for (int i = 0; i < 16; ++i) lo += c[i] * x[g].qs[i];
+        for (int i = 16; i < 32; ++i) hi += c[i] * x[g].qs[i];
+        sum += x[g].d * (s.s[0] * lo + s.s[1] * hi + s.b[0] * x[g].sums[0] + s.b[1] * x[g].sums[1]);
+    }
+    return sum;
+}
+
+// ---- AVX2 path: one chunk per ymm ---------------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+// The chunk's 32 codes as unsigned bytes, and q as the signed bytes to multiply them with.
+template <class T> struct SimdChunk;
+template <> struct SimdChunk<Q8_0T> {
+    static inline __m256i codes(const BlockQ8_0& b, int) {
+        return _mm256_abs_epi8(_mm256_loadu_si256((const __m256i*)b.qs));
+    }
+    static inline __m256i act(const BlockQ8_0& b, int, __m256i q) {
+        return _mm256_sign_epi8(q, _mm256_loadu_si256((const __m256i*)b.qs));
+    }
+};
+inline __m256i nibbles16(const uint8_t* qs) {  // 16 bytes -> 16 low nibbles, then 16 high
+    const __m128i v = _mm_loadu_si128((const __m128i*)qs), mask = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+}
+inline __m256i nibbles32(const uint8_t* qs, int high) {  // 32 bytes -> their low or high nibbles
+    const __m256i v = _mm256_loadu_si256((const __m256i*)qs);
+    return _mm256_and_si256(high ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+}
+template <> struct SimdChunk<Q4_0T> {
+    static inline __m256i codes(const BlockQ4_0& b, int) { return nibbles16(b.qs); }
+    static inline __m256i act(const BlockQ4_0&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q4_1T> {
+    static inline __m256i codes(const BlockQ4_1& b, int) { return nibbles16(b.qs); }
+    static inline __m256i act(const BlockQ4_1&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q4_KT> {
+    static inline __m256i codes(const BlockQ4_K& b, int c) { return nibbles32(b.qs + 32 * (c / 2), c & 1); }
+    static inline __m256i act(const BlockQ4_K&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q5_KT> {
+    static inline __m256i codes(const BlockQ5_K& b, int c) {
+        const __m256i hb = _mm256_loadu_si256((const __m256i*)b.qh);
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hb, c), _mm256_set1_epi8(1));
+        return _mm256_or_si256(nibbles32(b.qs + 32 * (c / 2), c & 1), _mm256_slli_epi16(bit, 4));
+    }
+    static inline __m256i act(const BlockQ5_K&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q6_KT> {
+    static inline __m256i codes(const BlockQ6_K& b, int c) {
+        const int h = c / 4, k = c % 4;
+        const __m256i lo = nibbles32(b.ql + 64 * h + 32 * (k & 1), k >> 1);
+        const __m256i hb = _mm256_loadu_si256((const __m256i*)(b.qh + 32 * h));
+        const __m256i two = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(two, 4));
+    }
+    static inline __m256i act(const BlockQ6_K&, int, __m256i q) { return q; }
+};
+
+inline __m256 half_scales(float lo, float hi) {  // lanes 0-3 = lo, 4-7 = hi
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1);
+}
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+template <class T>
+float dot_avx2(const void* w_row, const ActBlock* x, int64_t K) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t n_chunks = K / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    float bias = 0.f;
+    for (int64_t g = 0; g < n_chunks; ++g) {
+        const auto& blk = w[g / T::kChunks];
+        const int ci = (int)(g % T::kChunks);
+        const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)x[g].qs));
+        const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(SimdChunk<T>::codes(blk, ci), q), ones);
+        const ChunkScales s = T::scales(blk, ci);
+        const float d = x[g].d;
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), half_scales(d * s.s[0], d * s.s[1]), acc);
+        bias += d * (s.b[0] * x[g].sums[0] + s.b[1] * x[g].sums[1]);
+    }
+    return hsum(acc) + bias;
+}
+
+#pragma GCC pop_options
+
+// ---- AVX-512 VNNI path: two chunks per zmm ----------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+
+template <class T>
+float dot_avx512vnni(const void* w_row, const ActBlock* x, int64_t K) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t n_chunks = K / 32;
+    __m512 acc = _mm512_setzero_ps();
+    float bias = 0.f;
+    int64_t g = 0;
+    for (; g + 2 <= n_chunks; g += 2) {
+        const auto& b0 = w[g / T::kChunks];
+        const auto& b1 = w[(g + 1) / T::kChunks];
+        const int c0 = (int)(g % T::kChunks), c1 = (int)((g + 1) % T::kChunks);
+        const __m256i q0 = SimdChunk<T>::act(b0, c0, _mm256_loadu_si256((const __m256i*)x[g].qs));
+        const __m256i q1 = SimdChunk<T>::act(b1, c1, _mm256_loadu_si256((const __m256i*)x[g + 1].qs));
+        const __m512i codes = _mm512_inserti64x4(_mm512_zextsi256_si512(SimdChunk<T>::codes(b0, c0)),
+                                                 SimdChunk<T>::codes(b1, c1), 1);
+        const __m512i q = _mm512_inserti64x4(_mm512_zextsi256_si512(q0), q1, 1);
+        const __m512i prod = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, q);
+        const ChunkScales s0 = T::scales(b0, c0), s1 = T::scales(b1, c1);
+        const float d0 = x[g].d, d1 = x[g + 1].d;
+        const __m256 v0 = half_scales(d0 * s0.s[0], d0 * s0.s[1]);
+        const __m256 v1 = half_scales(d1 * s1.s[0], d1 * s1.s[1]);
+        const __m512 scale = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_zextpd256_pd512(_mm256_castps_pd(v0)), _mm256_castps_pd(v1), 1));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), scale, acc);
+        bias += d0 * (s0.b[0] * x[g].sums[0] + s0.b[1] * x[g].sums[1]);
+        bias += d1 * (s1.b[0] * x[g + 1].sums[0] + s1.b[1] * x[g + 1].sums[1]);
+    }
+    float tail = 0.f;
+    if (g < n_chunks) {  // an odd chunk count (32-blocks only): one ymm vpdpbusd
+        const auto& blk = w[g / T::kChunks];
+        const int ci = (int)(g % T::kChunks);
+        const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)x[g].qs));
+        const __m256i prod = _mm256_dpbusd_epi32(_mm256_setzero_si256(), SimdChunk<T>::codes(blk, ci), q);
+        const ChunkScales s = T::scales(blk, ci);
+        const float d = x[g].d;
+        tail = hsum(_mm256_mul_ps(_mm256_cvtepi32_ps(prod), half_scales(d * s.s[0], d * s.s[1])));
+        bias += d * (s.b[0] * x[g].sums[0] + s.b[1] * x[g].sums[1]);
+    }
+    return _mm512_reduce_add_ps(acc) + tail + bias;
+}
+
+#pragma GCC pop_options
+
+// ---- dispatch ------------------------------------------------------------------------------------
+
+using DotFn = float (*)(const void*, const ActBlock*, int64_t);
+
+template <class T>
+DotFn pick(Isa isa) {
+    switch (isa) {
+        case Isa::Avx512Vnni: return dot_avx512vnni<T>;
+        case Isa::Avx2: return dot_avx2<T>;
+        default: return dot_scalar<T>;
+    }
+}
+
+DotFn dot_fn(QType t, Isa isa) {
+    if (isa == Isa::Auto) isa = best_isa();
+    BRRR_CHECK(isa_supported(isa), "this CPU cannot run the " << isa_name(isa) << " path (it has: "
+               << cpu_features() << ")");
+    switch (t) {
+        case QType::Q8_0: return pick<Q8_0T>(isa);
+        case QType::Q4_0: return pick<Q4_0T>(isa);
+        case QType::Q4_1: return pick<Q4_1T>(isa);
+        case QType::Q4_K: return pick<Q4_KT>(isa);
+        case QType::Q5_K: return pick<Q5_KT>(isa);
+        case QType::Q6_K: return pick<Q6_KT>(isa);
+    }
+    BRRR_FAIL("unknown quantized type " << (int)t);
+}
+
+int threads_for(int n_threads) { return n_threads > 0 ? n_threads : omp_get_max_threads(); }
+
+// Per-thread activation scratch, grown on demand and then reused (no allocation per call).
+std::vector<ActBlock>& act_scratch(size_t blocks) {
+    thread_local std::vector<ActBlock> scratch;
+    if (scratch.size() < blocks) scratch.resize(blocks);
+    return scratch;
+}
+
+// W rows per tile of the GEMM: 16 rows of a 4096-wide Q4_K matrix are 36 KB, so a tile stays in
+// L2 while every row of X passes over it.
+constexpr int64_t kGemmTileN = 16;
+constexpr int64_t kGemmTileM = 4;
+
+}  // namespace
+
+// ---- ISA detection ------------------------------------------------------------------------------
+
+bool isa_supported(Isa isa) {
+    __builtin_cpu_init();
+    switch (isa) {
+        case Isa::Auto:
+        case Isa::Scalar: return true;
+        case Isa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        case Isa::Avx512Vnni:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                   __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    }
+    return false;
+}
+
+Isa best_isa() {
+    static const Isa best = isa_supported(Isa::Avx512Vnni) ? Isa::Avx512Vnni
+                            : isa_supported(Isa::Avx2)     ? Isa::Avx2
+                                                           : Isa::Scalar;
+    return best;
+}
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Auto: return isa_name(best_isa());
+        case Isa::Scalar: return "scalar";
+        case Isa::Avx2: return "avx2";
+        case Isa::Avx512Vnni: return "avx512vnni";
+    }
+    return "?";
+}
+
+std::string cpu_features() {
+    __builtin_cpu_init();
+    std::string out;
+    auto add = [&](const char* name, bool has) {
+        if (has) out += (out.empty() ? "" : " ") + std::string(name);
+    };
+    add("avx2", __builtin_cpu_supports("avx2"));
+    add("fma", __builtin_cpu_supports("fma"));
+    add("avx512f", __builtin_cpu_supports("avx512f"));
+    add("avx512bw", __builtin_cpu_supports("avx512bw"));
+    add("avx512vl", __builtin_cpu_supports("avx512vl"));
+    add("avx512vnni", __builtin_cpu_supports("avx512vnni"));
+    add("avx512bf16", __builtin_cpu_supports("avx512bf16"));
+    return out;
+}
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+void quantize_activations(const float* x, ActBlock* out, int64_t K) {
+    BRRR_CHECK(K > 0 && K % 32 == 0, "activation rows hold whole blocks of 32; K = " << K);
+    for (int64_t b = 0; b < K / 32; ++b, x += 32) {
+        float amax = 0.f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        ActBlock& a = out[b];
+        a.d = d;
+        int s0 = 0, s1 = 0;
+        for (int i = 0; i < 32; ++i) {
+            const int q = (int)std::roundf(x[i] * id);
+            a.qs[i] = (int8_t)q;
+            (i < 16 ? s0 : s1) += q;
+        }
+        a.sums[0] = (int16_t)s0;
+        a.sums[1] = (int16_t)s1;
+    }
+}
+
+float vec_dot(QType t, const void* w_row, const ActBlock* x, int64_t K, Isa isa) {
+    row_bytes(t, K);
+    return dot_fn(t, isa)(w_row, x, K);
+}
+
+void gemv(QType t, const void* W, const float* x, float* y, int64_t N, int64_t K, Isa isa, int n_threads) {
+    const size_t rb = row_bytes(t, K);
+    const DotFn dot = dot_fn(t, isa);
+    std::vector<ActBlock>& act = act_scratch((size_t)(K / 32));
+    quantize_activations(x, act.data(), K);
+    const ActBlock* a = act.data();
+    const char* w = (const char*)W;
+#pragma omp parallel for schedule(static) num_threads(threads_for(n_threads))
+    for (int64_t n = 0; n < N; ++n) y[n] = dot(w + (size_t)n * rb, a, K);
+}
+
+void gemm(QType t, const void* W, const float* X, float* Y, int64_t M, int64_t N, int64_t K, Isa isa,
+          int n_threads) {
+    const size_t rb = row_bytes(t, K);
+    const DotFn dot = dot_fn(t, isa);
+    const int64_t nb = K / 32;
+    std::vector<ActBlock>& act = act_scratch((size_t)(M * nb));
+    ActBlock* a = act.data();
+    const int nt = threads_for(n_threads);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t m = 0; m < M; ++m) quantize_activations(X + m * K, a + m * nb, K);
+    const char* w = (const char*)W;
+    const int64_t n_tiles = CEIL_DIV(N, kGemmTileN);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+        const int64_t n0 = tile * kGemmTileN, n1 = std::min(N, n0 + kGemmTileN);
+        for (int64_t m0 = 0; m0 < M; m0 += kGemmTileM) {
+            const int64_t m1 = std::min(M, m0 + kGemmTileM);
+            for (int64_t n = n0; n < n1; ++n)
+                for (int64_t m = m0; m < m1; ++m) Y[m * N + n] = dot(w + (size_t)n * rb, a + m * nb, K);
+        }
+    }
+}
+
+}  // namespace quant
+}  // namespace brrr
