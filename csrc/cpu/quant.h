@@ -3,8 +3,8 @@
 // Weight formats (byte layouts exactly ggml's; sizes static_asserted):
 //   Q8_0 34 B / 32   Q4_0 18 B / 32   Q4_1 20 B / 32   Q4_K 144 B / 256   Q5_K 176 B / 256
 //   Q6_K 210 B / 256.  A weight matrix W[N, K] is N rows of K / block_elems blocks, row-major.
-// Activation format (ours): ActBlock, 32 values as int8 with an fp32 scale and the two 16-value
-// sums, so every weight type dots against the same activation row (rule in quant_gemv.cpp).
+// Activation format (ours): ActBlock, 32 values as int8 with an fp32 scale and the two scaled
+// 16-value sums, so every weight type dots against the same activation row (rule in quant_gemv.cpp).
 //
 // Kernels: quantize_activations, vec_dot, gemv (M = 1) and gemm (M > 1), each on one of three
 // instruction-set paths picked at run time from the CPU's features (or forced, for tests).
@@ -62,13 +62,15 @@ static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block is 144 bytes");
 static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block is 176 bytes");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block is 210 bytes");
 
-// 32 activations: x[i] ~= d * qs[i]; sums[h] = sum of qs[16 h .. 16 h + 15] (exact).
+// 32 activations: x[i] ~= d * qs[i]. d is stored twice and the half sums already scaled,
+// dsum[h] = d * (sum of qs[16 h .. 16 h + 15]), so one 16-byte load times a chunk's
+// {s_lo, s_hi, b_lo, b_hi} gives both lane scales and both bias terms (quant_gemv.cpp).
 struct ActBlock {
-    float d;
-    int16_t sums[2];
+    float d[2];
+    float dsum[2];
     int8_t qs[32];
 };
-static_assert(sizeof(ActBlock) == 40, "ActBlock is 40 bytes");
+static_assert(sizeof(ActBlock) == 48, "ActBlock is 48 bytes");
 
 // Instruction-set paths of the kernels. Auto = the best this CPU supports.
 enum class Isa : int { Auto = 0, Scalar = 1, Avx2 = 2, Avx512Vnni = 3 };

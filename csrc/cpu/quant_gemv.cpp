@@ -38,8 +38,9 @@ namespace {
 // ---- chunk descriptions, shared by every path -----------------------------------------------
 
 struct ChunkScales {  // w_i = s[h] * c_i + b[h] for i in half h (0: values 0-15, 1: 16-31)
-    float s[2], b[2];
+    float s[2], b[2];  // the layout matches ActBlock's {d, d, dsum[0], dsum[1]}: one product
 };
+static_assert(sizeof(ChunkScales) == 16, "ChunkScales is one 16-byte vector");
 
 inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
     if (j < 4) {
@@ -51,14 +52,16 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
     }
 }
 
-// Each Traits: Block, kChunks per block, scales(block, chunk), codes(block, chunk, out[32]) with
-// sum_i codes_i * q_i = the chunk's integer dot (the scalar path; signed codes allowed there).
+// Each Traits: Block, kChunks per block, block_scales(block, out[kChunks], fp16 -> float) and
+// codes(block, chunk, out[32]) with sum_i codes_i * q_i = the chunk's integer dot (the scalar
+// path; signed codes allowed there). Scales are decoded once per block, not per chunk.
 struct Q8_0T {
     using Block = BlockQ8_0;
     static constexpr int kChunks = 1;
-    static ChunkScales scales(const Block& b, int) {
-        const float d = f16_to_f32(b.d);
-        return {{d, d}, {0.f, 0.f}};
+    template <class H>
+    static void block_scales(const Block& b, ChunkScales* s, H f16) {
+        const float d = f16(b.d);
+        s[0] = {{d, d}, {0.f, 0.f}};
     }
     static void codes(const Block& b, int, int* c) {
         for (int i = 0; i < 32; ++i) c[i] = b.qs[i];
@@ -70,32 +73,38 @@ inline void nibble_codes(const uint8_t* qs, int* c) {  // 16 bytes: values j and
 struct Q4_0T {
     using Block = BlockQ4_0;
     static constexpr int kChunks = 1;
-    static ChunkScales scales(const Block& b, int) {
-        const float d = f16_to_f32(b.d);
-        return {{d, d}, {-8.f * d, -8.f * d}};
+    template <class H>
+    static void block_scales(const Block& b, ChunkScales* s, H f16) {
+        const float d = f16(b.d);
+        s[0] = {{d, d}, {-8.f * d, -8.f * d}};
     }
     static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
 };
 struct Q4_1T {
     using Block = BlockQ4_1;
     static constexpr int kChunks = 1;
-    static ChunkScales scales(const Block& b, int) {
-        const float d = f16_to_f32(b.d), m = f16_to_f32(b.m);
-        return {{d, d}, {m, m}};
+    template <class H>
+    static void block_scales(const Block& b, ChunkScales* s, H f16) {
+        const float d = f16(b.d), m = f16(b.m);
+        s[0] = {{d, d}, {m, m}};
     }
     static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
 };
-template <class B>
-ChunkScales k4_scales(const B& b, int c) {  // Q4_K and Q5_K: d * sc[c] * q - dmin * m[c]
-    uint8_t sc, m;
-    scale_min_k4(c, b.scales, &sc, &m);
-    const float s = f16_to_f32(b.d) * sc, bias = -(f16_to_f32(b.dmin) * m);
-    return {{s, s}, {bias, bias}};
+template <class B, class H>
+void k4_block_scales(const B& b, ChunkScales* s, H f16) {  // Q4_K, Q5_K: d * sc[c] * q - dmin * m[c]
+    const float d = f16(b.d), dmin = f16(b.dmin);
+    for (int c = 0; c < 8; ++c) {
+        uint8_t sc, m;
+        scale_min_k4(c, b.scales, &sc, &m);
+        const float scale = d * sc, bias = -(dmin * m);
+        s[c] = {{scale, scale}, {bias, bias}};
+    }
 }
 struct Q4_KT {
     using Block = BlockQ4_K;
     static constexpr int kChunks = 8;
-    static ChunkScales scales(const Block& b, int c) { return k4_scales(b, c); }
+    template <class H>
+    static void block_scales(const Block& b, ChunkScales* s, H f16) { k4_block_scales(b, s, f16); }
     static void codes(const Block& b, int c, int* out) {
         const uint8_t* q = b.qs + 32 * (c / 2);
         for (int i = 0; i < 32; ++i) out[i] = (c & 1) ? q[i] >> 4 : q[i] & 0xF;
@@ -104,7 +113,8 @@ struct Q4_KT {
 struct Q5_KT {
     using Block = BlockQ5_K;
     static constexpr int kChunks = 8;
-    static ChunkScales scales(const Block& b, int c) { return k4_scales(b, c); }
+    template <class H>
+    static void block_scales(const Block& b, ChunkScales* s, H f16) { k4_block_scales(b, s, f16); }
     static void codes(const Block& b, int c, int* out) {
         const uint8_t* q = b.qs + 32 * (c / 2);
         for (int i = 0; i < 32; ++i)
@@ -114,11 +124,14 @@ struct Q5_KT {
 struct Q6_KT {
     using Block = BlockQ6_K;
     static constexpr int kChunks = 8;
-    static ChunkScales scales(const Block& b, int c) {
-        const float d = f16_to_f32(b.d);
-        const int8_t* sc = b.scales + 8 * (c / 4) + 2 * (c % 4);
-        const float s0 = d * sc[0], s1 = d * sc[1];
-        return {{s0, s1}, {-32.f * s0, -32.f * s1}};
+    template <class H>
+    static void block_scales(const Block& b, ChunkScales* s, H f16) {
+        const float d = f16(b.d);
+        for (int c = 0; c < 8; ++c) {
+            const int8_t* sc = b.scales + 8 * (c / 4) + 2 * (c % 4);
+            const float s0 = d * sc[0], s1 = d * sc[1];
+            s[c] = {{s0, s1}, {-32.f * s0, -32.f * s1}};
+        }
     }
     // chunk c = 4 h + k of half h: low nibbles of ql[32 (k & 1) ..] (shifted by 4 for k >= 2),
     // high two bits from qh[..] >> 2 k.
@@ -135,25 +148,28 @@ struct Q6_KT {
 template <class T>
 float dot_scalar(const void* w_row, const ActBlock* x, int64_t K) {
     const auto* w = (const typename T::Block*)w_row;
-    const int64_t n_chunks = K / 32;
+    const int64_t nb = K / (32 * T::kChunks);
     float sum = 0.f;
     int c[32];
-    for (int64_t g = 0; g < n_chunks; ++g) {
-        const auto& blk = w[g / T::kChunks];
-        const int ci = (int)(g % T::kChunks);
-        T::codes(blk, ci, c);
-        const ChunkScales s = T::scales(blk, ci);
-        int lo = 0, hi = 0;
-        for (int i = 0; i < 16; ++i) lo += c[i] * x[g].qs[i];
-        for (int i = 16; i < 32; ++i) hi += c[i] * x[g].qs[i];
-        sum += x[g].d * (s.s[0] * lo + s.s[1] * hi + s.b[0] * x[g].sums[0] + s.b[1] * x[g].sums[1]);
+    ChunkScales scales[T::kChunks];
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        T::block_scales(w[ib], scales, f16_to_f32);
+        for (int ci = 0; ci < T::kChunks; ++ci) {
+            const ActBlock& a = x[ib * T::kChunks + ci];
+            const ChunkScales& s = scales[ci];
+            T::codes(w[ib], ci, c);
+            int lo = 0, hi = 0;
+            for (int i = 0; i < 16; ++i) lo += c[i] * a.qs[i];
+            for (int i = 16; i < 32; ++i) hi += c[i] * a.qs[i];
+            sum += a.d[0] * (s.s[0] * lo + s.s[1] * hi) + (s.b[0] * a.dsum[0] + s.b[1] * a.dsum[1]);
+        }
     }
     return sum;
 }
 
 // ---- AVX2 path: one chunk per ymm ---------------------------------------------------------------
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 
 // The chunk's 32 codes as unsigned bytes, and q as the signed bytes to multiply them with.
 template <class T> struct SimdChunk;
@@ -215,71 +231,99 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+inline float f16_hw(uint16_t h) { return _cvtsh_ss(h); }  // F16C
+
+// One chunk on ymm. p = {d s_lo, d s_hi, b_lo dsum_lo, b_hi dsum_hi}: lanes 0-1 scale the int32
+// lanes of the products (0-3 by lane 0, 4-7 by lane 1), lanes 2-3 are the bias terms, summed
+// into bias (whose lanes 0-1 are ignored at the end).
+template <class T>
+inline void chunk_avx2(const typename T::Block& blk, int ci, const ActBlock& a, const ChunkScales& s,
+                       __m256& acc, __m128& bias) {
+    const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)a.qs));
+    const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(SimdChunk<T>::codes(blk, ci), q),
+                                           _mm256_set1_epi16(1));
+    const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), _mm_loadu_ps(s.s));
+    const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), scale, acc);
+    bias = _mm_add_ps(bias, p);
+}
+
+inline float bias_lanes(__m128 bias) {  // lanes 2 + 3
+    return _mm_cvtss_f32(_mm_add_ss(_mm_movehl_ps(bias, bias), _mm_shuffle_ps(bias, bias, 3)));
+}
+
 template <class T>
 float dot_avx2(const void* w_row, const ActBlock* x, int64_t K) {
     const auto* w = (const typename T::Block*)w_row;
-    const int64_t n_chunks = K / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t nb = K / (32 * T::kChunks);
     __m256 acc = _mm256_setzero_ps();
-    float bias = 0.f;
-    for (int64_t g = 0; g < n_chunks; ++g) {
-        const auto& blk = w[g / T::kChunks];
-        const int ci = (int)(g % T::kChunks);
-        const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)x[g].qs));
-        const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(SimdChunk<T>::codes(blk, ci), q), ones);
-        const ChunkScales s = T::scales(blk, ci);
-        const float d = x[g].d;
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), half_scales(d * s.s[0], d * s.s[1]), acc);
-        bias += d * (s.b[0] * x[g].sums[0] + s.b[1] * x[g].sums[1]);
+    __m128 bias = _mm_setzero_ps();
+    ChunkScales scales[T::kChunks];
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        T::block_scales(w[ib], scales, f16_hw);
+        for (int ci = 0; ci < T::kChunks; ++ci)
+            chunk_avx2<T>(w[ib], ci, x[ib * T::kChunks + ci], scales[ci], acc, bias);
     }
-    return hsum(acc) + bias;
+    return hsum(acc) + bias_lanes(bias);
 }
 
 #pragma GCC pop_options
 
 // ---- AVX-512 VNNI path: two chunks per zmm ----------------------------------------------------
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+
+// Two chunks on one zmm: 64 codes x 64 activations in one vpdpbusd; scales and bias terms as in
+// chunk_avx2, for both chunks in one ymm p = {p0, p1}.
+template <class T>
+inline void chunk_pair_avx512(const typename T::Block& b0, int c0, const typename T::Block& b1, int c1,
+                              const ActBlock& a0, const ActBlock& a1, const ChunkScales& s0,
+                              const ChunkScales& s1, __m512& acc, __m256& bias) {
+    const __m256i q0 = SimdChunk<T>::act(b0, c0, _mm256_loadu_si256((const __m256i*)a0.qs));
+    const __m256i q1 = SimdChunk<T>::act(b1, c1, _mm256_loadu_si256((const __m256i*)a1.qs));
+    const __m512i codes = _mm512_inserti64x4(_mm512_zextsi256_si512(SimdChunk<T>::codes(b0, c0)),
+                                             SimdChunk<T>::codes(b1, c1), 1);
+    const __m512i q = _mm512_inserti64x4(_mm512_zextsi256_si512(q0), q1, 1);
+    const __m512i prod = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, q);
+    const __m256 p = _mm256_mul_ps(_mm256_loadu2_m128(a1.d, a0.d), _mm256_loadu2_m128(s1.s, s0.s));
+    const __m512 scale = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 4, 4, 4, 4, 5, 5, 5, 5), _mm512_castps256_ps512(p));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), scale, acc);
+    bias = _mm256_add_ps(bias, p);
+}
 
 template <class T>
 float dot_avx512vnni(const void* w_row, const ActBlock* x, int64_t K) {
     const auto* w = (const typename T::Block*)w_row;
-    const int64_t n_chunks = K / 32;
+    const int64_t nb = K / (32 * T::kChunks);
     __m512 acc = _mm512_setzero_ps();
-    float bias = 0.f;
-    int64_t g = 0;
-    for (; g + 2 <= n_chunks; g += 2) {
-        const auto& b0 = w[g / T::kChunks];
-        const auto& b1 = w[(g + 1) / T::kChunks];
-        const int c0 = (int)(g % T::kChunks), c1 = (int)((g + 1) % T::kChunks);
-        const __m256i q0 = SimdChunk<T>::act(b0, c0, _mm256_loadu_si256((const __m256i*)x[g].qs));
-        const __m256i q1 = SimdChunk<T>::act(b1, c1, _mm256_loadu_si256((const __m256i*)x[g + 1].qs));
-        const __m512i codes = _mm512_inserti64x4(_mm512_zextsi256_si512(SimdChunk<T>::codes(b0, c0)),
-                                                 SimdChunk<T>::codes(b1, c1), 1);
-        const __m512i q = _mm512_inserti64x4(_mm512_zextsi256_si512(q0), q1, 1);
-        const __m512i prod = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, q);
-        const ChunkScales s0 = T::scales(b0, c0), s1 = T::scales(b1, c1);
-        const float d0 = x[g].d, d1 = x[g + 1].d;
-        const __m256 v0 = half_scales(d0 * s0.s[0], d0 * s0.s[1]);
-        const __m256 v1 = half_scales(d1 * s1.s[0], d1 * s1.s[1]);
-        const __m512 scale = _mm512_castpd_ps(_mm512_insertf64x4(
-            _mm512_zextpd256_pd512(_mm256_castps_pd(v0)), _mm256_castps_pd(v1), 1));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), scale, acc);
-        bias += d0 * (s0.b[0] * x[g].sums[0] + s0.b[1] * x[g].sums[1]);
-        bias += d1 * (s1.b[0] * x[g + 1].sums[0] + s1.b[1] * x[g + 1].sums[1]);
+    __m256 bias = _mm256_setzero_ps();
+    int64_t ib = 0;
+    if (T::kChunks == 1) {  // 32-blocks: a pair of blocks per step
+        ChunkScales s0, s1;
+        for (; ib + 2 <= nb; ib += 2) {
+            T::block_scales(w[ib], &s0, f16_hw);
+            T::block_scales(w[ib + 1], &s1, f16_hw);
+            chunk_pair_avx512<T>(w[ib], 0, w[ib + 1], 0, x[ib], x[ib + 1], s0, s1, acc, bias);
+        }
+    } else {                // K-quants: the block's chunks in pairs
+        ChunkScales scales[T::kChunks];
+        for (; ib < nb; ++ib) {
+            T::block_scales(w[ib], scales, f16_hw);
+            const ActBlock* a = x + ib * T::kChunks;
+            for (int ci = 0; ci + 1 < T::kChunks; ci += 2)
+                chunk_pair_avx512<T>(w[ib], ci, w[ib], ci + 1, a[ci], a[ci + 1], scales[ci], scales[ci + 1], acc,
+                                     bias);
+        }
     }
-    float tail = 0.f;
-    if (g < n_chunks) {  // an odd chunk count (32-blocks only): one ymm vpdpbusd
-        const auto& blk = w[g / T::kChunks];
-        const int ci = (int)(g % T::kChunks);
-        const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)x[g].qs));
-        const __m256i prod = _mm256_dpbusd_epi32(_mm256_setzero_si256(), SimdChunk<T>::codes(blk, ci), q);
-        const ChunkScales s = T::scales(blk, ci);
-        const float d = x[g].d;
-        tail = hsum(_mm256_mul_ps(_mm256_cvtepi32_ps(prod), half_scales(d * s.s[0], d * s.s[1])));
-        bias += d * (s.b[0] * x[g].sums[0] + s.b[1] * x[g].sums[1]);
+    __m256 tail = _mm256_setzero_ps();
+    __m128 tail_bias = _mm_add_ps(_mm256_castps256_ps128(bias), _mm256_extractf128_ps(bias, 1));
+    for (; ib < nb; ++ib) {  // an odd count of 32-blocks: the last one on ymm (AVX2 arithmetic)
+        ChunkScales s;
+        T::block_scales(w[ib], &s, f16_hw);
+        chunk_avx2<T>(w[ib], 0, x[ib], s, tail, tail_bias);
     }
-    return _mm512_reduce_add_ps(acc) + tail + bias;
+    return _mm512_reduce_add_ps(acc) + hsum(tail) + bias_lanes(tail_bias);
 }
 
 #pragma GCC pop_options
@@ -335,9 +379,10 @@ bool isa_supported(Isa isa) {
     switch (isa) {
         case Isa::Auto:
         case Isa::Scalar: return true;
-        case Isa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        case Isa::Avx2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
         case Isa::Avx512Vnni:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
                    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     }
@@ -369,6 +414,7 @@ std::string cpu_features() {
     };
     add("avx2", __builtin_cpu_supports("avx2"));
     add("fma", __builtin_cpu_supports("fma"));
+    add("f16c", __builtin_cpu_supports("f16c"));
     add("avx512f", __builtin_cpu_supports("avx512f"));
     add("avx512bw", __builtin_cpu_supports("avx512bw"));
     add("avx512vl", __builtin_cpu_supports("avx512vl"));
@@ -386,15 +432,15 @@ void quantize_activations(const float* x, ActBlock* out, int64_t K) {
         for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
         const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
         ActBlock& a = out[b];
-        a.d = d;
+        a.d[0] = a.d[1] = d;
         int s0 = 0, s1 = 0;
         for (int i = 0; i < 32; ++i) {
             const int q = (int)std::roundf(x[i] * id);
             a.qs[i] = (int8_t)q;
             (i < 16 ? s0 : s1) += q;
         }
-        a.sums[0] = (int16_t)s0;
-        a.sums[1] = (int16_t)s1;
+        a.dsum[0] = d * (float)s0;
+        a.dsum[1] = d * (float)s1;
     }
 }
 
