@@ -11,13 +11,16 @@
 // The trick: every weight type is cut into chunks of 32 values that line up with one ActBlock,
 // and each chunk is (32 unsigned codes c_i, a weight scale per 16-value half, a bias per half)
 // with w_i = s_half * c_i + b_half. Then
-//   dot = sum_chunks d_x * ( sum_halves s_half * sum_i c_i q_i  +  b_half * sum_i q_i ),
-// where sum_i c_i q_i is an unsigned x signed int8 dot (VNNI vpdpbusd, or AVX2 vpmaddubsw +
-// vpmaddwd) summed exactly in int32 lanes, converted to float once per chunk and FMA'd with the
-// scale vector; the bias term uses the ActBlock's exact half sums. Q8_0's signed weights use
-// |w| as codes and sign(w) moved onto q (vpsignb), so they need no bias. Q6_K has a scale per
-// 16 values, which is why scales come per half (lanes 0-3 and 4-7 of the int32 vector).
-// The AVX-512 path puts two chunks into one zmm (vpdpbusd on 64 bytes); AVX2 one chunk per ymm.
+//   dot = sum_chunks d_x * sum_halves s_half * sum_i c_i q_i  +  b_half * (d_x * sum_i q_i),
+// where sum_i c_i q_i is an unsigned x signed int8 dot (vpdpbusd on ymm with AVX512-VNNI, or
+// vpmaddubsw + vpmaddwd on AVX2) summed exactly in int32 lanes, converted to float once per chunk
+// and FMA'd with the lane scales. One 4-float product {d, d, dsum_lo, dsum_hi} x {s_lo, s_hi,
+// b_lo, b_hi} gives both lane scales and both bias terms. Q8_0's signed weights use |w| as codes
+// and sign(w) moved onto q (vpsignb), so they need no bias. Q6_K has a scale per 16 values, which
+// is why scales come per half (int32 lanes 0-3 and 4-7). 32-blocks convert their fp16 fields with
+// one vcvtph2ps; K-quants decode their 8 sub-scales once per block. Two accumulator chains (even
+// and odd chunks) keep the loop off the FMA latency. Variants that lost (two chunks per zmm,
+// four W rows per call) are in docs/kernels/quant_cpu.md.
 //
 // Invariants: K % 32 == 0 (K % 256 for K-quants, checked by row_bytes); codes fit the vpmaddubsw
 // pair sum in int16 (|c| <= 128, |q| <= 127: 2 * 128 * 127 < 32768); W rows are row_bytes apart.
@@ -26,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -173,7 +177,18 @@ float dot_scalar(const void* w_row, const ActBlock* x, int64_t K) {
 
 // The chunk's 32 codes as unsigned bytes, and q as the signed bytes to multiply them with.
 template <class T> struct SimdChunk;
+// 32-blocks also give their ChunkScales {s, s, b, b} straight from the fp16 fields (one vcvtph2ps
+// instead of a scalar conversion per field).
+inline __m128 f16x2(const uint16_t* p) {  // {f16 p[0], f16 p[1], 0, 0}
+    uint32_t bits;
+    std::memcpy(&bits, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits));
+}
 template <> struct SimdChunk<Q8_0T> {
+    static inline __m128 scales(const BlockQ8_0& b) {  // {d, d, 0, 0}
+        const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(b.d));
+        return _mm_movelh_ps(_mm_unpacklo_ps(d, d), _mm_setzero_ps());
+    }
     static inline __m256i codes(const BlockQ8_0& b, int) {
         return _mm256_abs_epi8(_mm256_loadu_si256((const __m256i*)b.qs));
     }
@@ -190,10 +205,18 @@ inline __m256i nibbles32(const uint8_t* qs, int high) {  // 32 bytes -> their lo
     return _mm256_and_si256(high ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
 }
 template <> struct SimdChunk<Q4_0T> {
+    static inline __m128 scales(const BlockQ4_0& b) {  // {d, d, -8 d, -8 d}
+        const __m128 d = _mm_cvtph_ps(_mm_set1_epi16((short)b.d));
+        return _mm_mul_ps(d, _mm_setr_ps(1.f, 1.f, -8.f, -8.f));
+    }
     static inline __m256i codes(const BlockQ4_0& b, int) { return nibbles16(b.qs); }
     static inline __m256i act(const BlockQ4_0&, int, __m256i q) { return q; }
 };
 template <> struct SimdChunk<Q4_1T> {
+    static inline __m128 scales(const BlockQ4_1& b) {  // {d, d, m, m}
+        const __m128 dm = f16x2(&b.d);
+        return _mm_unpacklo_ps(dm, dm);
+    }
     static inline __m256i codes(const BlockQ4_1& b, int) { return nibbles16(b.qs); }
     static inline __m256i act(const BlockQ4_1&, int, __m256i q) { return q; }
 };
@@ -231,18 +254,22 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+// The four floats from registers (the compiler keeps ChunkScales there): a 16-byte load of
+// scales just written as scalars would stall on store forwarding.
+inline __m128 as_vector(const ChunkScales& s) { return _mm_setr_ps(s.s[0], s.s[1], s.b[0], s.b[1]); }
+
 inline float f16_hw(uint16_t h) { return _cvtsh_ss(h); }  // F16C
 
 // One chunk on ymm. p = {d s_lo, d s_hi, b_lo dsum_lo, b_hi dsum_hi}: lanes 0-1 scale the int32
 // lanes of the products (0-3 by lane 0, 4-7 by lane 1), lanes 2-3 are the bias terms, summed
 // into bias (whose lanes 0-1 are ignored at the end).
 template <class T>
-inline void chunk_avx2(const typename T::Block& blk, int ci, const ActBlock& a, const ChunkScales& s,
+inline void chunk_avx2(const typename T::Block& blk, int ci, const ActBlock& a, __m128 s,
                        __m256& acc, __m128& bias) {
     const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)a.qs));
     const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(SimdChunk<T>::codes(blk, ci), q),
                                            _mm256_set1_epi16(1));
-    const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), _mm_loadu_ps(s.s));
+    const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), s);
     const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), scale, acc);
     bias = _mm_add_ps(bias, p);
@@ -256,15 +283,28 @@ template <class T>
 float dot_avx2(const void* w_row, const ActBlock* x, int64_t K) {
     const auto* w = (const typename T::Block*)w_row;
     const int64_t nb = K / (32 * T::kChunks);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 bias = _mm_setzero_ps();
-    ChunkScales scales[T::kChunks];
-    for (int64_t ib = 0; ib < nb; ++ib) {
-        T::block_scales(w[ib], scales, f16_hw);
-        for (int ci = 0; ci < T::kChunks; ++ci)
-            chunk_avx2<T>(w[ib], ci, x[ib * T::kChunks + ci], scales[ci], acc, bias);
+    // two accumulator chains (even / odd chunks), so the loop is not bound by the FMA latency
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 bias0 = _mm_setzero_ps(), bias1 = _mm_setzero_ps();
+    if constexpr (T::kChunks == 1) {
+        int64_t ib = 0;
+        for (; ib + 2 <= nb; ib += 2) {
+            chunk_avx2<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
+            chunk_avx2<T>(w[ib + 1], 0, x[ib + 1], SimdChunk<T>::scales(w[ib + 1]), acc1, bias1);
+        }
+        if (ib < nb) chunk_avx2<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
+    } else {
+        ChunkScales scales[T::kChunks];
+        for (int64_t ib = 0; ib < nb; ++ib) {
+            T::block_scales(w[ib], scales, f16_hw);
+            const ActBlock* a = x + ib * T::kChunks;
+            for (int ci = 0; ci < T::kChunks; ci += 2) {
+                chunk_avx2<T>(w[ib], ci, a[ci], as_vector(scales[ci]), acc0, bias0);
+                chunk_avx2<T>(w[ib], ci + 1, a[ci + 1], as_vector(scales[ci + 1]), acc1, bias1);
+            }
+        }
     }
-    return hsum(acc) + bias_lanes(bias);
+    return hsum(_mm256_add_ps(acc0, acc1)) + bias_lanes(_mm_add_ps(bias0, bias1));
 }
 
 #pragma GCC pop_options
@@ -273,57 +313,45 @@ float dot_avx2(const void* w_row, const ActBlock* x, int64_t K) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
-// Two chunks on one zmm: 64 codes x 64 activations in one vpdpbusd; scales and bias terms as in
-// chunk_avx2, for both chunks in one ymm p = {p0, p1}.
+// One chunk on ymm as chunk_avx2, with the int8 products summed by one vpdpbusd (AVX512-VNNI on
+// 256-bit registers) instead of vpmaddubsw + vpmaddwd.
 template <class T>
-inline void chunk_pair_avx512(const typename T::Block& b0, int c0, const typename T::Block& b1, int c1,
-                              const ActBlock& a0, const ActBlock& a1, const ChunkScales& s0,
-                              const ChunkScales& s1, __m512& acc, __m256& bias) {
-    const __m256i q0 = SimdChunk<T>::act(b0, c0, _mm256_loadu_si256((const __m256i*)a0.qs));
-    const __m256i q1 = SimdChunk<T>::act(b1, c1, _mm256_loadu_si256((const __m256i*)a1.qs));
-    const __m512i codes = _mm512_inserti64x4(_mm512_zextsi256_si512(SimdChunk<T>::codes(b0, c0)),
-                                             SimdChunk<T>::codes(b1, c1), 1);
-    const __m512i q = _mm512_inserti64x4(_mm512_zextsi256_si512(q0), q1, 1);
-    const __m512i prod = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, q);
-    const __m256 p = _mm256_mul_ps(_mm256_loadu2_m128(a1.d, a0.d), _mm256_loadu2_m128(s1.s, s0.s));
-    const __m512 scale = _mm512_permutexvar_ps(
-        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 4, 4, 4, 4, 5, 5, 5, 5), _mm512_castps256_ps512(p));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), scale, acc);
-    bias = _mm256_add_ps(bias, p);
+inline void chunk_vnni(const typename T::Block& blk, int ci, const ActBlock& a, __m128 s,
+                       __m256& acc, __m128& bias) {
+    const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)a.qs));
+    const __m256i prod = _mm256_dpbusd_epi32(_mm256_setzero_si256(), SimdChunk<T>::codes(blk, ci), q);
+    const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), s);
+    const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), scale, acc);
+    bias = _mm_add_ps(bias, p);
 }
 
 template <class T>
 float dot_avx512vnni(const void* w_row, const ActBlock* x, int64_t K) {
     const auto* w = (const typename T::Block*)w_row;
     const int64_t nb = K / (32 * T::kChunks);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 bias = _mm256_setzero_ps();
-    int64_t ib = 0;
-    if (T::kChunks == 1) {  // 32-blocks: a pair of blocks per step
-        ChunkScales s0, s1;
+    // two accumulator chains (even / odd chunks), so the loop is not bound by the FMA latency
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 bias0 = _mm_setzero_ps(), bias1 = _mm_setzero_ps();
+    if constexpr (T::kChunks == 1) {
+        int64_t ib = 0;
         for (; ib + 2 <= nb; ib += 2) {
-            T::block_scales(w[ib], &s0, f16_hw);
-            T::block_scales(w[ib + 1], &s1, f16_hw);
-            chunk_pair_avx512<T>(w[ib], 0, w[ib + 1], 0, x[ib], x[ib + 1], s0, s1, acc, bias);
+            chunk_vnni<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
+            chunk_vnni<T>(w[ib + 1], 0, x[ib + 1], SimdChunk<T>::scales(w[ib + 1]), acc1, bias1);
         }
-    } else {                // K-quants: the block's chunks in pairs
+        if (ib < nb) chunk_vnni<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
+    } else {
         ChunkScales scales[T::kChunks];
-        for (; ib < nb; ++ib) {
+        for (int64_t ib = 0; ib < nb; ++ib) {
             T::block_scales(w[ib], scales, f16_hw);
             const ActBlock* a = x + ib * T::kChunks;
-            for (int ci = 0; ci + 1 < T::kChunks; ci += 2)
-                chunk_pair_avx512<T>(w[ib], ci, w[ib], ci + 1, a[ci], a[ci + 1], scales[ci], scales[ci + 1], acc,
-                                     bias);
+            for (int ci = 0; ci < T::kChunks; ci += 2) {
+                chunk_vnni<T>(w[ib], ci, a[ci], as_vector(scales[ci]), acc0, bias0);
+                chunk_vnni<T>(w[ib], ci + 1, a[ci + 1], as_vector(scales[ci + 1]), acc1, bias1);
+            }
         }
     }
-    __m256 tail = _mm256_setzero_ps();
-    __m128 tail_bias = _mm_add_ps(_mm256_castps256_ps128(bias), _mm256_extractf128_ps(bias, 1));
-    for (; ib < nb; ++ib) {  // an odd count of 32-blocks: the last one on ymm (AVX2 arithmetic)
-        ChunkScales s;
-        T::block_scales(w[ib], &s, f16_hw);
-        chunk_avx2<T>(w[ib], 0, x[ib], s, tail, tail_bias);
-    }
-    return _mm512_reduce_add_ps(acc) + hsum(tail) + bias_lanes(tail_bias);
+    return hsum(_mm256_add_ps(acc0, acc1)) + bias_lanes(_mm_add_ps(bias0, bias1));
 }
 
 #pragma GCC pop_options
