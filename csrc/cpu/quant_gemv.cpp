@@ -307,9 +307,48 @@ float dot_avx2(const void* w_row, const ActBlock* x, int64_t K) {
     return hsum(_mm256_add_ps(acc0, acc1)) + bias_lanes(_mm_add_ps(bias0, bias1));
 }
 
+// GEMM micro-kernel: one W row against MR activation rows (act_stride blocks apart), so the
+// row's codes and scales are unpacked once for MR rows of X.
+template <class T, int MR>
+void dot_mr_avx2(const void* w_row, const ActBlock* x, int64_t act_stride, int64_t K, float* y, int64_t y_stride) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t nb = K / (32 * T::kChunks);
+    // accumulators by chunk parity, as in the single-row dot, so each output is bit-identical to
+    // the GEMV of its row
+    __m256 acc[2][MR];
+    __m128 bias[2][MR];
+    for (int m = 0; m < MR; ++m)
+        for (int e = 0; e < 2; ++e) acc[e][m] = _mm256_setzero_ps(), bias[e][m] = _mm_setzero_ps();
+    ChunkScales scales[T::kChunks];
+    __m128 sv[T::kChunks];
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        if constexpr (T::kChunks == 1) {
+            sv[0] = SimdChunk<T>::scales(w[ib]);
+        } else {
+            T::block_scales(w[ib], scales, f16_hw);
+            for (int ci = 0; ci < T::kChunks; ++ci) sv[ci] = as_vector(scales[ci]);
+        }
+        for (int ci = 0; ci < T::kChunks; ++ci) {
+            const int e = (int)((ib * T::kChunks + ci) & 1);
+            const __m256i codes = SimdChunk<T>::codes(w[ib], ci);
+            for (int m = 0; m < MR; ++m) {
+                const ActBlock& a = x[m * act_stride + ib * T::kChunks + ci];
+                const __m256i q = SimdChunk<T>::act(w[ib], ci, _mm256_loadu_si256((const __m256i*)a.qs));
+                const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), sv[ci]);
+                const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
+                                                              _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+                acc[e][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), _mm256_set1_epi16(1))), scale, acc[e][m]);
+                bias[e][m] = _mm_add_ps(bias[e][m], p);
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        y[m * y_stride] = hsum(_mm256_add_ps(acc[0][m], acc[1][m])) + bias_lanes(_mm_add_ps(bias[0][m], bias[1][m]));
+}
+
 #pragma GCC pop_options
 
-// ---- AVX-512 VNNI path: two chunks per zmm ----------------------------------------------------
+// ---- AVX-512 VNNI path: vpdpbusd on ymm --------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
@@ -354,6 +393,45 @@ float dot_avx512vnni(const void* w_row, const ActBlock* x, int64_t K) {
     return hsum(_mm256_add_ps(acc0, acc1)) + bias_lanes(_mm_add_ps(bias0, bias1));
 }
 
+// GEMM micro-kernel: one W row against MR activation rows (act_stride blocks apart), so the
+// row's codes and scales are unpacked once for MR rows of X.
+template <class T, int MR>
+void dot_mr_avx512vnni(const void* w_row, const ActBlock* x, int64_t act_stride, int64_t K, float* y, int64_t y_stride) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t nb = K / (32 * T::kChunks);
+    // accumulators by chunk parity, as in the single-row dot, so each output is bit-identical to
+    // the GEMV of its row
+    __m256 acc[2][MR];
+    __m128 bias[2][MR];
+    for (int m = 0; m < MR; ++m)
+        for (int e = 0; e < 2; ++e) acc[e][m] = _mm256_setzero_ps(), bias[e][m] = _mm_setzero_ps();
+    ChunkScales scales[T::kChunks];
+    __m128 sv[T::kChunks];
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        if constexpr (T::kChunks == 1) {
+            sv[0] = SimdChunk<T>::scales(w[ib]);
+        } else {
+            T::block_scales(w[ib], scales, f16_hw);
+            for (int ci = 0; ci < T::kChunks; ++ci) sv[ci] = as_vector(scales[ci]);
+        }
+        for (int ci = 0; ci < T::kChunks; ++ci) {
+            const int e = (int)((ib * T::kChunks + ci) & 1);
+            const __m256i codes = SimdChunk<T>::codes(w[ib], ci);
+            for (int m = 0; m < MR; ++m) {
+                const ActBlock& a = x[m * act_stride + ib * T::kChunks + ci];
+                const __m256i q = SimdChunk<T>::act(w[ib], ci, _mm256_loadu_si256((const __m256i*)a.qs));
+                const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), sv[ci]);
+                const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
+                                                              _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+                acc[e][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, q)), scale, acc[e][m]);
+                bias[e][m] = _mm_add_ps(bias[e][m], p);
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        y[m * y_stride] = hsum(_mm256_add_ps(acc[0][m], acc[1][m])) + bias_lanes(_mm_add_ps(bias[0][m], bias[1][m]));
+}
+
 #pragma GCC pop_options
 
 // ---- dispatch ------------------------------------------------------------------------------------
@@ -367,6 +445,37 @@ DotFn pick(Isa isa) {
         case Isa::Avx2: return dot_avx2<T>;
         default: return dot_scalar<T>;
     }
+}
+
+// kGemmRows activation rows against one W row; y[m * y_stride] for m < kGemmRows.
+constexpr int kGemmRows = 4;
+using DotRowsFn = void (*)(const void*, const ActBlock*, int64_t, int64_t, float*, int64_t);
+
+template <class T>
+void dot_mr_scalar(const void* w_row, const ActBlock* x, int64_t act_stride, int64_t K, float* y, int64_t y_stride) {
+    for (int m = 0; m < kGemmRows; ++m) y[m * y_stride] = dot_scalar<T>(w_row, x + m * act_stride, K);
+}
+
+template <class T>
+DotRowsFn pick_rows(Isa isa) {
+    switch (isa) {
+        case Isa::Avx512Vnni: return dot_mr_avx512vnni<T, kGemmRows>;
+        case Isa::Avx2: return dot_mr_avx2<T, kGemmRows>;
+        default: return dot_mr_scalar<T>;
+    }
+}
+
+DotRowsFn dot_rows_fn(QType t, Isa isa) {
+    if (isa == Isa::Auto) isa = best_isa();
+    switch (t) {
+        case QType::Q8_0: return pick_rows<Q8_0T>(isa);
+        case QType::Q4_0: return pick_rows<Q4_0T>(isa);
+        case QType::Q4_1: return pick_rows<Q4_1T>(isa);
+        case QType::Q4_K: return pick_rows<Q4_KT>(isa);
+        case QType::Q5_K: return pick_rows<Q5_KT>(isa);
+        case QType::Q6_K: return pick_rows<Q6_KT>(isa);
+    }
+    BRRR_FAIL("unknown quantized type " << (int)t);
 }
 
 DotFn dot_fn(QType t, Isa isa) {
@@ -396,7 +505,6 @@ std::vector<ActBlock>& act_scratch(size_t blocks) {
 // W rows per tile of the GEMM: 16 rows of a 4096-wide Q4_K matrix are 36 KB, so a tile stays in
 // L2 while every row of X passes over it.
 constexpr int64_t kGemmTileN = 16;
-constexpr int64_t kGemmTileM = 4;
 
 }  // namespace
 
@@ -492,6 +600,7 @@ void gemm(QType t, const void* W, const float* X, float* Y, int64_t M, int64_t N
           int n_threads) {
     const size_t rb = row_bytes(t, K);
     const DotFn dot = dot_fn(t, isa);
+    const DotRowsFn dot_rows = dot_rows_fn(t, isa);
     const int64_t nb = K / 32;
     std::vector<ActBlock>& act = act_scratch((size_t)(M * nb));
     ActBlock* a = act.data();
@@ -503,11 +612,11 @@ void gemm(QType t, const void* W, const float* X, float* Y, int64_t M, int64_t N
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const int64_t n0 = tile * kGemmTileN, n1 = std::min(N, n0 + kGemmTileN);
-        for (int64_t m0 = 0; m0 < M; m0 += kGemmTileM) {
-            const int64_t m1 = std::min(M, m0 + kGemmTileM);
-            for (int64_t n = n0; n < n1; ++n)
-                for (int64_t m = m0; m < m1; ++m) Y[m * N + n] = dot(w + (size_t)n * rb, a + m * nb, K);
-        }
+        int64_t m0 = 0;
+        for (; m0 + kGemmRows <= M; m0 += kGemmRows)
+            for (int64_t n = n0; n < n1; ++n) dot_rows(w + (size_t)n * rb, a + m0 * nb, nb, K, Y + m0 * N + n, N);
+        for (; m0 < M; ++m0)
+            for (int64_t n = n0; n < n1; ++n) Y[m0 * N + n] = dot(w + (size_t)n * rb, a + m0 * nb, K);
     }
 }
 
