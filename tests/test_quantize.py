@@ -123,8 +123,9 @@ def k4_common(x, nmax, rmin, nstep):
         av_x = np.sqrt(sum_x2 / f32(32))
         weights = (av_x[:, None] + np.abs(xs)).astype(f32)
         scales[:, j], mins[:, j], L[:, 32 * j:32 * j + 32] = make_qkx2_quants(xs, weights, nmax, rmin, 0.1, nstep)
-    max_scale = np.maximum(f32(0), scales.max(axis=1))
-    max_min = np.maximum(f32(0), mins.max(axis=1))
+    # C: `float max = 0; if (v > max) max = v;` stays +0 for a -0 min (np.maximum would keep -0)
+    max_scale = np.where(scales.max(axis=1) > 0, scales.max(axis=1), f32(0)).astype(f32)
+    max_min = np.where(mins.max(axis=1) > 0, mins.max(axis=1), f32(0)).astype(f32)
     with np.errstate(divide="ignore"):
         inv_scale = np.where(max_scale > 0, f32(63) / max_scale, f32(0)).astype(f32)
         inv_min = np.where(max_min > 0, f32(63) / max_min, f32(0)).astype(f32)

@@ -42,7 +42,7 @@ namespace {
 // ---- chunk descriptions, shared by every path -----------------------------------------------
 
 struct ChunkScales {  // w_i = s[h] * c_i + b[h] for i in half h (0: values 0-15, 1: 16-31)
-    float s[2], b[2];  // the layout matches ActBlock's {d, d, dsum[0], dsum[1]}: one product
+    float s[2], b[2];  // as a vector {s_lo, s_hi, b_lo, b_hi} it pairs with ActBlock's {d, d, dsum}
 };
 static_assert(sizeof(ChunkScales) == 16, "ChunkScales is one 16-byte vector");
 
@@ -56,15 +56,14 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
     }
 }
 
-// Each Traits: Block, kChunks per block, block_scales(block, out[kChunks], fp16 -> float) and
+// Each Traits: Block, kChunks per block, block_scales(block, out[kChunks]) and
 // codes(block, chunk, out[32]) with sum_i codes_i * q_i = the chunk's integer dot (the scalar
 // path; signed codes allowed there). Scales are decoded once per block, not per chunk.
 struct Q8_0T {
     using Block = BlockQ8_0;
     static constexpr int kChunks = 1;
-    template <class H>
-    static void block_scales(const Block& b, ChunkScales* s, H f16) {
-        const float d = f16(b.d);
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d);
         s[0] = {{d, d}, {0.f, 0.f}};
     }
     static void codes(const Block& b, int, int* c) {
@@ -77,9 +76,8 @@ inline void nibble_codes(const uint8_t* qs, int* c) {  // 16 bytes: values j and
 struct Q4_0T {
     using Block = BlockQ4_0;
     static constexpr int kChunks = 1;
-    template <class H>
-    static void block_scales(const Block& b, ChunkScales* s, H f16) {
-        const float d = f16(b.d);
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d);
         s[0] = {{d, d}, {-8.f * d, -8.f * d}};
     }
     static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
@@ -87,16 +85,15 @@ struct Q4_0T {
 struct Q4_1T {
     using Block = BlockQ4_1;
     static constexpr int kChunks = 1;
-    template <class H>
-    static void block_scales(const Block& b, ChunkScales* s, H f16) {
-        const float d = f16(b.d), m = f16(b.m);
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d), m = f16_to_f32(b.m);
         s[0] = {{d, d}, {m, m}};
     }
     static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
 };
-template <class B, class H>
-void k4_block_scales(const B& b, ChunkScales* s, H f16) {  // Q4_K, Q5_K: d * sc[c] * q - dmin * m[c]
-    const float d = f16(b.d), dmin = f16(b.dmin);
+template <class B>
+void k4_block_scales(const B& b, ChunkScales* s) {  // Q4_K, Q5_K: d * sc[c] * q - dmin * m[c]
+    const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
     for (int c = 0; c < 8; ++c) {
         uint8_t sc, m;
         scale_min_k4(c, b.scales, &sc, &m);
@@ -107,8 +104,7 @@ void k4_block_scales(const B& b, ChunkScales* s, H f16) {  // Q4_K, Q5_K: d * sc
 struct Q4_KT {
     using Block = BlockQ4_K;
     static constexpr int kChunks = 8;
-    template <class H>
-    static void block_scales(const Block& b, ChunkScales* s, H f16) { k4_block_scales(b, s, f16); }
+    static void block_scales(const Block& b, ChunkScales* s) { k4_block_scales(b, s); }
     static void codes(const Block& b, int c, int* out) {
         const uint8_t* q = b.qs + 32 * (c / 2);
         for (int i = 0; i < 32; ++i) out[i] = (c & 1) ? q[i] >> 4 : q[i] & 0xF;
@@ -117,8 +113,7 @@ struct Q4_KT {
 struct Q5_KT {
     using Block = BlockQ5_K;
     static constexpr int kChunks = 8;
-    template <class H>
-    static void block_scales(const Block& b, ChunkScales* s, H f16) { k4_block_scales(b, s, f16); }
+    static void block_scales(const Block& b, ChunkScales* s) { k4_block_scales(b, s); }
     static void codes(const Block& b, int c, int* out) {
         const uint8_t* q = b.qs + 32 * (c / 2);
         for (int i = 0; i < 32; ++i)
@@ -128,9 +123,8 @@ struct Q5_KT {
 struct Q6_KT {
     using Block = BlockQ6_K;
     static constexpr int kChunks = 8;
-    template <class H>
-    static void block_scales(const Block& b, ChunkScales* s, H f16) {
-        const float d = f16(b.d);
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d);
         for (int c = 0; c < 8; ++c) {
             const int8_t* sc = b.scales + 8 * (c / 4) + 2 * (c % 4);
             const float s0 = d * sc[0], s1 = d * sc[1];
@@ -157,7 +151,7 @@ float dot_scalar(const void* w_row, const ActBlock* x, int64_t K) {
     int c[32];
     ChunkScales scales[T::kChunks];
     for (int64_t ib = 0; ib < nb; ++ib) {
-        T::block_scales(w[ib], scales, f16_to_f32);
+        T::block_scales(w[ib], scales);
         for (int ci = 0; ci < T::kChunks; ++ci) {
             const ActBlock& a = x[ib * T::kChunks + ci];
             const ChunkScales& s = scales[ci];
@@ -220,11 +214,33 @@ template <> struct SimdChunk<Q4_1T> {
     static inline __m256i codes(const BlockQ4_1& b, int) { return nibbles16(b.qs); }
     static inline __m256i act(const BlockQ4_1&, int, __m256i q) { return q; }
 };
+// K-quants: the block's 8 chunk scale vectors at once. Q4_K / Q5_K unpack the 12 packed bytes
+// into sc[0..7] and m[0..7] with 32-bit masks (the same bits as scale_min_k4), widen and scale
+// them 8 at a time. Values equal block_scales' (d * sc, -(dmin * m); products commute).
+inline void k4_scales_v(uint16_t d, uint16_t dmin, const uint8_t* packed, __m128* out) {
+    uint32_t u0, u1, u2;
+    std::memcpy(&u0, packed, 4);
+    std::memcpy(&u1, packed + 4, 4);
+    std::memcpy(&u2, packed + 8, 4);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    const uint32_t sc_lo = u0 & low6;                                     // sc[0..3]
+    const uint32_t sc_hi = (u2 & low4) | (((u0 >> 6) & low2) << 4);       // sc[4..7]
+    const uint32_t m_lo = u1 & low6;                                      // m[0..3]
+    const uint32_t m_hi = ((u2 >> 4) & low4) | (((u1 >> 6) & low2) << 4); // m[4..7]
+    const __m128i bytes = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
+    alignas(32) float s[8], b[8];
+    _mm256_store_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), _mm256_set1_ps(_cvtsh_ss(d))));
+    _mm256_store_ps(b, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))),
+                                     _mm256_set1_ps(-_cvtsh_ss(dmin))));
+    for (int c = 0; c < 8; ++c) out[c] = _mm_setr_ps(s[c], s[c], b[c], b[c]);
+}
 template <> struct SimdChunk<Q4_KT> {
+    static inline void scales(const BlockQ4_K& b, __m128* out) { k4_scales_v(b.d, b.dmin, b.scales, out); }
     static inline __m256i codes(const BlockQ4_K& b, int c) { return nibbles32(b.qs + 32 * (c / 2), c & 1); }
     static inline __m256i act(const BlockQ4_K&, int, __m256i q) { return q; }
 };
 template <> struct SimdChunk<Q5_KT> {
+    static inline void scales(const BlockQ5_K& b, __m128* out) { k4_scales_v(b.d, b.dmin, b.scales, out); }
     static inline __m256i codes(const BlockQ5_K& b, int c) {
         const __m256i hb = _mm256_loadu_si256((const __m256i*)b.qh);
         const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hb, c), _mm256_set1_epi8(1));
@@ -233,6 +249,14 @@ template <> struct SimdChunk<Q5_KT> {
     static inline __m256i act(const BlockQ5_K&, int, __m256i q) { return q; }
 };
 template <> struct SimdChunk<Q6_KT> {
+    static inline void scales(const BlockQ6_K& b, __m128* out) {  // chunk c: sub-scales 2c, 2c + 1
+        const __m128i sc = _mm_loadu_si128((const __m128i*)b.scales);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b.d));
+        alignas(32) float s[16];
+        _mm256_store_ps(s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_store_ps(s + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+        for (int c = 0; c < 8; ++c) out[c] = _mm_setr_ps(s[2 * c], s[2 * c + 1], -32.f * s[2 * c], -32.f * s[2 * c + 1]);
+    }
     static inline __m256i codes(const BlockQ6_K& b, int c) {
         const int h = c / 4, k = c % 4;
         const __m256i lo = nibbles32(b.ql + 64 * h + 32 * (k & 1), k >> 1);
@@ -254,11 +278,6 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// The four floats from registers (the compiler keeps ChunkScales there): a 16-byte load of
-// scales just written as scalars would stall on store forwarding.
-inline __m128 as_vector(const ChunkScales& s) { return _mm_setr_ps(s.s[0], s.s[1], s.b[0], s.b[1]); }
-
-inline float f16_hw(uint16_t h) { return _cvtsh_ss(h); }  // F16C
 
 // One chunk on ymm. p = {d s_lo, d s_hi, b_lo dsum_lo, b_hi dsum_hi}: lanes 0-1 scale the int32
 // lanes of the products (0-3 by lane 0, 4-7 by lane 1), lanes 2-3 are the bias terms, summed
@@ -294,13 +313,13 @@ float dot_avx2(const void* w_row, const ActBlock* x, int64_t K) {
         }
         if (ib < nb) chunk_avx2<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
     } else {
-        ChunkScales scales[T::kChunks];
+        __m128 sv[T::kChunks];
         for (int64_t ib = 0; ib < nb; ++ib) {
-            T::block_scales(w[ib], scales, f16_hw);
+            SimdChunk<T>::scales(w[ib], sv);
             const ActBlock* a = x + ib * T::kChunks;
             for (int ci = 0; ci < T::kChunks; ci += 2) {
-                chunk_avx2<T>(w[ib], ci, a[ci], as_vector(scales[ci]), acc0, bias0);
-                chunk_avx2<T>(w[ib], ci + 1, a[ci + 1], as_vector(scales[ci + 1]), acc1, bias1);
+                chunk_avx2<T>(w[ib], ci, a[ci], sv[ci], acc0, bias0);
+                chunk_avx2<T>(w[ib], ci + 1, a[ci + 1], sv[ci + 1], acc1, bias1);
             }
         }
     }
@@ -319,14 +338,12 @@ void dot_mr_avx2(const void* w_row, const ActBlock* x, int64_t act_stride, int64
     __m128 bias[2][MR];
     for (int m = 0; m < MR; ++m)
         for (int e = 0; e < 2; ++e) acc[e][m] = _mm256_setzero_ps(), bias[e][m] = _mm_setzero_ps();
-    ChunkScales scales[T::kChunks];
     __m128 sv[T::kChunks];
     for (int64_t ib = 0; ib < nb; ++ib) {
         if constexpr (T::kChunks == 1) {
             sv[0] = SimdChunk<T>::scales(w[ib]);
         } else {
-            T::block_scales(w[ib], scales, f16_hw);
-            for (int ci = 0; ci < T::kChunks; ++ci) sv[ci] = as_vector(scales[ci]);
+            SimdChunk<T>::scales(w[ib], sv);
         }
         for (int ci = 0; ci < T::kChunks; ++ci) {
             const int e = (int)((ib * T::kChunks + ci) & 1);
@@ -380,13 +397,13 @@ float dot_avx512vnni(const void* w_row, const ActBlock* x, int64_t K) {
         }
         if (ib < nb) chunk_vnni<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
     } else {
-        ChunkScales scales[T::kChunks];
+        __m128 sv[T::kChunks];
         for (int64_t ib = 0; ib < nb; ++ib) {
-            T::block_scales(w[ib], scales, f16_hw);
+            SimdChunk<T>::scales(w[ib], sv);
             const ActBlock* a = x + ib * T::kChunks;
             for (int ci = 0; ci < T::kChunks; ci += 2) {
-                chunk_vnni<T>(w[ib], ci, a[ci], as_vector(scales[ci]), acc0, bias0);
-                chunk_vnni<T>(w[ib], ci + 1, a[ci + 1], as_vector(scales[ci + 1]), acc1, bias1);
+                chunk_vnni<T>(w[ib], ci, a[ci], sv[ci], acc0, bias0);
+                chunk_vnni<T>(w[ib], ci + 1, a[ci + 1], sv[ci + 1], acc1, bias1);
             }
         }
     }
@@ -405,14 +422,12 @@ void dot_mr_avx512vnni(const void* w_row, const ActBlock* x, int64_t act_stride,
     __m128 bias[2][MR];
     for (int m = 0; m < MR; ++m)
         for (int e = 0; e < 2; ++e) acc[e][m] = _mm256_setzero_ps(), bias[e][m] = _mm_setzero_ps();
-    ChunkScales scales[T::kChunks];
     __m128 sv[T::kChunks];
     for (int64_t ib = 0; ib < nb; ++ib) {
         if constexpr (T::kChunks == 1) {
             sv[0] = SimdChunk<T>::scales(w[ib]);
         } else {
-            T::block_scales(w[ib], scales, f16_hw);
-            for (int ci = 0; ci < T::kChunks; ++ci) sv[ci] = as_vector(scales[ci]);
+            SimdChunk<T>::scales(w[ib], sv);
         }
         for (int ci = 0; ci < T::kChunks; ++ci) {
             const int e = (int)((ib * T::kChunks + ci) & 1);
