@@ -171,3 +171,17 @@ def test_bad_arguments_name_the_parameter(Q, rng):
         Q.dequantize("q4_0", np.zeros((1, 18), np.uint8), 48)
     with pytest.raises(ValueError, match=r"x\.shape\[1\]"):
         Q.quantize("q6_k", np.zeros((1, 32), np.float32))
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_first_bad_scale_finds_nan_and_inf(Q, rng, name):
+    blocks = random_blocks(name, 3, 2 * BLOCK[name][0], rng)
+    assert Q.first_bad_scale(name, blocks) == -1
+    size = BLOCK[name][1]
+    for bad_value, block in ((np.inf, 3), (np.nan, 4), (-np.inf, 1)):
+        broken = blocks.copy().reshape(-1, size)
+        off = FP16_FIELDS[name][-1]
+        broken[block, off:off + 2] = np.array([bad_value], np.float16).view(np.uint8)
+        assert Q.first_bad_scale(name, broken.reshape(3, -1)) == block
+    with pytest.raises(ValueError, match="whole"):
+        Q.first_bad_scale(name, blocks.reshape(-1)[:-1].copy())

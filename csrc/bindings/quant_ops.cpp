@@ -9,6 +9,7 @@
 //   row_bytes(type, K) -> int          bytes of one row of K values
 //   quantize(type, x[N, K] f32, out=None) -> uint8[N, row_bytes]       ggml's reference quantizers
 //   dequantize(type, blocks[N, row_bytes] uint8, K, out=None) -> f32[N, K]
+//   first_bad_scale(type, blocks uint8 (any shape, whole blocks)) -> int   block index, -1 if none
 //   gemv(type, w[N, row_bytes] uint8, x[K] f32, isa="auto", n_threads=0, out=None) -> f32[N]
 //   gemm(type, w[N, row_bytes] uint8, x[M, K] f32, isa="auto", n_threads=0, out=None) -> f32[M, N]
 // Bad arguments raise ValueError naming the parameter.
@@ -141,6 +142,17 @@ void bind_quant_ops(py::module_& m) {
         return y;
     }, py::arg("type"), py::arg("blocks"), py::arg("K"), py::arg("out") = py::none(),
        "GGUF blocks -> their exact fp32 values");
+
+    ops.def("first_bad_scale", [](const py::object& type, const py::array& blocks) {
+        const q::QType t = parse_type(type);
+        if (!py::isinstance<py::array_t<uint8_t>>(blocks) || !(blocks.flags() & py::array::c_style))
+            bad("blocks must be a C-contiguous uint8 array");
+        const size_t bb = q::block_bytes(t);
+        if ((size_t)blocks.nbytes() % bb)
+            bad("blocks holds " + std::to_string(blocks.nbytes()) + " bytes, not whole " + q::type_name(t) +
+                " blocks of " + std::to_string(bb));
+        return q::first_bad_scale(t, blocks.data(), (int64_t)(blocks.nbytes() / bb));
+    }, py::arg("type"), py::arg("blocks"), "index of the first block with a NaN / inf fp16 scale, or -1");
 
     ops.def("gemv", [](const py::object& type, const py::object& w, const py::object& x, const std::string& isa,
                        int n_threads, const py::object& out) {

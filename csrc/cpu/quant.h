@@ -87,6 +87,9 @@ float f16_bits_to_f32(uint16_t h);
 uint16_t f32_to_f16_bits(float f);             // round to nearest even, as F16C and numpy
 // y[K] = the exact float values of one row of blocks (ggml's dequantize_row_*).
 void dequantize_row(QType t, const void* blocks, float* y, int64_t K);
+// Index of the first of n_blocks blocks whose fp16 scale fields (d, and m / dmin) hold NaN or
+// inf, or -1: what a loader checks before keeping a tensor quantized.
+int64_t first_bad_scale(QType t, const void* blocks, int64_t n_blocks);
 
 // ---- quantizers (quant_quantize.cpp) ---------------------------------------------------------
 // rows of x[N, K] -> N rows of row_bytes(t, K); OpenMP over rows.

@@ -5,6 +5,7 @@
 // as ggml's reference and the gguf package compute it, and tests can compare bit for bit.
 #pragma GCC optimize("fp-contract=off")
 
+#include <cstddef>
 #include <cstring>
 
 #include "common.h"
@@ -203,6 +204,24 @@ void dequantize_row(QType t, const void* blocks, float* y, int64_t K) {
         case QType::Q5_K: return dequant_q5_k((const BlockQ5_K*)blocks, y, nb);
         case QType::Q6_K: return dequant_q6_k((const BlockQ6_K*)blocks, y, nb);
     }
+}
+
+int64_t first_bad_scale(QType t, const void* blocks, int64_t n_blocks) {
+    // byte offsets of the fp16 fields inside one block
+    static const int kD[] = {0}, kDM[] = {0, 2}, kQ6[] = {offsetof(BlockQ6_K, d)};
+    const int* fields = kD;
+    int n_fields = 1;
+    if (t == QType::Q4_1 || t == QType::Q4_K || t == QType::Q5_K) fields = kDM, n_fields = 2;
+    if (t == QType::Q6_K) fields = kQ6;
+    const size_t bb = block_bytes(t);
+    const uint8_t* p = (const uint8_t*)blocks;
+    for (int64_t i = 0; i < n_blocks; ++i, p += bb)
+        for (int f = 0; f < n_fields; ++f) {
+            uint16_t h;
+            std::memcpy(&h, p + fields[f], 2);
+            if ((h & 0x7c00u) == 0x7c00u) return i;  // exponent all ones: inf or NaN
+        }
+    return -1;
 }
 
 }  // namespace quant
