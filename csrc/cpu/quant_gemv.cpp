@@ -267,17 +267,12 @@ template <> struct SimdChunk<Q6_KT> {
     static inline __m256i act(const BlockQ6_K&, int, __m256i q) { return q; }
 };
 
-inline __m256 half_scales(float lo, float hi) {  // lanes 0-3 = lo, 4-7 = hi
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1);
-}
-
 inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-
 
 // One chunk on ymm. p = {d s_lo, d s_hi, b_lo dsum_lo, b_hi dsum_hi}: lanes 0-1 scale the int32
 // lanes of the products (0-3 by lane 0, 4-7 by lane 1), lanes 2-3 are the bias terms, summed
