@@ -112,6 +112,7 @@ brrr::Config config_from_dict(const py::dict& d);
 
 void bind_engine(py::module_& m);
 void bind_cpu_ops(py::module_& m);
+void bind_quant_ops(py::module_& m);
 #ifdef BRRR_WITH_CUDA
 void bind_testing(py::module_& m);
 #endif

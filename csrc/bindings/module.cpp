@@ -82,6 +82,7 @@ PYBIND11_MODULE(_C, m) {
 
     bind_engine(m);
     bind_cpu_ops(m);
+    bind_quant_ops(m);
 #ifdef BRRR_WITH_CUDA
     bind_testing(m);
 #endif

@@ -1,0 +1,197 @@
+// quant_ops.cpp — the quantized CPU kernels and quantizers on numpy arrays (tests, benchmarks).
+//
+// Python API of llama_brrr._C.quant_ops (type: "q8_0" | "q4_0" | "q4_1" | "q4_k" | "q5_k" | "q6_k"
+// or its GGML id; isa: "auto" | "scalar" | "avx2" | "avx512vnni"; n_threads 0 = OpenMP's default;
+// `out=` takes a preallocated, e.g. NaN-poisoned, result array):
+//   cpu_features() -> str              the features the dispatch looks at, e.g. "avx2 fma avx512f ..."
+//   best_isa() -> str                  what isa="auto" runs here
+//   isa_supported(isa) -> bool
+//   row_bytes(type, K) -> int          bytes of one row of K values
+//   quantize(type, x[N, K] f32, out=None) -> uint8[N, row_bytes]       ggml's reference quantizers
+//   dequantize(type, blocks[N, row_bytes] uint8, K, out=None) -> f32[N, K]
+//   first_bad_scale(type, blocks uint8 (any shape, whole blocks)) -> int   block index, -1 if none
+//   gemv(type, w[N, row_bytes] uint8, x[K] f32, isa="auto", n_threads=0, out=None) -> f32[N]
+//   gemm(type, w[N, row_bytes] uint8, x[M, K] f32, isa="auto", n_threads=0, out=None) -> f32[M, N]
+// Bad arguments raise ValueError naming the parameter.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "bindings/bindings.h"
+#include "common.h"
+#include "cpu/quant.h"
+
+namespace py = pybind11;
+namespace q = brrr::quant;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& message) { throw py::value_error(message); }
+
+std::string shape_str(const py::array& a) {
+    std::string s = "(";
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+    return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+q::QType parse_type(const py::object& type) {
+    if (py::isinstance<py::int_>(type)) {
+        const int id = type.cast<int>();
+        if (!q::known_type(id))
+            bad("type: GGML type id " + std::to_string(id) + " is not a kept quantized type "
+                "(q4_0=2, q4_1=3, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
+        return (q::QType)id;
+    }
+    if (!py::isinstance<py::str>(type)) bad("type must be a type name such as \"q4_k\" or a GGML type id");
+    const std::string name = type.cast<std::string>();
+    for (int id : {2, 3, 8, 12, 13, 14})
+        if (name == q::type_name((q::QType)id)) return (q::QType)id;
+    bad("type: unknown quantized type \"" + name + "\" (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k)");
+}
+
+q::Isa parse_isa(const std::string& isa) {
+    q::Isa out;
+    if (isa == "auto") out = q::Isa::Auto;
+    else if (isa == "scalar") out = q::Isa::Scalar;
+    else if (isa == "avx2") out = q::Isa::Avx2;
+    else if (isa == "avx512vnni") out = q::Isa::Avx512Vnni;
+    else bad("isa must be \"auto\", \"scalar\", \"avx2\" or \"avx512vnni\"; got \"" + isa + "\"");
+    if (!q::isa_supported(out)) bad("isa \"" + isa + "\" is not supported by this CPU (" + q::cpu_features() + ")");
+    return out;
+}
+
+size_t checked_row_bytes(q::QType t, int64_t K, const char* name) {
+    const int be = q::block_elems(t);
+    if (K <= 0 || K % be)
+        bad(std::string(name) + " = " + std::to_string(K) + ": " + q::type_name(t) +
+            " rows hold whole blocks of " + std::to_string(be) + " values");
+    return q::row_bytes(t, K);
+}
+
+template <typename T>
+py::array_t<T> checked(const py::handle& obj, const char* name, int ndim, const std::string& expected) {
+    if (!py::isinstance<py::array>(obj)) bad(std::string(name) + " must be a numpy array (" + expected + ")");
+    py::array a = py::reinterpret_borrow<py::array>(obj);
+    if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style) || a.ndim() != ndim)
+        bad(std::string(name) + " must be a C-contiguous " + expected + "; got " +
+            py::str(a.dtype()).cast<std::string>() + " of shape " + shape_str(a));
+    return py::reinterpret_borrow<py::array_t<T>>(a);
+}
+
+template <typename T>
+py::array_t<T> output(const py::object& out, std::vector<py::ssize_t> shape, const std::string& expected) {
+    if (out.is_none()) return py::array_t<T>(shape);
+    auto a = checked<T>(out, "out", (int)shape.size(), expected);
+    for (size_t i = 0; i < shape.size(); ++i)
+        if (a.shape(i) != shape[i]) bad("out must have shape matching the result (" + expected + "); got " + shape_str(a));
+    return a;
+}
+
+// Weights as uint8 [N, row_bytes(K)]; returns N.
+py::ssize_t weight_rows(const py::array_t<uint8_t>& w, q::QType t, int64_t K) {
+    const size_t rb = q::row_bytes(t, K);
+    if ((size_t)w.shape(1) != rb)
+        bad("w has " + std::to_string(w.shape(1)) + " bytes per row; " + q::type_name(t) + " rows of K = " +
+            std::to_string(K) + " take " + std::to_string(rb));
+    return w.shape(0);
+}
+
+}  // namespace
+
+void brrr::bindings::bind_quant_ops(py::module_& m) {
+    py::module_ ops = m.def_submodule("quant_ops", "Quantized CPU kernels and quantizers on numpy arrays");
+
+    ops.def("cpu_features", [] { return q::cpu_features(); });
+    ops.def("best_isa", [] { return std::string(q::isa_name(q::best_isa())); });
+    ops.def("isa_supported", [](const std::string& isa) {
+        if (isa == "auto") return true;
+        if (isa == "scalar") return q::isa_supported(q::Isa::Scalar);
+        if (isa == "avx2") return q::isa_supported(q::Isa::Avx2);
+        if (isa == "avx512vnni") return q::isa_supported(q::Isa::Avx512Vnni);
+        bad("isa must be \"auto\", \"scalar\", \"avx2\" or \"avx512vnni\"; got \"" + isa + "\"");
+    }, py::arg("isa"));
+    ops.def("row_bytes", [](const py::object& type, int64_t K) {
+        const q::QType t = parse_type(type);
+        return checked_row_bytes(t, K, "K");
+    }, py::arg("type"), py::arg("K"));
+
+    ops.def("quantize", [](const py::object& type, const py::object& x, const py::object& out) {
+        const q::QType t = parse_type(type);
+        auto xa = checked<float>(x, "x", 2, "float32 array of shape (N, K)");
+        const py::ssize_t N = xa.shape(0), K = xa.shape(1);
+        const size_t rb = checked_row_bytes(t, K, "x.shape[1]");
+        auto y = output<uint8_t>(out, {N, (py::ssize_t)rb}, "uint8 (N, row_bytes)");
+        const float* xp = xa.data();
+        uint8_t* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        q::quantize_rows(t, xp, yp, N, K);
+        return y;
+    }, py::arg("type"), py::arg("x"), py::arg("out") = py::none(), "fp32 rows -> GGUF blocks (ggml's reference)");
+
+    ops.def("dequantize", [](const py::object& type, const py::object& blocks, int64_t K, const py::object& out) {
+        const q::QType t = parse_type(type);
+        checked_row_bytes(t, K, "K");
+        auto w = checked<uint8_t>(blocks, "blocks", 2, "uint8 array of shape (N, row_bytes)");
+        const py::ssize_t N = weight_rows(w, t, K);
+        auto y = output<float>(out, {N, (py::ssize_t)K}, "float32 (N, K)");
+        const size_t rb = q::row_bytes(t, K);
+        const uint8_t* wp = w.data();
+        float* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        for (py::ssize_t n = 0; n < N; ++n) q::dequantize_row(t, wp + n * rb, yp + n * K, K);
+        return y;
+    }, py::arg("type"), py::arg("blocks"), py::arg("K"), py::arg("out") = py::none(),
+       "GGUF blocks -> their exact fp32 values");
+
+    ops.def("first_bad_scale", [](const py::object& type, const py::array& blocks) {
+        const q::QType t = parse_type(type);
+        if (!py::isinstance<py::array_t<uint8_t>>(blocks) || !(blocks.flags() & py::array::c_style))
+            bad("blocks must be a C-contiguous uint8 array");
+        const size_t bb = q::block_bytes(t);
+        if ((size_t)blocks.nbytes() % bb)
+            bad("blocks holds " + std::to_string(blocks.nbytes()) + " bytes, not whole " + q::type_name(t) +
+                " blocks of " + std::to_string(bb));
+        return q::first_bad_scale(t, blocks.data(), (int64_t)(blocks.nbytes() / bb));
+    }, py::arg("type"), py::arg("blocks"), "index of the first block with a NaN / inf fp16 scale, or -1");
+
+    ops.def("gemv", [](const py::object& type, const py::object& w, const py::object& x, const std::string& isa,
+                       int n_threads, const py::object& out) {
+        const q::QType t = parse_type(type);
+        const q::Isa i = parse_isa(isa);
+        auto xa = checked<float>(x, "x", 1, "float32 array of shape (K,)");
+        const int64_t K = xa.shape(0);
+        checked_row_bytes(t, K, "x.shape[0]");
+        auto wa = checked<uint8_t>(w, "w", 2, "uint8 array of shape (N, row_bytes)");
+        const py::ssize_t N = weight_rows(wa, t, K);
+        if (n_threads < 0) bad("n_threads must be >= 0 (0: all)");
+        auto y = output<float>(out, {N}, "float32 (N,)");
+        const uint8_t* wp = wa.data();
+        const float* xp = xa.data();
+        float* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        q::gemv(t, wp, xp, yp, N, K, i, n_threads);
+        return y;
+    }, py::arg("type"), py::arg("w"), py::arg("x"), py::arg("isa") = "auto", py::arg("n_threads") = 0,
+       py::arg("out") = py::none(), "y = W . x on quantized W, x quantized per block of 32");
+
+    ops.def("gemm", [](const py::object& type, const py::object& w, const py::object& x, const std::string& isa,
+                       int n_threads, const py::object& out) {
+        const q::QType t = parse_type(type);
+        const q::Isa i = parse_isa(isa);
+        auto xa = checked<float>(x, "x", 2, "float32 array of shape (M, K)");
+        const int64_t M = xa.shape(0), K = xa.shape(1);
+        checked_row_bytes(t, K, "x.shape[1]");
+        auto wa = checked<uint8_t>(w, "w", 2, "uint8 array of shape (N, row_bytes)");
+        const py::ssize_t N = weight_rows(wa, t, K);
+        if (n_threads < 0) bad("n_threads must be >= 0 (0: all)");
+        auto y = output<float>(out, {(py::ssize_t)M, N}, "float32 (M, N)");
+        const uint8_t* wp = wa.data();
+        const float* xp = xa.data();
+        float* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        q::gemm(t, wp, xp, yp, M, N, K, i, n_threads);
+        return y;
+    }, py::arg("type"), py::arg("w"), py::arg("x"), py::arg("isa") = "auto", py::arg("n_threads") = 0,
+       py::arg("out") = py::none(), "Y = X . W^T on quantized W, X quantized per block of 32");
+}

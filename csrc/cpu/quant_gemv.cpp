@@ -1,0 +1,634 @@
+// quant_gemv.cpp — dot products, GEMV and GEMM on GGUF weight blocks against int8 activations.
+//
+// Activations: each row of x is quantized once per call into ActBlocks of 32 (quantize_activations):
+// amax = max |x_i| over the block, d = amax / 127, q_i = roundf(x_i * (1/d)) in [-127, 127]
+// (d = 0, q = 0 for an all-zero block). Every ISA path uses these same int8 values, so the paths
+// differ only in float summation order. Error of one product against the float64 dot of the
+// same weight blocks with the fp32 x: |x_i - d q_i| <= d / 2, hence
+//   |err| <= sum_blocks (amax_b / 254) * sum_{i in b} |w_i|  (+ fp32 rounding of the sums),
+// which the tests assert.
+//
+// The trick: every weight type is cut into chunks of 32 values that line up with one ActBlock,
+// and each chunk is (32 unsigned codes c_i, a weight scale per 16-value half, a bias per half)
+// with w_i = s_half * c_i + b_half. Then
+//   dot = sum_chunks d_x * sum_halves s_half * sum_i c_i q_i  +  b_half * (d_x * sum_i q_i),
+// where sum_i c_i q_i is an unsigned x signed int8 dot (vpdpbusd on ymm with AVX512-VNNI, or
+// vpmaddubsw + vpmaddwd on AVX2) summed exactly in int32 lanes, converted to float once per chunk
+// and FMA'd with the lane scales. One 4-float product {d, d, dsum_lo, dsum_hi} x {s_lo, s_hi,
+// b_lo, b_hi} gives both lane scales and both bias terms. Q8_0's signed weights use |w| as codes
+// and sign(w) moved onto q (vpsignb), so they need no bias. Q6_K has a scale per 16 values, which
+// is why scales come per half (int32 lanes 0-3 and 4-7). 32-blocks convert their fp16 fields with
+// one vcvtph2ps; K-quants decode their 8 sub-scales once per block. Two accumulator chains (even
+// and odd chunks) keep the loop off the FMA latency. Variants that lost (two chunks per zmm,
+// four W rows per call) are in docs/kernels/quant_cpu.md.
+//
+// Invariants: K % 32 == 0 (K % 256 for K-quants, checked by row_bytes); codes fit the vpmaddubsw
+// pair sum in int16 (|c| <= 128, |q| <= 127: 2 * 128 * 127 < 32768); W rows are row_bytes apart.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "cpu/quant.h"
+
+namespace brrr {
+namespace quant {
+namespace {
+
+// ---- chunk descriptions, shared by every path -----------------------------------------------
+
+struct ChunkScales {  // w_i = s[h] * c_i + b[h] for i in half h (0: values 0-15, 1: 16-31)
+    float s[2], b[2];  // as a vector {s_lo, s_hi, b_lo, b_hi} it pairs with ActBlock's {d, d, dsum}
+};
+static_assert(sizeof(ChunkScales) == 16, "ChunkScales is one 16-byte vector");
+
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+// Each Traits: Block, kChunks per block, block_scales(block, out[kChunks]) and
+// codes(block, chunk, out[32]) with sum_i codes_i * q_i = the chunk's integer dot (the scalar
+// path; signed codes allowed there). Scales are decoded once per block, not per chunk.
+struct Q8_0T {
+    using Block = BlockQ8_0;
+    static constexpr int kChunks = 1;
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d);
+        s[0] = {{d, d}, {0.f, 0.f}};
+    }
+    static void codes(const Block& b, int, int* c) {
+        for (int i = 0; i < 32; ++i) c[i] = b.qs[i];
+    }
+};
+inline void nibble_codes(const uint8_t* qs, int* c) {  // 16 bytes: values j and j + 16
+    for (int i = 0; i < 16; ++i) c[i] = qs[i] & 0xF, c[i + 16] = qs[i] >> 4;
+}
+struct Q4_0T {
+    using Block = BlockQ4_0;
+    static constexpr int kChunks = 1;
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d);
+        s[0] = {{d, d}, {-8.f * d, -8.f * d}};
+    }
+    static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
+};
+struct Q4_1T {
+    using Block = BlockQ4_1;
+    static constexpr int kChunks = 1;
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d), m = f16_to_f32(b.m);
+        s[0] = {{d, d}, {m, m}};
+    }
+    static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
+};
+template <class B>
+void k4_block_scales(const B& b, ChunkScales* s) {  // Q4_K, Q5_K: d * sc[c] * q - dmin * m[c]
+    const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
+    for (int c = 0; c < 8; ++c) {
+        uint8_t sc, m;
+        scale_min_k4(c, b.scales, &sc, &m);
+        const float scale = d * sc, bias = -(dmin * m);
+        s[c] = {{scale, scale}, {bias, bias}};
+    }
+}
+struct Q4_KT {
+    using Block = BlockQ4_K;
+    static constexpr int kChunks = 8;
+    static void block_scales(const Block& b, ChunkScales* s) { k4_block_scales(b, s); }
+    static void codes(const Block& b, int c, int* out) {
+        const uint8_t* q = b.qs + 32 * (c / 2);
+        for (int i = 0; i < 32; ++i) out[i] = (c & 1) ? q[i] >> 4 : q[i] & 0xF;
+    }
+};
+struct Q5_KT {
+    using Block = BlockQ5_K;
+    static constexpr int kChunks = 8;
+    static void block_scales(const Block& b, ChunkScales* s) { k4_block_scales(b, s); }
+    static void codes(const Block& b, int c, int* out) {
+        const uint8_t* q = b.qs + 32 * (c / 2);
+        for (int i = 0; i < 32; ++i)
+            out[i] = ((c & 1) ? q[i] >> 4 : q[i] & 0xF) | (((b.qh[i] >> c) & 1) << 4);
+    }
+};
+struct Q6_KT {
+    using Block = BlockQ6_K;
+    static constexpr int kChunks = 8;
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d);
+        for (int c = 0; c < 8; ++c) {
+            const int8_t* sc = b.scales + 8 * (c / 4) + 2 * (c % 4);
+            const float s0 = d * sc[0], s1 = d * sc[1];
+            s[c] = {{s0, s1}, {-32.f * s0, -32.f * s1}};
+        }
+    }
+    // chunk c = 4 h + k of half h: low nibbles of ql[32 (k & 1) ..] (shifted by 4 for k >= 2),
+    // high two bits from qh[..] >> 2 k.
+    static void codes(const Block& b, int c, int* out) {
+        const int h = c / 4, k = c % 4;
+        const uint8_t* ql = b.ql + 64 * h + 32 * (k & 1);
+        const uint8_t* qh = b.qh + 32 * h;
+        for (int i = 0; i < 32; ++i) out[i] = ((ql[i] >> (4 * (k >> 1))) & 0xF) | (((qh[i] >> (2 * k)) & 3) << 4);
+    }
+};
+
+// ---- scalar path ------------------------------------------------------------------------------
+
+template <class T>
+float dot_scalar(const void* w_row, const ActBlock* x, int64_t K) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t nb = K / (32 * T::kChunks);
+    float sum = 0.f;
+    int c[32];
+    ChunkScales scales[T::kChunks];
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        T::block_scales(w[ib], scales);
+        for (int ci = 0; ci < T::kChunks; ++ci) {
+            const ActBlock& a = x[ib * T::kChunks + ci];
+            const ChunkScales& s = scales[ci];
+            T::codes(w[ib], ci, c);
+            int lo = 0, hi = 0;
+            for (int i = 0; i < 16; ++i) lo += c[i] * a.qs[i];
+            for (int i = 16; i < 32; ++i) hi += c[i] * a.qs[i];
+            sum += a.d[0] * (s.s[0] * lo + s.s[1] * hi) + (s.b[0] * a.dsum[0] + s.b[1] * a.dsum[1]);
+        }
+    }
+    return sum;
+}
+
+// ---- AVX2 path: one chunk per ymm ---------------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+// The chunk's 32 codes as unsigned bytes, and q as the signed bytes to multiply them with.
+template <class T> struct SimdChunk;
+// 32-blocks also give their ChunkScales {s, s, b, b} straight from the fp16 fields (one vcvtph2ps
+// instead of a scalar conversion per field).
+inline __m128 f16x2(const uint16_t* p) {  // {f16 p[0], f16 p[1], 0, 0}
+    uint32_t bits;
+    std::memcpy(&bits, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits));
+}
+template <> struct SimdChunk<Q8_0T> {
+    static inline __m128 scales(const BlockQ8_0& b) {  // {d, d, 0, 0}
+        const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(b.d));
+        return _mm_movelh_ps(_mm_unpacklo_ps(d, d), _mm_setzero_ps());
+    }
+    static inline __m256i codes(const BlockQ8_0& b, int) {
+        return _mm256_abs_epi8(_mm256_loadu_si256((const __m256i*)b.qs));
+    }
+    static inline __m256i act(const BlockQ8_0& b, int, __m256i q) {
+        return _mm256_sign_epi8(q, _mm256_loadu_si256((const __m256i*)b.qs));
+    }
+};
+inline __m256i nibbles16(const uint8_t* qs) {  // 16 bytes -> 16 low nibbles, then 16 high
+    const __m128i v = _mm_loadu_si128((const __m128i*)qs), mask = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+}
+inline __m256i nibbles32(const uint8_t* qs, int high) {  // 32 bytes -> their low or high nibbles
+    const __m256i v = _mm256_loadu_si256((const __m256i*)qs);
+    return _mm256_and_si256(high ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+}
+template <> struct SimdChunk<Q4_0T> {
+    static inline __m128 scales(const BlockQ4_0& b) {  // {d, d, -8 d, -8 d}
+        const __m128 d = _mm_cvtph_ps(_mm_set1_epi16((short)b.d));
+        return _mm_mul_ps(d, _mm_setr_ps(1.f, 1.f, -8.f, -8.f));
+    }
+    static inline __m256i codes(const BlockQ4_0& b, int) { return nibbles16(b.qs); }
+    static inline __m256i act(const BlockQ4_0&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q4_1T> {
+    static inline __m128 scales(const BlockQ4_1& b) {  // {d, d, m, m}
+        const __m128 dm = f16x2(&b.d);
+        return _mm_unpacklo_ps(dm, dm);
+    }
+    static inline __m256i codes(const BlockQ4_1& b, int) { return nibbles16(b.qs); }
+    static inline __m256i act(const BlockQ4_1&, int, __m256i q) { return q; }
+};
+// K-quants: the block's 8 chunk scale vectors at once. Q4_K / Q5_K unpack the 12 packed bytes
+// into sc[0..7] and m[0..7] with 32-bit masks (the same bits as scale_min_k4), widen and scale
+// them 8 at a time. Values equal block_scales' (d * sc, -(dmin * m); products commute).
+inline void k4_scales_v(uint16_t d, uint16_t dmin, const uint8_t* packed, __m128* out) {
+    uint32_t u0, u1, u2;
+    std::memcpy(&u0, packed, 4);
+    std::memcpy(&u1, packed + 4, 4);
+    std::memcpy(&u2, packed + 8, 4);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    const uint32_t sc_lo = u0 & low6;                                     // sc[0..3]
+    const uint32_t sc_hi = (u2 & low4) | (((u0 >> 6) & low2) << 4);       // sc[4..7]
+    const uint32_t m_lo = u1 & low6;                                      // m[0..3]
+    const uint32_t m_hi = ((u2 >> 4) & low4) | (((u1 >> 6) & low2) << 4); // m[4..7]
+    const __m128i bytes = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
+    alignas(32) float s[8], b[8];
+    _mm256_store_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), _mm256_set1_ps(_cvtsh_ss(d))));
+    _mm256_store_ps(b, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))),
+                                     _mm256_set1_ps(-_cvtsh_ss(dmin))));
+    for (int c = 0; c < 8; ++c) out[c] = _mm_setr_ps(s[c], s[c], b[c], b[c]);
+}
+template <> struct SimdChunk<Q4_KT> {
+    static inline void scales(const BlockQ4_K& b, __m128* out) { k4_scales_v(b.d, b.dmin, b.scales, out); }
+    static inline __m256i codes(const BlockQ4_K& b, int c) { return nibbles32(b.qs + 32 * (c / 2), c & 1); }
+    static inline __m256i act(const BlockQ4_K&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q5_KT> {
+    static inline void scales(const BlockQ5_K& b, __m128* out) { k4_scales_v(b.d, b.dmin, b.scales, out); }
+    static inline __m256i codes(const BlockQ5_K& b, int c) {
+        const __m256i hb = _mm256_loadu_si256((const __m256i*)b.qh);
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hb, c), _mm256_set1_epi8(1));
+        return _mm256_or_si256(nibbles32(b.qs + 32 * (c / 2), c & 1), _mm256_slli_epi16(bit, 4));
+    }
+    static inline __m256i act(const BlockQ5_K&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q6_KT> {
+    static inline void scales(const BlockQ6_K& b, __m128* out) {  // chunk c: sub-scales 2c, 2c + 1
+        const __m128i sc = _mm_loadu_si128((const __m128i*)b.scales);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b.d));
+        alignas(32) float s[16];
+        _mm256_store_ps(s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_store_ps(s + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+        for (int c = 0; c < 8; ++c) out[c] = _mm_setr_ps(s[2 * c], s[2 * c + 1], -32.f * s[2 * c], -32.f * s[2 * c + 1]);
+    }
+    static inline __m256i codes(const BlockQ6_K& b, int c) {
+        const int h = c / 4, k = c % 4;
+        const __m256i lo = nibbles32(b.ql + 64 * h + 32 * (k & 1), k >> 1);
+        const __m256i hb = _mm256_loadu_si256((const __m256i*)(b.qh + 32 * h));
+        const __m256i two = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(two, 4));
+    }
+    static inline __m256i act(const BlockQ6_K&, int, __m256i q) { return q; }
+};
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// One chunk on ymm. p = {d s_lo, d s_hi, b_lo dsum_lo, b_hi dsum_hi}: lanes 0-1 scale the int32
+// lanes of the products (0-3 by lane 0, 4-7 by lane 1), lanes 2-3 are the bias terms, summed
+// into bias (whose lanes 0-1 are ignored at the end).
+template <class T>
+inline void chunk_avx2(const typename T::Block& blk, int ci, const ActBlock& a, __m128 s,
+                       __m256& acc, __m128& bias) {
+    const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)a.qs));
+    const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(SimdChunk<T>::codes(blk, ci), q),
+                                           _mm256_set1_epi16(1));
+    const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), s);
+    const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), scale, acc);
+    bias = _mm_add_ps(bias, p);
+}
+
+inline float bias_lanes(__m128 bias) {  // lanes 2 + 3
+    return _mm_cvtss_f32(_mm_add_ss(_mm_movehl_ps(bias, bias), _mm_shuffle_ps(bias, bias, 3)));
+}
+
+template <class T>
+float dot_avx2(const void* w_row, const ActBlock* x, int64_t K) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t nb = K / (32 * T::kChunks);
+    // two accumulator chains (even / odd chunks), so the loop is not bound by the FMA latency
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 bias0 = _mm_setzero_ps(), bias1 = _mm_setzero_ps();
+    if constexpr (T::kChunks == 1) {
+        int64_t ib = 0;
+        for (; ib + 2 <= nb; ib += 2) {
+            chunk_avx2<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
+            chunk_avx2<T>(w[ib + 1], 0, x[ib + 1], SimdChunk<T>::scales(w[ib + 1]), acc1, bias1);
+        }
+        if (ib < nb) chunk_avx2<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
+    } else {
+        __m128 sv[T::kChunks];
+        for (int64_t ib = 0; ib < nb; ++ib) {
+            SimdChunk<T>::scales(w[ib], sv);
+            const ActBlock* a = x + ib * T::kChunks;
+            for (int ci = 0; ci < T::kChunks; ci += 2) {
+                chunk_avx2<T>(w[ib], ci, a[ci], sv[ci], acc0, bias0);
+                chunk_avx2<T>(w[ib], ci + 1, a[ci + 1], sv[ci + 1], acc1, bias1);
+            }
+        }
+    }
+    return hsum(_mm256_add_ps(acc0, acc1)) + bias_lanes(_mm_add_ps(bias0, bias1));
+}
+
+// GEMM micro-kernel: one W row against MR activation rows (act_stride blocks apart), so the
+// row's codes and scales are unpacked once for MR rows of X.
+template <class T, int MR>
+void dot_mr_avx2(const void* w_row, const ActBlock* x, int64_t act_stride, int64_t K, float* y, int64_t y_stride) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t nb = K / (32 * T::kChunks);
+    // accumulators by chunk parity, as in the single-row dot, so each output is bit-identical to
+    // the GEMV of its row
+    __m256 acc[2][MR];
+    __m128 bias[2][MR];
+    for (int m = 0; m < MR; ++m)
+        for (int e = 0; e < 2; ++e) acc[e][m] = _mm256_setzero_ps(), bias[e][m] = _mm_setzero_ps();
+    __m128 sv[T::kChunks];
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        if constexpr (T::kChunks == 1) {
+            sv[0] = SimdChunk<T>::scales(w[ib]);
+        } else {
+            SimdChunk<T>::scales(w[ib], sv);
+        }
+        for (int ci = 0; ci < T::kChunks; ++ci) {
+            const int e = (int)((ib * T::kChunks + ci) & 1);
+            const __m256i codes = SimdChunk<T>::codes(w[ib], ci);
+            for (int m = 0; m < MR; ++m) {
+                const ActBlock& a = x[m * act_stride + ib * T::kChunks + ci];
+                const __m256i q = SimdChunk<T>::act(w[ib], ci, _mm256_loadu_si256((const __m256i*)a.qs));
+                const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), sv[ci]);
+                const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
+                                                              _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+                acc[e][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), _mm256_set1_epi16(1))), scale, acc[e][m]);
+                bias[e][m] = _mm_add_ps(bias[e][m], p);
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        y[m * y_stride] = hsum(_mm256_add_ps(acc[0][m], acc[1][m])) + bias_lanes(_mm_add_ps(bias[0][m], bias[1][m]));
+}
+
+#pragma GCC pop_options
+
+// ---- AVX-512 VNNI path: vpdpbusd on ymm --------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+
+// One chunk on ymm as chunk_avx2, with the int8 products summed by one vpdpbusd (AVX512-VNNI on
+// 256-bit registers) instead of vpmaddubsw + vpmaddwd.
+template <class T>
+inline void chunk_vnni(const typename T::Block& blk, int ci, const ActBlock& a, __m128 s,
+                       __m256& acc, __m128& bias) {
+    const __m256i q = SimdChunk<T>::act(blk, ci, _mm256_loadu_si256((const __m256i*)a.qs));
+    const __m256i prod = _mm256_dpbusd_epi32(_mm256_setzero_si256(), SimdChunk<T>::codes(blk, ci), q);
+    const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), s);
+    const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), scale, acc);
+    bias = _mm_add_ps(bias, p);
+}
+
+template <class T>
+float dot_avx512vnni(const void* w_row, const ActBlock* x, int64_t K) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t nb = K / (32 * T::kChunks);
+    // two accumulator chains (even / odd chunks), so the loop is not bound by the FMA latency
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 bias0 = _mm_setzero_ps(), bias1 = _mm_setzero_ps();
+    if constexpr (T::kChunks == 1) {
+        int64_t ib = 0;
+        for (; ib + 2 <= nb; ib += 2) {
+            chunk_vnni<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
+            chunk_vnni<T>(w[ib + 1], 0, x[ib + 1], SimdChunk<T>::scales(w[ib + 1]), acc1, bias1);
+        }
+        if (ib < nb) chunk_vnni<T>(w[ib], 0, x[ib], SimdChunk<T>::scales(w[ib]), acc0, bias0);
+    } else {
+        __m128 sv[T::kChunks];
+        for (int64_t ib = 0; ib < nb; ++ib) {
+            SimdChunk<T>::scales(w[ib], sv);
+            const ActBlock* a = x + ib * T::kChunks;
+            for (int ci = 0; ci < T::kChunks; ci += 2) {
+                chunk_vnni<T>(w[ib], ci, a[ci], sv[ci], acc0, bias0);
+                chunk_vnni<T>(w[ib], ci + 1, a[ci + 1], sv[ci + 1], acc1, bias1);
+            }
+        }
+    }
+    return hsum(_mm256_add_ps(acc0, acc1)) + bias_lanes(_mm_add_ps(bias0, bias1));
+}
+
+// GEMM micro-kernel: one W row against MR activation rows (act_stride blocks apart), so the
+// row's codes and scales are unpacked once for MR rows of X.
+template <class T, int MR>
+void dot_mr_avx512vnni(const void* w_row, const ActBlock* x, int64_t act_stride, int64_t K, float* y, int64_t y_stride) {
+    const auto* w = (const typename T::Block*)w_row;
+    const int64_t nb = K / (32 * T::kChunks);
+    // accumulators by chunk parity, as in the single-row dot, so each output is bit-identical to
+    // the GEMV of its row
+    __m256 acc[2][MR];
+    __m128 bias[2][MR];
+    for (int m = 0; m < MR; ++m)
+        for (int e = 0; e < 2; ++e) acc[e][m] = _mm256_setzero_ps(), bias[e][m] = _mm_setzero_ps();
+    __m128 sv[T::kChunks];
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        if constexpr (T::kChunks == 1) {
+            sv[0] = SimdChunk<T>::scales(w[ib]);
+        } else {
+            SimdChunk<T>::scales(w[ib], sv);
+        }
+        for (int ci = 0; ci < T::kChunks; ++ci) {
+            const int e = (int)((ib * T::kChunks + ci) & 1);
+            const __m256i codes = SimdChunk<T>::codes(w[ib], ci);
+            for (int m = 0; m < MR; ++m) {
+                const ActBlock& a = x[m * act_stride + ib * T::kChunks + ci];
+                const __m256i q = SimdChunk<T>::act(w[ib], ci, _mm256_loadu_si256((const __m256i*)a.qs));
+                const __m128 p = _mm_mul_ps(_mm_loadu_ps(a.d), sv[ci]);
+                const __m256 scale = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p),
+                                                              _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+                acc[e][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, q)), scale, acc[e][m]);
+                bias[e][m] = _mm_add_ps(bias[e][m], p);
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        y[m * y_stride] = hsum(_mm256_add_ps(acc[0][m], acc[1][m])) + bias_lanes(_mm_add_ps(bias[0][m], bias[1][m]));
+}
+
+#pragma GCC pop_options
+
+// ---- dispatch ------------------------------------------------------------------------------------
+
+using DotFn = float (*)(const void*, const ActBlock*, int64_t);
+
+template <class T>
+DotFn pick(Isa isa) {
+    switch (isa) {
+        case Isa::Avx512Vnni: return dot_avx512vnni<T>;
+        case Isa::Avx2: return dot_avx2<T>;
+        default: return dot_scalar<T>;
+    }
+}
+
+// kGemmRows activation rows against one W row; y[m * y_stride] for m < kGemmRows.
+constexpr int kGemmRows = 4;
+using DotRowsFn = void (*)(const void*, const ActBlock*, int64_t, int64_t, float*, int64_t);
+
+template <class T>
+void dot_mr_scalar(const void* w_row, const ActBlock* x, int64_t act_stride, int64_t K, float* y, int64_t y_stride) {
+    for (int m = 0; m < kGemmRows; ++m) y[m * y_stride] = dot_scalar<T>(w_row, x + m * act_stride, K);
+}
+
+template <class T>
+DotRowsFn pick_rows(Isa isa) {
+    switch (isa) {
+        case Isa::Avx512Vnni: return dot_mr_avx512vnni<T, kGemmRows>;
+        case Isa::Avx2: return dot_mr_avx2<T, kGemmRows>;
+        default: return dot_mr_scalar<T>;
+    }
+}
+
+DotRowsFn dot_rows_fn(QType t, Isa isa) {
+    if (isa == Isa::Auto) isa = best_isa();
+    switch (t) {
+        case QType::Q8_0: return pick_rows<Q8_0T>(isa);
+        case QType::Q4_0: return pick_rows<Q4_0T>(isa);
+        case QType::Q4_1: return pick_rows<Q4_1T>(isa);
+        case QType::Q4_K: return pick_rows<Q4_KT>(isa);
+        case QType::Q5_K: return pick_rows<Q5_KT>(isa);
+        case QType::Q6_K: return pick_rows<Q6_KT>(isa);
+    }
+    BRRR_FAIL("unknown quantized type " << (int)t);
+}
+
+DotFn dot_fn(QType t, Isa isa) {
+    if (isa == Isa::Auto) isa = best_isa();
+    BRRR_CHECK(isa_supported(isa), "this CPU cannot run the " << isa_name(isa) << " path (it has: "
+               << cpu_features() << ")");
+    switch (t) {
+        case QType::Q8_0: return pick<Q8_0T>(isa);
+        case QType::Q4_0: return pick<Q4_0T>(isa);
+        case QType::Q4_1: return pick<Q4_1T>(isa);
+        case QType::Q4_K: return pick<Q4_KT>(isa);
+        case QType::Q5_K: return pick<Q5_KT>(isa);
+        case QType::Q6_K: return pick<Q6_KT>(isa);
+    }
+    BRRR_FAIL("unknown quantized type " << (int)t);
+}
+
+int threads_for(int n_threads) { return n_threads > 0 ? n_threads : omp_get_max_threads(); }
+
+// Per-thread activation scratch, grown on demand and then reused (no allocation per call).
+std::vector<ActBlock>& act_scratch(size_t blocks) {
+    thread_local std::vector<ActBlock> scratch;
+    if (scratch.size() < blocks) scratch.resize(blocks);
+    return scratch;
+}
+
+// W rows per tile of the GEMM: 16 rows of a 4096-wide Q4_K matrix are 36 KB, so a tile stays in
+// L2 while every row of X passes over it.
+constexpr int64_t kGemmTileN = 16;
+
+}  // namespace
+
+// ---- ISA detection ------------------------------------------------------------------------------
+
+bool isa_supported(Isa isa) {
+    __builtin_cpu_init();
+    switch (isa) {
+        case Isa::Auto:
+        case Isa::Scalar: return true;
+        case Isa::Avx2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        case Isa::Avx512Vnni:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+                   __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    }
+    return false;
+}
+
+Isa best_isa() {
+    static const Isa best = isa_supported(Isa::Avx512Vnni) ? Isa::Avx512Vnni
+                            : isa_supported(Isa::Avx2)     ? Isa::Avx2
+                                                           : Isa::Scalar;
+    return best;
+}
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Auto: return isa_name(best_isa());
+        case Isa::Scalar: return "scalar";
+        case Isa::Avx2: return "avx2";
+        case Isa::Avx512Vnni: return "avx512vnni";
+    }
+    return "?";
+}
+
+std::string cpu_features() {
+    __builtin_cpu_init();
+    std::string out;
+    auto add = [&](const char* name, bool has) {
+        if (has) out += (out.empty() ? "" : " ") + std::string(name);
+    };
+    add("avx2", __builtin_cpu_supports("avx2"));
+    add("fma", __builtin_cpu_supports("fma"));
+    add("f16c", __builtin_cpu_supports("f16c"));
+    add("avx512f", __builtin_cpu_supports("avx512f"));
+    add("avx512bw", __builtin_cpu_supports("avx512bw"));
+    add("avx512vl", __builtin_cpu_supports("avx512vl"));
+    add("avx512vnni", __builtin_cpu_supports("avx512vnni"));
+    add("avx512bf16", __builtin_cpu_supports("avx512bf16"));
+    return out;
+}
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+void quantize_activations(const float* x, ActBlock* out, int64_t K) {
+    BRRR_CHECK(K > 0 && K % 32 == 0, "activation rows hold whole blocks of 32; K = " << K);
+    for (int64_t b = 0; b < K / 32; ++b, x += 32) {
+        float amax = 0.f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        ActBlock& a = out[b];
+        a.d[0] = a.d[1] = d;
+        int s0 = 0, s1 = 0;
+        for (int i = 0; i < 32; ++i) {
+            const int q = (int)std::roundf(x[i] * id);
+            a.qs[i] = (int8_t)q;
+            (i < 16 ? s0 : s1) += q;
+        }
+        a.dsum[0] = d * (float)s0;
+        a.dsum[1] = d * (float)s1;
+    }
+}
+
+float vec_dot(QType t, const void* w_row, const ActBlock* x, int64_t K, Isa isa) {
+    row_bytes(t, K);
+    return dot_fn(t, isa)(w_row, x, K);
+}
+
+void gemv(QType t, const void* W, const float* x, float* y, int64_t N, int64_t K, Isa isa, int n_threads) {
+    const size_t rb = row_bytes(t, K);
+    const DotFn dot = dot_fn(t, isa);
+    std::vector<ActBlock>& act = act_scratch((size_t)(K / 32));
+    quantize_activations(x, act.data(), K);
+    const ActBlock* a = act.data();
+    const char* w = (const char*)W;
+#pragma omp parallel for schedule(static) num_threads(threads_for(n_threads))
+    for (int64_t n = 0; n < N; ++n) y[n] = dot(w + (size_t)n * rb, a, K);
+}
+
+void gemm(QType t, const void* W, const float* X, float* Y, int64_t M, int64_t N, int64_t K, Isa isa,
+          int n_threads) {
+    const size_t rb = row_bytes(t, K);
+    const DotFn dot = dot_fn(t, isa);
+    const DotRowsFn dot_rows = dot_rows_fn(t, isa);
+    const int64_t nb = K / 32;
+    std::vector<ActBlock>& act = act_scratch((size_t)(M * nb));
+    ActBlock* a = act.data();
+    const int nt = threads_for(n_threads);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t m = 0; m < M; ++m) quantize_activations(X + m * K, a + m * nb, K);
+    const char* w = (const char*)W;
+    const int64_t n_tiles = CEIL_DIV(N, kGemmTileN);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+        const int64_t n0 = tile * kGemmTileN, n1 = std::min(N, n0 + kGemmTileN);
+        int64_t m0 = 0;
+        for (; m0 + kGemmRows <= M; m0 += kGemmRows)
+            for (int64_t n = n0; n < n1; ++n) dot_rows(w + (size_t)n * rb, a + m0 * nb, nb, K, Y + m0 * N + n, N);
+        for (; m0 < M; ++m0)
+            for (int64_t n = n0; n < n1; ++n) Y[m0 * N + n] = dot(w + (size_t)n * rb, a + m0 * nb, K);
+    }
+}
+
+}  // namespace quant
+}  // namespace brrr
