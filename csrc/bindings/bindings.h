@@ -17,6 +17,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <limits>
@@ -79,17 +80,53 @@ inline int saturate_int(int64_t v) {
     return (int)std::clamp<int64_t>(v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
 }
 
-// The sampling rows of a batch call: `obj` as B records of the SamplingParams dtype, each held to
-// sampling_params_problem (model.h). The one place the sampling rules are enforced. The dtype is
-// model.h's struct as a numpy record, registered by module.cpp.
-inline py::array_t<brrr::SamplingParams> sampling_rows(const py::handle& obj, py::ssize_t B) {
-    auto rows = checked_array<brrr::SamplingParams>(obj, "params", {B},
-                                                    "array of _C.sampling_params_dtype of shape (B,)");
+// The numpy record dtype of one model.h SamplingParams (field names, types and offsets of the
+// struct), what _C.sampling_params_dtype exposes and the sampling calls take as `params`. Built
+// from a field spec rather than registered with PYBIND11_NUMPY_DTYPE, whose registration crashed
+// at import on the GPU machine's Python 3.12 / numpy 2.5.
+inline const py::dtype& sampling_params_dtype() {
+    PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::dtype> storage;
+    return storage
+        .call_once_and_store_result([] {
+            using P = brrr::SamplingParams;
+            static_assert(sizeof(float) == 4 && sizeof(int) == 4, "the record's formats");
+            py::dict spec;
+            spec["names"] = py::make_tuple("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed");
+            spec["formats"] = py::make_tuple("<f4", "<i4", "<f4", "<f4", "<f4", "<u8");
+            spec["offsets"] = py::make_tuple(offsetof(P, temperature), offsetof(P, top_k), offsetof(P, top_p),
+                                             offsetof(P, min_p), offsetof(P, repetition_penalty), offsetof(P, seed));
+            spec["itemsize"] = sizeof(P);
+            return py::dtype::from_args(spec);
+        })
+        .get_stored();
+}
+
+// The sampling rows of a batch call: `obj` as B records of sampling_params_dtype(), each held to
+// sampling_params_problem (model.h). The one place the sampling rules are enforced. The returned
+// array keeps the rows alive; rows_of() reads them as model.h's struct.
+inline py::array sampling_rows(const py::handle& obj, py::ssize_t B) {
+    const char* expected = "array of _C.sampling_params_dtype of shape (B,)";
+    if (!py::isinstance<py::array>(obj))
+        bad_argument(std::string("params must be a numpy array (") + expected + "), got " +
+                     py::str(py::type::of(obj)).cast<std::string>());
+    py::array rows = py::reinterpret_borrow<py::array>(obj);
+    if (!rows.dtype().equal(sampling_params_dtype()) || !(rows.flags() & py::array::c_style) ||
+        rows.ndim() != 1 || rows.shape(0) != B) {
+        brrr::Message s;
+        s << "params must be a C-contiguous " << expected << " with B = " << B << "; got a "
+          << ((rows.flags() & py::array::c_style) ? "" : "non-contiguous ") << dtype_of(rows)
+          << " array of shape " << shape_of(rows);
+        bad_argument(s.str());
+    }
+    const auto* p = static_cast<const brrr::SamplingParams*>(rows.data());
     for (py::ssize_t i = 0; i < B; ++i) {
-        const std::string problem = brrr::sampling_params_problem(rows.data()[i]);
+        const std::string problem = brrr::sampling_params_problem(p[i]);
         if (!problem.empty()) bad_argument("sampling row " + std::to_string(i) + ": " + problem);
     }
     return rows;
+}
+inline const brrr::SamplingParams* rows_of(const py::array& rows) {
+    return static_cast<const brrr::SamplingParams*>(rows.data());
 }
 
 // Runs f with the GIL released. An engine error is carried out of the GIL-free region and

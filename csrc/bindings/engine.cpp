@@ -299,7 +299,7 @@ void bind_engine(py::module_& m) {
         py::array_t<float> logprobs(B);
         int32_t* tok_out = tokens.mutable_data();
         float* lp_out = logprobs.mutable_data();
-        const brrr::SamplingParams* rp = rows.data();
+        const brrr::SamplingParams* rp = rows_of(rows);
         const uint64_t* steps = st.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
@@ -326,7 +326,7 @@ void bind_engine(py::module_& m) {
         py::array_t<float> out_logprobs({out_rows, B});
         int32_t* tok_out = out_tokens.mutable_data();
         float* lp_out = out_logprobs.mutable_data();
-        const brrr::SamplingParams* rp = sampling.data();
+        const brrr::SamplingParams* rp = rows_of(sampling);
         const uint64_t* steps = st.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);

@@ -64,8 +64,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("profile_now", [] { return brrr::profile::now(); },
           "Seconds on the host steady_clock, the timeline of every profile record");
 
-    PYBIND11_NUMPY_DTYPE(brrr::SamplingParams, temperature, top_k, top_p, min_p, repetition_penalty, seed);
-    m.attr("sampling_params_dtype") = py::dtype::of<brrr::SamplingParams>();
+    m.attr("sampling_params_dtype") = sampling_params_dtype();
     m.def("sampling_params_problem", [](float temperature, int64_t top_k, float top_p, float min_p,
                                         float repetition_penalty) {
         brrr::SamplingParams p;

@@ -195,7 +195,7 @@ void bind_testing(py::module_& m) {
         py::array_t<float> logprobs(B);
         int32_t* tok_out = tokens.mutable_data();
         float* lp_out = logprobs.mutable_data();
-        const brrr::SamplingParams* host_params = rows.data();
+        const brrr::SamplingParams* host_params = rows_of(rows);
         const uint64_t* host_steps = st.data();
         const size_t params_bytes = sizeof(brrr::SamplingParams) * B;
         const size_t steps_bytes = sizeof(uint64_t) * B;
