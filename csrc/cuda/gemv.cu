@@ -220,9 +220,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     if (norm_in_smem) copy_to_smem_async(w_raw, a.norm_w, K * (int)sizeof(bf16));
     pdl_launch_dependents();
     // The first step (chunk 0, v0 = lane) loads before the wait; the loop skips its own load once.
+    // The loads sit in a branch of their own (lanes with a first step): issued unconditionally,
+    // ptxas sinks them past griddepcontrol.wait to their first use and the weight stream no longer
+    // overlaps the previous kernel (tests/test_cuda_sass.py checks the order in the binary).
+    const int first_n8 = min(chunk, K) / 8;
     bool preloaded = false;
-    if (VEC) {
-        load_w(0, lane, min(chunk, K) / 8);
+    if (VEC && lane < first_n8) {
+        load_w(0, lane, first_n8);
         preloaded = true;
     }
     pdl_wait();
