@@ -34,6 +34,8 @@ constexpr int kDecodeCtasPerSm = 2;
 constexpr int kDecodeLateTriggerHeadDim = 128;
 
 // ---- prefill attention (attention_prefill_sm80.cu, attention_prefill_sm90.cu) -----------------
+// No knob: the tiles (kPreRows = 128 queries a CTA) follow from the mma / wgmma
+// fragment shapes and shared memory; they are constants of attention_common.cuh.
 
 // ---- GEMM (gemm_sm80.cu, gemm_sm90.cu) and the matmul dispatch (matmul.cu) --------------------
 // Largest M that matmul_bf16 sends to the GEMV; from M = 17 on the GEMM is as fast or faster.
