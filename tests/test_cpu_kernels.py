@@ -13,6 +13,7 @@ import torch
 
 from llama_brrr.config import ModelConfig
 from llama_brrr.reference import rope_inv_freq as reference_inv_freq
+from counter_rng import uniform01
 
 
 def poisoned(shape):
@@ -257,21 +258,6 @@ def test_swiglu_extreme_gates(C, rng):
 
 
 # ---- sampling ---------------------------------------------------------------------------------
-
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
-def uniform01(seed, step):
-    r = splitmix64(splitmix64(seed) ^ ((step * 0xD1B54A32D192ED03) & MASK64))
-    return (r >> 40) / 16777216.0
-
 
 def reference_filter(logits, history, temperature, top_k, top_p, min_p, penalty):
     """The kept tokens in draw order and their weights, by the rules of csrc/cpu/sampling.h,
