@@ -37,3 +37,19 @@ class UnsupportedModelError(ModelFileError):
 
 class FetchError(BrrrError):
     """Downloading or verifying a model failed; the message says how to get the file by hand."""
+
+
+class ArgumentTypeError(BrrrError, TypeError, ValueError):
+    """An argument of the wrong type (`stop=123`, a float token id, `logprobs="no"`).
+
+    The API promises a ValueError naming the parameter for every bad argument; Python's own
+    convention for a wrong type is a TypeError. This is both, so either `except` catches it.
+    """
+
+
+class NonFiniteLogitsError(BrrrError, RuntimeError):
+    """A generation step whose logits hold NaN or inf (damaged weights or an engine fault).
+
+    Raised instead of sampling a token from them, so a NaN never comes back as text. The message
+    names the step and the sequence.
+    """

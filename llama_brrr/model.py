@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import math
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -28,7 +30,8 @@ import numpy as np
 
 from . import _C, profiler
 from .config import ModelConfig, shape_config
-from .sampling import SamplingParams, engine_rows
+from .errors import ArgumentTypeError, NonFiniteLogitsError
+from .sampling import SamplingParams, _has_surrogate, engine_rows
 
 _DTYPE_ALIASES = {
     "f32": "f32", "float32": "f32", "fp32": "f32",
@@ -38,6 +41,8 @@ _DTYPE_ALIASES = {
 _DEFAULT_CONTEXT_CAP = 4096
 _DEFAULT_MAX_BATCH = {"cpu": 8, "cuda": 64}
 _RANDOM_INIT_STD = 0.02
+_INT32_MAX = 2**31 - 1
+_MAX_THREADS = 4096  # beyond any machine; keeps a typo from reaching the engine as a thread count
 _BUSY_MESSAGE = ("this Llama is already generating (an unfinished stream?); finish or close that "
                  "generator first: one instance runs one generation at a time")
 
@@ -176,6 +181,11 @@ class Llama:
         from .loaders import load_model
         from .tokenizer import load_tokenizer
 
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ArgumentTypeError(f"path must be a str, an os.PathLike or None, got {path!r}")
+        if not isinstance(progress, (bool, np.bool_)):
+            raise ArgumentTypeError(f"progress must be True or False, got {progress!r}")
+        n_threads = _parse_threads(n_threads)
         backend, device_index = _parse_device(device)
         engine_dtype = _parse_dtype(dtype, backend)
         resolved = fetch.resolve_model(path, progress=progress)
@@ -184,7 +194,7 @@ class Llama:
         max_seq_len = _parse_max_seq_len(max_seq_len, config)
         max_batch = _parse_max_batch(max_batch, backend)
         engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
-                           device_index, _parse_threads(n_threads))
+                           device_index, n_threads)
         _set_weights(engine, loaded.tensors, config, progress, str(resolved))
         tokenizer = load_tokenizer(loaded.tokenizer_spec)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
@@ -206,15 +216,19 @@ class Llama:
         elif isinstance(shape_name_or_config, str):
             config = shape_config(shape_name_or_config)
         else:
-            raise TypeError(f"Llama.random takes a shape name or a ModelConfig, "
-                            f"got {type(shape_name_or_config).__name__}")
+            raise ArgumentTypeError(f"shape_name_or_config must be a shape name or a ModelConfig, "
+                                    f"got {type(shape_name_or_config).__name__}")
+        seed = _check_int("seed", seed)
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        n_threads = _parse_threads(n_threads)
         backend, device_index = _parse_device(device)
         engine_dtype = _parse_dtype(dtype, backend)
         max_seq_len = _parse_max_seq_len(max_seq_len, config)
         max_batch = _parse_max_batch(max_batch, backend)
         engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
-                           device_index, _parse_threads(n_threads))
-        engine.init_random(int(seed), _RANDOM_INIT_STD)
+                           device_index, n_threads)
+        engine.init_random(seed, _RANDOM_INIT_STD)
         tokenizer = (RandomModelTokenizer(config.vocab_size)
                      if config.vocab_size >= RandomModelTokenizer.N_SPECIAL + 256 else None)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
@@ -248,6 +262,8 @@ class Llama:
         params = SamplingParams.from_kwargs(sampling_params, kwargs)
         t_tokenize = profiler.mark()
         requests = [self._make_request(text, ids, params) for text, ids in self._prompts(prompts)]
+        for index, r in enumerate(requests):
+            r.index = index
         profiler.record_span("tokenize", None, t_tokenize)
         with self._exclusive():
             for _ in self._run(requests):
@@ -294,6 +310,10 @@ class Llama:
         The tokens are written into that slot's KV cache, so a later call with start_pos = T
         continues the same sequence.
         """
+        if isinstance(token_ids, np.ndarray):
+            token_ids = token_ids.tolist()
+        if not isinstance(token_ids, (list, tuple)):
+            raise ArgumentTypeError(f"token_ids must be a list of token ids, got {token_ids!r}")
         ids = self._check_ids(token_ids, "token_ids")
         if not ids:
             raise ValueError("forward: token_ids is empty")
@@ -302,7 +322,7 @@ class Llama:
         if not 0 <= slot < self.max_batch:
             raise ValueError(f"slot must be in [0, {self.max_batch}) (max_batch={self.max_batch}), "
                              f"got {slot}")
-        if start_pos < 0 or start_pos + len(ids) > self.max_seq_len:
+        if not 0 <= start_pos <= self.max_seq_len - len(ids):
             raise ValueError(f"forward: start_pos={start_pos} plus {len(ids)} tokens does not fit "
                              f"the context max_seq_len={self.max_seq_len}")
         with self._exclusive(), profiler.span("forward", "prefill", len(ids)):
@@ -318,8 +338,8 @@ class Llama:
         if isinstance(prompts, str):
             return [self._encode_prompt(prompts)]
         if not isinstance(prompts, (list, tuple)):
-            raise TypeError(f"prompts must be a str, a list of str, a list of token ids or a list "
-                            f"of token-id lists, got {type(prompts).__name__}")
+            raise ArgumentTypeError(f"prompts must be a str, a list of str, a list of token ids or a "
+                                    f"list of token-id lists, got {type(prompts).__name__}")
         if not prompts:
             raise ValueError("prompt is empty: prompts is an empty list")
         if not any(isinstance(p, (str, list, tuple, np.ndarray)) for p in prompts):
@@ -331,14 +351,17 @@ class Llama:
             elif isinstance(p, (list, tuple, np.ndarray)):
                 out.append((None, self._check_ids(list(p), f"prompt {i}")))
             else:
-                raise TypeError(f"prompt {i} must be a str or a list of token ids, "
-                                f"got {type(p).__name__}")
+                raise ArgumentTypeError(f"prompt {i} must be a str or a list of token ids, "
+                                        f"got {type(p).__name__}")
         return out
 
     def _encode_prompt(self, text: str, index: int | None = None) -> tuple[str, list[int]]:
         name = "prompt" if index is None else f"prompt {index}"
         if not text:
             raise ValueError(f"{name} is empty: give at least one character of text")
+        if _has_surrogate(text):
+            raise ValueError(f"{name} is not valid Unicode text: it holds a lone surrogate at index "
+                             f"{_first_surrogate(text)} (text decoded with errors='surrogateescape'?)")
         if self.tokenizer is None:
             raise ValueError(f"this model has no tokenizer (random weights with vocab_size="
                              f"{self.config.vocab_size} < 259): pass {name} as a list of token ids")
@@ -352,7 +375,7 @@ class Llama:
         out = []
         for j, t in enumerate(ids):
             if not _is_int(t):
-                raise TypeError(f"{name}: token ids must be integers, got {t!r} at index {j}")
+                raise ArgumentTypeError(f"{name}: token ids must be integers, got {t!r} at index {j}")
             t = int(t)
             if not 0 <= t < vocab:
                 raise ValueError(f"{name}: token id {t} at index {j} is outside the vocabulary "
@@ -386,6 +409,10 @@ class Llama:
                     and isinstance(m.get("content"), str)):
                 raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', "
                                  f"got {m!r}")
+            for key in ("role", "content"):
+                if _has_surrogate(m[key]):
+                    raise ValueError(f"messages[{i}]['{key}'] is not valid Unicode text: it holds a "
+                                     f"lone surrogate at index {_first_surrogate(m[key])}")
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
         # Templates that write the BOS text themselves (Llama 3) must not get a second BOS.
         bos = self.tokenizer.bos_id
@@ -466,6 +493,15 @@ class Llama:
             new_tokens, logprobs = new_tokens.tolist(), logprobs.tolist()
             for i, r in enumerate(active):
                 for token, logprob in zip((row[i] for row in new_tokens), (row[i] for row in logprobs)):
+                    # The sampler's log-softmax of the chosen token is NaN or inf exactly when the
+                    # step's logits are not all finite: the check costs one float test per token.
+                    if not math.isfinite(logprob):
+                        raise NonFiniteLogitsError(
+                            f"generation step {len(r.token_ids)} of sequence {r.index} (prompt "
+                            f"{r.index} of this call) produced non-finite logits (NaN or inf; the "
+                            f"chosen token's log-probability is {logprob}); nothing was sampled from "
+                            f"them. The model's weights or inputs are damaged (check the file with "
+                            f"a fresh download)")
                     if not r.token_ids:
                         r.t_first = now
                         r.t_wave = t_wave
@@ -500,6 +536,7 @@ class _Request:
         self.finish_reason: str | None = None
         self.cut_by_stop_string = False
         self.slot = self.position = self.next_token = 0
+        self.index = 0  # position among the prompts of its call, for error messages
         self.t_call = self.t_wave = self.t_first = self.t_done = 0.0
 
     def accept(self, token: int, logprob: float, max_seq_len: int) -> str:
@@ -593,8 +630,12 @@ def _is_int(value) -> bool:
 
 def _check_int(name: str, value) -> int:
     if not _is_int(value):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be an integer, got {value!r}")
     return int(value)
+
+
+def _first_surrogate(text: str) -> int:
+    return next(i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF)
 
 
 def _parse_device(device: str) -> tuple[str, int]:
@@ -643,23 +684,24 @@ def _parse_dtype(dtype: str | None, backend: str) -> str:
 def _parse_max_seq_len(max_seq_len: int | None, config: ModelConfig) -> int:
     if max_seq_len is None:
         return min(config.max_seq_len, _DEFAULT_CONTEXT_CAP)
-    if not _is_int(max_seq_len) or max_seq_len < 2:
+    if not _is_int(max_seq_len) or not 2 <= max_seq_len <= _INT32_MAX:
         raise ValueError(f"max_seq_len must be an integer >= 2 (a prompt token and a generated "
-                         f"one), got {max_seq_len!r}")
+                         f"one) and < 2**31, got {max_seq_len!r}")
     return int(max_seq_len)
 
 
 def _parse_max_batch(max_batch: int | None, backend: str) -> int:
     if max_batch is None:
         return _DEFAULT_MAX_BATCH[backend]
-    if not _is_int(max_batch) or max_batch < 1:
-        raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    if not _is_int(max_batch) or not 1 <= max_batch <= _INT32_MAX:
+        raise ValueError(f"max_batch must be an integer >= 1 (and < 2**31), got {max_batch!r}")
     return int(max_batch)
 
 
 def _parse_threads(n_threads: int) -> int:
-    if not _is_int(n_threads) or n_threads < 0:
-        raise ValueError(f"n_threads must be an integer >= 0 (0 = all cores), got {n_threads!r}")
+    if not _is_int(n_threads) or not 0 <= n_threads <= _MAX_THREADS:
+        raise ValueError(f"n_threads must be an integer in [0, {_MAX_THREADS}] (0 = all cores), "
+                         f"got {n_threads!r}")
     return int(n_threads)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _C
+from .errors import ArgumentTypeError
 
 # The fields of the engine's per-row record (_C.sampling_params_dtype) and their "off" values.
 ENGINE_DEFAULTS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, seed=0)
@@ -79,8 +80,8 @@ class SamplingParams:
 
         self.stop = _normalize_stop(self.stop)
         self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
-        self.ignore_eos = bool(self.ignore_eos)
-        self.logprobs = bool(self.logprobs)
+        self.ignore_eos = _require_bool("ignore_eos", self.ignore_eos)
+        self.logprobs = _require_bool("logprobs", self.logprobs)
 
     def engine_row(self, seed: int) -> tuple:
         """This request's record for the engine (a row of engine_rows), with its drawn seed."""
@@ -95,17 +96,17 @@ class SamplingParams:
     def from_kwargs(cls, sampling_params: SamplingParams | None, kwargs: dict) -> SamplingParams:
         """The parameters of a generate()/stream()/chat() call: an object or keyword fields, not both."""
         if sampling_params is not None and kwargs:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"pass either sampling_params or keyword sampling arguments, not both "
                 f"(got sampling_params and {', '.join(sorted(kwargs))})")
         if sampling_params is not None:
             if not isinstance(sampling_params, SamplingParams):
-                raise TypeError(f"sampling_params must be a SamplingParams, "
+                raise ArgumentTypeError(f"sampling_params must be a SamplingParams, "
                                 f"got {type(sampling_params).__name__}")
             return sampling_params
         unknown = sorted(set(kwargs) - set(cls.field_names()))
         if unknown:
-            raise TypeError(f"unknown sampling argument(s) {', '.join(map(repr, unknown))}; "
+            raise ArgumentTypeError(f"unknown sampling argument(s) {', '.join(map(repr, unknown))}; "
                             f"valid: {', '.join(cls.field_names())}")
         return cls(**kwargs)
 
@@ -132,14 +133,24 @@ def uniform_rows(n: int, **fields) -> np.ndarray:
 def _require_int(name: str, value, allowed: str) -> int:
     # bool is an int subclass, but top_k=True is a mistake, not a 1; numpy integers are welcome.
     if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be {allowed}, got {value!r}")
     return int(value.__index__())
 
 
 def _require_real(name: str, value, allowed: str) -> float:
     if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return float(value)
+        raise ArgumentTypeError(f"{name} must be {allowed}, got {value!r}")
+    try:
+        return float(value)
+    except (OverflowError, ValueError, TypeError):  # an int beyond float's range, a broken __float__
+        raise ValueError(f"{name} must be {allowed}, got {value!r}") from None
+
+
+def _require_bool(name: str, value) -> bool:
+    # "no" or 0 taken as a flag would silently mean something else; numpy's bool is welcome.
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _normalize_stop(stop) -> list[str]:
@@ -147,21 +158,41 @@ def _normalize_stop(stop) -> list[str]:
         return []
     if isinstance(stop, str):
         stop = [stop]
+    if not isinstance(stop, (list, tuple)):
+        raise ArgumentTypeError(f"stop must be a string, a list of strings or None, got {stop!r}")
     stop = list(stop)
     for s in stop:
         if not isinstance(s, str) or not s:
             raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        if _has_surrogate(s):
+            raise ValueError(f"stop strings must be valid Unicode text, got {s!r} (a lone surrogate)")
     return stop
 
 
 def _normalize_stop_token_ids(ids) -> list[int]:
     if ids is None:
         return []
-    if isinstance(ids, int):
+    if isinstance(ids, np.ndarray):
+        ids = ids.tolist()
+    if not isinstance(ids, bool) and hasattr(ids, "__index__"):
         ids = [ids]
+    if not isinstance(ids, (list, tuple)):
+        raise ArgumentTypeError(f"stop_token_ids must be a list of token ids or None, got {ids!r}")
     out = []
     for t in ids:
         if isinstance(t, bool) or not hasattr(t, "__index__"):
-            raise ValueError(f"stop_token_ids must be integers, got {t!r}")
-        out.append(int(t.__index__()))
+            raise ArgumentTypeError(f"stop_token_ids must be integers, got {t!r}")
+        t = int(t.__index__())
+        if not 0 <= t <= _INT32_MAX:
+            raise ValueError(f"stop_token_ids must be token ids >= 0, got {t}")
+        out.append(t)
     return out
+
+
+def _has_surrogate(text: str) -> bool:
+    """True when `text` holds a lone surrogate (U+D800..U+DFFF), which no UTF-8 text can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

@@ -16,6 +16,9 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
+
+from ..errors import ArgumentTypeError
 from .chat import ChatTemplate
 
 # Tokens that end a turn in the chat formats of the Llama family and its fine-tunes. A vocabulary
@@ -102,7 +105,14 @@ class Tokenizer:
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`. add_bos None: BOS when the model's files say so; EOS only when they say so."""
         if not isinstance(text, str):
-            raise TypeError(f"encode() takes a str, got {type(text).__name__}")
+            raise ArgumentTypeError(f"encode() takes a str, got {type(text).__name__}")
+        if add_bos is not None and not isinstance(add_bos, (bool, np.bool_)):
+            raise ArgumentTypeError(f"add_bos must be True, False or None, got {add_bos!r}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"encode(): text is not valid Unicode: a lone surrogate at index "
+                             f"{error.start} ({text[error.start]!r}); UTF-8 cannot hold it") from None
         if add_bos is None:
             add_bos = self._add_bos
         ids = self._encode_text(text)
@@ -123,7 +133,9 @@ class Tokenizer:
         try:
             index = operator.index(token_id)
         except TypeError:
-            raise TypeError(f"token ids must be integers, got {type(token_id).__name__}") from None
+            raise ArgumentTypeError(f"token ids must be integers, got {type(token_id).__name__}") from None
+        if isinstance(token_id, (bool, np.bool_)):
+            raise ArgumentTypeError(f"token ids must be integers, got {token_id!r}")
         if not 0 <= index < len(self._piece_bytes):
             raise ValueError(f"token id {index} is out of range: the vocabulary has {len(self._piece_bytes)} "
                              f"tokens (ids 0..{len(self._piece_bytes) - 1})")
@@ -146,6 +158,11 @@ class Tokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text of `ids`; bytes that are not valid UTF-8 become U+FFFD."""
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise ArgumentTypeError(f"decode() takes a sequence of token ids, got {type(ids).__name__}")
+        if not isinstance(skip_special_tokens, (bool, np.bool_)):
+            raise ArgumentTypeError(f"skip_special_tokens must be True or False, "
+                                    f"got {skip_special_tokens!r}")
         chunks = []
         at_text_start = True
         for token_id in ids:
