@@ -12,6 +12,7 @@ exits with status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -22,6 +23,8 @@ from .errors import BrrrError
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 USER_ERRORS = (BrrrError, ValueError, RuntimeError, MemoryError, FileNotFoundError, ImportError)
+# Set to 1 to get the traceback of an error the command does not expect (a bug to report).
+TRACEBACK_ENV = "LLAMA_BRRR_TRACEBACK"
 
 
 @dataclass
@@ -99,9 +102,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    prompt = text_argument("the prompt", args.prompt)
     params = sampling_params(args)
     llm = load_model(args)
-    write_stream(llm.stream(args.prompt, params))
+    write_stream(llm.stream(prompt, params))
     print(timing_line(llm.last_output.timings), file=sys.stderr)
     return 0
 
@@ -115,18 +119,29 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    system = text_argument("--system", args.system) if args.system is not None else None
     params = sampling_params(args)
     llm = load_model(args)
     interactive = sys.stdin.isatty()
     if interactive:
         print("chat: type a message; /exit or Ctrl-D ends", file=sys.stderr)
-    history = [{"role": "system", "content": args.system}] if args.system else []
+    history = [{"role": "system", "content": system}] if system else []
+    # Bytes, decoded here: a line that is not UTF-8 gets an error naming it, whatever the locale.
+    stdin = getattr(sys.stdin, "buffer", None)
+    line_number = 0
     while True:
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
+        line = stdin.readline() if stdin is not None else sys.stdin.readline()
         if not line:
             break
+        line_number += 1
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"chat input line {line_number} is not valid UTF-8 (byte "
+                                 f"{line[error.start]:#04x} at offset {error.start})") from None
         message = line.strip()
         if message == "/exit":
             break
@@ -138,6 +153,19 @@ def run_chat(args: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": llm.last_output.text})
         print(timing_line(llm.last_output.timings), file=sys.stderr)
     return 0
+
+
+def text_argument(name: str, value: str) -> str:
+    """A command-line text argument as text. Python hands bytes that are not UTF-8 over as lone
+    surrogates (surrogateescape); the model cannot take them, so say which byte is wrong."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raw = value.encode("utf-8", "surrogateescape")
+        bad = value[error.start:error.start + 1].encode("utf-8", "surrogateescape")
+        raise ValueError(f"{name} is not valid UTF-8 (byte {bad[0]:#04x} at character "
+                         f"{error.start} of {len(raw)} bytes)") from None
+    return value
 
 
 def drop_old_turns(llm, history: list[dict]) -> None:
@@ -191,15 +219,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_message(error: BaseException) -> str:
+    """The text after "llama-brrr: error: ": never empty, and printable whatever the locale (a
+    file name that is not UTF-8 comes back escaped)."""
+    text = str(error).strip()
+    if not text:
+        text = f"{type(error).__name__} (no message)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
     except USER_ERRORS as error:
         sys.stdout.flush()
-        print(f"llama-brrr: error: {error}", file=sys.stderr)
+        print(f"llama-brrr: error: {error_message(error)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         sys.stdout.flush()
         print("\nllama-brrr: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as error:  # a case no check foresaw: still one line, the traceback on request
+        sys.stdout.flush()
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(f"llama-brrr: error: {type(error).__name__}: {error_message(error)} (an unexpected "
+              f"error; {TRACEBACK_ENV}=1 shows its traceback for a bug report)", file=sys.stderr)
+        return EXIT_USER_ERROR

@@ -81,6 +81,9 @@ def run_profile(args: argparse.Namespace) -> int:
         written += _profile_reference(llm, out.prompt_token_ids, args)
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
+    if not args.out:
+        print("no files written: add --out DIR for summary.json, trace.json, roofline.png and "
+              "breakdown.png", file=sys.stderr)
     return 0
 
 

@@ -3,9 +3,50 @@ random generator, and random canonical weights for a ModelConfig."""
 
 import os
 import secrets
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+
+def _isolate_home() -> tuple[Path, Path]:
+    """Points $LLAMA_BRRR_HOME at a fresh temporary folder before any test (or CLI subprocess,
+    which inherits the environment) can write peaks.json or other cache files, so the suite never
+    touches the user's cache. The fetched default model and Llama 3 tokenizer stay where they are:
+    their paths go into the override variables fetch.py reads first. Returns (the user's cache,
+    the temporary home)."""
+    from llama_brrr import fetch
+
+    user_cache = fetch.cache_dir()
+    if not os.environ.get(fetch.DEFAULT_MODEL_ENV) and fetch.local_default_model() is not None:
+        os.environ[fetch.DEFAULT_MODEL_ENV] = str(fetch.local_default_model())
+    if not os.environ.get(fetch.LLAMA3_TOKENIZER_ENV) and fetch.llama3_tokenizer_path() is not None:
+        os.environ[fetch.LLAMA3_TOKENIZER_ENV] = str(fetch.llama3_tokenizer_path())
+    home = Path(tempfile.mkdtemp(prefix="llama_brrr_test_home_"))
+    os.environ[fetch.HOME_ENV] = str(home)
+    return user_cache, home
+
+
+USER_CACHE, TEST_HOME = _isolate_home()
+
+
+def _cache_state(folder: Path) -> dict:
+    """name -> (size, mtime_ns) of every file under `folder` (empty when it does not exist)."""
+    if not folder.is_dir():
+        return {}
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def user_cache_untouched():
+    """The suite's own run leaves the user's cache as it found it (peaks.json above all)."""
+    before = _cache_state(USER_CACHE)
+    yield USER_CACHE
+    after = _cache_state(USER_CACHE)
+    changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+    assert not changed, f"the test suite wrote into the user's cache {USER_CACHE}: {changed}"
 
 
 @pytest.fixture(scope="session")

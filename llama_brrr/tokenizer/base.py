@@ -105,7 +105,7 @@ class Tokenizer:
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`. add_bos None: BOS when the model's files say so; EOS only when they say so."""
         if not isinstance(text, str):
-            raise ArgumentTypeError(f"encode() takes a str, got {type(text).__name__}")
+            raise ArgumentTypeError(f"encode(): text must be a str, got {type(text).__name__}")
         if add_bos is not None and not isinstance(add_bos, (bool, np.bool_)):
             raise ArgumentTypeError(f"add_bos must be True, False or None, got {add_bos!r}")
         try:

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
+from ..errors import ArgumentTypeError
+
 # ChatML, used when a model's files carry no chat template.
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -106,8 +108,8 @@ def _template_tojson(value, ensure_ascii=False, indent=None, separators=None, so
 
 def _check_messages(messages) -> list[dict]:
     if not isinstance(messages, (list, tuple)):
-        raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
-                        f"got {type(messages).__name__}")
+        raise ArgumentTypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
+                                f"got {type(messages).__name__}")
     checked = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):

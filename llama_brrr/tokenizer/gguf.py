@@ -50,6 +50,9 @@ class GGUFVocabulary:
                              f"{len(tokens)} tokens")
         for key in ("bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "unknown_token_id"):
             value = spec.get(key)
+            if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
+                raise file_error(source, f"tokenizer.ggml.{key} = {value!r} is not an integer "
+                                 f"token id; the file's metadata is damaged")
             if value is not None and not 0 <= value < len(tokens):
                 raise file_error(source, f"tokenizer.ggml.{key} = {value} is outside the vocabulary "
                                  f"of {len(tokens)} tokens")
