@@ -197,3 +197,85 @@ def test_generate_with_the_default_model():
     assert "Paris" in result.stdout
     stats = STATS_LINE.search(result.stderr)
     assert stats and int(stats.group(2)) >= 1, result.stderr
+
+
+def run_cli_bytes(*args, stdin=b"", env=None, timeout=300):
+    """run_cli with arguments and stdin as raw bytes (for input that is not UTF-8)."""
+    full_env = dict(os.environ, PYTHONIOENCODING="utf-8", **(env or {}))
+    argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+    result = subprocess.run([sys.executable.encode(), b"-m", b"llama_brrr", *argv], input=stdin,
+                            capture_output=True, cwd=REPO, env=full_env, timeout=timeout)
+    return result.returncode, result.stdout, result.stderr.decode("utf-8", "replace")
+
+
+def assert_one_error_line(returncode, stdout, stderr, message):
+    assert returncode == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    errors = re.findall(r"llama-brrr: error: (.*)", stderr)
+    assert len(errors) == 1 and errors[0].strip(), stderr
+    assert re.search(message, errors[0]), stderr
+
+
+def test_huge_top_k_is_off_not_a_crash(tiny_gguf):
+    result = run_cli("generate", "hi", "--model", tiny_gguf, "--device", "cpu", "--top-k",
+                     3000000000, "--max-new-tokens", 4, "--threads", 1)
+    assert result.returncode == 0, result.stderr
+    llm = Llama.from_pretrained(str(tiny_gguf), device="cpu", progress=False, n_threads=1)
+    assert result.stdout == llm.generate("hi", max_tokens=4)[0].text + "\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    ((b"generate", b"h\xffi"), r"the prompt is not valid UTF-8 \(byte 0xff"),
+    ((b"chat", b"--system", b"be \xfe"), r"--system is not valid UTF-8 \(byte 0xfe"),
+], ids=["prompt", "system"])
+def test_non_utf8_arguments_are_a_clean_error(tiny_gguf, args, message):
+    assert_one_error_line(*run_cli_bytes(*args, b"--model", str(tiny_gguf), b"--device", b"cpu"),
+                          message)
+
+
+def test_non_utf8_chat_input_is_a_clean_error(tiny_gguf):
+    code, stdout, stderr = run_cli_bytes(b"chat", b"--model", str(tiny_gguf), b"--device", b"cpu",
+                                         b"--max-new-tokens", b"2", stdin=b"hi\nbad \xff line\n")
+    assert_one_error_line(code, b"", stderr, r"chat input line 2 is not valid UTF-8")
+    assert len(STATS_LINE.findall(stderr)) == 1  # the first line was answered
+
+
+def test_non_utf8_model_path_is_printed_escaped():
+    code, stdout, stderr = run_cli_bytes(b"generate", b"hi", b"--model", b"/nonexistent/\xff.gguf")
+    assert_one_error_line(code, stdout, stderr, r"/nonexistent/\\udcff\.gguf")
+
+
+@pytest.mark.parametrize("bos", [1.0, 1.5], ids=["1.0", "1.5"])
+def test_float_bos_id_is_a_clean_error(tmp_path, monkeypatch, bos):
+    import gguf
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_bos_token_id",
+                        lambda self, _: self.add_float32(gguf.Keys.Tokenizer.BOS_ID, bos))
+    path = write_tiny_gguf(tmp_path / "float_bos.gguf")
+    for command, stdin in (("generate", ""), ("chat", "hi\n")):
+        args = [command] + (["hi"] if command == "generate" else []) + ["--model", path, "--device", "cpu"]
+        result = run_cli(*args, stdin=stdin)
+        assert_one_error_line(result.returncode, result.stdout, result.stderr,
+                              r"float_bos\.gguf: tokenizer\.ggml\.bos_token_id = 1\.[05] is not an integer")
+
+
+def test_empty_and_unexpected_exception_messages(monkeypatch, capsys):
+    from llama_brrr import cli
+
+    for error, message in ((MemoryError(), r"^MemoryError \(no message\)$"),
+                           (RuntimeError("  "), r"^RuntimeError \(no message\)$"),
+                           (OverflowError("too big"), r"^OverflowError: too big \(an unexpected"),
+                           (KeyError(), r"^KeyError: KeyError \(no message\)")):
+        def fail(args, error=error):
+            raise error
+        monkeypatch.setitem(cli.COMMANDS, "generate", cli.Command("", cli.add_generate_arguments, fail))
+        assert cli.main(["generate", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert_one_error_line(2, "", err, message)
+
+
+def test_profile_without_out_says_how_to_get_files(tiny_gguf):
+    result = run_cli("profile", "--model", tiny_gguf, "--device", "cpu", "--max-new-tokens", 2,
+                     "--threads", 1)
+    assert result.returncode == 0, result.stderr
+    assert "no files written: add --out DIR" in result.stderr
