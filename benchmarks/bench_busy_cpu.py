@@ -6,11 +6,13 @@ The CPU engine's OpenMP worker threads wait for each other at the end of every p
 makes the spinning thread and the preempted one wait on each other, and decode with all cores
 falls below what one thread alone does. This benchmark measures that, per wait policy:
 
-  policy     the OpenMP wait setting of the engine's process: "package" leaves OMP_WAIT_POLICY
-             and GOMP_SPINCOUNT unset, so llama_brrr's own default applies; "libgomp" sets
-             GOMP_SPINCOUNT=300000, libgomp's value when nothing is set (OMP_DISPLAY_ENV shows the
-             two alike), i.e. the engine before llama_brrr set a default; "spin=N" sets
-             GOMP_SPINCOUNT=N; "passive" sets OMP_WAIT_POLICY=PASSIVE.
+  policy     the engine and the OpenMP wait setting of its process: "package" leaves
+             OMP_WAIT_POLICY and GOMP_SPINCOUNT unset, so llama_brrr's own defaults apply;
+             "before" runs the engine of --before-repo (a checkout from before those defaults,
+             built in place) with GOMP_SPINCOUNT=300000, libgomp's value when nothing is set
+             (OMP_DISPLAY_ENV shows the two alike); "libgomp" is this engine with that spin
+             count; "spin=N" this engine with GOMP_SPINCOUNT=N; "passive" with
+             OMP_WAIT_POLICY=PASSIVE.
   condition  quiet; busy (one busy-loop process, placed by the kernel); busy-pinned (the busy
              loop pinned to the last allowed core).
   threads    0 (the engine's default: all cores) and 1.
@@ -55,11 +57,15 @@ BUSY_LOOP = ("import sys, time\n"
              "        pass\n")
 
 
-def policy_env(policy: str) -> dict:
+def policy_env(policy: str, before_repo: Path) -> dict:
     """The worker's environment for a policy name (see the module docstring)."""
     env = {k: v for k, v in os.environ.items() if k not in WAIT_VARS}
+    repo = REPO
     if policy == "package":
         pass
+    elif policy == "before":
+        env["GOMP_SPINCOUNT"] = LIBGOMP_DEFAULT_SPINCOUNT
+        repo = before_repo
     elif policy == "libgomp":
         env["GOMP_SPINCOUNT"] = LIBGOMP_DEFAULT_SPINCOUNT
     elif policy == "passive":
@@ -68,7 +74,7 @@ def policy_env(policy: str) -> dict:
         env["GOMP_SPINCOUNT"] = str(int(policy[5:]))
     else:
         raise SystemExit(f"bench_busy_cpu: unknown policy {policy!r}")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
@@ -81,7 +87,10 @@ def worker(dtype: str, threads: int, prompt_tokens: int) -> None:
     llm = Llama.from_pretrained(None, device="cpu", dtype=dtype, max_seq_len=512, max_batch=1,
                                 n_threads=threads, progress=False)
     prompt = [(17 * i + 5) % 1000 + 100 for i in range(prompt_tokens)]
-    hello = {"wait_env": {k: os.environ.get(k) for k in WAIT_VARS}}
+    import llama_brrr
+
+    hello = {"wait_env": {k: os.environ.get(k) for k in WAIT_VARS},
+             "package": str(Path(llama_brrr.__file__).parent)}
     print(json.dumps(hello), flush=True)
     for line in sys.stdin:
         n = int(line)
@@ -91,10 +100,10 @@ def worker(dtype: str, threads: int, prompt_tokens: int) -> None:
 
 
 class Worker:
-    def __init__(self, policy: str, dtype: str, threads: int, prompt_tokens: int):
+    def __init__(self, policy: str, dtype: str, threads: int, prompt_tokens: int, before_repo: Path):
         self.policy, self.dtype, self.threads = policy, dtype, threads
         cmd = [sys.executable, __file__, "--worker", dtype, str(threads), str(prompt_tokens)]
-        self.proc = subprocess.Popen(cmd, env=policy_env(policy), stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd, env=policy_env(policy, before_repo), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self.hello = self._answer()
 
@@ -217,7 +226,9 @@ def print_table(summary: dict, ratio: dict) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--policies", default="libgomp,package")
+    p.add_argument("--policies", default="before,package")
+    p.add_argument("--before-repo", type=Path, default=Path("/work/main"),
+                   help='a checkout whose engine (built in place) the policy "before" runs')
     p.add_argument("--dtypes", default="f32,bf16")
     p.add_argument("--conditions", default="quiet,busy,busy-pinned")
     p.add_argument("--repeats", type=int, default=5)
@@ -245,7 +256,8 @@ def main(argv=None) -> int:
     print(f"loadavg before: {load_before}  cores allowed: {sorted(os.sched_getaffinity(0))}")
     runs, hellos = [], {}
     for policy in policies:
-        workers = [Worker(policy, d, t, args.prompt_tokens) for d in dtypes for t in (0, 1)]
+        workers = [Worker(policy, d, t, args.prompt_tokens, args.before_repo)
+                   for d in dtypes for t in (0, 1)]
         try:
             for w in workers:
                 hellos[f"{policy}/{w.dtype}/{w.threads}"] = w.hello
@@ -269,7 +281,7 @@ def main(argv=None) -> int:
             for w in workers:
                 w.stop()
     summary = summarize(runs)
-    baseline = "libgomp" if "libgomp" in policies else None
+    baseline = next((p for p in ("before", "libgomp") if p in policies), None)
     ratio = ratios(summary, policies, dtypes, conditions, baseline)
     print_table(summary, ratio)
     result = {

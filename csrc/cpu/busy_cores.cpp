@@ -1,0 +1,66 @@
+// busy_cores.cpp — threads_left_by_others (see busy_cores.h).
+#include "cpu/busy_cores.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+
+namespace brrr {
+namespace cpu {
+namespace {
+
+constexpr double kWindowSeconds = 0.1;  // /proc/stat ticks are 10 ms: ~20 per window on 2 cores
+
+double seconds(clockid_t clock) {
+    timespec ts;
+    clock_gettime(clock, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Busy + stolen CPU seconds of the whole machine since boot; < 0 when /proc/stat is unreadable.
+double machine_busy_seconds() {
+    FILE* f = std::fopen("/proc/stat", "r");
+    if (!f) return -1;
+    unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
+                       steal = 0;
+    const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice,
+                              &system, &idle, &iowait, &irq, &softirq, &steal);
+    std::fclose(f);
+    if (n < 7) return -1;
+    static const double tick = 1.0 / (double)sysconf(_SC_CLK_TCK);
+    return (double)(user + nice + system + irq + softirq + steal) * tick;
+}
+
+struct Watch {
+    std::mutex mutex;
+    double wall = -1, machine = 0, own = 0;  // at the start of the current window
+    double others = 0;                       // cores other processes used in the last window
+};
+
+}  // namespace
+
+int threads_left_by_others(int all_cores) {
+    static Watch watch;
+    std::lock_guard<std::mutex> lock(watch.mutex);
+    const double wall = seconds(CLOCK_MONOTONIC);
+    if (watch.wall < 0 || wall - watch.wall >= kWindowSeconds) {
+        const double machine = machine_busy_seconds();
+        const double own = seconds(CLOCK_PROCESS_CPUTIME_ID);
+        if (machine < 0) return all_cores;
+        if (watch.wall >= 0)
+            watch.others = std::max(0.0, (machine - watch.machine) - (own - watch.own)) /
+                           (wall - watch.wall);
+        watch.wall = wall;
+        watch.machine = machine;
+        watch.own = own;
+    }
+    const int taken = (int)std::lround(watch.others);
+    return std::max(1, all_cores - taken);
+}
+
+}  // namespace cpu
+}  // namespace brrr
