@@ -1,12 +1,15 @@
 // busy_cores.cpp — threads_left_by_others (see busy_cores.h).
 #include "cpu/busy_cores.h"
 
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 namespace brrr {
@@ -21,18 +24,34 @@ double seconds(clockid_t clock) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-// Busy + stolen CPU seconds of the whole machine since boot; < 0 when /proc/stat is unreadable.
-double machine_busy_seconds() {
+// Busy + stolen CPU seconds since boot of the CPUs this process may run on (its affinity mask,
+// which a container's cpuset narrows: the machine's other CPUs are not ours to count); < 0 when
+// /proc/stat is unreadable.
+double allowed_cpus_busy_seconds() {
+    static cpu_set_t allowed;
+    static const bool have_mask = sched_getaffinity(0, sizeof(allowed), &allowed) == 0;
     FILE* f = std::fopen("/proc/stat", "r");
     if (!f) return -1;
-    unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
-                       steal = 0;
-    const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice,
-                              &system, &idle, &iowait, &irq, &softirq, &steal);
+    unsigned long long total = 0;
+    bool any = false;
+    char line[512];
+    while (std::fgets(line, sizeof line, f)) {
+        if (std::strncmp(line, "cpu", 3) != 0 || !std::isdigit((unsigned char)line[3]))
+            continue;  // the "cpu " total line, or not a cpu line at all
+        int cpu = -1;
+        unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0,
+                           softirq = 0, steal = 0;
+        if (std::sscanf(line, "cpu%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &user, &nice,
+                        &system, &idle, &iowait, &irq, &softirq, &steal) < 8)
+            continue;
+        if (cpu < 0 || (have_mask && (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed)))) continue;
+        total += user + nice + system + irq + softirq + steal;
+        any = true;
+    }
     std::fclose(f);
-    if (n < 7) return -1;
+    if (!any) return -1;
     static const double tick = 1.0 / (double)sysconf(_SC_CLK_TCK);
-    return (double)(user + nice + system + irq + softirq + steal) * tick;
+    return (double)total * tick;
 }
 
 struct Watch {
@@ -48,7 +67,7 @@ int threads_left_by_others(int all_cores) {
     std::lock_guard<std::mutex> lock(watch.mutex);
     const double wall = seconds(CLOCK_MONOTONIC);
     if (watch.wall < 0 || wall - watch.wall >= kWindowSeconds) {
-        const double machine = machine_busy_seconds();
+        const double machine = allowed_cpus_busy_seconds();
         const double own = seconds(CLOCK_PROCESS_CPUTIME_ID);
         if (machine < 0) return all_cores;
         if (watch.wall >= 0)

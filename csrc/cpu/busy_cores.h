@@ -5,9 +5,9 @@
 // fraction of it, every region waits for that thread, and decode with all cores runs below the
 // speed of one thread alone. So an engine built with "all cores" (n_threads 0) uses only the cores
 // other processes leave free: cores allowed minus the cores others used, rounded, at least 1.
-// "Others" is the machine's busy time from /proc/stat (plus time the hypervisor stole) less this
-// process's own CPU time, averaged over a window of kWindowSeconds; it is re-read at most once per
-// window, so a call costs one clock read. Results do not depend on the thread count, so this only
+// "Others" is the busy time from /proc/stat of the CPUs this process may run on (plus time the
+// hypervisor stole) less this process's own CPU time, averaged over a window of kWindowSeconds;
+// it is re-read at most once per window, so a call costs one clock read. Results do not depend on the thread count, so this only
 // changes speed. An explicit thread count is used as given.
 #pragma once
 
