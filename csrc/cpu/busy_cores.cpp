@@ -16,7 +16,8 @@ namespace brrr {
 namespace cpu {
 namespace {
 
-constexpr double kWindowSeconds = 0.1;  // /proc/stat ticks are 10 ms: ~20 per window on 2 cores
+constexpr double kWindowSeconds = 0.3;  // /proc/stat counts 10 ms ticks: ~60 per window on 2
+                                        // cores keep a quiet machine well under half a core
 
 double seconds(clockid_t clock) {
     timespec ts;
