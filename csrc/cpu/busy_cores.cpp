@@ -71,7 +71,11 @@ int threads_left_by_others(int all_cores) {
         const double machine = allowed_cpus_busy_seconds();
         const double own = seconds(CLOCK_PROCESS_CPUTIME_ID);
         if (machine < 0) return all_cores;
-        if (watch.wall >= 0)
+        // After an idle gap the sample mostly says what ran while this engine did not: start a
+        // fresh window with all cores rather than act on it.
+        if (watch.wall >= 0 && wall - watch.wall > 2 * kWindowSeconds)
+            watch.others = 0;
+        else if (watch.wall >= 0)
             watch.others = std::max(0.0, (machine - watch.machine) - (own - watch.own)) /
                            (wall - watch.wall);
         watch.wall = wall;
