@@ -8,6 +8,21 @@
 
 __version__ = "0.1.0"
 
+# The CPU engine's OpenMP threads meet at the end of every parallel region, hundreds per token.
+# libgomp's default lets a waiting thread spin for milliseconds there, so when another process
+# holds a core, the spinning thread and the preempted one wait on each other and decode with all
+# cores falls far below one thread's speed. A short spin (long enough to cover the gap between two
+# regions of a quiet decode step: 1,000 rounds lose ~3% of quiet decode, 10,000 nothing measurable)
+# and then a sleep keeps the quiet speed and frees the core for the preempted thread; the engine
+# itself (csrc/cpu/busy_cores.h) also leaves out the cores other processes keep busy. libgomp
+# reads this once, when it loads with _C, so it is set here, before that; a user's own
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT wins. benchmarks/bench_busy_cpu.py measures the choice.
+import os as _os
+
+DEFAULT_GOMP_SPINCOUNT = "10000"
+if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+    _os.environ["GOMP_SPINCOUNT"] = DEFAULT_GOMP_SPINCOUNT
+
 # Loaders, tokenizer and config work without the compiled engine, so a missing _C only fails the
 # names that need it, with a message that says how to build it.
 try:

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/busy_cores.h"
 #include "cpu/kernels.h"
 #include "cpu/simd.h"
 
@@ -109,6 +110,7 @@ CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads)
                "the CPU engine stores weights as f32 or bf16, not " << dtype_name(weight_dtype));
     BRRR_CHECK_ARG(n_threads >= 0, "n_threads must be >= 0 (0 = all cores), got " << n_threads);
     n_threads_ = n_threads > 0 ? n_threads : omp_get_num_procs();
+    all_cores_ = n_threads == 0;
     const Config& c = cfg_;
     rows_cap_ = std::max(std::min(kPrefillChunk, c.max_seq_len), c.max_batch);
     inv_freq_ = rope_inv_freq(c);
@@ -372,7 +374,9 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
 
 // ---- entry points -----------------------------------------------------------------------------
 
-void CpuEngine::begin_call() const { omp_set_num_threads(n_threads_); }
+void CpuEngine::begin_call() const {
+    omp_set_num_threads(all_cores_ ? threads_left_by_others(n_threads_) : n_threads_);
+}
 
 void CpuEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
                         float* logits, bool all_logits) {

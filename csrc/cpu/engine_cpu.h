@@ -99,11 +99,12 @@ private:
     void check_fits_in_ram(size_t weight_bytes) const;  // throws OutOfMemory
     int tensor_index(const std::string& name) const;
     void check_all_weights_set();
-    void begin_call() const;  // per-call OpenMP team size
+    void begin_call() const;  // per-call OpenMP team size (busy_cores.h when all_cores_)
 
     Config cfg_;
     DType wdtype_;
     int n_threads_;
+    bool all_cores_;          // n_threads 0: use the cores other processes leave free
     int rows_cap_;            // scratch rows: max(prefill chunk, max_batch)
     std::vector<float> inv_freq_;  // [head_dim/2]
 
