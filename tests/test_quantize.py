@@ -171,6 +171,18 @@ def ref_q5_k(x):
                           + ql, axis=1)
 
 
+
+def _x2_weighted_sums(x, lf):
+    """sum_i w_i x_i l_i and sum_i w_i l_i^2 with w = x^2, accumulated in float32 in index order as
+    make_qx_quants does (the order is part of bit-identity)."""
+    sumlx = np.zeros(x.shape[0], f32)
+    suml2 = np.zeros(x.shape[0], f32)
+    for i in range(x.shape[1]):
+        w = x[:, i] * x[:, i]
+        sumlx = sumlx + w * x[:, i] * lf[:, i]
+        suml2 = suml2 + w * lf[:, i] * lf[:, i]
+    return sumlx, suml2
+
 def make_qx_quants(x, nmax):
     """rmse_type 1, no importance weights: x [B, n] -> (scale [B], L [B, n] in [0, 2 nmax))."""
     B, n = x.shape
@@ -181,13 +193,7 @@ def make_qx_quants(x, nmax):
         iscale = f32(-nmax) / mx
         l = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
         L = (l + nmax).astype(np.int32)
-        lf = l.astype(f32)
-        sumlx = np.zeros(B, f32)
-        suml2 = np.zeros(B, f32)
-        for i in range(n):
-            w = x[:, i] * x[:, i]
-            sumlx = sumlx + w * x[:, i] * lf[:, i]
-            suml2 = suml2 + w * lf[:, i] * lf[:, i]
+        sumlx, suml2 = _x2_weighted_sums(x, l.astype(f32))
         scale = np.where(suml2 != 0, sumlx / suml2, f32(0)).astype(f32)
         best = scale * sumlx
         for step in range(-9, 10):
@@ -195,13 +201,7 @@ def make_qx_quants(x, nmax):
                 continue
             iscale = -(f32(nmax) + f32(0.1) * f32(step)) / mx
             l = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
-            lf = l.astype(f32)
-            sumlx = np.zeros(B, f32)
-            suml2 = np.zeros(B, f32)
-            for i in range(n):
-                w = x[:, i] * x[:, i]
-                sumlx = sumlx + w * x[:, i] * lf[:, i]
-                suml2 = suml2 + w * lf[:, i] * lf[:, i]
+            sumlx, suml2 = _x2_weighted_sums(x, l.astype(f32))
             take = (suml2 > 0) & (sumlx * sumlx > best * suml2)
             L = np.where(take[:, None], l + nmax, L)
             scale = np.where(take, sumlx / suml2, scale).astype(f32)
