@@ -63,7 +63,7 @@ void bind_cpu_ops(py::module_& m) {
         const void* wp = w.data();
         float* yp = y.mutable_data();
         py::gil_scoped_release release;
-        brrr::cpu::matmul(xp, wp, t, yp, (int)M, (int)N, (int)K, accumulate);
+        brrr::cpu::matmul(xp, wp, t, yp, (int)M, (int)N, (int)K, (int)N, accumulate);
         return y;
     }, py::arg("x"), py::arg("w"), py::arg("w_dtype") = "f32", py::arg("out") = py::none(),
        py::arg("accumulate") = false, "y = x @ w.T (y += x @ w.T with accumulate=True)");

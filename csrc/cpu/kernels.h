@@ -14,8 +14,8 @@ namespace cpu {
 // ---- matmul.cpp -----------------------------------------------------------------------------
 // Y[M, N] = X[M, K] · W[N, K]^T (or Y += ... when accumulate: the residual add of wo and w2).
 // M <= 8 streams W once as a GEMV; larger M runs register-tiled blocks that reuse each W tile
-// across every row of X. w_dtype: F32 or BF16.
-void matmul(const float* X, const void* W, DType w_dtype, float* Y, int M, int N, int K,
+// across every row of X. w_dtype: F32 or BF16. Y rows are ldy >= N floats apart.
+void matmul(const float* X, const void* W, DType w_dtype, float* Y, int M, int N, int K, int ldy,
             bool accumulate);
 
 // ---- kernels.cpp ----------------------------------------------------------------------------

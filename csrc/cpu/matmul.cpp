@@ -84,7 +84,7 @@ constexpr int kGemmNR = 4;     // W rows per prefill tile
 constexpr int kL2Budget = 256 * 1024;  // bytes of W one prefill block may keep in L2
 
 template <typename WT>
-void gemv(const float* X, const WT* W, float* Y, int M, int N, int K, bool accumulate) {
+void gemv(const float* X, const WT* W, float* Y, int M, int N, int K, int ldy, bool accumulate) {
     const int n_tiles = CEIL_DIV(N, kGemvRows);
     // The next tile (the rows right after this one) is fetched into L2 over this tile's K loop:
     // the hardware prefetcher alone ramps up too slowly on rows this short.
@@ -99,14 +99,14 @@ void gemv(const float* X, const WT* W, float* Y, int M, int N, int K, bool accum
         // Rows of X two at a time; the W tile is still in cache after the first pair.
         for (int m0 = 0; m0 < M; m0 += 2) {
             tile_any<2, kGemvRows>(std::min(2, M - m0), nr, X + (size_t)m0 * K, rows,
-                                   Y + (size_t)m0 * N + n0, K, N, accumulate,
+                                   Y + (size_t)m0 * ldy + n0, K, ldy, accumulate,
                                    m0 == 0 ? next : nullptr, lines_per_step);
         }
     }
 }
 
 template <typename WT>
-void gemm(const float* X, const WT* W, float* Y, int M, int N, int K, bool accumulate) {
+void gemm(const float* X, const WT* W, float* Y, int M, int N, int K, int ldy, bool accumulate) {
     int block_rows = kL2Budget / (int)(sizeof(WT) * std::max(K, 1));
     block_rows = std::max(kGemmNR, std::min(64, block_rows / kGemmNR * kGemmNR));
     const int n_blocks = CEIL_DIV(N, block_rows);
@@ -118,31 +118,32 @@ void gemm(const float* X, const WT* W, float* Y, int M, int N, int K, bool accum
             for (int n0 = n_begin; n0 < n_end; n0 += kGemmNR) {
                 const int nr = std::min(kGemmNR, n_end - n0);
                 tile_any<kGemmMR, kGemmNR>(mr, nr, X + (size_t)m0 * K, W + (size_t)n0 * K,
-                                           Y + (size_t)m0 * N + n0, K, N, accumulate);
+                                           Y + (size_t)m0 * ldy + n0, K, ldy, accumulate);
             }
         }
     }
 }
 
 template <typename WT>
-void matmul_typed(const float* X, const WT* W, float* Y, int M, int N, int K, bool accumulate) {
+void matmul_typed(const float* X, const WT* W, float* Y, int M, int N, int K, int ldy, bool accumulate) {
     if (M <= kGemvMaxM)
-        gemv(X, W, Y, M, N, K, accumulate);
+        gemv(X, W, Y, M, N, K, ldy, accumulate);
     else
-        gemm(X, W, Y, M, N, K, accumulate);
+        gemm(X, W, Y, M, N, K, ldy, accumulate);
 }
 
 }  // namespace
 
-void matmul(const float* X, const void* W, DType w_dtype, float* Y, int M, int N, int K,
+void matmul(const float* X, const void* W, DType w_dtype, float* Y, int M, int N, int K, int ldy,
             bool accumulate) {
-    BRRR_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size M=" << M << " N=" << N << " K=" << K);
+    BRRR_CHECK(M >= 0 && N >= 0 && K >= 0 && ldy >= N,
+               "matmul: bad sizes M=" << M << " N=" << N << " K=" << K << " ldy=" << ldy);
     if (M == 0 || N == 0) return;
     switch (w_dtype) {
         case DType::F32:
-            return matmul_typed(X, static_cast<const float*>(W), Y, M, N, K, accumulate);
+            return matmul_typed(X, static_cast<const float*>(W), Y, M, N, K, ldy, accumulate);
         case DType::BF16:
-            return matmul_typed(X, static_cast<const uint16_t*>(W), Y, M, N, K, accumulate);
+            return matmul_typed(X, static_cast<const uint16_t*>(W), Y, M, N, K, ldy, accumulate);
         default:
             BRRR_FAIL("matmul: weight dtype " << dtype_name(w_dtype) << " is not supported on the "
                       "CPU (use f32 or bf16)");

@@ -102,12 +102,19 @@ const char* isa_name(Isa isa);     // "scalar", "avx2", "avx512vnni"
 std::string cpu_features();        // e.g. "avx2 fma f16c avx512f avx512bw avx512vl avx512vnni"
 // K / 32 activation blocks of one fp32 row.
 void quantize_activations(const float* x, ActBlock* out, int64_t K);
+// Xq[M, K / 32] = the activation blocks of each row of X[M, K]; OpenMP over rows.
+void quantize_activation_rows(const float* X, ActBlock* Xq, int64_t M, int64_t K, int n_threads = 0);
 // dot(W row, activation row) for one row of K values.
 float vec_dot(QType t, const void* w_row, const ActBlock* x, int64_t K, Isa isa = Isa::Auto);
-// y[N] = W[N, K] . x[K]; n_threads 0 = OpenMP's default.
+// Y[M, N] = Xq . W[N, K]^T (Y += ... with accumulate) on activations already quantized
+// (Xq: M rows of K / 32 blocks); Y rows ldy >= N floats apart, so a fused matrix can be run
+// piece by piece into its column ranges. M = 1 is the GEMV, M > 1 reuses W rows across rows of
+// X. n_threads 0 = the calling team's size (omp_get_max_threads).
+void matmul(QType t, const void* W, const ActBlock* Xq, float* Y, int64_t M, int64_t N, int64_t K,
+            int64_t ldy, bool accumulate, Isa isa = Isa::Auto, int n_threads = 0);
+// y[N] = W[N, K] . x[K] and Y[M, N] = X[M, K] . W[N, K]^T on fp32 activations (quantized here).
 void gemv(QType t, const void* W, const float* x, float* y, int64_t N, int64_t K,
           Isa isa = Isa::Auto, int n_threads = 0);
-// Y[M, N] = X[M, K] . W[N, K]^T; X quantized once, W rows reused from cache across rows of X.
 void gemm(QType t, const void* W, const float* X, float* Y, int64_t M, int64_t N, int64_t K,
           Isa isa = Isa::Auto, int n_threads = 0);
 

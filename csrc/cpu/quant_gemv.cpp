@@ -595,39 +595,55 @@ float vec_dot(QType t, const void* w_row, const ActBlock* x, int64_t K, Isa isa)
     return dot_fn(t, isa)(w_row, x, K);
 }
 
-void gemv(QType t, const void* W, const float* x, float* y, int64_t N, int64_t K, Isa isa, int n_threads) {
-    const size_t rb = row_bytes(t, K);
-    const DotFn dot = dot_fn(t, isa);
-    std::vector<ActBlock>& act = act_scratch((size_t)(K / 32));
-    quantize_activations(x, act.data(), K);
-    const ActBlock* a = act.data();
-    const char* w = (const char*)W;
-#pragma omp parallel for schedule(static) num_threads(threads_for(n_threads))
-    for (int64_t n = 0; n < N; ++n) y[n] = dot(w + (size_t)n * rb, a, K);
+void quantize_activation_rows(const float* X, ActBlock* Xq, int64_t M, int64_t K, int n_threads) {
+    BRRR_CHECK(K > 0 && K % 32 == 0, "activation rows hold whole blocks of 32; K = " << K);
+    const int64_t nb = K / 32;
+#pragma omp parallel for schedule(static) num_threads(threads_for(n_threads)) if (M > 1)
+    for (int64_t m = 0; m < M; ++m) quantize_activations(X + m * K, Xq + m * nb, K);
 }
 
-void gemm(QType t, const void* W, const float* X, float* Y, int64_t M, int64_t N, int64_t K, Isa isa,
-          int n_threads) {
+void matmul(QType t, const void* W, const ActBlock* Xq, float* Y, int64_t M, int64_t N, int64_t K,
+            int64_t ldy, bool accumulate, Isa isa, int n_threads) {
     const size_t rb = row_bytes(t, K);
+    BRRR_CHECK(M >= 0 && N >= 0 && ldy >= N, "quant matmul: M=" << M << " N=" << N << " ldy=" << ldy);
+    if (M == 0 || N == 0) return;
     const DotFn dot = dot_fn(t, isa);
-    const DotRowsFn dot_rows = dot_rows_fn(t, isa);
     const int64_t nb = K / 32;
-    std::vector<ActBlock>& act = act_scratch((size_t)(M * nb));
-    ActBlock* a = act.data();
-    const int nt = threads_for(n_threads);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t m = 0; m < M; ++m) quantize_activations(X + m * K, a + m * nb, K);
     const char* w = (const char*)W;
+    auto store = [accumulate](float& y, float v) { y = accumulate ? y + v : v; };
+    const int nt = threads_for(n_threads);
+    if (M == 1) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t n = 0; n < N; ++n) store(Y[n], dot(w + (size_t)n * rb, Xq, K));
+        return;
+    }
+    const DotRowsFn dot_rows = dot_rows_fn(t, isa);
     const int64_t n_tiles = CEIL_DIV(N, kGemmTileN);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const int64_t n0 = tile * kGemmTileN, n1 = std::min(N, n0 + kGemmTileN);
         int64_t m0 = 0;
         for (; m0 + kGemmRows <= M; m0 += kGemmRows)
-            for (int64_t n = n0; n < n1; ++n) dot_rows(w + (size_t)n * rb, a + m0 * nb, nb, K, Y + m0 * N + n, N);
+            for (int64_t n = n0; n < n1; ++n) {
+                float v[kGemmRows];
+                dot_rows(w + (size_t)n * rb, Xq + m0 * nb, nb, K, v, 1);
+                for (int r = 0; r < kGemmRows; ++r) store(Y[(m0 + r) * ldy + n], v[r]);
+            }
         for (; m0 < M; ++m0)
-            for (int64_t n = n0; n < n1; ++n) Y[m0 * N + n] = dot(w + (size_t)n * rb, a + m0 * nb, K);
+            for (int64_t n = n0; n < n1; ++n) store(Y[m0 * ldy + n], dot(w + (size_t)n * rb, Xq + m0 * nb, K));
     }
+}
+
+void gemv(QType t, const void* W, const float* x, float* y, int64_t N, int64_t K, Isa isa, int n_threads) {
+    gemm(t, W, x, y, 1, N, K, isa, n_threads);
+}
+
+void gemm(QType t, const void* W, const float* X, float* Y, int64_t M, int64_t N, int64_t K, Isa isa,
+          int n_threads) {
+    row_bytes(t, K);
+    std::vector<ActBlock>& act = act_scratch((size_t)(M * (K / 32)));
+    quantize_activation_rows(X, act.data(), M, K, n_threads);
+    matmul(t, W, act.data(), Y, M, N, K, N, false, isa, n_threads);
 }
 
 }  // namespace quant
