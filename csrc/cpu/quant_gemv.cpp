@@ -91,6 +91,31 @@ struct Q4_1T {
     }
     static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
 };
+// Q5_0 / Q5_1: nibble codes plus the fifth bit, bit j of qh (little-endian uint32) for value j.
+inline void q5_codes(const uint8_t* qs, const uint8_t* qh, int* c) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    nibble_codes(qs, c);
+    for (int i = 0; i < 32; ++i) c[i] |= (int)((bits >> i) & 1) << 4;
+}
+struct Q5_0T {
+    using Block = BlockQ5_0;
+    static constexpr int kChunks = 1;
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d);
+        s[0] = {{d, d}, {-16.f * d, -16.f * d}};
+    }
+    static void codes(const Block& b, int, int* c) { q5_codes(b.qs, b.qh, c); }
+};
+struct Q5_1T {
+    using Block = BlockQ5_1;
+    static constexpr int kChunks = 1;
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d), m = f16_to_f32(b.m);
+        s[0] = {{d, d}, {m, m}};
+    }
+    static void codes(const Block& b, int, int* c) { q5_codes(b.qs, b.qh, c); }
+};
 template <class B>
 void k4_block_scales(const B& b, ChunkScales* s) {  // Q4_K, Q5_K: d * sc[c] * q - dmin * m[c]
     const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
@@ -213,6 +238,33 @@ template <> struct SimdChunk<Q4_1T> {
     }
     static inline __m256i codes(const BlockQ4_1& b, int) { return nibbles16(b.qs); }
     static inline __m256i act(const BlockQ4_1&, int, __m256i q) { return q; }
+};
+// The fifth bits of a Q5 block as bytes 0x10 / 0: byte i takes qh byte i / 8 (vpshufb), tests its
+// bit i % 8 and keeps 0x10 where it is set.
+inline __m256i q5_high16(const uint8_t* qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                               _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                                  0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+template <> struct SimdChunk<Q5_0T> {
+    static inline __m128 scales(const BlockQ5_0& b) {  // {d, d, -16 d, -16 d}
+        const __m128 d = _mm_cvtph_ps(_mm_set1_epi16((short)b.d));
+        return _mm_mul_ps(d, _mm_setr_ps(1.f, 1.f, -16.f, -16.f));
+    }
+    static inline __m256i codes(const BlockQ5_0& b, int) { return _mm256_or_si256(nibbles16(b.qs), q5_high16(b.qh)); }
+    static inline __m256i act(const BlockQ5_0&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q5_1T> {
+    static inline __m128 scales(const BlockQ5_1& b) {  // {d, d, m, m}
+        const __m128 dm = f16x2(&b.d);
+        return _mm_unpacklo_ps(dm, dm);
+    }
+    static inline __m256i codes(const BlockQ5_1& b, int) { return _mm256_or_si256(nibbles16(b.qs), q5_high16(b.qh)); }
+    static inline __m256i act(const BlockQ5_1&, int, __m256i q) { return q; }
 };
 // K-quants: the block's 8 chunk scale vectors at once. Q4_K / Q5_K unpack the 12 packed bytes
 // into sc[0..7] and m[0..7] with 32-bit masks (the same bits as scale_min_k4), widen and scale
@@ -481,6 +533,8 @@ DotRowsFn dot_rows_fn(QType t, Isa isa) {
         case QType::Q8_0: return pick_rows<Q8_0T>(isa);
         case QType::Q4_0: return pick_rows<Q4_0T>(isa);
         case QType::Q4_1: return pick_rows<Q4_1T>(isa);
+        case QType::Q5_0: return pick_rows<Q5_0T>(isa);
+        case QType::Q5_1: return pick_rows<Q5_1T>(isa);
         case QType::Q4_K: return pick_rows<Q4_KT>(isa);
         case QType::Q5_K: return pick_rows<Q5_KT>(isa);
         case QType::Q6_K: return pick_rows<Q6_KT>(isa);
@@ -496,6 +550,8 @@ DotFn dot_fn(QType t, Isa isa) {
         case QType::Q8_0: return pick<Q8_0T>(isa);
         case QType::Q4_0: return pick<Q4_0T>(isa);
         case QType::Q4_1: return pick<Q4_1T>(isa);
+        case QType::Q5_0: return pick<Q5_0T>(isa);
+        case QType::Q5_1: return pick<Q5_1T>(isa);
         case QType::Q4_K: return pick<Q4_KT>(isa);
         case QType::Q5_K: return pick<Q5_KT>(isa);
         case QType::Q6_K: return pick<Q6_KT>(isa);
