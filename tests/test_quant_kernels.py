@@ -29,7 +29,7 @@ BLOCK = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22),
 # byte offsets of the fp16 scale fields inside one block
 FP16_FIELDS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q4_k": [0, 2],
                "q5_k": [0, 2], "q6_k": [208]}
-ISAS = ["scalar", "avx2", "avx512vnni"]
+ISAS = ["scalar", "avx2", "avx512vnni", "amx"]
 
 
 @pytest.fixture(scope="module")
@@ -111,16 +111,18 @@ def test_gemm_against_float64_reference_and_gemv(Q, rng, name):
     N, K = shapes_for(name)[2]
     blocks = random_blocks(name, N, K, rng)
     for isa in isas(Q):
-        for M in (1, 3, 17):
+        for M in (1, 3, 15, 17, 48, 67):  # amx: below amx_min_rows, one tile + 1 row, whole tiles, a tail
             X = rng.standard_normal((M, K)).astype(np.float32)
             ref, bound = reference_and_bound(Q.dequantize(name, blocks, K), X)
             out = np.full((M, N), np.nan, dtype=np.float32)
             Y = Q.gemm(name, blocks, X, isa=isa, out=out)
             err = np.abs(Y.astype(np.float64) - ref)
             assert (err <= bound).all(), (isa, M, float((err / bound).max()))
-            # the same dot product on the same quantized activations: GEMM row m is GEMV of row m
-            for m in (0, M - 1):
-                np.testing.assert_array_equal(Y[m], Q.gemv(name, blocks, X[m], isa=isa))
+            # the same dot product on the same quantized activations: GEMM row m is GEMV of row m,
+            # except on AMX tiles (the bias terms are summed per chunk, not per half)
+            if isa != "amx" or M < Q.amx_min_rows:
+                for m in (0, M - 1):
+                    np.testing.assert_array_equal(Y[m], Q.gemv(name, blocks, X[m], isa=isa))
 
 
 @pytest.mark.parametrize("name", list(TYPES))
@@ -163,6 +165,18 @@ def test_isa_paths_agree(Q, rng, name):
     for isa, y in ys.items():
         # the paths share the int8 activations; only fp32 summation order differs
         assert (np.abs(y - scalar) <= bound[0]).all(), isa
+
+
+def test_auto_decode_batches_are_batch_invariant(Q, rng):
+    """M <= 8 (decode batches) on isa="auto": each row bit-equal to its own M = 1 GEMV."""
+    N, K = 45, 576
+    for name in ("q4_1", "q5_0", "q8_0"):
+        blocks = random_blocks(name, N, K, rng)
+        X = rng.standard_normal((8, K)).astype(np.float32)
+        for M in (2, 5, 8):
+            Y = Q.gemm(name, blocks, X[:M], out=np.full((M, N), np.nan, np.float32))
+            for m in range(M):
+                np.testing.assert_array_equal(Y[m], Q.gemv(name, blocks, X[m]))
 
 
 def test_zero_activations_give_zero(Q, rng):

@@ -1,8 +1,9 @@
 // quant_ops.cpp — the quantized CPU kernels and quantizers on numpy arrays (tests, benchmarks).
 //
 // Python API of llama_brrr._C.quant_ops (type: "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q4_k" |
-// "q5_k" | "q6_k" or its GGML id; isa: "auto" | "scalar" | "avx2" | "avx512vnni"; n_threads 0 = OpenMP's default;
-// `out=` takes a preallocated, e.g. NaN-poisoned, result array):
+// "q5_k" | "q6_k" or its GGML id; isa: "auto" | "scalar" | "avx2" | "avx512vnni" | "amx" (AMX-INT8
+// tiles for the GEMM from amx_min_rows rows of x, the avx512vnni kernels below); n_threads 0 =
+// OpenMP's default; `out=` takes a preallocated, e.g. NaN-poisoned, result array):
 //   cpu_features() -> str              the features the dispatch looks at, e.g. "avx2 fma avx512f ..."
 //   best_isa() -> str                  what isa="auto" runs here
 //   isa_supported(isa) -> bool
@@ -62,7 +63,8 @@ q::Isa parse_isa(const std::string& isa) {
     else if (isa == "scalar") out = q::Isa::Scalar;
     else if (isa == "avx2") out = q::Isa::Avx2;
     else if (isa == "avx512vnni") out = q::Isa::Avx512Vnni;
-    else bad("isa must be \"auto\", \"scalar\", \"avx2\" or \"avx512vnni\"; got \"" + isa + "\"");
+    else if (isa == "amx") out = q::Isa::Amx;
+    else bad("isa must be \"auto\", \"scalar\", \"avx2\", \"avx512vnni\" or \"amx\"; got \"" + isa + "\"");
     if (!q::isa_supported(out)) bad("isa \"" + isa + "\" is not supported by this CPU (" + q::cpu_features() + ")");
     return out;
 }
@@ -109,13 +111,15 @@ void brrr::bindings::bind_quant_ops(py::module_& m) {
     py::module_ ops = m.def_submodule("quant_ops", "Quantized CPU kernels and quantizers on numpy arrays");
 
     ops.def("cpu_features", [] { return q::cpu_features(); });
+    ops.attr("amx_min_rows") = q::kAmxMinRows;
     ops.def("best_isa", [] { return std::string(q::isa_name(q::best_isa())); });
     ops.def("isa_supported", [](const std::string& isa) {
         if (isa == "auto") return true;
         if (isa == "scalar") return q::isa_supported(q::Isa::Scalar);
         if (isa == "avx2") return q::isa_supported(q::Isa::Avx2);
         if (isa == "avx512vnni") return q::isa_supported(q::Isa::Avx512Vnni);
-        bad("isa must be \"auto\", \"scalar\", \"avx2\" or \"avx512vnni\"; got \"" + isa + "\"");
+        if (isa == "amx") return q::isa_supported(q::Isa::Amx);
+        bad("isa must be \"auto\", \"scalar\", \"avx2\", \"avx512vnni\" or \"amx\"; got \"" + isa + "\"");
     }, py::arg("isa"));
     ops.def("row_bytes", [](const py::object& type, int64_t K) {
         const q::QType t = parse_type(type);

@@ -87,8 +87,12 @@ struct ActBlock {
 };
 static_assert(sizeof(ActBlock) == 48, "ActBlock is 48 bytes");
 
-// Instruction-set paths of the kernels. Auto = the best this CPU supports.
-enum class Isa : int { Auto = 0, Scalar = 1, Avx2 = 2, Avx512Vnni = 3 };
+// Instruction-set paths of the kernels. Auto = the best this CPU supports. Amx = the AVX-512 VNNI
+// kernels for M < kAmxMinRows and AMX-INT8 tiles for the GEMM from kAmxMinRows rows of X on
+// (needs the AMX tile permission, requested from the OS once per process).
+enum class Isa : int { Auto = 0, Scalar = 1, Avx2 = 2, Avx512Vnni = 3, Amx = 4 };
+// Rows of X from which the Amx path runs tiles (below, each output row equals its M = 1 GEMV).
+constexpr int64_t kAmxMinRows = 16;
 
 // ---- formats (quant_formats.cpp) -------------------------------------------------------------
 bool known_type(int type_id);
@@ -113,7 +117,7 @@ void quantize_rows(QType t, const float* x, void* out, int64_t N, int64_t K);
 // ---- kernels (quant_gemv.cpp) ----------------------------------------------------------------
 Isa best_isa();                    // what Auto resolves to on this CPU
 bool isa_supported(Isa isa);
-const char* isa_name(Isa isa);     // "scalar", "avx2", "avx512vnni"
+const char* isa_name(Isa isa);     // "scalar", "avx2", "avx512vnni", "amx"
 std::string cpu_features();        // e.g. "avx2 fma f16c avx512f avx512bw avx512vl avx512vnni"
 // K / 32 activation blocks of one fp32 row.
 void quantize_activations(const float* x, ActBlock* out, int64_t K);
