@@ -111,10 +111,13 @@ public:
     // Copies (and converts) one canonical tensor into the engine's own storage; shape checked.
     virtual void set_weight(const std::string& name, const void* src, DType src_dtype,
                             const std::vector<int64_t>& shape) = 0;
-    // Copies one matrix's GGUF blocks (type_id: a GGML type id) as they are; only backends built
-    // with quantized storage for that tensor accept it.
+    // Copies rows [first_row, first_row + n_bytes / row_bytes) of one matrix's GGUF blocks
+    // (type_id: a GGML type id) as they are; `shape` is the whole matrix's. A matrix may arrive in
+    // consecutive row chunks (each first_row where the previous chunk ended, or 0 to start over),
+    // so a loader can drop each chunk of its file view once copied. Only backends built with
+    // quantized storage for that tensor accept it.
     virtual void set_weight_blocks(const std::string& name, const void*, size_t, int type_id,
-                                   const std::vector<int64_t>&) {
+                                   const std::vector<int64_t>&, int64_t /*first_row*/) {
         BRRR_FAIL("weight '" << name << "': this backend stores no quantized weights (GGML type "
                   << type_id << "); dequantize it first");
     }

@@ -732,6 +732,11 @@ def _parse_threads(n_threads: int) -> int:
     return int(n_threads)
 
 
+# Quantized tensors go to the engine in row chunks of about this many bytes, each chunk's file pages
+# dropped before the next is read: a load's peak is the engine's weights plus one chunk.
+_LOAD_CHUNK_BYTES = 32 << 20
+
+
 def _set_weights(engine, tensors, config: ModelConfig, plan, progress: bool, source: str) -> None:
     """Streams every canonical tensor into the engine, one at a time: blocks the plan keeps go in
     as stored, everything else as an array the engine converts (or quantizes) itself. Each
@@ -753,10 +758,11 @@ def _set_weights(engine, tensors, config: ModelConfig, plan, progress: bool, sou
         for name in names:
             stored_as = plan.types.get(name)
             if stored_as is not None and tensors.file_type(name).lower() == stored_as:
-                blocks = tensors.blocks(name)
-                engine.set_weight_blocks(name, np.ascontiguousarray(blocks), kept[stored_as],
-                                         list(config.tensor_shapes()[name]))
-                del blocks
+                shape = list(config.tensor_shapes()[name])
+                for first_row, rows in tensors.block_chunks(name, _LOAD_CHUNK_BYTES):
+                    engine.set_weight_blocks(name, np.ascontiguousarray(rows), kept[stored_as],
+                                             shape, first_row)
+                    del rows
             else:
                 array, dtype = _engine_array(tensors[name])
                 engine.set_weight(name, array, dtype)

@@ -118,7 +118,11 @@ def test_set_weight_blocks_keeps_blocks_bit_for_bit(C, rng):
     for name, w in random_weights(config, rng).items():
         if name in types:
             blocks = C.quant_ops.quantize(types[name], w)
-            e.set_weight_blocks(name, blocks, ids[types[name]], list(w.shape))
+            if name.endswith("w1"):  # in consecutive row chunks, as the loader streams big tensors
+                for r0 in range(0, len(blocks), 100):
+                    e.set_weight_blocks(name, blocks[r0:r0 + 100], ids[types[name]], list(w.shape), r0)
+            else:
+                e.set_weight_blocks(name, blocks, ids[types[name]], list(w.shape))
             assert np.array_equal(e.get_weight(name), C.quant_ops.dequantize(types[name], blocks, w.shape[1]))
         else:
             e.set_weight(name, w, "f32")
@@ -165,12 +169,20 @@ def test_engine_refuses_bad_quant_types_and_blocks(C):
                             ids["q8_0"], [128, 256])
     with pytest.raises(ValueError, match="GGML type 2 given.*stores it as q8_0"):
         e.set_weight_blocks("layers.0.wq", blocks, ids["q4_0"], [256, 256])
-    with pytest.raises(ValueError, match="bytes of q8_0 blocks given"):
-        e.set_weight_blocks("layers.0.wq", blocks[:-1], ids["q8_0"], [256, 256])
+    with pytest.raises(ValueError, match="bytes of q8_0 blocks given.*not whole rows"):
+        e.set_weight_blocks("layers.0.wq", blocks.reshape(-1)[:-1], ids["q8_0"], [256, 256])
     with pytest.raises(ValueError, match="uint8"):
         e.set_weight_blocks("layers.0.wq", blocks.view(np.int8), ids["q8_0"], [256, 256])
     with pytest.raises(ValueError, match="shape"):
         e.set_weight_blocks("layers.0.wq", blocks, ids["q8_0"], [255, 256])
+    e.init_random(0, 0.02)
+    e.set_weight_blocks("layers.0.wq", blocks[:100], ids["q8_0"], [256, 256])
+    with pytest.raises(ValueError, match="starting at row 150.*100 rows have arrived"):
+        e.set_weight_blocks("layers.0.wq", blocks[150:], ids["q8_0"], [256, 256], 150)
+    with pytest.raises(ValueError, match="from row 100.*within"):
+        e.set_weight_blocks("layers.0.wq", blocks, ids["q8_0"], [256, 256], 100)
+    with pytest.raises(Exception, match="layers.0.wq.*never set"):  # half a tensor is not a tensor
+        e.prefill(0, np.arange(3, dtype=np.int32), 0, "last")
     # the engine is still usable
     e.set_weight_blocks("layers.0.wq", blocks, ids["q8_0"], [256, 256])
     assert np.array_equal(e.get_weight("layers.0.wq"), C.quant_ops.dequantize("q8_0", blocks, 256))

@@ -13,8 +13,10 @@
 //     .set_weight(name, array, dtype)        array: C-contiguous numpy; dtype "f32"|"f16"|"bf16"
 //                                            (bf16 arrays as their uint16 bits or ml_dtypes.bfloat16);
 //                                            quantized at load into a tensor quant_types names
-//     .set_weight_blocks(name, blocks, type_id, shape)   a quantized tensor's GGUF blocks as they
-//                                            are: uint8, rows x row_bytes, type_id its GGML id
+//     .set_weight_blocks(name, blocks, type_id, shape, first_row=0)   a quantized tensor's GGUF
+//                                            blocks as they are: uint8 rows of row_bytes, type_id
+//                                            its GGML id, shape the whole tensor's; whole, or in
+//                                            consecutive row chunks starting at first_row
 //     .get_weight(name) -> np.ndarray[f32]
 //     .init_random(seed, std=0.02)
 //     .prefill(slot, tokens[int32 T], start_pos=0, logits="last") -> ndarray | None
@@ -243,7 +245,8 @@ void bind_engine(py::module_& m) {
     }, py::arg("name"), py::arg("array"), py::arg("dtype"));
 
     engine_cls.def("set_weight_blocks", [](PyEngine& self, const std::string& name, const py::array& blocks,
-                                           int64_t type_id, const std::vector<int64_t>& shape) {
+                                           int64_t type_id, const std::vector<int64_t>& shape,
+                                           int64_t first_row) {
         if (!py::isinstance<py::array_t<uint8_t>>(blocks) || !(blocks.flags() & py::array::c_style))
             bad_argument("weight '" + name + "': blocks must be a C-contiguous uint8 array, got " +
                          dtype_of(blocks));
@@ -252,9 +255,9 @@ void bind_engine(py::module_& m) {
         const int type = saturate_int(type_id);
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
-            self.impl->set_weight_blocks(name, src, n_bytes, type, shape);
+            self.impl->set_weight_blocks(name, src, n_bytes, type, shape, first_row);
         });
-    }, py::arg("name"), py::arg("blocks"), py::arg("type_id"), py::arg("shape"));
+    }, py::arg("name"), py::arg("blocks"), py::arg("type_id"), py::arg("shape"), py::arg("first_row") = 0);
 
     engine_cls.def("get_weight", [](PyEngine& self, const std::string& name) {
         const std::vector<int64_t> shape = brrr::weight_shape(self.cfg(), name);

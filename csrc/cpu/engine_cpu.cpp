@@ -119,6 +119,7 @@ CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads,
     names_ = weight_names(c);
     tensors_.resize(names_.size());
     is_set_.assign(names_.size(), 0);
+    rows_filled_.assign(names_.size(), 0);
     for (size_t i = 0; i < names_.size(); ++i) name_to_index_[names_[i]] = (int)i;
 
     // Each canonical matrix's storage type; quantized only where quant_types says so.
@@ -291,7 +292,7 @@ void CpuEngine::set_weight(const std::string& name, const void* src, DType src_d
 }
 
 void CpuEngine::set_weight_blocks(const std::string& name, const void* blocks, size_t n_bytes,
-                                  int type_id, const std::vector<int64_t>& shape) {
+                                  int type_id, const std::vector<int64_t>& shape, int64_t first_row) {
     const int index = tensor_index(name);
     check_weight_shape(cfg_, name, shape);
     const TensorSlot& t = tensors_[index];
@@ -300,14 +301,24 @@ void CpuEngine::set_weight_blocks(const std::string& name, const void* blocks, s
     BRRR_CHECK_ARG(type_id == (int)t.qtype,
                    "weight '" << name << "': blocks of GGML type " << type_id << " given, but the "
                    "engine stores it as " << quant::type_name(t.qtype));
-    BRRR_CHECK_ARG(n_bytes == (size_t)t.rows * t.row_bytes,
+    int64_t& filled = rows_filled_[index];
+    BRRR_CHECK_ARG(first_row == 0 || first_row == filled,
+                   "weight '" << name << "': a chunk of blocks starting at row " << first_row
+                   << " given, but " << filled << " rows have arrived: chunks come in row order");
+    const int64_t n = (int64_t)(n_bytes / t.row_bytes);
+    BRRR_CHECK_ARG(n_bytes % t.row_bytes == 0 && n >= 1 && first_row + n <= t.rows,
                    "weight '" << name << "': " << n_bytes << " bytes of " << quant::type_name(t.qtype)
-                   << " blocks given, a " << shape_str(shape) << " matrix takes " << (size_t)t.rows * t.row_bytes);
+                   << " blocks given from row " << first_row << ", not whole rows of " << t.row_bytes
+                   << " bytes within the " << shape_str(shape) << " matrix ("
+                   << (size_t)t.rows * t.row_bytes << " bytes in all)");
     begin_call();
+    uint8_t* dst = t.data + first_row * t.row_bytes;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < t.rows; ++r)
-        std::memcpy(t.data + r * t.row_bytes, static_cast<const uint8_t*>(blocks) + r * t.row_bytes, t.row_bytes);
-    is_set_[index] = 1;
+    for (int64_t r = 0; r < n; ++r)
+        std::memcpy(dst + r * t.row_bytes, static_cast<const uint8_t*>(blocks) + r * t.row_bytes, t.row_bytes);
+    filled = first_row + n;
+    is_set_[index] = filled == t.rows;
+    if (!is_set_[index]) all_set_ = false;  // half a tensor is not a tensor
 }
 
 void CpuEngine::read_rows(const TensorSlot& t, int64_t r0, int64_t rows, float* dst) const {

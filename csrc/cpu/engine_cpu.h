@@ -65,10 +65,10 @@ public:
     // Float input into a quantized matrix is quantized here, row by row (quantize at load).
     void set_weight(const std::string& name, const void* src, DType src_dtype,
                     const std::vector<int64_t>& shape) override;
-    // Blocks of a quantized matrix as stored in a GGUF file: shape[0] rows of row_bytes(type,
-    // shape[1]); type must be the one the constructor gave the tensor.
+    // Blocks of a quantized matrix as stored in a GGUF file, rows of row_bytes(type, shape[1]),
+    // whole or in consecutive row chunks (model.h); type must be the one the constructor gave.
     void set_weight_blocks(const std::string& name, const void* blocks, size_t n_bytes, int type_id,
-                           const std::vector<int64_t>& shape) override;
+                           const std::vector<int64_t>& shape, int64_t first_row) override;
     void get_weight(const std::string& name, float* dst) const override;
     void init_random(uint64_t seed, float std) override;
 
@@ -157,6 +157,7 @@ private:
     std::unordered_map<std::string, int> name_to_index_;
     std::vector<TensorSlot> tensors_;   // [names_.size()]
     std::vector<uint8_t> is_set_;       // [names_.size()]
+    std::vector<int64_t> rows_filled_;  // [names_.size()] rows of blocks received so far
     bool all_set_ = false;
 
     HostBuffer<float> k_cache_, v_cache_;  // [max_batch][n_layers][max_seq_len][kv_dim]

@@ -34,6 +34,11 @@ class TensorSet(Mapping):
     def blocks(self, name: str) -> np.ndarray:
         raise ValueError(f"tensor {name!r} is stored as {self.file_type(name)}, not in blocks")
 
+    def block_chunks(self, name: str, max_bytes: int) -> Iterator[tuple[int, np.ndarray]]:
+        """blocks(name) as (first row, rows) chunks of about max_bytes, in row order; a file-backed
+        set drops each chunk's pages once the consumer asks for the next."""
+        yield 0, self.blocks(name)
+
     def release(self, name: str) -> None:
         pass
 

@@ -146,35 +146,56 @@ class GGUFTensors(TensorSet):
     def blocks(self, name: str) -> np.ndarray:
         """uint8 [rows, row_bytes] of a quantized tensor as stored, after its block scales are
         checked; q/k rows permuted like the values (whole rows, so the blocks are untouched)."""
-        from .. import _C
+        rows = self._raw_rows(name)
+        self._check_scales(name, rows, 0)
+        return self._permuted(name, rows)
 
-        t = self._tensors[name]
-        kind = t.tensor_type
-        if kind in _FLOAT_TYPES:
-            return super().blocks(name)
-        rows = _numpy_shape(t)[0]
-        raw = self._reader.tensor_bytes(t)
-        bad = _C.quant_ops.first_bad_scale(int(kind), raw)
-        if bad >= 0:
-            per_row = int(t.n_elements) // rows // gguf.GGML_QUANT_SIZES[kind][0]
-            raise ModelFileError(self._path, f"tensor {t.name!r} ({kind.name}) has a NaN or inf "
-                                             f"scale in block {bad} (row {bad // per_row}); the "
-                                             f"file is corrupt, re-download it")
-        return self._permuted(name, raw.reshape(rows, -1))
+    def block_chunks(self, name: str, max_bytes: int):
+        rows = self._raw_rows(name)
+        if name.endswith((".wq", ".wk")):  # permuted: one copy, small next to the other matrices
+            yield 0, self.blocks(name)
+            return
+        step = max(1, max_bytes // rows.shape[1])
+        for r0 in range(0, rows.shape[0], step):
+            chunk = rows[r0:r0 + step]
+            self._check_scales(name, chunk, r0)
+            yield r0, chunk
+            self._drop(self._tensors[name], r0 * rows.shape[1], (r0 + len(chunk)) * rows.shape[1])
 
     def release(self, name: str) -> None:
         """Drops the tensor's pages from this process's memory (they stay in the page cache), so
         loading never holds the file and the engine's copy at once."""
         t = self._tensors[name]
+        self._drop(t, 0, int(t.n_bytes))
+
+    def _raw_rows(self, name: str) -> np.ndarray:
+        t = self._tensors[name]
+        if t.tensor_type in _FLOAT_TYPES:
+            return super().blocks(name)
+        return self._reader.tensor_bytes(t).reshape(_numpy_shape(t)[0], -1)
+
+    def _check_scales(self, name: str, rows: np.ndarray, first_row: int) -> None:
+        from .. import _C
+
+        t = self._tensors[name]
+        bad = _C.quant_ops.first_bad_scale(int(t.tensor_type), rows.reshape(-1))
+        if bad >= 0:
+            per_row = rows.shape[1] // gguf.GGML_QUANT_SIZES[t.tensor_type][1]
+            block = first_row * per_row + bad
+            raise ModelFileError(self._path, f"tensor {t.name!r} ({t.tensor_type.name}) has a NaN "
+                                             f"or inf scale in block {block} (row "
+                                             f"{block // per_row}); the file is corrupt, "
+                                             f"re-download it")
+
+    def _drop(self, t, start: int, end: int) -> None:
         backing = getattr(self._reader.data, "_mmap", None)
         if backing is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        start = int(t.data_offset) // mmap.PAGESIZE * mmap.PAGESIZE
-        end = int(t.data_offset) + int(t.n_bytes)
+        first = (int(t.data_offset) + start) // mmap.PAGESIZE * mmap.PAGESIZE
         try:
-            backing.madvise(mmap.MADV_DONTNEED, start, end - start)
+            backing.madvise(mmap.MADV_DONTNEED, first, int(t.data_offset) + end - first)
         except (OSError, ValueError):
-            pass  # advice only: the pages are dropped when the reader is
+            pass  # advice only: the pages go when the map does
 
     def _permuted(self, name: str, rows: np.ndarray) -> np.ndarray:
         if name.endswith(".wq"):
