@@ -742,6 +742,7 @@ def _set_weights(engine, tensors, config: ModelConfig, plan, progress: bool, sou
     as stored, everything else as an array the engine converts (or quantizes) itself. Each
     tensor's file pages are released once the engine has its copy."""
     from .errors import ModelFileError
+    from .loaders.common import first_nonfinite_row
 
     missing = sorted(set(config.tensor_shapes()) - set(tensors))
     if missing:
@@ -764,7 +765,13 @@ def _set_weights(engine, tensors, config: ModelConfig, plan, progress: bool, sou
                                              shape, first_row)
                     del rows
             else:
-                array, dtype = _engine_array(tensors[name])
+                array = tensors[name]
+                bad_row = first_nonfinite_row(array)
+                if bad_row >= 0:
+                    raise ModelFileError(source, f"tensor {tensors.file_name(name)!r} holds NaN or "
+                                                 f"inf values (row {bad_row}); the file is "
+                                                 f"corrupt, re-download it")
+                array, dtype = _engine_array(array)
                 engine.set_weight(name, array, dtype)
                 del array
             tensors.release(name)

@@ -892,3 +892,50 @@ def test_default_model_matches_transformers_gguf_loader(default_model_file, defa
         expected = hf(torch.tensor([ids])).logits[0].numpy()
     ours = numpy_logits(default_model.config, default_model.tensors, ids, rope="half")
     np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------
+# damage caught at load (docs/design.md, quantized weights: checked at load)
+
+def test_huge_layer_count_is_refused_at_once(tmp_path, rng):
+    import time
+
+    config = tiny_config()
+    path = write_gguf(tmp_path / "layers.gguf", config, random_tensors(config, rng),
+                      tweak_metadata=lambda w: w.add_uint32("llama.block_count", 2**31 - 1))
+    start = time.perf_counter()
+    with raises_naming(path, match="2147483647 layers but the file holds tensors for 2"):
+        load_model(path)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_safetensors_header_length_a_few_bytes_short(tmp_path, rng):
+    config = tiny_config()
+    directory = write_hf_dir(tmp_path / "hf", config, random_tensors(config, rng))
+    path = directory / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    (length,) = struct.unpack("<Q", raw[:8])
+    # The writer pads the JSON with spaces to a multiple of 8, so a length cut by up to 7 bytes may
+    # still parse; the tensors would then all be read a few bytes off.
+    for cut in range(1, 8):
+        damaged = tmp_path / f"cut{cut}" / "model.safetensors"
+        damaged.parent.mkdir()
+        (damaged.parent / "config.json").write_text((directory / "config.json").read_text())
+        damaged.write_bytes(struct.pack("<Q", length - cut) + bytes(raw[8:]))
+        with pytest.raises(ModelFileError, match="cut%d.*(not valid JSON|the file is corrupt)" % cut):
+            load_model(damaged.parent)
+
+
+@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
+def test_nan_in_a_float_tensor_is_refused_at_load(tmp_path, rng, kind):
+    from llama_brrr import Llama
+
+    config = tiny_config()
+    tensors = random_tensors(config, rng)
+    tensors["layers.1.w2"][7, 3] = np.inf
+    if kind == "gguf":
+        path, file_name = write_gguf(tmp_path / "nan.gguf", config, tensors), "blk.1.ffn_down.weight"
+    else:
+        path, file_name = write_hf_dir(tmp_path / "hf", config, tensors), "layers.1.w2"
+    with pytest.raises(ModelFileError, match=rf"{file_name}.*NaN or inf values \(row 7\)"):
+        Llama.from_pretrained(str(path), device="cpu", progress=False, max_seq_len=16)

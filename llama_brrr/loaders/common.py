@@ -31,6 +31,10 @@ class TensorSet(Mapping):
     def file_type(self, name: str) -> str:
         raise NotImplementedError
 
+    def file_name(self, name: str) -> str:
+        """The tensor's name in the file, for messages."""
+        return name
+
     def blocks(self, name: str) -> np.ndarray:
         raise ValueError(f"tensor {name!r} is stored as {self.file_type(name)}, not in blocks")
 
@@ -140,6 +144,13 @@ def check_shapes(config: ModelConfig, found: dict[str, tuple[int, ...]], path: P
     `found` maps canonical names to the shapes the file declares; names the config does not need
     are ignored. `file_name` turns a canonical name into the file's own, for the messages.
     """
+    # Bounded by what the file holds before any per-layer structure is built from the config: a
+    # damaged layer count (2**31) must not cost gigabytes and minutes before it is refused.
+    present = 1 + max((int(n.split(".")[1]) for n in found if n.startswith("layers.")), default=-1)
+    if config.n_layers > present:
+        raise ModelFileError(path, f"the configuration says {config.n_layers} layers but the file "
+                                   f"holds tensors for {present}; the metadata is corrupt or the "
+                                   f"file is incomplete")
     expected = config.tensor_shapes()
     missing = [name for name in expected if name not in found]
     if missing:

@@ -11,7 +11,8 @@ engine asks (GGUFTensors), quantized ones either as their blocks (kept as they a
 Before any of that the tensor table is held to the file: every tensor's data aligned, inside the
 file, and packed exactly where the previous one ends (so a changed type, shape or offset shows up as
 an overlap or a hole), rows made of whole blocks. Each tensor is scanned as it is read: NaN or inf
-in a float tensor's values or in a quantized tensor's block scales is an error naming the tensor.
+in a quantized tensor's block scales is an error naming the tensor (float values are scanned as
+they go to the engine, model._set_weights, for every format).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .gguf_file import GGUFFile, GGUFFormatError, UnknownTensorType
 
 from ..errors import ModelFileError, UnsupportedModelError
 from .common import (LoadedModel, ProgressFn, TensorSet, check_shapes, dominant,
-                     first_nonfinite_row, interleaved_to_half, make_config, require_file)
+                     interleaved_to_half, make_config, require_file)
 
 GGUF_MAGIC = b"GGUF"
 
@@ -126,13 +127,7 @@ class GGUFTensors(TensorSet):
         self._path = path
 
     def __getitem__(self, name: str) -> np.ndarray:
-        t = self._tensors[name]
-        array = _tensor_array(self._reader, t, self._path)
-        bad_row = first_nonfinite_row(array)
-        if bad_row >= 0:
-            raise ModelFileError(self._path, f"tensor {t.name!r} holds NaN or inf values (row "
-                                             f"{bad_row}); the file is corrupt, re-download it")
-        return self._permuted(name, array)
+        return self._permuted(name, _tensor_array(self._reader, self._tensors[name], self._path))
 
     def __iter__(self):
         return iter(self._tensors)
@@ -142,6 +137,9 @@ class GGUFTensors(TensorSet):
 
     def file_type(self, name: str) -> str:
         return self._tensors[name].tensor_type.name
+
+    def file_name(self, name: str) -> str:
+        return self._tensors[name].name
 
     def blocks(self, name: str) -> np.ndarray:
         """uint8 [rows, row_bytes] of a quantized tensor as stored, after its block scales are

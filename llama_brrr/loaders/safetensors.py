@@ -66,6 +66,9 @@ class SafetensorsFile:
                                            f"length field says {header_len} bytes and the file has "
                                            f"{self.size}; re-download it")
             raw = f.read(header_len)
+        if not raw.startswith(b"{"):
+            raise ModelFileError(path, "safetensors header does not start with '{'; the file is "
+                                       "corrupt or not safetensors")
         try:
             header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -77,7 +80,26 @@ class SafetensorsFile:
         header.pop("__metadata__", None)
         self.data_start = 8 + header_len
         self.entries = {name: self._entry(name, info) for name, info in header.items()}
+        self._check_layout()
         self._map = None
+
+    def _check_layout(self) -> None:
+        """As the safetensors library requires: the tensors' byte ranges tile the data section
+        exactly, back to back from its start to the end of the file. A header-length field that is
+        off by a few bytes (JSON padding makes the header still parse) fails here, instead of every
+        tensor being read a few bytes off."""
+        expected = 0
+        for name, (_, _, begin, end) in sorted(self.entries.items(), key=lambda e: e[1][2:]):
+            if begin != expected:
+                raise ModelFileError(self.path, f"tensor {name!r} starts at data byte {begin}, "
+                                                f"expected {expected} (the tensors must follow "
+                                                f"each other with no gap or overlap); the header is "
+                                                f"corrupt")
+            expected = end
+        if self.data_start + expected != self.size:
+            raise ModelFileError(self.path, f"the tensors end at byte {self.data_start + expected} "
+                                            f"but the file has {self.size}: the header length or "
+                                            f"the data offsets are wrong; the file is corrupt")
 
     def _entry(self, name: str, info) -> tuple[str, tuple[int, ...], int, int]:
         try:
