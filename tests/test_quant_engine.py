@@ -350,3 +350,20 @@ def test_changed_tensor_type_or_offset_is_a_model_file_error(C, rng, tmp_path):
     truncated.write_bytes(raw[:-1000])
     with pytest.raises(ModelFileError, match="truncated"):
         Llama.from_pretrained(str(truncated), device="cpu", progress=False, max_seq_len=32)
+
+
+def test_types_the_engine_does_not_keep_are_dequantized_with_one_warning(C, rng, tmp_path, monkeypatch):
+    config = quant_config()
+    weights = random_weights(config, rng)
+    types = types_for(config, {"wq": "q4_1", "wk": "q4_1", "wv": "q4_1", "wo": "q8_0", "w1": "q8_0",
+                               "w3": "q8_0", "w2": "q8_0", "tok_embeddings": "q8_0",
+                               "output": "q8_0"})
+    path = write_quant_gguf(tmp_path / "m.gguf", config, weights, types, C)
+    kept = {k: v for k, v in quant.kept_types().items() if k != "q4_1"}
+    monkeypatch.setattr(quant, "kept_types", lambda: kept)  # as if Q4_1 had no kernels
+    with pytest.warns(quant.QuantWarning, match="Q4_1 are not kept quantized on cpu") as caught:
+        llm = Llama.from_pretrained(str(path), device="cpu", progress=False, max_seq_len=32)
+    assert len(caught) == 1
+    assert "layers.0.wq" not in llm.weight_types and llm.weight_types["layers.0.wo"] == "q8_0"
+    assert np.array_equal(llm.engine.get_weight("layers.1.wv"),
+                          C.quant_ops.dequantize("q4_1", C.quant_ops.quantize("q4_1", weights["layers.1.wv"]), 256))
