@@ -804,3 +804,20 @@ def test_smollm_round_trip_matches_llama_cpp(smollm, smollm_gguf):
         assert smollm.decode(ours, skip_special_tokens=False).encode("utf-8") == theirs.detokenize(ours), repr(text)
         if not any(c in text for c in smollm.dropped_characters):
             assert ours == their_ids, repr(text)
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (dict(merges=None), "merges is missing"),
+    (dict(merges=[]), "merges is missing"),
+    (dict(merges=7), "merges must be an array"),
+    (dict(tokens=["a", 3]), r"tokens\[1\] = 3 is not a string"),
+    (dict(token_type=[1.5] * 262), r"token_type\[0\] = 1.5 is not an integer"),
+    (dict(add_bos_token=[1, 2]), "add_bos_token = \\[1, 2\\] should be a bool"),
+    (dict(chat_template=2.0), "chat_template = 2.0 should be a str"),
+], ids=lambda v: str(v)[:30])
+def test_gguf_tokenizer_values_of_the_wrong_type_are_refused(change, pattern):
+    # Found by tests/fuzz: a retyped value used by its truthiness or str() tokenizes differently
+    # without a word.
+    spec = dict(tiny_bpe_spec(None), path="damaged.gguf", **change)
+    with pytest.raises(file_error_class(), match=f"damaged.gguf: .*{pattern}"):
+        tk.load_tokenizer(spec)

@@ -50,7 +50,8 @@ def check_spec_types(spec: dict, source: str) -> None:
                   and (float in kinds or isinstance(item, (int, np.integer)))) if numeric else isinstance(item, str)
             if not ok:
                 raise file_error(source, f"tokenizer.ggml.{key}[{index}] = {item!r} is not "
-                                         f"{'a number' if numeric else 'a string'}; the file's metadata is damaged")
+                                         f"{'a string' if not numeric else 'a number' if float in kinds else 'an integer'}; "
+                                         f"the file's metadata is damaged")
     for key, kinds in _SCALAR.items():
         value = spec.get(key)
         if value is None:

@@ -39,8 +39,13 @@ class GGUFByteLevelTokenizer(BackendTokenizer):
             warnings.warn(f"{source}: unknown tokenizer.ggml.pre {pre!r}; using GPT-2's pre-tokenizer "
                           f"(the tokenization may differ from llama.cpp's)", stacklevel=3)
         llama3 = pre in _LLAMA3_PRE_NAMES
+        if not spec.get("merges"):
+            # Without merges every byte would be a token of its own: a damaged or mis-converted
+            # file (llama.cpp refuses it too).
+            raise file_error(source, "tokenizer.ggml.merges is missing or empty; a byte-level BPE "
+                                     "vocabulary needs its merges: convert the model again")
         merges = []
-        for index, merge in enumerate(spec.get("merges") or []):
+        for index, merge in enumerate(spec.get("merges")):
             parts = merge.split(" ")
             if len(parts) != 2:
                 raise file_error(source, f"tokenizer.ggml.merges[{index}] = {merge!r} is not two "

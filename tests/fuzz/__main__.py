@@ -20,7 +20,7 @@ from .runner import FAILURES, Fuzzer, summarize
 from .seeds import write_seeds
 
 # The default model (when on disk) takes seconds per case, the tiny seeds milliseconds.
-DEFAULT_MODEL_WEIGHT = 0.02
+DEFAULT_MODEL_WEIGHT = 0.012
 
 
 def main(argv=None) -> int:
