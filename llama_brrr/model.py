@@ -85,6 +85,7 @@ class RandomModelTokenizer:
     N_SPECIAL = 3
     BOS_ID = 1
     EOS_ID = 2
+    max_bytes_per_token = 1  # one token per byte of text
 
     def __init__(self, vocab_size: int):
         if vocab_size < self.N_SPECIAL + 256:
@@ -114,10 +115,14 @@ class RandomModelTokenizer:
     def stream_decoder(self) -> "_ByteStreamDecoder":
         return _ByteStreamDecoder(self.N_SPECIAL)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
+                            max_chars: int | None = None, limit_reason: str | None = None) -> str:
         """A plain "role: content" transcript; random weights make no use of a real template."""
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-        return text + "assistant: " if add_generation_prompt else text
+        text = text + "assistant: " if add_generation_prompt else text
+        if max_chars is not None and len(text) > max_chars:
+            raise ValueError(f"the chat prompt has more than {max_chars} characters: {limit_reason}")
+        return text
 
 
 class _ByteStreamDecoder:
@@ -392,10 +397,24 @@ class Llama:
         if self.tokenizer is None:
             raise ValueError(f"this model has no tokenizer (random weights with vocab_size="
                              f"{self.config.vocab_size} < 259): pass {name} as a list of token ids")
+        self._check_prompt_bytes(text, name)
         ids = list(self.tokenizer.encode(text))
         if not ids:
             raise ValueError(f"{name} is empty: {text!r} encodes to no tokens")
         return text, ids
+
+    def _check_prompt_bytes(self, text: str, name: str) -> None:
+        """Refuses, before tokenizing, text too long to fit the context whatever its tokens: each
+        token stands for at most tokenizer.max_bytes_per_token bytes of text, so more than
+        max_seq_len times that many bytes make more than max_seq_len tokens."""
+        from .tokenizer import prompt_bytes_beyond
+
+        n_bytes = prompt_bytes_beyond(self.tokenizer, text, self.max_seq_len)
+        if n_bytes is not None:
+            raise ValueError(f"{name} is too long: {n_bytes} bytes of text make more than max_seq_len="
+                             f"{self.max_seq_len} tokens (no token of this vocabulary stands for more "
+                             f"than {self.tokenizer.max_bytes_per_token} bytes); shorten it or load the "
+                             f"model with a larger max_seq_len=")
 
     def _check_ids(self, ids, name: str) -> list[int]:
         vocab = self.config.vocab_size
@@ -440,7 +459,15 @@ class Llama:
                 if _has_surrogate(m[key]):
                     raise ValueError(f"messages[{i}]['{key}'] is not valid Unicode text: it holds a "
                                      f"lone surrogate at index {_first_surrogate(m[key])}")
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        per_token = getattr(self.tokenizer, "max_bytes_per_token", None)
+        limits = dict(limit_reason=f"the prompt is too long for max_seq_len={self.max_seq_len} tokens; "
+                                   f"shorten the messages or load the model with a larger max_seq_len=")
+        if per_token is not None and not getattr(self.tokenizer, "dropped_characters", ""):
+            # A rendered prompt of more characters than this has more bytes, hence more tokens
+            # than the context holds (see _check_prompt_bytes): the template stops there.
+            limits["max_chars"] = self.max_seq_len * per_token
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **limits)
+        self._check_prompt_bytes(text, "the chat prompt")
         # Templates that write the BOS text themselves (Llama 3) must not get a second BOS.
         bos = self.tokenizer.bos_id
         bos_text = (self.tokenizer.decode([bos], skip_special_tokens=False)

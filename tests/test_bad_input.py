@@ -191,3 +191,112 @@ def test_truncated_model_file_names_the_file(tmp_path, llm, baseline):
     with pytest.raises(ModelFileError, match="truncated.gguf"):
         Llama.from_pretrained(str(truncated), device="cpu", progress=False)
     assert_still_works(llm, baseline)
+
+
+# ---- bounded work for hostile inputs: huge prompts, hostile chat templates ------------------------
+
+HUGE = "hello world " * (100_000_000 // 12)  # 100 MB
+
+
+@pytest.mark.parametrize("call", ["generate", "stream", "chat"])
+def test_huge_prompt_fails_fast_by_its_byte_length(llm, baseline, call):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"too long.*max_seq_len=32"):
+        if call == "generate":
+            llm.generate(HUGE)
+        elif call == "stream":
+            llm.stream(HUGE)
+        else:
+            llm.chat([{"role": "user", "content": HUGE}])
+    assert time.perf_counter() - start < 2.0
+    assert_still_works(llm, baseline)
+
+
+def byte_level_tokenizer(chat_template=None):
+    """A GGUF byte-level vocabulary of 261 tokens (fits the tiny model's 280), the longest "ab" * 8."""
+    from llama_brrr import tokenizer as tk
+
+    alphabet = tk.byte_level_alphabet()
+    merges = ["a b", "ab ab", "abab abab", "abababab abababab"]
+    tokens = ["<|ctl|>"] + [alphabet[b] for b in range(256)] + [merge.replace(" ", "") for merge in merges]
+    return tk.load_tokenizer({"format": "gguf", "model": "gpt2", "pre": None, "tokens": tokens,
+                              "token_type": [3] + [1] * (len(tokens) - 1), "merges": merges,
+                              "bos_token_id": 0, "eos_token_id": 0, "add_bos_token": False,
+                              "chat_template": chat_template, "path": "tiny-vocab.gguf"})
+
+
+@pytest.fixture
+def with_tokenizer(llm):
+    """Swaps the model's tokenizer for the test's; `with_tokenizer(None)` puts the original back."""
+    original = llm.tokenizer
+    yield lambda tokenizer: setattr(llm, "tokenizer", original if tokenizer is None else tokenizer)
+    llm.tokenizer = original
+
+
+def test_byte_limit_is_sound_at_its_edge(llm, baseline, with_tokenizer):
+    tokenizer = byte_level_tokenizer()
+    with_tokenizer(tokenizer)
+    assert tokenizer.max_bytes_per_token == 16
+    edge = "ab" * (32 * 16 // 2)  # exactly max_seq_len * 16 bytes: 32 tokens, refused by count, not bytes
+    assert len(tokenizer.encode(edge)) == 32
+    with pytest.raises(ValueError, match="prompt has 32 tokens"):
+        llm.generate(edge)
+    with pytest.raises(ValueError, match=r"prompt is too long: 513 bytes"):
+        llm.generate(edge + "a")
+    assert len(llm.generate("ab" * 248, max_tokens=1)[0].prompt_token_ids) == 31  # 496 bytes fit
+    with_tokenizer(None)
+    assert_still_works(llm, baseline)
+
+
+def test_chat_with_a_hostile_template_fails_fast(llm, baseline, with_tokenizer):
+    import time
+
+    from llama_brrr.tokenizer import ChatTemplateLimitError
+
+    with_tokenizer(byte_level_tokenizer(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}"))
+    start = time.perf_counter()
+    with pytest.raises(ChatTemplateLimitError, match="chat template of tiny-vocab.gguf"):
+        llm.chat([{"role": "user", "content": "hi"}])
+    assert time.perf_counter() - start < 3.0
+    with_tokenizer(byte_level_tokenizer("{% for m in messages %}{{ m['content'] }}{% endfor %}"))
+    with pytest.raises(ValueError, match=r"more than 512 characters: the prompt is too long for max_seq_len=32"):
+        llm.chat([{"role": "user", "content": "ab" * 300}])
+    assert llm.chat([{"role": "user", "content": "ab"}], max_tokens=2).finish_reason == "length"
+    with_tokenizer(None)
+    assert_still_works(llm, baseline)
+
+
+# ---- memory that comes back -------------------------------------------------------------------
+
+def test_load_unload_cycles_give_memory_back(tmp_path, monkeypatch):
+    """12 load / generate / unload cycles in a fresh process (benchmarks/bench_load_cycles.py, the
+    100-cycle benchmark): RSS after unload grows by at most 10 MB from the 2nd cycle to the last.
+    The default model when it is on disk (a leak of its weights would be ~100 MB a cycle), else a
+    random GGUF of 9 MB of weights."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from llama_brrr import fetch
+
+    repo = Path(__file__).resolve().parents[1]
+    model = fetch.local_default_model()
+    if model is None:
+        from tests.fuzz import seeds
+
+        monkeypatch.setattr(seeds, "DIM", 256)
+        monkeypatch.setattr(seeds, "HIDDEN", 512)
+        rng = np.random.default_rng(0)
+        model = seeds.write_gguf(tmp_path / "model.gguf", "F32", False, rng)
+    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_load_cycles.py"), "--cycles", "12",
+                           "--mode", "trim", "--model", str(model)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["same_tokens_every_cycle"]
+    after = [row["rss_after_unload_mb"] for row in result["cycles"]]
+    assert result["growth_2nd_to_last_mb"] <= 10, f"RSS after each unload (MB): {after}"

@@ -663,3 +663,161 @@ def test_bad_gguf_and_spec_errors(tmp_path):
     corrupt_json.write_text("{ not json")
     with pytest.raises(file_error_class(), match=str(corrupt_json)):
         tk.load_tokenizer({"format": "hf", "tokenizer_json": str(corrupt_json)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile chat templates: bounded time and size, no thread or signal left behind
+
+HOSTILE_TEMPLATES = {
+    "nested-range": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "nested-range-output": "{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}",
+    "nested-messages": "{% for a in messages %}{% for b in messages %}{% for c in messages %}{% for d in messages %}"
+                       "{% for e in messages %}{% endfor %}{% endfor %}{% endfor %}{% endfor %}{% endfor %}",
+    "repeat": "{{ 'x' * 1000000000 }}",
+    "center-filter": "{{ 'x'|center(1000000000) }}",
+    "center-method": "{{ 'x'.center(1000000000) }}",
+    "format-width": "{{ '{:>1000000000}'.format(1) }}",
+    "format-argument": "{{ '{:>{}}'.format(1, 1000000000) }}",
+    "percent-width": "{{ '%1000000000d' % 1 }}",
+    "doubling-tilde": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                      "{% endfor %}{{ ns.s|length }}",
+    "doubling-plus": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
+                     "{% endfor %}{{ ns.s|length }}",
+    "power": "{{ 2 ** 100000000 }}",
+    "squaring": "{% set ns = namespace(n=3) %}{% for i in range(64) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
+    "macro-recursion": "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+    "loop-recursion": "{% for m in [[1]] recursive %}{{ loop([m]) }}{% endfor %}",
+    "captured-block": "{% set x %}{% for i in range(100000) %}{% for j in range(100) %}" + "y" * 1000
+                      + "{% endfor %}{% endfor %}{% endset %}{{ x|length }}",
+    "replace": "{% set s = 'x' * 1000000 %}{{ s|replace('', 'abcdefgh' * 100000) }}",
+    "join-filter": "{{ (range(100000)|list)|join('x' * 100000) }}",
+    "join-method": "{{ ('x' * 100000).join(range(100000)|list) }}",
+    "indent": "{{ 'a\nb'|indent(1000000000) }}",
+    "tojson-indent": "{{ messages|tojson(indent=100000) }}",
+    "batch": "{{ messages|batch(1000000000)|list }}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_TEMPLATES))
+def test_hostile_chat_template_fails_fast(name):
+    import threading
+    import time
+
+    spec = dict(tiny_bpe_spec(None), chat_template=HOSTILE_TEMPLATES[name], path="hostile.gguf")
+    tokenizer = tk.load_tokenizer(spec)
+    messages = [{"role": "user", "content": "hi"}] * 40
+    threads = threading.active_count()
+    start = time.perf_counter()
+    with pytest.raises(tk.ChatTemplateLimitError, match="chat template of hostile.gguf"):
+        tokenizer.apply_chat_template(messages)
+    assert time.perf_counter() - start < 3.0, f"{name} took {time.perf_counter() - start:.1f} s to fail"
+    assert threading.active_count() == threads
+    # The same tokenizer still renders, and a template within the limits renders whole.
+    assert tk.load_tokenizer(dict(spec, chat_template="{{ 'ab' * 1000 }}")).apply_chat_template(messages) == "ab" * 1000
+
+
+def test_chat_template_size_limit_names_the_reason():
+    tokenizer = tk.load_tokenizer(dict(tiny_bpe_spec(None), chat_template=None))
+    messages = [{"role": "user", "content": "z" * 5000}]
+    assert len(tokenizer.apply_chat_template(messages, max_chars=5100)) < 5100
+    with pytest.raises(tk.ChatTemplateLimitError, match="more than 4000 characters: too long for the context"):
+        tokenizer.apply_chat_template(messages, max_chars=4000, limit_reason="too long for the context")
+
+
+# ---------------------------------------------------------------------------------------------
+# The byte bound behind refusing over-long prompts before tokenizing them
+
+def random_text(rng: random.Random, length: int, alphabet: str) -> str:
+    return "".join(rng.choice(alphabet) for _ in range(length))
+
+
+ROUND_TRIP_ALPHABET = ("".join(map(chr, range(0, 128))) + "éüßñ中文字日本語кирилицаΩπ€™"
+                       + "\U0001F600\U0001F680\U00010348" + "    \n\n\t")
+
+
+def check_byte_bound(tokenizer, texts):
+    per_token = tokenizer.max_bytes_per_token
+    assert per_token is not None and per_token >= 1
+    for text in texts:
+        n_tokens = len(tokenizer.encode(text, add_bos=False))
+        kept = len(text.encode("utf-8")) - sum(text.count(c) for c in tokenizer.dropped_characters)
+        assert n_tokens * per_token >= kept, (text, n_tokens, per_token)
+        assert tk.prompt_bytes_beyond(tokenizer, text, n_tokens) is None, "a true token count was refused"
+        if kept:  # enough copies to hold more bytes than n_tokens tokens can stand for
+            assert tk.prompt_bytes_beyond(tokenizer, text * (n_tokens * per_token // kept + 1), n_tokens) is not None
+
+
+def test_byte_bound_holds_for_every_vocabulary(llama2_gguf_spec, llama2c_bin, llama2_hf_dir):
+    rng = random.Random(int(os.environ.get("BRRR_TEST_SEED", random.randrange(2**32))))
+    texts = [random_text(rng, rng.randrange(1, 60), ROUND_TRIP_ALPHABET) for _ in range(200)]
+    texts += ["a" * 500, " " * 500, "\n" * 300, "<|ctl|>" * 20, "1234" * 50]
+    for spec in (tiny_bpe_spec("smollm"), tiny_bpe_spec("llama-bpe"), llama2_gguf_spec,
+                 {"format": "llama2c", "tokenizer_bin": str(llama2c_bin)}, hf_spec(llama2_hf_dir)):
+        check_byte_bound(tk.load_tokenizer(spec), texts)
+    assert tk.load_tokenizer(SPM_SPEC).max_bytes_per_token is None  # sentencepiece's normalizer: no bound known
+
+
+def test_byte_bound_refuses_fast_and_names_no_false_positive():
+    import time
+
+    tokenizer = tk.load_tokenizer(tiny_bpe_spec(None))
+    text = "hello world " * 5_000_000
+    start = time.perf_counter()
+    assert tk.prompt_bytes_beyond(tokenizer, text, 4096) == len(text)
+    assert time.perf_counter() - start < 1.0
+    assert tk.prompt_bytes_beyond(tokenizer, "a" * 4096 * tokenizer.max_bytes_per_token, 4096) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# decode(encode(s)) == s on the default vocabulary, control characters included
+
+def round_trip_texts(count: int) -> list[str]:
+    seed = int(os.environ.get("BRRR_TEST_SEED", random.randrange(2**32)))
+    print(f"round-trip seed {seed}")
+    rng = random.Random(seed)
+    return [random_text(rng, rng.randrange(1, 40), ROUND_TRIP_ALPHABET) for _ in range(count)]
+
+
+def test_smollm_round_trip_keeps_all_but_the_dropped_controls(smollm):
+    # The six ASCII controls with no byte-level token in SmolLM2's vocabulary; llama.cpp and HF
+    # transformers drop exactly these too (see GGUFByteLevelTokenizer).
+    assert smollm.dropped_characters == "\x04\x06\x13\x14\x16\x1d"
+    assert smollm.max_bytes_per_token is not None
+    dropped = str.maketrans("", "", smollm.dropped_characters)
+    texts = round_trip_texts(2000)
+    assert sum(any(c in text for c in smollm.dropped_characters) for text in texts) > 100
+    for text in texts:
+        assert smollm.decode(smollm.encode(text), skip_special_tokens=False) == text.translate(dropped), repr(text)
+    check_byte_bound(smollm, texts[:300])
+
+
+def test_smollm_round_trip_matches_llama_cpp(smollm, smollm_gguf):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs = llama_cpp.Llama(str(smollm_gguf), vocab_only=True, verbose=False)
+    for text in round_trip_texts(2000):
+        ours = smollm.encode(text, add_bos=False)
+        their_ids = theirs.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        # Both drop the same characters, so both decode to the same text; where one was dropped,
+        # llama.cpp does not merge its neighbours (" \x13)" -> " ", ")") while HF tokenizers, which
+        # the model was trained with, does (" )"): the ids agree only without dropped characters.
+        assert theirs.detokenize(their_ids) == theirs.detokenize(ours), repr(text)
+        assert smollm.decode(ours, skip_special_tokens=False).encode("utf-8") == theirs.detokenize(ours), repr(text)
+        if not any(c in text for c in smollm.dropped_characters):
+            assert ours == their_ids, repr(text)
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (dict(merges=None), "merges is missing"),
+    (dict(merges=[]), "merges is missing"),
+    (dict(merges=7), "merges must be an array"),
+    (dict(tokens=["a", 3]), r"tokens\[1\] = 3 is not a string"),
+    (dict(token_type=[1.5] * 262), r"token_type\[0\] = 1.5 is not an integer"),
+    (dict(add_bos_token=[1, 2]), "add_bos_token = \\[1, 2\\] should be a bool"),
+    (dict(chat_template=2.0), "chat_template = 2.0 should be a str"),
+], ids=lambda v: str(v)[:30])
+def test_gguf_tokenizer_values_of_the_wrong_type_are_refused(change, pattern):
+    # Found by tests/fuzz: a retyped value used by its truthiness or str() tokenizes differently
+    # without a word.
+    spec = dict(tiny_bpe_spec(None), path="damaged.gguf", **change)
+    with pytest.raises(file_error_class(), match=f"damaged.gguf: .*{pattern}"):
+        tk.load_tokenizer(spec)

@@ -22,8 +22,9 @@ from collections.abc import Mapping
 
 from ..fetch import (LLAMA3_TOKENIZER_ENV, fetch_llama3_tokenizer, llama3_tokenizer_cache_path,
                      llama3_tokenizer_path)
-from .base import BackendTokenizer, StreamDecoder, Tokenizer, byte_level_alphabet, file_error
-from .chat import DEFAULT_CHAT_TEMPLATE
+from .base import (BackendTokenizer, StreamDecoder, Tokenizer, byte_level_alphabet, file_error,
+                   prompt_bytes_beyond)
+from .chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateLimitError
 from .gguf import spec_from_gguf
 from .gguf_bpe import GGUFByteLevelTokenizer
 from .gguf_spm import GGUFSentencePieceTokenizer
@@ -33,7 +34,7 @@ from .spm import SentencePieceTokenizer
 
 __all__ = ["Tokenizer", "StreamDecoder", "BackendTokenizer", "GGUFByteLevelTokenizer", "GGUFSentencePieceTokenizer",
            "SentencePieceTokenizer", "HFTokenizer", "Llama2cTokenizer", "load_tokenizer", "spec_from_gguf",
-           "DEFAULT_CHAT_TEMPLATE", "byte_level_alphabet", "LLAMA3_TOKENIZER_ENV", "fetch_llama3_tokenizer",
+           "DEFAULT_CHAT_TEMPLATE", "ChatTemplateLimitError", "prompt_bytes_beyond", "byte_level_alphabet", "LLAMA3_TOKENIZER_ENV", "fetch_llama3_tokenizer",
            "llama3_tokenizer_cache_path", "llama3_tokenizer_path"]
 
 

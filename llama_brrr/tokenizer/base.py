@@ -92,6 +92,26 @@ class Tokenizer:
         """False when the files carry no template and `apply_chat_template` falls back to ChatML."""
         return self._chat.from_files
 
+    @property
+    def max_bytes_per_token(self) -> int | None:
+        """The most bytes of input text (UTF-8) that one token can stand for; None when no bound is
+        known. A text of more than n * max_bytes_per_token bytes encodes to more than n tokens, so a
+        prompt that cannot fit the context is refused before it is tokenized (see `_input_shrink`)."""
+        if not hasattr(self, "_max_bytes_per_token"):
+            shrink = self._input_shrink()
+            longest = max((len(piece) for piece in self._piece_bytes), default=1)
+            self._max_bytes_per_token = None if shrink is None else shrink * max(longest, 1)
+        return self._max_bytes_per_token
+
+    # Characters encode leaves out (no token holds them); see GGUFByteLevelTokenizer.
+    dropped_characters = ""
+
+    def _input_shrink(self) -> int | None:
+        """How many input bytes may stand for one byte of the tokens' text (piece bytes), None when
+        unbounded. Sound only where every input byte ends up in exactly one token: byte-level BPE,
+        byte-fallback vocabularies. Implementations that know their normalization say so."""
+        return None
+
     def is_special(self, token_id: int) -> bool:
         return self._check_id(token_id) in self._special_ids
 
@@ -179,7 +199,8 @@ class Tokenizer:
 
     # -- chat --------------------------------------------------------------------------------
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
+                            max_chars: int | None = None, limit_reason: str | None = None) -> str:
         """Render `messages` ([{"role": ..., "content": ...}, ...]) as a prompt string.
 
         Uses the model's own Jinja template (from the GGUF / tokenizer_config.json / chat_template.jinja),
@@ -187,9 +208,14 @@ class Tokenizer:
         `bos_token` / `eos_token`). When the files carry no template, ChatML (DEFAULT_CHAT_TEMPLATE) is
         used: <|im_start|>{role}\\n{content}<|im_end|>\\n per message, then <|im_start|>assistant\\n.
         The result is text; encode it with `encode` (it already contains any BOS the template writes).
+        Rendering is bounded (chat.TEMPLATE_TIME_LIMIT_S; max_chars, default chat.TEMPLATE_MAX_CHARS,
+        for the result and every string built on the way): beyond either, ChatTemplateLimitError
+        (a ValueError), whose message adds `limit_reason` when the size limit is what failed.
         """
+        limits = {} if max_chars is None else {"max_chars": max_chars}
         return self._chat.render(messages, add_generation_prompt, bos_token=self._token_text(self._bos_id),
-                                 eos_token=self._token_text(self._eos_ids[0] if self._eos_ids else None))
+                                 eos_token=self._token_text(self._eos_ids[0] if self._eos_ids else None),
+                                 limit_reason=limit_reason, **limits)
 
     def _token_text(self, token_id: int | None) -> str:
         if token_id is None:
@@ -207,6 +233,62 @@ class BackendTokenizer(Tokenizer):
 
     def _encode_text(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids
+
+    def _input_shrink(self) -> int | None:
+        """From the backend's normalizer and model: 1 when they never shrink text (byte-level,
+        Prepend, Replace by something as long), 4 after Unicode normalization or lowercasing (a
+        character of at most 4 bytes becomes at least one byte), None for anything that may delete
+        text (Strip, StripAccents, regex replacements) or a model that fuses unknown characters
+        into one token."""
+        description = json.loads(self._backend.to_str())
+        model = description.get("model") or {}
+        if model.get("type") != "BPE":
+            return None
+        unknown_fused = model.get("unk_token") is not None and model.get("fuse_unk") and not model.get("byte_fallback")
+        if unknown_fused:
+            return None
+        # An unknown character not fused with its neighbours is one token of its own (<= 4 bytes).
+        shrink = 4 if model.get("unk_token") is not None and not model.get("byte_fallback") else 1
+        return _normalizer_shrink(description.get("normalizer"), shrink)
+
+
+def prompt_bytes_beyond(tokenizer, text: str, n_tokens: int) -> int | None:
+    """The UTF-8 length of `text` (less the characters `tokenizer` drops) when that alone proves
+    that `text` encodes to more than `n_tokens` tokens, else None. Sound because no token stands
+    for more than tokenizer.max_bytes_per_token bytes of text (None there: nothing is proved).
+    Costs a pass over the text, no tokenization: a 100 MB prompt is refused in a fraction of a second."""
+    per_token = getattr(tokenizer, "max_bytes_per_token", None)
+    if per_token is None:
+        return None
+    limit = n_tokens * per_token
+    dropped = getattr(tokenizer, "dropped_characters", "")
+    if not dropped and len(text) > limit:  # at least one byte per character
+        return len(text)
+    counted = len(text.encode("utf-8")) - sum(text.count(c) * len(c.encode("utf-8")) for c in dropped)
+    return counted if counted > limit else None
+
+
+def _normalizer_shrink(normalizer, shrink: int) -> int | None:
+    if normalizer is None:
+        return shrink
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        for inner in normalizer.get("normalizers", []):
+            shrink = _normalizer_shrink(inner, shrink)
+            if shrink is None:
+                return None
+        return shrink
+    if kind == "Prepend":
+        return shrink
+    if kind == "Replace":
+        pattern, content = normalizer.get("pattern", {}), normalizer.get("content", "")
+        if "String" not in pattern or not content:
+            return None
+        ratio = -(-len(pattern["String"].encode("utf-8")) // len(content.encode("utf-8")))
+        return shrink * max(1, ratio)
+    if kind in ("NFC", "NFD", "NFKC", "NFKD", "Lowercase"):
+        return shrink * 4
+    return None
 
 
 class StreamDecoder:

@@ -26,6 +26,43 @@ def spec_from_gguf(path) -> dict:
     return spec
 
 
+# The type each tokenizer value must have in a GGUF file: a value of another type (a merge list
+# stored as a number, a flag stored as an array) means the metadata is damaged, and using it
+# anyway (truthiness, str()) would tokenize differently without a word.
+_LIST_OF = {"tokens": (str,), "merges": (str,), "token_type": (int,), "scores": (int, float)}
+_SCALAR = {"model": (str,), "pre": (str,), "chat_template": (str,), "add_bos_token": (bool,),
+           "add_eos_token": (bool,), "add_space_prefix": (bool,)}
+
+
+def check_spec_types(spec: dict, source: str) -> None:
+    import numpy as np
+
+    for key, kinds in _LIST_OF.items():
+        value = spec.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            raise file_error(source, f"tokenizer.ggml.{key} must be an array, got a {type(value).__name__}; "
+                                     f"the file's metadata is damaged")
+        numeric = kinds != (str,)
+        for index, item in enumerate(value):
+            ok = (isinstance(item, (int, float, np.integer, np.floating)) and not isinstance(item, (bool, np.bool_))
+                  and (float in kinds or isinstance(item, (int, np.integer)))) if numeric else isinstance(item, str)
+            if not ok:
+                raise file_error(source, f"tokenizer.ggml.{key}[{index}] = {item!r} is not "
+                                         f"{'a string' if not numeric else 'a number' if float in kinds else 'an integer'}; "
+                                         f"the file's metadata is damaged")
+    for key, kinds in _SCALAR.items():
+        value = spec.get(key)
+        if value is None:
+            continue
+        ok = isinstance(value, (bool, np.bool_)) if kinds == (bool,) else isinstance(value, kinds)
+        if not ok:
+            name = "tokenizer.chat_template" if key == "chat_template" else f"tokenizer.ggml.{key}"
+            raise file_error(source, f"{name} = {value!r} should be a {kinds[0].__name__}, got a "
+                                     f"{type(value).__name__}; the file's metadata is damaged")
+
+
 def gguf_source(spec: dict) -> str:
     return spec.get("path") or "the GGUF tokenizer metadata"
 
@@ -39,6 +76,7 @@ class GGUFVocabulary:
     """
 
     def __init__(self, spec: dict, source: str):
+        check_spec_types(spec, source)
         tokens = spec.get("tokens")
         if not isinstance(tokens, list) or not tokens:
             raise file_error(source, "tokenizer.ggml.tokens is missing or empty")
