@@ -147,7 +147,7 @@ def check_shapes(config: ModelConfig, found: dict[str, tuple[int, ...]], path: P
     # Bounded by what the file holds before any per-layer structure is built from the config: a
     # damaged layer count (2**31) must not cost gigabytes and minutes before it is refused.
     present = 1 + max((int(n.split(".")[1]) for n in found if n.startswith("layers.")), default=-1)
-    if config.n_layers > present:
+    if config.n_layers != present:
         raise ModelFileError(path, f"the configuration says {config.n_layers} layers but the file "
                                    f"holds tensors for {present}; the metadata is corrupt or the "
                                    f"file is incomplete")

@@ -108,6 +108,11 @@ def load_gguf(path: str | Path, progress: ProgressFn | None = None) -> LoadedMod
         progress(len(wanted), len(wanted))  # nothing is read until the engine asks for a tensor
 
     spec = _tokenizer_spec(meta, path)
+    for key in ("bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id"):
+        value = spec.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ModelFileError(path, f"tokenizer.ggml.{key} = {value!r} is not an integer token "
+                                       f"id; the file's metadata is damaged")
     eos_ids = [spec[key] for key in ("eos_token_id", "eot_token_id", "eom_token_id")
                if spec.get(key) is not None]
     return LoadedModel(config=config, tensors=GGUFTensors(reader, wanted, config, path),
@@ -242,9 +247,19 @@ def _check_layout(reader: GGUFFile, path: Path) -> None:
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 
+# Block formats of Llama-family files: the classic, K- and I-quants. The others the gguf package
+# knows (MXFP4, NVFP4, the ternary TQ types) belong to other architectures; in a llama file they
+# mean a damaged type field, and some have the same size as Q4_0, so no layout check would notice.
+_LLAMA_BLOCK_TYPES = {GGMLQuantizationType[name] for name in (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ1_S",
+    "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS")}
+
+
 def _check_readable_type(t, path: Path) -> None:
-    """A float type, or a block format the gguf package can dequantize (the kept ones included)."""
-    if t.tensor_type in _FLOAT_TYPES or t.tensor_type in gguf.quants._type_traits:
+    """A float type, or a Llama block format the gguf package can dequantize (the kept ones
+    included)."""
+    if t.tensor_type in _FLOAT_TYPES or (t.tensor_type in _LLAMA_BLOCK_TYPES
+                                         and t.tensor_type in gguf.quants._type_traits):
         return
     raise UnsupportedModelError(path, f"tensor {t.name!r} has type {t.tensor_type.name}, which "
                                       f"llama_brrr cannot read (float types, Q4_0..Q8_0, the "
@@ -296,6 +311,17 @@ class _Metadata:
         if value is None:
             return default
         return value.tolist() if isinstance(value, np.ndarray) else value
+
+    def get_float(self, key: str, default: float) -> float:
+        """A float-valued key: stored as float32 / float64, as llama.cpp requires of these keys."""
+        value = self.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, float):
+            raise ModelFileError(self._path, f"GGUF metadata {key!r} = {value!r} is stored as "
+                                             f"{type(value).__name__}, not a float; the file is "
+                                             f"mis-converted")
+        return value
 
     def require_int(self, key: str) -> int:
         value = self.get(key)
@@ -364,14 +390,14 @@ def _config(meta: _Metadata, arch: str, by_name: dict, path: Path):
         raise ModelFileError(path, "missing tensor 'token_embd.weight' (the token embedding); "
                                    "the file is incomplete or not a Llama model")
     vocab_size = _numpy_shape(embedding)[0]
-    rope_theta = float(meta.get(p + "rope.freq_base", _DEFAULT_ROPE_THETA))
+    rope_theta = meta.get_float(p + "rope.freq_base", _DEFAULT_ROPE_THETA)
 
     return make_config(
         path, dim=dim, hidden_dim=meta.require_int(p + "feed_forward_length"),
         n_layers=meta.require_int(p + "block_count"), n_heads=n_heads, n_kv_heads=n_kv_heads,
         vocab_size=vocab_size, head_dim=head_dim,
         max_seq_len=meta.require_int(p + "context_length"),
-        norm_eps=float(meta.get(p + "attention.layer_norm_rms_epsilon", _DEFAULT_NORM_EPS)),
+        norm_eps=meta.get_float(p + "attention.layer_norm_rms_epsilon", _DEFAULT_NORM_EPS),
         rope_theta=rope_theta,
         rope_scaling=_rope_scaling(meta, p, by_name, head_dim, rope_theta, path),
         tie_embeddings="output.weight" not in by_name,
@@ -396,7 +422,7 @@ def _rope_scaling(meta: _Metadata, p: str, by_name: dict, head_dim: int, theta: 
     if scaling_type in (None, "none"):
         return None
     if scaling_type == "linear":
-        factor = meta.get(p + "rope.scaling.factor")
+        factor = meta.get_float(p + "rope.scaling.factor", 0.0)
         if not factor or factor <= 0:
             raise ModelFileError(path, f"rope.scaling.type is 'linear' but {p}rope.scaling.factor "
                                        f"is {factor!r}; the file is mis-converted")

@@ -77,6 +77,8 @@ class GGUFFile:
         self.fields: dict = {}
         for i in range(n_kv):
             key = self._string(f"metadata key #{i}")
+            if key in self.fields:
+                raise GGUFFormatError(f"metadata key {key!r} appears twice")
             kind = self._scalar("<I", f"the type of {key!r}")
             self.fields[key] = self._value(kind, key)
         self.alignment = self._alignment()

@@ -169,6 +169,15 @@ def load_safetensors(path: str | Path, progress: ProgressFn | None = None) -> Lo
                                           f"it") from exc
     declared = {c: st.entries[n][1] for c, (st, n) in by_canonical.items()}
     check_shapes(config, declared, path, hf_tensor_name)
+    if config.tie_embeddings and "output" in by_canonical:
+        # Tied, yet lm_head.weight is there: harmless only if it is the embedding itself.
+        head, embedding = (st.array(n) for st, n in (by_canonical["output"],
+                                                      by_canonical["tok_embeddings"]))
+        if head.shape != embedding.shape or not np.array_equal(head, embedding):
+            raise ModelFileError(config_path, "config.json ties the embeddings "
+                                              "(tie_word_embeddings) but the checkpoint holds a "
+                                              "different lm_head.weight; the config is damaged "
+                                              "or belongs to another model")
 
     wanted = config.tensor_shapes()
     tensors, elements_by_type = {}, {}
@@ -280,6 +289,10 @@ def _config(hf: dict, config_path: Path, lm_head_absent: bool, directory: Path):
         extra["sliding_window"] = sliding_window
         max_seq_len = sliding_window
 
+    tie = hf.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ModelFileError(config_path, f"config.json: tie_word_embeddings = {tie!r}, expected "
+                                          f"true or false")
     rope = hf.get("rope_parameters") or {}  # transformers >= 5 folds theta and scaling in here
     rope_theta = hf.get("rope_theta") or rope.get("rope_theta") or 10000.0
     return make_config(
@@ -289,7 +302,7 @@ def _config(hf: dict, config_path: Path, lm_head_absent: bool, directory: Path):
         head_dim=hf.get("head_dim") or 0, max_seq_len=max_seq_len,
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta),
         rope_scaling=_rope_scaling(hf.get("rope_scaling") or rope, config_path),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)) or lm_head_absent,
+        tie_embeddings=tie or lm_head_absent,
         name=directory.name, extra=extra)
 
 

@@ -82,7 +82,11 @@ class GGUFVocabulary:
             raise file_error(source, "tokenizer.ggml.tokens is missing or empty")
         types = spec.get("token_type")
         if types is None:
-            types = [TYPE_NORMAL] * len(tokens)
+            # llama.cpp would treat every token as plain text, so control tokens in a prompt (a
+            # chat template's) would be split into pieces: every converter writes the types, so
+            # their absence is damage, not a vocabulary without specials.
+            raise file_error(source, "tokenizer.ggml.token_type is missing (every GGUF converter "
+                                     "writes it); the file's metadata is damaged")
         if len(types) != len(tokens):
             raise file_error(source, f"tokenizer.ggml.token_type has {len(types)} entries for "
                              f"{len(tokens)} tokens")

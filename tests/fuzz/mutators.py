@@ -64,6 +64,30 @@ def is_legitimate(field: str) -> bool:
     return bool(_LEGITIMATE.fullmatch(field))
 
 
+def is_undetectable(mutation: "Mutation") -> bool:
+    """A relabel between two types of the same size per value: F16 <-> BF16 in safetensors, or two
+    GGUF block formats with equal bytes per value (Q4_0 / IQ4_NL / Q4_K: 0.5625) where the rows
+    divide both blocks. Every byte range still fits, so neither we, the safetensors library nor
+    llama.cpp can tell the file from a valid one without judging the weights' values; such cases
+    are counted apart ("undetectable"), not passed as legitimate."""
+    import gguf
+
+    match = re.fullmatch(r"dtype (\w+) -> (\w+)", mutation.how)
+    if mutation.field.endswith(":dtype") and match:
+        return {match.group(1), match.group(2)} == {"F16", "BF16"}
+    match = re.fullmatch(r"type (\d+) -> (\d+)", mutation.how)
+    if mutation.field.endswith(":type") and match:
+        sizes = []
+        for type_id in map(int, match.groups()):
+            try:
+                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)]
+            except (ValueError, KeyError):
+                return False
+            sizes.append(size / block)
+        return sizes[0] == sizes[1]
+    return False
+
+
 @dataclass
 class Mutation:
     field: str
@@ -415,7 +439,9 @@ def truncate(data, layout, rng):
 
 def byte_flips(data, layout, rng):
     """A few random bytes of the header region changed (the data region is left alone: a changed
-    weight is a different model, not a damaged file)."""
+    weight is a different model, not a damaged file). When every changed byte lies inside one GGUF
+    metadata value, the mutation names that value's field, so a changed token text counts as the
+    tokenizer change it is (LEGITIMATE_FIELDS) and a changed tensor table entry as damage."""
     end = layout.data_start if layout is not None else min(len(data), 512)
     out = bytearray(data)
     changed = []
@@ -423,7 +449,17 @@ def byte_flips(data, layout, rng):
         position = rng.randrange(end)
         out[position] = rng.randrange(256)
         changed.append(position)
-    return bytes(out), Mutation("header:bytes", f"random bytes at {changed}")
+    owners = {_kv_value_owner(layout, p) for p in changed} if isinstance(layout, GGUFLayout) else {None}
+    field = f"kv:{owners.pop()}:value" if len(owners) == 1 and None not in owners else "header:bytes"
+    return bytes(out), Mutation(field, f"random bytes at {changed}")
+
+
+def _kv_value_owner(layout, position: int):
+    """The key whose value bytes hold `position`, or None (a key, a type or the tensor table)."""
+    for kv in layout.kv:
+        if kv["value_start"] <= position < kv["end"]:
+            return kv["key"]
+    return None
 
 
 GGUF_MUTATORS = [

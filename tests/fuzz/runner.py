@@ -11,7 +11,9 @@ threads could deadlock the child).
 Outcome classes (OUTCOMES): "error" (ModelFileError / UnsupportedModelError, or a ValueError
 raised by llama_brrr's own code: a clear refusal), "identical" (same tokens, prompt ids and
 log-probabilities as the unmutated seed), "legitimate" (different output after a change to a
-field in mutators.LEGITIMATE_FIELDS), "nonfinite" (NonFiniteLogitsError at generation: refused,
+field in mutators.LEGITIMATE_FIELDS), "undetectable" (different output after relabelling a tensor
+with a type of the same size per value: mutators.is_undetectable; counted apart, not a pass),
+"nonfinite" (NonFiniteLogitsError at generation: refused,
 but after the load accepted the file), and the failures: "crash" (a signal, no result, or any
 other exception type, a ValueError from numpy or gguf included), "hang" (the timeout), "silent"
 (different output after a change that is not legitimate, or a non-finite weight loaded without
@@ -40,7 +42,7 @@ PROMPT_TEXT = "hello the world"
 MESSAGES = [{"role": "user", "content": "hi"}]
 MAX_TOKENS = 4
 CHILD_MEMORY_BYTES = 4 << 30
-OUTCOMES = ("error", "identical", "legitimate", "nonfinite", "crash", "hang", "silent")
+OUTCOMES = ("error", "identical", "legitimate", "undetectable", "nonfinite", "crash", "hang", "silent")
 FAILURES = ("crash", "hang", "silent")
 
 
@@ -192,7 +194,9 @@ def classify(result: dict, baseline: dict, mutation: mutators.Mutation) -> str:
         return "silent"  # a non-finite weight was loaded without an error
     if _same(result, baseline):
         return "identical"
-    return "legitimate" if mutators.is_legitimate(mutation.field) else "silent"
+    if mutators.is_legitimate(mutation.field):
+        return "legitimate"
+    return "undetectable" if mutators.is_undetectable(mutation) else "silent"
 
 
 # ---- the driver -----------------------------------------------------------------------------------------
