@@ -3,8 +3,8 @@
 glibc's malloc keeps the pages of freed blocks in its arenas (the main heap below the top chunk,
 and one arena per thread that allocated) instead of returning them, so a process that loads and
 drops models sees its resident set grow although nothing is alive. malloc_trim(0) returns every
-whole free page of every arena. Llama's teardown calls release_freed_memory() after the engine
-and the weights are gone; it is a no-op where glibc is absent (musl, macOS).
+whole free page of every arena. Llama.close() calls release_freed_memory() once the engine and
+the weights are gone; it is a no-op where glibc is absent (musl, macOS).
 """
 
 from __future__ import annotations

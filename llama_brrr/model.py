@@ -263,6 +263,24 @@ class Llama:
         """The underlying _C.Engine (for tests and tools; generation goes through this class)."""
         return self._engine
 
+    def close(self) -> None:
+        """Frees the engine (weights, KV cache, buffers) now instead of at garbage collection, and
+        hands freed heap pages back to the OS; the instance cannot generate afterwards. Also what
+        leaving a `with Llama.from_pretrained(...) as llm:` block does."""
+        if self._busy:
+            raise RuntimeError(_BUSY_MESSAGE)
+        if self._engine is None:
+            return
+        self._engine = None
+        from .memory import release_freed_memory
+        release_freed_memory()
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def weights_summary(self) -> str:
         """Each tensor family's storage type and the weights' bytes, e.g.
@@ -483,6 +501,9 @@ class Llama:
         """One generation at a time: an instance has one engine and one set of KV slots."""
         if self._busy:
             raise RuntimeError(_BUSY_MESSAGE)
+        if self._engine is None:
+            raise RuntimeError("this Llama was closed (close() or the end of its `with` block); "
+                               "load the model again")
         self._busy = True
         try:
             yield

@@ -410,3 +410,19 @@ def test_random_shape_names_and_small_vocab_without_tokenizer():
     assert len(out.token_ids) == 4 and out.text == ""
     with pytest.raises(ValueError, match="token ids"):
         llm.generate("text", max_tokens=4)
+
+
+def test_close_frees_the_engine_and_refuses_further_work():
+    from llama_brrr import Llama
+    from llama_brrr.config import ModelConfig
+
+    config = ModelConfig(dim=64, hidden_dim=96, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=300,
+                         max_seq_len=32)
+    with Llama.random(config, device="cpu", max_batch=1) as llm:
+        assert len(llm.generate([1, 2, 3], max_tokens=2, ignore_eos=True)[0].token_ids) == 2
+    assert llm.engine is None
+    with pytest.raises(RuntimeError, match="was closed"):
+        llm.generate([1, 2, 3], max_tokens=2)
+    with pytest.raises(RuntimeError, match="was closed"):
+        list(llm.stream([1, 2, 3], max_tokens=2))
+    llm.close()  # twice is fine
