@@ -450,8 +450,12 @@ def byte_flips(data, layout, rng):
         out[position] = rng.randrange(256)
         changed.append(position)
     owners = {_kv_value_owner(layout, p) for p in changed} if isinstance(layout, GGUFLayout) else {None}
-    field = f"kv:{owners.pop()}:value" if len(owners) == 1 and None not in owners else "header:bytes"
-    return bytes(out), Mutation(field, f"random bytes at {changed}")
+    fields = sorted(f"kv:{key}:value" for key in owners if key is not None)
+    # Bytes inside one value name that field; inside several legitimate ones, the first of them
+    # (the case stays legitimate); anything touching structure stays "header:bytes".
+    if None not in owners and (len(fields) == 1 or all(is_legitimate(f) for f in fields)):
+        return bytes(out), Mutation(fields[0], f"random bytes at {changed} (in {', '.join(fields)})")
+    return bytes(out), Mutation("header:bytes", f"random bytes at {changed}")
 
 
 def _kv_value_owner(layout, position: int):
