@@ -39,7 +39,9 @@ class Engine:
 
     def __init__(self, llm):
         self.llm, self.engine = llm, llm.engine
-        self.note = f"{llm.device} {llm.dtype}" + (", CUDA graphs" if self.engine.use_cuda_graphs else "")
+        quant = getattr(llm, "quant", None)
+        self.note = (f"{llm.device} {llm.dtype}" + (f", quant {quant}" if quant else "")
+                     + (", CUDA graphs" if self.engine.use_cuda_graphs else ""))
 
     def _greedy(self, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
         n = len(slots)
