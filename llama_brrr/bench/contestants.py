@@ -39,8 +39,9 @@ class Engine:
 
     def __init__(self, llm):
         self.llm, self.engine = llm, llm.engine
-        quant = getattr(llm, "quant", None)
-        self.note = (f"{llm.device} {llm.dtype}" + (f", quant {quant}" if quant else "")
+        # Each tensor family's storage type, where the engine keeps quantized weights.
+        weights = getattr(llm, "weights_summary", None)
+        self.note = (f"{llm.device} {llm.dtype}" + (f", weights {weights}" if weights else "")
                      + (", CUDA graphs" if self.engine.use_cuda_graphs else ""))
 
     def _greedy(self, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -691,6 +691,8 @@ def run_quant_peer(opts: Options, groups: list[list[Workload]], twins: list[str]
         else:
             result["runs"] += part["runs"]
             result["skipped"] += part["skipped"]
+        # Other people's work on a shared machine shows here (the benchmark's own threads count 2).
+        entry["load_average_after"] = list(os.getloadavg())
         result["files"][label] = entry
     result["benchmark"] = "compare_quant"
     result["threads"] = threads
