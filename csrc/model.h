@@ -111,6 +111,13 @@ public:
     // Copies (and converts) one canonical tensor into the engine's own storage; shape checked.
     virtual void set_weight(const std::string& name, const void* src, DType src_dtype,
                             const std::vector<int64_t>& shape) = 0;
+    // Copies one matrix's GGUF blocks (type_id: a GGML type id) as they are; only backends built
+    // with quantized storage for that tensor accept it.
+    virtual void set_weight_blocks(const std::string& name, const void*, size_t, int type_id,
+                                   const std::vector<int64_t>&) {
+        BRRR_FAIL("weight '" << name << "': this backend stores no quantized weights (GGML type "
+                  << type_id << "); dequantize it first");
+    }
     // Reads one canonical tensor back as fp32 (dst holds numel floats).
     virtual void get_weight(const std::string& name, float* dst) const = 0;
     // Fills every weight: matrices and embeddings N(0, std); norm weights 1 + N(0, std).

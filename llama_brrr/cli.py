@@ -43,6 +43,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     group.add_argument("--dtype", default=None,
                        help="f32 | bf16 | f16 (default: bf16 on cuda, f32 on cpu)")
+    group.add_argument("--quant", default=None,
+                       help="auto | none | q8_0 | q4_k | q4_k_m | ... (default auto: quantized GGUF "
+                            "tensors run as stored on the CPU; none: dequantize; a type or recipe: "
+                            "quantize at load)")
     group.add_argument("--max-seq-len", type=int, default=None,
                        help="context length in tokens (default: min(model context, 4096))")
     group.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
@@ -63,9 +67,11 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 def load_model(args: argparse.Namespace):
     from . import Llama
 
-    return Llama.from_pretrained(args.model, device=args.device, dtype=args.dtype,
-                                 max_seq_len=args.max_seq_len, n_threads=args.threads,
-                                 progress=True)
+    llm = Llama.from_pretrained(args.model, device=args.device, dtype=args.dtype,
+                                max_seq_len=args.max_seq_len, n_threads=args.threads,
+                                progress=True, quant=args.quant)
+    print(f"llama-brrr: loaded {llm.source} on {llm.device}: {llm.weights_summary}", file=sys.stderr)
+    return llm
 
 
 def sampling_params(args: argparse.Namespace):

@@ -24,6 +24,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random weights of a named shape (config.SHAPES, e.g. llama3.2-1b)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     parser.add_argument("--dtype", default=None, help="f32 | bf16 | f16 (default: bf16 on cuda, f32 on cpu)")
+    parser.add_argument("--quant", default=None,
+                        help="auto | none | q8_0 | q4_k | q4_k_m | ... (see llama-brrr run --help)")
     parser.add_argument("--prompt", default="The capital of France is", help="the prompt to run")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
     parser.add_argument("--max-seq-len", type=int, default=None, help="context length (default: model's, at most 4096)")
@@ -39,9 +41,11 @@ def _load(args):
 
     if args.shape:
         return Llama.random(args.shape, device=args.device, dtype=args.dtype,
-                            max_seq_len=args.max_seq_len or 4096, n_threads=args.threads)
+                            max_seq_len=args.max_seq_len or 4096, n_threads=args.threads,
+                            quant=args.quant)
     return Llama.from_pretrained(args.model, device=args.device, dtype=args.dtype,
-                                 max_seq_len=args.max_seq_len, n_threads=args.threads, progress=True)
+                                 max_seq_len=args.max_seq_len, n_threads=args.threads, progress=True,
+                                 quant=args.quant)
 
 
 def _write(summary, out: str | None, prefix: str = "") -> list[str]:

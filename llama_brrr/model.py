@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from . import _C, profiler
+from . import quant as quantization
 from .config import ModelConfig, shape_config
 from .errors import ArgumentTypeError, NonFiniteLogitsError
 from .sampling import SamplingParams, _has_surrogate, engine_rows
@@ -144,12 +145,15 @@ class Llama:
 
     def __init__(self, engine, config: ModelConfig, tokenizer, *, device: str, dtype: str,
                  max_seq_len: int, max_batch: int, eos_token_ids: Sequence[int] = (),
-                 source: str = ""):
+                 source: str = "", weight_types: dict | None = None):
         self._engine = engine
         self.config = config
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
+        # Matrix name -> block type ("q4_1") of the matrices stored quantized; the rest are `dtype`.
+        self.weight_types = dict(weight_types or {})
+        self._weights_summary = None
         self.max_seq_len = max_seq_len
         self.max_batch = max_batch
         self.source = source
@@ -167,13 +171,18 @@ class Llama:
     @classmethod
     def from_pretrained(cls, path: str | None = None, device: str = "auto", dtype: str | None = None,
                         max_seq_len: int | None = None, max_batch: int | None = None,
-                        n_threads: int = 0, progress: bool = True) -> "Llama":
+                        n_threads: int = 0, progress: bool = True,
+                        quant: str | None = None) -> "Llama":
         """Loads a model onto `device`.
 
         path: a model file or directory, None / "default" for the default model (fetched when
         missing; $LLAMA_BRRR_DEFAULT_MODEL overrides it), or "hf:org/name" (see fetch.resolve_model).
 
-        dtype: "f32", "bf16" or "f16" (default bf16 on cuda, f32 on cpu).
+        dtype: "f32", "bf16" or "f16" (default bf16 on cuda, f32 on cpu): what every tensor not
+        stored quantized runs in.
+        quant: None ("auto": quantized GGUF tensors stay as stored on the CPU), "none" (everything
+        dequantized to dtype), a block format ("q8_0", "q4_k", ...) or a recipe ("q4_k_m") to
+        quantize at load; see llama_brrr.quant.
         max_seq_len: KV-cache length per sequence (default min(model context, 4096)).
         max_batch: sequences decoded together (default 8 on cpu, 64 on cuda).
         """
@@ -188,24 +197,32 @@ class Llama:
         n_threads = _parse_threads(n_threads)
         backend, device_index = _parse_device(device)
         engine_dtype = _parse_dtype(dtype, backend)
+        quant = quantization.parse_quant(quant)
         resolved = fetch.resolve_model(path, progress=progress)
         loaded = load_model(str(resolved), progress=_LoadProgress("loading") if progress else None)
         config = loaded.config
         max_seq_len = _parse_max_seq_len(max_seq_len, config)
         max_batch = _parse_max_batch(max_batch, backend)
+        file_types = {name: loaded.tensors.file_type(name) for name in config.tensor_shapes()}
+        plan = quantization.plan(config, quant, file_types, backend)
         engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
-                           device_index, n_threads)
-        _set_weights(engine, loaded.tensors, config, progress, str(resolved))
+                           device_index, n_threads, plan.type_ids())
+        _set_weights(engine, loaded.tensors, config, plan, progress, str(resolved))
         tokenizer = load_tokenizer(loaded.tokenizer_spec)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
                    dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
-                   eos_token_ids=loaded.eos_token_ids or (), source=str(resolved))
+                   eos_token_ids=loaded.eos_token_ids or (), source=str(resolved),
+                   weight_types=plan.types)
 
     @classmethod
     def random(cls, shape_name_or_config: str | ModelConfig, seed: int = 0, device: str = "auto",
                dtype: str | None = None, max_seq_len: int | None = None,
-               max_batch: int | None = None, n_threads: int = 0) -> "Llama":
+               max_batch: int | None = None, n_threads: int = 0,
+               quant: str | None = None) -> "Llama":
         """A model with random weights (N(0, 0.02); norms 1 + N(0, 0.02)), drawn by the engine.
+
+        quant: a block format or recipe ("q4_k_m", "q8_0", ...) stores the matrices quantized: each
+        holds exactly the quantization of the float weights the same seed draws.
 
         shape_name_or_config: a name from config.SHAPES (e.g. "llama3.2-1b") or a ModelConfig.
         Its tokenizer is RandomModelTokenizer (byte-level) when vocab_size >= 259; with a smaller
@@ -224,28 +241,38 @@ class Llama:
         n_threads = _parse_threads(n_threads)
         backend, device_index = _parse_device(device)
         engine_dtype = _parse_dtype(dtype, backend)
+        plan = quantization.plan(config, quant, None, backend)
         max_seq_len = _parse_max_seq_len(max_seq_len, config)
         max_batch = _parse_max_batch(max_batch, backend)
         engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
-                           device_index, n_threads)
+                           device_index, n_threads, plan.type_ids())
         engine.init_random(seed, _RANDOM_INIT_STD)
         tokenizer = (RandomModelTokenizer(config.vocab_size)
                      if config.vocab_size >= RandomModelTokenizer.N_SPECIAL + 256 else None)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
                    dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
-                   source=f"random:{config.name}")
+                   source=f"random:{config.name}", weight_types=plan.types)
 
     @property
     def engine(self):
         """The underlying _C.Engine (for tests and tools; generation goes through this class)."""
         return self._engine
 
+    @property
+    def weights_summary(self) -> str:
+        """Each tensor family's storage type and the weights' bytes, e.g.
+        "wq wk wo w1 w3 q4_1, tok_embeddings q8_0, norms f32; 97.9 MB"."""
+        if self._weights_summary is None:
+            self._weights_summary = quantization.describe(self.config, self.weight_types, self.dtype)
+        return self._weights_summary
+
     def __repr__(self) -> str:
         c = self.config
         return (f"Llama(source={self.source!r}, layers={c.n_layers}, dim={c.dim}, "
                 f"heads={c.n_heads}/{c.n_kv_heads}, vocab={c.vocab_size}, "
                 f"params={c.n_params() / 1e6:.1f}M, device={self.device!r}, dtype={self.dtype!r}, "
-                f"max_seq_len={self.max_seq_len}, max_batch={self.max_batch})")
+                f"weights={self.weights_summary!r}, max_seq_len={self.max_seq_len}, "
+                f"max_batch={self.max_batch})")
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -326,7 +353,7 @@ class Llama:
             raise ValueError(f"forward: start_pos={start_pos} plus {len(ids)} tokens does not fit "
                              f"the context max_seq_len={self.max_seq_len}")
         with self._exclusive(), profiler.span("forward", "prefill", len(ids)):
-            profiler.attach(self._engine)
+            profiler.attach(self._engine, self.weights_summary)
             return self._engine.prefill(slot, np.asarray(ids, dtype=np.int32), start_pos, "all")
 
     # ---- requests -----------------------------------------------------------------------------
@@ -455,7 +482,7 @@ class Llama:
 
     def _run(self, requests: list["_Request"]) -> Iterator[tuple["_Request", str]]:
         """Runs the requests in waves of max_batch; yields (request, new visible text) per token."""
-        profiler.attach(self._engine)
+        profiler.attach(self._engine, self.weights_summary)
         t_call = time.perf_counter()
         for r in requests:
             r.t_call = t_call
@@ -705,8 +732,10 @@ def _parse_threads(n_threads: int) -> int:
     return int(n_threads)
 
 
-def _set_weights(engine, tensors: dict, config: ModelConfig, progress: bool, source: str) -> None:
-    """Hands every canonical tensor to the engine in a dtype it takes without a copy in Python."""
+def _set_weights(engine, tensors, config: ModelConfig, plan, progress: bool, source: str) -> None:
+    """Streams every canonical tensor into the engine, one at a time: blocks the plan keeps go in
+    as stored, everything else as an array the engine converts (or quantizes) itself. Each
+    tensor's file pages are released once the engine has its copy."""
     from .errors import ModelFileError
 
     missing = sorted(set(config.tensor_shapes()) - set(tensors))
@@ -715,14 +744,24 @@ def _set_weights(engine, tensors: dict, config: ModelConfig, progress: bool, sou
         raise ModelFileError(source, f"the model file lacks tensor(s) {shown}; the file is "
                                      f"incomplete or not a Llama-family model")
     names = list(config.tensor_shapes())
+    kept = quantization.kept_types()
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(names), desc="to engine", unit="tensor", leave=False)
     try:
         for name in names:
-            array, dtype = _engine_array(tensors[name])
-            engine.set_weight(name, array, dtype)
+            stored_as = plan.types.get(name)
+            if stored_as is not None and tensors.file_type(name).lower() == stored_as:
+                blocks = tensors.blocks(name)
+                engine.set_weight_blocks(name, np.ascontiguousarray(blocks), kept[stored_as],
+                                         list(config.tensor_shapes()[name]))
+                del blocks
+            else:
+                array, dtype = _engine_array(tensors[name])
+                engine.set_weight(name, array, dtype)
+                del array
+            tensors.release(name)
             if bar is not None:
                 bar.update(1)
     finally:

@@ -85,10 +85,11 @@ def record_span(name: str, phase: str | None, start: float | None, tokens: int =
         _active._spans.append((name, phase, start, _now(), tokens))
 
 
-def attach(engine) -> None:
-    """Switches profiling on for `engine` (a _C.Engine) if a profile is active."""
+def attach(engine, weights: str | None = None) -> None:
+    """Switches profiling on for `engine` (a _C.Engine) if a profile is active; `weights` describes
+    its weights' storage types and bytes for the report (Llama.weights_summary)."""
     if _active is not None:
-        _active.attach(engine)
+        _active.attach(engine, weights)
 
 
 def _now() -> float:
@@ -110,6 +111,7 @@ class profile:
         self._spans: list[tuple] = []
         self._backend = None
         self._device = None
+        self._weights = None
         self._summary = None
 
     def __enter__(self) -> "profile":
@@ -129,8 +131,12 @@ class profile:
         self._engines = []
         return False
 
-    def attach(self, engine) -> None:
+    def attach(self, engine, weights: str | None = None) -> None:
+        if weights is None:
+            weights = getattr(engine, "weights_summary", None)
         engine = getattr(engine, "engine", engine)  # a Llama or its _C.Engine
+        if weights is not None:
+            self._weights = weights
         if any(e is engine for e in self._engines):
             return
         if self._backend is not None and engine.backend != self._backend:
@@ -152,7 +158,9 @@ class profile:
         if self._backend == "cpu" and pk.bw is None:
             # No datasheet bandwidth for a CPU: a quick calibration gives a ceiling to classify by.
             pk = peaks_module.calibrate("cpu", quick=True)
-        return build_summary(self._records, self._spans, pk, self._backend)
+        summary = build_summary(self._records, self._spans, pk, self._backend)
+        summary.data["weights"] = self._weights
+        return summary
 
 
 # ---- building the summary --------------------------------------------------------------------
@@ -356,6 +364,8 @@ class ProfileSummary:
                  f"peaks: datasheet {rate(p['flops_datasheet'], 1e12, 'TFLOP/s')}, "
                  f"{rate(p['bw_datasheet'], 1e9, 'GB/s')}; measured "
                  f"{rate(p['flops_measured'], 1e12, 'TFLOP/s')}, {rate(p['bw_measured'], 1e9, 'GB/s')}"]
+        if d.get("weights"):
+            lines.append(f"weights: {d['weights']}")
         for ph, P in d["phases"].items():
             wall = P["wall_s"]
             lines.append("")

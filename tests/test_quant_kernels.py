@@ -11,7 +11,9 @@ so |x - d q| <= amax / 254 per value and the error of one output is bounded by
 bounded generously by 2^-20 (K / 32 + 16) * sum_b 3 max_{i in b} |w_i| * sum_{i in b} |x_i|
 (the kernel sums per-chunk terms s * c * q and b * q whose sizes are at most 3 max |w| |x|).
 Every ISA path this CPU has is run (isa=), on odd shapes: a single block, N odd, many rows,
-K not a multiple of 256 for the 32-blocks, M = 1, 3, 17.
+K not a multiple of 256 for the 32-blocks, M = 1, 3, 17 and the large-M (prefill) path.
+`matmul` is the engine's entry point: it writes a column range of a wider output (ldy > N) and
+accumulates (Y += ...), which the tests check against the same reference.
 """
 
 import numpy as np
@@ -20,12 +22,14 @@ import pytest
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as G  # noqa: E402
 
-TYPES = {"q8_0": G.Q8_0, "q4_0": G.Q4_0, "q4_1": G.Q4_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K}
-BLOCK = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q5_k": (256, 176),
-         "q6_k": (256, 210)}
+TYPES = {"q8_0": G.Q8_0, "q4_0": G.Q4_0, "q4_1": G.Q4_1, "q5_0": G.Q5_0, "q5_1": G.Q5_1, "q4_k": G.Q4_K,
+         "q5_k": G.Q5_K, "q6_k": G.Q6_K}
+BLOCK = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24),
+         "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210)}
 # byte offsets of the fp16 scale fields inside one block
-FP16_FIELDS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
-ISAS = ["scalar", "avx2", "avx512vnni"]
+FP16_FIELDS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q4_k": [0, 2],
+               "q5_k": [0, 2], "q6_k": [208]}
+ISAS = ["scalar", "avx2", "avx512vnni", "amx"]
 
 
 @pytest.fixture(scope="module")
@@ -107,16 +111,47 @@ def test_gemm_against_float64_reference_and_gemv(Q, rng, name):
     N, K = shapes_for(name)[2]
     blocks = random_blocks(name, N, K, rng)
     for isa in isas(Q):
-        for M in (1, 3, 17):
+        for M in (1, 3, 15, 17, 48, 67):  # amx: below amx_min_rows, one tile + 1 row, whole tiles, a tail
             X = rng.standard_normal((M, K)).astype(np.float32)
             ref, bound = reference_and_bound(Q.dequantize(name, blocks, K), X)
             out = np.full((M, N), np.nan, dtype=np.float32)
             Y = Q.gemm(name, blocks, X, isa=isa, out=out)
             err = np.abs(Y.astype(np.float64) - ref)
             assert (err <= bound).all(), (isa, M, float((err / bound).max()))
-            # the same dot product on the same quantized activations: GEMM row m is GEMV of row m
-            for m in (0, M - 1):
-                np.testing.assert_array_equal(Y[m], Q.gemv(name, blocks, X[m], isa=isa))
+            # the same dot product on the same quantized activations: GEMM row m is GEMV of row m,
+            # except on AMX tiles (the bias terms are summed per chunk, not per half)
+            if isa != "amx" or M < Q.amx_min_rows:
+                for m in (0, M - 1):
+                    np.testing.assert_array_equal(Y[m], Q.gemv(name, blocks, X[m], isa=isa))
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_matmul_column_range_and_accumulate(Q, rng, name):
+    N, K = shapes_for(name)[1]
+    blocks = random_blocks(name, N, K, rng)
+    ref_w = Q.dequantize(name, blocks, K)
+    for isa in isas(Q):
+        for M in (1, 5, 40):
+            X = rng.standard_normal((M, K)).astype(np.float32)
+            ref, bound = reference_and_bound(ref_w, X)
+            col, width = 3, N + 7
+            out = np.full((M, width), np.nan, dtype=np.float32)
+            got = Q.matmul(name, blocks, X, out, col=col, isa=isa)
+            assert got is out or np.shares_memory(got, out)
+            assert np.isnan(out[:, :col]).all() and np.isnan(out[:, col + N:]).all(), (isa, M)
+            err = np.abs(out[:, col:col + N].astype(np.float64) - ref)
+            assert (err <= bound).all(), (isa, M, float((err / bound).max()))
+            # accumulate: out += X W^T on top of a random base, the other columns untouched
+            base = rng.standard_normal((M, width)).astype(np.float32)
+            acc = base.copy()
+            Q.matmul(name, blocks, X, acc, col=col, accumulate=True, isa=isa)
+            np.testing.assert_array_equal(acc[:, :col], base[:, :col])
+            np.testing.assert_array_equal(acc[:, col + N:], base[:, col + N:])
+            want = base[:, col:col + N].astype(np.float64) + ref
+            err = np.abs(acc[:, col:col + N].astype(np.float64) - want)
+            assert (err <= bound + 2.0 ** -22 * np.abs(want)).all(), (isa, M)
+    with pytest.raises(ValueError, match="out has shape"):
+        Q.matmul(name, blocks, np.zeros((2, K), np.float32), np.zeros((2, N + 2), np.float32), col=3)
 
 
 @pytest.mark.parametrize("name", list(TYPES))
@@ -130,6 +165,18 @@ def test_isa_paths_agree(Q, rng, name):
     for isa, y in ys.items():
         # the paths share the int8 activations; only fp32 summation order differs
         assert (np.abs(y - scalar) <= bound[0]).all(), isa
+
+
+def test_auto_decode_batches_are_batch_invariant(Q, rng):
+    """M <= 8 (decode batches) on isa="auto": each row bit-equal to its own M = 1 GEMV."""
+    N, K = 45, 576
+    for name in ("q4_1", "q5_0", "q8_0"):
+        blocks = random_blocks(name, N, K, rng)
+        X = rng.standard_normal((8, K)).astype(np.float32)
+        for M in (2, 5, 8):
+            Y = Q.gemm(name, blocks, X[:M], out=np.full((M, N), np.nan, np.float32))
+            for m in range(M):
+                np.testing.assert_array_equal(Y[m], Q.gemv(name, blocks, X[m]))
 
 
 def test_zero_activations_give_zero(Q, rng):

@@ -1,6 +1,6 @@
 """Quantizers (_C.quant_ops.quantize): fp32 rows -> GGUF blocks, bit for bit.
 
-Q8_0, Q4_0, Q4_1: compared byte for byte with the `gguf` package's own quantizer
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: compared byte for byte with the `gguf` package's own quantizer
 (gguf.quants.quantize), which reproduces ggml's quantize_row_q*_ref.
 Q4_K, Q5_K, Q6_K: the gguf package has no quantizer for them, so they are compared byte for byte
 with a numpy port of llama.cpp's reference (quantize_row_q4_K_ref / q5_K_ref / q6_K_ref with
@@ -245,7 +245,8 @@ K_REFERENCES = {"q4_k": (ref_q4_k, 144), "q5_k": (ref_q5_k, 176), "q6_k": (ref_q
 
 # ---- tests ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,qtype", [("q8_0", G.Q8_0), ("q4_0", G.Q4_0), ("q4_1", G.Q4_1)])
+@pytest.mark.parametrize("name,qtype", [("q8_0", G.Q8_0), ("q4_0", G.Q4_0), ("q4_1", G.Q4_1), ("q5_0", G.Q5_0),
+                                        ("q5_1", G.Q5_1)])
 def test_32_block_quantizers_match_gguf(Q, rng, name, qtype):
     for n_rows, K in [(1, 32), (5, 96), (41, 320)]:
         x = awkward_rows(rng, n_rows, K)
@@ -276,7 +277,8 @@ def test_k_quantizers_match_reference_port(Q, rng, name):
 
 
 @pytest.mark.parametrize("name,qtype,max_rel_rmse", [
-    ("q8_0", G.Q8_0, 0.01), ("q4_0", G.Q4_0, 0.15), ("q4_1", G.Q4_1, 0.12),
+    ("q8_0", G.Q8_0, 0.01), ("q4_0", G.Q4_0, 0.15), ("q4_1", G.Q4_1, 0.12), ("q5_0", G.Q5_0, 0.07),
+    ("q5_1", G.Q5_1, 0.06),
     ("q4_k", G.Q4_K, 0.12), ("q5_k", G.Q5_K, 0.06), ("q6_k", G.Q6_K, 0.03)])
 def test_round_trip_error(Q, rng, name, qtype, max_rel_rmse):
     x = rng.standard_normal((16, 512)).astype(f32)

@@ -4,11 +4,17 @@
 // are the engine's, checked once in model.cpp, and arrive here as ValueError all the same.
 //
 //   Engine(backend: "cpu"|"cuda", config: dict, dtype: "f32"|"f16"|"bf16", device: int = 0,
-//          n_threads: int = 0)              config keys: ModelConfig.engine_dict(); the cpu
-//                                            backend stores "f32" or "bf16", n_threads 0 = all
+//          n_threads: int = 0, quant_types: dict = {})
+//                                            config keys: ModelConfig.engine_dict(); the cpu
+//                                            backend stores "f32" or "bf16", n_threads 0 = all;
+//                                            quant_types: matrix name -> GGML type id of the block
+//                                            format it is stored in (cpu only)
 //     .config -> dict,  .backend -> str,  .dtype -> str
 //     .set_weight(name, array, dtype)        array: C-contiguous numpy; dtype "f32"|"f16"|"bf16"
-//                                            (bf16 arrays as their uint16 bits or ml_dtypes.bfloat16)
+//                                            (bf16 arrays as their uint16 bits or ml_dtypes.bfloat16);
+//                                            quantized at load into a tensor quant_types names
+//     .set_weight_blocks(name, blocks, type_id, shape)   a quantized tensor's GGUF blocks as they
+//                                            are: uint8, rows x row_bytes, type_id its GGML id
 //     .get_weight(name) -> np.ndarray[f32]
 //     .init_random(seed, std=0.02)
 //     .prefill(slot, tokens[int32 T], start_pos=0, logits="last") -> ndarray | None
@@ -120,17 +126,21 @@ py::dict config_to_dict(const brrr::Config& c) {
 namespace {
 
 std::unique_ptr<brrr::Engine> make_engine(const std::string& backend, const brrr::Config& cfg,
-                                          brrr::DType dtype, int device, int n_threads) {
+                                          brrr::DType dtype, int device, int n_threads,
+                                          const std::unordered_map<std::string, int>& quant_types) {
     if (backend == "cpu") {
         if (dtype == brrr::DType::F16)
             bad_argument("the CPU engine stores weights as \"f32\" or \"bf16\" (f16 inputs are "
                          "converted); dtype \"f16\" is for the cuda backend");
         if (device != 0) bad_argument("device must be 0 for the cpu backend, got " + std::to_string(device));
-        return std::make_unique<brrr::cpu::CpuEngine>(cfg, dtype, n_threads);
+        return std::make_unique<brrr::cpu::CpuEngine>(cfg, dtype, n_threads, quant_types);
     }
     if (backend == "cuda") {
 #ifdef BRRR_WITH_CUDA
         if (device < 0) bad_argument("device must be >= 0, got " + std::to_string(device));
+        if (!quant_types.empty())
+            bad_argument("the cuda backend does not run quantized weights yet: load with "
+                         "quant=\"none\" (dequantized to the engine dtype) or use device=\"cpu\"");
         return brrr::make_cuda_engine(cfg, dtype, device);
 #else
         throw std::runtime_error("this build of llama_brrr has no CUDA support; reinstall with "
@@ -199,16 +209,24 @@ struct BatchRows {
 void bind_engine(py::module_& m) {
     py::class_<PyEngine> engine_cls(m, "Engine", "One model's weights, KV cache and forward pass");
     engine_cls.def(py::init([](const std::string& backend, const py::dict& config,
-                               const std::string& dtype, int device, int n_threads) {
+                               const std::string& dtype, int device, int n_threads,
+                               const py::dict& quant_types) {
         const brrr::Config cfg = config_from_dict(config);
+        std::unordered_map<std::string, int> types;
+        for (const auto& [key, value] : quant_types) {
+            if (!py::isinstance<py::str>(key) || !py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value))
+                bad_argument("quant_types maps tensor names (str) to GGML type ids (int), got " +
+                             py::repr(key).cast<std::string>() + ": " + py::repr(value).cast<std::string>());
+            types[key.cast<std::string>()] = saturate_int(value.cast<int64_t>());
+        }
         auto e = std::make_unique<PyEngine>();
         e->backend = backend;
         e->dtype = parse_dtype(dtype, "dtype");
-        e->impl = make_engine(backend, cfg, e->dtype, device, n_threads);
+        e->impl = make_engine(backend, cfg, e->dtype, device, n_threads, types);
         e->profiled = dynamic_cast<brrr::profile::Profiled*>(e->impl.get());
         return e;
     }), py::arg("backend"), py::arg("config"), py::arg("dtype"), py::arg("device") = 0,
-       py::arg("n_threads") = 0);
+       py::arg("n_threads") = 0, py::arg("quant_types") = py::dict());
     engine_cls.def_property_readonly("config", [](PyEngine& self) { return config_to_dict(self.cfg()); });
     engine_cls.def_property_readonly("backend", [](PyEngine& self) { return self.backend; });
     engine_cls.def_property_readonly("dtype", [](PyEngine& self) { return std::string(brrr::dtype_name(self.dtype)); });
@@ -223,6 +241,20 @@ void bind_engine(py::module_& m) {
             self.impl->set_weight(name, src, t, shape);
         });
     }, py::arg("name"), py::arg("array"), py::arg("dtype"));
+
+    engine_cls.def("set_weight_blocks", [](PyEngine& self, const std::string& name, const py::array& blocks,
+                                           int64_t type_id, const std::vector<int64_t>& shape) {
+        if (!py::isinstance<py::array_t<uint8_t>>(blocks) || !(blocks.flags() & py::array::c_style))
+            bad_argument("weight '" + name + "': blocks must be a C-contiguous uint8 array, got " +
+                         dtype_of(blocks));
+        const void* src = blocks.data();
+        const size_t n_bytes = (size_t)blocks.nbytes();
+        const int type = saturate_int(type_id);
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.impl->set_weight_blocks(name, src, n_bytes, type, shape);
+        });
+    }, py::arg("name"), py::arg("blocks"), py::arg("type_id"), py::arg("shape"));
 
     engine_cls.def("get_weight", [](PyEngine& self, const std::string& name) {
         const std::vector<int64_t> shape = brrr::weight_shape(self.cfg(), name);

@@ -1,8 +1,9 @@
 // quant_ops.cpp — the quantized CPU kernels and quantizers on numpy arrays (tests, benchmarks).
 //
-// Python API of llama_brrr._C.quant_ops (type: "q8_0" | "q4_0" | "q4_1" | "q4_k" | "q5_k" | "q6_k"
-// or its GGML id; isa: "auto" | "scalar" | "avx2" | "avx512vnni"; n_threads 0 = OpenMP's default;
-// `out=` takes a preallocated, e.g. NaN-poisoned, result array):
+// Python API of llama_brrr._C.quant_ops (type: "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q4_k" |
+// "q5_k" | "q6_k" or its GGML id; isa: "auto" | "scalar" | "avx2" | "avx512vnni" | "amx" (AMX-INT8
+// tiles for the GEMM from amx_min_rows rows of x, the avx512vnni kernels below); n_threads 0 =
+// OpenMP's default; `out=` takes a preallocated, e.g. NaN-poisoned, result array):
 //   cpu_features() -> str              the features the dispatch looks at, e.g. "avx2 fma avx512f ..."
 //   best_isa() -> str                  what isa="auto" runs here
 //   isa_supported(isa) -> bool
@@ -12,11 +13,17 @@
 //   first_bad_scale(type, blocks uint8 (any shape, whole blocks)) -> int   block index, -1 if none
 //   gemv(type, w[N, row_bytes] uint8, x[K] f32, isa="auto", n_threads=0, out=None) -> f32[N]
 //   gemm(type, w[N, row_bytes] uint8, x[M, K] f32, isa="auto", n_threads=0, out=None) -> f32[M, N]
+//   matmul(type, w[N, row_bytes] uint8, x[M, K] f32, out[M, L] f32, col=0, accumulate=False,
+//          isa="auto", n_threads=0) -> out
+//       quant::matmul as the engine calls it: x quantized per row (quantize_activation_rows), then
+//       out[:, col:col + N] = x . W^T (+= with accumulate); rows of out are L >= col + N floats
+//       apart (ldy = L), the other columns untouched.
 // Bad arguments raise ValueError naming the parameter.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <vector>
 
 #include "bindings/bindings.h"
 #include "common.h"
@@ -40,14 +47,14 @@ q::QType parse_type(const py::object& type) {
         const int id = type.cast<int>();
         if (!q::known_type(id))
             bad("type: GGML type id " + std::to_string(id) + " is not a kept quantized type "
-                "(q4_0=2, q4_1=3, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
+                "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
         return (q::QType)id;
     }
     if (!py::isinstance<py::str>(type)) bad("type must be a type name such as \"q4_k\" or a GGML type id");
     const std::string name = type.cast<std::string>();
-    for (int id : {2, 3, 8, 12, 13, 14})
+    for (int id : q::kTypeIds)
         if (name == q::type_name((q::QType)id)) return (q::QType)id;
-    bad("type: unknown quantized type \"" + name + "\" (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k)");
+    bad("type: unknown quantized type \"" + name + "\" (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)");
 }
 
 q::Isa parse_isa(const std::string& isa) {
@@ -56,7 +63,8 @@ q::Isa parse_isa(const std::string& isa) {
     else if (isa == "scalar") out = q::Isa::Scalar;
     else if (isa == "avx2") out = q::Isa::Avx2;
     else if (isa == "avx512vnni") out = q::Isa::Avx512Vnni;
-    else bad("isa must be \"auto\", \"scalar\", \"avx2\" or \"avx512vnni\"; got \"" + isa + "\"");
+    else if (isa == "amx") out = q::Isa::Amx;
+    else bad("isa must be \"auto\", \"scalar\", \"avx2\", \"avx512vnni\" or \"amx\"; got \"" + isa + "\"");
     if (!q::isa_supported(out)) bad("isa \"" + isa + "\" is not supported by this CPU (" + q::cpu_features() + ")");
     return out;
 }
@@ -103,13 +111,15 @@ void brrr::bindings::bind_quant_ops(py::module_& m) {
     py::module_ ops = m.def_submodule("quant_ops", "Quantized CPU kernels and quantizers on numpy arrays");
 
     ops.def("cpu_features", [] { return q::cpu_features(); });
+    ops.attr("amx_min_rows") = q::kAmxMinRows;
     ops.def("best_isa", [] { return std::string(q::isa_name(q::best_isa())); });
     ops.def("isa_supported", [](const std::string& isa) {
         if (isa == "auto") return true;
         if (isa == "scalar") return q::isa_supported(q::Isa::Scalar);
         if (isa == "avx2") return q::isa_supported(q::Isa::Avx2);
         if (isa == "avx512vnni") return q::isa_supported(q::Isa::Avx512Vnni);
-        bad("isa must be \"auto\", \"scalar\", \"avx2\" or \"avx512vnni\"; got \"" + isa + "\"");
+        if (isa == "amx") return q::isa_supported(q::Isa::Amx);
+        bad("isa must be \"auto\", \"scalar\", \"avx2\", \"avx512vnni\" or \"amx\"; got \"" + isa + "\"");
     }, py::arg("isa"));
     ops.def("row_bytes", [](const py::object& type, int64_t K) {
         const q::QType t = parse_type(type);
@@ -194,4 +204,33 @@ void brrr::bindings::bind_quant_ops(py::module_& m) {
         return y;
     }, py::arg("type"), py::arg("w"), py::arg("x"), py::arg("isa") = "auto", py::arg("n_threads") = 0,
        py::arg("out") = py::none(), "Y = X . W^T on quantized W, X quantized per block of 32");
+
+    ops.def("matmul", [](const py::object& type, const py::object& w, const py::object& x, const py::object& out,
+                         int64_t col, bool accumulate, const std::string& isa, int n_threads) {
+        const q::QType t = parse_type(type);
+        const q::Isa i = parse_isa(isa);
+        auto xa = checked<float>(x, "x", 2, "float32 array of shape (M, K)");
+        const int64_t M = xa.shape(0), K = xa.shape(1);
+        checked_row_bytes(t, K, "x.shape[1]");
+        auto wa = checked<uint8_t>(w, "w", 2, "uint8 array of shape (N, row_bytes)");
+        const int64_t N = weight_rows(wa, t, K);
+        if (n_threads < 0) bad("n_threads must be >= 0 (0: all)");
+        auto y = checked<float>(out, "out", 2, "float32 array of shape (M, L), L >= col + N");
+        if (y.shape(0) != M || col < 0 || col + N > y.shape(1))
+            bad("out has shape " + ::shape_str(y) + "; it needs " + std::to_string(M) + " rows and col (" +
+                std::to_string(col) + ") + N (" + std::to_string(N) + ") <= its columns, col >= 0");
+        const int64_t ldy = y.shape(1);
+        const uint8_t* wp = wa.data();
+        const float* xp = xa.data();
+        float* yp = y.mutable_data() + col;
+        {
+            py::gil_scoped_release release;
+            std::vector<q::ActBlock> xq((size_t)(M * (K / 32)));
+            q::quantize_activation_rows(xp, xq.data(), M, K, n_threads);
+            q::matmul(t, wp, xq.data(), yp, M, N, K, ldy, accumulate, i, n_threads);
+        }
+        return y;
+    }, py::arg("type"), py::arg("w"), py::arg("x"), py::arg("out"), py::arg("col") = 0,
+       py::arg("accumulate") = false, py::arg("isa") = "auto", py::arg("n_threads") = 0,
+       "out[:, col:col + N] (+)= x . W^T: quant::matmul with ldy = out.shape[1]");
 }

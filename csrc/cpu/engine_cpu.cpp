@@ -37,6 +37,7 @@ HostBuffer<T>::HostBuffer(size_t count, const char* what, size_t alignment) : co
 template class HostBuffer<float>;
 template class HostBuffer<int32_t>;
 template class HostBuffer<uint8_t>;
+template class HostBuffer<quant::ActBlock>;
 
 namespace {
 
@@ -103,7 +104,8 @@ void CpuEngine::check_fits_in_ram(size_t weight_bytes) const {
     }
 }
 
-CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads)
+CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads,
+                     const std::unordered_map<std::string, int>& quant_types)
     : cfg_(config), wdtype_(weight_dtype) {
     cfg_.validate();
     BRRR_CHECK(weight_dtype == DType::F32 || weight_dtype == DType::BF16,
@@ -114,73 +116,109 @@ CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads)
     const Config& c = cfg_;
     rows_cap_ = std::max(std::min(kPrefillChunk, c.max_seq_len), c.max_batch);
     inv_freq_ = rope_inv_freq(c);
+    names_ = weight_names(c);
+    tensors_.resize(names_.size());
+    is_set_.assign(names_.size(), 0);
+    for (size_t i = 0; i < names_.size(); ++i) name_to_index_[names_[i]] = (int)i;
 
-    // Weight arena: every matrix back to back, each 64-byte aligned.
-    const size_t esize = dtype_size(wdtype_);
-    size_t offset = 0;
-    auto reserve = [&](int64_t rows, int64_t cols) {
-        size_t at = offset;
-        offset += round_up((size_t)rows * cols * esize, 64);
-        return at;
-    };
-    struct LayerOffsets { size_t wqkv, wo, w13, w2; };
-    std::vector<LayerOffsets> offs(c.n_layers);
-    for (auto& o : offs) {
-        o.wqkv = reserve(c.qkv_dim(), c.dim);
-        o.wo = reserve(c.dim, c.q_dim());
-        o.w13 = reserve(2 * (int64_t)c.hidden_dim, c.dim);
-        o.w2 = reserve(c.dim, c.hidden_dim);
+    // Each canonical matrix's storage type; quantized only where quant_types says so.
+    for (const auto& [name, type_id] : quant_types) {
+        const int index = tensor_index(name);
+        const std::vector<int64_t> shape = weight_shape(c, name);
+        BRRR_CHECK_ARG(shape.size() == 2, "quant_types: '" << name << "' is a norm weight, which "
+                       "stays fp32; only matrices can be quantized");
+        BRRR_CHECK_ARG(quant::known_type(type_id), "quant_types: '" << name << "' has GGML type "
+                       << type_id << ", which is not a block format the CPU engine keeps");
+        const quant::QType t = quant::checked_type(type_id);
+        BRRR_CHECK_ARG(shape[1] % quant::block_elems(t) == 0,
+                       "quant_types: '" << name << "' has rows of " << shape[1] << " values, not a "
+                       "multiple of " << quant::block_elems(t) << ": it cannot be stored as "
+                       << quant::type_name(t));
+        tensors_[index].quantized = true;
+        tensors_[index].qtype = t;
     }
-    const size_t emb_off = reserve(c.vocab_size, c.dim);
-    const size_t out_off = c.tie_embeddings ? emb_off : reserve(c.vocab_size, c.dim);
+
+    // Layout: every matrix's pieces back to back (a fused matrix is contiguous), matrices 64-byte
+    // aligned. First pass sizes the arena, second pass hands out pointers.
+    const size_t esize = dtype_size(wdtype_);
+    auto piece_row_bytes = [&](const TensorSlot& t, int64_t cols) {
+        return t.quantized ? quant::row_bytes(t.qtype, cols) : (size_t)cols * esize;
+    };
+    layers_.resize(c.n_layers);
+    struct Planned { Matrix* m; std::vector<int> pieces; };
+    std::vector<Planned> plan;
+    auto piece = [&](const std::string& name) { return name_to_index_.at(name); };
+    for (int l = 0; l < c.n_layers; ++l) {
+        const std::string p = "layers." + std::to_string(l) + ".";
+        Layer& L = layers_[l];
+        plan.push_back({&L.wqkv, {piece(p + "wq"), piece(p + "wk"), piece(p + "wv")}});
+        plan.push_back({&L.wo, {piece(p + "wo")}});
+        plan.push_back({&L.w13, {piece(p + "w1"), piece(p + "w3")}});
+        plan.push_back({&L.w2, {piece(p + "w2")}});
+    }
+    plan.push_back({&tok_embeddings_, {piece("tok_embeddings")}});
+    if (!c.tie_embeddings) plan.push_back({&output_, {piece("output")}});
+    lm_head_ = c.tie_embeddings ? &tok_embeddings_ : &output_;
+
+    size_t offset = 0;
+    std::vector<size_t> matrix_offset(plan.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+        matrix_offset[i] = offset;
+        for (int index : plan[i].pieces) {
+            TensorSlot& t = tensors_[index];
+            const std::vector<int64_t> shape = weight_shape(c, names_[index]);
+            t.rows = shape[0];
+            t.cols = shape[1];
+            t.row_bytes = piece_row_bytes(t, t.cols);
+            offset += (size_t)t.rows * t.row_bytes;
+        }
+        offset = round_up(offset, 64);
+    }
     check_fits_in_ram(offset);
     weight_arena_ = HostBuffer<uint8_t>(offset, "the weights", kHugePage);
 #ifdef MADV_HUGEPAGE
     // Fewer TLB misses while decode streams the whole arena every token; advice only.
     madvise(weight_arena_.data(), round_up(offset, kHugePage), MADV_HUGEPAGE);
 #endif
-    norm_arena_ = HostBuffer<float>((size_t)(2 * c.n_layers + 1) * c.dim, "the norm weights");
-
-    uint8_t* base = weight_arena_.data();
-    layers_.resize(c.n_layers);
-    for (int l = 0; l < c.n_layers; ++l) {
-        layers_[l] = Layer{base + offs[l].wqkv, base + offs[l].wo, base + offs[l].w13,
-                           base + offs[l].w2, norm_arena_.data() + (size_t)(2 * l) * c.dim,
-                           norm_arena_.data() + (size_t)(2 * l + 1) * c.dim};
+    for (size_t i = 0; i < plan.size(); ++i) {
+        Matrix& m = *plan[i].m;
+        uint8_t* at = weight_arena_.data() + matrix_offset[i];
+        m.cols = tensors_[plan[i].pieces[0]].cols;
+        for (int index : plan[i].pieces) {
+            TensorSlot& t = tensors_[index];
+            t.matrix = &m;
+            t.data = at;
+            const bool same_as_last = !m.parts.empty() && m.parts.back().quantized == t.quantized &&
+                                      (!t.quantized || m.parts.back().qtype == t.qtype);
+            if (same_as_last)
+                m.parts.back().rows += t.rows;  // contiguous rows of one type: one part
+            else
+                m.parts.push_back({t.quantized, t.qtype, m.rows, t.rows, t.row_bytes, at});
+            m.rows += t.rows;
+            m.any_quantized |= t.quantized;
+            m.bytes += (double)t.rows * t.row_bytes;
+            at += (size_t)t.rows * t.row_bytes;
+        }
     }
-    tok_embeddings_ = base + emb_off;
-    lm_head_ = base + out_off;
-    final_norm_ = norm_arena_.data() + (size_t)(2 * c.n_layers) * c.dim;
 
-    // Canonical name -> where it lives (wq/wk/wv are row ranges of wqkv, w1/w3 of w13).
-    names_ = weight_names(c);
-    tensors_.resize(names_.size());
-    is_set_.assign(names_.size(), 0);
-    auto rows_of = [&](void* matrix, int64_t first_row, int64_t cols) {
-        return static_cast<uint8_t*>(matrix) + (size_t)first_row * cols * esize;
-    };
+    norm_arena_ = HostBuffer<float>((size_t)(2 * c.n_layers + 1) * c.dim, "the norm weights");
+    for (int l = 0; l < c.n_layers; ++l) {
+        layers_[l].attn_norm = norm_arena_.data() + (size_t)(2 * l) * c.dim;
+        layers_[l].ffn_norm = norm_arena_.data() + (size_t)(2 * l + 1) * c.dim;
+    }
+    final_norm_ = norm_arena_.data() + (size_t)(2 * c.n_layers) * c.dim;
     for (size_t i = 0; i < names_.size(); ++i) {
         const std::string& name = names_[i];
-        name_to_index_[name] = (int)i;
-        const std::vector<int64_t> shape = weight_shape(c, name);
         TensorSlot& t = tensors_[i];
-        t.rows = shape[0];
-        t.cols = shape.size() > 1 ? shape[1] : 1;
-        if (name == "tok_embeddings") { t.matrix = tok_embeddings_; continue; }
-        if (name == "output") { t.matrix = lm_head_; continue; }
-        if (name == "norm") { t.vector = final_norm_; continue; }
-        const int layer = std::stoi(name.substr(7));
-        const std::string kind = name.substr(name.find('.', 7) + 1);
-        Layer& L = layers_[layer];
-        if (kind == "attn_norm") t.vector = L.attn_norm;
-        else if (kind == "ffn_norm") t.vector = L.ffn_norm;
-        else if (kind == "wq") t.matrix = L.wqkv;
-        else if (kind == "wk") t.matrix = rows_of(L.wqkv, c.q_dim(), c.dim);
-        else if (kind == "wv") t.matrix = rows_of(L.wqkv, c.q_dim() + c.kv_dim(), c.dim);
-        else if (kind == "wo") t.matrix = L.wo;
-        else if (kind == "w1") t.matrix = L.w13;
-        else if (kind == "w3") t.matrix = rows_of(L.w13, c.hidden_dim, c.dim);
-        else if (kind == "w2") t.matrix = L.w2;
+        if (t.matrix) continue;
+        t.rows = c.dim;
+        t.cols = 1;
+        if (name == "norm") {
+            t.vector = final_norm_;
+        } else {
+            const Layer& L = layers_[std::stoi(name.substr(7))];
+            t.vector = name.substr(name.find('.', 7) + 1) == "attn_norm" ? L.attn_norm : L.ffn_norm;
+        }
     }
 
     const size_t cache_elems = (size_t)c.max_batch * c.n_layers * c.max_seq_len * c.kv_dim();
@@ -200,6 +238,8 @@ CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads)
     rope_sin_ = HostBuffer<float>(R * (c.head_dim / 2), "rope tables");
     row_slots_ = HostBuffer<int32_t>(R, "row slots");
     row_positions_ = HostBuffer<int32_t>(R, "row positions");
+    act_ = HostBuffer<quant::ActBlock>(R * (std::max({c.dim, c.q_dim(), c.hidden_dim}) / quant::kBlock32 + 1),
+                                       "quantized activations");
     last_logits_ = HostBuffer<float>((size_t)c.max_batch * c.vocab_size, "logits");
     sample_scratch_.resize(c.max_batch);
 }
@@ -224,14 +264,59 @@ void CpuEngine::set_weight(const std::string& name, const void* src, DType src_d
     begin_call();
     if (t.vector) {
         convert(src, src_dtype, t.vector, DType::F32, (size_t)t.rows * t.cols);
+    } else if (t.quantized) {
+        // Quantize at load: a few rows at a time through fp32, each row quantized on its own.
+        constexpr int64_t kRows = 16;
+        const int64_t n_chunks = CEIL_DIV(t.rows, kRows);
+#pragma omp parallel
+        {
+            std::vector<float> rows((size_t)kRows * t.cols);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t chunk = 0; chunk < n_chunks; ++chunk) {
+                const int64_t r0 = chunk * kRows, n = std::min(kRows, t.rows - r0);
+                convert(static_cast<const uint8_t*>(src) + r0 * row_bytes_in, src_dtype, rows.data(),
+                        DType::F32, (size_t)n * t.cols);
+                for (int64_t r = 0; r < n; ++r)
+                    quant::quantize_rows(t.qtype, rows.data() + r * t.cols, t.data + (r0 + r) * t.row_bytes,
+                                         1, t.cols);
+            }
+        }
     } else {
-        const size_t row_bytes_out = (size_t)t.cols * dtype_size(wdtype_);
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < t.rows; ++r)
             convert(static_cast<const uint8_t*>(src) + r * row_bytes_in, src_dtype,
-                    static_cast<uint8_t*>(t.matrix) + r * row_bytes_out, wdtype_, t.cols);
+                    t.data + r * t.row_bytes, wdtype_, t.cols);
     }
     is_set_[index] = 1;
+}
+
+void CpuEngine::set_weight_blocks(const std::string& name, const void* blocks, size_t n_bytes,
+                                  int type_id, const std::vector<int64_t>& shape) {
+    const int index = tensor_index(name);
+    check_weight_shape(cfg_, name, shape);
+    const TensorSlot& t = tensors_[index];
+    BRRR_CHECK_ARG(t.quantized, "weight '" << name << "' is stored as " << dtype_name(wdtype_)
+                   << " in this engine, not as blocks; build the engine with quant_types naming it");
+    BRRR_CHECK_ARG(type_id == (int)t.qtype,
+                   "weight '" << name << "': blocks of GGML type " << type_id << " given, but the "
+                   "engine stores it as " << quant::type_name(t.qtype));
+    BRRR_CHECK_ARG(n_bytes == (size_t)t.rows * t.row_bytes,
+                   "weight '" << name << "': " << n_bytes << " bytes of " << quant::type_name(t.qtype)
+                   << " blocks given, a " << shape_str(shape) << " matrix takes " << (size_t)t.rows * t.row_bytes);
+    begin_call();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < t.rows; ++r)
+        std::memcpy(t.data + r * t.row_bytes, static_cast<const uint8_t*>(blocks) + r * t.row_bytes, t.row_bytes);
+    is_set_[index] = 1;
+}
+
+void CpuEngine::read_rows(const TensorSlot& t, int64_t r0, int64_t rows, float* dst) const {
+    for (int64_t r = r0; r < r0 + rows; ++r, dst += t.cols) {
+        if (t.quantized)
+            quant::dequantize_row(t.qtype, t.data + r * t.row_bytes, dst, t.cols);
+        else
+            convert(t.data + r * t.row_bytes, wdtype_, dst, DType::F32, t.cols);
+    }
 }
 
 void CpuEngine::get_weight(const std::string& name, float* dst) const {
@@ -239,7 +324,16 @@ void CpuEngine::get_weight(const std::string& name, float* dst) const {
     if (t.vector)
         std::memcpy(dst, t.vector, (size_t)t.rows * t.cols * sizeof(float));
     else
-        convert(t.matrix, wdtype_, dst, DType::F32, (size_t)t.rows * t.cols);
+        read_rows(t, 0, t.rows, dst);
+}
+
+void CpuEngine::embedding_row(int token, float* out) const {
+    const WeightPart& p = tok_embeddings_.parts[0];  // one canonical tensor: one part
+    const uint8_t* row = p.data + (size_t)token * p.row_bytes;
+    if (p.quantized)
+        quant::dequantize_row(p.qtype, row, out, cfg_.dim);
+    else
+        convert(row, wdtype_, out, DType::F32, cfg_.dim);
 }
 
 void CpuEngine::init_random(uint64_t seed, float std) {
@@ -247,26 +341,44 @@ void CpuEngine::init_random(uint64_t seed, float std) {
     begin_call();
     for (size_t i = 0; i < names_.size(); ++i) {
         // Each canonical tensor is contiguous in storage (fused pieces are row ranges), so the
-        // draws can follow its flat index whatever the fusion.
+        // draws follow its flat index whatever the fusion or storage type: a quantized tensor
+        // holds exactly the quantization of the float tensor the same seed draws.
         const TensorSlot& t = tensors_[i];
         const uint64_t key = splitmix64(seed ^ splitmix64(i + 1));
-        const int64_t n = t.rows * t.cols;
         const float mean = t.vector ? 1.f : 0.f;  // norm weights scatter around 1
-        auto store = [&](int64_t e, float z) {
-            const float value = mean + std * z;
-            if (t.vector)
-                t.vector[e] = value;
-            else if (wdtype_ == DType::F32)
-                static_cast<float*>(t.matrix)[e] = value;
-            else
-                static_cast<uint16_t*>(t.matrix)[e] = f32_to_bf16(value);
+        auto draw = [&](int64_t e0, int64_t n, float* out) {  // elements [e0, e0 + n), e0 even
+            for (int64_t j = 0; j < n; j += 2) {
+                float z0, z1;
+                normal_pair(key, (uint64_t)((e0 + j) / 2), &z0, &z1);
+                out[j] = mean + std * z0;
+                if (j + 1 < n) out[j + 1] = mean + std * z1;
+            }
         };
-#pragma omp parallel for schedule(static)
-        for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
-            float z0, z1;
-            normal_pair(key, (uint64_t)pair, &z0, &z1);
-            store(2 * pair, z0);
-            if (2 * pair + 1 < n) store(2 * pair + 1, z1);
+        if (t.vector) {
+            draw(0, t.rows * t.cols, t.vector);
+            continue;
+        }
+        // Rows of an even length start on a pair boundary; odd widths (tiny test shapes, never
+        // quantized) are drawn whole into a temporary.
+        const bool by_rows = t.cols % 2 == 0;
+        std::vector<float> whole(by_rows ? 0 : (size_t)(t.rows * t.cols));
+        if (!by_rows) draw(0, t.rows * t.cols, whole.data());
+#pragma omp parallel
+        {
+            std::vector<float> row(by_rows ? (size_t)t.cols : 0);
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < t.rows; ++r) {
+                const float* values = whole.data() + (by_rows ? 0 : r * t.cols);
+                if (by_rows) {
+                    draw(r * t.cols, t.cols, row.data());
+                    values = row.data();
+                }
+                uint8_t* dst = t.data + r * t.row_bytes;
+                if (t.quantized)
+                    quant::quantize_rows(t.qtype, values, dst, 1, t.cols);
+                else
+                    convert(values, DType::F32, dst, wdtype_, t.cols);
+            }
         }
     }
     std::fill(is_set_.begin(), is_set_.end(), 1);
@@ -295,7 +407,8 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
     float* qkv = qkv_.data();
     float* att = att_.data();
 
-    const int wb = (int)dtype_size(wdtype_);
+    // Stored bytes per weight of a matrix (blocks and scales included), for the profiler's costs.
+    auto wb = [](const Matrix& m) { return m.bytes / ((double)m.rows * m.cols); };
     // Attention cost: row m attends to positions[m] + 1 cached positions; the cache positions of
     // each slot are read once (a prompt's rows share theirs). Summed only when profiling.
     profile::Cost attention_cost;
@@ -310,10 +423,7 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
     }
     // token embeddings into the residual stream
     prof_.op("embed", profile::OpClass::Copy, profile::copy_cost((double)M * D * 4));
-    for (int m = 0; m < M; ++m) {
-        const uint8_t* row = static_cast<const uint8_t*>(tok_embeddings_) + (size_t)tokens[m] * D * dtype_size(wdtype_);
-        convert(row, wdtype_, x + (size_t)m * D, DType::F32, D);
-    }
+    for (int m = 0; m < M; ++m) embedding_row(tokens[m], x + (size_t)m * D);
     // cos/sin of every row's position, shared by all layers
     prof_.op("rope_tables", profile::OpClass::Elementwise, profile::elementwise_cost(2.0 * M * half, 8.0 * M * half));
     rope_tables(positions, inv_freq_.data(), M, half, rope_cos_.data(), rope_sin_.data());
@@ -327,8 +437,8 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
         prof_.op("attn_norm", profile::OpClass::Norm, profile::norm_cost(M, D, 4, 4, 4));
         rmsnorm(x, L.attn_norm, xb, M, D, c.norm_eps);
         // q|k|v projections in one matmul
-        prof_.op("wqkv", profile::OpClass::Matmul, profile::matmul_cost(M, qkv_dim, D, wb, 4, 4));
-        matmul(xb, L.wqkv, wdtype_, qkv, M, qkv_dim, D, false);
+        prof_.op("wqkv", profile::OpClass::Matmul, profile::matmul_cost(M, qkv_dim, D, wb(L.wqkv), 4, 4));
+        project(L.wqkv, xb, qkv, M, false);
         // rotary embedding of q and k
         prof_.op("rope", profile::OpClass::Elementwise, profile::elementwise_cost(6.0 * M * (q_dim + kv_dim) / 2, 8.0 * M * (q_dim + kv_dim)));
         rope(qkv, M, qkv_dim, c.n_heads, hd, rope_cos_.data(), rope_sin_.data());
@@ -345,20 +455,20 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
         attention(qkv, qkv_dim, k_cache, v_cache, slot_stride, kv_dim, slots, positions, att, M,
                   c.n_heads, c.n_kv_heads, hd);
         // output projection, added to the residual stream
-        prof_.op("wo", profile::OpClass::Matmul, profile::matmul_cost(M, D, q_dim, wb, 4, 8));
-        matmul(att, L.wo, wdtype_, x, M, D, q_dim, true);
+        prof_.op("wo", profile::OpClass::Matmul, profile::matmul_cost(M, D, q_dim, wb(L.wo), 4, 8));
+        project(L.wo, att, x, M, true);
         // ffn rmsnorm
         prof_.op("ffn_norm", profile::OpClass::Norm, profile::norm_cost(M, D, 4, 4, 4));
         rmsnorm(x, L.ffn_norm, xb, M, D, c.norm_eps);
         // gate|up projections in one matmul
-        prof_.op("w13", profile::OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, wb, 4, 4));
-        matmul(xb, L.w13, wdtype_, h13_.data(), M, 2 * H, D, false);
+        prof_.op("w13", profile::OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, wb(L.w13), 4, 4));
+        project(L.w13, xb, h13_.data(), M, false);
         // silu(gate) * up
         prof_.op("swiglu", profile::OpClass::Elementwise, profile::elementwise_cost(6.0 * M * H, 12.0 * M * H));
         swiglu(h13_.data(), hb_.data(), M, H);
         // down projection, added to the residual stream
-        prof_.op("w2", profile::OpClass::Matmul, profile::matmul_cost(M, D, H, wb, 4, 8));
-        matmul(hb_.data(), L.w2, wdtype_, x, M, D, H, true);
+        prof_.op("w2", profile::OpClass::Matmul, profile::matmul_cost(M, D, H, wb(L.w2), 4, 8));
+        project(L.w2, hb_.data(), x, M, true);
     }
 
     // final rmsnorm and LM head, only for the rows whose logits are wanted
@@ -366,10 +476,21 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
     if (n_out > 0) {
         prof_.op("final_norm", profile::OpClass::Norm, profile::norm_cost(n_out, D, 4, 4, 4));
         rmsnorm(x + (size_t)first_logit_row * D, final_norm_, xb, n_out, D, c.norm_eps);
-        prof_.op("lm_head", profile::OpClass::Matmul, profile::matmul_cost(n_out, c.vocab_size, D, wb, 4, 4));
-        matmul(xb, lm_head_, wdtype_, logits, n_out, c.vocab_size, D, false);
+        prof_.op("lm_head", profile::OpClass::Matmul, profile::matmul_cost(n_out, c.vocab_size, D, wb(*lm_head_), 4, 4));
+        project(*lm_head_, xb, logits, n_out, false);
     }
     prof_.end();
+}
+
+void CpuEngine::project(const Matrix& W, const float* X, float* Y, int M, bool accumulate) {
+    const int64_t N = W.rows, K = W.cols;
+    if (W.any_quantized) quant::quantize_activation_rows(X, act_.data(), M, K);
+    for (const WeightPart& p : W.parts) {
+        if (p.quantized)
+            quant::matmul(p.qtype, p.data, act_.data(), Y + p.row0, M, p.rows, K, N, accumulate);
+        else
+            matmul(X, p.data, wdtype_, Y + p.row0, M, (int)p.rows, (int)K, (int)N, accumulate);
+    }
 }
 
 // ---- entry points -----------------------------------------------------------------------------

@@ -1,10 +1,15 @@
 // engine_cpu.h — CpuEngine: the Engine of model.h on the host, in the llama2.c spirit: every
 // buffer allocated once at construction, one straight-line forward() shared by prefill and decode.
 //
-// Storage (all row-major, 64-byte aligned; weights in one arena, 2 MiB aligned for huge pages):
+// Storage (all row-major; weights in one arena, 2 MiB aligned for huge pages, each matrix 64-byte
+// aligned):
 //   per layer  wqkv [qkv_dim, dim]  wo [dim, q_dim]  w13 [2*hidden, dim]  w2 [dim, hidden]
-//              in the weight dtype (f32, or bf16 bits); attn_norm, ffn_norm [dim] fp32
+//              attn_norm, ffn_norm [dim] fp32
 //   tok_embeddings [vocab, dim] (also the LM head when tied), output [vocab, dim], norm [dim]
+//   Each canonical matrix is stored in its own type: the weight dtype (f32, or bf16 bits), or a
+//   GGUF block format (quant.h) named in the constructor's quant_types, rows of row_bytes. A fused
+//   matrix (wqkv = wq|wk|wv, w13 = w1|w3) is its pieces back to back, run as one part per run of
+//   pieces that share a type, each part written into its own column range of the output.
 //   KV cache   k, v fp32 [max_batch][n_layers][max_seq_len][kv_dim]
 //   history    int32 [max_batch][max_seq_len], the token at each position (-1 = never written)
 //   scratch    activations for kRowsCap rows: prompts are run in chunks of at most that many
@@ -17,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu/quant.h"
 #include "cpu/sampling.h"
 #include "model.h"
 #include "profile/profile.h"
@@ -45,16 +51,24 @@ private:
 
 class CpuEngine : public Engine, public profile::Profiled {
 public:
-    // weight_dtype: F32 or BF16 (how weights are stored; compute is fp32 either way).
-    // n_threads: OpenMP threads for every call; 0 = all cores.
-    CpuEngine(const Config& config, DType weight_dtype, int n_threads);
+    // weight_dtype: F32 or BF16, how weights are stored unless quant_types names them (compute is
+    // fp32 either way). quant_types: canonical matrix name -> GGML type id of a kept block format
+    // (quant::QType), for the matrices stored quantized. n_threads: OpenMP threads for every call;
+    // 0 = the cores other processes leave free.
+    CpuEngine(const Config& config, DType weight_dtype, int n_threads,
+              const std::unordered_map<std::string, int>& quant_types = {});
 
     const Config& config() const override { return cfg_; }
     DType weight_dtype() const { return wdtype_; }
     int n_threads() const { return n_threads_; }
 
+    // Float input into a quantized matrix is quantized here, row by row (quantize at load).
     void set_weight(const std::string& name, const void* src, DType src_dtype,
                     const std::vector<int64_t>& shape) override;
+    // Blocks of a quantized matrix as stored in a GGUF file: shape[0] rows of row_bytes(type,
+    // shape[1]); type must be the one the constructor gave the tensor.
+    void set_weight_blocks(const std::string& name, const void* blocks, size_t n_bytes, int type_id,
+                           const std::vector<int64_t>& shape) override;
     void get_weight(const std::string& name, float* dst) const override;
     void init_random(uint64_t seed, float std) override;
 
@@ -74,21 +88,44 @@ public:
     std::vector<profile::Record> profile_take() override { return prof_.take(); }
 
 private:
+    // Rows [row0, row0 + rows) of a matrix, all in one storage type.
+    struct WeightPart {
+        bool quantized;        // blocks of qtype, else elements of the weight dtype
+        quant::QType qtype;
+        int64_t row0, rows;
+        size_t row_bytes;      // one row of the matrix's cols values
+        uint8_t* data;
+    };
+    struct Matrix {            // [rows, cols]
+        int64_t rows = 0, cols = 0;
+        std::vector<WeightPart> parts;
+        bool any_quantized = false;
+        double bytes = 0;      // stored bytes (blocks and scales included)
+    };
     struct Layer {
-        void* wqkv;
-        void* wo;
-        void* w13;
-        void* w2;
+        Matrix wqkv, wo, w13, w2;
         float* attn_norm;
         float* ffn_norm;
     };
-    // Where one canonical tensor lives: `rows` rows of `cols` starting at `matrix` (weight
-    // dtype) or, for norm weights, `vector` (fp32).
+    // Where one canonical tensor lives: rows [row0, row0 + rows) of `matrix` in one storage type,
+    // or, for norm weights, `vector` (fp32).
     struct TensorSlot {
-        void* matrix = nullptr;
+        Matrix* matrix = nullptr;
+        bool quantized = false;
+        quant::QType qtype = quant::QType::Q8_0;
+        uint8_t* data = nullptr;
+        size_t row_bytes = 0;
         float* vector = nullptr;
         int64_t rows = 0, cols = 0;
     };
+
+    // Y[M, N] (+= when accumulate) = X[M, K] . W^T, part by part into Y's column ranges; quantized
+    // parts read X's activation blocks, quantized once per call into act_.
+    void project(const Matrix& W, const float* X, float* Y, int M, bool accumulate);
+    // out[D] = row `token` of the embedding matrix, as fp32.
+    void embedding_row(int token, float* out) const;
+    // fp32 values of `rows` rows of a canonical tensor from row r0 into dst, or back.
+    void read_rows(const TensorSlot& t, int64_t r0, int64_t rows, float* dst) const;
 
     // Runs M token rows (row m: token tokens[m] of slot slots[m] at position positions[m])
     // through the model, filling the KV cache; writes logits of rows [first_logit_row, M) to
@@ -108,11 +145,12 @@ private:
     int rows_cap_;            // scratch rows: max(prefill chunk, max_batch)
     std::vector<float> inv_freq_;  // [head_dim/2]
 
-    HostBuffer<uint8_t> weight_arena_;  // every matrix, in the weight dtype
+    HostBuffer<uint8_t> weight_arena_;  // every matrix, in its storage type
     HostBuffer<float> norm_arena_;      // every norm weight, fp32
     std::vector<Layer> layers_;
-    void* tok_embeddings_ = nullptr;    // [vocab, dim]
-    void* lm_head_ = nullptr;           // [vocab, dim]: output, or tok_embeddings when tied
+    Matrix tok_embeddings_;             // [vocab, dim]
+    Matrix output_;                     // [vocab, dim], unless tied
+    const Matrix* lm_head_ = nullptr;   // output_, or tok_embeddings_ when tied
     float* final_norm_ = nullptr;       // [dim]
 
     std::vector<std::string> names_;    // canonical names, weight_names() order
@@ -130,6 +168,7 @@ private:
     HostBuffer<float> att_;     // [rows_cap, q_dim]     attention output
     HostBuffer<float> h13_;     // [rows_cap, 2*hidden]  gate | up
     HostBuffer<float> hb_;      // [rows_cap, hidden]    swiglu output
+    HostBuffer<quant::ActBlock> act_;        // [rows_cap, max(dim, q_dim, hidden) / 32]
     HostBuffer<float> rope_cos_, rope_sin_;  // [rows_cap, head_dim/2]
     HostBuffer<int32_t> row_slots_, row_positions_;  // [rows_cap]
 

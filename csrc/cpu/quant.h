@@ -1,8 +1,8 @@
 // quant.h — GGUF block formats kept as they are, and the CPU kernels that run on them.
 //
 // Weight formats (byte layouts exactly ggml's; sizes static_asserted):
-//   Q8_0 34 B / 32   Q4_0 18 B / 32   Q4_1 20 B / 32   Q4_K 144 B / 256   Q5_K 176 B / 256
-//   Q6_K 210 B / 256.  A weight matrix W[N, K] is N rows of K / block_elems blocks, row-major.
+//   Q8_0 34 B / 32   Q4_0 18 B / 32   Q4_1 20 B / 32   Q5_0 22 B / 32   Q5_1 24 B / 32
+//   Q4_K 144 B / 256   Q5_K 176 B / 256   Q6_K 210 B / 256.  A weight matrix W[N, K] is N rows of K / block_elems blocks, row-major.
 // Activation format (ours): ActBlock, 32 values as int8 with an fp32 scale and the two scaled
 // 16-value sums, so every weight type dots against the same activation row (rule in quant_gemv.cpp).
 //
@@ -20,9 +20,11 @@ namespace brrr {
 namespace quant {
 
 // GGML type ids, as stored in a GGUF file.
-enum class QType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum class QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+// Every kept type, in id order (type tables and error messages iterate over it).
+constexpr int kTypeIds[] = {2, 3, 6, 7, 8, 12, 13, 14};
 
-constexpr int kBlock32 = 32;   // elements of a Q8_0 / Q4_0 / Q4_1 block and of an ActBlock
+constexpr int kBlock32 = 32;   // elements of a Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 block and of an ActBlock
 constexpr int kBlockK = 256;   // elements of a K-quant super-block
 
 struct BlockQ8_0 {        // x[i] = d * qs[i]
@@ -35,6 +37,17 @@ struct BlockQ4_0 {        // x[j] = d * ((qs[j] & 15) - 8), x[j + 16] = d * ((qs
 };
 struct BlockQ4_1 {        // x[j] = d * (qs[j] & 15) + m, x[j + 16] = d * (qs[j] >> 4) + m
     uint16_t d, m;
+    uint8_t qs[16];
+};
+// Q5: the fifth bit of value j is bit j of qh read as a little-endian uint32 (ggml's layout).
+struct BlockQ5_0 {        // x[j] = d * ((qs[j] & 15 | hbit(j) << 4) - 16), x[j + 16] from qs[j] >> 4
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};
+struct BlockQ5_1 {        // x[j] = d * (qs[j] & 15 | hbit(j) << 4) + m, likewise x[j + 16]
+    uint16_t d, m;
+    uint8_t qh[4];
     uint8_t qs[16];
 };
 // K-quants: 8 sub-blocks of 32 (Q4_K, Q5_K) or 16 of 16 (Q6_K), with 6- or 8-bit sub-scales.
@@ -58,6 +71,8 @@ struct BlockQ6_K {        // x = d * scales[s] * (q - 32); q 6 bit, sub-blocks o
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block is 34 bytes");
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block is 18 bytes");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block is 20 bytes");
+static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block is 22 bytes");
+static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block is 24 bytes");
 static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block is 144 bytes");
 static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block is 176 bytes");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block is 210 bytes");
@@ -72,8 +87,12 @@ struct ActBlock {
 };
 static_assert(sizeof(ActBlock) == 48, "ActBlock is 48 bytes");
 
-// Instruction-set paths of the kernels. Auto = the best this CPU supports.
-enum class Isa : int { Auto = 0, Scalar = 1, Avx2 = 2, Avx512Vnni = 3 };
+// Instruction-set paths of the kernels. Auto = the best this CPU supports. Amx = the AVX-512 VNNI
+// kernels for M < kAmxMinRows and AMX-INT8 tiles for the GEMM from kAmxMinRows rows of X on
+// (needs the AMX tile permission, requested from the OS once per process).
+enum class Isa : int { Auto = 0, Scalar = 1, Avx2 = 2, Avx512Vnni = 3, Amx = 4 };
+// Rows of X from which the Amx path runs tiles (below, each output row equals its M = 1 GEMV).
+constexpr int64_t kAmxMinRows = 16;
 
 // ---- formats (quant_formats.cpp) -------------------------------------------------------------
 bool known_type(int type_id);
@@ -98,7 +117,7 @@ void quantize_rows(QType t, const float* x, void* out, int64_t N, int64_t K);
 // ---- kernels (quant_gemv.cpp) ----------------------------------------------------------------
 Isa best_isa();                    // what Auto resolves to on this CPU
 bool isa_supported(Isa isa);
-const char* isa_name(Isa isa);     // "scalar", "avx2", "avx512vnni"
+const char* isa_name(Isa isa);     // "scalar", "avx2", "avx512vnni", "amx"
 std::string cpu_features();        // e.g. "avx2 fma f16c avx512f avx512bw avx512vl avx512vnni"
 // K / 32 activation blocks of one fp32 row.
 void quantize_activations(const float* x, ActBlock* out, int64_t K);

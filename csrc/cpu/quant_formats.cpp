@@ -16,7 +16,8 @@ namespace quant {
 
 bool known_type(int id) {
     switch (id) {
-        case (int)QType::Q4_0: case (int)QType::Q4_1: case (int)QType::Q8_0:
+        case (int)QType::Q4_0: case (int)QType::Q4_1: case (int)QType::Q5_0: case (int)QType::Q5_1:
+        case (int)QType::Q8_0:
         case (int)QType::Q4_K: case (int)QType::Q5_K: case (int)QType::Q6_K: return true;
         default: return false;
     }
@@ -24,7 +25,7 @@ bool known_type(int id) {
 
 QType checked_type(int id) {
     BRRR_CHECK(known_type(id), "quantized type id " << id << " is not one the engine keeps "
-               "(q4_0=2, q4_1=3, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
+               "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
     return (QType)id;
 }
 
@@ -32,6 +33,8 @@ const char* type_name(QType t) {
     switch (t) {
         case QType::Q4_0: return "q4_0";
         case QType::Q4_1: return "q4_1";
+        case QType::Q5_0: return "q5_0";
+        case QType::Q5_1: return "q5_1";
         case QType::Q8_0: return "q8_0";
         case QType::Q4_K: return "q4_k";
         case QType::Q5_K: return "q5_k";
@@ -41,9 +44,9 @@ const char* type_name(QType t) {
 }
 
 QType type_from_name(const std::string& name) {
-    for (int id : {2, 3, 8, 12, 13, 14})
+    for (int id : kTypeIds)
         if (name == type_name((QType)id)) return (QType)id;
-    BRRR_FAIL("unknown quantized type \"" << name << "\" (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k)");
+    BRRR_FAIL("unknown quantized type \"" << name << "\" (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)");
 }
 
 int block_elems(QType t) {
@@ -54,6 +57,8 @@ size_t block_bytes(QType t) {
     switch (t) {
         case QType::Q4_0: return sizeof(BlockQ4_0);
         case QType::Q4_1: return sizeof(BlockQ4_1);
+        case QType::Q5_0: return sizeof(BlockQ5_0);
+        case QType::Q5_1: return sizeof(BlockQ5_1);
         case QType::Q8_0: return sizeof(BlockQ8_0);
         case QType::Q4_K: return sizeof(BlockQ4_K);
         case QType::Q5_K: return sizeof(BlockQ5_K);
@@ -136,6 +141,38 @@ void dequant_q4_1(const BlockQ4_1* b, float* y, int64_t nb) {
     }
 }
 
+inline uint32_t q5_high_bits(const uint8_t* qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    return bits;
+}
+
+void dequant_q5_0(const BlockQ5_0* b, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += 32) {
+        const float d = f16_to_f32(b[i].d);
+        const uint32_t qh = q5_high_bits(b[i].qh);
+        for (int j = 0; j < 16; ++j) {
+            const int x0 = ((b[i].qs[j] & 0x0F) | (((qh >> j) & 1) << 4)) - 16;
+            const int x1 = ((b[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+            y[j] = x0 * d;
+            y[j + 16] = x1 * d;
+        }
+    }
+}
+
+void dequant_q5_1(const BlockQ5_1* b, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, y += 32) {
+        const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+        const uint32_t qh = q5_high_bits(b[i].qh);
+        for (int j = 0; j < 16; ++j) {
+            const int x0 = (b[i].qs[j] & 0x0F) | (((qh >> j) & 1) << 4);
+            const int x1 = (b[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            y[j] = x0 * d + m;
+            y[j + 16] = x1 * d + m;
+        }
+    }
+}
+
 void dequant_q4_k(const BlockQ4_K* b, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i) {
         const uint8_t* q = b[i].qs;
@@ -200,6 +237,8 @@ void dequantize_row(QType t, const void* blocks, float* y, int64_t K) {
         case QType::Q8_0: return dequant_q8_0((const BlockQ8_0*)blocks, y, nb);
         case QType::Q4_0: return dequant_q4_0((const BlockQ4_0*)blocks, y, nb);
         case QType::Q4_1: return dequant_q4_1((const BlockQ4_1*)blocks, y, nb);
+        case QType::Q5_0: return dequant_q5_0((const BlockQ5_0*)blocks, y, nb);
+        case QType::Q5_1: return dequant_q5_1((const BlockQ5_1*)blocks, y, nb);
         case QType::Q4_K: return dequant_q4_k((const BlockQ4_K*)blocks, y, nb);
         case QType::Q5_K: return dequant_q5_k((const BlockQ5_K*)blocks, y, nb);
         case QType::Q6_K: return dequant_q6_k((const BlockQ6_K*)blocks, y, nb);
@@ -211,7 +250,7 @@ int64_t first_bad_scale(QType t, const void* blocks, int64_t n_blocks) {
     static const int kD[] = {0}, kDM[] = {0, 2}, kQ6[] = {offsetof(BlockQ6_K, d)};
     const int* fields = kD;
     int n_fields = 1;
-    if (t == QType::Q4_1 || t == QType::Q4_K || t == QType::Q5_K) fields = kDM, n_fields = 2;
+    if (t == QType::Q4_1 || t == QType::Q5_1 || t == QType::Q4_K || t == QType::Q5_K) fields = kDM, n_fields = 2;
     if (t == QType::Q6_K) fields = kQ6;
     const size_t bb = block_bytes(t);
     const uint8_t* p = (const uint8_t*)blocks;

@@ -26,6 +26,9 @@
 // pair sum in int16 (|c| <= 128, |q| <= 127: 2 * 128 * 127 < 32768); W rows are row_bytes apart.
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <cpuid.h>
 
 #include <algorithm>
 #include <cmath>
@@ -91,6 +94,31 @@ struct Q4_1T {
     }
     static void codes(const Block& b, int, int* c) { nibble_codes(b.qs, c); }
 };
+// Q5_0 / Q5_1: nibble codes plus the fifth bit, bit j of qh (little-endian uint32) for value j.
+inline void q5_codes(const uint8_t* qs, const uint8_t* qh, int* c) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    nibble_codes(qs, c);
+    for (int i = 0; i < 32; ++i) c[i] |= (int)((bits >> i) & 1) << 4;
+}
+struct Q5_0T {
+    using Block = BlockQ5_0;
+    static constexpr int kChunks = 1;
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d);
+        s[0] = {{d, d}, {-16.f * d, -16.f * d}};
+    }
+    static void codes(const Block& b, int, int* c) { q5_codes(b.qs, b.qh, c); }
+};
+struct Q5_1T {
+    using Block = BlockQ5_1;
+    static constexpr int kChunks = 1;
+    static void block_scales(const Block& b, ChunkScales* s) {
+        const float d = f16_to_f32(b.d), m = f16_to_f32(b.m);
+        s[0] = {{d, d}, {m, m}};
+    }
+    static void codes(const Block& b, int, int* c) { q5_codes(b.qs, b.qh, c); }
+};
 template <class B>
 void k4_block_scales(const B& b, ChunkScales* s) {  // Q4_K, Q5_K: d * sc[c] * q - dmin * m[c]
     const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
@@ -140,6 +168,16 @@ struct Q6_KT {
         for (int i = 0; i < 32; ++i) out[i] = ((ql[i] >> (4 * (k >> 1))) & 0xF) | (((qh[i] >> (2 * k)) & 3) << 4);
     }
 };
+
+template <class T> constexpr QType type_of();
+template <> constexpr QType type_of<Q8_0T>() { return QType::Q8_0; }
+template <> constexpr QType type_of<Q4_0T>() { return QType::Q4_0; }
+template <> constexpr QType type_of<Q4_1T>() { return QType::Q4_1; }
+template <> constexpr QType type_of<Q5_0T>() { return QType::Q5_0; }
+template <> constexpr QType type_of<Q5_1T>() { return QType::Q5_1; }
+template <> constexpr QType type_of<Q4_KT>() { return QType::Q4_K; }
+template <> constexpr QType type_of<Q5_KT>() { return QType::Q5_K; }
+template <> constexpr QType type_of<Q6_KT>() { return QType::Q6_K; }
 
 // ---- scalar path ------------------------------------------------------------------------------
 
@@ -213,6 +251,33 @@ template <> struct SimdChunk<Q4_1T> {
     }
     static inline __m256i codes(const BlockQ4_1& b, int) { return nibbles16(b.qs); }
     static inline __m256i act(const BlockQ4_1&, int, __m256i q) { return q; }
+};
+// The fifth bits of a Q5 block as bytes 0x10 / 0: byte i takes qh byte i / 8 (vpshufb), tests its
+// bit i % 8 and keeps 0x10 where it is set.
+inline __m256i q5_high16(const uint8_t* qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                               _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                                  0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+template <> struct SimdChunk<Q5_0T> {
+    static inline __m128 scales(const BlockQ5_0& b) {  // {d, d, -16 d, -16 d}
+        const __m128 d = _mm_cvtph_ps(_mm_set1_epi16((short)b.d));
+        return _mm_mul_ps(d, _mm_setr_ps(1.f, 1.f, -16.f, -16.f));
+    }
+    static inline __m256i codes(const BlockQ5_0& b, int) { return _mm256_or_si256(nibbles16(b.qs), q5_high16(b.qh)); }
+    static inline __m256i act(const BlockQ5_0&, int, __m256i q) { return q; }
+};
+template <> struct SimdChunk<Q5_1T> {
+    static inline __m128 scales(const BlockQ5_1& b) {  // {d, d, m, m}
+        const __m128 dm = f16x2(&b.d);
+        return _mm_unpacklo_ps(dm, dm);
+    }
+    static inline __m256i codes(const BlockQ5_1& b, int) { return _mm256_or_si256(nibbles16(b.qs), q5_high16(b.qh)); }
+    static inline __m256i act(const BlockQ5_1&, int, __m256i q) { return q; }
 };
 // K-quants: the block's 8 chunk scale vectors at once. Q4_K / Q5_K unpack the 12 packed bytes
 // into sc[0..7] and m[0..7] with 32-bit masks (the same bits as scale_min_k4), widen and scale
@@ -444,6 +509,185 @@ void dot_mr_avx512vnni(const void* w_row, const ActBlock* x, int64_t act_stride,
 
 #pragma GCC pop_options
 
+
+// ---- AMX path: prefill GEMM on int8 tiles ------------------------------------------------------
+// Y[m, n] = sum_chunks d_m * s_n * (sum_i q_mi c_ni) + b_n * dsum_m, one tile product per 32-value
+// chunk. A = 16 activation rows x 32 int8 (loaded straight from the ActBlocks, stride one row of
+// blocks), B = 16 W rows x 32 codes in the VNNI layout (dword r of W row n at B[r][n]), C = 16 x 16
+// int32. Codes are signed where the type has no min (Q8_0 raw, Q4_0 c - 8, Q5_0 c - 16, Q6_K
+// c - 32: tdpbssd, no bias term) and unsigned with a bias b_n otherwise (Q4_1, Q5_1, Q4_K, Q5_K:
+// tdpbsud). Q6_K's two scales per chunk take two tile products, each on half the codes (the other
+// half zeroed). After each product the C tile goes to a 1 KB buffer and 16 zmm rows of fp32
+// accumulators take cvt(C) * (s_n d_m) + b_n dsum_m. W is unpacked once per 16-row tile into an
+// L1/L2-resident buffer and reused for every 16-row tile of X.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
+
+struct TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
+
+// tmm0, tmm1: C (16 x 16 int32); tmm2: A (16 x 32 int8); tmm3, tmm4: B (8 x 64 int8).
+inline void amx_configure() {
+    TileConfig cfg;
+    cfg.rows[0] = cfg.rows[1] = 16, cfg.colsb[0] = cfg.colsb[1] = 64;
+    cfg.rows[2] = 16, cfg.colsb[2] = 32;
+    cfg.rows[3] = cfg.rows[4] = 8, cfg.colsb[3] = cfg.colsb[4] = 64;
+    // not _tile_loadconfig: GCC 12's version tells the compiler it reads only 8 bytes, so the
+    // stores of colsb / rows above may be dropped; this operand is the whole 64-byte config.
+    asm volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+// Per type: kParts tile products per chunk, kSigned codes (no bias) or unsigned with a bias.
+template <class T> struct AmxChunk {
+    static constexpr int kParts = 1;
+    static constexpr bool kSigned = false;
+    static inline __m256i codes(const typename T::Block& b, int c) { return SimdChunk<T>::codes(b, c); }
+};
+template <> struct AmxChunk<Q8_0T> {
+    static constexpr int kParts = 1;
+    static constexpr bool kSigned = true;
+    static inline __m256i codes(const BlockQ8_0& b, int) { return _mm256_loadu_si256((const __m256i*)b.qs); }
+};
+template <int kOffset, class T> struct AmxSignedChunk {
+    static constexpr int kParts = 1;
+    static constexpr bool kSigned = true;
+    static inline __m256i codes(const typename T::Block& b, int c) {
+        return _mm256_sub_epi8(SimdChunk<T>::codes(b, c), _mm256_set1_epi8(kOffset));
+    }
+};
+template <> struct AmxChunk<Q4_0T> : AmxSignedChunk<8, Q4_0T> {};
+template <> struct AmxChunk<Q5_0T> : AmxSignedChunk<16, Q5_0T> {};
+template <> struct AmxChunk<Q6_KT> : AmxSignedChunk<32, Q6_KT> {
+    static constexpr int kParts = 2;
+};
+
+constexpr int kAmxTile = 16;
+
+// One 16-row tile of W, unpacked: for chunk c and part p, B[c][p] (8 x 64 bytes, VNNI layout)
+// and the 16 scales s (and biases b) of that part.
+struct AmxPanel {
+    std::vector<int8_t> codes;  // [chunks][parts][8][64]
+    std::vector<float> s, b;    // [chunks][parts][16]
+};
+
+template <class T>
+void amx_unpack(const char* w, size_t rb, int64_t n0, int64_t n_rows, int64_t nchunks, AmxPanel& P) {
+    using A = AmxChunk<T>;
+    constexpr int kP = A::kParts;
+    P.codes.assign((size_t)nchunks * kP * 512, 0);
+    P.s.assign((size_t)nchunks * kP * 16, 0.f);
+    P.b.assign((size_t)nchunks * kP * 16, 0.f);
+    alignas(32) int8_t tmp[32];
+    ChunkScales cs[T::kChunks];
+    for (int64_t j = 0; j < n_rows; ++j) {
+        const auto* blk = (const typename T::Block*)(w + (size_t)(n0 + j) * rb);
+        for (int64_t ib = 0; ib < nchunks / T::kChunks; ++ib) {
+            T::block_scales(blk[ib], cs);
+            for (int ci = 0; ci < T::kChunks; ++ci) {
+                const int64_t c = ib * T::kChunks + ci;
+                _mm256_store_si256((__m256i*)tmp, A::codes(blk[ib], ci));
+                for (int p = 0; p < kP; ++p) {
+                    int8_t* B = P.codes.data() + ((size_t)c * kP + p) * 512;
+                    const int r0 = kP == 1 ? 0 : 4 * p, r1 = kP == 1 ? 8 : 4 * p + 4;
+                    for (int r = r0; r < r1; ++r) std::memcpy(B + r * 64 + j * 4, tmp + 4 * r, 4);
+                    P.s[((size_t)c * kP + p) * 16 + j] = cs[ci].s[kP == 1 ? 0 : p];
+                    P.b[((size_t)c * kP + p) * 16 + j] = A::kSigned ? 0.f : cs[ci].b[0];
+                }
+            }
+        }
+    }
+}
+
+// Y[16 rows from m0 (rows_valid of them), 16 columns from n0 (cols_valid)] for one unpacked W tile.
+template <class T>
+void amx_tile(const AmxPanel& P, const ActBlock* xq, int64_t nb, int64_t nchunks, const float* ad,
+              const float* as, float* Y, int64_t ldy, int rows_valid, int cols_valid, bool accumulate) {
+    using A = AmxChunk<T>;
+    constexpr int kP = A::kParts;
+    alignas(64) int32_t cbuf[16 * 16];
+    __m512 acc[16];
+    for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
+    const size_t astride = (size_t)nb * sizeof(ActBlock);
+    for (int64_t c = 0; c < nchunks; ++c) {
+        _tile_loadd(2, xq[c].qs, astride);
+        for (int p = 0; p < kP; ++p) {
+            _tile_zero(0);
+            _tile_loadd(3, P.codes.data() + ((size_t)c * kP + p) * 512, 64);
+            if constexpr (A::kSigned) {
+                _tile_dpbssd(0, 2, 3);
+            } else {
+                _tile_dpbsud(0, 2, 3);
+            }
+            _tile_stored(0, cbuf, 64);
+            const __m512 s = _mm512_loadu_ps(P.s.data() + ((size_t)c * kP + p) * 16);
+            if constexpr (A::kSigned) {
+                for (int m = 0; m < 16; ++m)
+                    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                                             _mm512_mul_ps(s, _mm512_set1_ps(ad[m * nchunks + c])), acc[m]);
+            } else {
+                const __m512 b = _mm512_loadu_ps(P.b.data() + ((size_t)c * kP + p) * 16);
+                for (int m = 0; m < 16; ++m) {
+                    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                                             _mm512_mul_ps(s, _mm512_set1_ps(ad[m * nchunks + c])), acc[m]);
+                    acc[m] = _mm512_fmadd_ps(b, _mm512_set1_ps(as[m * nchunks + c]), acc[m]);
+                }
+            }
+        }
+    }
+    const __mmask16 mask = (__mmask16)((1u << cols_valid) - 1);
+    for (int m = 0; m < rows_valid; ++m) {
+        float* y = Y + m * ldy;
+        const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), acc[m]) : acc[m];
+        _mm512_mask_storeu_ps(y, mask, v);
+    }
+}
+
+template <class T>
+void matmul_amx_t(const void* W, const ActBlock* Xq, float* Y, int64_t M, int64_t N, int64_t K, int64_t ldy,
+                  bool accumulate, int nt) {
+    const size_t rb = row_bytes(type_of<T>(), K);
+    const int64_t nchunks = K / 32;
+    const int64_t m_tiles = CEIL_DIV(M, kAmxTile), n_tiles = CEIL_DIV(N, kAmxTile);
+    // activation-side scales, [M_pad][nchunks]: d, and dsum of the whole chunk (both halves)
+    std::vector<float> ad((size_t)m_tiles * kAmxTile * nchunks, 0.f), as(ad.size(), 0.f);
+    // the last partial tile of X, padded with zero blocks to 16 rows
+    std::vector<ActBlock> tail((size_t)kAmxTile * nchunks);
+    const int64_t m_full = M / kAmxTile * kAmxTile;
+    std::memset((void*)tail.data(), 0, tail.size() * sizeof(ActBlock));
+    if (m_full < M) std::memcpy((void*)tail.data(), Xq + m_full * nchunks, (size_t)(M - m_full) * nchunks * sizeof(ActBlock));
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t c = 0; c < nchunks; ++c) {
+            const ActBlock& a = Xq[m * nchunks + c];
+            ad[m * nchunks + c] = a.d[0];
+            as[m * nchunks + c] = a.dsum[0] + a.dsum[1];
+        }
+    const char* w = (const char*)W;
+#pragma omp parallel num_threads(nt)
+    {
+        amx_configure();
+        AmxPanel P;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t tn = 0; tn < n_tiles; ++tn) {
+            const int64_t n0 = tn * kAmxTile;
+            const int cols = (int)std::min<int64_t>(kAmxTile, N - n0);
+            amx_unpack<T>(w, rb, n0, cols, nchunks, P);
+            for (int64_t tm = 0; tm < m_tiles; ++tm) {
+                const int64_t m0 = tm * kAmxTile;
+                const ActBlock* x = m0 < m_full ? Xq + m0 * nchunks : tail.data();
+                amx_tile<T>(P, x, nchunks, nchunks, ad.data() + m0 * nchunks, as.data() + m0 * nchunks,
+                            Y + m0 * ldy + n0, ldy, (int)std::min<int64_t>(kAmxTile, M - m0), cols, accumulate);
+            }
+        }
+        _tile_release();
+    }
+}
+
+#pragma GCC pop_options
+
 // ---- dispatch ------------------------------------------------------------------------------------
 
 using DotFn = float (*)(const void*, const ActBlock*, int64_t);
@@ -477,10 +721,13 @@ DotRowsFn pick_rows(Isa isa) {
 
 DotRowsFn dot_rows_fn(QType t, Isa isa) {
     if (isa == Isa::Auto) isa = best_isa();
+    if (isa == Isa::Amx) isa = Isa::Avx512Vnni;
     switch (t) {
         case QType::Q8_0: return pick_rows<Q8_0T>(isa);
         case QType::Q4_0: return pick_rows<Q4_0T>(isa);
         case QType::Q4_1: return pick_rows<Q4_1T>(isa);
+        case QType::Q5_0: return pick_rows<Q5_0T>(isa);
+        case QType::Q5_1: return pick_rows<Q5_1T>(isa);
         case QType::Q4_K: return pick_rows<Q4_KT>(isa);
         case QType::Q5_K: return pick_rows<Q5_KT>(isa);
         case QType::Q6_K: return pick_rows<Q6_KT>(isa);
@@ -492,15 +739,46 @@ DotFn dot_fn(QType t, Isa isa) {
     if (isa == Isa::Auto) isa = best_isa();
     BRRR_CHECK(isa_supported(isa), "this CPU cannot run the " << isa_name(isa) << " path (it has: "
                << cpu_features() << ")");
+    if (isa == Isa::Amx) isa = Isa::Avx512Vnni;
     switch (t) {
         case QType::Q8_0: return pick<Q8_0T>(isa);
         case QType::Q4_0: return pick<Q4_0T>(isa);
         case QType::Q4_1: return pick<Q4_1T>(isa);
+        case QType::Q5_0: return pick<Q5_0T>(isa);
+        case QType::Q5_1: return pick<Q5_1T>(isa);
         case QType::Q4_K: return pick<Q4_KT>(isa);
         case QType::Q5_K: return pick<Q5_KT>(isa);
         case QType::Q6_K: return pick<Q6_KT>(isa);
     }
     BRRR_FAIL("unknown quantized type " << (int)t);
+}
+
+void matmul_amx(QType t, const void* W, const ActBlock* Xq, float* Y, int64_t M, int64_t N, int64_t K, int64_t ldy,
+                bool accumulate, int nt) {
+    switch (t) {
+        case QType::Q8_0: return matmul_amx_t<Q8_0T>(W, Xq, Y, M, N, K, ldy, accumulate, nt);
+        case QType::Q4_0: return matmul_amx_t<Q4_0T>(W, Xq, Y, M, N, K, ldy, accumulate, nt);
+        case QType::Q4_1: return matmul_amx_t<Q4_1T>(W, Xq, Y, M, N, K, ldy, accumulate, nt);
+        case QType::Q5_0: return matmul_amx_t<Q5_0T>(W, Xq, Y, M, N, K, ldy, accumulate, nt);
+        case QType::Q5_1: return matmul_amx_t<Q5_1T>(W, Xq, Y, M, N, K, ldy, accumulate, nt);
+        case QType::Q4_K: return matmul_amx_t<Q4_KT>(W, Xq, Y, M, N, K, ldy, accumulate, nt);
+        case QType::Q5_K: return matmul_amx_t<Q5_KT>(W, Xq, Y, M, N, K, ldy, accumulate, nt);
+        case QType::Q6_K: return matmul_amx_t<Q6_KT>(W, Xq, Y, M, N, K, ldy, accumulate, nt);
+    }
+    BRRR_FAIL("unknown quantized type " << (int)t);
+}
+
+// AMX-TILE and AMX-INT8 in CPUID leaf 7 (EDX bits 24, 25), then the Linux permission to use the
+// tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once per process.
+bool amx_ready() {
+    static const bool ready = [] {
+        unsigned a, b, c, d;
+        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+        if (!((d >> 24) & 1) || !((d >> 25) & 1)) return false;
+        constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+        return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+    }();
+    return ready;
 }
 
 int threads_for(int n_threads) { return n_threads > 0 ? n_threads : omp_get_max_threads(); }
@@ -531,12 +809,14 @@ bool isa_supported(Isa isa) {
             return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
                    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+        case Isa::Amx: return isa_supported(Isa::Avx512Vnni) && amx_ready();
     }
     return false;
 }
 
 Isa best_isa() {
-    static const Isa best = isa_supported(Isa::Avx512Vnni) ? Isa::Avx512Vnni
+    static const Isa best = isa_supported(Isa::Amx)          ? Isa::Amx
+                            : isa_supported(Isa::Avx512Vnni) ? Isa::Avx512Vnni
                             : isa_supported(Isa::Avx2)     ? Isa::Avx2
                                                            : Isa::Scalar;
     return best;
@@ -548,6 +828,7 @@ const char* isa_name(Isa isa) {
         case Isa::Scalar: return "scalar";
         case Isa::Avx2: return "avx2";
         case Isa::Avx512Vnni: return "avx512vnni";
+        case Isa::Amx: return "amx";
     }
     return "?";
 }
@@ -566,6 +847,7 @@ std::string cpu_features() {
     add("avx512vl", __builtin_cpu_supports("avx512vl"));
     add("avx512vnni", __builtin_cpu_supports("avx512vnni"));
     add("avx512bf16", __builtin_cpu_supports("avx512bf16"));
+    add("amx-int8", amx_ready());  // and the OS lets this process use the tiles
     return out;
 }
 
@@ -617,6 +899,8 @@ void matmul(QType t, const void* W, const ActBlock* Xq, float* Y, int64_t M, int
         for (int64_t n = 0; n < N; ++n) store(Y[n], dot(w + (size_t)n * rb, Xq, K));
         return;
     }
+    if ((isa == Isa::Amx || (isa == Isa::Auto && best_isa() == Isa::Amx)) && M >= kAmxMinRows)
+        return matmul_amx(t, W, Xq, Y, M, N, K, ldy, accumulate, nt);
     const DotRowsFn dot_rows = dot_rows_fn(t, isa);
     const int64_t n_tiles = CEIL_DIV(N, kGemmTileN);
 #pragma omp parallel for schedule(static) num_threads(nt)

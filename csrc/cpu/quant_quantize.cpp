@@ -1,6 +1,6 @@
 // quant_quantize.cpp — fp32 rows -> GGUF blocks, with ggml's reference quantizers.
 //
-// Q8_0, Q4_0, Q4_1: quantize_row_q*_ref (absmax / min-max scales); the gguf package's numpy
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: quantize_row_q*_ref (absmax / min-max scales); the gguf package's numpy
 // quantizer computes the same, so the bytes are identical. Q4_K, Q5_K: quantize_row_q4_K_ref /
 // q5_K_ref — per 32-value sub-block a weighted least-squares (scale, min) search
 // (make_qkx2_quants: 21 / 16 candidate scales), then the sub-scales and mins quantized to 6 bits
@@ -86,6 +86,50 @@ void q4_1_row(const float* x, BlockQ4_1* y, int64_t nb) {
             const uint8_t xi1 = (uint8_t)std::min(15, (int)(int8_t)(x1 + 0.5f));
             y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
         }
+    }
+}
+
+void q5_0_row(const float* x, BlockQ5_0* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += 32) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; ++j)
+            if (amax < std::fabs(x[j])) amax = std::fabs(x[j]), max = x[j];
+        const float d = max / -16;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = h(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            const float x0 = x[j] * id, x1 = x[16 + j] * id;
+            const uint8_t xi0 = (uint8_t)std::min(31, (int)(int8_t)(x0 + 16.5f));
+            const uint8_t xi1 = (uint8_t)std::min(31, (int)(int8_t)(x1 + 16.5f));
+            y[i].qs[j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+            qh |= ((xi0 & 0x10u) >> 4) << j;
+            qh |= ((xi1 & 0x10u) >> 4) << (j + 16);
+        }
+        std::memcpy(y[i].qh, &qh, 4);
+    }
+}
+
+void q5_1_row(const float* x, BlockQ5_1* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i, x += 32) {
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < 32; ++j) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / ((1 << 5) - 1);
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = h(d);
+        y[i].m = h(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            const float x0 = (x[j] - min) * id, x1 = (x[16 + j] - min) * id;
+            const uint8_t xi0 = (uint8_t)(x0 + 0.5f), xi1 = (uint8_t)(x1 + 0.5f);
+            y[i].qs[j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+            qh |= ((xi0 & 0x10u) >> 4) << j;
+            qh |= ((xi1 & 0x10u) >> 4) << (j + 16);
+        }
+        std::memcpy(y[i].qh, &qh, 4);
     }
 }
 
@@ -346,6 +390,8 @@ void quantize_rows(QType t, const float* x, void* out, int64_t N, int64_t K) {
             case QType::Q8_0: q8_0_row(xr, (BlockQ8_0*)yr, nb); break;
             case QType::Q4_0: q4_0_row(xr, (BlockQ4_0*)yr, nb); break;
             case QType::Q4_1: q4_1_row(xr, (BlockQ4_1*)yr, nb); break;
+            case QType::Q5_0: q5_0_row(xr, (BlockQ5_0*)yr, nb); break;
+            case QType::Q5_1: q5_1_row(xr, (BlockQ5_1*)yr, nb); break;
             case QType::Q4_K: q4_k_row(xr, (BlockQ4_K*)yr, nb); break;
             case QType::Q5_K: q5_k_row(xr, (BlockQ5_K*)yr, nb); break;
             case QType::Q6_K: q6_k_row(xr, (BlockQ6_K*)yr, nb); break;

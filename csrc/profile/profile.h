@@ -40,7 +40,7 @@ struct Cost {
 
 // Y[M, N] = X[M, K] · W[N, K]^T: W read in w_bytes per element, X in x_bytes, Y written in y_bytes
 // (y_bytes doubled when Y is a residual updated in place).
-inline Cost matmul_cost(int64_t M, int64_t N, int64_t K, int w_bytes, int x_bytes = 2, int y_bytes = 4) {
+inline Cost matmul_cost(int64_t M, int64_t N, int64_t K, double w_bytes, int x_bytes = 2, int y_bytes = 4) {
     return {2.0 * M * N * K, (double)N * K * w_bytes + (double)M * K * x_bytes + (double)M * N * y_bytes};
 }
 // One query token per sequence over `context_positions` cached positions in total (summed over

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -15,12 +16,58 @@ from ..errors import ModelFileError, UnsupportedModelError
 ProgressFn = Callable[[int, int], None]
 
 
+class TensorSet(Mapping):
+    """A model file's canonical tensors, read one at a time.
+
+    ``tensors[name]`` is the tensor as a float32, float16 or ml_dtypes.bfloat16 array of exactly
+    ``config.tensor_shapes()[name]`` (q/k rows in rotate-half order); a quantized tensor is
+    dequantized on each access and nothing is cached, so walking the names streams the file.
+    ``file_type(name)`` is the type the file stores it in ("F32", "BF16", "Q4_1", ...);
+    ``blocks(name)``, for a quantized type, its rows as stored (uint8 [rows, row_bytes], q/k rows
+    permuted like the values); ``release(name)`` tells the set the tensor has been consumed, so
+    a memory-mapped file can drop its pages.
+    """
+
+    def file_type(self, name: str) -> str:
+        raise NotImplementedError
+
+    def blocks(self, name: str) -> np.ndarray:
+        raise ValueError(f"tensor {name!r} is stored as {self.file_type(name)}, not in blocks")
+
+    def release(self, name: str) -> None:
+        pass
+
+
+_NUMPY_TYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+class ArrayTensors(TensorSet):
+    """A TensorSet over arrays already at hand (memory maps or loaded arrays)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self._arrays = arrays
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def file_type(self, name: str) -> str:
+        dtype = self._arrays[name].dtype
+        return _NUMPY_TYPE_NAMES.get(dtype.name, dtype.name.upper())
+
+
 @dataclass
 class LoadedModel:
     """A model file in the one form the rest of the package consumes.
 
-    tensors: canonical names (see config.py) -> float32, float16 or ml_dtypes.bfloat16 arrays of
-        exactly ``config.tensor_shapes()``; q/k rows in rotate-half order. Arrays that could be
+    tensors: a TensorSet: canonical names (see config.py) -> float32, float16 or
+        ml_dtypes.bfloat16 arrays of exactly ``config.tensor_shapes()``, q/k rows in rotate-half
+        order, read on access; quantized GGUF tensors also as their blocks. Arrays that can be
         used straight from the file are read-only memory maps of it.
     tokenizer_spec: what llama_brrr.tokenizer.load_tokenizer reads, under these same keys. Always
         has "format" ("gguf", "hf" or "llama2c"); the other keys depend on it:
@@ -36,12 +83,30 @@ class LoadedModel:
     """
 
     config: ModelConfig
-    tensors: dict[str, np.ndarray] = field(repr=False)
+    tensors: TensorSet = field(repr=False)
     tokenizer_spec: dict = field(repr=False)
     source: str
     file_dtype: str
     eos_token_ids: list[int]
     bos_token_id: int | None
+
+
+    def __post_init__(self):
+        if not isinstance(self.tensors, TensorSet):
+            self.tensors = ArrayTensors(dict(self.tensors))
+
+
+def first_nonfinite_row(array: np.ndarray) -> int:
+    """Index of the first row of `array` holding NaN or inf, or -1; scanned in slices of about
+    4M values so a large tensor needs no full-size temporary."""
+    rows = array.reshape(array.shape[0], -1) if array.ndim > 1 else array.reshape(-1, 1)
+    step = max(1, (1 << 22) // max(1, rows.shape[1]))
+    for r0 in range(0, rows.shape[0], step):
+        chunk = rows[r0:r0 + step]
+        finite = np.isfinite(chunk.astype(np.float32, copy=False)).all(axis=1)
+        if not finite.all():
+            return r0 + int(np.argmin(finite))
+    return -1
 
 
 def require_file(path: Path, what: str = "model file") -> None:

@@ -1,14 +1,23 @@
 """GGUF (llama.cpp) files -> LoadedModel.
 
-Parsing and dequantization are the `gguf` package's (GGUFReader memory-maps the file); this module
+The container is read by gguf_file.py (header checked against the file, one memory map);
+dequantization of the types the engine does not keep is the `gguf` package's. This module
 maps llama.cpp's metadata and tensor names onto ModelConfig and the canonical names, undoes the
 q/k row permutation llama.cpp applies at conversion, and turns every failure into a ModelFileError
 that names the file.
+
+Nothing is read at load but the header: the tensors come one at a time from the memory map when the
+engine asks (GGUFTensors), quantized ones either as their blocks (kept as they are) or dequantized.
+Before any of that the tensor table is held to the file: every tensor's data aligned, inside the
+file, and packed exactly where the previous one ends (so a changed type, shape or offset shows up as
+an overlap or a hole), rows made of whole blocks. Each tensor is scanned as it is read: NaN or inf
+in a float tensor's values or in a quantized tensor's block scales is an error naming the tensor.
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 import re
 from pathlib import Path
 
@@ -16,11 +25,13 @@ import ml_dtypes
 import numpy as np
 
 import gguf
-from gguf import GGMLQuantizationType, GGUFValueType
+from gguf import GGMLQuantizationType
+
+from .gguf_file import GGUFFile, GGUFFormatError, UnknownTensorType
 
 from ..errors import ModelFileError, UnsupportedModelError
-from .common import (LoadedModel, ProgressFn, check_shapes, dominant, interleaved_to_half,
-                     make_config, require_file)
+from .common import (LoadedModel, ProgressFn, TensorSet, check_shapes, dominant,
+                     first_nonfinite_row, interleaved_to_half, make_config, require_file)
 
 GGUF_MAGIC = b"GGUF"
 
@@ -83,46 +94,163 @@ def load_gguf(path: str | Path, progress: ProgressFn | None = None) -> LoadedMod
 
     declared = {name: _numpy_shape(t) for name, t in canonical.items()}
     check_shapes(config, declared, path, gguf_tensor_name)
-
-    wanted = config.tensor_shapes()
-    tensors: dict[str, np.ndarray] = {}
+    _check_layout(reader, path)
+    wanted = {name: canonical[name] for name in config.tensor_shapes()}
+    for t in wanted.values():
+        _check_readable_type(t, path)
+        _check_whole_blocks(t, path)
     elements_by_type: dict[str, int] = {}
-    for done, name in enumerate(wanted, start=1):
-        t = canonical[name]
-        array = _tensor_array(t, path)
-        if name.endswith(".wq"):
-            array = interleaved_to_half(array, config.n_heads)
-        elif name.endswith(".wk"):
-            array = interleaved_to_half(array, config.n_kv_heads)
-        tensors[name] = array
+    for t in wanted.values():
         elements_by_type[t.tensor_type.name] = (elements_by_type.get(t.tensor_type.name, 0)
                                                 + int(t.n_elements))
-        if progress is not None:
-            progress(done, len(wanted))
+    if progress is not None:
+        progress(len(wanted), len(wanted))  # nothing is read until the engine asks for a tensor
 
     spec = _tokenizer_spec(meta, path)
     eos_ids = [spec[key] for key in ("eos_token_id", "eot_token_id", "eom_token_id")
                if spec.get(key) is not None]
-    return LoadedModel(config=config, tensors=tensors, tokenizer_spec=spec, source=str(path),
+    return LoadedModel(config=config, tensors=GGUFTensors(reader, wanted, config, path),
+                       tokenizer_spec=spec, source=str(path),
                        file_dtype=dominant(elements_by_type),
                        eos_token_ids=list(dict.fromkeys(int(i) for i in eos_ids)),
                        bos_token_id=spec["bos_token_id"])
 
 
-def _open_reader(path: Path) -> gguf.GGUFReader:
-    # GGUFReader parses the whole header and maps every tensor up front, so a truncated file
-    # fails here: as ValueError (a tensor's bytes run past the end), IndexError/KeyError (the
-    # header itself is cut), or ValueError naming a tensor type this gguf version does not know.
+class GGUFTensors(TensorSet):
+    """The canonical tensors of a GGUF file, read from its memory map one at a time (TensorSet)."""
+
+    def __init__(self, reader: GGUFFile, tensors: dict, config, path: Path):
+        self._reader = reader
+        self._tensors = tensors
+        self._config = config
+        self._path = path
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        t = self._tensors[name]
+        array = _tensor_array(self._reader, t, self._path)
+        bad_row = first_nonfinite_row(array)
+        if bad_row >= 0:
+            raise ModelFileError(self._path, f"tensor {t.name!r} holds NaN or inf values (row "
+                                             f"{bad_row}); the file is corrupt, re-download it")
+        return self._permuted(name, array)
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def file_type(self, name: str) -> str:
+        return self._tensors[name].tensor_type.name
+
+    def blocks(self, name: str) -> np.ndarray:
+        """uint8 [rows, row_bytes] of a quantized tensor as stored, after its block scales are
+        checked; q/k rows permuted like the values (whole rows, so the blocks are untouched)."""
+        from .. import _C
+
+        t = self._tensors[name]
+        kind = t.tensor_type
+        if kind in _FLOAT_TYPES:
+            return super().blocks(name)
+        rows = _numpy_shape(t)[0]
+        raw = self._reader.tensor_bytes(t)
+        bad = _C.quant_ops.first_bad_scale(int(kind), raw)
+        if bad >= 0:
+            per_row = int(t.n_elements) // rows // gguf.GGML_QUANT_SIZES[kind][0]
+            raise ModelFileError(self._path, f"tensor {t.name!r} ({kind.name}) has a NaN or inf "
+                                             f"scale in block {bad} (row {bad // per_row}); the "
+                                             f"file is corrupt, re-download it")
+        return self._permuted(name, raw.reshape(rows, -1))
+
+    def release(self, name: str) -> None:
+        """Drops the tensor's pages from this process's memory (they stay in the page cache), so
+        loading never holds the file and the engine's copy at once."""
+        t = self._tensors[name]
+        backing = getattr(self._reader.data, "_mmap", None)
+        if backing is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = int(t.data_offset) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = int(t.data_offset) + int(t.n_bytes)
+        try:
+            backing.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            pass  # advice only: the pages are dropped when the reader is
+
+    def _permuted(self, name: str, rows: np.ndarray) -> np.ndarray:
+        if name.endswith(".wq"):
+            return interleaved_to_half(rows, self._config.n_heads)
+        if name.endswith(".wk"):
+            return interleaved_to_half(rows, self._config.n_kv_heads)
+        return rows
+
+
+def _check_layout(reader: GGUFFile, path: Path) -> None:
+    """Every tensor's bytes aligned, inside the file, and packed after the previous tensor's (up to
+    the alignment padding): how llama.cpp and gguf-py write files, and what turns a damaged type,
+    shape or offset field into an error instead of a tensor read from its neighbour's bytes."""
+    size = path.stat().st_size
+    alignment = reader.alignment
+    spans = sorted((int(t.data_offset), int(t.n_bytes), t.name) for t in reader.tensors)
+    expected_start = int(reader.data_offset)
+    previous = None
+    for offset, n_bytes, name in spans:
+        if offset % alignment:
+            raise ModelFileError(path, f"tensor {name!r} starts at byte {offset}, not a multiple of "
+                                       f"the file's alignment {alignment}; the tensor table is "
+                                       f"corrupt")
+        if offset + n_bytes > size:
+            raise ModelFileError(path, f"the GGUF file is truncated or corrupt: tensor {name!r} "
+                                       f"needs bytes {offset}..{offset + n_bytes} but the file "
+                                       f"has {size}; re-download it")
+        if offset < expected_start:
+            where = f"inside tensor {previous!r}" if previous else "inside the header"
+            raise ModelFileError(path, f"tensor {name!r} starts at byte {offset}, {where}; the "
+                                       f"tensor table is corrupt (a type, shape or offset does "
+                                       f"not match the data)")
+        if offset - expected_start >= alignment:
+            after = f"after tensor {previous!r}" if previous else "at the start of the data"
+            raise ModelFileError(path, f"{offset - expected_start} unused bytes {after}, before "
+                                       f"tensor {name!r}; the tensor table is corrupt (a type, "
+                                       f"shape or offset does not match the data)")
+        expected_start = -(-(offset + n_bytes) // alignment) * alignment
+        previous = name
+    if previous is not None and size - expected_start >= alignment:
+        raise ModelFileError(path, f"{size - expected_start} bytes follow the last tensor "
+                                   f"({previous!r}); the tensor table does not cover the data "
+                                   f"(a type, shape or offset was changed)")
+
+
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+def _check_readable_type(t, path: Path) -> None:
+    """A float type, or a block format the gguf package can dequantize (the kept ones included)."""
+    if t.tensor_type in _FLOAT_TYPES or t.tensor_type in gguf.quants._type_traits:
+        return
+    raise UnsupportedModelError(path, f"tensor {t.name!r} has type {t.tensor_type.name}, which "
+                                      f"llama_brrr cannot read (float types, Q4_0..Q8_0, the "
+                                      f"K-quants and the IQ types are supported)")
+
+
+def _check_whole_blocks(t, path: Path) -> None:
+    block = gguf.GGML_QUANT_SIZES.get(t.tensor_type, (1, 1))[0]
+    row = int(t.shape[0]) if len(t.shape) else 1
+    if block > 1 and row % block:
+        raise ModelFileError(path, f"tensor {t.name!r} is {t.tensor_type.name} with rows of {row} "
+                                   f"values, not whole blocks of {block}; the file is corrupt")
+
+
+def _open_reader(path: Path) -> GGUFFile:
     try:
-        return gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, OSError) as exc:
-        if "GGMLQuantizationType" in str(exc):
-            raise UnsupportedModelError(
-                path, f"a tensor has a type the installed gguf {_gguf_version()} does not "
-                      f"know ({exc}); `pip install -U gguf` may help, else the type is "
-                      f"unsupported") from exc
-        raise ModelFileError(path, f"the GGUF file is truncated or corrupt ({type(exc).__name__}: "
-                                   f"{exc}); re-download it") from exc
+        return GGUFFile(path)
+    except UnknownTensorType as exc:
+        raise UnsupportedModelError(path, f"{exc}; the installed gguf {_gguf_version()} and "
+                                          f"llama_brrr do not support it") from exc
+    except GGUFFormatError as exc:
+        raise ModelFileError(path, f"the GGUF file is truncated or corrupt: {exc}; "
+                                   f"re-download it") from exc
+    except OSError as exc:
+        raise ModelFileError(path, f"cannot read the file ({exc})") from exc
 
 
 def _gguf_version() -> str:
@@ -136,22 +264,19 @@ def _gguf_version() -> str:
 class _Metadata:
     """Typed access to the GGUF key/value section, with errors that name the key and the file."""
 
-    def __init__(self, reader: gguf.GGUFReader, path: Path):
+    def __init__(self, reader: GGUFFile, path: Path):
         self._fields = reader.fields
         self._path = path
+        self.reader = reader
 
     def keys(self):
         return self._fields.keys()
 
     def get(self, key: str, default=None):
-        field = self._fields.get(key)
-        if field is None:
+        value = self._fields.get(key)
+        if value is None:
             return default
-        try:
-            return _field_value(field)
-        except (UnicodeDecodeError, IndexError, ValueError) as exc:
-            raise ModelFileError(self._path, f"GGUF metadata {key!r} is unreadable ({exc}); "
-                                             f"the file is corrupt, re-download it") from exc
+        return value.tolist() if isinstance(value, np.ndarray) else value
 
     def require_int(self, key: str) -> int:
         value = self.get(key)
@@ -167,22 +292,6 @@ class _Metadata:
         return value
 
 
-def _field_value(field):
-    kind = field.types[0]
-    if kind == GGUFValueType.ARRAY:
-        item_kind = field.types[-1]
-        if len(field.types) > 2:
-            return None  # nested arrays: no key the engine or tokenizer reads has them
-        if item_kind == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        if not field.data:
-            return []
-        return np.concatenate([field.parts[i] for i in field.data]).tolist()
-    if kind == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
-    return field.parts[field.data[0]][0].item()
-
-
 def gguf_tensor_name(canonical: str) -> str:
     """The GGUF name of a canonical tensor name ("layers.3.wq" -> "blk.3.attn_q.weight")."""
     for gguf_name, name in _GLOBAL_NAMES.items():
@@ -192,7 +301,7 @@ def gguf_tensor_name(canonical: str) -> str:
     return f"blk.{layer}.{_GGUF_LAYER_NAMES[kind]}.weight"
 
 
-def _canonical_tensors(reader: gguf.GGUFReader, path: Path) -> dict:
+def _canonical_tensors(reader: GGUFFile, path: Path) -> dict:
     canonical = {}
     for t in reader.tensors:
         name = _GLOBAL_NAMES.get(t.name)
@@ -210,7 +319,7 @@ def _canonical_tensors(reader: gguf.GGUFReader, path: Path) -> dict:
 
 def _numpy_shape(t) -> tuple[int, ...]:
     # GGUF lists dimensions fastest-varying first; numpy wants them slowest first.
-    return tuple(int(d) for d in reversed(t.shape.tolist()))
+    return tuple(int(d) for d in reversed(t.shape))
 
 
 def _config(meta: _Metadata, arch: str, by_name: dict, path: Path):
@@ -262,7 +371,7 @@ def _rope_scaling(meta: _Metadata, p: str, by_name: dict, head_dim: int, theta: 
         if scaling_type not in (None, "none"):
             raise UnsupportedModelError(path, f"both rope_freqs.weight and rope.scaling.type "
                                               f"{scaling_type!r} are present; not supported")
-        divisors = _tensor_array(rope_freqs, path).astype(np.float64).ravel()
+        divisors = _tensor_array(meta.reader, rope_freqs, path).astype(np.float64).ravel()
         original = meta.get(p + "rope.scaling.original_context_length") or _DEFAULT_ORIGINAL_CONTEXT
         return llama3_scaling_from_divisors(divisors, head_dim, theta, int(original), path)
     if scaling_type in (None, "none"):
@@ -329,17 +438,19 @@ def llama3_scaling_from_divisors(divisors: np.ndarray, head_dim: int, theta: flo
     return params
 
 
-def _tensor_array(t, path: Path) -> np.ndarray:
+def _tensor_array(reader: GGUFFile, t, path: Path) -> np.ndarray:
     shape = _numpy_shape(t)
     kind = t.tensor_type
-    if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-        array = t.data
+    raw = reader.tensor_bytes(t)
+    if kind == GGMLQuantizationType.F32:
+        array = raw.view(np.float32)
+    elif kind == GGMLQuantizationType.F16:
+        array = raw.view(np.float16)
     elif kind == GGMLQuantizationType.BF16:
-        # The reader maps BF16 as raw bytes; reinterpret in place instead of upcasting.
-        array = t.data.view(np.uint16).view(ml_dtypes.bfloat16)
+        array = raw.view(np.uint16).view(ml_dtypes.bfloat16)  # in place, not upcast
     else:
         try:
-            array = gguf.quants.dequantize(t.data, kind)
+            array = gguf.quants.dequantize(raw.reshape(shape[0] if len(shape) > 1 else 1, -1), kind)
         except NotImplementedError as exc:
             raise UnsupportedModelError(path, f"tensor {t.name!r} has type {kind.name}, which "
                                               f"llama_brrr cannot dequantize") from exc
