@@ -485,6 +485,7 @@ def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget,
             started = time.perf_counter()
             timed = measure(contestant, prompts, w.generate, opts.repeats, opts.warmup)
             entries[key] = {"label": contestant.label, "note": contestant.note,
+                            **({"settings": contestant.settings} if hasattr(contestant, "settings") else {}),
                             "wall_s": time.perf_counter() - started,
                             **rates(timed, w, config, llm.dtype, peak)}
             if opts.model and w.generate:
