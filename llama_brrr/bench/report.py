@@ -114,7 +114,8 @@ def plot_compare(result: dict, path: Path) -> None:
         for phase, metric in (("decode", "decode_tok_s"), ("prefill", "prefill_tok_s")):
             values = {k: e[metric]["median"] for k, e in run["contestants"].items() if metric in e}
             if values:
-                groups.append((f"{run['model']}\n{run['name']}\n{phase}", values))
+                # A requantized twin's file name is long; its type says which file it is.
+                groups.append((f"{run.get('file_type') or run['model']}\n{run['name']}\n{phase}", values))
                 keys += [k for k in values if k not in keys]
     if not groups:
         return
