@@ -5,6 +5,8 @@ llama_brrr.bench).
     llama-brrr bench --sweep --quick --json out/sweep.json
     llama-brrr compare --shape llama3.2-1b -p 128,2048 -n 128 --out-dir benchmarks/results/h100-sxm
     llama-brrr compare --model SmolLM2-135M-Instruct.Q4_1.gguf --device cpu --threads 2
+    llama-brrr compare --device cpu --threads 2 --model default --quant-twins q8_0,q4_k_m \
+        --workloads 32:256,512:0 --contestants llama.cpp --perplexity --out-dir benchmarks/results/cpu
 """
 
 from __future__ import annotations
@@ -26,6 +28,18 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _pairs(text: str) -> list[tuple[int, int]]:
+    pairs = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        prompt, colon, generate = item.partition(":")
+        if not colon or not prompt.isdigit() or not generate.isdigit() or int(prompt) < 1:
+            raise ValueError(f"--workloads: expected PROMPT:GENERATED pairs such as 32:256,512:0, got {item!r}")
+        pairs.append((int(prompt), int(generate)))
+    if not pairs:
+        raise ValueError("--workloads: expected at least one PROMPT:GENERATED pair")
+    return pairs
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, compare: bool) -> None:
     what = parser.add_argument_group("what to run")
     what.add_argument("--shape", default=None,
@@ -34,6 +48,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, compare: bool) -> None
     what.add_argument("--model", "-m", default=None, help="a model file instead of random weights")
     what.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     what.add_argument("--dtype", default=None, help="f32 | bf16 | f16 (default bf16 on cuda, f32 on cpu)")
+    what.add_argument("--quant", default=None,
+                      help="Llama.from_pretrained(quant=...): none | q8_0 | q4_k_m | ... (default: a "
+                           "GGUF's quantized tensors as stored)")
     what.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
     what.add_argument("-b", "--batch", type=_ints, default=[1], help="batch sizes, comma-separated (1)")
     what.add_argument("-p", "--prompt", type=_ints, default=[128, 2048] if compare else [512],
@@ -41,6 +58,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, compare: bool) -> None
     what.add_argument("-n", "--generate", type=_ints, default=None,
                       help="generated tokens after the first, comma-separated; 0 = prefill only "
                            "(128; 32 with --quick)")
+    what.add_argument("--workloads", default=None,
+                      help="PROMPT:GENERATED pairs, comma-separated, instead of the -p x -n product "
+                           "(e.g. 32:256,512:0: a decode run after a short prompt, a prefill-only run)")
     what.add_argument("--sweep", action="store_true",
                       help="decode at batch 1,4,16,64 x context 128,2048 and prefill at "
                            "128,512,2048,8192 tokens, on every --shape")
@@ -67,6 +87,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, compare: bool) -> None
         parser.add_argument("--png", type=Path, default=None,
                             help="grouped bar chart path (default: beside the JSON)")
         parser.add_argument("--no-png", action="store_true", help="no bar chart")
+        parser.add_argument("--quant-twins", default=None,
+                            help="also run requantizations of --model (a GGUF) that llama.cpp's quantize "
+                                 "makes, comma-separated: q8_0,q4_k_m (also f32,f16); per file: the "
+                                 "tensor-type census, each side's RSS after load, issue 31's targets")
+        parser.add_argument("--perplexity", action="store_true",
+                            help="with --quant-twins: both sides' perplexity on tests/data's fixed "
+                                 "text per file (the llama.cpp check: within 1%%)")
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,9 +128,16 @@ def _plan(args: argparse.Namespace):
     if args.sweep:
         tokens = args.generate[0] if args.generate else (QUICK["sweep_generate"] if args.quick else 128)
         groups = sweep_groups(None, tokens, args.quick)
+    elif args.workloads:
+        groups = [[Workload(b, p, n) for b in args.batch for p, n in _pairs(args.workloads)]]
     else:
         groups = [[Workload(b, p, n) for b in args.batch for p in args.prompt for n in generate]]
-    options = Options(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
+    model = args.model
+    if model == "default" and getattr(args, "quant_twins", None):
+        from .fetch import resolve_model
+
+        model = str(resolve_model(None, progress=False))  # the twins are named after the real file
+    options = Options(model=model, device=args.device, dtype=args.dtype, quant=args.quant, threads=args.threads,
                       repeats=repeats, warmup=warmup, split=not args.no_split)
     return options, [(shape, groups) for shape in shapes]
 
@@ -131,6 +165,16 @@ def _run(args: argparse.Namespace, kind: str) -> dict:
         _outputs(args, {**part, "runs": earlier + part["runs"], "partial": True}, name)
 
     options.on_run = save_partial
+    if kind == "compare" and args.quant_twins is not None:
+        if not options.model or plan[0][0] is not None:
+            raise ValueError("--quant-twins requantizes a GGUF: pass --model FILE.gguf (or --model default)")
+        if args.sweep:
+            raise ValueError("--quant-twins runs the given workloads, not --sweep")
+        twins = [t.strip() for t in args.quant_twins.split(",") if t.strip()]
+        options.on_run = lambda part: _outputs(args, {**part, "partial": True}, "compare_quant")
+        return harness.run_quant_peer(options, plan[0][1], twins, args.perplexity)
+    if kind == "compare" and args.perplexity:
+        raise ValueError("--perplexity goes with --quant-twins")
     for shape, groups in plan:
         opts = dataclasses.replace(options, shape=shape)
         part = (harness.run_compare if kind == "compare" else harness.run_bench)(opts, groups)
@@ -167,7 +211,11 @@ def run_compare(args: argparse.Namespace) -> int:
 
     result = _run(args, "compare")
     print(report.print_compare(result))
-    paths = _outputs(args, result, "compare_sweep" if args.sweep else "compare")
+    name = "compare_sweep" if args.sweep else "compare"
+    if result.get("benchmark") == "compare_quant":
+        print(report.print_quant_peer(result))
+        name = "compare_quant"
+    paths = _outputs(args, result, name)
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
     png = args.png or (paths[0].with_suffix(".png") if paths else None)

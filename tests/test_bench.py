@@ -254,3 +254,94 @@ def test_static_cache_decoder_matches_the_reference(C, rng, make_weights):
         got = static.forward(token[:, None], torch.tensor([T + step]))
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         token = want.argmax(-1)
+
+
+def test_quant_peer_arguments_are_checked(C):
+    done = cli("compare", "--workloads", "32:x", check=False)
+    assert done.returncode == 2 and "PROMPT:GENERATED pairs such as 32:256,512:0, got '32:x'" in done.stderr
+    done = cli("compare", "--shape", "smollm2-135m", "--quant-twins", "q8_0", check=False)
+    assert done.returncode == 2 and "--quant-twins requantizes a GGUF" in done.stderr
+    done = cli("compare", "--perplexity", *TINY, check=False)
+    assert done.returncode == 2 and "--perplexity goes with --quant-twins" in done.stderr
+
+
+def test_workloads_pairs_replace_the_product(C, tmp_path):
+    out = tmp_path / "bench.json"
+    cli("bench", "--device", "cpu", "--threads", "2", "--shape", "smollm2-135m", "--workloads", "5:3,9:0",
+        "--repeats", "1", "--warmup", "0", "--no-split", "--json", str(out))
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["workload"]["prompt"], r["workload"]["generate"]) for r in runs] == [(5, 3), (9, 0)]
+    assert "decode_tok_s" in runs[0] and "decode_tok_s" not in runs[1]
+
+
+def _rate(median, spread=10.0):
+    return {"median": median, "min": median * 0.95, "max": median * 1.05, "spread_pct": spread,
+            "repeats": [median]}
+
+
+def test_peer_targets_pick_each_phase_and_its_target():
+    from llama_brrr.bench.harness import peer_targets
+    from llama_brrr.bench.report import print_quant_peer
+
+    def run(file_type, prompt, generate, ours, theirs):
+        entries = {"llama_brrr": {"prefill_tok_s": _rate(ours[0])}, "llama.cpp": {"prefill_tok_s": _rate(theirs[0])}}
+        ratios = {"prefill_tok_s": ours[0] / theirs[0]}
+        if generate:
+            entries["llama_brrr"]["decode_tok_s"] = _rate(ours[1])
+            entries["llama.cpp"]["decode_tok_s"] = _rate(theirs[1])
+            ratios["decode_tok_s"] = ours[1] / theirs[1]
+        return {"file_type": file_type, "name": f"b1 pp{prompt}" + (f" tg{generate}" if generate else ""),
+                "workload": {"batch": 1, "prompt": prompt, "generate": generate},
+                "contestants": entries, "ratios": {"llama.cpp": ratios}}
+
+    result = {"runs": [run("Q4_1", 32, 256, (100, 170), (90, 100)), run("Q4_1", 512, 0, (500, 0), (600, 0)),
+                       run("Q8_0", 32, 256, (100, 140), (90, 100)), run("Q5_1", 32, 256, (100, 140), (90, 100))]}
+    rows = peer_targets(result)
+    # The decode workload's short-prompt prefill is left out; the prefill-only workload counts.
+    assert [(r["file_type"], r["metric"], r["target"], r["met"]) for r in rows] == [
+        ("Q4_1", "decode_tok_s", 1.6, True), ("Q4_1", "prefill_tok_s", 1.0, False),
+        ("Q8_0", "decode_tok_s", 1.3, True), ("Q5_1", "decode_tok_s", None, None)]
+    assert rows[1]["ratio"] == pytest.approx(500 / 600)
+    census = {"types": {"F32": 61, "Q4_1": 210}, "families": {}, "bytes": 1}
+    result.update(threads=2, targets=rows, files={"Q4_1": {
+        "file_bytes": 98e6, "census": census, "made_by": "the source file",
+        "rss": {"llama_brrr": {"rss_after_load": 250e6, "peak_rss": 300e6}, "llama.cpp": {"unavailable": "x"}},
+        "perplexity": {"llama_brrr": 17.4, "llama.cpp": 17.5, "ratio": 17.4 / 17.5}}})
+    text = print_quant_peer(result)
+    assert "| Q4_1 | b1 pp512" in text and "NOT MET" in text and "F32 61, Q4_1 210" in text
+    assert "17.400 / 17.500 (-0.57%)" in text
+
+
+def test_main_type_of_a_census():
+    from llama_brrr.bench.harness import main_type
+
+    assert main_type({"types": {"F32": 61, "Q4_1": 210, "Q8_0": 1}}) == "Q4_1"
+    assert main_type({"types": {"F32": 3}}) == "F32"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+def test_compare_quant_twins_end_to_end(C, tmp_path):
+    """The default file and its Q8_0 twin (made by llama.cpp's quantize into the test's temporary
+    home), one short workload each, against llama.cpp: census, RSS and targets in the JSON."""
+    from llama_brrr import fetch
+
+    if fetch.local_default_model() is None:
+        pytest.skip(f"default model not found at {fetch.default_model_path()}")
+    out = tmp_path / "q.json"
+    done = cli("compare", "--device", "cpu", "--threads", "2", "--model", "default", "--quant-twins", "q8_0",
+               "--workloads", "6:4,12:0", "--contestants", "llama.cpp", "--repeats", "1", "--warmup", "0",
+               "--no-split", "--json", str(out), "--no-png")
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "compare_quant" and list(result["files"]) == ["Q4_1", "Q8_0"]
+    twin = result["files"]["Q8_0"]
+    assert set(twin["census"]["types"]) == {"F32", "Q8_0"} and "llama-cpp-python" in twin["made_by"]
+    assert Path(twin["path"]).parent == fetch.cache_dir() / "bench"  # the test's temporary home
+    for f in result["files"].values():
+        assert f["rss"]["llama_brrr"]["peak_rss"] >= f["rss"]["llama_brrr"]["rss_after_load"] > 0
+        assert f["rss"]["llama.cpp"]["rss_after_load"] > 0
+    assert [(r["file_type"], r["metric"]) for r in result["targets"]] == [
+        ("Q4_1", "decode_tok_s"), ("Q4_1", "prefill_tok_s"), ("Q8_0", "decode_tok_s"), ("Q8_0", "prefill_tok_s")]
+    for run in result["runs"]:
+        assert run["contestants"]["llama.cpp"]["prefill_tok_s"]["median"] > 0
+    assert "issue 31 targets" in done.stdout

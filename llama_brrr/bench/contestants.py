@@ -39,7 +39,10 @@ class Engine:
 
     def __init__(self, llm):
         self.llm, self.engine = llm, llm.engine
-        self.note = f"{llm.device} {llm.dtype}" + (", CUDA graphs" if self.engine.use_cuda_graphs else "")
+        # Each tensor family's storage type, where the engine keeps quantized weights.
+        weights = getattr(llm, "weights_summary", None)
+        self.note = (f"{llm.device} {llm.dtype}" + (f", weights {weights}" if weights else "")
+                     + (", CUDA graphs" if self.engine.use_cuda_graphs else ""))
 
     def _greedy(self, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
         n = len(slots)

@@ -66,6 +66,7 @@ class Options:
     model: str | None = None              # or a model file (wins over shape)
     device: str = "auto"
     dtype: str | None = None
+    quant: str | None = None              # Llama.from_pretrained(quant=...): None = as stored
     threads: int = 0
     repeats: int = 3
     warmup: int = 1
@@ -228,9 +229,25 @@ def build_llm(opts: Options, device: str, batch: int, max_seq: int):
 
     if opts.model:
         return Llama.from_pretrained(opts.model, device=device, dtype=opts.dtype, max_seq_len=max_seq,
-                                     max_batch=batch, n_threads=opts.threads, progress=False)
+                                     max_batch=batch, n_threads=opts.threads, progress=False,
+                                     **quant_argument(opts.quant))
     return Llama.random(opts.shape, seed=SEED, device=device, dtype=opts.dtype, max_seq_len=max_seq,
                         max_batch=batch, n_threads=opts.threads)
+
+
+def quant_argument(quant: str | None) -> dict:
+    """{"quant": quant} for an engine whose from_pretrained takes it; {} for one that does not
+    (which runs every file dequantized), unless a specific quantization was asked for."""
+    import inspect
+
+    from llama_brrr import Llama
+
+    if "quant" in inspect.signature(Llama.from_pretrained).parameters:
+        return {"quant": quant}
+    if quant not in (None, "none"):
+        raise ValueError(f"this llama_brrr's Llama.from_pretrained has no quant= argument "
+                         f"(asked for quant={quant!r}); leave out --quant")
+    return {}
 
 
 def check_not_constant(llm) -> None:
@@ -420,14 +437,15 @@ def run_compare(opts: Options, groups: list[list[Workload]]) -> dict:
         llm = build_llm(opts, device, batch, max_seq)
         check_not_constant(llm)
         ours = Engine(llm)
-        try:
-            from .weights import shared_weights
+        weights, checker = None, None
+        if any(k not in ("llama_brrr", "llama.cpp") for k in opts.contestants):
+            try:
+                from .weights import shared_weights
 
-            weights = shared_weights(llm, None if opts.model else SEED, INIT_STD, device)
-            checker = Checker(llm, weights, device)
-        except ImportError as error:
-            weights, checker = None, None
-            result["skipped"].append({"model": model_label(opts), "note": f"PyTorch opponents: {error}"})
+                weights = shared_weights(llm, None if opts.model else SEED, INIT_STD, device)
+                checker = Checker(llm, weights, device)
+            except ImportError as error:
+                result["skipped"].append({"model": model_label(opts), "note": f"PyTorch opponents: {error}"})
         compiled: dict = {}
         for w in group:
             result["runs"].append(compare_workload(opts, w, llm, ours, weights, checker, device,
@@ -467,6 +485,7 @@ def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget,
             started = time.perf_counter()
             timed = measure(contestant, prompts, w.generate, opts.repeats, opts.warmup)
             entries[key] = {"label": contestant.label, "note": contestant.note,
+                            **({"settings": contestant.settings} if hasattr(contestant, "settings") else {}),
                             "wall_s": time.perf_counter() - started,
                             **rates(timed, w, config, llm.dtype, peak)}
             if opts.model and w.generate:
@@ -531,3 +550,152 @@ def _empty_cache(device: str) -> None:
             import torch
 
             torch.cuda.empty_cache()
+
+
+# ---- llama.cpp as the CPU peer: a GGUF and its requantized twins ---------------------------------------
+
+# Issue 31's targets: llama_brrr's median over llama.cpp's, same file, same threads, same run.
+PEER_TARGETS = {"decode_tok_s": {"Q4_1": 1.6, "Q4_K_M": 1.6, "Q8_0": 1.3}, "prefill_tok_s": 1.0}
+PPL_TOLERANCE = 0.01      # docs/design.md: perplexity within 1% of llama.cpp's on the same file
+
+_RSS_PROBE = r"""
+import json, sys
+which, path, threads, n_ctx, quant = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+if which == "llama_brrr":
+    from llama_brrr import Llama
+    from llama_brrr.bench.harness import quant_argument
+    model = Llama.from_pretrained(path, device="cpu", max_seq_len=n_ctx, max_batch=1, n_threads=threads,
+                                  progress=False, **quant_argument(None if quant == "-" else quant))
+else:
+    from llama_brrr.bench.llamacpp import open_llama
+    model = open_llama(path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads, n_gpu_layers=0, verbose=False)
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+kib = lambda key: int(status[key].split()[0]) * 1024
+print(json.dumps({"rss_after_load": kib("VmRSS"), "peak_rss": kib("VmHWM")}))
+"""
+
+
+def load_rss(which: str, path: str, threads: int, n_ctx: int, quant: str | None) -> dict:
+    """RSS of a fresh process right after `which` (llama_brrr | llama.cpp) loaded `path`, and its
+    peak (VmHWM) until then; a process of its own, so neither side's memory counts for the other."""
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _RSS_PROBE, which, path, str(threads), str(n_ctx),
+                           quant or "-"], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return {"unavailable": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main_type(census: dict) -> str:
+    """The type most of a file's matrices have (Q4_1 for the default file)."""
+    quantized = {k: v for k, v in census["types"].items() if k not in ("F32",)}
+    return max(quantized or census["types"], key=lambda k: (quantized or census["types"])[k])
+
+
+def peer_perplexity(path: str, opts: Options) -> dict:
+    """Perplexity of llama_brrr (as it runs this file in the benchmark) and of llama.cpp, same ids."""
+    from . import perplexity
+
+    llm = perplexity.load_llama_brrr(path, quant=opts.quant, threads=opts.threads)
+    ids, bos = perplexity.text_ids(llm.tokenizer), perplexity.bos_for(llm.tokenizer)
+    ours = perplexity.llama_brrr_perplexity(llm, ids)
+    del llm
+    gc.collect()
+    theirs = perplexity.llama_cpp_perplexity(path, ids, bos, threads=opts.threads or os.cpu_count())
+    ratio = ours["ppl"] / theirs["ppl"]
+    return {"text": str(perplexity.TEXT_PATH.name), "convention": ours["convention"],
+            "n_tokens": ours["n_tokens"], "llama_brrr": ours["ppl"], "llama.cpp": theirs["ppl"],
+            "ratio": ratio, "within_1pct": abs(ratio - 1) < PPL_TOLERANCE,
+            "nll_per_window": {"llama_brrr": ours["nll_per_window"], "llama.cpp": theirs["nll_per_window"]},
+            "llama_cpp_extra_buffer_types": theirs["extra_buffer_types"]}
+
+
+def peer_targets(result: dict) -> list[dict]:
+    """Each measured ratio beside its issue target."""
+    rows = []
+    for run in result["runs"]:
+        ratio = run["ratios"].get("llama.cpp", {})
+        for metric in ("decode_tok_s", "prefill_tok_s"):
+            if metric not in ratio or (metric == "decode_tok_s" and not run["workload"]["generate"]):
+                continue
+            if metric == "prefill_tok_s" and run["workload"]["generate"]:
+                continue  # a decode workload's short prompt says little about prefill
+            target = PEER_TARGETS[metric]
+            target = target.get(run["file_type"]) if isinstance(target, dict) else target
+            ours, theirs = run["contestants"]["llama_brrr"][metric], run["contestants"]["llama.cpp"][metric]
+            rows.append({"file_type": run["file_type"], "workload": run["name"], "metric": metric,
+                         "llama_brrr": ours["median"], "llama_brrr_spread_pct": ours["spread_pct"],
+                         "llama.cpp": theirs["median"], "llama.cpp_spread_pct": theirs["spread_pct"],
+                         "ratio": ratio[metric], "target": target,
+                         "met": None if target is None else ratio[metric] >= target})
+    return rows
+
+
+def run_quant_peer(opts: Options, groups: list[list[Workload]], twins: list[str],
+                   with_perplexity: bool) -> dict:
+    """compare on a GGUF file and on its requantizations by llama.cpp's quantize (twins: Q8_0,
+    Q4_K_M), each file's contestants in the same run; per file: its tensor-type census, peak RSS
+    after load of each side, and (with_perplexity) both sides' perplexity on the fixed text."""
+    import dataclasses
+    from pathlib import Path
+
+    from .. import fetch
+    from .llamacpp import TWIN_TYPES, quantize_tool, reference_gguf, tensor_census
+
+    if not llama_cpp_available():
+        raise BenchError(f"--quant-twins needs llama-cpp-python ({LLAMA_CPP_INSTALL})")
+    wanted = [t.upper() for t in twins]
+    bad = [t for t in wanted if t not in TWIN_TYPES]
+    if bad:
+        raise ValueError(f"--quant-twins: unknown {bad}; choose from {', '.join(t.lower() for t in TWIN_TYPES)}")
+    source = Path(opts.model)
+    threads = opts.threads or os.cpu_count()
+    files = [(None, source)]
+    cache = fetch.cache_dir() / "bench"
+    sha = fetch.sha256_of(source)
+    files += [(t, reference_gguf(source, sha, t, cache, threads)) for t in wanted]
+    result = None
+    n_ctx = max(compare_positions(w) for group in groups for w in group)
+    for twin, path in files:
+        census = tensor_census(path)
+        label = twin or main_type(census)
+        print(f"[{path.name}] {label}: {census['types']}", file=sys.stderr, flush=True)
+        done_before = result["runs"] if result else []
+
+        def save(part, label=label, done_before=done_before):
+            for run in part["runs"]:
+                run.setdefault("file_type", label)
+            if opts.on_run:
+                opts.on_run({**part, "runs": done_before + part["runs"]})
+
+        part = run_compare(dataclasses.replace(opts, model=str(path), on_run=save), groups)
+        for run in part["runs"]:
+            run["file_type"] = label
+        entry = {"path": str(path), "file_bytes": path.stat().st_size, "census": census,
+                 "made_by": quantize_tool() + f" from {source.name} (allow_requantize)" if twin else "the source file",
+                 "rss": {which: load_rss(which, str(path), threads, n_ctx, opts.quant)
+                         for which in ("llama_brrr", "llama.cpp")}}
+        if with_perplexity:
+            entry["perplexity"] = peer_perplexity(str(path), opts)
+            for run in part["runs"]:
+                lc = run["contestants"].get("llama.cpp", {})
+                if "skipped" not in lc and lc:
+                    lc["check"] = {"agrees": entry["perplexity"]["within_1pct"],
+                                   "ppl_ratio": entry["perplexity"]["ratio"],
+                                   "rule": "perplexity on the fixed text within 1% of llama_brrr's"}
+                    run["ratios"]["llama.cpp"]["agrees"] = lc["check"]["agrees"]
+        if result is None:
+            result = part
+            result["files"] = {}
+        else:
+            result["runs"] += part["runs"]
+            result["skipped"] += part["skipped"]
+        # Other people's work on a shared machine shows here (the benchmark's own threads count 2).
+        entry["load_average_after"] = list(os.getloadavg())
+        result["files"][label] = entry
+    result["benchmark"] = "compare_quant"
+    result["threads"] = threads
+    result["targets"] = peer_targets(result)
+    return result

@@ -1,5 +1,6 @@
-"""llama.cpp (through llama-cpp-python) as an opponent, and the F32 / F16 twins of a GGUF that
-llama.cpp's own quantize writes, so llama.cpp and llama_brrr can run the same numbers.
+"""llama.cpp (through llama-cpp-python) as an opponent, and the twins of a GGUF that llama.cpp's
+own quantize writes: F32 / F16, so llama.cpp and llama_brrr can run the same numbers, and Q8_0 /
+Q4_K_M requantizations, so both run the quantized files people download.
 
 llama-cpp-python is optional: `available()` says whether it is importable, LLAMA_CPP_INSTALL how
 to get it (a CPU build from source, minutes).
@@ -31,6 +32,44 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def amx_build() -> bool:
+    """Whether this llama.cpp build runs quantized matmuls on AMX tiles."""
+    import llama_cpp
+
+    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
+
+
+def extra_buffer_types_note() -> str:
+    if amx_build():
+        return ("off (use_extra_bufts=False): ggml's AMX matmul segfaults on this machine's first "
+                "quantized eval (ggml-org/llama.cpp issue 20824), and the switch that drops AMX also "
+                "drops the CPU_REPACK layouts (llama.cpp's --no-repack)")
+    return "on (llama.cpp default: CPU_REPACK where a type has one)"
+
+
+def open_llama(model_path: str, **kwargs):
+    """llama_cpp.Llama(model_path, **kwargs), with ggml's extra CPU buffer types off in an AMX
+    build (extra_buffer_types_note says why). llama-cpp-python takes no argument for it, so its
+    model-parameter defaults are wrapped while the model loads."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as low
+
+    if not amx_build():
+        return llama_cpp.Llama(model_path, **kwargs)
+    defaults = low.llama_model_default_params
+
+    def without_extra_buffer_types():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = without_extra_buffer_types
+    try:
+        return llama_cpp.Llama(model_path, **kwargs)
+    finally:
+        low.llama_model_default_params = defaults
+
+
 class LlamaCpp:
     """llama.cpp driven token by token with greedy argmax over its logits.
 
@@ -45,12 +84,13 @@ class LlamaCpp:
         import llama_cpp
 
         self.lc = llama_cpp
-        self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
-                                   n_threads_batch=threads, n_gpu_layers=0, verbose=False)
+        self.llm = open_llama(model_path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
+                              n_threads_batch=threads, n_gpu_layers=0, verbose=False)
         self.n_vocab = self.llm.n_vocab()
         self.settings = {"model_file": model_path, "n_threads": threads,
                          "n_threads_batch": threads, "n_ctx": n_ctx, "n_batch": n_ctx,
                          "flash_attn": False, "kv_cache": "f16 (llama.cpp default)",
+                         "extra_buffer_types": extra_buffer_types_note(),
                          "llama_cpp_python": llama_cpp.__version__,
                          "system_info": llama_cpp.llama_print_system_info().decode().strip()}
         self.note = f"cpu, {Path(model_path).name}, {threads} threads"
@@ -82,7 +122,13 @@ class LlamaCpp:
         return [int(t) for t in tokens]
 
 
-# ---- the F32 / F16 GGUFs, written by llama.cpp's quantize ----------------------------------------
+# ---- twins of a GGUF, written by llama.cpp's quantize ------------------------------------------------
+
+# The file types llama.cpp's quantize is asked for. F32 / F16 twins let every contestant run the
+# same numbers in full precision; Q8_0 / Q4_K_M requantizations of the default Q4_1 file are the
+# quantized files people download, made from the one file this project pins.
+TWIN_TYPES = ("F32", "F16", "Q8_0", "Q4_K_M")
+
 
 @contextlib.contextmanager
 def stderr_to(path: Path):
@@ -106,18 +152,59 @@ def gguf_matrix_types(path: Path) -> set[str]:
     return {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
 
 
-def reference_gguf(source: Path, source_sha256: str, file_type: str, cache: Path,
-                   threads: int) -> Path:
-    """`source` rewritten by llama.cpp as an all-F32 or mostly-F16 GGUF; made once, then cached."""
+def tensor_census(path: Path) -> dict:
+    """What a GGUF holds, per type and per tensor family: {"types": {type: tensors},
+    "families": {family: {type: tensors}}, "bytes": tensor data bytes}. A family is the tensor's
+    name without its layer number ("blk.3.attn_q.weight" -> "attn_q.weight")."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    types: dict[str, int] = {}
+    families: dict[str, dict[str, int]] = {}
+    total = 0
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        parts = t.name.split(".")
+        family = ".".join(parts[2:]) if parts[0] == "blk" else t.name
+        types[kind] = types.get(kind, 0) + 1
+        families.setdefault(family, {})
+        families[family][kind] = families[family].get(kind, 0) + 1
+        total += int(t.n_bytes)
+    return {"types": dict(sorted(types.items())), "families": dict(sorted(families.items())),
+            "bytes": total}
+
+
+def quantize_tool() -> str:
+    """The program that writes the twins, named with its version (recorded beside every result)."""
     import llama_cpp
 
-    ftype = {"F32": llama_cpp.LLAMA_FTYPE_ALL_F32,
-             "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}[file_type]
+    return f"llama.cpp's quantize (llama_model_quantize) through llama-cpp-python {llama_cpp.__version__}"
+
+
+def _expected(file_type: str, found: set[str]) -> bool:
+    """Whether a twin's matrix types are what llama.cpp makes for `file_type`. F32 / F16 / Q8_0 hold
+    only that type. Q4_K_M is a recipe of Q4_K and Q6_K whose rows fall back to Q5_0 / Q5_1 / Q8_0
+    where a row is not a multiple of 256 values, so any mixture of those passes."""
+    if file_type == "Q4_K_M":
+        return bool(found) and found <= {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0", "Q4_0", "Q4_1"}
+    return found == {file_type}
+
+
+def reference_gguf(source: Path, source_sha256: str, file_type: str, cache: Path,
+                   threads: int) -> Path:
+    """`source` rewritten by llama.cpp's quantize as `file_type` (TWIN_TYPES); made once, then
+    cached as <cache>/<stem>.<source sha256[:12]>.<file_type>.gguf."""
+    import llama_cpp
+
+    if file_type not in TWIN_TYPES:
+        raise ValueError(f"file_type must be one of {', '.join(TWIN_TYPES)}, got {file_type!r}")
+    ftype = getattr(llama_cpp, "LLAMA_FTYPE_ALL_F32" if file_type == "F32"
+                    else f"LLAMA_FTYPE_MOSTLY_{file_type}")
     # The source's hash is in the name, so a different source file never meets a stale copy.
     target = cache / f"{source.stem}.{source_sha256[:12]}.{file_type}.gguf"
     if target.is_file():
         with contextlib.suppress(Exception):  # any unreadable cached file is simply rewritten
-            if gguf_matrix_types(target) == {file_type}:
+            if _expected(file_type, gguf_matrix_types(target)):
                 return target
     cache.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
@@ -137,10 +224,10 @@ def reference_gguf(source: Path, source_sha256: str, file_type: str, cache: Path
                          + " | ".join(last_lines)
                          + f"; is it a complete llama GGUF? (full log: {log})")
     log.unlink()
-    if gguf_matrix_types(partial) != {file_type}:
-        found = gguf_matrix_types(partial)
+    found = gguf_matrix_types(partial)
+    if not _expected(file_type, found):
         partial.unlink()
         raise BenchError(f"llama.cpp's {file_type} conversion of {source} holds matrices of types "
-                         f"{sorted(found)}; expected only {file_type}")
+                         f"{sorted(found)}; not what its {file_type} recipe makes")
     os.replace(partial, target)
     return target

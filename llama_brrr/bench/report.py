@@ -114,7 +114,8 @@ def plot_compare(result: dict, path: Path) -> None:
         for phase, metric in (("decode", "decode_tok_s"), ("prefill", "prefill_tok_s")):
             values = {k: e[metric]["median"] for k, e in run["contestants"].items() if metric in e}
             if values:
-                groups.append((f"{run['model']}\n{run['name']}\n{phase}", values))
+                # A requantized twin's file name is long; its type says which file it is.
+                groups.append((f"{run.get('file_type') or run['model']}\n{run['name']}\n{phase}", values))
                 keys += [k for k in values if k not in keys]
     if not groups:
         return
@@ -135,3 +136,35 @@ def plot_compare(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _mb(value) -> str:
+    return f"{value / 1e6:.0f}" if isinstance(value, (int, float)) else "n/a"
+
+
+def print_quant_peer(result: dict) -> str:
+    """compare --quant-twins: each file's census, RSS and perplexity, then every ratio against its target."""
+    text = ["", f"files ({result['threads']} threads on both sides):"]
+    rows = []
+    for label, f in result["files"].items():
+        ppl = f.get("perplexity", {})
+        rss = f["rss"]
+        census = ", ".join(f"{k} {v}" for k, v in f["census"]["types"].items())
+        rows.append([label, _mb(f["file_bytes"]), census,
+                     _mb(rss["llama_brrr"].get("rss_after_load")), _mb(rss["llama_brrr"].get("peak_rss")),
+                     _mb(rss["llama.cpp"].get("rss_after_load")),
+                     f"{ppl['llama_brrr']:.3f} / {ppl['llama.cpp']:.3f} ({100 * (ppl['ratio'] - 1):+.2f}%)"
+                     if ppl else "-"])
+    text.append(table(["file", "MB", "tensors by type", "ours RSS MB", "ours peak MB", "llama.cpp RSS MB",
+                       "ppl ours / llama.cpp"], rows))
+    made = {f["made_by"] for f in result["files"].values() if f["made_by"] != "the source file"}
+    text += [f"twins made by {m}" for m in sorted(made)]
+    rows = [[t["file_type"], t["workload"], t["metric"].replace("_tok_s", ""),
+             f"{t['llama_brrr']:.1f} ±{t['llama_brrr_spread_pct']:.0f}%",
+             f"{t['llama.cpp']:.1f} ±{t['llama.cpp_spread_pct']:.0f}%", f"{t['ratio']:.2f}x",
+             f">= {t['target']}x" if t["target"] is not None else "-",
+             {True: "met", False: "NOT MET", None: "-"}[t["met"]]] for t in result["targets"]]
+    text += ["", "issue 31 targets (llama_brrr / llama.cpp, medians, same run; ± = (max - min) / median):",
+             table(["file", "workload", "phase", "llama_brrr tok/s", "llama.cpp tok/s", "ratio", "target", ""],
+                   rows)]
+    return "\n".join(text)
