@@ -125,6 +125,42 @@ def measure(contestant, prompts: np.ndarray, generate: int, repeats: int, warmup
     return {"ttft_s": ttft, "decode_s": decode if generate else [], "tokens": tokens}
 
 
+# What building or running an opponent may raise instead of a result (torch.OutOfMemoryError is a
+# RuntimeError): the opponent is then reported as skipped, with the error.
+OPPONENT_ERRORS = (ImportError, RuntimeError, TypeError, ValueError, AttributeError,
+                   NotImplementedError, MemoryError)
+
+
+def measure_interleaved(contestants: list, prompts: np.ndarray, generate: int, repeats: int,
+                        warmup: int, label: str) -> dict:
+    """measure() for every contestant, the repeats taken in turns (round r times each contestant
+    once), so a neighbour's load on a shared machine falls on all of them alike instead of on
+    whichever ran during it. key -> measure()'s result plus wall_s, or {"error": ...}; llama_brrr
+    (the first) may not fail."""
+    out = {key: {"ttft_s": [], "decode_s": [], "tokens": None, "wall_s": 0.0}
+           for key, _ in contestants}
+    for round_ in range(warmup + repeats):
+        for key, contestant in contestants:
+            if "error" in out[key]:
+                continue
+            print(f"{label} {key} {'warm-up' if round_ < warmup else 'repeat'} "
+                  f"{round_ + 1 - (warmup if round_ >= warmup else 0)}", file=sys.stderr, flush=True)
+            started = time.perf_counter()
+            try:
+                timed = measure(contestant, prompts, generate, 1 if round_ >= warmup else 0,
+                                0 if round_ >= warmup else 1)
+            except OPPONENT_ERRORS as error:
+                if key == "llama_brrr":
+                    raise
+                out[key] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+                continue
+            out[key]["wall_s"] += time.perf_counter() - started
+            out[key]["ttft_s"] += timed["ttft_s"]
+            out[key]["decode_s"] += timed["decode_s"]
+            out[key]["tokens"] = timed["tokens"]
+    return out
+
+
 def rates(timed: dict, w: Workload, config, dtype: str, peak: dict) -> dict:
     """The table's numbers from measure()'s seconds."""
     out = {"ttft_s": metrics.summarize(timed["ttft_s"]),
@@ -464,12 +500,7 @@ def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget,
     prompts = prompts_for(config, w)
     run = {"model": model_label(opts), "dtype": llm.dtype, "workload": w.__dict__, "name": w.name,
            "contestants": {}, "ratios": {}}
-    print(f"[{run['model']} {w.name}] llama_brrr ...", file=sys.stderr, flush=True)
     entries = run["contestants"]
-    timed = measure(ours, prompts, w.generate, opts.repeats, opts.warmup)
-    reference_tokens = timed["tokens"]
-    entries["llama_brrr"] = {"label": ours.label, "note": ours.note,
-                             **rates(timed, w, config, llm.dtype, peak)}
     contestants = [("llama_brrr", ours)]
     for key in (k for k in opts.contestants if k != "llama_brrr"):
         if weights is None and key != "llama.cpp":
@@ -479,26 +510,30 @@ def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget,
         if budget.left() < need:
             entries[key] = {"skipped": f"out of --budget-s (needs ~{need} s, {max(budget.left(), 0):.0f} s left)"}
             continue
-        print(f"[{run['model']} {w.name}] {key} ...", file=sys.stderr, flush=True)
+        print(f"[{run['model']} {w.name}] building {key} ...", file=sys.stderr, flush=True)
         try:
-            contestant = build_opponent(key, opts, llm, weights, device, w, compiled)
-            started = time.perf_counter()
-            timed = measure(contestant, prompts, w.generate, opts.repeats, opts.warmup)
-            entries[key] = {"label": contestant.label, "note": contestant.note,
-                            **({"settings": contestant.settings} if hasattr(contestant, "settings") else {}),
-                            "wall_s": time.perf_counter() - started,
-                            **rates(timed, w, config, llm.dtype, peak)}
-            if opts.model and w.generate:
-                n = min(AGREE_TOKENS, w.generate + 1)
-                where = first_difference(timed["tokens"][:n], reference_tokens[:n])
-                entries[key]["greedy_tokens_match_llama_brrr"] = {"compared": n, "first_difference": where}
-            contestants.append((key, contestant))
+            contestants.append((key, build_opponent(key, opts, llm, weights, device, w, compiled)))
         except Skip as why:
             entries[key] = {"skipped": str(why)}
-        except (ImportError, RuntimeError, TypeError, ValueError, AttributeError, NotImplementedError,
-                MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+        except OPPONENT_ERRORS as error:
             entries[key] = {"skipped": f"{type(error).__name__}: {str(error)[:300]}"}
             _empty_cache(device)
+    timings = measure_interleaved(contestants, prompts, w.generate, opts.repeats, opts.warmup,
+                                  f"[{run['model']} {w.name}]")
+    reference_tokens = timings["llama_brrr"]["tokens"]
+    for key, contestant in list(contestants):
+        timed = timings[key]
+        if "error" in timed:
+            entries[key] = {"skipped": timed["error"]}
+            contestants.remove((key, contestant))
+            continue
+        entries[key] = {"label": contestant.label, "note": contestant.note,
+                        **({"settings": contestant.settings} if hasattr(contestant, "settings") else {}),
+                        "wall_s": timed["wall_s"], **rates(timed, w, config, llm.dtype, peak)}
+        if key != "llama_brrr" and opts.model and w.generate:
+            n = min(AGREE_TOKENS, w.generate + 1)
+            where = first_difference(timed["tokens"][:n], reference_tokens[:n])
+            entries[key]["greedy_tokens_match_llama_brrr"] = {"compared": n, "first_difference": where}
     for key, contestant in contestants:
         entry = entries[key]
         if checker is not None:

@@ -20,8 +20,14 @@ import numpy as np
 from ..errors import BrrrError
 
 LLAMA_CPP_VERSION = "0.3.36"
-LLAMA_CPP_INSTALL = (f'CMAKE_ARGS="-DGGML_CUDA=OFF" pip install '
-                     f"llama-cpp-python=={LLAMA_CPP_VERSION}   (builds from source, minutes)")
+# Every native CPU feature but AMX: built with GCC 12, ggml's AMX matmul segfaults on its first
+# quantized eval (see extra_buffer_types_note), while this build keeps llama.cpp's repacked layouts.
+LLAMA_CPP_INSTALL = (
+    'CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON '
+    '-DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON '
+    '-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF '
+    f'-DGGML_AMX_BF16=OFF" pip install llama-cpp-python=={LLAMA_CPP_VERSION}   '
+    "(builds from source, minutes)")
 
 
 class BenchError(BrrrError, RuntimeError):
