@@ -22,6 +22,10 @@
 // and odd chunks) keep the loop off the FMA latency. Variants that lost (two chunks per zmm,
 // four W rows per call) are in docs/kernels/quant_cpu.md.
 //
+// Decode streams W from memory: each thread walks its own contiguous rows and prefetches the row
+// kPrefetchBytes ahead (the decode-batch GEMM, the next tile), since rows of a few hundred bytes
+// give the hardware prefetcher too little run-up.
+//
 // Invariants: K % 32 == 0 (K % 256 for K-quants, checked by row_bytes); codes fit the vpmaddubsw
 // pair sum in int16 (|c| <= 128, |q| <= 127: 2 * 128 * 127 < 32768); W rows are row_bytes apart.
 #include <immintrin.h>
@@ -794,6 +798,16 @@ std::vector<ActBlock>& act_scratch(size_t blocks) {
 // L2 while every row of X passes over it.
 constexpr int64_t kGemmTileN = 16;
 
+// How far ahead of the row being dotted the GEMV prefetches (about DRAM latency x stream rate;
+// 1, 2, 4, 8 and 16 KB measured, docs/kernels/quant_cpu.md).
+constexpr int64_t kPrefetchBytes = 2048;
+
+// Asks for rows [r0, r1) of W (rows of rb bytes) to be brought into L1.
+inline void prefetch_rows(const char* W, size_t rb, int64_t r0, int64_t r1) {
+    const char* end = W + (size_t)r1 * rb;
+    for (const char* p = W + (size_t)r0 * rb; p < end; p += 64) _mm_prefetch(p, _MM_HINT_T0);
+}
+
 }  // namespace
 
 // ---- ISA detection ------------------------------------------------------------------------------
@@ -895,8 +909,19 @@ void matmul(QType t, const void* W, const ActBlock* Xq, float* Y, int64_t M, int
     auto store = [accumulate](float& y, float v) { y = accumulate ? y + v : v; };
     const int nt = threads_for(n_threads);
     if (M == 1) {
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t n = 0; n < N; ++n) store(Y[n], dot(w + (size_t)n * rb, Xq, K));
+        // Each thread streams its own contiguous rows; the row kPrefetchBytes ahead is requested
+        // while this one is dotted, since rows of a few hundred bytes leave the hardware
+        // prefetcher too little run-up once the matrix no longer sits in the last-level cache.
+        const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / (int64_t)rb);
+#pragma omp parallel num_threads(nt)
+        {
+            const int n_thr = omp_get_num_threads(), id = omp_get_thread_num();
+            const int64_t n0 = N * id / n_thr, n1 = N * (id + 1) / n_thr;
+            for (int64_t n = n0; n < n1; ++n) {
+                if (n + ahead < n1) prefetch_rows(w, rb, n + ahead, n + ahead + 1);
+                store(Y[n], dot(w + (size_t)n * rb, Xq, K));
+            }
+        }
         return;
     }
     if ((isa == Isa::Amx || (isa == Isa::Auto && best_isa() == Isa::Amx)) && M >= kAmxMinRows)
@@ -906,6 +931,7 @@ void matmul(QType t, const void* W, const ActBlock* Xq, float* Y, int64_t M, int
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const int64_t n0 = tile * kGemmTileN, n1 = std::min(N, n0 + kGemmTileN);
+        prefetch_rows(w, rb, n1, std::min(N, n1 + kGemmTileN));  // the next tile, as in the GEMV
         int64_t m0 = 0;
         for (; m0 + kGemmRows <= M; m0 += kGemmRows)
             for (int64_t n = n0; n < n1; ++n) {
