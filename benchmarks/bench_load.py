@@ -51,9 +51,10 @@ def write_random_gguf(path: Path, shape: str, quant_name: str, seed: int = 0) ->
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_tokenizer_model("gpt2")
     specials = ["<unk>", "<s>", "</s>"]
-    writer.add_token_list(specials + [f"x{i}" for i in range(config.vocab_size - len(specials))])
+    plain = ["t", "o", "to"]  # one merge: a byte-level vocabulary must have some
+    writer.add_token_list(specials + plain + [f"x{i}" for i in range(config.vocab_size - 6)])
     writer.add_token_types([3] * len(specials) + [1] * (config.vocab_size - len(specials)))
-    writer.add_token_merges([])
+    writer.add_token_merges(["t o"])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     gguf_names = {"tok_embeddings": "token_embd.weight", "norm": "output_norm.weight",
