@@ -16,7 +16,8 @@ falls below what one thread alone does. This benchmark measures that, per wait p
   condition  quiet; busy (one busy-loop process, placed by the kernel); busy-pinned (the busy
              loop pinned to the last allowed core).
   threads    0 (the engine's default: all cores) and 1.
-  dtype      the default model (its Q4_1 file dequantized, as the engine loads it) as f32 / bf16.
+  dtype      the default model as the engine runs it by default ("quantized": its Q4_1 / Q8_0
+             blocks as stored), or its file dequantized to f32 / bf16 (quant="none").
 
 Each (policy, dtype, threads) is one worker process that loads the model once and then decodes on
 request, so the OpenMP runtime of each starts with its own environment. A round runs every
@@ -84,7 +85,9 @@ def worker(dtype: str, threads: int, prompt_tokens: int) -> None:
     """Loads the default model, then per stdin line "<n_tokens>" decodes and prints one JSON line."""
     from llama_brrr import Llama
 
-    llm = Llama.from_pretrained(None, device="cpu", dtype=dtype, max_seq_len=512, max_batch=1,
+    quantized = dtype == "quantized"
+    llm = Llama.from_pretrained(None, device="cpu", dtype=None if quantized else dtype,
+                                quant=None if quantized else "none", max_seq_len=512, max_batch=1,
                                 n_threads=threads, progress=False)
     prompt = [(17 * i + 5) % 1000 + 100 for i in range(prompt_tokens)]
     import llama_brrr

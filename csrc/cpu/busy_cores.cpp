@@ -18,6 +18,8 @@ namespace {
 
 constexpr double kWindowSeconds = 0.3;  // /proc/stat counts 10 ms ticks: ~60 per window on 2
                                         // cores keep a quiet machine well under half a core
+constexpr double kFirstWindowSeconds = 0.08;  // after an idle gap: ~16 ticks on 2 cores, an error
+                                              // of 2-3 ticks still rounds to the right core count
 
 double seconds(clockid_t clock) {
     timespec ts;
@@ -58,6 +60,7 @@ double allowed_cpus_busy_seconds() {
 struct Watch {
     std::mutex mutex;
     double wall = -1, machine = 0, own = 0;  // at the start of the current window
+    double window = kWindowSeconds;          // length of the current window
     double others = 0;                       // cores other processes used in the last window
 };
 
@@ -67,17 +70,20 @@ int threads_left_by_others(int all_cores) {
     static Watch watch;
     std::lock_guard<std::mutex> lock(watch.mutex);
     const double wall = seconds(CLOCK_MONOTONIC);
-    if (watch.wall < 0 || wall - watch.wall >= kWindowSeconds) {
+    if (watch.wall < 0 || wall - watch.wall >= watch.window) {
         const double machine = allowed_cpus_busy_seconds();
         const double own = seconds(CLOCK_PROCESS_CPUTIME_ID);
         if (machine < 0) return all_cores;
         // After an idle gap the sample mostly says what ran while this engine did not: start a
-        // fresh window with all cores rather than act on it.
-        if (watch.wall >= 0 && wall - watch.wall > 2 * kWindowSeconds)
+        // fresh, short window with all cores rather than act on it, so a busy core is seen again
+        // within kFirstWindowSeconds of the engine's own work.
+        const bool idle_gap = watch.wall >= 0 && wall - watch.wall > 2 * kWindowSeconds;
+        if (idle_gap)
             watch.others = 0;
         else if (watch.wall >= 0)
             watch.others = std::max(0.0, (machine - watch.machine) - (own - watch.own)) /
                            (wall - watch.wall);
+        watch.window = watch.wall < 0 || idle_gap ? kFirstWindowSeconds : kWindowSeconds;
         watch.wall = wall;
         watch.machine = machine;
         watch.own = own;
