@@ -283,6 +283,18 @@ void bind_testing(py::module_& m) {
        py::arg("path") = "auto",
        "decode GEMV (M <= 16): y = x @ W.T with the epilogue fused (see the comment above); path: 'auto' "
        "(the engine's choice by M), 'cuda_cores' or 'tensor_cores'");
+    testing.def("gemv_quant", [](int64_t type, uintptr_t W, uintptr_t x, uintptr_t y, int64_t M, int64_t N, int64_t K) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}});
+        if (type < 0 || type > 255) bad_argument("gemv_quant: type must be a GGML type id, got " + std::to_string(type));
+        const void* wp = CudaOp::ptr(W, "W");
+        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+        auto* yp = static_cast<float*>(CudaOp::ptr(y, "y"));
+        py::gil_scoped_release release;
+        brrr::cuda::gemv_quant((int)type, wp, xp, yp, (int)M, (int)N, (int)K, 0);
+        CudaOp::finish("testing.gemv_quant");
+    }, py::arg("type"), py::arg("W"), py::arg("x"), py::arg("y"), py::arg("M"), py::arg("N"), py::arg("K"),
+       "decode GEMV on GGUF blocks (M <= 16): y fp32 [M, N] = x bf16 [M, K] @ dequant(W).T, W = N rows of "
+       "K / block_elems blocks of GGML type id `type` as stored (uint8 [N, row_bytes])");
     // The tensor-core GEMM and the engine's matmul dispatch take the same arguments.
     const struct {
         const char* name;

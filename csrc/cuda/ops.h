@@ -79,6 +79,10 @@ void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
 // y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: rows below the tensor-core switch (M = 1) normalize inside the CUDA-core GEMV, more run rmsnorm_residual into xn [M, K] first, then the tensor-core GEMV (M <= 16) or gemm_bf16 (without xn, M <= 16 normalizes inside the CUDA-core GEMV).
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream);
 
+// ---- gemv_quant.cu: decode, M <= 16 rows, on GGUF blocks as stored ---------------------------
+// y [M, N] fp32 = x [M, K] bf16 · dequant(W)^T, W = N rows of K / block_elems blocks of GGML type `type` (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); dequantized in registers, fp32 accumulation, rows batch-invariant bit for bit.
+void gemv_quant(int type, const void* W, const bf16* x, float* y, int M, int N, int K, cudaStream_t stream);
+
 // ---- matmul.cu: the matmul entry points; gemm_sm80.cu / gemm_sm90.cu: the prefill GEMMs -----
 // Tensor cores (wgmma on sm_90a, else mma.sync; bf16 -> fp32), any M, N, K. RopeKV is fused on Hopper for head_dim 64 / 128; elsewhere it stages q|k|v in args.out_f32 [M, N] and runs rope_kv_append.
 void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
