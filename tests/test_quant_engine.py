@@ -367,3 +367,22 @@ def test_types_the_engine_does_not_keep_are_dequantized_with_one_warning(C, rng,
     assert "layers.0.wq" not in llm.weight_types and llm.weight_types["layers.0.wo"] == "q8_0"
     assert np.array_equal(llm.engine.get_weight("layers.1.wv"),
                           C.quant_ops.dequantize("q4_1", C.quant_ops.quantize("q4_1", weights["layers.1.wv"]), 256))
+
+
+def test_safetensors_quantized_at_load(C, rng, tmp_path, monkeypatch):
+    import llama_brrr.tokenizer
+    from test_loaders import write_hf_dir
+
+    config = quant_config()
+    weights = random_weights(config, rng)
+    directory = write_hf_dir(tmp_path / "hf", config, weights, dtype=np.float16)
+    monkeypatch.setattr(llama_brrr.tokenizer, "load_tokenizer", lambda spec: None)  # weights only
+    f16 = Llama.from_pretrained(str(directory), device="cpu", progress=False, max_seq_len=32)
+    assert f16.weight_types == {}  # a 16-bit file stays 16-bit unless asked
+    q = Llama.from_pretrained(str(directory), device="cpu", progress=False, max_seq_len=32,
+                              quant="q4_k_m")
+    assert q.weight_types["output"] == "q6_k" and q.weight_types["layers.0.wq"] == "q4_k"
+    w = weights["layers.1.w1"].astype(np.float16).astype(np.float32)
+    assert np.array_equal(q.engine.get_weight("layers.1.w1"),
+                          C.quant_ops.dequantize("q4_k", C.quant_ops.quantize("q4_k", w), 256))
+    assert np.isfinite(q.forward(list(rng.integers(0, config.vocab_size, 12)))).all()
