@@ -207,7 +207,7 @@ template <QType T, int MR>
 __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(const uint8_t* __restrict__ W, const bf16* __restrict__ x,
                                                               float* __restrict__ y, int M, int N, int K, bool x_vec) {
     using F = Format<T>;
-    __shared__ __align__(16) bf16 xs[kMaxRows * kChunk];
+    __shared__ __align__(16) bf16 xs[MR * kChunk];  // sized per instance: M = 1 leaves room for more CTAs
     __shared__ __align__(16) uint8_t wbuf[kWarps][kWBufBytes];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
