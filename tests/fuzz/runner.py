@@ -73,6 +73,7 @@ def run_model(path: str) -> dict:
 
 
 def _child(path: str, write_fd: int) -> None:
+    import faulthandler
     import resource
 
     try:
@@ -80,6 +81,9 @@ def _child(path: str, write_fd: int) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
+        # A crash is reported by its signal; a fault handler inherited through fork (pytest's
+        # writes to its own copy of stderr) would print the child's stack into the test log.
+        faulthandler.disable()
         result = run_model(path)
         payload = json.dumps(result).encode()
         with os.fdopen(write_fd, "wb") as pipe:
