@@ -20,7 +20,7 @@ import functools
 import warnings
 from dataclasses import dataclass
 
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from . import _C
 from .config import ModelConfig
@@ -57,7 +57,6 @@ def choices() -> list[str]:
 class QuantPlan:
     """types: matrix name -> kept block type name ("q4_1"); matrices absent run in the engine dtype."""
 
-    mode: str
     types: dict
 
     def type_ids(self) -> dict[str, int]:
@@ -102,7 +101,7 @@ def plan(config: ModelConfig, quant: str, file_types: dict[str, str] | None, bac
             warnings.warn(f"tensor type(s) {', '.join(dequantized)} are not kept quantized on "
                           f"{backend}: those tensors are dequantized at load", QuantWarning,
                           stacklevel=3)
-    return QuantPlan(mode, types)
+    return QuantPlan(types)
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -141,7 +140,7 @@ def _fitting(type_name: str, cols: int) -> str:
 
 
 def _block_elems(type_name: str) -> int:
-    return 256 if type_name.endswith("_k") else 32
+    return GGML_QUANT_SIZES[GGMLQuantizationType(kept_types()[type_name])][0]
 
 
 def family(name: str) -> str:

@@ -187,7 +187,6 @@ CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads,
         m.cols = tensors_[plan[i].pieces[0]].cols;
         for (int index : plan[i].pieces) {
             TensorSlot& t = tensors_[index];
-            t.matrix = &m;
             t.data = at;
             const bool same_as_last = !m.parts.empty() && m.parts.back().quantized == t.quantized &&
                                       (!t.quantized || m.parts.back().qtype == t.qtype);
@@ -211,7 +210,7 @@ CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads,
     for (size_t i = 0; i < names_.size(); ++i) {
         const std::string& name = names_[i];
         TensorSlot& t = tensors_[i];
-        if (t.matrix) continue;
+        if (t.data) continue;  // a matrix, placed above
         t.rows = c.dim;
         t.cols = 1;
         if (name == "norm") {

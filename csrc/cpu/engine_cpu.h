@@ -107,10 +107,9 @@ private:
         float* attn_norm;
         float* ffn_norm;
     };
-    // Where one canonical tensor lives: rows [row0, row0 + rows) of `matrix` in one storage type,
-    // or, for norm weights, `vector` (fp32).
+    // Where one canonical tensor lives: `rows` rows of row_bytes at `data` (a row range of its fused
+    // matrix) in one storage type, or, for norm weights, `vector` (fp32).
     struct TensorSlot {
-        Matrix* matrix = nullptr;
         bool quantized = false;
         quant::QType qtype = quant::QType::Q8_0;
         uint8_t* data = nullptr;
