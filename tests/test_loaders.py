@@ -94,11 +94,8 @@ def hf_name(canonical: str) -> str:
 TOKENS = [f"tok{i}" for i in range(67)]
 
 
-def write_gguf(path: Path, config: ModelConfig, tensors: dict, qtype=Q.F32, arch="llama",
-               omit=(), tweak_metadata=None, extra_tensors=None, write_head_dim=False) -> Path:
-    """A llama GGUF as llama.cpp writes it: q/k in pair order, 1-D tensors F32."""
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("tiny test model")
+def add_llama_metadata(writer, config: ModelConfig) -> None:
+    """The hyperparameter keys llama.cpp writes for a llama model of `config`."""
     writer.add_context_length(config.max_seq_len)
     writer.add_embedding_length(config.dim)
     writer.add_feed_forward_length(config.hidden_dim)
@@ -108,6 +105,14 @@ def write_gguf(path: Path, config: ModelConfig, tensors: dict, qtype=Q.F32, arch
     writer.add_layer_norm_rms_eps(config.norm_eps)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_rope_dimension_count(config.head_dim)
+
+
+def write_gguf(path: Path, config: ModelConfig, tensors: dict, qtype=Q.F32, arch="llama",
+               omit=(), tweak_metadata=None, extra_tensors=None, write_head_dim=False) -> Path:
+    """A llama GGUF as llama.cpp writes it: q/k in pair order, 1-D tensors F32."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name("tiny test model")
+    add_llama_metadata(writer, config)
     if write_head_dim:
         writer.add_key_length(config.head_dim)
         writer.add_value_length(config.head_dim)

@@ -18,7 +18,7 @@ from llama_brrr import Llama, quant
 from llama_brrr.config import ModelConfig, shape_config
 from llama_brrr.errors import ModelFileError
 
-from test_loaders import file_order, gguf_name, write_gguf  # noqa: E402
+from test_loaders import add_llama_metadata, file_order, gguf_name  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 KEPT = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
@@ -240,14 +240,7 @@ def write_quant_gguf(path, config, weights, types, C):
     stored = file_order(config, weights)
     ids = quant.kept_types()
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(config.max_seq_len)
-    writer.add_embedding_length(config.dim)
-    writer.add_feed_forward_length(config.hidden_dim)
-    writer.add_block_count(config.n_layers)
-    writer.add_head_count(config.n_heads)
-    writer.add_head_count_kv(config.n_kv_heads)
-    writer.add_layer_norm_rms_eps(config.norm_eps)
-    writer.add_rope_freq_base(config.rope_theta)
+    add_llama_metadata(writer, config)
     writer.add_tokenizer_model("gpt2")
     tokens = ["<unk>", "<s>", "</s>", "t", "o", "to"]
     writer.add_token_list(tokens + [f"x{i}" for i in range(config.vocab_size - len(tokens))])
