@@ -821,3 +821,23 @@ def test_gguf_tokenizer_values_of_the_wrong_type_are_refused(change, pattern):
     spec = dict(tiny_bpe_spec(None), path="damaged.gguf", **change)
     with pytest.raises(file_error_class(), match=f"damaged.gguf: .*{pattern}"):
         tk.load_tokenizer(spec)
+
+
+def test_llama2_leading_byte_space_is_kept_like_sentencepiece(sp_processor, llama2_gguf_spec, llama2c_bin,
+                                                               llama2_hf_dir):
+    """A text that starts with the byte token <0x20> keeps that space: the dummy-prefix rule strips
+    only a text piece's leading space (found by the random ids of the test above)."""
+    space_byte = sp_processor.PieceToId("<0x20>")
+    ids = [space_byte, sp_processor.PieceToId("To"), sp_processor.PieceToId("▁be")]
+    want = sp_processor.DecodeIds(ids)
+    assert want.startswith(" ")
+    for name, tokenizer in {
+        "sentencepiece": tk.load_tokenizer(SPM_SPEC),
+        "gguf": tk.load_tokenizer(llama2_gguf_spec),
+        "llama2c": tk.load_tokenizer({"format": "llama2c", "tokenizer_bin": str(llama2c_bin)}),
+        "hf": tk.load_tokenizer(hf_spec(llama2_hf_dir)),
+    }.items():
+        assert tokenizer.decode(ids) == want, name
+        assert tokenizer.decode([sp_processor.bos_id()] + ids) == want, name
+        stream = tokenizer.stream_decoder()
+        assert "".join(stream.push(i) for i in ids) + stream.flush() == want, name

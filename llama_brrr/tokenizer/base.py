@@ -52,8 +52,11 @@ class Tokenizer:
 
     def __init__(self, *, piece_bytes: list[bytes], special_ids: set[int], bos_id: int | None,
                  eos_ids: list[int], add_bos: bool, add_eos: bool, chat_template: str | None,
-                 strip_leading_space: bool, source: str):
+                 strip_leading_space: bool, source: str, byte_ids: frozenset = frozenset()):
         self._piece_bytes = piece_bytes
+        # Byte-fallback tokens (<0xNN>): their bytes are the text as it was, never the dummy prefix,
+        # so a leading one keeps its space (sentencepiece's decode).
+        self._byte_ids = frozenset(byte_ids)
         self._special_ids = frozenset(special_ids)
         self._bos_id = bos_id
         self._eos_ids = list(dict.fromkeys(eos_ids))
@@ -172,7 +175,8 @@ class Tokenizer:
         if special and skip_special_tokens:
             return None
         piece = self._piece_bytes[token_id]
-        if at_text_start and not special and self._strip_leading_space and piece.startswith(b" "):
+        if (at_text_start and not special and self._strip_leading_space and piece.startswith(b" ")
+                and token_id not in self._byte_ids):
             piece = piece[1:]
         return piece
 

@@ -118,7 +118,8 @@ class GGUFVocabulary:
                          for i, token in enumerate(self.tokens)],
             special_ids=self.special, bos_id=spec.get("bos_token_id"), eos_ids=self.eos_ids,
             add_bos=add_bos_default if add_bos is None else bool(add_bos), add_eos=bool(spec.get("add_eos_token")),
-            chat_template=spec.get("chat_template"), strip_leading_space=strip_leading_space, source=self.source)
+            chat_template=spec.get("chat_template"), strip_leading_space=strip_leading_space, source=self.source,
+            byte_ids=frozenset(i for i, kind in enumerate(self.types) if kind == TYPE_BYTE))
 
     def add_matched_tokens(self, backend) -> None:
         """Control and unknown tokens as special added tokens, user-defined ones as plain added

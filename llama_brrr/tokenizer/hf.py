@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from .base import (BackendTokenizer, Tokenizer, byte_level_piece, end_of_turn_ids, file_error, read_json_file,
+from .base import (BYTE_TOKEN, BackendTokenizer, Tokenizer, byte_level_piece, end_of_turn_ids, file_error, read_json_file,
                    sentencepiece_piece)
 from .chat import hf_chat_template
 from .spm import SentencePieceTokenizer
@@ -50,7 +50,7 @@ class HFTokenizer(BackendTokenizer):
         special = {entry["id"] for entry in description.get("added_tokens", []) if entry.get("special")}
         added = {entry["id"] for entry in description.get("added_tokens", [])}
         byte_level, strip_leading_space = self._decoder_kind(description.get("decoder"), source)
-        piece_bytes = []
+        piece_bytes, byte_ids = [], set()
         for index in range(size):
             token = backend.id_to_token(index)
             if token is None:
@@ -59,6 +59,8 @@ class HFTokenizer(BackendTokenizer):
                 piece_bytes.append(token.encode("utf-8"))
             else:
                 piece_bytes.append(byte_level_piece(token) if byte_level else sentencepiece_piece(token))
+                if not byte_level and BYTE_TOKEN.fullmatch(token):
+                    byte_ids.add(index)
 
         bos_text = _config_token_text(config.get("bos_token"))
         bos_id = backend.token_to_id(bos_text) if bos_text else None
@@ -93,7 +95,7 @@ class HFTokenizer(BackendTokenizer):
             backend, piece_bytes=piece_bytes, special_ids=special, bos_id=bos_id, eos_ids=eos_ids,
             add_bos=add_bos, add_eos=add_eos,
             chat_template=chat_template or hf_chat_template(Path(tokenizer_config or path).parent, tokenizer_config),
-            strip_leading_space=strip_leading_space, source=source)
+            strip_leading_space=strip_leading_space, source=source, byte_ids=frozenset(byte_ids))
 
     @staticmethod
     def _decoder_kind(decoder, source: str) -> tuple[bool, bool]:

@@ -52,14 +52,16 @@ class Llama2cTokenizer(BackendTokenizer):
             vocab.setdefault(f"<0x{byte:02X}>", byte + self.BYTE_OFFSET)
         backend = HFBackend(score_bpe_model(vocab, pieces, piece_scores, None, str(path)))
         backend.normalizer = normalizers.Prepend(" ")
-        piece_bytes = []
-        for token in tokens:
+        piece_bytes, byte_ids = [], set()
+        for index, token in enumerate(tokens):
             byte = BYTE_TOKEN.fullmatch(token.decode("utf-8", errors="replace"))
             piece_bytes.append(bytes([int(byte.group(1), 16)]) if byte else token)
+            if byte:
+                byte_ids.add(index)
         super().__init__(
             backend, piece_bytes=piece_bytes, special_ids={0, self.BOS_ID, self.EOS_ID}, bos_id=self.BOS_ID,
             eos_ids=[self.EOS_ID], add_bos=True, add_eos=False, chat_template=None,
-            strip_leading_space=True, source=str(path))
+            strip_leading_space=True, source=str(path), byte_ids=frozenset(byte_ids))
 
     @staticmethod
     def _parse(data: bytes, path: Path) -> tuple[list[bytes], list[float]]:

@@ -41,7 +41,8 @@ class SentencePieceTokenizer(Tokenizer):
             piece_bytes=piece_bytes, special_ids=special, bos_id=bos_id,
             eos_ids=eos_ids + end_of_turn_ids(self._matched),
             add_bos=(bos_id is not None) if add_bos is None else add_bos, add_eos=bool(add_eos),
-            chat_template=chat_template, strip_leading_space=dummy_prefix, source=str(path))
+            chat_template=chat_template, strip_leading_space=dummy_prefix, source=str(path),
+            byte_ids=frozenset(i for i in range(size) if processor.IsByte(i)))
 
     def _encode_text(self, text: str) -> list[int]:
         ids = []
