@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "cpu/quant.h"
 #include "model.h"
 
 namespace brrr {
@@ -79,9 +80,20 @@ void gemv_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
 // y = bf16(rmsnorm(x) * norm_w) · W^T, x [M, K] fp32: rows below the tensor-core switch (M = 1) normalize inside the CUDA-core GEMV, more run rmsnorm_residual into xn [M, K] first, then the tensor-core GEMV (M <= 16) or gemm_bf16 (without xn, M <= 16 normalizes inside the CUDA-core GEMV).
 void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, bf16* xn, cudaStream_t stream);
 
-// ---- gemv_quant.cu: decode, M <= 16 rows, on GGUF blocks as stored ---------------------------
-// y [M, N] fp32 = x [M, K] bf16 · dequant(W)^T, W = N rows of K / block_elems blocks of GGML type `type` (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); dequantized in registers, fp32 accumulation, rows batch-invariant bit for bit.
-void gemv_quant(int type, const void* W, const bf16* x, float* y, int M, int N, int K, cudaStream_t stream);
+// ---- gemv_quant.cu: quantized weights in the tiles of qlayout.h (GGML type ids, cpu/quant.h) --
+// Activations of a quantized matmul are quant::ActBlock rows [M, K / 32] (the CPU engine's int8 blocks, same rounding).
+// xq = the ActBlocks of x [M, K] bf16 (K % 32 == 0).
+void quantize_act_bf16(const bf16* x, quant::ActBlock* xq, int M, int K, cudaStream_t stream);
+// xq = the ActBlocks of rmsnorm(x) * norm_w computed in fp32 (never rounded to bf16), x [M, K] fp32.
+void rmsnorm_quantize_act(const float* x, const bf16* norm_w, float eps, quant::ActBlock* xq, int M, int K, cudaStream_t stream);
+// y = xq . dequant(W)^T, M <= 16, W [N, K] of `type` in qlayout tiles; int8 dot products, fp32 scales and sums; every Epilogue, pairs as gemv_bf16 (SwiGLU rows j, N/2 + j; RopeKV dims i, i + hd/2 of a head); rows batch-invariant bit for bit.
+void gemv_quant(int type, const void* W, const quant::ActBlock* xq, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// out [N, ld_out] bf16 = rows [0, N) of dequant(W) rounded to bf16 (prefill feeds it to gemm_bf16).
+void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream);
+// out [N, K] fp32 = dequant(W), exactly the CPU dequantizer's values.
+void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStream_t stream);
+// embed on a quantized table [V, D] (qlayout tiles): x[m, :] = dequant(table row tokens[m]) fp32; `record` as embed.
+void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, const TokenHistory& record, cudaStream_t stream);
 
 // ---- matmul.cu: the matmul entry points; gemm_sm80.cu / gemm_sm90.cu: the prefill GEMMs -----
 // Tensor cores (wgmma on sm_90a, else mma.sync; bf16 -> fp32), any M, N, K. RopeKV is fused on Hopper for head_dim 64 / 128; elsewhere it stages q|k|v in args.out_f32 [M, N] and runs rope_kv_append.
