@@ -83,17 +83,13 @@ def plan(config: ModelConfig, quant: str, file_types: dict[str, str] | None, bac
     mode = parse_quant(quant)
     matrices = [n for n, shape in config.tensor_shapes().items() if len(shape) == 2]
     kept = kept_types()
-    if mode == "none" or (mode == "auto" and (backend != "cpu" or not file_types)):
+    if mode == "none" or (mode == "auto" and not file_types):
         types = {}
     elif mode == "auto":
         types = {n: file_types[n].lower() for n in matrices if file_types[n].lower() in kept}
     else:
         wanted = _recipe_types(config, mode) if mode in RECIPES else {n: mode for n in matrices}
         types = {n: _fitting(t, config.tensor_shapes()[n][1]) for n, t in wanted.items()}
-    if backend != "cpu" and types:
-        raise ValueError(f"quant={quant!r}: the {backend} engine does not run quantized weights "
-                         f"yet; use quant='none' there (weights dequantized to its dtype) or "
-                         f"device='cpu'")
     if file_types:
         dequantized = sorted({file_types[n] for n in matrices if n not in types
                               and file_types[n] not in ("F32", "F16", "BF16")})

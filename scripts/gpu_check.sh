@@ -13,6 +13,7 @@
 #                  trees, in the order base, this, this, base; ab/table.txt sets them side by side
 #   kernels.json   benchmarks/bench_kernels.py $KERNELS_ARGS (default --quick: 1B shapes)
 #   bench.json     llama-brrr bench: batch-1 decode, 128-token prompt, 256 new tokens, 1B and 8B
+#   bench_quant_Q.json  the same with --quant Q for each Q of $QUANTS (default: none q4_k_m q8_0)
 #   sweep.json     llama-brrr bench --sweep $SWEEP_ARGS (default --quick)
 #   profile/       llama-brrr profile of 1B-shape decode: report, roofline / breakdown PNGs, trace
 #   compare.json   llama-brrr compare on $COMPARE_SHAPES (llama3.2-1b) against torch eager, HF,
@@ -22,7 +23,7 @@
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit.
 # Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
 # PHASES picks what runs after the build (default below, in this order):
-#   cuda-tests cpu-tests sanitizer gemmrace ab kernels decode sweep profile compare labs
+#   cuda-tests cpu-tests sanitizer gemmrace ab kernels decode quant sweep profile compare labs
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] [BASE_DIR=.base] bash scripts/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -166,6 +167,14 @@ EOF
     wanted decode && phase decode 90 "$OUT/bench.log" python3 -m llama_brrr bench --shape llama3.2-1b,llama3-8b \
         --device cuda -b 1 -p 128 -n 256 --repeats 5 --json "$OUT/bench.json"
     # shellcheck disable=SC2086  # SWEEP_ARGS is a list of arguments
+    # quantized decode (issue 32): batch 1 and 16, bf16 and each of $QUANTS, random weights
+    if wanted quant; then
+        for q in ${QUANTS:-none q4_k_m q8_0}; do
+            phase "quant-$q" "${QUANT_S:-200}" "$OUT/bench.log" python3 -m llama_brrr bench \
+                --shape ${QUANT_SHAPES:-llama3.2-1b,llama3-8b} --device cuda -b ${QUANT_BATCHES:-1} -p 128 -n 256 \
+                --repeats 3 --quant "$q" --json "$OUT/bench_quant_$q.json"
+        done
+    fi
     wanted sweep && phase sweep "${SWEEP_S:-150}" "$OUT/bench.log" python3 -m llama_brrr bench --sweep ${SWEEP_ARGS:---quick} \
         --device cuda --json "$OUT/sweep.json"
         # shellcheck disable=SC2086  # COMPARE_ARGS is a list of arguments

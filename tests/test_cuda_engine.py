@@ -366,11 +366,12 @@ def test_real_model_greedy_tokens_match_the_cpu_backend(C):
                     "run `python weights/fetch.py`")
     prompt = "The three primary colors are"
     outputs = {}
-    # Both engines hold the same bf16 weights; they differ only in arithmetic (the GPU feeds its
-    # matmuls bf16 activations, the CPU computes in fp32).
+    # Both engines hold the same bf16 weights (quant="none"; test_cuda_quant_engine.py runs the
+    # blocks as stored); they differ only in arithmetic (the GPU feeds its matmuls bf16
+    # activations, the CPU computes in fp32).
     for device in ("cuda", "cpu"):
         llm = Llama.from_pretrained(str(path), device=device, dtype="bf16", max_seq_len=256,
-                                    max_batch=1, progress=False)
+                                    max_batch=1, progress=False, quant="none")
         outputs[device] = llm.generate(prompt, max_tokens=32, temperature=0.0, ignore_eos=True)[0].token_ids
         del llm
     assert len(outputs["cuda"]) == 32

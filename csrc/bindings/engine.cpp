@@ -140,10 +140,7 @@ std::unique_ptr<brrr::Engine> make_engine(const std::string& backend, const brrr
     if (backend == "cuda") {
 #ifdef BRRR_WITH_CUDA
         if (device < 0) bad_argument("device must be >= 0, got " + std::to_string(device));
-        if (!quant_types.empty())
-            bad_argument("the cuda backend does not run quantized weights yet: load with "
-                         "quant=\"none\" (dequantized to the engine dtype) or use device=\"cpu\"");
-        return brrr::make_cuda_engine(cfg, dtype, device);
+        return brrr::make_cuda_engine(cfg, dtype, device, quant_types);
 #else
         throw std::runtime_error("this build of llama_brrr has no CUDA support; reinstall with "
                                  "nvcc on PATH or LLAMA_BRRR_CUDA=1");

@@ -18,9 +18,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/quant.h"
 #include "cuda/engine.cuh"
 #include "cuda/engine_cuda.h"
 #include "cuda/launch.cuh"
+#include "cuda/qlayout.h"
+#include "cuda/tuning.h"
 
 namespace brrr {
 namespace cuda {
@@ -50,10 +53,25 @@ struct Carver {
 
 // ---- construction -----------------------------------------------------------------------------
 
-CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
-    : cfg_(config), device_(device) {
+CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
+                       const std::unordered_map<std::string, int>& quant_types)
+    : cfg_(config), device_(device), quant_types_(quant_types) {
     cfg_.validate();
     const Config& c = cfg_;
+    for (const auto& [name, type_id] : quant_types_) {
+        const std::vector<int64_t> shape = weight_shape(c, name);  // throws for unknown names
+        BRRR_CHECK_ARG(shape.size() == 2, "quant_types: '" << name << "' is a norm weight, which "
+                       "stays bf16; only matrices can be quantized");
+        BRRR_CHECK_ARG(quant::known_type(type_id) && qlayout::tile_bytes(type_id) > 0,
+                       "quant_types: '" << name << "' has GGML type " << type_id
+                       << ", which is not a block format the CUDA engine keeps (q4_0, q4_1, q5_0, "
+                       "q5_1, q8_0, q4_k, q5_k, q6_k)");
+        const quant::QType t = quant::checked_type(type_id);
+        BRRR_CHECK_ARG(shape[1] % quant::block_elems(t) == 0,
+                       "quant_types: '" << name << "' has rows of " << shape[1] << " values, not a "
+                       "multiple of " << quant::block_elems(t) << ": it cannot be stored as "
+                       << quant::type_name(t));
+    }
     BRRR_CHECK(weight_dtype == DType::BF16,
                "the CUDA engine stores weights as bf16 (its matmul kernels are bf16), not "
                    << dtype_name(weight_dtype)
@@ -124,6 +142,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device)
     names_ = weight_names(c);
     for (size_t i = 0; i < names_.size(); ++i) name_index_[names_[i]] = i;
     weight_set_.assign(names_.size(), false);
+    rows_filled_.assign(names_.size(), 0);
     decode_warmed_.assign(c.max_batch + 1, false);
     decode_graphs_.assign(c.max_batch + 1, nullptr);
     prof_graphs_.resize(c.max_batch + 1);
@@ -134,17 +153,71 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     const size_t D = c.dim, V = c.vocab_size, H = c.hidden_dim, R = rows_;
     Carver a{base};
 
-    tok_embeddings_ = a.take<bf16>(V * D);
-    output_ = c.tie_embeddings ? tok_embeddings_ : a.take<bf16>(V * D);
+    slots_.clear();
+    // Pieces (canonical name, rows) of one matrix [sum rows, cols]; consecutive pieces of one
+    // storage type share a part.
+    auto matrix = [&](std::initializer_list<std::pair<std::string, int>> pieces, int cols) {
+        Matrix m;
+        m.cols = cols;
+        for (const auto& [name, rows] : pieces) {
+            const auto it = quant_types_.find(name);
+            const int type = it == quant_types_.end() ? 0 : it->second;
+            if (m.n_parts == 0 || m.parts[m.n_parts - 1].type != type) {
+                m.parts[m.n_parts].type = type;
+                m.parts[m.n_parts].row0 = m.rows;
+                ++m.n_parts;
+            }
+            MatrixPart& part = m.parts[m.n_parts - 1];
+            WeightSlot slot;
+            slot.part_index = m.n_parts - 1;
+            slot.row_in_part = part.rows;
+            slot.rows = rows;
+            slot.cols = cols;
+            slot.numel = (size_t)rows * cols;
+            slots_[name] = slot;  // its part pointer is set once m has its final place
+            part.rows += rows;
+            m.rows += rows;
+        }
+        for (int i = 0; i < m.n_parts; ++i) {
+            MatrixPart& part = m.parts[i];
+            const size_t bytes = part.type == 0 ? (size_t)part.rows * cols * sizeof(bf16)
+                                                : qlayout::matrix_bytes(part.type, part.rows, cols);
+            part.data = a.take<char>(bytes);
+            m.bytes += (double)bytes;
+        }
+        return m;
+    };
+    const int Hq = c.q_dim(), Hkv = c.kv_dim();
+    tok_embeddings_ = matrix({{"tok_embeddings", (int)V}}, (int)D);
+    output_ = c.tie_embeddings ? tok_embeddings_ : matrix({{"output", (int)V}}, (int)D);
     norm_ = a.take<bf16>(D);
     layers_.assign(c.n_layers, LayerWeights{});
-    for (LayerWeights& w : layers_) {
+    for (int l = 0; l < c.n_layers; ++l) {
+        LayerWeights& w = layers_[l];
+        const std::string p = "layers." + std::to_string(l) + ".";
         w.attn_norm = a.take<bf16>(D);
         w.ffn_norm = a.take<bf16>(D);
-        w.wqkv = a.take<bf16>((size_t)c.qkv_dim() * D);
-        w.wo = a.take<bf16>(D * c.q_dim());
-        w.w13 = a.take<bf16>(2 * H * D);
-        w.w2 = a.take<bf16>(D * H);
+        w.wqkv = matrix({{p + "wq", Hq}, {p + "wk", Hkv}, {p + "wv", Hkv}}, (int)D);
+        w.wo = matrix({{p + "wo", (int)D}}, Hq);
+        w.w13 = matrix({{p + "w1", (int)H}, {p + "w3", (int)H}}, (int)D);
+        w.w2 = matrix({{p + "w2", (int)D}}, (int)H);
+    }
+    // Each piece's part, now that the matrices sit where they stay.
+    auto bind = [&](Matrix& m, std::initializer_list<std::string> names) {
+        for (const std::string& name : names) {
+            WeightSlot& slot = slots_.at(name);
+            slot.part = &m.parts[slot.part_index];
+        }
+    };
+    bind(tok_embeddings_, {"tok_embeddings"});
+    if (!c.tie_embeddings) bind(output_, {"output"});
+    for (int l = 0; l < c.n_layers; ++l) {
+        LayerWeights& w = layers_[l];
+        const std::string p = "layers." + std::to_string(l) + ".";
+        bind(w.wqkv, {p + "wq", p + "wk", p + "wv"});
+        bind(w.wo, {p + "wo"});
+        bind(w.w13, {p + "w1", p + "w3"});
+        bind(w.w2, {p + "w2"});
     }
     *weights_bytes = a.offset;
 
@@ -162,6 +235,21 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     att_ = a.take<bf16>(R * c.q_dim());
     hb_ = a.take<bf16>(R * H);
     logits_ = a.take<float>((size_t)logit_rows_ * V);
+    // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and one layer
+    // matrix's worth of bf16 for prefill (the largest with a quantized part).
+    xq_ = nullptr;
+    gate_up_ = nullptr;
+    deq_ = nullptr;
+    deq_elems_ = 0;
+    if (!quant_types_.empty()) {
+        const size_t max_k = std::max({D, H, (size_t)c.q_dim()});
+        xq_ = a.take<quant::ActBlock>((size_t)tuning::kGemvMaxRows * (max_k / quant::kBlock32));
+        gate_up_ = a.take<float>((size_t)tuning::kGemvMaxRows * 2 * H);
+        for (const LayerWeights& w : layers_)
+            for (const Matrix* m : {&w.wqkv, &w.wo, &w.w13, &w.w2})
+                if (!m->plain_bf16()) deq_elems_ = std::max(deq_elems_, (size_t)m->rows * m->cols);
+        deq_ = deq_elems_ ? a.take<bf16>(deq_elems_) : nullptr;
+    }
     attn_scratch_ = a.take<float>(
         flash_decode_scratch_floats(c.max_batch, c.n_heads, c.head_dim, max_splits_));
     sample_scratch_ = a.take<char>(sample_scratch_bytes(c.max_batch, c.vocab_size));
@@ -231,29 +319,75 @@ int CudaEngine::layer_max_splits() const {
 
 WeightSlot CudaEngine::slot_for(const std::string& name) const {
     const std::vector<int64_t> shape = weight_shape(cfg_, name);  // throws for unknown names
-    const Config& c = cfg_;
+    const auto it = slots_.find(name);
+    if (it != slots_.end()) return it->second;
     WeightSlot s;
-    s.numel = 1;
-    for (int64_t d : shape) s.numel *= (size_t)d;
-    if (name == "tok_embeddings") { s.dst = tok_embeddings_; return s; }
-    if (name == "output") { s.dst = output_; return s; }
-    if (name == "norm") { s.dst = norm_; s.is_norm = true; return s; }
+    s.is_norm = true;
+    s.rows = 1;
+    s.cols = (int)shape[0];
+    s.numel = (size_t)shape[0];
+    if (name == "norm") {
+        s.vector = norm_;
+        return s;
+    }
     const size_t dot = name.find('.', 7);
     const int layer = std::stoi(name.substr(7, dot - 7));
     const std::string kind = name.substr(dot + 1);
     const LayerWeights& w = layers_[layer];
-    const size_t D = c.dim;
-    if (kind == "attn_norm") { s.dst = w.attn_norm; s.is_norm = true; }
-    else if (kind == "ffn_norm") { s.dst = w.ffn_norm; s.is_norm = true; }
-    else if (kind == "wq") s.dst = w.wqkv;
-    else if (kind == "wk") s.dst = w.wqkv + (size_t)c.q_dim() * D;
-    else if (kind == "wv") s.dst = w.wqkv + (size_t)(c.q_dim() + c.kv_dim()) * D;
-    else if (kind == "wo") s.dst = w.wo;
-    else if (kind == "w1") s.dst = w.w13;
-    else if (kind == "w3") s.dst = w.w13 + (size_t)c.hidden_dim * D;
-    else if (kind == "w2") s.dst = w.w2;
+    if (kind == "attn_norm") s.vector = w.attn_norm;
+    else if (kind == "ffn_norm") s.vector = w.ffn_norm;
     else BRRR_FAIL("unknown weight name '" << name << "'");
     return s;
+}
+
+namespace {
+
+// The device addresses of rows [r0, r0 + n) of a part: its bf16 rows, or its tiles and (Q6_K)
+// tail rows, and the host image of those rows as a matrix of n rows (qlayout.h).
+struct RowSpan {
+    char* tiles;
+    size_t tile_bytes;
+    char* tail;
+    size_t tail_bytes;
+};
+RowSpan row_span(const MatrixPart& part, int cols, int r0, int n) {
+    char* base = static_cast<char*>(part.data);
+    if (part.type == 0) {
+        const size_t row = (size_t)cols * sizeof(bf16);
+        return {base + (size_t)r0 * row, (size_t)n * row, nullptr, 0};
+    }
+    const size_t stride = qlayout::row_stride(part.type, cols);
+    RowSpan s{base + (size_t)r0 * stride, (size_t)n * stride, nullptr, 0};
+    if (qlayout::has_tail(part.type)) {
+        const size_t tail_row = (size_t)qlayout::tiles_per_row(cols) * 2;
+        s.tail = base + qlayout::tail_offset(part.type, part.rows, cols) + (size_t)r0 * tail_row;
+        s.tail_bytes = (size_t)n * tail_row;
+    }
+    return s;
+}
+
+}  // namespace
+
+// Quantized rows arrive as the file's blocks: repacked on the host as a matrix of their own n rows
+// (tiles, then tail), whose two regions go to the part's rows.
+void CudaEngine::upload_blocks(const WeightSlot& slot, const void* blocks, int64_t first_row, int64_t n) {
+    const MatrixPart& part = *slot.part;
+    std::vector<char> image(qlayout::matrix_bytes(part.type, n, slot.cols));
+    qlayout::repack_rows(part.type, blocks, 0, n, n, slot.cols, image.data());
+    const RowSpan span = row_span(part, slot.cols, slot.row_in_part + (int)first_row, (int)n);
+    CUDA_CHECK(cudaMemcpyAsync(span.tiles, image.data(), span.tile_bytes, cudaMemcpyHostToDevice, stream_));
+    if (span.tail)
+        CUDA_CHECK(cudaMemcpyAsync(span.tail, image.data() + qlayout::tail_offset(part.type, n, slot.cols),
+                                   span.tail_bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaEngine::mark_set(const std::string& name) {
+    const size_t index = name_index_.at(name);
+    if (!weight_set_[index]) {
+        weight_set_[index] = true;
+        ++n_weights_set_;
+    }
 }
 
 void CudaEngine::set_weight(const std::string& name, const void* src, DType src_dtype,
@@ -262,6 +396,21 @@ void CudaEngine::set_weight(const std::string& name, const void* src, DType src_
     const WeightSlot slot = slot_for(name);
     check_weight_shape(cfg_, name, shape);
     BRRR_CHECK(src != nullptr, "weight '" << name << "': null source pointer");
+    if (slot.part && slot.part->type != 0) {
+        // Quantize at load: fp32 rows -> the file's blocks -> tiles.
+        std::vector<float> f(slot.numel);
+        if (src_dtype == DType::F32) std::memcpy(f.data(), src, slot.numel * sizeof(float));
+        else if (src_dtype == DType::F16)
+            for (size_t i = 0; i < slot.numel; ++i) f[i] = f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+        else
+            for (size_t i = 0; i < slot.numel; ++i) f[i] = bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+        const quant::QType t = quant::checked_type(slot.part->type);
+        std::vector<uint8_t> blocks(quant::row_bytes(t, slot.cols) * slot.rows);
+        quant::quantize_rows(t, f.data(), blocks.data(), slot.rows, slot.cols);
+        upload_blocks(slot, blocks.data(), 0, slot.rows);
+        mark_set(name);
+        return;
+    }
     std::vector<uint16_t> bits(slot.numel);
     if (src_dtype == DType::BF16) {
         std::memcpy(bits.data(), src, slot.numel * sizeof(uint16_t));
@@ -272,34 +421,97 @@ void CudaEngine::set_weight(const std::string& name, const void* src, DType src_
         const float* f = static_cast<const float*>(src);
         for (size_t i = 0; i < slot.numel; ++i) bits[i] = f32_to_bf16(f[i]);
     }
-    CUDA_CHECK(cudaMemcpyAsync(slot.dst, bits.data(), slot.numel * sizeof(uint16_t),
-                               cudaMemcpyHostToDevice, stream_));
+    void* dst = slot.part ? static_cast<void*>(row_span(*slot.part, slot.cols, slot.row_in_part, slot.rows).tiles) : static_cast<void*>(slot.vector);
+    CUDA_CHECK(cudaMemcpyAsync(dst, bits.data(), slot.numel * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    mark_set(name);
+}
+
+void CudaEngine::set_weight_blocks(const std::string& name, const void* blocks, size_t n_bytes, int type_id,
+                                   const std::vector<int64_t>& shape, int64_t first_row) {
+    activate();
+    const WeightSlot slot = slot_for(name);
+    check_weight_shape(cfg_, name, shape);
+    BRRR_CHECK_ARG(slot.part && slot.part->type != 0,
+                   "weight '" << name << "' is stored as bf16 in this engine, not as blocks; build the "
+                   "engine with quant_types naming it");
+    const quant::QType t = quant::checked_type(slot.part->type);
+    BRRR_CHECK_ARG(type_id == slot.part->type,
+                   "weight '" << name << "': blocks of GGML type " << type_id << " given, but the "
+                   "engine stores it as " << quant::type_name(t));
+    int64_t& filled = rows_filled_[name_index_.at(name)];
+    BRRR_CHECK_ARG(first_row == 0 || first_row == filled,
+                   "weight '" << name << "': a chunk of blocks starting at row " << first_row
+                   << " given, but " << filled << " rows have arrived: chunks come in row order");
+    const size_t row_bytes = quant::row_bytes(t, slot.cols);
+    const int64_t n = (int64_t)(n_bytes / row_bytes);
+    BRRR_CHECK_ARG(n_bytes % row_bytes == 0 && n >= 1 && first_row + n <= slot.rows,
+                   "weight '" << name << "': " << n_bytes << " bytes of " << quant::type_name(t)
+                   << " blocks given from row " << first_row << ", not whole rows of " << row_bytes
+                   << " bytes within the " << shape_str(shape) << " matrix ("
+                   << (size_t)slot.rows * row_bytes << " bytes in all)");
+    BRRR_CHECK(blocks != nullptr, "weight '" << name << "': null source pointer");
+    upload_blocks(slot, blocks, first_row, n);
+    filled = first_row + n;
     const size_t index = name_index_.at(name);
-    if (!weight_set_[index]) {
-        weight_set_[index] = true;
-        ++n_weights_set_;
+    if (filled == slot.rows) {
+        mark_set(name);
+    } else if (weight_set_[index]) {  // half a tensor is not a tensor
+        weight_set_[index] = false;
+        --n_weights_set_;
     }
 }
 
 void CudaEngine::get_weight(const std::string& name, float* dst) const {
     activate();
     const WeightSlot slot = slot_for(name);
+    if (slot.part && slot.part->type != 0) {
+        const MatrixPart& part = *slot.part;
+        const RowSpan span = row_span(part, slot.cols, slot.row_in_part, slot.rows);
+        std::vector<char> image(qlayout::matrix_bytes(part.type, slot.rows, slot.cols));
+        CUDA_CHECK(cudaMemcpyAsync(image.data(), span.tiles, span.tile_bytes, cudaMemcpyDeviceToHost, stream_));
+        if (span.tail)
+            CUDA_CHECK(cudaMemcpyAsync(image.data() + qlayout::tail_offset(part.type, slot.rows, slot.cols), span.tail,
+                                       span.tail_bytes, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        const quant::QType t = quant::checked_type(part.type);
+        const size_t row_bytes = quant::row_bytes(t, slot.cols);
+        std::vector<uint8_t> blocks(row_bytes * slot.rows);
+        qlayout::unpack_rows(part.type, image.data(), 0, slot.rows, slot.rows, slot.cols, blocks.data());
+        for (int r = 0; r < slot.rows; ++r)
+            quant::dequantize_row(t, blocks.data() + r * row_bytes, dst + (size_t)r * slot.cols, slot.cols);
+        return;
+    }
+    const void* src = slot.part ? static_cast<const void*>(row_span(*slot.part, slot.cols, slot.row_in_part, slot.rows).tiles) : static_cast<const void*>(slot.vector);
     std::vector<uint16_t> bits(slot.numel);
-    CUDA_CHECK(cudaMemcpyAsync(bits.data(), slot.dst, slot.numel * sizeof(uint16_t),
-                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(bits.data(), src, slot.numel * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (size_t i = 0; i < slot.numel; ++i) dst[i] = bf16_to_f32(bits[i]);
 }
 
+// Quantized matrices hold the quantization of the bf16 draws (drawn on the device into a
+// temporary, quantized on the host): the same seed gives the same blocks on any GPU.
 void CudaEngine::init_random(uint64_t seed, float std) {
     BRRR_CHECK_ARG(std::isfinite(std) && std >= 0,
                    "init_random: std must be a finite number >= 0, got " << std);
     activate();
     for (size_t i = 0; i < names_.size(); ++i) {
         const WeightSlot slot = slot_for(names_[i]);
-        fill_normal_bf16(slot.dst, slot.numel, init_random_key(seed, i), slot.is_norm ? 1.f : 0.f, std,
-                         stream_);
+        const uint64_t key = init_random_key(seed, i);
+        if (!slot.part || slot.part->type == 0) {
+            bf16* dst = slot.part ? reinterpret_cast<bf16*>(row_span(*slot.part, slot.cols, slot.row_in_part, slot.rows).tiles)
+                                  : slot.vector;
+            fill_normal_bf16(dst, slot.numel, key, slot.is_norm ? 1.f : 0.f, std, stream_);
+            continue;
+        }
+        bf16* draws = nullptr;
+        CUDA_CHECK(cudaMallocAsync(&draws, slot.numel * sizeof(bf16), stream_));
+        fill_normal_bf16(draws, slot.numel, key, 0.f, std, stream_);
+        std::vector<uint16_t> bits(slot.numel);
+        CUDA_CHECK(cudaMemcpyAsync(bits.data(), draws, slot.numel * sizeof(bf16), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaFreeAsync(draws, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        set_weight(names_[i], bits.data(), DType::BF16, weight_shape(cfg_, names_[i]));
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     weight_set_.assign(names_.size(), true);
@@ -646,8 +858,9 @@ void CudaEngine::upload_sample_inputs(const int32_t* slots, const int32_t* posit
 
 // ---- engine_cuda.h ----------------------------------------------------------------------------
 
-std::unique_ptr<Engine> make_cuda_engine(const Config& config, DType weight_dtype, int device) {
-    return std::make_unique<cuda::CudaEngine>(config, weight_dtype, device);
+std::unique_ptr<Engine> make_cuda_engine(const Config& config, DType weight_dtype, int device,
+                                         const std::unordered_map<std::string, int>& quant_types) {
+    return std::make_unique<cuda::CudaEngine>(config, weight_dtype, device, quant_types);
 }
 
 uint64_t init_random_key(uint64_t seed, size_t tensor_index) {

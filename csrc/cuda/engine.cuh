@@ -3,14 +3,18 @@
 // pass: one straight-line layer loop for both phases).
 //
 // Device memory is one arena, carved at construction and never grown:
-//   weights (bf16)  tok_embeddings [V, D], output [V, D] (unless tied), norm [D]
-//                   per layer: attn_norm, ffn_norm [D], wqkv [(Hq + 2 Hkv) hd, D] (wq|wk|wv),
-//                              wo [D, Hq hd], w13 [2 H, D] (w1 gate | w3 up), w2 [D, H]
+//   weights         tok_embeddings [V, D], output [V, D] (unless tied), norm [D] (bf16)
+//                   per layer: attn_norm, ffn_norm [D] (bf16), wqkv [(Hq + 2 Hkv) hd, D]
+//                              (wq|wk|wv), wo [D, Hq hd], w13 [2 H, D] (w1 gate | w3 up), w2 [D, H]
+//                   each matrix bf16, or in the quantized tiles of qlayout.h where quant_types
+//                   names it (a Matrix of parts: one per run of pieces of one storage type)
 //   KV cache (bf16) k, v: [n_layers][max_batch][max_seq][Hkv][hd]
 //   history (i32)   [max_batch][max_seq]: the tokens each slot has seen (repetition penalty)
 //   activations     rows = max(max_batch, prefill chunk): x f32 [rows, D], xn bf16 [rows, D],
 //                   qkv f32 [rows, qkv_dim], q, att bf16 [rows, Hq hd], hb bf16 [rows, H]
 //   logits (f32)    [max(max_batch, kLogitRows), V]; prefill "all" goes through it kLogitRows at a time
+//   quantized only  xq: int8 activation blocks of up to 16 rows; gate_up f32 [16, 2H]; deq bf16:
+//                   the largest quantized layer matrix, dequantized for a prefill chunk's GEMM
 //   inputs          tokens, slots, positions i32 [rows] each, filled from pinned host staging;
 //                   decode graphs read these fixed buffers
 #pragma once
@@ -30,19 +34,41 @@
 namespace brrr {
 namespace cuda {
 
+// A weight matrix [rows, cols] inside the arena, as one or more row ranges ("parts"), each in one
+// storage type: bf16 rows, or the tiles of qlayout.h for a GGML block type. A fused matrix
+// (wqkv, w13) whose pieces share a type is one part, run by one fused kernel; pieces of different
+// types (a Q6_K wv beside Q4_K wq, wk) are parts run one after the other (forward.cu, matmul).
+struct MatrixPart {
+    int type = 0;           // 0: bf16; else the GGML type id of the tiles
+    void* data = nullptr;   // bf16 [rows, cols], or qlayout::matrix_bytes(type, rows, cols) bytes
+    int row0 = 0, rows = 0; // rows [row0, row0 + rows) of the matrix
+};
+struct Matrix {
+    int rows = 0, cols = 0;
+    MatrixPart parts[3];    // at most one per fused piece
+    int n_parts = 0;
+    double bytes = 0;       // stored bytes of all parts (the profiler's traffic)
+    bool plain_bf16() const { return n_parts == 1 && parts[0].type == 0; }
+    const bf16* bf16_data() const { return static_cast<const bf16*>(parts[0].data); }
+};
+
 // One layer's weights inside the arena.
 struct LayerWeights {
     bf16* attn_norm = nullptr;  // [D]
     bf16* ffn_norm = nullptr;   // [D]
-    bf16* wqkv = nullptr;       // [(Hq + 2 Hkv) hd, D]: wq | wk | wv
-    bf16* wo = nullptr;         // [D, Hq hd]
-    bf16* w13 = nullptr;        // [2 H, D]: w1 (gate) | w3 (up)
-    bf16* w2 = nullptr;         // [D, H]
+    Matrix wqkv;                // [(Hq + 2 Hkv) hd, D]: wq | wk | wv
+    Matrix wo;                  // [D, Hq hd]
+    Matrix w13;                 // [2 H, D]: w1 (gate) | w3 (up)
+    Matrix w2;                  // [D, H]
 };
 
-// Where one canonical tensor lives inside the fused device storage.
+// Where one canonical tensor lives: rows [row_in_part, + rows) of a part (or a norm vector).
 struct WeightSlot {
-    bf16* dst = nullptr;
+    const MatrixPart* part = nullptr;  // nullptr for norm weights
+    int part_index = 0;                // in its Matrix
+    int row_in_part = 0;
+    int rows = 0, cols = 0;
+    bf16* vector = nullptr;            // norm weights [cols]
     size_t numel = 0;
     bool is_norm = false;
 };
@@ -64,7 +90,10 @@ public:
     // LM-head rows per step when a prefill wants the logits of every token.
     static constexpr int kLogitRows = 64;
 
-    CudaEngine(const Config& config, DType weight_dtype, int device);
+    // quant_types: canonical matrix name -> GGML type id (cpu/quant.h) of the matrices stored
+    // quantized (qlayout.h tiles); the rest are bf16.
+    CudaEngine(const Config& config, DType weight_dtype, int device,
+               const std::unordered_map<std::string, int>& quant_types = {});
     ~CudaEngine() override;
     CudaEngine(const CudaEngine&) = delete;
     CudaEngine& operator=(const CudaEngine&) = delete;
@@ -72,6 +101,8 @@ public:
     const Config& config() const override { return cfg_; }
     void set_weight(const std::string& name, const void* src, DType src_dtype,
                     const std::vector<int64_t>& shape) override;
+    void set_weight_blocks(const std::string& name, const void* blocks, size_t n_bytes, int type_id,
+                           const std::vector<int64_t>& shape, int64_t first_row) override;
     void get_weight(const std::string& name, float* dst) const override;
     void init_random(uint64_t seed, float std) override;
     void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos, float* logits,
@@ -120,11 +151,21 @@ private:
     void forward_prefill_layers(int slot, int start_pos, int T);
     // Final norm and LM head of x_ rows [row, row + rows) into logits_ rows [0, rows).
     void forward_lm_head(int row, int rows);
+    // y = in · W^T through the epilogue, W as stored: `in` is rmsnorm(x_f32) * norm_w when norm_w
+    // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
+    // ones quantize the input rows once (xq_) and run gemv_quant per part (M <= 16), or are
+    // dequantized into deq_ and take the bf16 GEMM (prefill).
+    void matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
+                Epilogue ep, const EpilogueArgs& args);
+    void matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
+                      Epilogue ep, const EpilogueArgs& args);
 
     // ---- engine.cu ----
     void carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes);
     void release() noexcept;  // frees everything; safe on a half-built engine
     WeightSlot slot_for(const std::string& name) const;
+    void upload_blocks(const WeightSlot& slot, const void* blocks, int64_t first_row, int64_t n);
+    void mark_set(const std::string& name);
     void require_weights() const;
     void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                       int rows);
@@ -161,8 +202,10 @@ private:
     int max_splits_ = 1;  // flash-decode KV splits
 
     char* arena_ = nullptr;
-    bf16* tok_embeddings_ = nullptr;  // [V, D]
-    bf16* output_ = nullptr;          // [V, D]; == tok_embeddings_ when tied
+    std::unordered_map<std::string, int> quant_types_;  // the constructor's
+    std::unordered_map<std::string, WeightSlot> slots_;  // every matrix piece, by canonical name
+    Matrix tok_embeddings_;           // [V, D]
+    Matrix output_;                   // [V, D]; the same storage as tok_embeddings_ when tied
     bf16* norm_ = nullptr;            // [D]
     std::vector<LayerWeights> layers_;  // [n_layers]
     bf16* k_cache_ = nullptr;         // [n_layers][max_batch][max_seq][Hkv][hd]
@@ -177,6 +220,10 @@ private:
     bf16* att_ = nullptr;             // [rows_, Hq hd] attention output
     bf16* hb_ = nullptr;              // [rows_, H] SwiGLU output
     float* logits_ = nullptr;         // [logit_rows_, V]
+    quant::ActBlock* xq_ = nullptr;   // [tuning::kGemvMaxRows, max K / 32] activations of a quantized GEMV
+    float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
+    bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (prefill)
+    size_t deq_elems_ = 0;
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;
@@ -204,6 +251,7 @@ private:
     std::vector<std::string> names_;
     std::unordered_map<std::string, size_t> name_index_;
     std::vector<bool> weight_set_;
+    std::vector<int64_t> rows_filled_;  // quantized rows that have arrived by set_weight_blocks
     size_t n_weights_set_ = 0;
 
     // Rows of logits_ that hold the latest logits: B after decode, 1 after a prefill that

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <unordered_map>
 
 #include "model.h"
 
@@ -15,7 +17,9 @@ namespace brrr {
 // storage type of the weights on the device (bf16; f16 inputs are converted to it).
 // Throws brrr::Error for a bad config or device, brrr::OutOfMemory when the model, KV cache and
 // scratch do not fit (the message names the bytes requested and free, and what to lower).
-std::unique_ptr<Engine> make_cuda_engine(const Config& config, DType weight_dtype, int device);
+// quant_types: canonical matrix name -> GGML type id of the matrices kept quantized (cuda/qlayout.h).
+std::unique_ptr<Engine> make_cuda_engine(const Config& config, DType weight_dtype, int device,
+                                         const std::unordered_map<std::string, int>& quant_types = {});
 
 // Number of usable CUDA devices; 0 when there is no GPU or no driver. Never throws.
 int cuda_device_count();

@@ -16,7 +16,10 @@
 // norm and RoPE as separate kernels behind the same calls.
 // Each launch is preceded by prof_.op(name, class, cost) (csrc/profile/profile.h): a no-op unless
 // profiling is on. A fused call is one op; its cost counts the fp32 residual read as its input.
+#include <algorithm>
+
 #include "cuda/engine.cuh"
+#include "cuda/tuning.h"
 
 namespace brrr {
 namespace cuda {
@@ -24,6 +27,9 @@ namespace cuda {
 namespace {
 
 using profile::OpClass;
+
+// Stored bytes per weight of a matrix, for the profiler's traffic model.
+double w_bytes(const Matrix& m) { return m.bytes / ((double)m.rows * m.cols); }
 
 // Each matmul's destinations, with the engine's split-K scratch (used by the GEMM only).
 EpilogueArgs store_f32(float* out, const SplitKScratch& split) {
@@ -71,19 +77,22 @@ void CudaEngine::forward_layers(const Pass& pass) {
     const int D = c.dim, H = c.hidden_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const int S = c.max_seq_len;
     const int M = pass.rows;
-    const float eps = c.norm_eps;
     cudaStream_t s = stream_;
 
     prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * M * D + 4.0 * M));
-    embed(d_tokens_, tok_embeddings_, x_, M, D, c.vocab_size, token_history(), s);
+    if (tok_embeddings_.plain_bf16())
+        embed(d_tokens_, tok_embeddings_.bf16_data(), x_, M, D, c.vocab_size, token_history(), s);
+    else
+        embed_quant(d_tokens_, tok_embeddings_.parts[0].type, tok_embeddings_.parts[0].data, x_, M, D,
+                    c.vocab_size, token_history(), s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
         bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
         // attention block
-        prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(M, c.qkv_dim(), D, 2, 4, 2));
-        rmsnorm_matmul_bf16(x_, w.attn_norm, eps, w.wqkv, M, c.qkv_dim(), D, Epilogue::RopeKV,
-                            rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_), xn_, s);
+        prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(M, c.qkv_dim(), D, w_bytes(w.wqkv), 4, 2));
+        matmul(w.wqkv, x_, w.attn_norm, nullptr, M, Epilogue::RopeKV,
+               rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_));
         if (pass.attention == Pass::Decode) {
             // one query row per sequence over its own slot's cache [0, positions[b]]
             prof_.op("flash_decode", OpClass::Attention,
@@ -96,14 +105,13 @@ void CudaEngine::forward_layers(const Pass& pass) {
                      profile::attention_prefill_cost(M, pass.start_pos, Hq, Hkv, hd, 2));
             attention_prefill(q_, kc, vc, pass.slot, pass.start_pos, M, att_, Hq, Hkv, hd, S, s);
         }
-        prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), 2, 2, 8));
-        matmul_bf16(att_, w.wo, M, D, c.q_dim(), Epilogue::AddResidual, add_to(x_, split_k_), s);
+        prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), w_bytes(w.wo), 2, 8));
+        matmul(w.wo, nullptr, nullptr, att_, M, Epilogue::AddResidual, add_to(x_, split_k_));
         // MLP block
-        prof_.op("w13", OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, 2, 4, 1));
-        rmsnorm_matmul_bf16(x_, w.ffn_norm, eps, w.w13, M, 2 * H, D, Epilogue::SwiGLU, store_bf16(hb_, split_k_),
-                            xn_, s);
-        prof_.op("w2", OpClass::Matmul, profile::matmul_cost(M, D, H, 2, 2, 8));
-        matmul_bf16(hb_, w.w2, M, D, H, Epilogue::AddResidual, add_to(x_, split_k_), s);
+        prof_.op("w13", OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, w_bytes(w.w13), 4, 1));
+        matmul(w.w13, x_, w.ffn_norm, nullptr, M, Epilogue::SwiGLU, store_bf16(hb_, split_k_));
+        prof_.op("w2", OpClass::Matmul, profile::matmul_cost(M, D, H, w_bytes(w.w2), 2, 8));
+        matmul(w.w2, nullptr, nullptr, hb_, M, Epilogue::AddResidual, add_to(x_, split_k_));
     }
 }
 
@@ -119,10 +127,96 @@ void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
 
 void CudaEngine::forward_lm_head(int row, int rows) {
     const Config& c = cfg_;
-    prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(rows, c.vocab_size, c.dim, 2, 4, 4));
-    rmsnorm_matmul_bf16(x_ + (size_t)row * c.dim, norm_, c.norm_eps, output_, rows, c.vocab_size,
-                        c.dim, Epilogue::StoreF32, store_f32(logits_, split_k_), xn_, stream_);
+    prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(rows, c.vocab_size, c.dim, w_bytes(output_), 4, 4));
+    // A quantized head is far larger than the dequantization scratch: more rows than the GEMV
+    // takes (all_logits prefill) go through it 16 at a time.
+    const int step = output_.plain_bf16() ? rows : tuning::kGemvMaxRows;
+    for (int r = 0; r < rows; r += step) {
+        const int n = std::min(step, rows - r);
+        matmul(output_, x_ + (size_t)(row + r) * c.dim, norm_, nullptr, n, Epilogue::StoreF32,
+               store_f32(logits_ + (size_t)r * c.vocab_size, split_k_));
+    }
     prof_.end();
+}
+
+
+// The one place a matmul meets the storage of its weights (see engine.cuh, CudaEngine::matmul).
+void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
+                        Epilogue ep, const EpilogueArgs& args) {
+    const int N = W.rows, K = W.cols;
+    const float eps = cfg_.norm_eps;
+    cudaStream_t s = stream_;
+    if (W.plain_bf16()) {
+        if (norm_w) rmsnorm_matmul_bf16(x_f32, norm_w, eps, W.bf16_data(), M, N, K, ep, args, xn_, s);
+        else matmul_bf16(x_bf16, W.bf16_data(), M, N, K, ep, args, s);
+        return;
+    }
+    if (M <= tuning::kGemvMaxRows) {
+        matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
+        return;
+    }
+    // Prefill: the whole matrix as bf16 in deq_, then the bf16 path. Its cost is one pass over
+    // the weights per prompt chunk, shared by up to kPrefillChunk rows.
+    BRRR_CHECK((size_t)N * K <= deq_elems_, "matmul: a quantized " << N << " x " << K << " matrix at M = " << M
+                                                 << " rows exceeds the dequantization scratch");
+    for (int i = 0; i < W.n_parts; ++i) {
+        const MatrixPart& p = W.parts[i];
+        bf16* dst = deq_ + (size_t)p.row0 * K;
+        if (p.type == 0)
+            CUDA_CHECK(cudaMemcpyAsync(dst, p.data, (size_t)p.rows * K * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+        else
+            dequantize_bf16(p.type, p.data, p.rows, K, dst, K, s);
+    }
+    if (norm_w) rmsnorm_matmul_bf16(x_f32, norm_w, eps, deq_, M, N, K, ep, args, xn_, s);
+    else matmul_bf16(x_bf16, deq_, M, N, K, ep, args, s);
+}
+
+// M <= 16 rows on a matrix with quantized parts. The input rows are quantized once into xq_
+// (and, for bf16 parts of a normalized input, written to xn_). One part runs its epilogue in the
+// kernel; several parts store fp32 into their columns of a staging buffer (qkv_ for RopeKV,
+// gate_up_ for SwiGLU, else the destination itself) and the epilogue runs after.
+void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
+                              Epilogue ep, const EpilogueArgs& args) {
+    const int N = W.rows, K = W.cols;
+    cudaStream_t s = stream_;
+    bool any_bf16 = false;
+    for (int i = 0; i < W.n_parts; ++i) any_bf16 |= W.parts[i].type == 0;
+    if (norm_w) {
+        rmsnorm_quantize_act(x_f32, norm_w, cfg_.norm_eps, xq_, M, K, s);
+        if (any_bf16) rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, cfg_.norm_eps, s);
+    } else {
+        quantize_act_bf16(x_bf16, xq_, M, K, s);
+    }
+    const bf16* x_plain = norm_w ? xn_ : x_bf16;
+    if (W.n_parts == 1) {
+        gemv_quant(W.parts[0].type, W.parts[0].data, xq_, M, N, K, ep, args, s);
+        return;
+    }
+    // Per part: fp32 into columns [row0, row0 + rows) of a [M, N] staging, or of the destination.
+    float* staging = ep == Epilogue::RopeKV ? args.out_f32 : ep == Epilogue::SwiGLU ? gate_up_ : nullptr;
+    for (int i = 0; i < W.n_parts; ++i) {
+        const MatrixPart& p = W.parts[i];
+        EpilogueArgs a;
+        Epilogue part_ep = ep;
+        if (staging) {
+            part_ep = Epilogue::StoreF32;
+            a.out_f32 = staging + p.row0;
+            a.ld_out = N;
+        } else {
+            a = args;
+            const int ld = args.ld_out ? args.ld_out : N;
+            a.ld_out = ld;
+            if (a.out_f32) a.out_f32 += p.row0;
+            if (a.out_bf16) a.out_bf16 += p.row0;
+            if (a.residual) a.residual += p.row0;
+        }
+        if (p.type == 0)
+            gemv_bf16(x_plain, static_cast<const bf16*>(p.data), M, p.rows, K, part_ep, a, s);
+        else
+            gemv_quant(p.type, p.data, xq_, M, p.rows, K, part_ep, a, s);
+    }
+    if (ep == Epilogue::RopeKV) rope_kv_append(staging, args.rope, M, s);
+    if (ep == Epilogue::SwiGLU) swiglu_f32(staging, args.out_bf16, M, N / 2, s);
 }
 
 }  // namespace cuda

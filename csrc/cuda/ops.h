@@ -120,6 +120,10 @@ void rope_kv_append(const float* qkv, const int* positions, const int* slots, co
 // The same with the destinations of an EpilogueArgs (what gemm_bf16 runs where RopeKV is not fused).
 void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_t stream);
 
+// ---- swiglu.cu -------------------------------------------------------------------------------
+// out [M, H] bf16 = silu(gate_up[:, :H]) * gate_up[:, H:], gate_up [M, 2H] fp32 (a w13 run part by part).
+void swiglu_f32(const float* gate_up, bf16* out, int M, int H, cudaStream_t stream);
+
 // ---- attention_decode.cu, attention_prefill_sm80.cu, attention_prefill_sm90.cu --------------
 // Flash-decoding: one query token per sequence b (q [B, Hq, hd]) over its cached positions
 // [0, positions[b]]; split over the KV length into at most `max_splits` chunks, GQA-aware (each

@@ -268,7 +268,8 @@ def build_llm(opts: Options, device: str, batch: int, max_seq: int):
                                      max_batch=batch, n_threads=opts.threads, progress=False,
                                      **quant_argument(opts.quant))
     return Llama.random(opts.shape, seed=SEED, device=device, dtype=opts.dtype, max_seq_len=max_seq,
-                        max_batch=batch, n_threads=opts.threads)
+                        max_batch=batch, n_threads=opts.threads,
+                        **({"quant": opts.quant} if opts.quant not in (None, "auto") else {}))
 
 
 def quant_argument(quant: str | None) -> dict:

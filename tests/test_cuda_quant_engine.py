@@ -1,0 +1,141 @@
+"""Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, dequantized
+tiles through the bf16 GEMM at prefill) against the CPU engine on the same GGUF blocks.
+
+Numerics rule (docs/design.md, quantized weights): like the CPU engine's quantized path, each
+decode matmul quantizes its activations per block of 32 to int8 (the same rounding); the GPU also
+keeps bf16 activations and a bf16 KV cache where the bf16 engine does. Logits are held to the CPU
+quantized tests' bound (test_quant_engine.LOGIT_REL_BOUND: max deviation over max |logit|) against
+the fp32 CPU engine on the dequantized weights, and decode rows to prefill rows within it.
+"""
+
+import numpy as np
+import pytest
+
+from llama_brrr import quant
+
+from test_quant_engine import KEPT, LOGIT_REL_BOUND, MIXED, quant_config, random_weights, rel_dev, types_for
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module")
+def C(cuda_C):
+    return cuda_C
+
+
+def engines(C, config, types, weights, max_batch=2, graphs=True):
+    """(CUDA engine on the blocks, CPU quantized engine on the same blocks, CPU f32 engine on
+    their dequantized values), and the blocks by tensor name."""
+    ids = quant.kept_types()
+    type_ids = {n: ids[t] for n, t in types.items()}
+    d = config.engine_dict(config.max_seq_len, max_batch)
+    gpu = C.Engine("cuda", d, "bf16", 0, 0, type_ids)
+    gpu.use_cuda_graphs = graphs
+    cpu_q = C.Engine("cpu", d, "f32", 0, 1, type_ids)
+    cpu_f = C.Engine("cpu", d, "f32", 0, 1)
+    blocks = {}
+    for name, w in weights.items():
+        if name in types:
+            blocks[name] = C.quant_ops.quantize(types[name], w)
+            for e in (gpu, cpu_q):
+                e.set_weight_blocks(name, blocks[name], ids[types[name]], list(w.shape))
+            cpu_f.set_weight(name, C.quant_ops.dequantize(types[name], blocks[name], w.shape[1]), "f32")
+        else:
+            for e in (gpu, cpu_q, cpu_f):
+                e.set_weight(name, w, "f32")
+    return gpu, cpu_q, cpu_f, blocks
+
+
+@pytest.mark.parametrize("spec", KEPT + ["mixed"])
+def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
+    config = quant_config()
+    types = types_for(config, MIXED if spec == "mixed" else spec)
+    gpu, cpu_q, cpu_f, blocks = engines(C, config, types, random_weights(config, rng))
+    # the device holds the file's values bit for bit (repacked, then unpacked by get_weight)
+    for name in ("layers.0.wq", "layers.0.wv", "layers.1.w2", "tok_embeddings"):
+        if name in blocks:
+            want = C.quant_ops.dequantize(types[name], blocks[name], config.tensor_shapes()[name][1])
+            assert np.array_equal(gpu.get_weight(name), want), (spec, name)
+    tokens = rng.integers(0, config.vocab_size, 23).astype(np.int32)
+    want = cpu_f.prefill(0, tokens, 0, "all")
+    got = gpu.prefill(0, tokens, 0, "all")  # 23 rows: dequantized tiles through the GEMM
+    assert np.isfinite(got).all()
+    assert rel_dev(got, want) < LOGIT_REL_BOUND, spec
+    assert rel_dev(got, cpu_q.prefill(0, tokens, 0, "all")) < LOGIT_REL_BOUND, spec
+    # decode rows (gemv_quant on int8 activations) against the same positions run as a prompt
+    gpu.prefill(1, tokens[:-4], 0, "none")
+    cpu_q.prefill(1, tokens[:-4], 0, "none")
+    for step, token in enumerate(tokens[-4:]):  # eager, capture, replays
+        pos = len(tokens) - 4 + step
+        args = (np.array([token], np.int32), np.array([1], np.int32), np.array([pos], np.int32))
+        row = gpu.decode(*args)[0]
+        assert rel_dev(row, want[pos]) < LOGIT_REL_BOUND, (spec, step)
+        # the CPU engine decodes on the same int8 activation blocks: closer still
+        assert rel_dev(row, cpu_q.decode(*args)[0]) < LOGIT_REL_BOUND / 2, (spec, step)
+
+
+def test_batched_quantized_decode_rows_equal_each_row_alone(C, rng):
+    """gemv_quant's rows are batch-invariant bit for bit; flash_decode's split merge depends on
+    the batch (1e-6 in test_cuda_engine), so the logits are held to that."""
+    config = quant_config()
+    types = types_for(config, MIXED)
+    weights = random_weights(config, rng)
+    batched, _, _, _ = engines(C, config, types, weights, max_batch=3)
+    alone, _, _, _ = engines(C, config, types, weights, max_batch=3)
+    prompts = [rng.integers(0, config.vocab_size, n).astype(np.int32) for n in (4, 9, 15)]
+    for slot, p in enumerate(prompts):
+        batched.prefill(slot, p, 0, "none")
+        alone.prefill(slot, p, 0, "none")
+    positions = np.array([len(p) for p in prompts], np.int32)
+    slots = np.arange(3, dtype=np.int32)
+    for step in range(4):
+        tokens = rng.integers(0, config.vocab_size, 3).astype(np.int32)
+        together = batched.decode(tokens, slots, positions)
+        for i in range(3):
+            single = alone.decode(tokens[i:i + 1], slots[i:i + 1], positions[i:i + 1])[0]
+            assert np.abs(together[i] - single).max() <= 1e-6 * np.abs(single).max(), (step, i)
+        positions += 1
+
+
+def test_quantized_graph_replay_equals_eager(C, rng):
+    config = quant_config(tie_embeddings=True)
+    types = types_for(config, {"wq": "q4_k", "wk": "q4_k", "wv": "q6_k", "wo": "q8_0", "w1": "q4_k",
+                               "w3": "q4_k", "w2": "q6_k", "tok_embeddings": "q6_k"})
+    weights = random_weights(config, rng)
+    graphed, _, _, _ = engines(C, config, types, weights, graphs=True)
+    eager, _, _, _ = engines(C, config, types, weights, graphs=False)
+    prompt = rng.integers(0, config.vocab_size, 7).astype(np.int32)
+    for e in (graphed, eager):
+        e.prefill(0, prompt, 0, "none")
+    for step in range(4):
+        args = (np.array([step + 3], np.int32), np.array([0], np.int32), np.array([7 + step], np.int32))
+        np.testing.assert_array_equal(graphed.decode(*args), eager.decode(*args), err_msg=f"step {step}")
+
+
+def test_blocks_arrive_in_row_chunks_and_bad_blocks_are_refused(C, rng):
+    config = quant_config()
+    ids = quant.kept_types()
+    types = types_for(config, "q6_k")  # Q6_K: tiles and the tail of scales, both chunked
+    e = C.Engine("cuda", config.engine_dict(16, 1), "bf16", 0, 0, {n: ids[t] for n, t in types.items()})
+    w = random_weights(config, rng)["layers.0.w1"]
+    blocks = C.quant_ops.quantize("q6_k", w)
+    for r0 in range(0, len(blocks), 100):
+        e.set_weight_blocks("layers.0.w1", blocks[r0:r0 + 100], ids["q6_k"], list(w.shape), r0)
+    assert np.array_equal(e.get_weight("layers.0.w1"), C.quant_ops.dequantize("q6_k", blocks, w.shape[1]))
+    with pytest.raises(ValueError, match="GGML type 8 given.*stores it as q6_k"):
+        e.set_weight_blocks("layers.0.w1", blocks, ids["q8_0"], list(w.shape))
+    with pytest.raises(ValueError, match="starting at row 150.*rows have arrived"):
+        e.set_weight_blocks("layers.0.w1", blocks[150:], ids["q6_k"], list(w.shape), 150)
+    with pytest.raises(ValueError, match="not a block format the CUDA engine keeps"):
+        C.Engine("cuda", config.engine_dict(16, 1), "bf16", 0, 0, {"layers.0.wq": 1})
+    with pytest.raises(ValueError, match="not a multiple of 256"):
+        C.Engine("cuda", quant_config(dim=96, n_heads=2, n_kv_heads=1).engine_dict(16, 1), "bf16", 0, 0,
+                 {"layers.0.wq": ids["q4_k"]})
+
+
+def test_random_quantized_model_on_the_gpu_generates(C):
+    from llama_brrr import Llama
+    llm = Llama.random(quant_config(vocab_size=512), device="cuda", quant="q4_k_m", max_batch=2)
+    assert "q4_k" in llm.weights_summary and "q6_k" in llm.weights_summary
+    outs = llm.generate([[1, 2, 3], [4, 5]], max_tokens=6, ignore_eos=True)
+    assert [len(o.token_ids) for o in outs] == [6, 6]
