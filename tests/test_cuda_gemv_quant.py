@@ -1,144 +1,315 @@
-"""The quantized decode GEMV (csrc/cuda/gemv_quant.cu) through _C.testing.gemv_quant, against a
-float64 reference built from the CPU dequantizer (_C.quant_ops.dequantize, ggml's exact values)
-and the bf16-rounded x.
+"""The quantized decode kernels (csrc/cuda/gemv_quant.cu) through _C.testing, on weights in the
+CUDA tiles (quant_ops.gpu_repack of blocks from our quantizers) and int8 ActBlock activations.
 
-Tolerance: W is exact in both (the kernel dequantizes as the CPU does), so the only error is fp32
-accumulation: |y - ref| <= 2e-6 * sum_k |x_k| |w_k| per output. One wrong weight (index, nibble,
-scale) moves an output by about sum |x||w| / K, 100x that bound even at K = 4096. Outputs are
-NaN-poisoned, with one poisoned row past M that must stay NaN; inputs are random on every run (seed
-printed by the rng fixture; BRRR_TEST_SEED replays it)."""
+References, all from the CPU engine: quant_ops.dequantize (ggml's exact values) for W,
+quant_ops.quantize_activations for the ActBlocks. Exact where the arithmetic is the same:
+quantize_act_bf16 and dequantize_f32 bit for bit, dequantize_bf16 = their bf16 rounding,
+embed_quant = dequantized rows, batched GEMV rows = the same rows alone, StoreBf16 / AddResidual =
+the StoreF32 result rounded / added.
+
+GEMV tolerance: ref = float64 sum_k W[n, k] * (d q)[m, k] over the CPU's dequantized W and the
+kernel's own ActBlocks (checked equal to the CPU's), so what is left is fp32 rounding: each half
+term s * d_x * isum + b * dsum and the dequantized W (d * c + m rounded twice) carry a few units
+of 2^-24 of |s c| + |b| per weight, and a lane's running sum over its pieces plus the 5-level
+butterfly add at most ~30 more. |s c| + |b| <= 4 max |W| over the weight's 16-value half for
+blocks our quantizers make (the extreme codes hold the extreme weights), hence
+  |y - ref| <= 64 * 2^-24 * sum_k A_k |x_k|,  A_k = 4 max_{half(k)} |W|,
+about 3e-5 sum |W||x|, while one wrong code moves an output by ~sum |W||x| / K (2.4e-4 at
+K = 4096) and a wrong scale by 16-32x that. Outputs NaN-poisoned (with a row past M that must
+stay NaN); inputs random per run (seed printed by the rng fixture)."""
+
+import math
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.cuda
+from test_cuda_kernels import STORE_BF16, STORE_F32, ADD_RESIDUAL, SWIGLU, gen, nan_full, ops  # noqa: E402
+from test_cuda_ops_misc import C, rope_oracle, rope_slack  # noqa: E402
 
-# GGML type id and block elements of every type the kernel runs.
+pytestmark = pytest.mark.cuda
+ROPE_KV = 4
+EPS = 1e-5
+
+__all__ = ["C", "gen", "ops"]  # fixtures used by name
+
 TYPES = {"q8_0": (8, 32), "q4_0": (2, 32), "q4_1": (3, 32), "q5_0": (6, 32), "q5_1": (7, 32),
          "q4_k": (12, 256), "q5_k": (13, 256), "q6_k": (14, 256)}
-ACC_BOUND = 2e-6
-
-
-@pytest.fixture(scope="module")
-def C(cuda_C):
-    return cuda_C
+U32 = 2.0 ** -24
 
 
 def shapes_for(block):
-    """(N, K): one block; several blocks; a K chunk (1024 values) plus a partial one; the model's
-    4096 on a few odd rows; the full 4096 x 4096."""
-    return [(1, block), (3, 3 * block), (77, 1024 + 5 * block if block == 32 else 1024 + block),
-            (77, 4096), (4096, 4096)]
+    """(N, K): one tile; a partial last tile (32-value types); 4096 + 256; rows not a multiple of
+    the CTA's 4 warps."""
+    if block == 32:
+        return [(1, 256), (5, 576), (77, 4096 + 256), (130, 32 * 3)]
+    return [(1, 256), (5, 512), (77, 4096 + 256), (130, 256)]
 
 
-def quantized(C, name, N, K, rng):
-    """Random weights (rows of differing scale, an offset so Q4_1/Q5_1/K-quant mins matter)
-    quantized by our quantizers: (blocks uint8 [N, row_bytes] on the device, float64 dequantized W)."""
-    w = rng.standard_normal((N, K)).astype(np.float32)
-    w *= rng.uniform(0.005, 0.05, size=(N, 1)).astype(np.float32)
-    w += rng.uniform(-0.01, 0.01, size=(N, 1)).astype(np.float32)
-    blocks = C.quant_ops.quantize(name, w)
-    deq = C.quant_ops.dequantize(name, blocks, K).astype(np.float64)
-    return torch.from_numpy(np.ascontiguousarray(blocks)).cuda(), torch.from_numpy(deq).cuda()
+class Weights:
+    """Random rows (differing scales, an offset so mins matter) quantized by our quantizers."""
+
+    def __init__(self, C, name, N, K, rng):
+        w = rng.standard_normal((N, K)).astype(np.float32)
+        w *= rng.uniform(0.005, 0.05, size=(N, 1)).astype(np.float32)
+        w += rng.uniform(-0.01, 0.01, size=(N, 1)).astype(np.float32)
+        self.name, self.type_id, self.N, self.K = name, TYPES[name][0], N, K
+        self.blocks = C.quant_ops.quantize(name, w)
+        self.deq = C.quant_ops.dequantize(name, self.blocks, K)  # f32 [N, K], exact
+        self.packed = torch.from_numpy(C.quant_ops.gpu_repack(name, self.blocks, K)).cuda()
+        halves = np.abs(self.deq).reshape(N, K // 16, 16).max(axis=2)
+        self.A = torch.from_numpy(4.0 * np.repeat(halves, 16, axis=1).astype(np.float64)).cuda()
+
+
+def act_blocks(C, x32):
+    """CPU ActBlocks of x [M, K] f32 (numpy): bytes [M, K / 32 * 48] and the dequantized d * q."""
+    raw = C.quant_ops.quantize_activations(np.ascontiguousarray(x32))
+    return raw, dequant_act(raw)
+
+
+def dequant_act(raw):
+    M = raw.shape[0]
+    b = raw.reshape(M, -1, 48)
+    d = b[:, :, :4].copy().view(np.float32)[:, :, 0].astype(np.float64)
+    q = b[:, :, 16:].copy().view(np.int8).astype(np.float64)
+    return (d[:, :, None] * q).reshape(M, -1)
 
 
 def random_x(rng, M, K):
-    return torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).cuda().to(torch.bfloat16)
+    return torch.from_numpy((rng.standard_normal((M, K)) * 2.0).astype(np.float32)).cuda().to(torch.bfloat16)
 
 
-def run(C, type_id, W_dev, x, N, K, w_ptr=None, x_ptr=None):
-    """y [M, N] from the kernel; asserts the poisoned row past M stays NaN."""
-    M = x.shape[0]
-    y = torch.full((M + 1, N), float("nan"), dtype=torch.float32, device="cuda")
-    C.testing.gemv_quant(type_id, w_ptr or W_dev.data_ptr(), x_ptr or x.data_ptr(), y.data_ptr(), M, N, K)
+def gpu_act(ops, x_bf16):
+    M, K = x_bf16.shape
+    xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+    ops.quantize_act_bf16(x_bf16.data_ptr(), xq.data_ptr(), M, K)
+    torch.cuda.synchronize()
+    return xq
+
+
+def gemv(ops, W, xq, M, epilogue=STORE_F32, **kw):
+    """The kernel's fp32 result [M, N] (StoreF32) with a poisoned row past M that must stay NaN."""
+    y = nan_full((M + 1, W.N), torch.float32)
+    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, W.N, W.K, epilogue, out_f32=y.data_ptr(), **kw)
     torch.cuda.synchronize()
     assert torch.isnan(y[M]).all(), "the kernel wrote past its M rows"
     return y[:M]
 
 
-def check(name, y, x, deq):
-    xd = x.double()
-    ref = xd @ deq.T
-    bound = ACC_BOUND * (xd.abs() @ deq.abs().T)
-    assert torch.isfinite(y).all(), f"{name}: {(~torch.isfinite(y)).sum().item()} outputs not finite (unwritten?)"
-    excess = ((y.double() - ref).abs() - bound)
-    worst = int(excess.argmax())
-    m, n = divmod(worst, y.shape[1])
-    assert excess.max().item() <= 0, (
-        f"{name}: y[{m}, {n}] = {y[m, n].item():.9g}, reference {ref[m, n].item():.9g}, "
-        f"allowed error {bound[m, n].item():.3g}")
+def check_gemv(name, y, W, xdeq):
+    xd = torch.from_numpy(xdeq).cuda()
+    ref = xd @ torch.from_numpy(W.deq.astype(np.float64)).cuda().T
+    bound = 64 * U32 * (xd.abs() @ W.A.T)
+    err = (y.double() - ref).abs()
+    assert not torch.isnan(y).any(), f"{name}: NaN in the output"
+    worst = (err / bound).max().item()
+    assert worst <= 1.0, f"{name}: error {worst:.2f}x the fp32 bound (max err {err.max().item():.3g})"
 
 
 @pytest.mark.parametrize("name", list(TYPES))
-def test_gemv_quant_against_dequantized_reference(C, rng, name):
-    type_id, block = TYPES[name]
-    for N, K in shapes_for(block):
-        W_dev, deq = quantized(C, name, N, K, rng)
-        for M in (1, 3, 16):
+def test_quantize_act_bf16_is_the_cpu_rule(C, ops, rng, name):
+    del name  # one activation rule for every type; run per type only for the seeds
+    for M, K in [(1, 32), (3, 576), (16, 4096 + 256)]:
+        x = random_x(rng, M, K)
+        x[0, :32] = 0  # an all-zero block: d = 0, q = 0
+        xq = gpu_act(ops, x)
+        ref, _ = act_blocks(C, x.float().cpu().numpy())
+        assert np.array_equal(xq.cpu().numpy(), ref), f"M={M} K={K}: ActBlocks differ from the CPU's"
+
+
+def test_rmsnorm_quantize_act_matches_the_fp32_rule(C, ops, rng, gen):
+    """rstd's fp32 sum order is the kernel's own, so against torch's rstd the values agree to a few
+    ulps: d within 1e-5 relative, codes within 1 (a value on a rounding boundary), and no more
+    than 1% of codes off by one."""
+    for M, K in [(1, 576), (5, 4096), (16, 14336)]:
+        x = torch.randn((M, K), generator=gen, device="cuda") * 3.0
+        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+        ops.rmsnorm_quantize_act(x.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
+        torch.cuda.synchronize()
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+        xn = (x * rstd * w.float()).cpu().numpy()
+        ref, _ = act_blocks(C, xn)
+        got = xq.cpu().numpy().reshape(M, -1, 48)
+        ref = ref.reshape(M, -1, 48)
+        d_got, d_ref = got[:, :, :4].copy().view(np.float32), ref[:, :, :4].copy().view(np.float32)
+        assert np.allclose(d_got, d_ref, rtol=1e-5, atol=0), f"M={M} K={K}: scales differ"
+        q_got = got[:, :, 16:].copy().view(np.int8).astype(int)
+        q_ref = ref[:, :, 16:].copy().view(np.int8).astype(int)
+        diff = np.abs(q_got - q_ref)
+        assert diff.max() <= 1 and (diff > 0).mean() <= 0.01, f"M={M} K={K}: codes differ"
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_dequantize_is_the_cpu_dequantizer(C, ops, rng, name):
+    for N, K in shapes_for(TYPES[name][1])[:3]:
+        W = Weights(C, name, N, K, rng)
+        out = nan_full((N, K), torch.float32)
+        ops.dequantize_f32(W.type_id, W.packed.data_ptr(), out.data_ptr(), N, K)
+        torch.cuda.synchronize()
+        assert np.array_equal(out.cpu().numpy().view(np.uint32), W.deq.view(np.uint32)), f"{name} {N}x{K}: f32"
+        ld = K + 24
+        out16 = nan_full((N, ld), torch.bfloat16)
+        ops.dequantize_bf16(W.type_id, W.packed.data_ptr(), out16.data_ptr(), N, K, ld)
+        torch.cuda.synchronize()
+        assert torch.equal(out16[:, :K], torch.from_numpy(W.deq).cuda().to(torch.bfloat16)), f"{name}: bf16"
+        assert torch.isnan(out16[:, K:].float()).all(), f"{name}: wrote past K in a row of ld_out"
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_gemv_quant_against_the_dequantized_reference(C, ops, rng, name):
+    for N, K in shapes_for(TYPES[name][1]):
+        W = Weights(C, name, N, K, rng)
+        for M in (1, 2, 3, 5, 8, 13, 16):
             x = random_x(rng, M, K)
-            check(f"{name} M={M} N={N} K={K}", run(C, type_id, W_dev, x, N, K), x, deq)
+            xq = gpu_act(ops, x)
+            raw, xdeq = act_blocks(C, x.float().cpu().numpy())
+            assert np.array_equal(xq.cpu().numpy(), raw)
+            check_gemv(f"{name} M={M} N={N} K={K}", gemv(ops, W, xq, M), W, xdeq)
 
 
 @pytest.mark.parametrize("name", list(TYPES))
-def test_gemv_quant_rows_batch_invariant(C, rng, name):
-    """Each row of an M = 16 (and M = 3) batch equals, bit for bit, the same row run alone."""
-    type_id, block = TYPES[name]
-    N, K = 77, 1024 + block
-    W_dev, _ = quantized(C, name, N, K, rng)
-    x = random_x(rng, 16, K)
-    for M in (16, 3):
-        batch = run(C, type_id, W_dev, x[:M].contiguous(), N, K)
-        for m in range(M):
-            alone = run(C, type_id, W_dev, x[m:m + 1].contiguous(), N, K)
-            assert torch.equal(batch[m], alone[0]), f"{name}: row {m} of M={M} differs from the row alone"
+def test_gemv_quant_rows_do_not_depend_on_the_batch(C, ops, rng, name):
+    """Every row of a batch of 16 (and of 3) bit for bit equal to the same row alone."""
+    W = Weights(C, name, 37, 4096 + (96 if TYPES[name][1] == 32 else 256), rng)
+    x = random_x(rng, 16, W.K)
+    xq = gpu_act(ops, x)
+    all16 = gemv(ops, W, xq, 16)
+    three = gemv(ops, W, xq[5:8].contiguous(), 3)
+    for m in range(16):
+        alone = gemv(ops, W, xq[m:m + 1].contiguous(), 1)
+        assert torch.equal(alone[0], all16[m]), f"{name}: row {m} of a batch of 16 differs from the row alone"
+    assert torch.equal(three, all16[5:8]), f"{name}: rows of a batch of 3 differ from the batch of 16"
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_k", "q6_k", "q5_0"])
-@pytest.mark.parametrize("w_offset,x_offset", [(2, 0), (6, 2), (14, 2)])
-def test_gemv_quant_unaligned_pointers(C, rng, name, w_offset, x_offset):
-    """W at any even address (the 16-byte staging's byte-wise head and tail) and x off 16 bytes
-    (the element-wise x staging) give the same answer."""
-    type_id, block = TYPES[name]
-    N, K = 5, 1024 + block
-    W_dev, deq = quantized(C, name, N, K, rng)
-    w_buf = torch.zeros(W_dev.numel() + w_offset, dtype=torch.uint8, device="cuda")
-    w_buf[w_offset:].copy_(W_dev.flatten())
-    x = random_x(rng, 3, K)
-    x_buf = torch.zeros(x.numel() + x_offset // 2, dtype=torch.bfloat16, device="cuda")
-    x_buf[x_offset // 2:].copy_(x.flatten())
-    w_ptr, x_ptr = w_buf.data_ptr() + w_offset, x_buf.data_ptr() + x_offset
-    assert (w_ptr % 16, x_ptr % 16) == (w_offset, x_offset)
-    y = run(C, type_id, W_dev, x, N, K, w_ptr=w_ptr, x_ptr=x_ptr)
-    check(f"{name} W+{w_offset} x+{x_offset}", y, x, deq)
-    assert torch.equal(y, run(C, type_id, W_dev, x, N, K)), f"{name}: unaligned result differs from aligned"
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q5_0"])
+@pytest.mark.parametrize("M", [1, 4, 16])
+def test_gemv_quant_epilogues(C, ops, rng, gen, name, M):
+    """StoreBf16 = the StoreF32 result rounded; AddResidual = it added (ld_out wider than N, the
+    columns between untouched); SwiGLU = silu(gate) * up of the two halves' results, each row
+    bit-equal to the StoreF32 row (same sums), the product within 1 bf16 rounding + the fast exp."""
+    N, K = 2 * 69, 512
+    W = Weights(C, name, N, K, rng)
+    xq = gpu_act(ops, random_x(rng, M, K))
+    y = gemv(ops, W, xq, M)
+    out = nan_full((M, N), torch.bfloat16)
+    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, STORE_BF16, out=out.data_ptr())
+    torch.cuda.synchronize()
+    assert torch.equal(out, y.to(torch.bfloat16)), "StoreBf16 is not the fp32 result rounded"
+    ld = N + 7
+    residual = torch.randn((M, ld), generator=gen, device="cuda")
+    before = residual.clone()
+    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, ADD_RESIDUAL,
+                   residual=residual.data_ptr(), ld_out=ld)
+    torch.cuda.synchronize()
+    assert torch.equal(residual[:, :N], before[:, :N] + y), "AddResidual is not residual + y"
+    assert torch.equal(residual[:, N:], before[:, N:]), "AddResidual wrote past N in a row of ld_out"
+    H = N // 2
+    sw = nan_full((M, H), torch.bfloat16)
+    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, SWIGLU, out=sw.data_ptr())
+    torch.cuda.synchronize()
+    ref = (torch.nn.functional.silu(y[:, :H].double()) * y[:, H:].double())
+    tol = 2.0 ** -8 * ref.abs() + 1e-6 * (y[:, :H].double().abs() * y[:, H:].double().abs()) + 1e-30
+    assert ((sw.double() - ref).abs() <= tol).all(), "SwiGLU differs from silu(gate) * up"
 
 
-def test_gemv_quant_bad_arguments(C):
-    W = torch.zeros(4096, dtype=torch.uint8, device="cuda")
-    x = torch.zeros(4096, dtype=torch.bfloat16, device="cuda")
-    y = torch.zeros(64, dtype=torch.float32, device="cuda")
-    g = C.testing.gemv_quant
-    with pytest.raises(ValueError, match="type id 9 is not a quantized type"):
-        g(9, W.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 1, 32)
-    with pytest.raises(ValueError, match="type id 0 is not"):
-        g(0, W.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 1, 32)
-    with pytest.raises(ValueError, match="GGML type id"):
-        g(2**40 + 8, W.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 1, 32)
-    with pytest.raises(ValueError, match="K=48 is not a positive multiple of q8_0's block of 32"):
-        g(8, W.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 1, 48)
-    with pytest.raises(ValueError, match="K=288 is not a positive multiple of q4_k's block of 256"):
-        g(12, W.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 1, 288)
-    with pytest.raises(ValueError, match="K=0"):
-        g(14, W.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 1, 0)
-    for M in (0, 17):
-        with pytest.raises(ValueError, match=f"M={M} rows"):
-            g(8, W.data_ptr(), x.data_ptr(), y.data_ptr(), M, 1, 32)
-    with pytest.raises(ValueError, match="N must be >= 1"):
-        g(8, W.data_ptr(), x.data_ptr(), y.data_ptr(), 1, 0, 32)
-    with pytest.raises(ValueError, match="W must be a device pointer"):
-        g(8, 0, x.data_ptr(), y.data_ptr(), 1, 1, 32)
-    with pytest.raises(ValueError, match="2-byte aligned"):
-        g(8, W.data_ptr() + 1, x.data_ptr(), y.data_ptr(), 1, 1, 32)
-    assert torch.equal(y, torch.zeros_like(y)), "a refused call wrote its output"
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k"])
+@pytest.mark.parametrize("M", [1, 5])
+def test_gemv_quant_rope_kv(C, ops, rng, name, M):
+    """RopeKV against rope_oracle of the kernel's own StoreF32 q|k|v (bit-equal sums): bf16
+    rounding of the rotated value plus the fp32 cos / sin slack; other cache entries untouched."""
+    from llama_brrr.config import ModelConfig
+    n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 4, 2, 64, 512, 40, 3
+    config = ModelConfig(dim=K, hidden_dim=64, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                         head_dim=head_dim, vocab_size=16, rope_theta=500000.0)
+    inv_freq = torch.from_numpy(C.rope_inv_freq(config.engine_dict(max_seq, max_batch))).cuda()
+    N = (n_heads + 2 * n_kv_heads) * head_dim
+    W = Weights(C, name, N, K, rng)
+    xq = gpu_act(ops, random_x(rng, M, K))
+    qkv = gemv(ops, W, xq, M)
+    slots = torch.from_numpy(rng.integers(0, max_batch, size=M).astype(np.int32)).cuda()
+    positions = torch.from_numpy(np.concatenate([[max_seq - 1], rng.choice(max_seq - 1, M - 1, replace=False)])
+                                 .astype(np.int32)).cuda()
+    q_out = nan_full((M, n_heads, head_dim), torch.bfloat16)
+    shape = (max_batch, max_seq, n_kv_heads, head_dim)
+    k_cache, v_cache = nan_full(shape, torch.bfloat16), nan_full(shape, torch.bfloat16)
+    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, ROPE_KV, positions=positions.data_ptr(),
+                   slots=slots.data_ptr(), inv_freq=inv_freq.data_ptr(), q_out=q_out.data_ptr(),
+                   k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), n_heads=n_heads, n_kv_heads=n_kv_heads,
+                   head_dim=head_dim, max_seq=max_seq)
+    torch.cuda.synchronize()
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+    written = torch.zeros(shape[:2], dtype=torch.bool, device="cuda")
+    for m in range(M):
+        s, p = int(slots[m]), int(positions[m])
+        written[s, p] = True
+        heads = lambda lo, n: qkv[m, lo:lo + n * head_dim].view(n, head_dim)  # noqa: E731
+        for got, v, rotate in [(q_out[m], heads(0, n_heads), True), (k_cache[s, p], heads(q_dim, n_kv_heads), True),
+                               (v_cache[s, p], heads(q_dim + kv_dim, n_kv_heads), False)]:
+            ref = rope_oracle(v, p, inv_freq) if rotate else v.double().cpu()
+            slack = rope_slack(v) if rotate else 0.0
+            tol = 2.0 ** -8 * ref.abs() + slack + 1e-30
+            assert ((got.double().cpu() - ref).abs() <= tol).all(), f"{name} M={M} row {m}: RopeKV differs"
+    for cache in (k_cache, v_cache):
+        assert torch.isnan(cache[~written]).all(), "wrote a cache entry of another token"
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_embed_quant_rows_are_the_dequantized_rows(C, ops, rng, name):
+    V, D = 53, 576 if TYPES[name][1] == 32 else 512
+    W = Weights(C, name, V, D, rng)
+    tokens_np = rng.integers(0, V, size=6).astype(np.int32)
+    tokens_np[3] = V  # a bad id: a NaN row
+    tokens = torch.from_numpy(tokens_np).cuda()
+    x = nan_full((7, D), torch.float32)
+    history = torch.full((2, 9), -1, dtype=torch.int32, device="cuda")
+    slots = torch.tensor([0, 1, 0, 1, 0, 1], dtype=torch.int32, device="cuda")
+    positions = torch.tensor([0, 0, 1, 1, 2, 8], dtype=torch.int32, device="cuda")
+    ops.embed_quant(tokens.data_ptr(), W.type_id, W.packed.data_ptr(), x.data_ptr(), 6, D, V,
+                    history=history.data_ptr(), slots=slots.data_ptr(), positions=positions.data_ptr(),
+                    max_batch=2, max_seq=9)
+    torch.cuda.synchronize()
+    got = x.cpu().numpy()
+    for m, t in enumerate(tokens_np):
+        if t == V:
+            assert np.isnan(got[m]).all(), "a bad token id must give a NaN row"
+        else:
+            assert np.array_equal(got[m].view(np.uint32), W.deq[t].view(np.uint32)), f"{name}: row {m}"
+    assert np.isnan(got[6]).all(), "wrote past M rows"
+    h = history.cpu().numpy()
+    for m in range(6):
+        assert h[int(slots[m]), int(positions[m])] == tokens_np[m]
+
+
+def test_gemv_quant_bad_arguments_raise(C, ops, rng):
+    W = Weights(C, "q4_k", 8, 256, rng)
+    xq = gpu_act(ops, random_x(rng, 2, 256))
+    y = nan_full((2, 8), torch.float32)
+    bad = (ValueError, RuntimeError)
+    call = lambda t=12, w=W.packed.data_ptr(), x=xq.data_ptr(), M=2, K=256: ops.gemv_quant(  # noqa: E731
+        t, w, x, M, 8, K, STORE_F32, out_f32=y.data_ptr())
+    with pytest.raises(bad, match="type id 9"):
+        call(t=9)
+    with pytest.raises(bad, match="K=288"):
+        call(K=288)
+    with pytest.raises(bad, match="M=17"):
+        call(M=17)
+    with pytest.raises(bad, match="M=0"):
+        call(M=0)
+    with pytest.raises(bad, match="16-byte aligned"):
+        call(w=W.packed.data_ptr() + 8)
+    with pytest.raises(bad, match="device pointer"):
+        call(x=0)
+    with pytest.raises(bad, match="out_f32"):
+        ops.gemv_quant(12, W.packed.data_ptr(), xq.data_ptr(), 2, 8, 256, STORE_F32)
+    with pytest.raises(bad, match="SwiGLU needs an even N"):
+        ops.gemv_quant(12, W.packed.data_ptr(), xq.data_ptr(), 2, 7, 256, SWIGLU, out=y.data_ptr())
+    assert torch.isnan(y).all(), "a rejected call must not touch the output"
+    with pytest.raises(bad, match="multiple of 32"):
+        ops.quantize_act_bf16(xq.data_ptr(), xq.data_ptr(), 1, 40)
+    with pytest.raises(bad, match="K=100"):
+        ops.dequantize_f32(12, W.packed.data_ptr(), y.data_ptr(), 8, 100)
+    with pytest.raises(bad, match="D=300"):
+        ops.embed_quant(xq.data_ptr(), 12, W.packed.data_ptr(), y.data_ptr(), 1, 300, 8)
+    assert math.isnan(float(y[0, 0]))

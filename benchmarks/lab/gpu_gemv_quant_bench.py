@@ -1,19 +1,23 @@
-"""The quantized decode GEMV (testing.gemv_quant, blocks as stored) on the Llama-3-8B batch-1
-projections, beside the bf16 GEMV (testing.gemv_bf16, fp32 store) and a device copy of the
+"""The quantized decode GEMV (testing.gemv_quant on the qlayout tiles, int8 ActBlock activations)
+on the Llama-3-8B decode projections at M = 1, 2, 4, 8, 16, beside the bf16 GEMV (testing.gemv_bf16,
+fp32 store, the engine's path choice for that M) of the same shape and a device copy of the
 quantized GEMV's own byte count, all measured in the same run on one GPU.
 
 Times are device time per call from torch.profiler kernel durations (bench_kernels.device_times:
 the testing bindings synchronize after each call, so host-side events would time the sync), the
 median of --repeats calls after a warm-up, with min / max. Weights rotate among enough copies to
-defeat L2. Blocks are random bytes with random finite fp16 scales (every value pattern a file can
-hold; the decode has no data-dependent branch), and each type's result is checked on 64 rows
-against the CPU dequantizer's float64 reference before its time counts.
+defeat L2. Weights are real blocks, never zeros: min(N, 1024) rows of Gaussian floats quantized by
+our CPU quantizers (quant_ops.quantize), repeated to N rows and repacked (quant_ops.gpu_repack);
+x is Gaussian, quantized on the GPU (testing.quantize_act_bf16, not timed). Each (type, shape, M)
+is checked on 64 rows against the float64 reference of the CPU dequantizer before its time counts
+(the bound of tests/test_cuda_gemv_quant.py).
 
-GB/s counts the bytes streamed: the blocks (or bf16 weights) plus x and y. "of copy" is that rate
-over a same-size device copy's (read + write counted, as bench_kernels' yardstick).
+GB/s counts the bytes streamed: the tiles plus the ActBlocks and y (bf16: weights, x and y). "of
+copy" is that rate over a same-size device copy's (read + write counted, as bench_kernels'
+yardstick); "x bf16" = bf16 GEMV time / ours.
 
     python benchmarks/lab/gpu_gemv_quant_bench.py --out /tmp/gemv_quant.json
-    python benchmarks/lab/gpu_gemv_quant_bench.py --types q8_0,q4_k,q6_k,q4_0,q5_k --repeats 100
+    python benchmarks/lab/gpu_gemv_quant_bench.py --types q4_k,q6_k,q8_0,q4_0 --rows 1,2,4,8,16 --repeats 100
 """
 
 from __future__ import annotations
@@ -37,89 +41,99 @@ import torch  # noqa: E402
 from bench_kernels import (STORE_F32, copies_to_defeat_l2, device_times, random_bf16,  # noqa: E402
                            same_size_copy)
 
-# name: (GGML type id, block elements, block bytes, byte offsets of the fp16 scale fields)
-TYPES = {"q8_0": (8, 32, 34, (0,)), "q4_0": (2, 32, 18, (0,)), "q4_1": (3, 32, 20, (0, 2)),
-         "q5_0": (6, 32, 22, (0,)), "q5_1": (7, 32, 24, (0, 2)), "q4_k": (12, 256, 144, (0, 2)),
-         "q5_k": (13, 256, 176, (0, 2)), "q6_k": (14, 256, 210, (208,))}
+# name: GGML type id
+TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q4_k": 12, "q5_k": 13, "q6_k": 14}
 # Llama-3-8B batch-1 decode projections (N, K)
 SHAPES = [("wqkv", 6144, 4096), ("wo", 4096, 4096), ("w13", 28672, 4096), ("w2", 4096, 14336),
           ("lm_head", 128256, 4096)]
 CHECK_ROWS = 64
-ACC_BOUND = 2e-6  # as tests/test_cuda_gemv_quant.py: fp32 accumulation against sum |x||w|
+BASE_ROWS = 1024  # rows quantized on the CPU, repeated to N
 
 
-def random_blocks(name, N, K, gen):
-    """uint8 [N, row_bytes]: random bytes, each block's fp16 scales set to finite values in
-    (-0.02, 0.02) (a K-quant's dmin likewise), so no output is inf or NaN."""
-    _, elems, size, scale_offsets = TYPES[name]
-    nb = K // elems
-    blocks = torch.randint(0, 256, (N, nb, size), dtype=torch.uint8, device="cuda", generator=gen)
-    for off in scale_offsets:
-        scales = ((torch.rand((N, nb), device="cuda", generator=gen) - 0.5) * 0.04).half()
-        blocks[:, :, off:off + 2] = scales.view(torch.uint8).view(N, nb, 2)
-    return blocks.view(N, nb * size)
+def packed_weights(C, name, N, K, rng):
+    """(tiles uint8 [matrix_bytes] on the device, the CPU-dequantized first CHECK_ROWS rows)."""
+    R = min(N, BASE_ROWS)
+    w = rng.standard_normal((R, K)).astype(np.float32) * rng.uniform(0.005, 0.05, size=(R, 1)).astype(np.float32)
+    base = C.quant_ops.quantize(name, w)
+    blocks = base[np.arange(N) % R]
+    packed = torch.from_numpy(C.quant_ops.gpu_repack(name, blocks, K)).cuda()
+    return packed, C.quant_ops.dequantize(name, base[:min(R, CHECK_ROWS)], K).astype(np.float64)
 
 
-def check(C, name, blocks, x, N, K):
-    """Runs the kernel once and compares CHECK_ROWS rows with the CPU dequantizer's reference."""
-    type_id = TYPES[name][0]
-    y = torch.full((1, N), float("nan"), device="cuda")
-    C.testing.gemv_quant(type_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), 1, N, K)
-    rows = min(N, CHECK_ROWS)
-    deq = C.quant_ops.dequantize(name, blocks[:rows].cpu().numpy(), K).astype(np.float64)
-    xd = x.double().cpu().numpy()
+def act_deq(xq):
+    b = xq.cpu().numpy().reshape(xq.shape[0], -1, 48)
+    d = b[:, :, :4].copy().view(np.float32)[:, :, 0].astype(np.float64)
+    q = b[:, :, 16:].copy().view(np.int8).astype(np.float64)
+    return (d[:, :, None] * q).reshape(xq.shape[0], -1)
+
+
+def check(C, name, packed, deq, xq, M, N, K):
+    """Runs the kernel once and compares the first rows with the CPU dequantizer's reference."""
+    y = torch.full((M, N), float("nan"), device="cuda")
+    C.testing.gemv_quant(TYPES[name], packed.data_ptr(), xq.data_ptr(), M, N, K, STORE_F32, out_f32=y.data_ptr())
+    rows = deq.shape[0]
+    xd = act_deq(xq)
     ref = xd @ deq.T
-    bound = ACC_BOUND * (np.abs(xd) @ np.abs(deq).T)
+    halves = np.repeat(np.abs(deq).reshape(rows, K // 16, 16).max(axis=2), 16, axis=1)
+    bound = 64 * 2.0 ** -24 * (np.abs(xd) @ (4 * halves).T)
     got = y[:, :rows].double().cpu().numpy()
     if not np.isfinite(y.cpu().numpy()).all() or (np.abs(got - ref) > bound).any():
-        raise SystemExit(f"gemv_quant {name} {N}x{K}: result off the reference; no timing counts")
+        raise SystemExit(f"gemv_quant {name} M={M} {N}x{K}: result off the reference; no timing counts")
 
 
-def bench(C, names, repeats, gen):
+def bench(C, names, row_counts, repeats, rng):
     rows = []
     for proj, N, K in SHAPES:
-        x = random_bf16((1, K))
-        y = torch.zeros((1, N), device="cuda")
         bf16_w = [random_bf16((N, K), 0.02) for _ in range(copies_to_defeat_l2(N * K * 2))]
-        bf16_bytes = N * K * 2 + K * 2 + N * 4
+        t_bf16 = {}
+        for M in row_counts:
+            x = random_bf16((M, K))
+            y = torch.zeros((M, N), device="cuda")
 
-        def run_bf16(i):
-            C.testing.gemv_bf16(x.data_ptr(), bf16_w[i % len(bf16_w)].data_ptr(), 1, N, K, STORE_F32,
-                                out_f32=y.data_ptr())
-        t_bf16 = device_times(run_bf16, repeats)
-        del bf16_w
+            def run_bf16(i):
+                C.testing.gemv_bf16(x.data_ptr(), bf16_w[i % len(bf16_w)].data_ptr(), M, N, K, STORE_F32,
+                                    out_f32=y.data_ptr())
+            t_bf16[M] = device_times(run_bf16, repeats)
+        bf16_w = None
         torch.cuda.empty_cache()
         for name in names:
-            type_id, elems, size, _ = TYPES[name]
-            blocks = [random_blocks(name, N, K, gen)]
-            check(C, name, blocks[0], x, N, K)
-            blocks += [random_blocks(name, N, K, gen) for _ in range(copies_to_defeat_l2(blocks[0].numel()) - 1)]
-            moved = blocks[0].numel() + K * 2 + N * 4
+            first, deq = packed_weights(C, name, N, K, rng)
+            weights = [first] + [first.clone() for _ in range(copies_to_defeat_l2(first.numel()) - 1)]
+            for M in row_counts:
+                x = random_bf16((M, K))
+                xq = torch.empty((M, K // 32 * 48), dtype=torch.uint8, device="cuda")
+                C.testing.quantize_act_bf16(x.data_ptr(), xq.data_ptr(), M, K)
+                check(C, name, first, deq, xq, M, N, K)
+                y = torch.zeros((M, N), device="cuda")
+                moved = first.numel() + xq.numel() + M * N * 4
+                bf16_bytes = N * K * 2 + M * K * 2 + M * N * 4
 
-            def run_quant(i):
-                C.testing.gemv_quant(type_id, blocks[i % len(blocks)].data_ptr(), x.data_ptr(), y.data_ptr(), 1, N, K)
-            t = device_times(run_quant, repeats)
-            copy = same_size_copy(blocks, moved, repeats)
-            rows.append({"proj": proj, "type": name, "M": 1, "N": N, "K": K, "bytes": moved, "ours": t,
-                         "bf16": t_bf16, "bf16_bytes": bf16_bytes, "copy_same_bytes": copy,
-                         "ours_GBps": moved / t["median_s"] / 1e9,
-                         "bf16_GBps": bf16_bytes / t_bf16["median_s"] / 1e9,
-                         "ours_frac_of_same_size_copy": moved / t["median_s"] / copy["Bps"],
-                         "speedup_vs_bf16": t_bf16["median_s"] / t["median_s"],
-                         "bytes_ratio_bf16_over_ours": bf16_bytes / moved})
-            del blocks
+                def run_quant(i):
+                    C.testing.gemv_quant(TYPES[name], weights[i % len(weights)].data_ptr(), xq.data_ptr(), M, N, K,
+                                         STORE_F32, out_f32=y.data_ptr())
+                t = device_times(run_quant, repeats)
+                copy = same_size_copy(weights, moved, repeats)
+                tb = t_bf16[M]
+                rows.append({"proj": proj, "type": name, "M": M, "N": N, "K": K, "bytes": moved, "ours": t,
+                             "bf16": tb, "bf16_bytes": bf16_bytes, "copy_same_bytes": copy,
+                             "ours_GBps": moved / t["median_s"] / 1e9,
+                             "bf16_GBps": bf16_bytes / tb["median_s"] / 1e9,
+                             "ours_frac_of_same_size_copy": moved / t["median_s"] / copy["Bps"],
+                             "speedup_vs_bf16": tb["median_s"] / t["median_s"],
+                             "bytes_ratio_bf16_over_ours": bf16_bytes / moved})
+            weights = first = None
             torch.cuda.empty_cache()
     return rows
 
 
 def print_table(result):
-    print(f"gemv_quant, Llama-3-8B decode projections, M = 1 on {result['gpu']} "
+    print(f"gemv_quant, Llama-3-8B decode projections on {result['gpu']} "
           f"(median of {result['repeats']}, [min, max] us)")
-    print(f"{'proj':8} {'type':5} {'N x K':>13} {'ours us':>22} {'GB/s':>7} {'of copy':>8} "
+    print(f"{'proj':8} {'type':5} {'M':>2} {'N x K':>13} {'ours us':>22} {'GB/s':>7} {'of copy':>8} "
           f"{'bf16 us':>22} {'bf16 GB/s':>9} {'x bf16':>7} {'bytes x':>7}")
     for r in result["rows"]:
         o, b = r["ours"], r["bf16"]
-        print(f"{r['proj']:8} {r['type']:5} {r['N']:>6}x{r['K']:<6} "
+        print(f"{r['proj']:8} {r['type']:5} {r['M']:>2} {r['N']:>6}x{r['K']:<6} "
               f"{o['median_s'] * 1e6:8.1f} [{o['min_s'] * 1e6:5.1f},{o['max_s'] * 1e6:6.1f}] "
               f"{r['ours_GBps']:7.0f} {100 * r['ours_frac_of_same_size_copy']:7.0f}% "
               f"{b['median_s'] * 1e6:8.1f} [{b['min_s'] * 1e6:5.1f},{b['max_s'] * 1e6:6.1f}] "
@@ -129,9 +143,10 @@ def print_table(result):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--types", default="q8_0,q4_k,q6_k", help="comma-separated (default %(default)s; "
+    parser.add_argument("--types", default="q4_k,q6_k,q8_0,q4_0", help="comma-separated (default %(default)s; "
                         f"any of {', '.join(TYPES)})")
     parser.add_argument("--repeats", type=int, default=50, help="timed calls per kernel (default %(default)s)")
+    parser.add_argument("--rows", default="1,2,4,8,16", help="values of M (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -139,6 +154,12 @@ def main(argv=None):
     unknown = [t for t in names if t not in TYPES]
     if unknown or not names:
         parser.error(f"--types: unknown {unknown}; choose from {', '.join(TYPES)}")
+    try:
+        row_counts = [int(m) for m in args.rows.split(",") if m]
+    except ValueError:
+        parser.error(f"--rows: integers in [1, 16], got {args.rows!r}")
+    if not row_counts or any(m < 1 or m > 16 for m in row_counts):
+        parser.error(f"--rows: integers in [1, 16], got {args.rows!r}")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if not torch.cuda.is_available():
@@ -147,14 +168,15 @@ def main(argv=None):
     if not _C.cuda_compiled() or _C.cuda_device_count() < 1 or not hasattr(_C.testing, "gemv_quant"):
         sys.exit("gpu_gemv_quant_bench: llama_brrr._C has no CUDA backend with testing.gemv_quant "
                  "(build with LLAMA_BRRR_CUDA=1 on a machine with a GPU)")
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
     started = time.monotonic()
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
               "host": platform.node(), "repeats": args.repeats, "seed": args.seed, "types": names,
+              "rows_M": row_counts,
               "command": " ".join([sys.executable] + sys.argv),
               "method": "device time per call from torch.profiler kernel durations; median of repeats"}
-    result["rows"] = bench(_C, names, args.repeats, gen)
+    result["rows"] = bench(_C, names, row_counts, args.repeats, rng)
     result["wall_s"] = time.monotonic() - started
     print_table(result)
     if args.out:

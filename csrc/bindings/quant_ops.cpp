@@ -18,16 +18,25 @@
 //       quant::matmul as the engine calls it: x quantized per row (quantize_activation_rows), then
 //       out[:, col:col + N] = x . W^T (+= with accumulate); rows of out are L >= col + N floats
 //       apart (ldy = L), the other columns untouched.
+//   quantize_activations(x[M, K] f32) -> uint8[M, K / 32 * 48]   the ActBlocks of each row (d[2],
+//       dsum[2] f32, qs[32] int8 per block: quant::ActBlock), the rule every matmul path uses
+//   gpu_repack(type, blocks[n_rows, row_bytes] uint8, K, N=0, first_row=0, out=None) -> uint8[matrix_bytes]
+//       rows [first_row, first_row + n_rows) of an N-row matrix (N = 0: n_rows, the whole matrix)
+//       into the CUDA tiles of cuda/qlayout.h; `out` (the whole matrix) receives them in place
+//   gpu_unpack(type, packed uint8[matrix_bytes], N, K, first_row=0, n_rows=-1) -> uint8[n_rows, row_bytes]
+//       the inverse (n_rows = -1: to the last row)
 // Bad arguments raise ValueError naming the parameter.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "bindings/bindings.h"
 #include "common.h"
 #include "cpu/quant.h"
+#include "cuda/qlayout.h"
 
 namespace py = pybind11;
 namespace q = brrr::quant;
@@ -233,4 +242,66 @@ void brrr::bindings::bind_quant_ops(py::module_& m) {
     }, py::arg("type"), py::arg("w"), py::arg("x"), py::arg("out"), py::arg("col") = 0,
        py::arg("accumulate") = false, py::arg("isa") = "auto", py::arg("n_threads") = 0,
        "out[:, col:col + N] (+)= x . W^T: quant::matmul with ldy = out.shape[1]");
+
+    ops.def("quantize_activations", [](const py::object& x) {
+        auto xa = checked<float>(x, "x", 2, "float32 array of shape (M, K)");
+        const py::ssize_t M = xa.shape(0), K = xa.shape(1);
+        if (K <= 0 || K % 32) bad("x.shape[1] = " + std::to_string(K) + ": activation rows hold whole blocks of 32");
+        const py::ssize_t row = K / 32 * (py::ssize_t)sizeof(q::ActBlock);
+        py::array_t<uint8_t> y({M, row});
+        const float* xp = xa.data();
+        auto* yp = reinterpret_cast<q::ActBlock*>(y.mutable_data());
+        py::gil_scoped_release release;
+        for (py::ssize_t m = 0; m < M; ++m) q::quantize_activations(xp + m * K, yp + m * (K / 32), K);
+        return y;
+    }, py::arg("x"), "the ActBlocks of each row of x, as bytes: uint8 [M, K / 32 * 48]");
+
+    ops.def("gpu_repack", [](const py::object& type, const py::object& blocks, int64_t K, int64_t N,
+                             int64_t first_row, const py::object& out) {
+        const q::QType t = parse_type(type);
+        checked_row_bytes(t, K, "K");
+        auto w = checked<uint8_t>(blocks, "blocks", 2, "uint8 array of shape (n_rows, row_bytes)");
+        const int64_t n_rows = weight_rows(w, t, K);
+        if (N == 0) N = n_rows;
+        if (N < 1 || first_row < 0 || first_row + n_rows > N)
+            bad("rows [" + std::to_string(first_row) + ", " + std::to_string(first_row + n_rows) +
+                ") do not fit a matrix of N = " + std::to_string(N) + " rows");
+        const py::ssize_t total = (py::ssize_t)brrr::qlayout::matrix_bytes((int)t, N, K);
+        py::array_t<uint8_t> y;
+        if (out.is_none()) {
+            y = py::array_t<uint8_t>(total);
+            std::memset(y.mutable_data(), 0, (size_t)total);  // the 16-byte alignment padding
+        } else {
+            y = output<uint8_t>(out, {total}, "uint8 (matrix_bytes,)");
+        }
+        const uint8_t* wp = w.data();
+        uint8_t* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        brrr::qlayout::repack_rows((int)t, wp, first_row, n_rows, N, K, yp);
+        return y;
+    }, py::arg("type"), py::arg("blocks"), py::arg("K"), py::arg("N") = 0, py::arg("first_row") = 0,
+       py::arg("out") = py::none(), "GGUF blocks -> the CUDA engine's tiles (cuda/qlayout.h)");
+
+    ops.def("gpu_unpack", [](const py::object& type, const py::object& packed, int64_t N, int64_t K,
+                             int64_t first_row, int64_t n_rows) {
+        const q::QType t = parse_type(type);
+        const size_t rb = checked_row_bytes(t, K, "K");
+        if (N < 1) bad("N must be >= 1, got " + std::to_string(N));
+        if (n_rows < 0) n_rows = N - first_row;
+        if (first_row < 0 || first_row + n_rows > N)
+            bad("rows [" + std::to_string(first_row) + ", " + std::to_string(first_row + n_rows) +
+                ") are not inside a matrix of N = " + std::to_string(N) + " rows");
+        auto p = checked<uint8_t>(packed, "packed", 1, "uint8 array of shape (matrix_bytes,)");
+        const size_t total = brrr::qlayout::matrix_bytes((int)t, N, K);
+        if ((size_t)p.shape(0) != total)
+            bad("packed holds " + std::to_string(p.shape(0)) + " bytes; a " + q::type_name(t) + " matrix of " +
+                std::to_string(N) + " x " + std::to_string(K) + " takes " + std::to_string(total));
+        py::array_t<uint8_t> y({(py::ssize_t)n_rows, (py::ssize_t)rb});
+        const uint8_t* pp = p.data();
+        uint8_t* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        if (n_rows > 0) brrr::qlayout::unpack_rows((int)t, pp, first_row, n_rows, N, K, yp);
+        return y;
+    }, py::arg("type"), py::arg("packed"), py::arg("N"), py::arg("K"), py::arg("first_row") = 0,
+       py::arg("n_rows") = -1, "the CUDA engine's tiles -> GGUF blocks (the inverse of gpu_repack)");
 }

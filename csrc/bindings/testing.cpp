@@ -283,18 +283,110 @@ void bind_testing(py::module_& m) {
        py::arg("path") = "auto",
        "decode GEMV (M <= 16): y = x @ W.T with the epilogue fused (see the comment above); path: 'auto' "
        "(the engine's choice by M), 'cuda_cores' or 'tensor_cores'");
-    testing.def("gemv_quant", [](int64_t type, uintptr_t W, uintptr_t x, uintptr_t y, int64_t M, int64_t N, int64_t K) {
-        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}});
+    // ---- quantized weights (qlayout tiles, GGML type ids) and int8 activations (quant::ActBlock,
+    // 48 bytes per 32 values) ----
+    testing.def("gemv_quant", [](int64_t type, uintptr_t W, uintptr_t xq, int64_t M, int64_t N, int64_t K,
+                                  int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
+                                  int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
+                                  uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
+                                  int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
+                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
         if (type < 0 || type > 255) bad_argument("gemv_quant: type must be a GGML type id, got " + std::to_string(type));
+        if (epilogue < 0 || epilogue > 4)
+            bad_argument("gemv_quant: epilogue must be 0 StoreBf16, 1 StoreF32, 2 AddResidual, 3 SwiGLU or "
+                         "4 RopeKV, got " + std::to_string(epilogue));
+        brrr::cuda::EpilogueArgs args;
+        args.out_bf16 = reinterpret_cast<brrr::cuda::bf16*>(out);
+        args.out_f32 = reinterpret_cast<float*>(out_f32);
+        args.residual = reinterpret_cast<float*>(residual);
+        args.ld_out = (int)ld_out;
+        args.rope.positions = reinterpret_cast<const int*>(positions);
+        args.rope.slots = reinterpret_cast<const int*>(slots);
+        args.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
+        args.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
+        args.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
+        args.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
+        args.rope.n_heads = (int)n_heads;
+        args.rope.n_kv_heads = (int)n_kv_heads;
+        args.rope.head_dim = (int)head_dim;
+        args.rope.max_seq = (int)max_seq;
         const void* wp = CudaOp::ptr(W, "W");
-        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
-        auto* yp = static_cast<float*>(CudaOp::ptr(y, "y"));
+        const auto* xp = static_cast<const brrr::quant::ActBlock*>(CudaOp::ptr(xq, "xq"));
         py::gil_scoped_release release;
-        brrr::cuda::gemv_quant((int)type, wp, xp, yp, (int)M, (int)N, (int)K, 0);
+        brrr::cuda::gemv_quant((int)type, wp, xp, (int)M, (int)N, (int)K, static_cast<brrr::cuda::Epilogue>(epilogue),
+                               args, 0);
         CudaOp::finish("testing.gemv_quant");
-    }, py::arg("type"), py::arg("W"), py::arg("x"), py::arg("y"), py::arg("M"), py::arg("N"), py::arg("K"),
-       "decode GEMV on GGUF blocks (M <= 16): y fp32 [M, N] = x bf16 [M, K] @ dequant(W).T, W = N rows of "
-       "K / block_elems blocks of GGML type id `type` as stored (uint8 [N, row_bytes])");
+    }, py::arg("type"), py::arg("W"), py::arg("xq"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
+       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
+       py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0, py::arg("q_out") = 0,
+       py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
+       py::arg("head_dim") = 0, py::arg("max_seq") = 0,
+       "decode GEMV on quantized weights (M <= 16): y = xq . dequant(W).T with the epilogue (as "
+       "rmsnorm_matmul_bf16's); W = qlayout tiles (quant_ops.gpu_repack), xq = ActBlocks [M, K / 32]");
+    testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {
+        CudaOp::check_sizes({{"M", M}, {"K", K}});
+        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+        auto* qp = static_cast<brrr::quant::ActBlock*>(CudaOp::ptr(xq, "xq"));
+        py::gil_scoped_release release;
+        brrr::cuda::quantize_act_bf16(xp, qp, (int)M, (int)K, 0);
+        CudaOp::finish("testing.quantize_act_bf16");
+    }, py::arg("x"), py::arg("xq"), py::arg("M"), py::arg("K"),
+       "xq (ActBlocks, uint8 [M, K / 32 * 48]) = the int8 blocks of x bf16 [M, K]");
+    testing.def("rmsnorm_quantize_act", [](uintptr_t x, uintptr_t norm_w, float eps, uintptr_t xq, int64_t M,
+                                            int64_t K) {
+        CudaOp::check_sizes({{"M", M}, {"K", K}});
+        const auto* xp = static_cast<const float*>(CudaOp::ptr(x, "x"));
+        const auto* wp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(norm_w, "norm_w"));
+        auto* qp = static_cast<brrr::quant::ActBlock*>(CudaOp::ptr(xq, "xq"));
+        py::gil_scoped_release release;
+        brrr::cuda::rmsnorm_quantize_act(xp, wp, eps, qp, (int)M, (int)K, 0);
+        CudaOp::finish("testing.rmsnorm_quantize_act");
+    }, py::arg("x"), py::arg("norm_w"), py::arg("eps"), py::arg("xq"), py::arg("M"), py::arg("K"),
+       "xq = the int8 blocks of rmsnorm(x) * norm_w in fp32; x f32 [M, K]");
+    testing.def("dequantize_f32", [](int64_t type, uintptr_t W, uintptr_t out, int64_t N, int64_t K) {
+        CudaOp::check_sizes({{"N", N}, {"K", K}});
+        if (type < 0 || type > 255) bad_argument("dequantize_f32: type must be a GGML type id, got " + std::to_string(type));
+        const void* wp = CudaOp::ptr(W, "W");
+        auto* op = static_cast<float*>(CudaOp::ptr(out, "out"));
+        py::gil_scoped_release release;
+        brrr::cuda::dequantize_f32((int)type, wp, (int)N, (int)K, op, 0);
+        CudaOp::finish("testing.dequantize_f32");
+    }, py::arg("type"), py::arg("W"), py::arg("out"), py::arg("N"), py::arg("K"),
+       "out f32 [N, K] = dequant(W), W in qlayout tiles");
+    testing.def("dequantize_bf16", [](int64_t type, uintptr_t W, uintptr_t out, int64_t N, int64_t K, int64_t ld_out) {
+        CudaOp::check_sizes({{"N", N}, {"K", K}, {"ld_out", ld_out}});
+        if (type < 0 || type > 255) bad_argument("dequantize_bf16: type must be a GGML type id, got " + std::to_string(type));
+        const void* wp = CudaOp::ptr(W, "W");
+        auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
+        py::gil_scoped_release release;
+        brrr::cuda::dequantize_bf16((int)type, wp, (int)N, (int)K, op, (int)ld_out, 0);
+        CudaOp::finish("testing.dequantize_bf16");
+    }, py::arg("type"), py::arg("W"), py::arg("out"), py::arg("N"), py::arg("K"), py::arg("ld_out") = 0,
+       "out bf16 [N, ld_out] = dequant(W) rounded to nearest (ld_out 0: K)");
+    testing.def("embed_quant", [](uintptr_t tokens, int64_t type, uintptr_t table, uintptr_t x, int64_t M, int64_t D,
+                                   int64_t V, uintptr_t history, uintptr_t slots, uintptr_t positions,
+                                   int64_t max_batch, int64_t max_seq) {
+        CudaOp::check_sizes({{"M", M}, {"D", D}, {"V", V}, {"max_batch", max_batch}, {"max_seq", max_seq}});
+        if (type < 0 || type > 255) bad_argument("embed_quant: type must be a GGML type id, got " + std::to_string(type));
+        brrr::cuda::TokenHistory record;
+        if (history) {
+            record.history = static_cast<int*>(CudaOp::ptr(history, "history"));
+            record.slots = static_cast<const int*>(CudaOp::ptr(slots, "slots"));
+            record.positions = static_cast<const int*>(CudaOp::ptr(positions, "positions"));
+            record.max_batch = (int)max_batch;
+            record.max_seq = (int)max_seq;
+        }
+        const auto* tp = static_cast<const int*>(CudaOp::ptr(tokens, "tokens"));
+        const void* wp = CudaOp::ptr(table, "table");
+        auto* xp = static_cast<float*>(CudaOp::ptr(x, "x"));
+        py::gil_scoped_release release;
+        brrr::cuda::embed_quant(tp, (int)type, wp, xp, (int)M, (int)D, (int)V, record, 0);
+        CudaOp::finish("testing.embed_quant");
+    }, py::arg("tokens"), py::arg("type"), py::arg("table"), py::arg("x"), py::arg("M"), py::arg("D"), py::arg("V"),
+       py::arg("history") = 0, py::arg("slots") = 0, py::arg("positions") = 0, py::arg("max_batch") = 0,
+       py::arg("max_seq") = 0,
+       "x[m] = dequant(table row tokens[m]) f32; table in qlayout tiles [V, D]; history as testing.embed");
     // The tensor-core GEMM and the engine's matmul dispatch take the same arguments.
     const struct {
         const char* name;

@@ -1,30 +1,37 @@
-// gemv_quant.cu — decode matmuls on GGUF blocks: y[m, n] = sum_k x[m, k] * dequant(W)[n, k] for
-// M <= 16 rows, W kept as the file stores it.
+// gemv_quant.cu — decode matmuls on quantized weights in the tiles of qlayout.h, against int8
+// activations: y[m, n] = sum_k xq[m, k] * dequant(W)[n, k] for M <= 16 rows, every Epilogue; plus
+// the activation quantizers that feed it, the dequantizers prefill uses and the quantized embed.
 //
-//   W: N rows of K / block_elems ggml blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K;
-//      byte layouts in cpu/quant.h), row_bytes = K / block_elems * block_bytes, no padding;
-//   x [M, K] bf16 row-major; y [M, N] fp32; fp32 accumulation.
+//   W: N rows of T = ceil(K / 256) tiles (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q6_K's
+//      fp16 d in the tail), 16-byte aligned; xq [M, K / 32] quant::ActBlock; fp32 results.
 //
-// At batch 1 every weight byte is used once, so the kernel is a stream of blocks. Block sizes
-// (18 .. 210 bytes) leave rows and blocks at any even address, so lanes cannot load blocks with
-// wide loads in place. Instead:
-//   * One warp per output row, kWarps rows per CTA. The CTA walks K in chunks of kChunk values;
-//     per chunk each warp copies its row's bytes of the chunk into its own shared-memory buffer
-//     with 16-byte loads that bypass L1 (only the unaligned head and tail go byte by byte), and
-//     the CTA stages the chunk of all M rows of x as bf16.
-//   * A lane then takes "pieces" of 8 consecutive weights (lane, lane + 32, ...): decode8 turns a
-//     piece into 8 fp32 weights in registers (never a bf16 copy of W), each a sub-block's scale
-//     times its integer value exactly as the CPU dequantizer computes it (explicit _rn products,
-//     no contraction), and the piece feeds all M rows of x, read as one 16-byte shared load per row.
-//   * Lanes' partial sums meet in a butterfly shuffle; lane 0 writes the M outputs.
-// Invariants: a row's sum order (per lane: pieces in order with explicit FMAs; then the
-// butterfly) never depends on M or on the other rows, so every row of a batch is bit-identical to
-// the same row at M = 1. Unknown types, K not a multiple of the block, M outside [1, 16] are
-// refused by the launcher before any launch.
-// This is the first step: the blocks as stored. A layout repacked once at load (blocks split
-// into 16-byte-aligned quant and scale streams, interleaved so a lane's 16-byte load holds whole
-// pieces) would drop the shared-memory bounce and the byte-wise head/tail, and is what a
-// tensor-core path for larger M consumes; see docs/kernels/gemv.md, "Quantized GEMV".
+// The arithmetic is the CPU engine's (quant_gemv.cpp): every type is cut into chunks of 32 values
+// that line up with one ActBlock, each half (16 values) of a chunk has unsigned codes c_i, a weight
+// scale s and a bias b with w_i = s * c_i + b, and
+//   dot = sum over chunk halves  s * d_x * (sum_i c_i q_i)  +  b * dsum_half,
+// the integer sums exact in int32, the rest fp32 (Q8_0: signed codes, no bias).
+// At batch 1 every weight byte is used once, so the kernel is a stream of 16-byte loads:
+//   * A warp owns one output row (SwiGLU: gate row j with up row H + j; RopeKV: dim i with dim
+//     i + hd/2 of one head, so the pair meets in registers as in gemv.cu). Its lanes take
+//     consecutive 16-byte "pieces" of the row's quant bytes (a warp instruction reads 512 bytes of
+//     2-4 neighbouring tiles) with L1-bypassing loads, kPieces of them per lane in flight.
+//   * A piece is 16 quant bytes: 32 nibble codes (the two halves of one 32-block, or half h of two
+//     K-quant sub-blocks) or 16 int8 codes (Q8_0). Codes are unpacked a 32-bit word at a time with
+//     masks and shifts (the Q5 fifth bits spread into bit 4 of each byte by one multiply) and
+//     multiplied against the ActBlock's int8 values by __dp4a: four products per instruction, no
+//     per-value conversion. The tile's header fields the piece needs (fp16 d / m, the packed
+//     6-bit K-quant scales, Q6_K's int8 scales and tail d) are loaded per piece: lanes of one tile
+//     read the same bytes, one transaction.
+//   * x is read straight from global memory with 16-byte loads that stay in L1: every warp of the
+//     CTA (and of the SM) reads the same ActBlocks.
+//   * Launched with PDL (launch.cuh): it lets the next kernel launch before its own wait and issues
+//     the first pieces' loads before that wait (weights never depend on the kernel before).
+// Invariants: a lane's pieces and their sums run in a fixed order and the lanes meet in a
+// butterfly, so a row's result never depends on M or on the other rows (batched rows are
+// bit-identical to the row alone). Pieces past K (32-value types whose last tile is partial) are
+// never read. The launcher refuses unknown types, K that is not whole blocks, M outside [1, 16],
+// null or misaligned pointers before any launch.
+// Measured alternatives and why they lost: docs/kernels/gemv.md, "Quantized GEMV".
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -32,289 +39,692 @@
 #include "cpu/quant.h"
 #include "cuda/check.cuh"
 #include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
+#include "cuda/qlayout.h"
 
 namespace brrr {
 namespace cuda {
 
 namespace {
 
+using quant::ActBlock;
 using quant::QType;
 
-constexpr int kMaxRows = 16;            // largest M (the contract in ops.h)
-constexpr int kWarps = 8;               // output rows per CTA
+constexpr int kMaxRows = 16;  // largest M (the contract in ops.h)
+constexpr int kWarps = 4;     // units per CTA: many small CTAs fill the SMs evenly
 constexpr int kThreads = kWarps * 32;
-constexpr int kChunk = 1024;            // K values per step: whole K-quant super-blocks and 32-blocks
-constexpr int kPiece = 8;               // weights a lane decodes at once
-constexpr int kMaxChunkBytes = kChunk / 32 * 34;          // the widest type per value: Q8_0
-constexpr int kWBufBytes = (kMaxChunkBytes + 15 + 15) / 16 * 16;  // + the unaligned head
-static_assert(kChunk % 256 == 0, "a chunk must hold whole super-blocks");
-static_assert(kChunk / 256 * 210 <= kMaxChunkBytes && kChunk / 256 * 176 <= kMaxChunkBytes &&
-              kChunk / 32 * 24 <= kMaxChunkBytes, "Q8_0 must be the widest type per value");
 
-__device__ __forceinline__ float f16_at(const uint8_t* p) {
-    return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+enum class Pairing { None, SwiGLU, Rope };
+
+__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+// sum of 16 products of signed bytes.
+__device__ __forceinline__ int dot16(uint4 c, uint4 x) {
+    int s = __dp4a((int)c.x, (int)x.x, 0);
+    s = __dp4a((int)c.y, (int)x.y, s);
+    s = __dp4a((int)c.z, (int)x.z, s);
+    return __dp4a((int)c.w, (int)x.w, s);
 }
-
-// ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
-__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
+__device__ __forceinline__ uint4 and_shift(uint4 v, int shift, uint32_t mask) {
+    return make_uint4((v.x >> shift) & mask, (v.y >> shift) & mask, (v.z >> shift) & mask, (v.w >> shift) & mask);
+}
+__device__ __forceinline__ uint4 shl4(uint4 v) { return make_uint4(v.x << 4, v.y << 4, v.z << 4, v.w << 4); }
+__device__ __forceinline__ uint4 or4(uint4 a, uint4 b) { return make_uint4(a.x | b.x, a.y | b.y, a.z | b.z, a.w | b.w); }
+// Bits 0..3 of `nib` into bit 4 of bytes 0..3: nib * (1 + 2^7 + 2^14 + 2^21) puts bit k at 8k (the
+// other partial products land on distinct positions, so nothing carries).
+__device__ __forceinline__ uint32_t spread4(uint32_t nib) { return ((nib * 0x00204081u) & 0x01010101u) << 4; }
+// The fifth bits of 16 values v0 .. v0 + 15 of a Q5 block (bit v of qh), as bit 4 of each byte.
+__device__ __forceinline__ uint4 q5_bits(uint32_t qh, int v0) {
+    const uint32_t b = qh >> v0;
+    return make_uint4(spread4(b & 15), spread4((b >> 4) & 15), spread4((b >> 8) & 15), spread4((b >> 12) & 15));
+}
+// ggml's get_scale_min_k4 on the 12 scale bytes as words S0 = bytes 0-3, S1 = 4-7, S2 = 8-11.
+__device__ __forceinline__ void scale_min_k4(int j, uint32_t S0, uint32_t S1, uint32_t S2, int& sc, int& m) {
     if (j < 4) {
-        sc = q[j] & 63;
-        m = q[j + 4] & 63;
+        sc = (S0 >> (8 * j)) & 63;
+        m = (S1 >> (8 * j)) & 63;
     } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        const int s = 8 * (j - 4);
+        sc = ((S2 >> s) & 0xF) | (((S0 >> s) >> 6 & 3) << 4);
+        m = ((S2 >> s) >> 4 & 0xF) | (((S1 >> s) >> 6 & 3) << 4);
     }
 }
 
-// Per type: elements and bytes of a block, and decode8(block, e, w): w[j] = the dequantized value
-// of element e + j of the block (e a multiple of 8), computed as quant_formats.cpp computes it.
-template <QType T> struct Format;
-
-template <> struct Format<QType::Q8_0> {
-    static constexpr int kElems = 32, kBytes = 34;
-    __device__ static void decode8(const uint8_t* b, int e, float* w) {
-        const float d = f16_at(b);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = __fmul_rn((float)(int8_t)b[2 + e + j], d);
-    }
+// The weight side of one piece as loaded: 16 quant bytes and the header bits it needs (decoded
+// after the loads land, so that every load of a step is in flight at once).
+struct Raw {
+    uint4 q;
+    uint4 h;   // header words (per type)
+    uint4 qh;  // Q5_K: the 16 high-bit bytes of the piece's values
 };
-template <> struct Format<QType::Q4_0> {
-    static constexpr int kElems = 32, kBytes = 18;
-    __device__ static void decode8(const uint8_t* b, int e, float* w) {
-        const float d = f16_at(b);
-        const uint8_t* qs = b + 2 + (e & 15);
-        const int shift = e >= 16 ? 4 : 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = __fmul_rn((float)(((qs[j] >> shift) & 15) - 8), d);
-    }
+// The activation side of one piece: term A (and B) = (d_x, dsum of the half, 16 int8 values).
+struct XPiece {
+    float dA, sA, dB, sB;
+    uint4 qA, qB;
 };
-template <> struct Format<QType::Q4_1> {
-    static constexpr int kElems = 32, kBytes = 20;
-    __device__ static void decode8(const uint8_t* b, int e, float* w) {
-        const float d = f16_at(b), m = f16_at(b + 2);
-        const uint8_t* qs = b + 4 + (e & 15);
-        const int shift = e >= 16 ? 4 : 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = __fadd_rn(__fmul_rn((float)((qs[j] >> shift) & 15), d), m);
-    }
-};
-// Q5: the fifth bit of element i is bit i of qh read as a little-endian uint32.
-__device__ __forceinline__ uint32_t q5_high_bits(const uint8_t* qh) {
-    return (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) | ((uint32_t)qh[3] << 24);
-}
-template <> struct Format<QType::Q5_0> {
-    static constexpr int kElems = 32, kBytes = 22;
-    __device__ static void decode8(const uint8_t* b, int e, float* w) {
-        const float d = f16_at(b);
-        const uint32_t qh = q5_high_bits(b + 2);
-        const uint8_t* qs = b + 6 + (e & 15);
-        const int shift = e >= 16 ? 4 : 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int q = ((qs[j] >> shift) & 15) | (((qh >> (e + j)) & 1) << 4);
-            w[j] = __fmul_rn((float)(q - 16), d);
-        }
-    }
-};
-template <> struct Format<QType::Q5_1> {
-    static constexpr int kElems = 32, kBytes = 24;
-    __device__ static void decode8(const uint8_t* b, int e, float* w) {
-        const float d = f16_at(b), m = f16_at(b + 2);
-        const uint32_t qh = q5_high_bits(b + 4);
-        const uint8_t* qs = b + 8 + (e & 15);
-        const int shift = e >= 16 ? 4 : 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int q = ((qs[j] >> shift) & 15) | (((qh >> (e + j)) & 1) << 4);
-            w[j] = __fadd_rn(__fmul_rn((float)q, d), m);
-        }
-    }
-};
-// Q4_K / Q5_K: element e lies in sub-block s = e / 32, whose values are nibble s % 2 of the
-// bytes qs[32 (s / 2) + l]; Q5_K's fifth bit is bit s of qh[l].
-template <> struct Format<QType::Q4_K> {
-    static constexpr int kElems = 256, kBytes = 144;
-    __device__ static void decode8(const uint8_t* b, int e, float* w) {
-        const int s = e >> 5, l = e & 31;
-        int sc, mn;
-        scale_min_k4(s, b + 4, sc, mn);
-        const float d = __fmul_rn(f16_at(b), (float)sc), m = __fmul_rn(f16_at(b + 2), (float)mn);
-        const uint8_t* qs = b + 16 + 32 * (s >> 1) + l;
-        const int shift = (s & 1) * 4;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = __fsub_rn(__fmul_rn(d, (float)((qs[j] >> shift) & 15)), m);
-    }
-};
-template <> struct Format<QType::Q5_K> {
-    static constexpr int kElems = 256, kBytes = 176;
-    __device__ static void decode8(const uint8_t* b, int e, float* w) {
-        const int s = e >> 5, l = e & 31;
-        int sc, mn;
-        scale_min_k4(s, b + 4, sc, mn);
-        const float d = __fmul_rn(f16_at(b), (float)sc), m = __fmul_rn(f16_at(b + 2), (float)mn);
-        const uint8_t* qh = b + 16 + l;
-        const uint8_t* qs = b + 48 + 32 * (s >> 1) + l;
-        const int shift = (s & 1) * 4;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int q = ((qs[j] >> shift) & 15) | (((qh[j] >> s) & 1) << 4);
-            w[j] = __fsub_rn(__fmul_rn(d, (float)q), m);
-        }
-    }
-};
-// Q6_K: element e = 128 h + 32 g + l takes the low nibble (g < 2) or high nibble (g >= 2) of
-// ql[64 h + 32 (g % 2) + l], bits 2 g, 2 g + 1 of qh[32 h + l], and scale sc[8 h + 2 g + l / 16].
-template <> struct Format<QType::Q6_K> {
-    static constexpr int kElems = 256, kBytes = 210;
-    __device__ static void decode8(const uint8_t* b, int e, float* w) {
-        const int h = e >> 7, g = (e >> 5) & 3, l = e & 31;
-        const uint8_t* ql = b + 64 * h + 32 * (g & 1) + l;
-        const uint8_t* qh = b + 128 + 32 * h + l;
-        const int sc = (int8_t)b[192 + 8 * h + 2 * g + (l >> 4)];
-        const float d = __fmul_rn(f16_at(b + 208), (float)sc);
-        const int lo_shift = (g >> 1) * 4, hi_shift = 2 * g;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int q = (((ql[j] >> lo_shift) & 15) | (((qh[j] >> hi_shift) & 3) << 4)) - 32;
-            w[j] = __fmul_rn(d, (float)q);
-        }
-    }
-};
-
-// This lane's share of copying `bytes` bytes from `src` (any even address) into `dst` (16-byte
-// aligned), placed at dst + (src % 16) so that the aligned body moves in 16-byte loads and stores.
-// Returns the offset of the first byte in dst.
-__device__ __forceinline__ int stage_bytes(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
-    const int lead = (int)(reinterpret_cast<uintptr_t>(src) & 15);
-    const uint8_t* base = src - lead;  // never read below src
-    const int span = lead + bytes;
-    for (int i = lane; i < (span + 15) / 16; i += 32) {
-        const int lo = 16 * i, hi = lo + 16;
-        if (lo >= lead && hi <= span) {
-            *reinterpret_cast<uint4*>(dst + lo) = ptx::ld_stream_16(base + lo);
-        } else {
-            for (int t = max(lo, lead); t < min(hi, span); ++t) dst[t] = base[t];
-        }
-    }
-    return lead;
+__device__ __forceinline__ void x_half(const ActBlock* b, int half, float& d, float& dsum, uint4& q) {
+    const float4 head = *reinterpret_cast<const float4*>(b);
+    d = head.x;
+    dsum = half ? head.w : head.z;
+    q = *reinterpret_cast<const uint4*>(b->qs + 16 * half);
 }
 
-// MR: rows of x the accumulators hold (1, 2, 4, 8 or 16); M <= MR of them are real. The
-// arithmetic of a row does not depend on MR or M.
-template <QType T, int MR>
-__global__ void __launch_bounds__(kThreads) gemv_quant_kernel(const uint8_t* __restrict__ W, const bf16* __restrict__ x,
-                                                              float* __restrict__ y, int M, int N, int K, bool x_vec) {
-    using F = Format<T>;
-    __shared__ __align__(16) bf16 xs[MR * kChunk];  // sized per instance: M = 1 leaves room for more CTAs
-    __shared__ __align__(16) uint8_t wbuf[kWarps][kWBufBytes];
+// Per type: kTileBytes, kPieces per tile, load(tile, tail_d, pi), x(xrow, p) and dot(raw, x, pi, acc).
+template <QType T> struct Q;
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = blockIdx.x * kWarps + warp;
-    const bool active = n < N;
-    const size_t row_bytes = (size_t)(K / F::kElems) * F::kBytes;
-    const uint8_t* row = W + (size_t)(active ? n : 0) * row_bytes;
+// Q8_0: piece pi = half pi % 2 of block pi / 2; signed codes, no bias.
+template <> struct Q<QType::Q8_0> {
+    static constexpr int kTileBytes = 272, kPieces = 16;
+    __device__ static Raw load(const uint8_t* t, const uint8_t*, int pi) {
+        Raw r;
+        r.q = ptx::ld_stream_16(t + 16 + 16 * pi);
+        r.h.x = __ldg(reinterpret_cast<const unsigned short*>(t) + (pi >> 1));
+        return r;
+    }
+    __device__ static void x(const ActBlock* xr, int p, XPiece& v) { x_half(xr + (p >> 1), p & 1, v.dA, v.sA, v.qA); }
+    __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
+        return fmaf(f16_bits(r.h.x) * v.dA, (float)dot16(r.q, v.qA), acc);
+    }
+};
 
-    float acc[MR];
+// The 32-value nibble types: piece pi = block pi of the tile, low nibbles values 0-15, high 16-31.
+__device__ __forceinline__ void x_block(const ActBlock* b, XPiece& v) {
+    const float4 head = *reinterpret_cast<const float4*>(b);
+    v.dA = v.dB = head.x;
+    v.sA = head.z;
+    v.sB = head.w;
+    v.qA = *reinterpret_cast<const uint4*>(b->qs);
+    v.qB = *reinterpret_cast<const uint4*>(b->qs + 16);
+}
+__device__ __forceinline__ float two_halves(uint4 lo, uint4 hi, float s, float b, const XPiece& v, float acc) {
+    acc = fmaf(s * v.dA, (float)dot16(lo, v.qA), acc);
+    acc = fmaf(b, v.sA, acc);
+    acc = fmaf(s * v.dB, (float)dot16(hi, v.qB), acc);
+    return fmaf(b, v.sB, acc);
+}
+template <int kQs, int kM, int kQh>  // field offsets in the tile (-1: none)
+struct Nibble32 {
+    static constexpr int kPieces = 8;
+    __device__ static Raw load(const uint8_t* t, const uint8_t*, int pi) {
+        Raw r;
+        r.q = ptx::ld_stream_16(t + kQs + 16 * pi);
+        r.h.x = __ldg(reinterpret_cast<const unsigned short*>(t) + pi);
+        if (kM >= 0) r.h.y = __ldg(reinterpret_cast<const unsigned short*>(t + kM) + pi);
+        if (kQh >= 0) r.h.z = __ldg(reinterpret_cast<const uint32_t*>(t + kQh) + pi);
+        return r;
+    }
+    __device__ static void x(const ActBlock* xr, int p, XPiece& v) { x_block(xr + p, v); }
+    __device__ static void codes(const Raw& r, uint4& lo, uint4& hi) {
+        lo = and_shift(r.q, 0, 0x0F0F0F0Fu);
+        hi = and_shift(r.q, 4, 0x0F0F0F0Fu);
+        if (kQh >= 0) {
+            lo = or4(lo, q5_bits(r.h.z, 0));
+            hi = or4(hi, q5_bits(r.h.z, 16));
+        }
+    }
+};
+template <> struct Q<QType::Q4_0> : Nibble32<16, -1, -1> {
+    static constexpr int kTileBytes = 144;
+    __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
+        uint4 lo, hi;
+        codes(r, lo, hi);
+        const float d = f16_bits(r.h.x);
+        return two_halves(lo, hi, d, -8.f * d, v, acc);
+    }
+};
+template <> struct Q<QType::Q4_1> : Nibble32<32, 16, -1> {
+    static constexpr int kTileBytes = 160;
+    __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
+        uint4 lo, hi;
+        codes(r, lo, hi);
+        return two_halves(lo, hi, f16_bits(r.h.x), f16_bits(r.h.y), v, acc);
+    }
+};
+template <> struct Q<QType::Q5_0> : Nibble32<48, -1, 16> {
+    static constexpr int kTileBytes = 176;
+    __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
+        uint4 lo, hi;
+        codes(r, lo, hi);
+        const float d = f16_bits(r.h.x);
+        return two_halves(lo, hi, d, -16.f * d, v, acc);
+    }
+};
+template <> struct Q<QType::Q5_1> : Nibble32<64, 16, 32> {
+    static constexpr int kTileBytes = 192;
+    __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
+        uint4 lo, hi;
+        codes(r, lo, hi);
+        return two_halves(lo, hi, f16_bits(r.h.x), f16_bits(r.h.y), v, acc);
+    }
+};
+
+// Q4_K / Q5_K: piece pi = bytes 16 pi .. of qs, i.e. g = pi / 2, h = pi % 2: its low nibbles are
+// half h of sub-block 2g, its high nibbles half h of sub-block 2g + 1 (Q5_K: bits 2g, 2g + 1 of qh
+// bytes 16 h ..).
+template <bool kQ5>
+struct QK45 {
+    static constexpr int kTileBytes = kQ5 ? 176 : 144, kPieces = 8, kQs = kQ5 ? 48 : 16;
+    __device__ static Raw load(const uint8_t* t, const uint8_t*, int pi) {
+        Raw r;
+        r.q = ptx::ld_stream_16(t + kQs + 16 * pi);
+        r.h = __ldg(reinterpret_cast<const uint4*>(t));
+        if (kQ5) r.qh = __ldg(reinterpret_cast<const uint4*>(t + 16) + (pi & 1));
+        return r;
+    }
+    __device__ static void x(const ActBlock* xr, int p, XPiece& v) {
+        const int t = p >> 3, pi = p & 7, g = pi >> 1, h = pi & 1;
+        x_half(xr + 8 * t + 2 * g, h, v.dA, v.sA, v.qA);
+        x_half(xr + 8 * t + 2 * g + 1, h, v.dB, v.sB, v.qB);
+    }
+    __device__ static float dot(const Raw& r, const XPiece& v, int pi, float acc) {
+        const int g = pi >> 1;
+        uint4 lo = and_shift(r.q, 0, 0x0F0F0F0Fu), hi = and_shift(r.q, 4, 0x0F0F0F0Fu);
+        if (kQ5) {
+            lo = or4(lo, shl4(and_shift(r.qh, 2 * g, 0x01010101u)));
+            hi = or4(hi, shl4(and_shift(r.qh, 2 * g + 1, 0x01010101u)));
+        }
+        const float d = f16_bits(r.h.x & 0xFFFF), dmin = f16_bits(r.h.x >> 16);
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, r.h.y, r.h.z, r.h.w, sc0, m0);
+        scale_min_k4(2 * g + 1, r.h.y, r.h.z, r.h.w, sc1, m1);
+        const float s0 = d * (float)sc0, b0 = -(dmin * (float)m0);
+        const float s1 = d * (float)sc1, b1 = -(dmin * (float)m1);
+        acc = fmaf(s0 * v.dA, (float)dot16(lo, v.qA), acc);
+        acc = fmaf(b0, v.sA, acc);
+        acc = fmaf(s1 * v.dB, (float)dot16(hi, v.qB), acc);
+        return fmaf(b1, v.sB, acc);
+    }
+};
+template <> struct Q<QType::Q4_K> : QK45<false> {};
+template <> struct Q<QType::Q5_K> : QK45<true> {};
+
+// Q6_K: piece pi = ql bytes 16 pi .. = 64 h + 32 k + 16 hh: low nibbles are values 128 h + 32 k +
+// 16 hh + i (chunk 4 h + k), high nibbles the same + 64 (chunk 4 h + k + 2); their two high bits
+// are bits 2k and 2k + 4 of qh bytes 32 h + 16 hh + i; scales sc[8 h + 2 k + hh] and the + 4th.
+template <> struct Q<QType::Q6_K> {
+    static constexpr int kTileBytes = 208, kPieces = 8;
+    __device__ static Raw load(const uint8_t* t, const uint8_t* tail_d, int pi) {
+        const int h = pi >> 2, k = (pi >> 1) & 1, hh = pi & 1;
+        Raw r;
+        r.q = ptx::ld_stream_16(t + 16 + 16 * pi);
+        r.qh = __ldg(reinterpret_cast<const uint4*>(t + 144) + 2 * h + hh);
+        r.h.x = __ldg(reinterpret_cast<const unsigned short*>(tail_d));
+        r.h.y = (uint32_t)(int)__ldg(reinterpret_cast<const signed char*>(t) + 8 * h + 2 * k + hh);
+        r.h.z = (uint32_t)(int)__ldg(reinterpret_cast<const signed char*>(t) + 8 * h + 2 * k + 4 + hh);
+        return r;
+    }
+    __device__ static void x(const ActBlock* xr, int p, XPiece& v) {
+        const int t = p >> 3, pi = p & 7, h = pi >> 2, k = (pi >> 1) & 1, hh = pi & 1;
+        x_half(xr + 8 * t + 4 * h + k, hh, v.dA, v.sA, v.qA);
+        x_half(xr + 8 * t + 4 * h + k + 2, hh, v.dB, v.sB, v.qB);
+    }
+    __device__ static float dot(const Raw& r, const XPiece& v, int pi, float acc) {
+        const int k = (pi >> 1) & 1;
+        const uint4 lo = or4(and_shift(r.q, 0, 0x0F0F0F0Fu), shl4(and_shift(r.qh, 2 * k, 0x03030303u)));
+        const uint4 hi = or4(and_shift(r.q, 4, 0x0F0F0F0Fu), shl4(and_shift(r.qh, 2 * k + 4, 0x03030303u)));
+        const float d = f16_bits(r.h.x);
+        const float s0 = d * (float)(int)r.h.y, s1 = d * (float)(int)r.h.z;
+        acc = fmaf(s0 * v.dA, (float)dot16(lo, v.qA), acc);
+        acc = fmaf(-32.f * s0, v.sA, acc);
+        acc = fmaf(s1 * v.dB, (float)dot16(hi, v.qB), acc);
+        return fmaf(-32.f * s1, v.sB, acc);
+    }
+};
+
+struct QArgs {
+    const uint8_t* W;
+    const uint8_t* tail;  // Q6_K: the [N, T] fp16 d array
+    const ActBlock* x;    // [M, K / 32]
+    size_t row_stride;    // bytes
+    int T;                // tiles per row
+    int n_pieces;         // pieces per row (Q8_0: K / 16, the others K / 32)
+    int n_units, half_n, K;
+    Epilogue ep;
+    EpilogueArgs out;
+};
+
+// First W row of unit c, and its partner row for paired units (gemv.cu's pairing).
+template <Pairing P>
+__device__ __forceinline__ int2 unit_rows(int c, int half_n) {
+    if (P == Pairing::SwiGLU) return make_int2(c, c + half_n);
+    if (P == Pairing::Rope) {
+        const int head = c / half_n, i = c - head * half_n;
+        const int r0 = head * 2 * half_n + i;
+        return make_int2(r0, r0 + half_n);
+    }
+    return make_int2(c, c);
+}
+
+// One warp per unit; MR accumulator rows (M <= MR real); U pieces per lane and row in flight.
+template <QType T, int MR, Pairing P, int U>
+__global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
+    using F = Q<T>;
+    constexpr int R = P != Pairing::None ? 2 : 1;  // W rows streamed together
+    const int lane = threadIdx.x & 31;
+    const int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const bool ok = unit < a.n_units;  // warp-uniform
+    const int2 rr = unit_rows<P>(ok ? unit : 0, a.half_n);
+    const int row_id[2] = {rr.x, rr.y};
+    const uint8_t* rows[R];
+    const uint8_t* tails[R];
 #pragma unroll
-    for (int m = 0; m < MR; ++m) acc[m] = 0.f;
+    for (int r = 0; r < R; ++r) {
+        rows[r] = a.W + (size_t)row_id[r] * a.row_stride;
+        tails[r] = a.tail + (size_t)row_id[r] * a.T * 2;
+    }
+    const int n_pieces = a.n_pieces;
 
-    for (int k0 = 0; k0 < K; k0 += kChunk) {
-        const int kc = min(kChunk, K - k0);  // a multiple of kElems: K and kChunk are
-        __syncthreads();                     // the previous chunk is consumed
-        int lead = 0;
-        if (active)
-            lead = stage_bytes(wbuf[warp], row + (size_t)(k0 / F::kElems) * F::kBytes, kc / F::kElems * F::kBytes, lane);
-        if (x_vec) {
-            const int per_row = kc / 8;
-            for (int i = threadIdx.x; i < M * per_row; i += kThreads) {
-                const int m = i / per_row, c = i - m * per_row;
-                *reinterpret_cast<uint4*>(xs + m * kChunk + 8 * c) =
-                    *reinterpret_cast<const uint4*>(x + (size_t)m * K + k0 + 8 * c);
+    Raw w[R][U];
+    auto load = [&](int p0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int p = p0 + 32 * u;
+            if (p < n_pieces) {
+                const int t = p / F::kPieces, pi = p - t * F::kPieces;
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    w[r][u] = F::load(rows[r] + (size_t)t * F::kTileBytes, tails[r] + 2 * t, pi);
             }
-        } else {
-            for (int i = threadIdx.x; i < M * kc; i += kThreads) {
-                const int m = i / kc, c = i - m * kc;
-                xs[m * kChunk + c] = x[(size_t)m * K + k0 + c];
-            }
         }
-        __syncthreads();
-        if (!active) continue;
+    };
+    pdl_launch_dependents();
+    // The first step's pieces load before the wait, in a branch of their own (as gemv.cu: issued
+    // unconditionally, ptxas sinks them past griddepcontrol.wait to their first use).
+    bool preloaded = false;
+    if (ok && lane < n_pieces) {
+        load(lane);
+        preloaded = true;
+    }
+    pdl_wait();
+    if (!ok) return;
 
-        const uint8_t* blocks = wbuf[warp] + lead;
-        for (int p = lane; p < kc / kPiece; p += 32) {
-            const int k = p * kPiece;
-            const int blk = k / F::kElems;
-            float w[kPiece];
-            F::decode8(blocks + blk * F::kBytes, k - blk * F::kElems, w);
+    float acc[MR][R];
 #pragma unroll
-            for (int m = 0; m < MR; ++m) {
-                if (m < M) {
-                    const uint4 xv = *reinterpret_cast<const uint4*>(xs + m * kChunk + k);
-                    float a = acc[m];
-                    a = __fmaf_rn(w[0], util::bf16_lo(xv.x), a);
-                    a = __fmaf_rn(w[1], util::bf16_hi(xv.x), a);
-                    a = __fmaf_rn(w[2], util::bf16_lo(xv.y), a);
-                    a = __fmaf_rn(w[3], util::bf16_hi(xv.y), a);
-                    a = __fmaf_rn(w[4], util::bf16_lo(xv.z), a);
-                    a = __fmaf_rn(w[5], util::bf16_hi(xv.z), a);
-                    a = __fmaf_rn(w[6], util::bf16_lo(xv.w), a);
-                    a = __fmaf_rn(w[7], util::bf16_hi(xv.w), a);
-                    acc[m] = a;
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+
+    const int x_stride = a.K / 32;
+    for (int p0 = lane; p0 < n_pieces; p0 += 32 * U) {
+        if (!preloaded) load(p0);
+        preloaded = false;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int p = p0 + 32 * u;
+            if (p < n_pieces) {
+                const int pi = p % F::kPieces;
+#pragma unroll
+                for (int m = 0; m < MR; ++m) {
+                    if (m < M) {
+                        XPiece v;
+                        F::x(a.x + (size_t)m * x_stride, p, v);
+#pragma unroll
+                        for (int r = 0; r < R; ++r) acc[m][r] = F::dot(w[r][u], v, pi, acc[m][r]);
+                    }
                 }
             }
         }
     }
-    if (!active) return;
+
+#pragma unroll
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] = util::warp_sum(acc[m][r]);
+
+    // Every lane holds every sum; lane m stores row m.
 #pragma unroll
     for (int m = 0; m < MR; ++m) {
-        if (m < M) {
-            const float s = util::warp_sum(acc[m]);
-            if (lane == 0) y[(size_t)m * N + n] = s;
+        if (m < M && lane == m) {
+            if (P == Pairing::Rope) {
+                const int head = unit / a.half_n;
+                util::store_rope_kv(a.out.rope, m, head, unit - head * a.half_n, acc[m][0], acc[m][R - 1]);
+            } else if (P == Pairing::SwiGLU) {
+                util::store_swiglu(a.out, (size_t)m * a.out.ld_out + unit, acc[m][0], acc[m][R - 1]);
+            } else {
+                util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + unit, acc[m][0]);
+            }
         }
     }
 }
 
-template <QType T>
-void launch_type(const void* W, const bf16* x, float* y, int M, int N, int K, cudaStream_t stream) {
-    const dim3 grid((unsigned)((N + kWarps - 1) / kWarps));
-    const auto* w = static_cast<const uint8_t*>(W);
-    const bool x_vec = util::aligned_to(x, 16);
-    if (M == 1) gemv_quant_kernel<T, 1><<<grid, kThreads, 0, stream>>>(w, x, y, M, N, K, x_vec);
-    else if (M == 2) gemv_quant_kernel<T, 2><<<grid, kThreads, 0, stream>>>(w, x, y, M, N, K, x_vec);
-    else if (M <= 4) gemv_quant_kernel<T, 4><<<grid, kThreads, 0, stream>>>(w, x, y, M, N, K, x_vec);
-    else if (M <= 8) gemv_quant_kernel<T, 8><<<grid, kThreads, 0, stream>>>(w, x, y, M, N, K, x_vec);
-    else gemv_quant_kernel<T, 16><<<grid, kThreads, 0, stream>>>(w, x, y, M, N, K, x_vec);
+template <QType T, int MR, Pairing P>
+void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
+    // Pieces per lane and row in flight: deep at M <= 2 (a K = 4096 row is 4-8 pieces a lane, so
+    // the whole row is in flight at once), shallower where the accumulators take the registers.
+    constexpr int U = MR <= 2 ? (P == Pairing::None ? 8 : 4) : (P == Pairing::None ? 4 : 2);
+    const int blocks = CEIL_DIV(a.n_units, kWarps);
+    launch_pdl(gemv_quant_kernel<T, MR, P, U>, dim3(blocks), dim3(kThreads), 0, stream, a, M);
     CUDA_CHECK_LAUNCH("gemv_quant_kernel");
 }
 
-}  // namespace
+template <QType T, Pairing P>
+void launch_rows(const QArgs& a, int M, cudaStream_t stream) {
+    if (M == 1) launch_gemv<T, 1, P>(a, M, stream);
+    else if (M == 2) launch_gemv<T, 2, P>(a, M, stream);
+    else if (M <= 4) launch_gemv<T, 4, P>(a, M, stream);
+    else if (M <= 8) launch_gemv<T, 8, P>(a, M, stream);
+    else launch_gemv<T, 16, P>(a, M, stream);
+}
 
-void gemv_quant(int type, const void* W, const bf16* x, float* y, int M, int N, int K, cudaStream_t stream) {
-    BRRR_CHECK_ARG(quant::known_type(type),
-                   "gemv_quant: GGML type id " << type << " is not a quantized type this kernel runs "
-                   "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
+template <QType T>
+void launch_type(const QArgs& a, int M, Pairing pairing, cudaStream_t stream) {
+    switch (pairing) {
+        case Pairing::None: return launch_rows<T, Pairing::None>(a, M, stream);
+        case Pairing::SwiGLU: return launch_rows<T, Pairing::SwiGLU>(a, M, stream);
+        case Pairing::Rope: return launch_rows<T, Pairing::Rope>(a, M, stream);
+    }
+}
+
+// ---- dequantization: eight consecutive values of a tile, exactly as quant_formats.cpp computes
+// them (two roundings for d * q + m: that file compiles without FMA contraction) --------------
+
+// w[j] = value e + j of the tile (e % 8 == 0); d6 = Q6_K's tail d.
+template <QType T>
+__device__ __forceinline__ void dequant8(const uint8_t* t, float d6, int e, float* w) {
+    if (T == QType::Q4_K || T == QType::Q5_K) {  // the block as stored
+        const int s = e >> 5, l = e & 31;
+        const uint4 h = *reinterpret_cast<const uint4*>(t);
+        int sc, mn;
+        scale_min_k4(s, h.y, h.z, h.w, sc, mn);
+        const float d = __fmul_rn(f16_bits(h.x & 0xFFFF), (float)sc), m = __fmul_rn(f16_bits(h.x >> 16), (float)mn);
+        const int qs_at = T == QType::Q5_K ? 48 : 16;
+        const uint8_t* qs = t + qs_at + 32 * (s >> 1) + l;
+        const int shift = (s & 1) * 4;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int q = (qs[j] >> shift) & 15;
+            if (T == QType::Q5_K) q |= ((t[16 + l + j] >> s) & 1) << 4;
+            w[j] = __fsub_rn(__fmul_rn(d, (float)q), m);
+        }
+    } else if (T == QType::Q6_K) {
+        // e = 128 h + 32 g + l: nibble g / 2 of ql[64 h + 32 (g % 2) + l], bits 2g of qh[32 h + l].
+        const int h = e >> 7, g = (e >> 5) & 3, l = e & 31;
+        const uint8_t* ql = t + 16 + 64 * h + 32 * (g & 1) + l;
+        const uint8_t* qh = t + 144 + 32 * h + l;
+        const int sc = (int8_t)t[8 * h + 2 * g + (l >> 4)];
+        const float d = __fmul_rn(d6, (float)sc);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int q = (((ql[j] >> ((g >> 1) * 4)) & 15) | (((qh[j] >> (2 * g)) & 3) << 4)) - 32;
+            w[j] = __fmul_rn(d, (float)q);
+        }
+    } else {  // 32-value types: block b = e / 32 of the tile, values i .. i + 7 of it
+        const int b = e >> 5, i = e & 31;
+        const float d = f16_bits(reinterpret_cast<const unsigned short*>(t)[b]);
+        if (T == QType::Q8_0) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) w[j] = __fmul_rn((float)(int8_t)t[16 + 32 * b + i + j], d);
+            return;
+        }
+        constexpr bool has_m = T == QType::Q4_1 || T == QType::Q5_1;
+        constexpr bool has_h = T == QType::Q5_0 || T == QType::Q5_1;
+        constexpr int qs_at = T == QType::Q4_0 ? 16 : T == QType::Q4_1 ? 32 : T == QType::Q5_0 ? 48 : 64;
+        constexpr int qh_at = T == QType::Q5_0 ? 16 : 32;
+        const float m = has_m ? f16_bits(reinterpret_cast<const unsigned short*>(t + 16)[b]) : 0.f;
+        const uint32_t qh = has_h ? reinterpret_cast<const uint32_t*>(t + qh_at)[b] : 0u;
+        const uint8_t* qs = t + qs_at + 16 * b + (i & 15);
+        const int shift = i >= 16 ? 4 : 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int q = ((qs[j] >> shift) & 15) | (has_h ? (int)((qh >> (i + j)) & 1) << 4 : 0);
+            if (T == QType::Q4_0) w[j] = __fmul_rn((float)(q - 8), d);
+            else if (T == QType::Q5_0) w[j] = __fmul_rn((float)(q - 16), d);
+            else w[j] = __fadd_rn(__fmul_rn((float)q, d), m);
+        }
+    }
+}
+
+// The eight values k .. k + 7 of row n.
+template <QType T>
+__device__ __forceinline__ void dequant_row8(const uint8_t* W, size_t row_stride, int T_row, int N, int n, int k, float* w) {
+    const int t = k >> 8;
+    const uint8_t* tile = W + (size_t)n * row_stride + (size_t)t * Q<T>::kTileBytes;
+    float d6 = 0.f;
+    if (T == QType::Q6_K)
+        d6 = f16_bits(reinterpret_cast<const unsigned short*>(W + (size_t)N * row_stride)[(size_t)n * T_row + t]);
+    dequant8<T>(tile, d6, k & 255, w);
+}
+
+// OUT float: out[n * ld + k] fp32; bf16: rounded to nearest.
+template <QType T, typename OUT>
+__global__ void dequantize_kernel(const uint8_t* __restrict__ W, int N, int K, size_t row_stride, OUT* __restrict__ out,
+                                  int ld) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int groups = K / 8;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * groups) return;
+    const int n = (int)(i / groups), k = 8 * (int)(i - (size_t)n * groups);
+    float w[8];
+    dequant_row8<T>(W, row_stride, (K + 255) / 256, N, n, k, w);
+    OUT* dst = out + (size_t)n * ld + k;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if constexpr (sizeof(OUT) == 4) dst[j] = w[j];
+        else dst[j] = __float2bfloat16_rn(w[j]);
+    }
+}
+
+// embed on a quantized table: one CTA per row m (embed.cu's conventions: history, NaN rows).
+template <QType T>
+__global__ void embed_quant_kernel(const int* __restrict__ tokens, const uint8_t* __restrict__ table, float* __restrict__ x,
+                                   int V, int D, size_t row_stride, TokenHistory record) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int m = blockIdx.x;
+    const int tok = tokens[m];
+    if (record.history && threadIdx.x == 0) {
+        const int slot = record.slots[m], pos = record.positions[m];
+        if (slot >= 0 && slot < record.max_batch && pos >= 0 && pos < record.max_seq)
+            record.history[(size_t)slot * record.max_seq + pos] = tok;
+    }
+    float* row_out = x + (size_t)m * D;
+    if (tok < 0 || tok >= V) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x) row_out[i] = NAN;
+        return;
+    }
+    for (int g = threadIdx.x; g < D / 8; g += blockDim.x) {
+        float w[8];
+        dequant_row8<T>(table, row_stride, (D + 255) / 256, V, tok, 8 * g, w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) row_out[8 * g + j] = w[j];
+    }
+}
+
+// ---- activations: quant_gemv.cpp's quantize_activations, bit for bit ---------------------------
+// One warp per 32-block, lane i holds value i. --use_fast_math makes '/' approximate, hence the
+// explicit IEEE divisions; the half sums are integers (exact in any order).
+__device__ __forceinline__ void quantize_block(float v, ActBlock* out, int lane) {
+    const float amax = util::warp_max(fabsf(v));  // fmaxf ignores NaN, as std::max(amax, NaN) does
+    const float d = __fdiv_rn(amax, 127.f);
+    const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
+    const int q = (int)roundf(__fmul_rn(v, id));
+    out->qs[lane] = (int8_t)q;
+    int s = q;
+#pragma unroll
+    for (int offset = 8; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);  // within each half
+    const int s_hi = __shfl_sync(0xffffffffu, s, 16);
+    if (lane == 0) *reinterpret_cast<float4*>(out) = make_float4(d, d, __fmul_rn(d, (float)s), __fmul_rn(d, (float)s_hi));
+}
+
+constexpr int kActWarps = 8;
+
+__global__ void quantize_act_bf16_kernel(const bf16* __restrict__ x, ActBlock* __restrict__ xq, int n_blocks) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int lane = threadIdx.x & 31;
+    const int b = blockIdx.x * kActWarps + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    quantize_block(__bfloat162float(x[(size_t)b * 32 + lane]), xq + b, lane);
+}
+
+// One CTA per row: rstd as gemv.cu's row_rstd (thread t sums the float4s t, t + 256, ...; the warps
+// are added in order: a fixed order per row), then x * rstd * w in fp32, in normalized_x8's order.
+constexpr int kNormThreads = kActWarps * 32;
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_quantize_act_kernel(const float* __restrict__ x, const bf16* __restrict__ norm_w, float eps,
+                                ActBlock* __restrict__ xq, int K) {
+    __shared__ float warp_sums[kActWarps];
+    __shared__ float rstd_s;
+    pdl_wait();
+    pdl_launch_dependents();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* row = x + (size_t)blockIdx.x * K;
+    float sum = 0.f;
+    for (int i = threadIdx.x; i < K / 4; i += kNormThreads) {
+        const float4 v = reinterpret_cast<const float4*>(row)[i];
+        sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    sum = util::warp_sum(sum);
+    if (lane == 0) warp_sums[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < kActWarps; ++w) total += warp_sums[w];
+        rstd_s = rsqrtf(total / (float)K + eps);
+    }
+    __syncthreads();
+    const float r = rstd_s;
+    ActBlock* out = xq + (size_t)blockIdx.x * (K / 32);
+    for (int b = warp; b < K / 32; b += kActWarps) {
+        const int k = 32 * b + lane;
+        quantize_block(row[k] * r * __bfloat162float(norm_w[k]), out + b, lane);
+    }
+}
+
+void check_type(const char* op, int type, int K, const char* kname) {
+    BRRR_CHECK_ARG(quant::known_type(type) && qlayout::tile_bytes(type) > 0,
+                   op << ": GGML type id " << type << " is not a quantized type this kernel runs "
+                      "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
     const QType t = static_cast<QType>(type);
     const int elems = quant::block_elems(t);
-    BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, "gemv_quant: M=" << M << " rows; the kernel takes 1 to " << kMaxRows);
-    BRRR_CHECK_ARG(N >= 1, "gemv_quant: N must be >= 1, got " << N);
-    BRRR_CHECK_ARG(K >= 1 && K % elems == 0,
-                   "gemv_quant: K=" << K << " is not a positive multiple of " << quant::type_name(t) << "'s block of "
-                                    << elems << " values; a row must be whole blocks");
-    BRRR_CHECK_ARG(W != nullptr && x != nullptr && y != nullptr, "gemv_quant: W, x and y must be device pointers, got null");
-    BRRR_CHECK_ARG(util::aligned_to(W, 2) && util::aligned_to(x, 2),
-                   "gemv_quant: W and x must be 2-byte aligned (fp16 scales, bf16 activations)");
-    switch (t) {
-        case QType::Q8_0: return launch_type<QType::Q8_0>(W, x, y, M, N, K, stream);
-        case QType::Q4_0: return launch_type<QType::Q4_0>(W, x, y, M, N, K, stream);
-        case QType::Q4_1: return launch_type<QType::Q4_1>(W, x, y, M, N, K, stream);
-        case QType::Q5_0: return launch_type<QType::Q5_0>(W, x, y, M, N, K, stream);
-        case QType::Q5_1: return launch_type<QType::Q5_1>(W, x, y, M, N, K, stream);
-        case QType::Q4_K: return launch_type<QType::Q4_K>(W, x, y, M, N, K, stream);
-        case QType::Q5_K: return launch_type<QType::Q5_K>(W, x, y, M, N, K, stream);
-        case QType::Q6_K: return launch_type<QType::Q6_K>(W, x, y, M, N, K, stream);
+    BRRR_CHECK_ARG(K >= 1 && K % elems == 0, op << ": " << kname << "=" << K << " is not a positive multiple of "
+                                                << quant::type_name(t) << "'s block of " << elems
+                                                << " values; a row must be whole blocks");
+}
+
+template <template <QType> class Fn, typename... Args>
+void by_type(int type, Args&&... args) {
+    switch (static_cast<QType>(type)) {
+        case QType::Q8_0: return Fn<QType::Q8_0>::run(args...);
+        case QType::Q4_0: return Fn<QType::Q4_0>::run(args...);
+        case QType::Q4_1: return Fn<QType::Q4_1>::run(args...);
+        case QType::Q5_0: return Fn<QType::Q5_0>::run(args...);
+        case QType::Q5_1: return Fn<QType::Q5_1>::run(args...);
+        case QType::Q4_K: return Fn<QType::Q4_K>::run(args...);
+        case QType::Q5_K: return Fn<QType::Q5_K>::run(args...);
+        case QType::Q6_K: return Fn<QType::Q6_K>::run(args...);
     }
+}
+
+template <QType T> struct GemvFn {
+    static void run(const QArgs& a, int M, Pairing p, cudaStream_t s) { launch_type<T>(a, M, p, s); }
+};
+template <QType T> struct DequantFn {
+    template <typename OUT>
+    static void run(const void* W, int N, int K, OUT* out, int ld, cudaStream_t s) {
+        const size_t total = (size_t)N * (K / 8);
+        const int threads = 256;
+        launch_pdl(dequantize_kernel<T, OUT>, dim3((unsigned)CEIL_DIV(total, (size_t)threads)), dim3(threads), 0, s,
+                   static_cast<const uint8_t*>(W), N, K, qlayout::row_stride((int)T, K), out, ld);
+        CUDA_CHECK_LAUNCH("dequantize_kernel");
+    }
+};
+template <QType T> struct EmbedFn {
+    static void run(const int* tokens, const void* table, float* x, int M, int D, int V, const TokenHistory& record,
+                    cudaStream_t s) {
+        launch_pdl(embed_quant_kernel<T>, dim3(M), dim3(128), 0, s, tokens, static_cast<const uint8_t*>(table), x, V, D,
+                   qlayout::row_stride((int)T, D), record);
+        CUDA_CHECK_LAUNCH("embed_quant_kernel");
+    }
+};
+
+}  // namespace
+
+void gemv_quant(int type, const void* W, const ActBlock* xq, int M, int N, int K, Epilogue ep, const EpilogueArgs& args_in,
+                cudaStream_t stream) {
+    check_type("gemv_quant", type, K, "K");
+    BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, "gemv_quant: M=" << M << " rows; the kernel takes 1 to " << kMaxRows);
+    BRRR_CHECK_ARG(W != nullptr && xq != nullptr, "gemv_quant: W and xq must be device pointers, got null");
+    BRRR_CHECK_ARG(util::aligned_to(W, 16) && util::aligned_to(xq, 16),
+                   "gemv_quant: W (qlayout tiles) and xq (ActBlocks) must be 16-byte aligned");
+    EpilogueArgs args = args_in;
+    const int width = util::check_matmul("gemv_quant", reinterpret_cast<const bf16*>(xq),
+                                         reinterpret_cast<const bf16*>(W), M, N, K, ep, args, /*allow_rope=*/true);
+    QArgs a;
+    a.W = static_cast<const uint8_t*>(W);
+    a.tail = a.W + qlayout::tail_offset(type, N, K);
+    a.x = xq;
+    a.row_stride = qlayout::row_stride(type, K);
+    a.T = (int)qlayout::tiles_per_row(K);
+    a.n_pieces = type == (int)QType::Q8_0 ? K / 16 : K / 32;
+    a.n_units = width;
+    a.half_n = ep == Epilogue::RopeKV ? args.rope.head_dim / 2 : N / 2;
+    a.K = K;
+    a.ep = ep;
+    a.out = args;
+    const Pairing pairing = ep == Epilogue::SwiGLU ? Pairing::SwiGLU : ep == Epilogue::RopeKV ? Pairing::Rope : Pairing::None;
+    by_type<GemvFn>(type, a, M, pairing, stream);
+}
+
+void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream) {
+    check_type("dequantize_bf16", type, K, "K");
+    BRRR_CHECK_ARG(N >= 1, "dequantize_bf16: N must be >= 1, got " << N);
+    BRRR_CHECK_ARG(W != nullptr && out != nullptr, "dequantize_bf16: W and out must be device pointers, got null");
+    BRRR_CHECK_ARG(util::aligned_to(W, 16), "dequantize_bf16: W (qlayout tiles) must be 16-byte aligned");
+    if (ld_out == 0) ld_out = K;
+    BRRR_CHECK_ARG(ld_out >= K, "dequantize_bf16: ld_out=" << ld_out << " is shorter than a row of K=" << K);
+    by_type<DequantFn>(type, W, N, K, out, ld_out, stream);
+}
+
+void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStream_t stream) {
+    check_type("dequantize_f32", type, K, "K");
+    BRRR_CHECK_ARG(N >= 1, "dequantize_f32: N must be >= 1, got " << N);
+    BRRR_CHECK_ARG(W != nullptr && out != nullptr, "dequantize_f32: W and out must be device pointers, got null");
+    BRRR_CHECK_ARG(util::aligned_to(W, 16), "dequantize_f32: W (qlayout tiles) must be 16-byte aligned");
+    by_type<DequantFn>(type, W, N, K, out, K, stream);
+}
+
+void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, const TokenHistory& record,
+                 cudaStream_t stream) {
+    check_type("embed_quant", type, D, "D");
+    BRRR_CHECK_ARG(M >= 0 && V > 0, "embed_quant: bad sizes M=" << M << " D=" << D << " V=" << V);
+    BRRR_CHECK_ARG(tokens != nullptr && table != nullptr && x != nullptr,
+                   "embed_quant: tokens, table and x must be device pointers, got null");
+    BRRR_CHECK_ARG(util::aligned_to(table, 16), "embed_quant: the table (qlayout tiles) must be 16-byte aligned");
+    BRRR_CHECK_ARG(!record.history || (record.slots && record.positions && record.max_batch > 0 && record.max_seq > 0),
+                   "embed_quant: a token history needs slots, positions and sizes max_batch="
+                       << record.max_batch << " max_seq=" << record.max_seq);
+    if (M == 0) return;
+    by_type<EmbedFn>(type, tokens, table, x, M, D, V, record, stream);
+}
+
+void quantize_act_bf16(const bf16* x, ActBlock* xq, int M, int K, cudaStream_t stream) {
+    BRRR_CHECK_ARG(M >= 0 && K >= 32 && K % 32 == 0,
+                   "quantize_act_bf16: M=" << M << " K=" << K << "; K must be a positive multiple of 32");
+    BRRR_CHECK_ARG(x != nullptr && xq != nullptr, "quantize_act_bf16: x and xq must be device pointers, got null");
+    BRRR_CHECK_ARG(util::aligned_to(xq, 16), "quantize_act_bf16: xq must be 16-byte aligned");
+    if (M == 0) return;
+    const int n_blocks = (int)((int64_t)M * K / 32);
+    launch_pdl(quantize_act_bf16_kernel, dim3(CEIL_DIV(n_blocks, kActWarps)), dim3(kActWarps * 32), 0, stream, x, xq,
+               n_blocks);
+    CUDA_CHECK_LAUNCH("quantize_act_bf16_kernel");
+}
+
+void rmsnorm_quantize_act(const float* x, const bf16* norm_w, float eps, ActBlock* xq, int M, int K, cudaStream_t stream) {
+    BRRR_CHECK_ARG(M >= 0 && K >= 32 && K % 32 == 0,
+                   "rmsnorm_quantize_act: M=" << M << " K=" << K << "; K must be a positive multiple of 32");
+    BRRR_CHECK_ARG(x != nullptr && norm_w != nullptr && xq != nullptr,
+                   "rmsnorm_quantize_act: x, norm_w and xq must be device pointers, got null");
+    BRRR_CHECK_ARG(util::aligned_to(x, 16) && util::aligned_to(xq, 16),
+                   "rmsnorm_quantize_act: x and xq must be 16-byte aligned");
+    BRRR_CHECK_ARG(eps > 0.f, "rmsnorm_quantize_act: eps must be > 0, got " << eps);
+    if (M == 0) return;
+    launch_pdl(rmsnorm_quantize_act_kernel, dim3(M), dim3(kNormThreads), 0, stream, x, norm_w, eps, xq, K);
+    CUDA_CHECK_LAUNCH("rmsnorm_quantize_act_kernel");
 }
 
 }  // namespace cuda
