@@ -70,8 +70,10 @@ def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
         args = (np.array([token], np.int32), np.array([1], np.int32), np.array([pos], np.int32))
         row = gpu.decode(*args)[0]
         assert rel_dev(row, want[pos]) < LOGIT_REL_BOUND, (spec, step)
-        # the CPU engine decodes on the same int8 activation blocks: closer still
-        assert rel_dev(row, cpu_q.decode(*args)[0]) < LOGIT_REL_BOUND / 2, (spec, step)
+        # the CPU engine's quantized decode: int8 blocks of the same rule, but from fp32 inputs
+        # where the GPU rounds attention and MLP outputs (and the KV cache) to bf16 first, which
+        # moves as much as the int8 rounding does (measured 0.030-0.042 on the H100)
+        assert rel_dev(row, cpu_q.decode(*args)[0]) < LOGIT_REL_BOUND, (spec, step)
 
 
 def test_batched_quantized_decode_rows_equal_each_row_alone(C, rng):
