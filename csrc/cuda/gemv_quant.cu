@@ -273,10 +273,105 @@ template <> struct Q<QType::Q6_K> {
     }
 };
 
+// ---- activations: quant_gemv.cpp's quantize_activations, bit for bit ---------------------------
+// One warp per 32-block, lane i holds value i. --use_fast_math makes '/' approximate, hence the
+// explicit IEEE divisions; the half sums are integers (exact in any order).
+__device__ __forceinline__ void quantize_block(float v, ActBlock* out, int lane) {
+    const float amax = util::warp_max(fabsf(v));  // fmaxf ignores NaN, as std::max(amax, NaN) does
+    const float d = __fdiv_rn(amax, 127.f);
+    const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
+    const int q = (int)roundf(__fmul_rn(v, id));
+    out->qs[lane] = (int8_t)q;
+    int s = q;
+#pragma unroll
+    for (int offset = 8; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);  // within each half
+    const int s_hi = __shfl_sync(0xffffffffu, s, 16);
+    if (lane == 0) *reinterpret_cast<float4*>(out) = make_float4(d, d, __fmul_rn(d, (float)s), __fmul_rn(d, (float)s_hi));
+}
+
+constexpr int kActWarps = 8;
+
+__global__ void quantize_act_bf16_kernel(const bf16* __restrict__ x, ActBlock* __restrict__ xq, int n_blocks) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int lane = threadIdx.x & 31;
+    const int b = blockIdx.x * kActWarps + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    quantize_block(__bfloat162float(x[(size_t)b * 32 + lane]), xq + b, lane);
+}
+
+// rstd of one row as gemv.cu's row_rstd with 256 threads (thread t sums the float4s t, t + 256,
+// ...; the 8 warps' sums are added in order), computed by `threads` = 128 or 256 threads: with 128,
+// each plays threads t and t + 128. Explicit _rn operations: the fused GEMV prologue and the
+// standalone kernel produce the same bits. Ends with rstd[m] written and a barrier.
+constexpr int kNormVirtualThreads = 256;
+template <int MR>
+__device__ void rows_rstd(const float* __restrict__ x, int M, int K, float eps, float* rstd) {
+    __shared__ float warp_sums[MR][kNormVirtualThreads / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int m = 0; m < M; ++m) {
+        const float4* row = reinterpret_cast<const float4*>(x + (size_t)m * K);
+        for (int v = 0; v < kNormVirtualThreads / (int)blockDim.x; ++v) {
+            float sum = 0.f;
+            for (int i = threadIdx.x + v * blockDim.x; i < K / 4; i += kNormVirtualThreads) {
+                const float4 q = row[i];
+                sum = __fadd_rn(sum, __fadd_rn(__fadd_rn(__fmul_rn(q.x, q.x), __fmul_rn(q.y, q.y)),
+                                               __fadd_rn(__fmul_rn(q.z, q.z), __fmul_rn(q.w, q.w))));
+            }
+            sum = util::warp_sum(sum);
+            if (lane == 0) warp_sums[m][warp + v * nwarps] = sum;
+        }
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < M) {
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < kNormVirtualThreads / 32; ++w) total = __fadd_rn(total, warp_sums[threadIdx.x][w]);
+        rstd[threadIdx.x] = rsqrtf(__fdiv_rn(total, (float)K) + eps);
+    }
+    __syncthreads();
+}
+// Row m's ActBlocks from rmsnorm(x) * norm_w in fp32 (normalized_x8's product order), or from bf16
+// rows: one warp per block, the CTA's warps taking blocks warp, warp + nwarps, ...
+__device__ __forceinline__ void quantize_norm_row(const float* __restrict__ row, const bf16* __restrict__ norm_w,
+                                                  float r, ActBlock* out, int K) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int b = warp; b < K / 32; b += nwarps) {
+        const int k = 32 * b + lane;
+        quantize_block(__fmul_rn(__fmul_rn(row[k], r), __bfloat162float(norm_w[k])), out + b, lane);
+    }
+}
+__device__ __forceinline__ void quantize_bf16_row(const bf16* __restrict__ row, ActBlock* out, int K) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int b = warp; b < K / 32; b += nwarps) quantize_block(__bfloat162float(row[32 * b + lane]), out + b, lane);
+}
+
+// One CTA per row.
+constexpr int kNormThreads = kNormVirtualThreads;
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_quantize_act_kernel(const float* __restrict__ x, const bf16* __restrict__ norm_w, float eps,
+                                ActBlock* __restrict__ xq, int K) {
+    __shared__ float rstd[1];
+    pdl_wait();
+    pdl_launch_dependents();
+    const float* row = x + (size_t)blockIdx.x * K;
+    rows_rstd<1>(row, 1, K, eps, rstd);
+    quantize_norm_row(row, norm_w, rstd[0], xq + (size_t)blockIdx.x * (K / 32), K);
+}
+
+// Where the kernel's activations come from: ActBlocks made by an earlier kernel, or rows it
+// quantizes into shared memory itself (M <= kFusedRows).
+enum class XIn { Blocks, Bf16, Norm };
+constexpr int kFusedRows = 2;
+
 struct QArgs {
     const uint8_t* W;
     const uint8_t* tail;  // Q6_K: the [N, T] fp16 d array
-    const ActBlock* x;    // [M, K / 32]
+    const ActBlock* x;    // [M, K / 32] (XIn::Blocks)
+    const bf16* x_bf16;   // [M, K] (XIn::Bf16)
+    const float* x_f32;   // [M, K] (XIn::Norm), normalized with norm_w and eps
+    const bf16* norm_w;
+    float eps;
     size_t row_stride;    // bytes
     int T;                // tiles per row
     int n_pieces;         // pieces per row (Q8_0: K / 16, the others K / 32)
@@ -297,26 +392,32 @@ __device__ __forceinline__ int2 unit_rows(int c, int half_n) {
     return make_int2(c, c);
 }
 
-// One warp per unit; MR accumulator rows (M <= MR real); U pieces per lane and row in flight.
-template <QType T, int MR, Pairing P, int U>
+// One warp per unit at a time (units unit0, unit0 + grid stride, ...); MR accumulator rows (M <= MR
+// real); U pieces per lane and row in flight. XIn::Bf16 / Norm first quantize the M rows into
+// shared memory ActBlocks (the same functions as the standalone quantizers, so the same bits).
+template <QType T, int MR, Pairing P, int U, XIn IN>
 __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
     using F = Q<T>;
     constexpr int R = P != Pairing::None ? 2 : 1;  // W rows streamed together
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    ActBlock* xs = reinterpret_cast<ActBlock*>(smem_raw);  // [M][K / 32] (fused inputs)
     const int lane = threadIdx.x & 31;
-    const int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
-    const bool ok = unit < a.n_units;  // warp-uniform
-    const int2 rr = unit_rows<P>(ok ? unit : 0, a.half_n);
-    const int row_id[2] = {rr.x, rr.y};
-    const uint8_t* rows[R];
-    const uint8_t* tails[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        rows[r] = a.W + (size_t)row_id[r] * a.row_stride;
-        tails[r] = a.tail + (size_t)row_id[r] * a.T * 2;
-    }
     const int n_pieces = a.n_pieces;
+    const int stride = gridDim.x * kWarps;
+    int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
 
     Raw w[R][U];
+    const uint8_t* rows[R];
+    const uint8_t* tails[R];
+    auto aim = [&](int u) {
+        const int2 rr = unit_rows<P>(u < a.n_units ? u : 0, a.half_n);
+        const int row_id[2] = {rr.x, rr.y};
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            rows[r] = a.W + (size_t)row_id[r] * a.row_stride;
+            tails[r] = a.tail + (size_t)row_id[r] * a.T * 2;
+        }
+    };
     auto load = [&](int p0) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -329,91 +430,153 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
             }
         }
     };
+    aim(unit);
     pdl_launch_dependents();
     // The first step's pieces load before the wait, in a branch of their own (as gemv.cu: issued
     // unconditionally, ptxas sinks them past griddepcontrol.wait to their first use).
     bool preloaded = false;
-    if (ok && lane < n_pieces) {
+    if (unit < a.n_units && lane < n_pieces) {
         load(lane);
         preloaded = true;
     }
     pdl_wait();
-    if (!ok) return;
-
-    float acc[MR][R];
-#pragma unroll
-    for (int m = 0; m < MR; ++m)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
 
     const int x_stride = a.K / 32;
-    for (int p0 = lane; p0 < n_pieces; p0 += 32 * U) {
-        if (!preloaded) load(p0);
-        preloaded = false;
+    const ActBlock* xb = a.x;
+    if constexpr (IN != XIn::Blocks) {
+        if constexpr (IN == XIn::Norm) {
+            __shared__ float rstd[MR];
+            rows_rstd<MR>(a.x_f32, M, a.K, a.eps, rstd);
+            for (int m = 0; m < M; ++m) quantize_norm_row(a.x_f32 + (size_t)m * a.K, a.norm_w, rstd[m], xs + m * x_stride, a.K);
+        } else {
+            for (int m = 0; m < M; ++m) quantize_bf16_row(a.x_bf16 + (size_t)m * a.K, xs + m * x_stride, a.K);
+        }
+        __syncthreads();
+        xb = xs;
+    }
+
+    for (; unit < a.n_units; unit += stride) {
+        if (!preloaded) aim(unit);
+        float acc[MR][R];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int p = p0 + 32 * u;
-            if (p < n_pieces) {
-                const int pi = p % F::kPieces;
+        for (int m = 0; m < MR; ++m)
 #pragma unroll
-                for (int m = 0; m < MR; ++m) {
-                    if (m < M) {
-                        XPiece v;
-                        F::x(a.x + (size_t)m * x_stride, p, v);
+            for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+
+        for (int p0 = lane; p0 < n_pieces; p0 += 32 * U) {
+            if (!preloaded) load(p0);
+            preloaded = false;
 #pragma unroll
-                        for (int r = 0; r < R; ++r) acc[m][r] = F::dot(w[r][u], v, pi, acc[m][r]);
+            for (int u = 0; u < U; ++u) {
+                const int p = p0 + 32 * u;
+                if (p < n_pieces) {
+                    const int pi = p % F::kPieces;
+#pragma unroll
+                    for (int m = 0; m < MR; ++m) {
+                        if (m < M) {
+                            XPiece v;
+                            F::x(xb + (size_t)m * x_stride, p, v);
+#pragma unroll
+                            for (int r = 0; r < R; ++r) acc[m][r] = F::dot(w[r][u], v, pi, acc[m][r]);
+                        }
                     }
                 }
             }
         }
-    }
+        preloaded = false;
 
 #pragma unroll
-    for (int m = 0; m < MR; ++m)
+        for (int m = 0; m < MR; ++m)
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[m][r] = util::warp_sum(acc[m][r]);
+            for (int r = 0; r < R; ++r) acc[m][r] = util::warp_sum(acc[m][r]);
 
-    // Every lane holds every sum; lane m stores row m.
+        // Every lane holds every sum; lane m stores row m.
 #pragma unroll
-    for (int m = 0; m < MR; ++m) {
-        if (m < M && lane == m) {
-            if (P == Pairing::Rope) {
-                const int head = unit / a.half_n;
-                util::store_rope_kv(a.out.rope, m, head, unit - head * a.half_n, acc[m][0], acc[m][R - 1]);
-            } else if (P == Pairing::SwiGLU) {
-                util::store_swiglu(a.out, (size_t)m * a.out.ld_out + unit, acc[m][0], acc[m][R - 1]);
-            } else {
-                util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + unit, acc[m][0]);
+        for (int m = 0; m < MR; ++m) {
+            if (m < M && lane == m) {
+                if (P == Pairing::Rope) {
+                    const int head = unit / a.half_n;
+                    util::store_rope_kv(a.out.rope, m, head, unit - head * a.half_n, acc[m][0], acc[m][R - 1]);
+                } else if (P == Pairing::SwiGLU) {
+                    util::store_swiglu(a.out, (size_t)m * a.out.ld_out + unit, acc[m][0], acc[m][R - 1]);
+                } else {
+                    util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + unit, acc[m][0]);
+                }
             }
         }
     }
 }
 
-template <QType T, int MR, Pairing P>
+// CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit on the GPU at once,
+// remembered per (kernel, device, smem): decode asks about the same few launches every step.
+template <typename Kernel>
+int resident_ctas(Kernel kernel, size_t smem) {
+    struct Entry {
+        const void* kernel;
+        int dev;
+        size_t smem;
+        int result;
+    };
+    constexpr int kEntries = 64;
+    thread_local Entry seen[kEntries] = {};
+    thread_local int next = 0;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    const void* key = reinterpret_cast<const void*>(kernel);
+    for (const Entry& e : seen)
+        if (e.kernel == key && e.dev == dev && e.smem == smem) return e.result;
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    const int result = std::max(1, per_sm) * device_facts().sm_count;
+    seen[next] = Entry{key, dev, smem, result};
+    next = (next + 1) % kEntries;
+    return result;
+}
+
+template <QType T, int MR, Pairing P, XIn IN>
 void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     // Pieces per lane and row in flight: deep at M <= 2 (a K = 4096 row is 4-8 pieces a lane, so
     // the whole row is in flight at once), shallower where the accumulators take the registers.
     constexpr int U = MR <= 2 ? (P == Pairing::None ? 8 : 4) : (P == Pairing::None ? 4 : 2);
-    const int blocks = CEIL_DIV(a.n_units, kWarps);
-    launch_pdl(gemv_quant_kernel<T, MR, P, U>, dim3(blocks), dim3(kThreads), 0, stream, a, M);
+    const auto kernel = gemv_quant_kernel<T, MR, P, U, IN>;
+    int blocks = CEIL_DIV(a.n_units, kWarps);
+    size_t smem = 0;
+    if (IN != XIn::Blocks) {
+        // Every CTA quantizes the whole input once: one wave of CTAs, each walking several units,
+        // keeps that to a few hundred copies (L2 reads) instead of one per 4 units.
+        smem = (size_t)M * (a.K / 32) * sizeof(ActBlock);
+        blocks = std::min(blocks, resident_ctas(kernel, smem));
+    }
+    launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a, M);
     CUDA_CHECK_LAUNCH("gemv_quant_kernel");
 }
 
-template <QType T, Pairing P>
+template <QType T, Pairing P, XIn IN>
 void launch_rows(const QArgs& a, int M, cudaStream_t stream) {
-    if (M == 1) launch_gemv<T, 1, P>(a, M, stream);
-    else if (M == 2) launch_gemv<T, 2, P>(a, M, stream);
-    else if (M <= 4) launch_gemv<T, 4, P>(a, M, stream);
-    else if (M <= 8) launch_gemv<T, 8, P>(a, M, stream);
-    else launch_gemv<T, 16, P>(a, M, stream);
+    if (M == 1) launch_gemv<T, 1, P, IN>(a, M, stream);
+    else if (M == 2) launch_gemv<T, 2, P, IN>(a, M, stream);
+    else if constexpr (IN == XIn::Blocks) {
+        if (M <= 4) launch_gemv<T, 4, P, IN>(a, M, stream);
+        else if (M <= 8) launch_gemv<T, 8, P, IN>(a, M, stream);
+        else launch_gemv<T, 16, P, IN>(a, M, stream);
+    }
+}
+
+template <QType T, XIn IN>
+void launch_pairing(const QArgs& a, int M, Pairing pairing, cudaStream_t stream) {
+    switch (pairing) {
+        case Pairing::None: return launch_rows<T, Pairing::None, IN>(a, M, stream);
+        case Pairing::SwiGLU: return launch_rows<T, Pairing::SwiGLU, IN>(a, M, stream);
+        case Pairing::Rope: return launch_rows<T, Pairing::Rope, IN>(a, M, stream);
+    }
 }
 
 template <QType T>
-void launch_type(const QArgs& a, int M, Pairing pairing, cudaStream_t stream) {
-    switch (pairing) {
-        case Pairing::None: return launch_rows<T, Pairing::None>(a, M, stream);
-        case Pairing::SwiGLU: return launch_rows<T, Pairing::SwiGLU>(a, M, stream);
-        case Pairing::Rope: return launch_rows<T, Pairing::Rope>(a, M, stream);
+void launch_type(const QArgs& a, int M, Pairing pairing, XIn in, cudaStream_t stream) {
+    switch (in) {
+        case XIn::Blocks: return launch_pairing<T, XIn::Blocks>(a, M, pairing, stream);
+        case XIn::Bf16: return launch_pairing<T, XIn::Bf16>(a, M, pairing, stream);
+        case XIn::Norm: return launch_pairing<T, XIn::Norm>(a, M, pairing, stream);
     }
 }
 
@@ -533,68 +696,6 @@ __global__ void embed_quant_kernel(const int* __restrict__ tokens, const uint8_t
     }
 }
 
-// ---- activations: quant_gemv.cpp's quantize_activations, bit for bit ---------------------------
-// One warp per 32-block, lane i holds value i. --use_fast_math makes '/' approximate, hence the
-// explicit IEEE divisions; the half sums are integers (exact in any order).
-__device__ __forceinline__ void quantize_block(float v, ActBlock* out, int lane) {
-    const float amax = util::warp_max(fabsf(v));  // fmaxf ignores NaN, as std::max(amax, NaN) does
-    const float d = __fdiv_rn(amax, 127.f);
-    const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
-    const int q = (int)roundf(__fmul_rn(v, id));
-    out->qs[lane] = (int8_t)q;
-    int s = q;
-#pragma unroll
-    for (int offset = 8; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);  // within each half
-    const int s_hi = __shfl_sync(0xffffffffu, s, 16);
-    if (lane == 0) *reinterpret_cast<float4*>(out) = make_float4(d, d, __fmul_rn(d, (float)s), __fmul_rn(d, (float)s_hi));
-}
-
-constexpr int kActWarps = 8;
-
-__global__ void quantize_act_bf16_kernel(const bf16* __restrict__ x, ActBlock* __restrict__ xq, int n_blocks) {
-    pdl_wait();
-    pdl_launch_dependents();
-    const int lane = threadIdx.x & 31;
-    const int b = blockIdx.x * kActWarps + (threadIdx.x >> 5);
-    if (b >= n_blocks) return;
-    quantize_block(__bfloat162float(x[(size_t)b * 32 + lane]), xq + b, lane);
-}
-
-// One CTA per row: rstd as gemv.cu's row_rstd (thread t sums the float4s t, t + 256, ...; the warps
-// are added in order: a fixed order per row), then x * rstd * w in fp32, in normalized_x8's order.
-constexpr int kNormThreads = kActWarps * 32;
-__global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_quantize_act_kernel(const float* __restrict__ x, const bf16* __restrict__ norm_w, float eps,
-                                ActBlock* __restrict__ xq, int K) {
-    __shared__ float warp_sums[kActWarps];
-    __shared__ float rstd_s;
-    pdl_wait();
-    pdl_launch_dependents();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float* row = x + (size_t)blockIdx.x * K;
-    float sum = 0.f;
-    for (int i = threadIdx.x; i < K / 4; i += kNormThreads) {
-        const float4 v = reinterpret_cast<const float4*>(row)[i];
-        sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    sum = util::warp_sum(sum);
-    if (lane == 0) warp_sums[warp] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float total = 0.f;
-#pragma unroll
-        for (int w = 0; w < kActWarps; ++w) total += warp_sums[w];
-        rstd_s = rsqrtf(total / (float)K + eps);
-    }
-    __syncthreads();
-    const float r = rstd_s;
-    ActBlock* out = xq + (size_t)blockIdx.x * (K / 32);
-    for (int b = warp; b < K / 32; b += kActWarps) {
-        const int k = 32 * b + lane;
-        quantize_block(row[k] * r * __bfloat162float(norm_w[k]), out + b, lane);
-    }
-}
-
 void check_type(const char* op, int type, int K, const char* kname) {
     BRRR_CHECK_ARG(quant::known_type(type) && qlayout::tile_bytes(type) > 0,
                    op << ": GGML type id " << type << " is not a quantized type this kernel runs "
@@ -621,7 +722,7 @@ void by_type(int type, Args&&... args) {
 }
 
 template <QType T> struct GemvFn {
-    static void run(const QArgs& a, int M, Pairing p, cudaStream_t s) { launch_type<T>(a, M, p, s); }
+    static void run(const QArgs& a, int M, Pairing p, XIn in, cudaStream_t s) { launch_type<T>(a, M, p, in, s); }
 };
 template <QType T> struct DequantFn {
     template <typename OUT>
@@ -644,20 +745,26 @@ template <QType T> struct EmbedFn {
 
 }  // namespace
 
-void gemv_quant(int type, const void* W, const ActBlock* xq, int M, int N, int K, Epilogue ep, const EpilogueArgs& args_in,
-                cudaStream_t stream) {
-    check_type("gemv_quant", type, K, "K");
-    BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, "gemv_quant: M=" << M << " rows; the kernel takes 1 to " << kMaxRows);
-    BRRR_CHECK_ARG(W != nullptr && xq != nullptr, "gemv_quant: W and xq must be device pointers, got null");
-    BRRR_CHECK_ARG(util::aligned_to(W, 16) && util::aligned_to(xq, 16),
-                   "gemv_quant: W (qlayout tiles) and xq (ActBlocks) must be 16-byte aligned");
+namespace {
+
+// The shared launcher: checks, the argument block, and the kernel for (type, M, pairing, input).
+void launch_gemv_quant(const char* op, int type, const void* W, const QuantGemvInput& in, int M, int N, int K,
+                       Epilogue ep, const EpilogueArgs& args_in, cudaStream_t stream) {
+    check_type(op, type, K, "K");
+    BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, op << ": M=" << M << " rows; the kernel takes 1 to " << kMaxRows);
+    BRRR_CHECK_ARG(W != nullptr, op << ": W must be a device pointer, got null");
+    BRRR_CHECK_ARG(util::aligned_to(W, 16), op << ": W (qlayout tiles) must be 16-byte aligned");
+    const int n_inputs = (in.xq != nullptr) + (in.x != nullptr) + (in.x_f32 != nullptr);
+    BRRR_CHECK_ARG(n_inputs == 1, op << ": give exactly one input (xq, x or x_f32), got " << n_inputs);
+    BRRR_CHECK_ARG(!in.x_f32 || (in.norm_w != nullptr && in.eps > 0.f),
+                   op << ": a normalized input needs norm_w and eps > 0");
     EpilogueArgs args = args_in;
-    const int width = util::check_matmul("gemv_quant", reinterpret_cast<const bf16*>(xq),
-                                         reinterpret_cast<const bf16*>(W), M, N, K, ep, args, /*allow_rope=*/true);
-    QArgs a;
+    const void* any_x = in.xq ? (const void*)in.xq : in.x ? (const void*)in.x : (const void*)in.x_f32;
+    const int width = util::check_matmul(op, reinterpret_cast<const bf16*>(any_x), reinterpret_cast<const bf16*>(W), M,
+                                         N, K, ep, args, /*allow_rope=*/true);
+    QArgs a{};
     a.W = static_cast<const uint8_t*>(W);
     a.tail = a.W + qlayout::tail_offset(type, N, K);
-    a.x = xq;
     a.row_stride = qlayout::row_stride(type, K);
     a.T = (int)qlayout::tiles_per_row(K);
     a.n_pieces = type == (int)QType::Q8_0 ? K / 16 : K / 32;
@@ -666,8 +773,42 @@ void gemv_quant(int type, const void* W, const ActBlock* xq, int M, int N, int K
     a.K = K;
     a.ep = ep;
     a.out = args;
+    XIn x_in = XIn::Blocks;
+    if (in.xq) {
+        BRRR_CHECK_ARG(util::aligned_to(in.xq, 16), op << ": xq (ActBlocks) must be 16-byte aligned");
+        a.x = in.xq;
+    } else if (M <= kFusedRows) {
+        x_in = in.x ? XIn::Bf16 : XIn::Norm;
+        BRRR_CHECK_ARG(in.x || util::aligned_to(in.x_f32, 16), op << ": x_f32 must be 16-byte aligned");
+        a.x_bf16 = in.x;
+        a.x_f32 = in.x_f32;
+        a.norm_w = in.norm_w;
+        a.eps = in.eps;
+    } else {
+        // More rows than the kernel quantizes itself: the standalone quantizer into the scratch.
+        BRRR_CHECK_ARG(in.scratch != nullptr, op << ": M=" << M << " > " << kFusedRows
+                                                 << " rows of unquantized input need the ActBlock scratch");
+        if (in.x) quantize_act_bf16(in.x, in.scratch, M, K, stream);
+        else rmsnorm_quantize_act(in.x_f32, in.norm_w, in.eps, in.scratch, M, K, stream);
+        a.x = in.scratch;
+    }
     const Pairing pairing = ep == Epilogue::SwiGLU ? Pairing::SwiGLU : ep == Epilogue::RopeKV ? Pairing::Rope : Pairing::None;
-    by_type<GemvFn>(type, a, M, pairing, stream);
+    by_type<GemvFn>(type, a, M, pairing, x_in, stream);
+}
+
+}  // namespace
+
+void gemv_quant(int type, const void* W, const ActBlock* xq, int M, int N, int K, Epilogue ep, const EpilogueArgs& args,
+                cudaStream_t stream) {
+    BRRR_CHECK_ARG(xq != nullptr, "gemv_quant: xq must be a device pointer, got null");
+    QuantGemvInput in;
+    in.xq = xq;
+    launch_gemv_quant("gemv_quant", type, W, in, M, N, K, ep, args, stream);
+}
+
+void gemv_quant_in(int type, const void* W, const QuantGemvInput& in, int M, int N, int K, Epilogue ep,
+                   const EpilogueArgs& args, cudaStream_t stream) {
+    launch_gemv_quant("gemv_quant_in", type, W, in, M, N, K, ep, args, stream);
 }
 
 void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream) {

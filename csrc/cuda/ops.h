@@ -88,6 +88,17 @@ void quantize_act_bf16(const bf16* x, quant::ActBlock* xq, int M, int K, cudaStr
 void rmsnorm_quantize_act(const float* x, const bf16* norm_w, float eps, quant::ActBlock* xq, int M, int K, cudaStream_t stream);
 // y = xq . dequant(W)^T, M <= 16, W [N, K] of `type` in qlayout tiles; int8 dot products, fp32 scales and sums; every Epilogue, pairs as gemv_bf16 (SwiGLU rows j, N/2 + j; RopeKV dims i, i + hd/2 of a head); rows batch-invariant bit for bit.
 void gemv_quant(int type, const void* W, const quant::ActBlock* xq, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// The input rows of gemv_quant_in: ActBlocks made beforehand (xq), or bf16 rows (x), or fp32 rows normalized as rmsnorm(x_f32) * norm_w (x_f32, norm_w, eps); exactly one of xq, x, x_f32.
+struct QuantGemvInput {
+    const quant::ActBlock* xq = nullptr;
+    const bf16* x = nullptr;
+    const float* x_f32 = nullptr;
+    const bf16* norm_w = nullptr;
+    float eps = 0.f;
+    quant::ActBlock* scratch = nullptr;  // [M, K / 32]: where x / x_f32 rows go when M > 2
+};
+// gemv_quant on any input: M <= 2 unquantized rows are quantized by the kernel itself (no extra launch, the same bits as the standalone quantizers), more go through quantize_act_bf16 / rmsnorm_quantize_act into in.scratch first.
+void gemv_quant_in(int type, const void* W, const QuantGemvInput& in, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 // out [N, ld_out] bf16 = rows [0, N) of dequant(W) rounded to bf16 (prefill feeds it to gemm_bf16).
 void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream);
 // out [N, K] fp32 = dequant(W), exactly the CPU dequantizer's values.
