@@ -69,10 +69,10 @@ collect_logs() {
     } > "$RES/peer.log" 2>/dev/null
 }
 finish() {
-    PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} python3 - "$RESULTS" "$RES" "$SRC" "$BUILD" <<'EOF' 2>&1 | tee -a "$LOG"
+    PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} python3 - "$RESULTS" "$RES" "$SRC" "$BUILD" "$REPS" <<'EOF' 2>&1 | tee -a "$LOG"
 import json, pathlib, subprocess, sys
 from llama_brrr.bench.llamacpp import summarize_test
-results, res, src, build = (pathlib.Path(a) for a in sys.argv[1:])
+results, res, src, build = (pathlib.Path(a) for a in sys.argv[1:5])
 raw = {p.name[:-len(".json")]: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
 def gpu():
     try:
@@ -88,7 +88,7 @@ for name in ("build_seconds.txt", "cmake_args.txt", "nvcc_version.txt"):
         meta[name[:-4]] = p.read_text().strip()
 source = src / "BRRR_SOURCE.txt"
 summary = {"gpu": gpu(), "llama_cpp_source": source.read_text().strip() if source.is_file() else None,
-           "llama_bench_arguments": "-ngl 99 -fa 1 -p 128 -n 128 -pg 128,128 -d 0,128 -o json",
+           "llama_bench_arguments": f"-ngl 99 -fa 1 -p 128 -n 128 -pg 128,128 -d 0,128 -r {sys.argv[5]} -o json",
            **meta, "files": {}}
 for name, tests in raw.items():
     model = pathlib.Path(tests[0].get("model_filename", name))
@@ -153,12 +153,18 @@ commit=$(sed -n 's/^llama.cpp commit: \([0-9a-f]\{7\}\).*/\1/p' "$SRC/BRRR_SOURC
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
     -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF
-    -DLLAMA_BUILD_COMMIT="$commit" -DLLAMA_BUILD_NUMBER=0 -DGIT_EXE="$SRC/brrr-git.sh")
+    -DLLAMA_BUILD_COMMIT="$commit" -DLLAMA_BUILD_NUMBER=0 -DGIT_EXE="$SRC/brrr-git.sh"
+    # The CPU backend for AVX2 machines, without AMX: built natively on a CPU with AMX tiles, its
+    # quantized matmuls segfault at the first eval (seen here with GCC 12, as bench/llamacpp.py
+    # notes for llama-cpp-python). With every layer on the GPU the CPU backend only looks up the
+    # token embeddings.
+    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 if [[ $CUDA == 1 ]]; then
     command -v nvcc > /dev/null || die "no nvcc on PATH"
     cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
     cmake_args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_CUDA_FA_ALL_QUANTS=OFF
-                 -DGGML_NATIVE=OFF -DCMAKE_CUDA_COMPILER="$(command -v nvcc)")
+                 -DCMAKE_CUDA_COMPILER="$(command -v nvcc)")
     # cuBLAS: the toolkit's own, else the pip wheel PyTorch runs on (nvidia/cu13 or nvidia/cublas)
     if ! compgen -G "$cuda_home/include/cublas_v2.h" > /dev/null \
         && ! compgen -G "$cuda_home/targets/*/include/cublas_v2.h" > /dev/null; then
@@ -181,6 +187,8 @@ for base in sys.path:
     if ! compgen -G "$cuda_home/lib64/stubs/libcuda.so" > /dev/null \
         && ! compgen -G "$cuda_home/targets/*/lib/stubs/libcuda.so" > /dev/null; then
         libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF; exit}')
+        [[ -n $libcuda ]] || libcuda=$(ls /usr/local/nvidia/lib64/libcuda.so* \
+            /usr/lib/x86_64-linux-gnu/libcuda.so* /usr/lib64/libcuda.so* 2>/dev/null | head -1)
         if [[ -n $libcuda ]]; then
             cmake_args+=(-DCUDA_cuda_driver_LIBRARY="$libcuda")
         else
@@ -189,7 +197,7 @@ for base in sys.path:
         fi
     fi
 else
-    cmake_args+=(-DGGML_CUDA=OFF -DGGML_NATIVE=ON)
+    cmake_args+=(-DGGML_CUDA=OFF)
 fi
 if [[ ! -f $BUILD/build.ninja ]]; then
     say "configure: cmake ${cmake_args[*]}"
