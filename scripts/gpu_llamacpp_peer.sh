@@ -18,7 +18,7 @@
 #      exist: 16 GB of disk)
 #   c. llama-quantize to <shape>.Q4_K_M.gguf and <shape>.Q8_0.gguf, 16 threads
 #   d. llama-bench of each quantized file and of the 1B F16, JSON per file under
-#      $PEER_DIR/results; $OUT/llamacpp_peer/ gets raw.json (every test of every file, samples
+#      $PEER_DIR/results-cuda; $OUT/llamacpp_peer/ gets raw.json (every test of every file, samples
 #      included), summary.json (tok/s mean and stdev per test, build, llama.cpp version, GPU) and
 #      peer.log (configure, build, quantize and bench logs)
 #   e. the files' paths and sizes printed last: llama_brrr can run the same files in the same call
@@ -43,7 +43,7 @@ TOTAL_S=${TOTAL_S:-540}
 SRC=${LLAMA_SRC:-$ROOT/third_party/llama.cpp}
 BUILD=$PEER/build-$([[ $CUDA == 1 ]] && echo cuda || echo cpu)
 MODELS=$PEER/models
-RESULTS=$PEER/results
+RESULTS=$PEER/results-$([[ $CUDA == 1 ]] && echo cuda || echo cpu)
 LOGS=$PEER/logs
 RES=$OUT/llamacpp_peer
 START=$(date +%s)
@@ -52,7 +52,9 @@ LOG=$LOGS/peer.log
 
 say() { echo "[peer $(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 left() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
-die() { say "FAILED: $*"; [[ -n ${WRITER:-} ]] && kill "$WRITER" 2>/dev/null; finish; exit 1; }
+die() { say "FAILED: $*"; stop_writer; finish; exit 1; }
+# the background writer and the python it runs (by their process ids)
+stop_writer() { [[ -n ${WRITER:-} ]] && { pkill -TERM -P "$WRITER"; kill "$WRITER"; } 2>/dev/null; }
 # limited SECONDS CMD...: CMD with at most SECONDS (and never past TOTAL_S, 10 s kept for the end)
 limited() {
     local limit=$1
@@ -140,7 +142,7 @@ write_f16() {
 import sys, pathlib
 from llama_brrr.bench.llamacpp import peer_config, write_random_gguf
 write_random_gguf(pathlib.Path(sys.argv[2]), peer_config(sys.argv[1]), seed=0)
-" "$shape" "$target.partial" || { echo "writing $target failed"; return 1; }
+" "$shape" "$target.partial" || { rm -f "$target.partial"; echo "writing $target failed"; return 1; }
         mv "$target.partial" "$target"
         echo "wrote $target ($(stat -c %s "$target") bytes) in $(( $(date +%s) - t0 ))s"
     done
@@ -206,7 +208,7 @@ if [[ ! -f $BUILD/build.ninja ]]; then
     [[ $CUDA == 1 ]] && nvcc --version | tail -2 > "$BUILD/nvcc_version.txt"
 fi
 if [[ ${PEER_CONFIGURE_ONLY:-0} == 1 ]]; then
-    kill "$WRITER" 2>/dev/null
+    stop_writer
     say "configured $BUILD (PEER_CONFIGURE_ONLY=1: no build)"
     exit 0
 fi
@@ -217,9 +219,12 @@ else
     say "build: ninja -j$JOBS llama-bench llama-quantize"
     limited 480 ninja -C "$BUILD" -j"$JOBS" llama-bench llama-quantize >> "$LOGS/build.log" 2>&1
     rc=$?
-    (( rc == 0 )) || die "build (rc $rc; a second call resumes it; log tail in peer.log)"
-    echo $(( $(date +%s) - t0 )) > "$BUILD/build_seconds.txt"
-    say "build: $(cat "$BUILD/build_seconds.txt") s"
+    # build time over every call that worked on it
+    spent=$(( $(cat "$BUILD/build_seconds_so_far.txt" 2>/dev/null || echo 0) + $(date +%s) - t0 ))
+    echo "$spent" > "$BUILD/build_seconds_so_far.txt"
+    (( rc == 0 )) || die "build (rc $rc after ${spent}s in all; a second call resumes it; log tail in peer.log)"
+    echo "$spent" > "$BUILD/build_seconds.txt"
+    say "build: ${spent}s"
 fi
 BIN=$BUILD/bin
 

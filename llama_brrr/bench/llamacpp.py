@@ -353,8 +353,8 @@ def llama_bench_program(bin_dir: str | None = None) -> Path:
                           "(scripts/gpu_llamacpp_peer.sh builds one from the llama-cpp-python sdist)")
     program = Path(folder) / "llama-bench"
     if not (program.is_file() and os.access(program, os.X_OK)):
-        raise BenchError(f"{LLAMACPP_BIN_ENV}={folder}: no executable llama-bench there; point it at "
-                         "the bin/ folder of a llama.cpp build (scripts/gpu_llamacpp_peer.sh)")
+        raise BenchError(f"no executable llama-bench in {folder}: point {LLAMACPP_BIN_ENV} at the "
+                         "bin/ folder of a llama.cpp build (scripts/gpu_llamacpp_peer.sh)")
     return program
 
 
@@ -401,9 +401,9 @@ def find_test(tests: list[dict], n_prompt: int, n_gen: int, n_depth: int) -> dic
     for test in tests:
         if (test["n_prompt"], test["n_gen"], test["n_depth"]) == (n_prompt, n_gen, n_depth):
             return test
+    wanted = bench_test_name({"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth})
     have = ", ".join(bench_test_name(t) for t in tests)
-    raise BenchError(f"llama-bench ran no {bench_test_name({'n_prompt': n_prompt, 'n_gen': n_gen, 'n_depth': n_depth})} "
-                     f"test (it ran {have})")
+    raise BenchError(f"llama-bench ran no {wanted} test (it ran {have})")
 
 
 def require_backend(tests: list[dict], backend: str) -> None:
