@@ -17,6 +17,9 @@ contestant pays a host round trip per token that it would not pay in its own gen
                   step torch.compile(mode="reduce-overhead") (CUDA graphs), prefill compiled
                   without graphs; CUDA only
   llama.cpp       llama-cpp-python on a GGUF model file, batch 1, CPU (see llamacpp.py)
+  llama.cpp-cuda  llama-bench of a llama.cpp CUDA build ($LLAMA_BRRR_LLAMACPP_BIN) on the same GGUF
+                  file, batch 1, timing itself (llamacpp.LlamaBench: timed_runs in place of
+                  prefill / decode, no logits to check)
 """
 
 from __future__ import annotations

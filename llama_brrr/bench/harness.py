@@ -34,13 +34,16 @@ from ..config import shape_config
 from . import metrics
 from .contestants import Engine, HuggingFace, Reference, Skip
 from .llamacpp import BenchError, LlamaCpp, LLAMA_CPP_INSTALL, available as llama_cpp_available
+from .llamacpp import llama_bench_opponent
 
 SEED = 1234
 INIT_STD = 0.02
 CHECK_PROMPT = 32         # tokens of the agreement-check prompt
 AGREE_TOKENS = 32         # greedy tokens compared on a real model (docs/design.md)
 F32_LOGIT_TOLERANCE = 1e-3
-OPPONENTS = ("torch-eager", "hf-eager", "hf-sdpa", "torch-compile", "llama.cpp")
+OPPONENTS = ("torch-eager", "hf-eager", "hf-sdpa", "torch-compile", "llama.cpp", "llama.cpp-cuda")
+# Opponents that run the model file themselves, without PyTorch or the shared weights.
+FILE_OPPONENTS = ("llama.cpp", "llama.cpp-cuda")
 
 # Sweeps (issue 6): decode at batch x context, prefill at prompt lengths, three shapes.
 SWEEP_SHAPES = ("smollm2-135m", "llama3.2-1b", "llama3-8b")
@@ -100,7 +103,9 @@ class Budget:
 
 def measure(contestant, prompts: np.ndarray, generate: int, repeats: int, warmup: int) -> dict:
     """Times prefill + `generate` decode steps; returns TTFT and decode seconds per repeat and the
-    greedy tokens of sequence 0 (last repeat)."""
+    greedy tokens of sequence 0 (last repeat; None from a contestant that times itself)."""
+    if hasattr(contestant, "timed_runs"):  # a benchmark program that times itself (llama-bench)
+        return contestant.timed_runs(prompts, generate, repeats, warmup)
     ttft, decode = [], []
     length = prompts.shape[1]
     for run in range(warmup + repeats):
@@ -398,6 +403,8 @@ def build_opponent(key: str, opts: Options, llm, weights: dict, device: str, w: 
         if w.batch != 1:
             raise Skip("llama.cpp is compared at batch 1 only")
         return LlamaCpp(str(llm.source), opts.threads or os.cpu_count(), w.prompt + w.generate + 1)
+    if key == "llama.cpp-cuda":
+        return llama_bench_opponent(opts, llm, device, w)
     raise ValueError(f"unknown contestant {key!r}; choose from llama_brrr, {', '.join(OPPONENTS)}")
 
 
@@ -475,7 +482,7 @@ def run_compare(opts: Options, groups: list[list[Workload]]) -> dict:
         check_not_constant(llm)
         ours = Engine(llm)
         weights, checker = None, None
-        if any(k not in ("llama_brrr", "llama.cpp") for k in opts.contestants):
+        if any(k not in ("llama_brrr", *FILE_OPPONENTS) for k in opts.contestants):
             try:
                 from .weights import shared_weights
 
@@ -504,7 +511,7 @@ def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget,
     entries = run["contestants"]
     contestants = [("llama_brrr", ours)]
     for key in (k for k in opts.contestants if k != "llama_brrr"):
-        if weights is None and key != "llama.cpp":
+        if weights is None and key not in FILE_OPPONENTS:
             entries[key] = {"skipped": "PyTorch is not installed"}
             continue
         need = 120 if key == "torch-compile" else 15
@@ -531,7 +538,7 @@ def compare_workload(opts, w, llm, ours, weights, checker, device, peak, budget,
         entries[key] = {"label": contestant.label, "note": contestant.note,
                         **({"settings": contestant.settings} if hasattr(contestant, "settings") else {}),
                         "wall_s": timed["wall_s"], **rates(timed, w, config, llm.dtype, peak)}
-        if key != "llama_brrr" and opts.model and w.generate:
+        if key != "llama_brrr" and opts.model and w.generate and timed["tokens"] is not None:
             n = min(AGREE_TOKENS, w.generate + 1)
             where = first_difference(timed["tokens"][:n], reference_tokens[:n])
             entries[key]["greedy_tokens_match_llama_brrr"] = {"compared": n, "first_difference": where}

@@ -1,6 +1,12 @@
-"""llama.cpp (through llama-cpp-python) as an opponent, and the twins of a GGUF that llama.cpp's
-own quantize writes: F32 / F16, so llama.cpp and llama_brrr can run the same numbers, and Q8_0 /
-Q4_K_M requantizations, so both run the quantized files people download.
+"""llama.cpp as an opponent, two ways, and the GGUF files both sides run.
+
+  LlamaCpp        llama.cpp's CPU backend through llama-cpp-python, driven token by token
+  LlamaBench      llama-bench of a llama.cpp CUDA build (LLAMA_BRRR_LLAMACPP_BIN), timing itself on
+                  the same GGUF file: the GPU peer (scripts/gpu_llamacpp_peer.sh builds it)
+  reference_gguf  twins of a GGUF written by llama.cpp's own quantize: F32 / F16, so llama.cpp and
+                  llama_brrr can run the same numbers, and Q8_0 / Q4_K_M requantizations, so both
+                  run the quantized files people download
+  write_random_gguf  a random-weight F16 GGUF of a shape, for llama.cpp's quantize to start from
 
 llama-cpp-python is optional: `available()` says whether it is importable, LLAMA_CPP_INSTALL how
 to get it (a CPU build from source, minutes).
@@ -11,12 +17,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from ..config import ModelConfig, shape_config
 from ..errors import BrrrError
 
 LLAMA_CPP_VERSION = "0.3.36"
@@ -237,3 +246,265 @@ def reference_gguf(source: Path, source_sha256: str, file_type: str, cache: Path
                          f"{sorted(found)}; not what its {file_type} recipe makes")
     os.replace(partial, target)
     return target
+
+
+# ---- random-weight GGUFs, for llama.cpp's quantize to start from ---------------------------------
+
+# A llama small enough for a CPU dry run of scripts/gpu_llamacpp_peer.sh that llama.cpp still
+# loads, benches and quantizes with its K types (every matrix row a multiple of 256 values).
+PEER_TINY = ModelConfig(dim=256, hidden_dim=512, n_layers=2, n_heads=4, n_kv_heads=2,
+                        vocab_size=2048, max_seq_len=4096, norm_eps=1e-5, rope_theta=500000.0,
+                        name="peer-tiny")
+# The pool every random matrix is a window of: a prime length, larger than any row, so no two rows
+# of one matrix start at the same pool offset and no two are equal.
+RANDOM_POOL = 16_777_259
+
+
+def peer_config(shape: str) -> ModelConfig:
+    """A config.SHAPES shape, or "peer-tiny" (PEER_TINY)."""
+    return PEER_TINY if shape == PEER_TINY.name else shape_config(shape)
+
+
+def _gguf_tensor_name(canonical: str) -> str:
+    from ..loaders.gguf import _GGUF_LAYER_NAMES, _GLOBAL_NAMES
+
+    for file_name, name in _GLOBAL_NAMES.items():
+        if name == canonical:
+            return file_name
+    _, layer, kind = canonical.split(".")
+    return f"blk.{layer}.{_GGUF_LAYER_NAMES[kind]}.weight"
+
+
+def _pool_window(pool: np.ndarray, start: int, n: int) -> np.ndarray:
+    """n values of `pool` from `start` on, wrapping around."""
+    out = np.empty(n, pool.dtype)
+    done = 0
+    while done < n:
+        take = min(n - done, len(pool) - start)
+        out[done: done + take] = pool[start: start + take]
+        done += take
+        start = 0
+    return out
+
+
+def write_random_gguf(path: Path, config: ModelConfig, seed: int = 0, std: float = 0.02) -> Path:
+    """A llama GGUF of `config`: F16 matrices of N(0, std) values, F32 norm weights 1 + N(0, std),
+    the hyperparameter keys llama.cpp reads, and a byte-level BPE vocabulary of vocab_size tokens
+    (three specials, one merge) that llama.cpp's loader accepts. Each matrix is a window of one
+    pool of RANDOM_POOL normal draws at a random start: the 8B shape's 16 GB cost copies, not 8e9
+    draws, while every row differs. Tensors stream to the file one at a time."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    pool = (std * rng.standard_normal(RANDOM_POOL, dtype=np.float32)).astype(np.float16)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"random {config.name} F16 (llama_brrr write_random_gguf, seed {seed})")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_context_length(config.max_seq_len)
+    writer.add_embedding_length(config.dim)
+    writer.add_feed_forward_length(config.hidden_dim)
+    writer.add_block_count(config.n_layers)
+    writer.add_head_count(config.n_heads)
+    writer.add_head_count_kv(config.n_kv_heads)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.norm_eps)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    specials, plain = ["<unk>", "<s>", "</s>"], ["t", "o", "to"]
+    writer.add_token_list(specials + plain + [f"x{i}" for i in range(config.vocab_size - 6)])
+    writer.add_token_types([3] * len(specials) + [1] * (config.vocab_size - len(specials)))
+    writer.add_token_merges(["t o"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    shapes = config.tensor_shapes()
+    for name, shape in shapes.items():
+        dtype = np.float32 if len(shape) == 1 else np.float16
+        writer.add_tensor_info(_gguf_tensor_name(name), shape, np.dtype(dtype),
+                               int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for shape in shapes.values():
+        if len(shape) == 1:
+            writer.write_tensor_data((1.0 + std * rng.standard_normal(shape)).astype(np.float32))
+        else:
+            window = _pool_window(pool, int(rng.integers(RANDOM_POOL)), int(np.prod(shape)))
+            writer.write_tensor_data(window.reshape(shape))
+    writer.close()
+    return path
+
+
+# ---- llama.cpp's CUDA backend through llama-bench: the GPU peer -----------------------------------
+
+LLAMACPP_BIN_ENV = "LLAMA_BRRR_LLAMACPP_BIN"
+LLAMA_BENCH_TIMEOUT_S = 900
+# Every layer on the GPU, flash attention on: how llama.cpp's CUDA numbers are quoted.
+LLAMA_BENCH_GPU_ARGS = ("-ngl", "99", "-fa", "1")
+
+
+def llama_bench_program(bin_dir: str | None = None) -> Path:
+    """The llama-bench of `bin_dir` (default: $LLAMA_BRRR_LLAMACPP_BIN). Raises LookupError when
+    neither names a folder, BenchError when the folder has no llama-bench."""
+    folder = bin_dir or os.environ.get(LLAMACPP_BIN_ENV)
+    if not folder:
+        raise LookupError(f"set {LLAMACPP_BIN_ENV} to the bin/ folder of a llama.cpp CUDA build "
+                          "(scripts/gpu_llamacpp_peer.sh builds one from the llama-cpp-python sdist)")
+    program = Path(folder) / "llama-bench"
+    if not (program.is_file() and os.access(program, os.X_OK)):
+        raise BenchError(f"no executable llama-bench in {folder}: point {LLAMACPP_BIN_ENV} at the "
+                         "bin/ folder of a llama.cpp build (scripts/gpu_llamacpp_peer.sh)")
+    return program
+
+
+def llama_bench_command(program: Path, model: str, prompt: int, generate: int,
+                        repetitions: int) -> list[str]:
+    """llama-bench on `model`, all layers on the GPU, flash attention on: a `prompt`-token prefill
+    (pp, empty cache) and `generate` decode steps after a `prompt`-token context (tg at depth
+    `prompt`), JSON out. Depths 0 and `prompt` together: llama-bench runs every test at every
+    depth, so one process (one model load) holds both tests the workload needs."""
+    if prompt < 1 or generate < 0 or repetitions < 1:
+        raise ValueError(f"llama-bench needs prompt >= 1, generate >= 0, repetitions >= 1; got "
+                         f"{prompt}, {generate}, {repetitions}")
+    depths = f"0,{prompt}" if generate else "0"
+    return [str(program), "-m", str(model), *LLAMA_BENCH_GPU_ARGS, "-p", str(prompt),
+            "-n", str(generate), "-d", depths, "-r", str(repetitions), "-o", "json"]
+
+
+def parse_llama_bench(text: str) -> list[dict]:
+    """llama-bench's `-o json` output: one object per test, each with its samples."""
+    try:
+        tests = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise BenchError(f"llama-bench printed no JSON ({error}); its output began "
+                         f"{text[:200]!r}") from None
+    need = ("n_prompt", "n_gen", "n_depth", "samples_ns", "avg_ts", "backends")
+    if not isinstance(tests, list) or not tests:
+        raise BenchError(f"llama-bench's JSON is not a list of tests: {text[:200]!r}")
+    for test in tests:
+        missing = [k for k in need if not isinstance(test, dict) or k not in test]
+        if missing:
+            raise BenchError(f"a llama-bench test lacks {missing}: not the JSON of this llama-bench "
+                             f"version ({str(test)[:200]})")
+    return tests
+
+
+def bench_test_name(test: dict) -> str:
+    """llama-bench's own name of a test: pp128, tg128, pp128+tg128, with "@ d128" past depth 0."""
+    p, g, d = test["n_prompt"], test["n_gen"], test["n_depth"]
+    name = "+".join(f"{kind}{n}" for kind, n in (("pp", p), ("tg", g)) if n)
+    return name + (f" @ d{d}" if d else "")
+
+
+def find_test(tests: list[dict], n_prompt: int, n_gen: int, n_depth: int) -> dict:
+    for test in tests:
+        if (test["n_prompt"], test["n_gen"], test["n_depth"]) == (n_prompt, n_gen, n_depth):
+            return test
+    wanted = bench_test_name({"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth})
+    have = ", ".join(bench_test_name(t) for t in tests)
+    raise BenchError(f"llama-bench ran no {wanted} test (it ran {have})")
+
+
+def require_backend(tests: list[dict], backend: str) -> None:
+    """Every test ran on `backend` (llama-bench's "backends" field, e.g. "CUDA")."""
+    for test in tests:
+        if backend not in test["backends"].split(","):
+            raise BenchError(f"this llama-bench ran {bench_test_name(test)} on {test['backends']!r}, not "
+                             f"{backend}: build llama.cpp with -DGGML_CUDA=ON "
+                             "(scripts/gpu_llamacpp_peer.sh)")
+
+
+def summarize_test(test: dict) -> dict:
+    """One test's speed (tokens/s per repetition, mean and stdev as llama-bench computes them) and
+    what it ran on."""
+    tokens = test["n_prompt"] + test["n_gen"]
+    rates = [tokens * 1e9 / ns for ns in test["samples_ns"]]
+    keep = ("model_type", "model_size", "model_n_params", "n_gpu_layers", "flash_attn", "type_k",
+            "type_v", "n_batch", "n_ubatch", "backends", "gpu_info", "build_commit", "build_number")
+    return {"test": bench_test_name(test), "n_prompt": test["n_prompt"], "n_gen": test["n_gen"],
+            "n_depth": test["n_depth"], "tok_s_mean": test["avg_ts"],
+            "tok_s_stdev": test.get("stddev_ts"), "tok_s_samples": rates,
+            "repetitions": len(rates), **{k: test[k] for k in keep if k in test}}
+
+
+def run_llama_bench(command: list[str]) -> list[dict]:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=LLAMA_BENCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"llama-bench ran past {LLAMA_BENCH_TIMEOUT_S} s: {' '.join(command)}") from None
+    if done.returncode != 0:
+        last = [line for line in done.stderr.splitlines() if line.strip()][-3:]
+        raise BenchError(f"llama-bench exited with status {done.returncode}: " + " | ".join(last))
+    return parse_llama_bench(done.stdout)
+
+
+class LlamaBench:
+    """llama.cpp's CUDA backend timed by its own llama-bench on the GGUF file llama_brrr runs.
+
+    llama-bench loads the model in its own process and reports per repetition the prefill time of
+    the prompt (pp, empty cache) and the decode time of the generated tokens after a prompt-long
+    context (tg at depth prompt): TTFT and decode time of the workload, without the sampling of
+    the first token. Each timed round is one llama-bench process of one repetition (it warms each
+    test up itself, so warm-up rounds run nothing). It computes no logits this side can read, so
+    it is timed, not checked: the file is its tie to llama_brrr's numbers. Batch 1.
+    """
+
+    key, label = "llama.cpp-cuda", "llama.cpp CUDA (llama-bench)"
+
+    def __init__(self, program: Path, model_path: str):
+        self.program, self.model_path = program, model_path
+        version = subprocess.run([str(program), "--version"], capture_output=True, text=True,
+                                 timeout=60)
+        self.version = " ".join((version.stdout + version.stderr).split())
+        self.last_tests: list[dict] = []
+        self.settings = {"program": str(program), "model_file": model_path,
+                         "arguments": " ".join(LLAMA_BENCH_GPU_ARGS), "version": self.version,
+                         "timing": "llama-bench's own: pp = prefill of the prompt (empty cache), "
+                                   "tg @ d<prompt> = decode after a prompt-long context"}
+        self.note = f"cuda, {Path(model_path).name}, llama-bench {' '.join(LLAMA_BENCH_GPU_ARGS)}"
+
+    def timed_runs(self, prompts: np.ndarray, generate: int, repeats: int, warmup: int) -> dict:
+        """measure()'s result for this workload: TTFT and decode seconds per repetition."""
+        batch, prompt = prompts.shape
+        if batch != 1:
+            raise ValueError(f"llama-bench is compared at batch 1, got batch {batch}")
+        out = {"ttft_s": [], "decode_s": [], "tokens": None}
+        if repeats == 0:
+            return out
+        tests = run_llama_bench(llama_bench_command(self.program, self.model_path, prompt,
+                                                    generate, repeats))
+        require_backend(tests, "CUDA")
+        self.last_tests = tests
+        self.settings["tests"] = [summarize_test(t) for t in tests]
+        out["ttft_s"] = [ns / 1e9 for ns in find_test(tests, prompt, 0, 0)["samples_ns"]]
+        if generate:
+            out["decode_s"] = [ns / 1e9 for ns in find_test(tests, 0, generate, prompt)["samples_ns"]]
+        return out
+
+    def last_logits(self, ids: list[int]) -> np.ndarray:
+        raise NotImplementedError("llama-bench reports speeds only: llama.cpp CUDA's logits are not "
+                                  "checked (the GGUF file both run is the tie)")
+
+    def sync(self) -> None:
+        pass  # llama-bench's process has ended when its timings are read
+
+    def tokens_list(self, tokens) -> list[int]:
+        return [int(t) for t in tokens]
+
+
+def llama_bench_opponent(opts, llm, device: str, w) -> LlamaBench:
+    """compare's llama.cpp-cuda contestant for workload w, or Skip with the reason."""
+    from .contestants import Skip
+
+    if not device.startswith("cuda"):
+        raise Skip(f"llama.cpp-cuda runs llama.cpp's CUDA backend: compare on a GPU, not {device}")
+    if not opts.model or not str(opts.model).endswith(".gguf"):
+        raise Skip("llama.cpp runs GGUF model files, not random shapes: pass --model FILE.gguf")
+    if w.batch != 1:
+        raise Skip("llama.cpp-cuda is compared at batch 1 only")
+    try:
+        program = llama_bench_program()
+    except LookupError as why:
+        raise Skip(str(why)) from None
+    return LlamaBench(program, str(llm.source))
