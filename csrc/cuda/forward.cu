@@ -171,14 +171,28 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     else matmul_bf16(x_bf16, deq_, M, N, K, ep, args, s);
 }
 
-// M <= 16 rows on a matrix with quantized parts. The input rows are quantized once into xq_
-// (and, for bf16 parts of a normalized input, written to xn_). One part runs its epilogue in the
-// kernel; several parts store fp32 into their columns of a staging buffer (qkv_ for RopeKV,
-// gate_up_ for SwiGLU, else the destination itself) and the epilogue runs after.
+// M <= 16 rows on a matrix with quantized parts. One part: gemv_quant_in, which quantizes (and
+// normalizes) its input rows itself at decode batch 1-2, and runs the epilogue. Several parts:
+// the input rows are quantized once into xq_ (and, for bf16 parts of a normalized input, written
+// to xn_), each part stores fp32 into its columns of a staging buffer (qkv_ for RopeKV, gate_up_
+// for SwiGLU, else the destination itself) and the epilogue runs after.
 void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                               Epilogue ep, const EpilogueArgs& args) {
     const int N = W.rows, K = W.cols;
     cudaStream_t s = stream_;
+    if (W.n_parts == 1) {  // the kernel quantizes up to 2 rows itself; more go through xq_
+        QuantGemvInput in;
+        if (norm_w) {
+            in.x_f32 = x_f32;
+            in.norm_w = norm_w;
+            in.eps = cfg_.norm_eps;
+        } else {
+            in.x = x_bf16;
+        }
+        in.scratch = xq_;
+        gemv_quant_in(W.parts[0].type, W.parts[0].data, in, M, N, K, ep, args, s);
+        return;
+    }
     bool any_bf16 = false;
     for (int i = 0; i < W.n_parts; ++i) any_bf16 |= W.parts[i].type == 0;
     if (norm_w) {
@@ -188,10 +202,6 @@ void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* n
         quantize_act_bf16(x_bf16, xq_, M, K, s);
     }
     const bf16* x_plain = norm_w ? xn_ : x_bf16;
-    if (W.n_parts == 1) {
-        gemv_quant(W.parts[0].type, W.parts[0].data, xq_, M, N, K, ep, args, s);
-        return;
-    }
     // Per part: fp32 into columns [row0, row0 + rows) of a [M, N] staging, or of the destination.
     float* staging = ep == Epilogue::RopeKV ? args.out_f32 : ep == Epilogue::SwiGLU ? gate_up_ : nullptr;
     for (int i = 0; i < W.n_parts; ++i) {
