@@ -286,9 +286,21 @@ def error_message(error: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "serve"]:
+        # A mode of `bench` with options of its own (bench's other options do not apply to it).
+        parser = _Parser(prog="llama-brrr bench serve",
+                         description="serving throughput and latency: the continuous-batching "
+                                     "scheduler, the HTTP server, static waves and HF transformers")
+        cli_bench.add_serve_arguments(parser)
+        args = parser.parse_args(argv[2:])
+        args.argv = argv
+        run = cli_bench.run_bench_serve
+    else:
+        args = build_parser().parse_args(argv)
+        run = COMMANDS[args.command].run
     try:
-        return COMMANDS[args.command].run(args)
+        return run(args)
     except USER_ERRORS as error:
         sys.stdout.flush()
         print(f"llama-brrr: error: {error_message(error)}", file=sys.stderr)

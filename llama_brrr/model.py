@@ -571,13 +571,16 @@ class Llama:
         requests = [self._make_request(text, ids, params) for text, ids in self._prompts(prompts)]
         for index, r in enumerate(requests):
             r.index = index
+        self._run_static_waves(requests)
+        return [r.output() for r in requests]
+
+    def _run_static_waves(self, requests: list["Request"]) -> None:
         with self._exclusive():
             t_call = time.perf_counter()
             for r in requests:
                 r.t_call = t_call
             for start in range(0, len(requests), self.max_batch):
                 self._run_wave(requests[start:start + self.max_batch])
-        return [r.output() for r in requests]
 
     def _run_wave(self, wave: list["Request"]) -> None:
         engine = self._engine

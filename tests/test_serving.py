@@ -419,28 +419,35 @@ def test_submissions_from_several_threads(engine, rng):
     assert results == expected
 
 
+class SlowEngine(FailingEngine):
+    """Decode steps that take at least 5 ms, so a test can act while requests are in flight."""
+
+    def decode_steps(self, *args):
+        import time
+
+        time.sleep(0.005)
+        return self.real.decode_steps(*args)
+
+
 def test_close_ends_waiting_requests_and_frees_the_model(rng):
     llm = make_tiny(max_batch=1)
     engine = AsyncLlama(llm)
+    engine.scheduler.engine = SlowEngine(engine.scheduler.engine)
     with pytest.raises(RuntimeError, match="already generating"):
         llm.generate([1, 2], max_tokens=2)
 
     async def main():
-        streams = [engine.submit(engine.make_request(p, SamplingParams(max_tokens=100, ignore_eos=True)))
-                   for p in prompts_of(rng, [4, 4])]
-        await asyncio.sleep(0.01)
-        closer = asyncio.get_running_loop().run_in_executor(None, engine.close)
-        outcomes = []
-        for s in streams:
-            try:
-                outcomes.append([d async for d in s][-1].finish_reason)
-            except EngineClosedError:
-                outcomes.append("closed")
-        await closer
-        return outcomes
+        params = SamplingParams(max_tokens=100, ignore_eos=True)
+        running, waiting = [engine.submit(engine.make_request(p, params)) for p in prompts_of(rng, [4, 4])]
+        deltas = running.__aiter__()
+        await deltas.__anext__()  # the first request runs (100 steps: 0.5 s at least)
+        await asyncio.get_running_loop().run_in_executor(None, engine.close)
+        for stream in (deltas, waiting.__aiter__()):
+            with pytest.raises(EngineClosedError):
+                async for _ in stream:
+                    pass
 
-    outcomes = asyncio.run(main())
-    assert "closed" in outcomes
+    asyncio.run(main())
     assert llm.generate([1, 2], max_tokens=2)[0].token_ids  # the Llama is free again
     with pytest.raises(EngineClosedError):
         asyncio.run(collect(engine, [1, 2]))
