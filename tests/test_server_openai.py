@@ -340,13 +340,36 @@ def aborted(served) -> int:
     return int(re.search(r'llama_brrr_requests_total\{finish_reason="abort"\} (\d+)', text).group(1))
 
 
+class SlowEngine:
+    """A _C.Engine whose decode steps take >= 5 ms: a 120-token request is still running when the
+    test hangs up, even if this thread is descheduled for a while on a busy machine."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def decode_steps(self, *args):
+        time.sleep(0.005)
+        return self.real.decode_steps(*args)
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(served):
     before = aborted(served)
-    sock = open_stream(served, {"model": MODEL, "prompt": "x", "max_tokens": 120, "stream": True,
-                                "ignore_eos": True, "temperature": 0})
-    assert served.engine.usage()["slots_used"] == 1
-    sock.close()
-    served.wait_idle()
+    real = served.engine.scheduler.engine
+    served.engine.scheduler.engine = SlowEngine(real)
+    try:
+        sock = open_stream(served, {"model": MODEL, "prompt": "x", "max_tokens": 120, "stream": True,
+                                    "ignore_eos": True, "temperature": 0})
+        end = time.monotonic() + 5
+        while served.engine.usage()["slots_used"] != 1:  # the snapshot follows the step
+            assert time.monotonic() < end, served.engine.usage()
+            time.sleep(0.001)
+        sock.close()
+        served.wait_idle()
+    finally:
+        served.engine.scheduler.engine = real
     assert aborted(served) == before + 1
 
 

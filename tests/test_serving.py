@@ -279,8 +279,15 @@ def test_async_text_stream_and_stop_strings(engine):
     assert deltas[-1].finish_reason == "stop"
 
 
+def slow_down(engine):
+    """Makes each step take >= 5 ms, so a request of 100+ tokens is still running while the test
+    acts on it even when this thread is descheduled for a while on a busy machine."""
+    engine.scheduler.engine = SlowEngine(engine.scheduler.engine)
+
+
 def test_async_abort_frees_the_slot_within_a_step(engine, rng):
     prompt = prompts_of(rng, [8])[0]
+    slow_down(engine)
 
     async def main():
         stream = engine.submit(engine.make_request(prompt, SamplingParams(max_tokens=110,
@@ -301,6 +308,7 @@ def test_async_abort_frees_the_slot_within_a_step(engine, rng):
 
 def test_leaving_the_stream_early_aborts(engine, rng):
     prompt = prompts_of(rng, [8])[0]
+    slow_down(engine)
 
     async def main():
         async for delta in engine.generate(prompt, max_tokens=110, ignore_eos=True, request_id="x"):
@@ -324,7 +332,8 @@ def test_async_bad_requests(engine):
         asyncio.run(run([3, 999]))
 
     async def duplicate():
-        s = engine.submit(engine.make_request([3, 4], SamplingParams(max_tokens=50, ignore_eos=True)),
+        slow_down(engine)
+        s = engine.submit(engine.make_request([3, 4], SamplingParams(max_tokens=100, ignore_eos=True)),
                           "same")
         with pytest.raises(ValueError, match="already running"):
             engine.submit(engine.make_request([3, 4]), "same")
@@ -432,7 +441,7 @@ class SlowEngine(FailingEngine):
 def test_close_ends_waiting_requests_and_frees_the_model(rng):
     llm = make_tiny(max_batch=1)
     engine = AsyncLlama(llm)
-    engine.scheduler.engine = SlowEngine(engine.scheduler.engine)
+    slow_down(engine)
     with pytest.raises(RuntimeError, match="already generating"):
         llm.generate([1, 2], max_tokens=2)
 
