@@ -44,10 +44,11 @@ from .profiler import ProfileSummary, profile, profile_torch  # noqa: E402
 
 if _C is not None:
     from .model import Llama, RequestOutput  # noqa: E402
+    from .serving.async_engine import AsyncLlama  # noqa: E402
 
 
 def __getattr__(name):
-    if name in ("Llama", "RequestOutput") and _C is None:
+    if name in ("Llama", "RequestOutput", "AsyncLlama") and _C is None:
         raise ImportError(_C_MISSING)
     raise AttributeError(f"module 'llama_brrr' has no attribute {name!r}")
 
@@ -59,5 +60,5 @@ def cuda_available() -> bool:
     return _C.cuda_device_count() > 0
 
 
-__all__ = ["Llama", "SamplingParams", "RequestOutput", "ModelConfig", "cuda_available",
+__all__ = ["Llama", "AsyncLlama", "SamplingParams", "RequestOutput", "ModelConfig", "cuda_available",
            "profile", "profile_torch", "ProfileSummary", "peaks", "__version__"]

@@ -184,6 +184,55 @@ def drop_old_turns(llm, history: list[dict]) -> None:
         del history[first:first + 2]
 
 
+# ---- serve ------------------------------------------------------------------------------------
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    group.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    group.add_argument("--served-model-name", default=None,
+                       help="the model name clients pass (default: the model file's name)")
+    group.add_argument("--max-num-seqs", type=int, default=None,
+                       help="sequences running at once: the engine's KV slots (default 8 on cpu, "
+                            "64 on cuda)")
+    group.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help="tokens one engine step processes at most, decode rows plus prompt "
+                            "chunks (default 512 on cpu, 8192 on cuda)")
+    group.add_argument("--decode-steps", type=int, default=None,
+                       help="decode rounds per engine call while no request waits (default 1 on "
+                            "cpu, 16 on cuda)")
+    group.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import Llama
+    from .serving.async_engine import AsyncLlama
+    from .serving.server import run_server
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as error:
+        raise ImportError(f"llama-brrr serve needs fastapi and uvicorn ({error}); pip install "
+                          f"fastapi uvicorn") from None
+    llm = Llama.from_pretrained(args.model, device=args.device, dtype=args.dtype,
+                                max_seq_len=args.max_seq_len, max_batch=args.max_num_seqs,
+                                n_threads=args.threads, progress=True, quant=args.quant)
+    engine = AsyncLlama(llm, max_num_batched_tokens=args.max_num_batched_tokens,
+                        decode_steps=args.decode_steps, owns_model=True)
+    name = args.served_model_name or Path(llm.source).name
+    print(f"llama-brrr: serving {llm.source} as {name!r} on http://{args.host}:{args.port}/v1 "
+          f"({llm.device}, {engine.scheduler.max_num_seqs} sequences, "
+          f"{engine.scheduler.max_num_batched_tokens} tokens per step)", file=sys.stderr)
+    run_server(engine, name, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 # ---- dispatch ---------------------------------------------------------------------------------
 
 COMMANDS: dict[str, Command] = {
@@ -191,6 +240,8 @@ COMMANDS: dict[str, Command] = {
                         run_generate),
     "chat": Command("interactive chat over stdin (history kept; /exit or EOF ends)",
                     add_chat_arguments, run_chat),
+    "serve": Command("an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
+                     "/metrics) with continuous batching", add_serve_arguments, run_serve),
     "bench": Command("time llama_brrr on prefill / decode workloads (llama-bench style table)",
                      cli_bench.add_bench_arguments, cli_bench.run_bench),
     "compare": Command("llama_brrr against PyTorch eager, HF, torch.compile and llama.cpp, as ratios",
@@ -235,9 +286,21 @@ def error_message(error: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "serve"]:
+        # A mode of `bench` with options of its own (bench's other options do not apply to it).
+        parser = _Parser(prog="llama-brrr bench serve",
+                         description="serving throughput and latency: the continuous-batching "
+                                     "scheduler, the HTTP server, static waves and HF transformers")
+        cli_bench.add_serve_arguments(parser)
+        args = parser.parse_args(argv[2:])
+        args.argv = argv
+        run = cli_bench.run_bench_serve
+    else:
+        args = build_parser().parse_args(argv)
+        run = COMMANDS[args.command].run
     try:
-        return COMMANDS[args.command].run(args)
+        return run(args)
     except USER_ERRORS as error:
         sys.stdout.flush()
         print(f"llama-brrr: error: {error_message(error)}", file=sys.stderr)

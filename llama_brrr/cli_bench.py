@@ -7,6 +7,7 @@ llama_brrr.bench).
     llama-brrr compare --model SmolLM2-135M-Instruct.Q4_1.gguf --device cpu --threads 2
     llama-brrr compare --device cpu --threads 2 --model default --quant-twins q8_0,q4_k_m \
         --workloads 32:256,512:0 --contestants llama.cpp --perplexity --out-dir benchmarks/results/cpu
+    llama-brrr bench serve --shape smollm2-135m --num-prompts 64 --input-len 128 --output-len 64
 """
 
 from __future__ import annotations
@@ -228,4 +229,72 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"llama-brrr compare: outputs disagree ({', '.join(disagree)}): those speeds compare "
               f"different work", file=sys.stderr)
         return 1
+    return 0
+
+
+# ---- bench serve --------------------------------------------------------------------------------
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a rate > 0 (or inf), got {text!r}")
+    return value
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """`llama-brrr bench serve`: serving throughput and latency (llama_brrr.bench.serve)."""
+    from .bench.serve import MODES
+
+    what = parser.add_argument_group("model")
+    what.add_argument("--shape", default=None, help="random-weight shape (default smollm2-135m)")
+    what.add_argument("--model", "-m", default=None, help="a model file instead of random weights")
+    what.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    what.add_argument("--dtype", default=None, help="f32 | bf16 | f16")
+    what.add_argument("--quant", default=None, help="as Llama.from_pretrained(quant=...)")
+    what.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--max-num-seqs", type=int, default=8, help="KV slots, sequences at once (8)")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="per-step token budget (default 512 cpu, 8192 cuda)")
+    engine.add_argument("--decode-steps", type=int, default=None,
+                        help="decode rounds per engine call while nobody waits (1 cpu, 16 cuda)")
+    load = parser.add_argument_group("workload")
+    load.add_argument("--num-prompts", type=int, default=32, help="requests (32)")
+    load.add_argument("--input-len", type=int, default=64, help="random prompt tokens (64)")
+    load.add_argument("--output-len", type=int, default=32, help="generated tokens, ignore_eos (32)")
+    load.add_argument("--dataset", default=None,
+                      help='JSON lines {"prompt": text or ids, "output_len": n} instead of random prompts')
+    load.add_argument("--request-rate", type=_rate, default=float("inf"),
+                      help="requests per second, Poisson arrivals (default inf: all at once)")
+    load.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    load.add_argument("--seed", type=int, default=0, help="prompts and arrivals (0)")
+    how = parser.add_argument_group("run")
+    how.add_argument("--modes", default=",".join(MODES),
+                     help=f"comma-separated, in the order run (default {','.join(MODES)})")
+    how.add_argument("--repeats", type=int, default=3, help="runs of each mode, interleaved (3)")
+    how.add_argument("--json", type=Path, default=None, help="write the results JSON here")
+
+
+def run_bench_serve(args: argparse.Namespace) -> int:
+    from .bench import report
+    from .bench.serve import ServeOptions, run, table
+
+    if args.model and args.shape:
+        raise ValueError("give --model or --shape, not both")
+    opts = ServeOptions(
+        shape=args.shape or (None if args.model else "smollm2-135m"), model=args.model,
+        device=args.device, dtype=args.dtype, quant=args.quant, threads=args.threads,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        decode_steps=args.decode_steps, num_prompts=args.num_prompts, input_len=args.input_len,
+        output_len=args.output_len, dataset=args.dataset, request_rate=args.request_rate,
+        max_concurrency=args.max_concurrency, seed=args.seed, repeats=args.repeats,
+        modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()))
+    if opts.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {opts.num_prompts}")
+    result = run(opts)
+    result["command"] = "llama-brrr " + " ".join(getattr(args, "argv", ["bench", "serve"]))
+    print(table(result))
+    if args.json:
+        report.write_json(result, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -1,18 +1,22 @@
 """Llama: the user-facing model. It owns one engine handle (`_C.Engine`) and drives it from Python.
 
 The engine does all the math (forward passes and sampling); this file loads weights into it,
-tokenizes, and runs the generation loop:
+tokenizes, checks every argument, and hands requests to the continuous-batching scheduler
+(llama_brrr/serving/scheduler.py), which runs them on the engine's KV slots:
 
-    prefill prompt[:-1] of each request into its own KV slot (no logits)
-    repeat: engine.decode_steps over every active sequence runs n rounds of decode + sample (the
-            first round feeds each prompt's last token, later rounds the token just sampled),
-            then the stop conditions are checked token by token per request
-On CUDA the rounds of one decode_steps call stay on the device (no host round trip per token);
-n is 1 for the first token (time to first token) and up to DECODE_CHUNK after, never past a
-request's max_tokens or the context. Tokens sampled after a request stopped are dropped.
+    each step: admit waiting requests into free slots; prefill prompt[:-1] in chunks under a token
+    budget; engine.decode_steps over every sequence whose prompt is in place (the first round feeds
+    its last prompt token, later rounds the token just sampled); the stop conditions are checked
+    token by token per request, and a finished request frees its slot for the next step.
 
-Requests beyond max_batch run in waves of max_batch. Every argument is checked before the engine
-sees it, so a bad request raises a ValueError and leaves the instance usable.
+On CUDA a burst of decode_steps rounds stays on the device (no host round trip per token) once every
+request has its first token and no prompt waits; the CPU gains nothing from bursts.
+Tokens sampled after a request stopped are dropped.
+
+Every argument is checked before the engine sees it, so a bad request raises a ValueError and leaves
+the instance usable. The static-wave loop this replaced (requests in waves of max_batch, a finished
+slot idle until its wave ends) is kept as _generate_static_waves, only as the opponent `llama-brrr
+bench serve` measures the scheduler against.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import math
 import os
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -33,6 +36,8 @@ from . import quant as quantization
 from .config import ModelConfig, shape_config
 from .errors import ArgumentTypeError, NonFiniteLogitsError
 from .sampling import SamplingParams, _has_surrogate, engine_rows
+from .serving.request import Request, RequestOutput
+from .serving.scheduler import Scheduler
 
 _DTYPE_ALIASES = {
     "f32": "f32", "float32": "f32", "fp32": "f32",
@@ -46,33 +51,6 @@ _INT32_MAX = 2**31 - 1
 _MAX_THREADS = 4096  # beyond any machine; keeps a typo from reaching the engine as a thread count
 _BUSY_MESSAGE = ("this Llama is already generating (an unfinished stream?); finish or close that "
                  "generator first: one instance runs one generation at a time")
-
-
-@dataclass
-class RequestOutput:
-    """The result of one request.
-
-    text excludes the prompt, end-of-sequence/stop tokens and any stop string; token_ids are the
-    generated ids (including a final EOS or stop token id, as vLLM does). finish_reason is "stop"
-    (EOS, stop token or stop string) or "length" (max_tokens or the context limit).
-
-    timings (seconds; rates in tokens/s):
-      prompt_tokens, generated_tokens
-      ttft_s     from the generate() call to this request's first token
-      prefill_s  processing the prompt(s) of this request's wave, up to their first tokens
-      decode_s   from the first token to the last (generated_tokens - 1 decode steps)
-      total_s    from the generate() call to the end of this request
-      prefill_tok_s = prompt_tokens / prefill_s
-      decode_tok_s  = (generated_tokens - 1) / decode_s, the steady-state decode rate
-    """
-
-    prompt: str | None
-    prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    logprobs: list[float] | None = None
-    timings: dict = field(default_factory=dict)
 
 
 class RandomModelTokenizer:
@@ -170,6 +148,7 @@ class Llama:
         # so a caller that consumed a stream can still read its token ids and timings.
         self.last_output: RequestOutput | None = None
         self._busy = False
+        self._scheduler: Scheduler | None = None  # generate()'s, made on first use
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -272,6 +251,7 @@ class Llama:
         if self._engine is None:
             return
         self._engine = None
+        self._scheduler = None
         from .memory import release_freed_memory
         release_freed_memory()
 
@@ -447,7 +427,7 @@ class Llama:
             out.append(t)
         return out
 
-    def _make_request(self, text: str | None, ids: list[int], params: SamplingParams) -> "_Request":
+    def _make_request(self, text: str | None, ids: list[int], params: SamplingParams) -> "Request":
         if not ids:
             raise ValueError("prompt is empty: give at least one token")
         if len(ids) >= self.max_seq_len:
@@ -461,7 +441,7 @@ class Llama:
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         decoder = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
         eos = () if params.ignore_eos else self.eos_token_ids
-        return _Request(text, ids, params, seed, decoder, frozenset(eos) | set(params.stop_token_ids))
+        return Request(text, ids, params, seed, decoder, frozenset(eos) | set(params.stop_token_ids))
 
     def _chat_prompt(self, messages) -> tuple[str, list[int]]:
         if self.tokenizer is None:
@@ -510,7 +490,7 @@ class Llama:
         finally:
             self._busy = False
 
-    def _stream_request(self, request: "_Request") -> Iterator[str]:
+    def _stream_request(self, request: "Request") -> Iterator[str]:
         # Checked here, not inside the generator, so a second concurrent stream fails at once.
         if self._busy:
             raise RuntimeError(_BUSY_MESSAGE)
@@ -524,36 +504,97 @@ class Llama:
 
     # ---- the generation loop ------------------------------------------------------------------
 
-    # Rounds per decode_steps call after the first token: CUDA runs them without returning to
-    # Python (bursts of this many tokens for a stream); the CPU gains nothing from it.
+    # Rounds per decode_steps call once every request has its first token and no prompt waits: CUDA
+    # runs them without returning to Python (bursts of this many tokens for a stream); the CPU
+    # gains nothing from it.
     DECODE_CHUNK = {"cuda": 16, "cpu": 1}
 
-    def _run(self, requests: list["_Request"]) -> Iterator[tuple["_Request", str]]:
-        """Runs the requests in waves of max_batch; yields (request, new visible text) per token."""
+    def make_scheduler(self, max_num_seqs: int | None = None,
+                       max_num_batched_tokens: int | None = None, prefill_chunk: int | None = None,
+                       decode_steps: int | None = None) -> Scheduler:
+        """A continuous-batching scheduler over this model's engine (see serving/scheduler.py).
+
+        max_num_seqs: sequences running at once (<= max_batch, the engine's KV slots; default all).
+        max_num_batched_tokens: tokens one step processes at most (decode rows + prompt chunks).
+        prefill_chunk: prompt tokens per prefill chunk (default: the budget less max_num_seqs).
+        decode_steps: decode rounds per engine call once no request waits (default DECODE_CHUNK).
+        """
+        if self._engine is None:
+            raise RuntimeError("this Llama was closed (close() or the end of its `with` block); "
+                               "load the model again")
+        if max_num_seqs is None:
+            max_num_seqs = self.max_batch
+        if not _is_int(max_num_seqs) or not 1 <= max_num_seqs <= self.max_batch:
+            raise ValueError(f"max_num_seqs must be an integer in [1, max_batch={self.max_batch}] "
+                             f"(the engine's KV slots; load the model with a larger max_batch= for "
+                             f"more), got {max_num_seqs!r}")
+        if decode_steps is None:
+            decode_steps = self.DECODE_CHUNK["cuda" if self.device.startswith("cuda") else "cpu"]
+        return Scheduler(self._engine, max_seq_len=self.max_seq_len, max_num_seqs=int(max_num_seqs),
+                         max_num_batched_tokens=max_num_batched_tokens, prefill_chunk=prefill_chunk,
+                         decode_steps=decode_steps)
+
+    def _run(self, requests: list["Request"]) -> Iterator[tuple["Request", str]]:
+        """Runs the requests through the scheduler; yields (request, new visible text) per step in
+        which the request got tokens. The first request error (non-finite logits) is raised once
+        the step that found it ends; whatever ends the loop early (an error, a closed stream) takes
+        the unfinished requests out, so every slot is free afterwards."""
         profiler.attach(self._engine, self.weights_summary)
+        if self._scheduler is None:
+            self._scheduler = self.make_scheduler()
+        scheduler = self._scheduler
         t_call = time.perf_counter()
         for r in requests:
             r.t_call = t_call
-        for start in range(0, len(requests), self.max_batch):
-            yield from self._run_wave(requests[start:start + self.max_batch])
+            scheduler.add(r)
+        left = len(requests)
+        try:
+            while left:
+                events = scheduler.step()
+                failed = [e.request for e in events if e.request.error is not None]
+                if failed:
+                    raise min(failed, key=lambda r: r.index).error
+                for event in events:
+                    if event.finished:
+                        left -= 1
+                    yield event.request, event.text
+        finally:
+            for r in requests:
+                scheduler.abort(r)
 
-    def _run_wave(self, wave: list["_Request"]) -> Iterator[tuple["_Request", str]]:
+    def _generate_static_waves(self, prompts, sampling_params: SamplingParams | None = None,
+                               **kwargs) -> list[RequestOutput]:
+        """generate() the way it ran before the scheduler: waves of max_batch requests, every prompt
+        of a wave prefilled whole before any decode, each slot idle from its request's end until the
+        wave's. Kept only as the opponent in `llama-brrr bench serve`."""
+        params = SamplingParams.from_kwargs(sampling_params, kwargs)
+        requests = [self._make_request(text, ids, params) for text, ids in self._prompts(prompts)]
+        for index, r in enumerate(requests):
+            r.index = index
+        self._run_static_waves(requests)
+        return [r.output() for r in requests]
+
+    def _run_static_waves(self, requests: list["Request"]) -> None:
+        with self._exclusive():
+            t_call = time.perf_counter()
+            for r in requests:
+                r.t_call = t_call
+            for start in range(0, len(requests), self.max_batch):
+                self._run_wave(requests[start:start + self.max_batch])
+
+    def _run_wave(self, wave: list["Request"]) -> None:
         engine = self._engine
         t_wave = time.perf_counter()
-        t_prefill = profiler.mark()
         for slot, r in enumerate(wave):
             r.slot = slot
+            r.t_admit = t_wave
             if len(r.prompt_ids) > 1:
                 engine.prefill(slot, np.asarray(r.prompt_ids[:-1], dtype=np.int32), 0, "none")
             r.next_token = r.prompt_ids[-1]
             r.position = len(r.prompt_ids) - 1
-        profiler.record_span("prefill", "prefill", t_prefill, sum(len(r.prompt_ids) - 1 for r in wave))
-
-        t_decode = profiler.mark()
         chunk = self.DECODE_CHUNK["cuda" if self.device.startswith("cuda") else "cpu"]
         active = list(wave)
         while active:
-            # Rounds every active request can still use: its max_tokens and the context bound it.
             room = min(min(r.params.max_tokens - len(r.token_ids),
                            self.max_seq_len - len(r.prompt_ids) - len(r.token_ids) + 1) for r in active)
             n_steps = max(1, min(room, chunk if all(r.token_ids for r in active) else 1))
@@ -568,117 +609,19 @@ class Llama:
             new_tokens, logprobs = new_tokens.tolist(), logprobs.tolist()
             for i, r in enumerate(active):
                 for token, logprob in zip((row[i] for row in new_tokens), (row[i] for row in logprobs)):
-                    # The sampler's log-softmax of the chosen token is NaN or inf exactly when the
-                    # step's logits are not all finite: the check costs one float test per token.
                     if not math.isfinite(logprob):
-                        raise NonFiniteLogitsError(
-                            f"generation step {len(r.token_ids)} of sequence {r.index} (prompt "
-                            f"{r.index} of this call) produced non-finite logits (NaN or inf; the "
-                            f"chosen token's log-probability is {logprob}); nothing was sampled from "
-                            f"them. The model's weights or inputs are damaged (check the file with "
-                            f"a fresh download)")
+                        raise NonFiniteLogitsError(f"generation step {len(r.token_ids)} of sequence "
+                                                   f"{r.index} produced non-finite logits")
                     if not r.token_ids:
                         r.t_first = now
-                        r.t_wave = t_wave
-                    piece = r.accept(int(token), float(logprob), self.max_seq_len)
+                    r.accept(int(token), float(logprob), self.max_seq_len)
+                    r.token_times.append(now)
                     if r.finish_reason is not None:
                         r.t_done = now
-                        yield r, piece
                         break
                     r.next_token = int(token)
                     r.position += 1
-                    yield r, piece
             active = [r for r in active if r.finish_reason is None]
-        profiler.record_span("decode", "decode", t_decode, sum(len(r.token_ids) for r in wave))
-
-
-class _Request:
-    """One sequence in flight: its prompt, parameters, generated tokens and visible text."""
-
-    def __init__(self, prompt_text, prompt_ids, params: SamplingParams, seed: int, decoder,
-                 stop_ids: frozenset):
-        self.prompt_text = prompt_text
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.seed = seed
-        self.decoder = decoder
-        self.stop_ids = stop_ids
-        self.max_stop_len = max((len(s) for s in params.stop), default=0)
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.text = ""
-        self.emitted = 0  # characters of text already handed to a stream
-        self.finish_reason: str | None = None
-        self.cut_by_stop_string = False
-        self.slot = self.position = self.next_token = 0
-        self.index = 0  # position among the prompts of its call, for error messages
-        self.t_call = self.t_wave = self.t_first = self.t_done = 0.0
-
-    def accept(self, token: int, logprob: float, max_seq_len: int) -> str:
-        """Takes one sampled token, applies the stop rules; returns the text now safe to show."""
-        self.token_ids.append(token)
-        self.logprobs.append(logprob)
-        if token in self.stop_ids:
-            self.finish_reason = "stop"
-        else:
-            if self.decoder is not None:
-                self._append_text(self.decoder.push(token))
-            if self.finish_reason is None and (
-                    len(self.token_ids) >= self.params.max_tokens
-                    or len(self.prompt_ids) + len(self.token_ids) >= max_seq_len):
-                self.finish_reason = "length"
-        if self.finish_reason is not None:
-            # Bytes of an unfinished character still in the decoder belong to the text, unless a
-            # stop string already cut the text before them.
-            if self.decoder is not None and not self.cut_by_stop_string:
-                self._append_text(self.decoder.flush())
-            visible_end = len(self.text)
-        else:
-            visible_end = len(self.text) - self._held_back()
-        piece = self.text[self.emitted:visible_end]
-        self.emitted = max(self.emitted, visible_end)
-        return piece
-
-    def _append_text(self, piece: str) -> None:
-        if not piece:
-            return
-        # Only a window reaching back max_stop_len - 1 characters can hold a new match.
-        search_from = max(0, len(self.text) - self.max_stop_len + 1)
-        self.text += piece
-        cut = min((i for i in (self.text.find(s, search_from) for s in self.params.stop) if i >= 0),
-                  default=-1)
-        if cut >= 0:
-            self.text = self.text[:cut]
-            self.finish_reason = "stop"
-            self.cut_by_stop_string = True
-
-    def _held_back(self) -> int:
-        """Length of the longest tail of text that is a proper prefix of a stop string."""
-        for n in range(min(self.max_stop_len - 1, len(self.text)), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self.params.stop):
-                return n
-        return 0
-
-    def output(self) -> RequestOutput:
-        n_prompt, n_gen = len(self.prompt_ids), len(self.token_ids)
-        prefill_s = self.t_first - self.t_wave
-        decode_s = self.t_done - self.t_first
-        timings = {
-            "prompt_tokens": n_prompt,
-            "generated_tokens": n_gen,
-            "ttft_s": self.t_first - self.t_call,
-            "prefill_s": prefill_s,
-            "decode_s": decode_s,
-            "total_s": self.t_done - self.t_call,
-            "prefill_tok_s": n_prompt / prefill_s if prefill_s > 0 else 0.0,
-            "decode_tok_s": (n_gen - 1) / decode_s if decode_s > 0 else 0.0,
-        }
-        return RequestOutput(prompt=self.prompt_text, prompt_token_ids=list(self.prompt_ids),
-                             text=self.text, token_ids=list(self.token_ids),
-                             finish_reason=self.finish_reason,
-                             logprobs=list(self.logprobs) if self.params.logprobs else None,
-                             timings=timings)
 
 
 class _LoadProgress:

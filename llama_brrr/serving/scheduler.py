@@ -1,0 +1,285 @@
+"""Continuous batching over the engine's KV slots.
+
+Each call to Scheduler.step() is one engine step:
+
+  1. admit: waiting requests (first come, first served) take free KV space from the allocator;
+  2. prefill: the prompts of admitted requests go into their slots in chunks, under the step's token
+     budget (max_num_batched_tokens) after the decoding rows are counted, so a long prompt is spread
+     over several steps while the running sequences keep getting their tokens;
+  3. decode: one engine.decode_steps call over every sequence whose prompt is in its slot (a
+     sequence that just finished its prefill joins in the same step, feeding its last prompt token),
+     n_steps rounds of decode + sample (1 while any request waits for its first token or its prefill,
+     so admission and time to first token never wait behind a burst);
+  4. retire: finished sequences (stop rules: request.Request.accept) give their KV space back at
+     once, so a waiting request takes it in the next step.
+
+Chunk boundaries are fixed multiples of `prefill_chunk` from the start of each prompt, whatever else
+runs in the step: a prompt's KV cache (hence its tokens) does not depend on the other requests. The
+budget decides only how many chunks run in a step; prefill_chunk <= max_num_batched_tokens -
+max_num_seqs guarantees the oldest prefilling request moves by at least one chunk every step.
+
+KV accounting goes through an allocator with admit / reserve / free / usage. SlotAllocator, the one
+here, hands out whole engine slots (max_seq_len positions each); a block manager for a paged cache
+takes its place with the same four methods, reserve() then refusing when blocks run out.
+
+The scheduler is single-threaded: one caller (Llama.generate, or AsyncLlama's engine thread)
+drives it. A request that produces non-finite logits gets a NonFiniteLogitsError of its own and
+leaves; an exception from the engine itself propagates to the caller, which decides (fail_all).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import profiler
+from ..errors import NonFiniteLogitsError
+from ..sampling import engine_rows
+from .request import Request
+
+# Per-step token budget by backend: the CPU prefills ~1-2k tokens/s on small models, so a budget of
+# 512 keeps a step (everyone's next token) under about half a second while a long prompt arrives.
+DEFAULT_TOKEN_BUDGET = {"cpu": 512, "cuda": 8192}
+
+
+class SlotAllocator:
+    """KV space as whole engine slots: an admitted sequence owns one slot of max_seq_len positions
+    until it is freed. `usage` reports slots and the KV positions actually written."""
+
+    def __init__(self, n_slots: int, max_seq_len: int):
+        self.n_slots = n_slots
+        self.max_seq_len = max_seq_len
+        self._free = list(range(n_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self._owners: dict[int, Request] = {}
+
+    def admit(self, request: Request) -> bool:
+        """Gives `request` a slot; False when none is free."""
+        if not self._free:
+            return False
+        request.slot = self._free.pop()
+        self._owners[request.slot] = request
+        return True
+
+    def reserve(self, request: Request, n_positions: int) -> bool:
+        """Room for n_positions more KV positions of `request`: a slot always has it (the context
+        limit is the request's own stop rule)."""
+        return request.slot is not None and request.position + n_positions <= self.max_seq_len
+
+    def free(self, request: Request) -> None:
+        if request.slot is not None and self._owners.get(request.slot) is request:
+            del self._owners[request.slot]
+            self._free.append(request.slot)
+        request.slot = None
+
+    def usage(self) -> dict:
+        used = sum(r.prefilled + len(r.token_ids) for r in self._owners.values())
+        return {"slots_used": len(self._owners), "slots_total": self.n_slots,
+                "kv_positions_used": used, "kv_positions_total": self.n_slots * self.max_seq_len}
+
+
+@dataclass
+class Event:
+    """What one step did for one request: its new token ids and the text now safe to show."""
+
+    request: Request
+    token_ids: list[int]
+    text: str
+
+    @property
+    def finished(self) -> bool:
+        return self.request.finished
+
+
+class Scheduler:
+    """Runs requests on `engine` (a _C.Engine) by continuous batching; see the module docstring."""
+
+    def __init__(self, engine, *, max_seq_len: int, max_num_seqs: int,
+                 max_num_batched_tokens: int | None = None, prefill_chunk: int | None = None,
+                 decode_steps: int = 1, allocator=None):
+        backend = getattr(engine, "backend", "cpu")
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(DEFAULT_TOKEN_BUDGET.get(backend, 512), 2 * max_num_seqs)
+        for name, value in (("max_num_seqs", max_num_seqs), ("decode_steps", decode_steps),
+                            ("max_num_batched_tokens", max_num_batched_tokens)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if max_num_batched_tokens <= max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must exceed "
+                             f"max_num_seqs ({max_num_seqs}): a step's budget holds one decode "
+                             f"token per running sequence plus at least one prompt token")
+        room = max_num_batched_tokens - max_num_seqs
+        if prefill_chunk is None:
+            prefill_chunk = room
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, (int, np.integer)) \
+                or not 1 <= prefill_chunk <= room:
+            raise ValueError(f"prefill_chunk must be an integer in [1, max_num_batched_tokens - "
+                             f"max_num_seqs = {room}], got {prefill_chunk!r}")
+        if decode_steps > 64:
+            raise ValueError(f"decode_steps must be at most 64 (the engine's limit), got {decode_steps}")
+        self.engine = engine
+        self.max_seq_len = int(max_seq_len)
+        self.max_num_seqs = int(max_num_seqs)
+        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.prefill_chunk = int(prefill_chunk)
+        self.decode_steps = int(decode_steps)
+        self.allocator = allocator if allocator is not None else SlotAllocator(max_num_seqs, max_seq_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.steps = 0
+
+    # ---- queue --------------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        if not request.t_call:
+            request.t_call = time.perf_counter()
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request: Request) -> bool:
+        """Takes `request` out now (its slot is free for the next step); False if it was not here."""
+        if request in self.running:
+            self.running.remove(request)
+            self.allocator.free(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        else:
+            return False
+        if not request.finished:
+            request.finish_reason = "abort"
+            request.t_done = time.perf_counter()
+        return True
+
+    def fail_all(self, error: BaseException) -> list[Request]:
+        """Every request here ends with `error` and leaves (the engine raised mid-step)."""
+        failed = list(self.running) + list(self.waiting)
+        now = time.perf_counter()
+        for r in self.running:
+            self.allocator.free(r)
+        self.running.clear()
+        self.waiting.clear()
+        for r in failed:
+            if not r.finished:
+                r.error = error
+                r.t_done = now
+        return failed
+
+    def usage(self) -> dict:
+        return {"running": len(self.running), "waiting": len(self.waiting), **self.allocator.usage()}
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def step(self) -> list[Event]:
+        self.steps += 1
+        self._admit()
+        budget = self.max_num_batched_tokens
+        decoding = [r for r in self.running if r.prefilled == r.prefill_target]
+        budget -= len(decoding)
+        budget = self._prefill(budget, decoding)
+        events = self._decode(decoding) if decoding else []
+        self._retire()
+        return events
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            if not self.allocator.admit(request):
+                break
+            self.waiting.popleft()
+            request.t_admit = time.perf_counter()
+            self.running.append(request)
+
+    def _prefill(self, budget: int, decoding: list[Request]) -> int:
+        """Prompt chunks of the admitted requests, oldest first, while the budget lasts; a request
+        whose prompt is now in its slot joins `decoding`."""
+        t_prefill = profiler.mark()
+        tokens = 0
+        for r in self.running:
+            target = r.prefill_target
+            if r.prefilled == target:
+                continue
+            while r.prefilled < target:
+                n = min(self.prefill_chunk, target - r.prefilled)
+                cost = n + (1 if r.prefilled + n == target else 0)  # the last chunk brings a decode row
+                if cost > budget:
+                    break
+                self.engine.prefill(r.slot, np.asarray(r.prompt_ids[r.prefilled:r.prefilled + n],
+                                                       dtype=np.int32), r.prefilled, "none")
+                r.prefilled += n
+                budget -= cost
+                tokens += n
+            if r.prefilled < target:
+                break  # first come, first served: no younger prompt passes one left waiting
+            decoding.append(r)
+        if tokens:
+            profiler.record_span("prefill", "prefill", t_prefill, tokens)
+        return budget
+
+    def _decode(self, decoding: list[Request]) -> list[Event]:
+        for r in decoding:
+            if not r.token_ids:
+                r.next_token = r.prompt_ids[-1]
+                r.position = len(r.prompt_ids) - 1
+        # Bursts of decode_steps rounds only when nobody waits for a first token or a prefill.
+        pending = bool(self.waiting) and len(self.running) < self.max_num_seqs
+        pending = pending or len(decoding) < len(self.running) or not all(r.token_ids for r in decoding)
+        n_steps = 1 if pending else self.decode_steps
+        # Rounds every row can still use: its max_tokens and the context bound it.
+        room = min(min(r.params.max_tokens - len(r.token_ids),
+                       self.max_seq_len - len(r.prompt_ids) - len(r.token_ids) + 1) for r in decoding)
+        n_steps = max(1, min(room, n_steps))
+        for r in decoding:
+            if not self.allocator.reserve(r, n_steps):
+                raise RuntimeError(f"the KV allocator refused {n_steps} position(s) for a running "
+                                   f"sequence at position {r.position}")
+        t_decode = profiler.mark()
+        new_tokens, logprobs = self.engine.decode_steps(
+            np.array([r.next_token for r in decoding], dtype=np.int32),
+            np.array([r.slot for r in decoding], dtype=np.int32),
+            np.array([r.position for r in decoding], dtype=np.int32),
+            engine_rows(r.params.engine_row(r.seed) for r in decoding),
+            np.array([len(r.token_ids) for r in decoding], dtype=np.uint64),
+            n_steps)
+        now = time.perf_counter()
+        new_tokens, logprobs = new_tokens.tolist(), logprobs.tolist()
+        events, accepted = [], 0
+        for i, r in enumerate(decoding):
+            ids, text = [], []
+            for token, logprob in zip((row[i] for row in new_tokens), (row[i] for row in logprobs)):
+                # The sampler's log-softmax of the chosen token is NaN or inf exactly when the
+                # step's logits are not all finite: the check costs one float test per token.
+                if not math.isfinite(logprob):
+                    r.error = NonFiniteLogitsError(
+                        f"generation step {len(r.token_ids)} of sequence {r.index} (prompt "
+                        f"{r.index} of this call) produced non-finite logits (NaN or inf; the "
+                        f"chosen token's log-probability is {logprob}); nothing was sampled from "
+                        f"them. The model's weights or inputs are damaged (check the file with "
+                        f"a fresh download)")
+                    r.t_done = now
+                    break
+                if not r.token_ids:
+                    r.t_first = now
+                text.append(r.accept(int(token), float(logprob), self.max_seq_len))
+                r.token_times.append(now)
+                ids.append(int(token))
+                accepted += 1
+                if r.finish_reason is not None:
+                    r.t_done = now
+                    break
+                r.next_token = int(token)
+                r.position += 1
+            events.append(Event(r, ids, "".join(text)))
+        profiler.record_span("decode", "decode", t_decode, accepted)
+        return events
+
+    def _retire(self) -> None:
+        done = [r for r in self.running if r.finished]
+        for r in done:
+            self.allocator.free(r)
+        if done:
+            self.running = [r for r in self.running if not r.finished]
