@@ -313,3 +313,35 @@ def test_gemv_quant_bad_arguments_raise(C, ops, rng):
     with pytest.raises(bad, match="D=300"):
         ops.embed_quant(xq.data_ptr(), 12, W.packed.data_ptr(), y.data_ptr(), 1, 300, 8)
     assert math.isnan(float(y[0, 0]))
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0", "q4_1"])
+def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, ops, rng, gen, name):
+    """gemv_quant_in on bf16 rows or on fp32 rows to RMS-normalize: at M <= 2 the kernel quantizes
+    them itself (prologue), above that through the scratch; either way the result equals, bit for
+    bit, gemv_quant on the ActBlocks quantize_act_bf16 / rmsnorm_quantize_act make. Every epilogue
+    path is shared, so StoreF32 stands for all; K includes a partial last tile for 32-blocks."""
+    K = 4096 + (96 if TYPES[name][1] == 32 else 256)
+    W = Weights(C, name, 45, K, rng)
+    for M in (1, 2, 3, 16):
+        x = random_x(rng, M, K)
+        want = gemv(ops, W, gpu_act(ops, x), M)
+        scratch = torch.empty((M, K // 32 * 48), dtype=torch.uint8, device="cuda")
+        y = nan_full((M + 1, W.N), torch.float32)
+        ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, W.N, K, STORE_F32, out_f32=y.data_ptr(),
+                       x=x.data_ptr(), scratch=scratch.data_ptr())
+        torch.cuda.synchronize()
+        assert torch.isnan(y[M]).all() and torch.equal(y[:M], want), f"{name} M={M}: bf16 rows"
+
+        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
+        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+        ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
+        want = gemv(ops, W, xq, M)
+        y = nan_full((M + 1, W.N), torch.float32)
+        ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, W.N, K, STORE_F32, out_f32=y.data_ptr(),
+                       x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS, scratch=scratch.data_ptr())
+        torch.cuda.synchronize()
+        assert torch.isnan(y[M]).all() and torch.equal(y[:M], want), f"{name} M={M}: normalized fp32 rows"
+    with pytest.raises(ValueError, match="need the ActBlock scratch"):
+        ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, 3, W.N, K, STORE_F32, out_f32=y.data_ptr(), x=x.data_ptr())

@@ -289,7 +289,8 @@ void bind_testing(py::module_& m) {
                                   int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                   int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
                                   uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
-                                  int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+                                  int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t x,
+                                  uintptr_t x_f32, uintptr_t norm_w, double eps, uintptr_t scratch) {
         CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
                              {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
         if (type < 0 || type > 255) bad_argument("gemv_quant: type must be a GGML type id, got " + std::to_string(type));
@@ -312,18 +313,33 @@ void bind_testing(py::module_& m) {
         args.rope.head_dim = (int)head_dim;
         args.rope.max_seq = (int)max_seq;
         const void* wp = CudaOp::ptr(W, "W");
-        const auto* xp = static_cast<const brrr::quant::ActBlock*>(CudaOp::ptr(xq, "xq"));
-        py::gil_scoped_release release;
-        brrr::cuda::gemv_quant((int)type, wp, xp, (int)M, (int)N, (int)K, static_cast<brrr::cuda::Epilogue>(epilogue),
-                               args, 0);
+        if (x == 0 && x_f32 == 0) {
+            const auto* xp = static_cast<const brrr::quant::ActBlock*>(CudaOp::ptr(xq, "xq"));
+            py::gil_scoped_release release;
+            brrr::cuda::gemv_quant((int)type, wp, xp, (int)M, (int)N, (int)K,
+                                   static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
+        } else {  // gemv_quant_in: the kernel (or the scratch path) quantizes the rows itself
+            brrr::cuda::QuantGemvInput in;
+            in.xq = reinterpret_cast<const brrr::quant::ActBlock*>(xq);
+            in.x = reinterpret_cast<const brrr::cuda::bf16*>(x);
+            in.x_f32 = reinterpret_cast<const float*>(x_f32);
+            in.norm_w = reinterpret_cast<const brrr::cuda::bf16*>(norm_w);
+            in.eps = (float)eps;
+            in.scratch = reinterpret_cast<brrr::quant::ActBlock*>(scratch);
+            py::gil_scoped_release release;
+            brrr::cuda::gemv_quant_in((int)type, wp, in, (int)M, (int)N, (int)K,
+                                      static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
+        }
         CudaOp::finish("testing.gemv_quant");
     }, py::arg("type"), py::arg("W"), py::arg("xq"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
        py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0, py::arg("q_out") = 0,
        py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
-       py::arg("head_dim") = 0, py::arg("max_seq") = 0,
+       py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("x") = 0, py::arg("x_f32") = 0,
+       py::arg("norm_w") = 0, py::arg("eps") = 0.0, py::arg("scratch") = 0,
        "decode GEMV on quantized weights (M <= 16): y = xq . dequant(W).T with the epilogue (as "
-       "rmsnorm_matmul_bf16's); W = qlayout tiles (quant_ops.gpu_repack), xq = ActBlocks [M, K / 32]");
+       "rmsnorm_matmul_bf16's); W = qlayout tiles (quant_ops.gpu_repack), xq = ActBlocks [M, K / 32]; "
+       "or (xq = 0) gemv_quant_in on bf16 rows x or fp32 rows x_f32 normalized by norm_w, eps");
     testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {
         CudaOp::check_sizes({{"M", M}, {"K", K}});
         const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));

@@ -331,19 +331,63 @@ __device__ void rows_rstd(const float* __restrict__ x, int M, int K, float eps, 
     }
     __syncthreads();
 }
+// One ActBlock by one thread from its 32 values: quantize_block's arithmetic (the max and the
+// integer sums do not depend on order), so the same bits. The GEMV prologue uses it: a warp per
+// block leaves a 4-warp CTA ~100 serial shuffle rounds on a 14336-value row, a thread per block 4.
+__device__ __forceinline__ void quantize_block_thread(const float* v, ActBlock* out) {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const float d = __fdiv_rn(amax, 127.f);
+    const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
+    uint32_t words[8];
+    int s[2] = {0, 0};
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int q = (int)roundf(__fmul_rn(v[4 * w + j], id));
+            s[w >> 2] += q;
+            word |= (uint32_t)(q & 0xFF) << (8 * j);
+        }
+        words[w] = word;
+    }
+    *reinterpret_cast<float4*>(out) = make_float4(d, d, __fmul_rn(d, (float)s[0]), __fmul_rn(d, (float)s[1]));
+    reinterpret_cast<uint4*>(out->qs)[0] = make_uint4(words[0], words[1], words[2], words[3]);
+    reinterpret_cast<uint4*>(out->qs)[1] = make_uint4(words[4], words[5], words[6], words[7]);
+}
 // Row m's ActBlocks from rmsnorm(x) * norm_w in fp32 (normalized_x8's product order), or from bf16
-// rows: one warp per block, the CTA's warps taking blocks warp, warp + nwarps, ...
+// rows; one thread per block.
 __device__ __forceinline__ void quantize_norm_row(const float* __restrict__ row, const bf16* __restrict__ norm_w,
                                                   float r, ActBlock* out, int K) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (int b = warp; b < K / 32; b += nwarps) {
-        const int k = 32 * b + lane;
-        quantize_block(__fmul_rn(__fmul_rn(row[k], r), __bfloat162float(norm_w[k])), out + b, lane);
+    for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float4 q = reinterpret_cast<const float4*>(row + 32 * b)[i];
+            const uint2 w = reinterpret_cast<const uint2*>(norm_w + 32 * b)[i];
+            v[4 * i + 0] = __fmul_rn(__fmul_rn(q.x, r), util::bf16_lo(w.x));
+            v[4 * i + 1] = __fmul_rn(__fmul_rn(q.y, r), util::bf16_hi(w.x));
+            v[4 * i + 2] = __fmul_rn(__fmul_rn(q.z, r), util::bf16_lo(w.y));
+            v[4 * i + 3] = __fmul_rn(__fmul_rn(q.w, r), util::bf16_hi(w.y));
+        }
+        quantize_block_thread(v, out + b);
     }
 }
 __device__ __forceinline__ void quantize_bf16_row(const bf16* __restrict__ row, ActBlock* out, int K) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (int b = warp; b < K / 32; b += nwarps) quantize_block(__bfloat162float(row[32 * b + lane]), out + b, lane);
+    for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 q = reinterpret_cast<const uint4*>(row + 32 * b)[i];
+            v[8 * i + 0] = util::bf16_lo(q.x), v[8 * i + 1] = util::bf16_hi(q.x);
+            v[8 * i + 2] = util::bf16_lo(q.y), v[8 * i + 3] = util::bf16_hi(q.y);
+            v[8 * i + 4] = util::bf16_lo(q.z), v[8 * i + 5] = util::bf16_hi(q.z);
+            v[8 * i + 6] = util::bf16_lo(q.w), v[8 * i + 7] = util::bf16_hi(q.w);
+        }
+        quantize_block_thread(v, out + b);
+    }
 }
 
 // One CTA per row.
@@ -777,17 +821,18 @@ void launch_gemv_quant(const char* op, int type, const void* W, const QuantGemvI
     if (in.xq) {
         BRRR_CHECK_ARG(util::aligned_to(in.xq, 16), op << ": xq (ActBlocks) must be 16-byte aligned");
         a.x = in.xq;
-    } else if (M <= kFusedRows) {
+    } else if (M <= kFusedRows && (in.x ? util::aligned_to(in.x, 16)
+                                        : util::aligned_to(in.x_f32, 16) && util::aligned_to(in.norm_w, 8))) {
+        // (the prologue reads whole blocks with vector loads; other alignments take the scratch)
         x_in = in.x ? XIn::Bf16 : XIn::Norm;
-        BRRR_CHECK_ARG(in.x || util::aligned_to(in.x_f32, 16), op << ": x_f32 must be 16-byte aligned");
         a.x_bf16 = in.x;
         a.x_f32 = in.x_f32;
         a.norm_w = in.norm_w;
         a.eps = in.eps;
     } else {
         // More rows than the kernel quantizes itself: the standalone quantizer into the scratch.
-        BRRR_CHECK_ARG(in.scratch != nullptr, op << ": M=" << M << " > " << kFusedRows
-                                                 << " rows of unquantized input need the ActBlock scratch");
+        BRRR_CHECK_ARG(in.scratch != nullptr, op << ": M=" << M << " rows of unquantized input (more than "
+                                                 << kFusedRows << ", or not 16-byte aligned) need the ActBlock scratch");
         if (in.x) quantize_act_bf16(in.x, in.scratch, M, K, stream);
         else rmsnorm_quantize_act(in.x_f32, in.norm_w, in.eps, in.scratch, M, K, stream);
         a.x = in.scratch;
@@ -860,8 +905,8 @@ void rmsnorm_quantize_act(const float* x, const bf16* norm_w, float eps, ActBloc
                    "rmsnorm_quantize_act: M=" << M << " K=" << K << "; K must be a positive multiple of 32");
     BRRR_CHECK_ARG(x != nullptr && norm_w != nullptr && xq != nullptr,
                    "rmsnorm_quantize_act: x, norm_w and xq must be device pointers, got null");
-    BRRR_CHECK_ARG(util::aligned_to(x, 16) && util::aligned_to(xq, 16),
-                   "rmsnorm_quantize_act: x and xq must be 16-byte aligned");
+    BRRR_CHECK_ARG(util::aligned_to(x, 16) && util::aligned_to(xq, 16) && util::aligned_to(norm_w, 8),
+                   "rmsnorm_quantize_act: x and xq must be 16-byte aligned, norm_w 8-byte aligned");
     BRRR_CHECK_ARG(eps > 0.f, "rmsnorm_quantize_act: eps must be > 0, got " << eps);
     if (M == 0) return;
     launch_pdl(rmsnorm_quantize_act_kernel, dim3(M), dim3(kNormThreads), 0, stream, x, norm_w, eps, xq, K);
