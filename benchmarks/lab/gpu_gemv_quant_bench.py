@@ -16,7 +16,14 @@ GB/s counts the bytes streamed: the tiles plus the ActBlocks and y (bf16: weight
 copy" is that rate over a same-size device copy's (read + write counted, as bench_kernels'
 yardstick); "x bf16" = bf16 GEMV time / ours.
 
+--path mma / both adds the tensor-core form (testing.gemv_quant_mma, csrc/cuda/gemv_quant_mma.cu:
+bf16 x rows, not ActBlocks) on the same weights, M and run: its bytes are the tiles plus the bf16
+x and y, checked first against float64 of bf16(CPU-dequantized W) x x within the fp32 bound of
+tests/test_cuda_gemv_quant_mma.py; "mma of copy" uses the same-size copy's rate of that row.
+The default (--path dp4a) prints and writes exactly what it did before.
+
     python benchmarks/lab/gpu_gemv_quant_bench.py --out /tmp/gemv_quant.json
+    python benchmarks/lab/gpu_gemv_quant_bench.py --path both --rows 2,4,8,16 --out /tmp/gemv_quant_mma.json
     python benchmarks/lab/gpu_gemv_quant_bench.py --types q4_k,q6_k,q8_0,q4_0 --rows 1,2,4,8,16 --repeats 100
 """
 
@@ -81,7 +88,21 @@ def check(C, name, packed, deq, xq, M, N, K):
         raise SystemExit(f"gemv_quant {name} M={M} {N}x{K}: result off the reference; no timing counts")
 
 
-def bench(C, names, row_counts, repeats, rng):
+def check_mma(C, name, packed, deq, x, M, N, K):
+    """Runs gemv_quant_mma once and compares the first rows with float64 of bf16(dequantized W) x x."""
+    y = torch.full((M, N), float("nan"), device="cuda")
+    C.testing.gemv_quant_mma(TYPES[name], packed.data_ptr(), x.data_ptr(), M, N, K, STORE_F32, out_f32=y.data_ptr())
+    rows = deq.shape[0]
+    wb = torch.from_numpy(deq).to(torch.float32).to(torch.bfloat16).double().numpy()
+    xd = x.double().cpu().numpy()
+    ref = xd @ wb.T
+    bound = (K / 128 + 16) * 2.0 ** -22 * (np.abs(xd) @ np.abs(wb).T)
+    got = y[:, :rows].double().cpu().numpy()
+    if not np.isfinite(y.cpu().numpy()).all() or (np.abs(got - ref) > bound).any():
+        raise SystemExit(f"gemv_quant_mma {name} M={M} {N}x{K}: result off the reference; no timing counts")
+
+
+def bench(C, names, row_counts, repeats, rng, path="dp4a"):
     rows = []
     for proj, N, K in SHAPES:
         bf16_w = [random_bf16((N, K), 0.02) for _ in range(copies_to_defeat_l2(N * K * 2))]
@@ -101,32 +122,55 @@ def bench(C, names, row_counts, repeats, rng):
             weights = [first] + [first.clone() for _ in range(copies_to_defeat_l2(first.numel()) - 1)]
             for M in row_counts:
                 x = random_bf16((M, K))
-                xq = torch.empty((M, K // 32 * 48), dtype=torch.uint8, device="cuda")
-                C.testing.quantize_act_bf16(x.data_ptr(), xq.data_ptr(), M, K)
-                check(C, name, first, deq, xq, M, N, K)
                 y = torch.zeros((M, N), device="cuda")
-                moved = first.numel() + xq.numel() + M * N * 4
                 bf16_bytes = N * K * 2 + M * K * 2 + M * N * 4
-
-                def run_quant(i):
-                    C.testing.gemv_quant(TYPES[name], weights[i % len(weights)].data_ptr(), xq.data_ptr(), M, N, K,
-                                         STORE_F32, out_f32=y.data_ptr())
-                t = device_times(run_quant, repeats)
-                copy = same_size_copy(weights, moved, repeats)
                 tb = t_bf16[M]
-                rows.append({"proj": proj, "type": name, "M": M, "N": N, "K": K, "bytes": moved, "ours": t,
-                             "bf16": tb, "bf16_bytes": bf16_bytes, "copy_same_bytes": copy,
-                             "ours_GBps": moved / t["median_s"] / 1e9,
-                             "bf16_GBps": bf16_bytes / tb["median_s"] / 1e9,
-                             "ours_frac_of_same_size_copy": moved / t["median_s"] / copy["Bps"],
-                             "speedup_vs_bf16": tb["median_s"] / t["median_s"],
-                             "bytes_ratio_bf16_over_ours": bf16_bytes / moved})
+                row = {"proj": proj, "type": name, "M": M, "N": N, "K": K}
+                copy = None
+                if path in ("dp4a", "both"):
+                    xq = torch.empty((M, K // 32 * 48), dtype=torch.uint8, device="cuda")
+                    C.testing.quantize_act_bf16(x.data_ptr(), xq.data_ptr(), M, K)
+                    check(C, name, first, deq, xq, M, N, K)
+                    moved = first.numel() + xq.numel() + M * N * 4
+
+                    def run_quant(i):
+                        C.testing.gemv_quant(TYPES[name], weights[i % len(weights)].data_ptr(), xq.data_ptr(), M, N,
+                                             K, STORE_F32, out_f32=y.data_ptr())
+                    t = device_times(run_quant, repeats)
+                    copy = same_size_copy(weights, moved, repeats)
+                    row.update({"bytes": moved, "ours": t,
+                                "bf16": tb, "bf16_bytes": bf16_bytes, "copy_same_bytes": copy,
+                                "ours_GBps": moved / t["median_s"] / 1e9,
+                                "bf16_GBps": bf16_bytes / tb["median_s"] / 1e9,
+                                "ours_frac_of_same_size_copy": moved / t["median_s"] / copy["Bps"],
+                                "speedup_vs_bf16": tb["median_s"] / t["median_s"],
+                                "bytes_ratio_bf16_over_ours": bf16_bytes / moved})
+                if path in ("mma", "both"):
+                    check_mma(C, name, first, deq, x, M, N, K)
+                    moved_mma = first.numel() + M * K * 2 + M * N * 4
+
+                    def run_mma(i):
+                        C.testing.gemv_quant_mma(TYPES[name], weights[i % len(weights)].data_ptr(), x.data_ptr(), M,
+                                                 N, K, STORE_F32, out_f32=y.data_ptr())
+                    tm = device_times(run_mma, repeats)
+                    if copy is None:
+                        copy = same_size_copy(weights, moved_mma, repeats)
+                    row.update({"mma_bytes": moved_mma, "mma": tm, "bf16": tb, "bf16_bytes": bf16_bytes,
+                                "copy_same_bytes": copy, "bf16_GBps": bf16_bytes / tb["median_s"] / 1e9,
+                                "mma_GBps": moved_mma / tm["median_s"] / 1e9,
+                                "mma_frac_of_same_size_copy": moved_mma / tm["median_s"] / copy["Bps"],
+                                "mma_speedup_vs_bf16": tb["median_s"] / tm["median_s"]})
+                    if "ours" in row:
+                        row["mma_speedup_vs_dp4a"] = row["ours"]["median_s"] / tm["median_s"]
+                rows.append(row)
             weights = first = None
             torch.cuda.empty_cache()
     return rows
 
 
 def print_table(result):
+    if result.get("path", "dp4a") != "dp4a":
+        return print_table_mma(result)
     print(f"gemv_quant, Llama-3-8B decode projections on {result['gpu']} "
           f"(median of {result['repeats']}, [min, max] us)")
     print(f"{'proj':8} {'type':5} {'M':>2} {'N x K':>13} {'ours us':>22} {'GB/s':>7} {'of copy':>8} "
@@ -141,6 +185,31 @@ def print_table(result):
     print("x bf16: bf16 GEMV time / ours (same run); bytes x: the ceiling of that ratio (bf16 bytes / block bytes)")
 
 
+def print_table_mma(result):
+    """--path mma / both: the tensor-core form beside dp4a (where measured), the bf16 GEMV and the copy."""
+    both = result["path"] == "both"
+    print(f"gemv_quant_mma{' vs gemv_quant (dp4a)' if both else ''}, Llama-3-8B decode projections on "
+          f"{result['gpu']} (median of {result['repeats']}, [min, max] us)")
+    head = f"{'proj':8} {'type':5} {'M':>2} {'N x K':>13} {'mma us':>22} {'of copy':>8} "
+    if both:
+        head += f"{'dp4a us':>22} {'of copy':>8} {'x dp4a':>7} "
+    print(head + f"{'bf16 us':>22} {'x bf16':>7}")
+    for r in result["rows"]:
+        m, b = r["mma"], r["bf16"]
+        line = (f"{r['proj']:8} {r['type']:5} {r['M']:>2} {r['N']:>6}x{r['K']:<6} "
+                f"{m['median_s'] * 1e6:8.1f} [{m['min_s'] * 1e6:5.1f},{m['max_s'] * 1e6:6.1f}] "
+                f"{100 * r['mma_frac_of_same_size_copy']:7.0f}% ")
+        if both:
+            o = r["ours"]
+            line += (f"{o['median_s'] * 1e6:8.1f} [{o['min_s'] * 1e6:5.1f},{o['max_s'] * 1e6:6.1f}] "
+                     f"{100 * r['ours_frac_of_same_size_copy']:7.0f}% {r['mma_speedup_vs_dp4a']:6.2f}x ")
+        line += (f"{b['median_s'] * 1e6:8.1f} [{b['min_s'] * 1e6:5.1f},{b['max_s'] * 1e6:6.1f}] "
+                 f"{r['mma_speedup_vs_bf16']:6.2f}x")
+        print(line)
+    print("of copy: GB/s moved / a same-size device copy's (same run); x dp4a / x bf16: their time / the mma "
+          "form's")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--types", default="q4_k,q6_k,q8_0,q4_0", help="comma-separated (default %(default)s; "
@@ -149,6 +218,9 @@ def main(argv=None):
     parser.add_argument("--rows", default="1,2,4,8,16", help="values of M (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--path", choices=["dp4a", "mma", "both"], default="dp4a",
+                        help="dp4a: gemv_quant (default, the table as before); mma: gemv_quant_mma, the "
+                        "tensor-core form; both: the two side by side")
     args = parser.parse_args(argv)
     names = [t for t in args.types.split(",") if t]
     unknown = [t for t in names if t not in TYPES]
@@ -165,8 +237,10 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("gpu_gemv_quant_bench: no CUDA device visible to torch")
     from llama_brrr import _C
-    if not _C.cuda_compiled() or _C.cuda_device_count() < 1 or not hasattr(_C.testing, "gemv_quant"):
-        sys.exit("gpu_gemv_quant_bench: llama_brrr._C has no CUDA backend with testing.gemv_quant "
+    needed = ["gemv_quant"] if args.path == "dp4a" else ["gemv_quant_mma"] if args.path == "mma" else \
+        ["gemv_quant", "gemv_quant_mma"]
+    if not _C.cuda_compiled() or _C.cuda_device_count() < 1 or not all(hasattr(_C.testing, n) for n in needed):
+        sys.exit(f"gpu_gemv_quant_bench: llama_brrr._C has no CUDA backend with testing.{' and '.join(needed)} "
                  "(build with LLAMA_BRRR_CUDA=1 on a machine with a GPU)")
     rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
@@ -176,7 +250,9 @@ def main(argv=None):
               "rows_M": row_counts,
               "command": " ".join([sys.executable] + sys.argv),
               "method": "device time per call from torch.profiler kernel durations; median of repeats"}
-    result["rows"] = bench(_C, names, row_counts, args.repeats, rng)
+    if args.path != "dp4a":
+        result["path"] = args.path
+    result["rows"] = bench(_C, names, row_counts, args.repeats, rng, args.path)
     result["wall_s"] = time.monotonic() - started
     print_table(result)
     if args.out:

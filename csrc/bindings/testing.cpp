@@ -340,6 +340,46 @@ void bind_testing(py::module_& m) {
        "decode GEMV on quantized weights (M <= 16): y = xq . dequant(W).T with the epilogue (as "
        "rmsnorm_matmul_bf16's); W = qlayout tiles (quant_ops.gpu_repack), xq = ActBlocks [M, K / 32]; "
        "or (xq = 0) gemv_quant_in on bf16 rows x or fp32 rows x_f32 normalized by norm_w, eps");
+    testing.def("gemv_quant_mma", [](int64_t type, uintptr_t W, uintptr_t x, int64_t M, int64_t N, int64_t K,
+                                      int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
+                                      int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
+                                      uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
+                                      int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
+                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
+        if (type < 0 || type > 255)
+            bad_argument("gemv_quant_mma: type must be a GGML type id, got " + std::to_string(type));
+        if (epilogue < 0 || epilogue > 4)
+            bad_argument("gemv_quant_mma: epilogue must be 0 StoreBf16, 1 StoreF32, 2 AddResidual, 3 SwiGLU or "
+                         "4 RopeKV, got " + std::to_string(epilogue));
+        brrr::cuda::EpilogueArgs args;
+        args.out_bf16 = reinterpret_cast<brrr::cuda::bf16*>(out);
+        args.out_f32 = reinterpret_cast<float*>(out_f32);
+        args.residual = reinterpret_cast<float*>(residual);
+        args.ld_out = (int)ld_out;
+        args.rope.positions = reinterpret_cast<const int*>(positions);
+        args.rope.slots = reinterpret_cast<const int*>(slots);
+        args.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
+        args.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
+        args.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
+        args.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
+        args.rope.n_heads = (int)n_heads;
+        args.rope.n_kv_heads = (int)n_kv_heads;
+        args.rope.head_dim = (int)head_dim;
+        args.rope.max_seq = (int)max_seq;
+        const void* wp = CudaOp::ptr(W, "W");
+        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+        py::gil_scoped_release release;
+        brrr::cuda::gemv_quant_mma((int)type, wp, xp, (int)M, (int)N, (int)K,
+                                   static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
+        CudaOp::finish("testing.gemv_quant_mma");
+    }, py::arg("type"), py::arg("W"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
+       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
+       py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0, py::arg("q_out") = 0,
+       py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
+       py::arg("head_dim") = 0, py::arg("max_seq") = 0,
+       "decode GEMV on quantized weights on the tensor cores (M <= 16): y = x . bf16(dequant(W)).T with the "
+       "epilogue (as gemv_quant's); W = qlayout tiles (quant_ops.gpu_repack), x = bf16 rows [M, K]");
     testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {
         CudaOp::check_sizes({{"M", M}, {"K", K}});
         const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));

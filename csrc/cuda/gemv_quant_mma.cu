@@ -1,0 +1,562 @@
+// gemv_quant_mma.cu — decode matmuls of a few rows on quantized weights, on the tensor cores:
+// y[m, n] = sum_k x[m, k] * bf16(dequant(W)[n, k]) for M = 2..16 rows (1 works too), every Epilogue.
+//
+//   W: N rows of qlayout tiles (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q6_K's fp16 d in
+//      the tail), 16-byte aligned; x [M, K] bf16 (the engine normalizes into bf16 first, as for the
+//      bf16 tensor-core GEMV), 16-byte aligned; fp32 accumulation, y handled per Epilogue.
+//
+// Why: gemv_quant.cu's dp4a kernel spends CUDA-core work per weight *per row of x*, so from a few
+// rows on the FMA/dp4a pipes, not HBM, bind. Here every weight is decoded once, whatever M is, and
+// the per-row work goes to mma.sync m16n8k16 (W as the A operand, x as B), as in gemv.cu's
+// gemv_mma_kernel. Numerics: each weight is dequantized in registers to exactly the fp32 value
+// of quant_formats.cpp (d * q - m with its roundings) and then rounded to bf16 for the A
+// fragment, so W carries bf16 rounding on this path, as the bf16 engine's stored weights do;
+// the products and sums are the tensor cores' fp32.
+//   * One CTA per 16-row tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
+//     their rotation partners, so C rows g and g + 8 of a lane are the pair); its 8 warps take
+//     every 8th 256-value tile of the rows, U tiles in flight per lane. Lane (g, t), g = lane / 4,
+//     loads rows g and g + 8 and, per tile, the 64 values of "pieces" t, t + 4 (.. t + 12 for
+//     Q8_0) with 16-byte L1-bypassing loads (lanes t = 0..3 read 64 contiguous bytes of a row).
+//   * A piece's 16-byte words give "chunks" of 8 values that are consecutive in k (low nibbles
+//     of two words, or their high nibbles, or 8 int8 codes), so x is read as 16-byte loads of
+//     plain bf16 rows, straight from global memory through L1 (every warp of the SM reads the
+//     same x; nothing is staged, no barrier until the end). A dot product does not care which k
+//     meets which, so a lane's chunk feeds the mma slots 2t.. of two mmas, and lane (n, t) loads
+//     x row n at the same 8 k.
+//   * Decoding a code c to the exact fp32 weight costs one PRMT and one FFMA (two FP ops with a
+//     min): PRMT puts the code byte under a fixed exponent, giving the float f = 0.5 + c / 256
+//     (Q8_0: 1 + c / 2^15 with the sign bit flipped), and d * (c - off) = f * (256 d) - (128 +
+//     off) d is one FFMA whose constants and result are exact in fp32 (at most 24 significant
+//     bits: the fp16 d has 11), so no int->float conversion runs. Then F2FP packs two into bf16.
+//   * The 8 warps' partial tiles are added in shared memory in warp order, warp nt stores n8
+//     tile nt through util::store_* as gemv_mma_kernel. PDL: the first tiles' loads are issued
+//     before the wait (weights never depend on the kernel before).
+// Invariants: a lane's tiles, pieces and chunks run in a fixed order and columns n of an mma
+// never mix, so a row's result does not depend on M or the other rows (batched rows are
+// bit-identical to the same row in any other batch). Pieces past K (32-value types whose last
+// tile is partial) are never read, their W and x are zero. The launcher refuses unknown types,
+// K that is not whole blocks, M outside [1, 16], null or misaligned pointers before any launch.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cpu/quant.h"
+#include "cuda/check.cuh"
+#include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/ops.h"
+#include "cuda/ptx.cuh"
+#include "cuda/qlayout.h"
+
+namespace brrr {
+namespace cuda {
+
+namespace {
+
+using quant::QType;
+
+constexpr int kMaxRows = 16;  // largest M (the contract in ops.h)
+constexpr int kWarps = 8;     // K split of one 16-row tile
+constexpr int kThreads = kWarps * 32;
+// 256-value tiles per lane and row loaded together: 2, or 1 for the types whose tile takes 20
+// registers a row (Q8_0, Q6_K; two would spill at 128 registers).
+template <QType T>
+struct TilesInFlight {
+    static constexpr int value = T == QType::Q8_0 || T == QType::Q6_K ? 1 : 2;
+};
+
+enum class Pairing { None, SwiGLU, Rope };
+
+struct QMArgs {
+    const uint8_t* W;
+    const uint8_t* tail;  // Q6_K: the [N, T] fp16 d
+    const bf16* x;        // [M, K]
+    size_t row_stride;
+    int T;                // tiles per row
+    int K, M;
+    int n_units;          // output columns, or pairs
+    int half_n;           // SwiGLU: offset of the up rows (H); Rope: head_dim / 2
+    Epilogue ep;
+    EpilogueArgs out;
+};
+
+__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+// w = f * S + C (+ A for the types with a min, a second rounding as quant_formats.cpp).
+struct Affine {
+    float S, C, A;
+};
+// A code of k bits at mantissa bits 16.. under exponent 2^-1: f = 0.5 + c / 256, so
+// d * (c - off) = f * 256 d - (128 + off) d.
+__device__ __forceinline__ Affine affine(float d, int off, float a) {
+    return Affine{__fmul_rn(256.f, d), __fmul_rn(-(float)(128 + off), d), a};
+}
+
+// 8 codes (byte b of u0 = value b, of u1 = value 4 + b) -> 4 bf16x2 registers of the values.
+// kQ8: signed int8 codes, placed at bits 8..15 under 2^0 after flipping the sign bit
+// (f = 1 + (q + 128) / 2^15, d q = f * 2^15 d - (2^15 + 128) d); otherwise codes < 128 at bits
+// 16..23 (bit 23 stays 0). Every FFMA result is the exact weight (see the banner).
+template <bool kQ8, bool kMin>
+__device__ __forceinline__ void chunk_bf16(uint32_t u0, uint32_t u1, const Affine& a, uint32_t r[4]) {
+    float v[8];
+    if (kQ8) {
+        u0 ^= 0x80808080u;
+        u1 ^= 0x80808080u;
+    }
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        const uint32_t sel = kQ8 ? 0x7604u | (b << 4) : 0x7054u | (b << 8);
+        const uint32_t e = kQ8 ? 0x3F800000u : 0x3F000000u;
+        v[b] = __uint_as_float(__byte_perm(u0, e, sel));
+        v[4 + b] = __uint_as_float(__byte_perm(u1, e, sel));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        v[i] = fmaf(v[i], a.S, a.C);
+        if (kMin) v[i] = __fadd_rn(v[i], a.A);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        r[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+}
+
+// Chunk c of a 16-byte nibble piece: c = 0 the low nibbles of words x, y (8 consecutive values),
+// 1 their high nibbles, 2 / 3 the same of words z, w.
+__device__ __forceinline__ void nibble_words(const uint4& q, int c, uint32_t& u0, uint32_t& u1) {
+    const uint32_t a = c < 2 ? q.x : q.z, b = c < 2 ? q.y : q.w;
+    const int s = (c & 1) * 4;
+    u0 = (a >> s) & 0x0F0F0F0Fu;
+    u1 = (b >> s) & 0x0F0F0F0Fu;
+}
+// Bits 0..3 of `nib` into bit 4 of bytes 0..3 (gemv_quant.cu's spread4: the partial products of
+// the multiply land on distinct positions, nothing carries).
+__device__ __forceinline__ uint32_t spread4(uint32_t nib) { return ((nib * 0x00204081u) & 0x01010101u) << 4; }
+
+// Per type: kTileBytes; kPieces per lane and tile, kChunks per piece (kPieces * kChunks = 8);
+// load(tile, tail d, t, kleft) -> Raw (pieces at or past kleft values into the tile stay zero);
+// coef(raw, j, hi) -> Affine of piece j's low / high chunks; words(raw, j, c, u0, u1);
+// kof(t, j, c): the tile-relative k of chunk c of piece j (a multiple of 8).
+template <QType T> struct QM;
+
+// The 32-value nibble types: piece j = block t + 4j of the tile (chunks 0, 2: values 0..15 of
+// the block, low nibbles; 1, 3: values 16..31). Q5: bit v of the block's qh is value v's bit 4.
+template <int kTB, int kQs, int kM, int kQh, int kOff>
+struct Nibble32 {
+    static constexpr int kTileBytes = kTB, kPieces = 2, kChunks = 4;
+    static constexpr bool kQ8 = false, kMin = kM >= 0;
+    struct Raw {
+        uint4 q[2];
+        uint32_t d[2], m[2], qh[2];
+    };
+    __device__ static Raw load(const uint8_t* t, const unsigned short*, int lt, int kleft) {
+        Raw r;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int pi = lt + 4 * j;
+            r.q[j] = make_uint4(0u, 0u, 0u, 0u);
+            r.d[j] = r.m[j] = r.qh[j] = 0u;
+            if (32 * pi < kleft) {
+                r.q[j] = ptx::ld_stream_16(t + kQs + 16 * pi);
+                r.d[j] = __ldg(reinterpret_cast<const unsigned short*>(t) + pi);
+                if (kM >= 0) r.m[j] = __ldg(reinterpret_cast<const unsigned short*>(t + kM) + pi);
+                if (kQh >= 0) r.qh[j] = __ldg(reinterpret_cast<const uint32_t*>(t + kQh) + pi);
+            }
+        }
+        return r;
+    }
+    __device__ static Affine coef(const Raw& r, int j, bool) {
+        return affine(f16_bits(r.d[j]), kM >= 0 ? 0 : kOff, kM >= 0 ? f16_bits(r.m[j]) : 0.f);
+    }
+    __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1) {
+        nibble_words(r.q[j], c, u0, u1);
+        if (kQh >= 0) {
+            const int v0 = (c & 1) * 16 + (c >> 1) * 8;
+            u0 |= spread4((r.qh[j] >> v0) & 15u);
+            u1 |= spread4((r.qh[j] >> (v0 + 4)) & 15u);
+        }
+    }
+    __device__ static int kof(int lt, int j, int c) { return 32 * (lt + 4 * j) + (c & 1) * 16 + (c >> 1) * 8; }
+};
+template <> struct QM<QType::Q4_0> : Nibble32<144, 16, -1, -1, 8> {};
+template <> struct QM<QType::Q4_1> : Nibble32<160, 32, 16, -1, 0> {};
+template <> struct QM<QType::Q5_0> : Nibble32<176, 48, -1, 16, 16> {};
+template <> struct QM<QType::Q5_1> : Nibble32<192, 64, 16, 32, 0> {};
+
+// Q8_0: piece j = 16 bytes t + 4j of qs (half (t + 4j) % 2 of block (t + 4j) / 2, whose d is
+// half t / 2 of the header's word j); chunk c = words 2c, 2c + 1.
+template <> struct QM<QType::Q8_0> {
+    static constexpr int kTileBytes = 272, kPieces = 4, kChunks = 2;
+    static constexpr bool kQ8 = true, kMin = false;
+    struct Raw {
+        uint4 q[4];
+        uint4 d;
+    };
+    __device__ static Raw load(const uint8_t* t, const unsigned short*, int lt, int kleft) {
+        Raw r;
+        r.d = kleft > 0 ? __ldg(reinterpret_cast<const uint4*>(t)) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            r.q[j] = 16 * (lt + 4 * j) < kleft ? ptx::ld_stream_16(t + 16 + 16 * (lt + 4 * j)) : make_uint4(0u, 0u, 0u, 0u);
+        return r;
+    }
+    // The lane's t is folded in by the caller through d_half (t / 2).
+    __device__ static Affine coef(const Raw& r, int j, int d_half) {
+        const uint32_t w = j == 0 ? r.d.x : j == 1 ? r.d.y : j == 2 ? r.d.z : r.d.w;
+        const float d = f16_bits(d_half ? w >> 16 : w & 0xFFFFu);
+        return Affine{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d), 0.f};
+    }
+    __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1) {
+        u0 = c ? r.q[j].z : r.q[j].x;
+        u1 = c ? r.q[j].w : r.q[j].y;
+    }
+    __device__ static int kof(int lt, int j, int c) { return 16 * (lt + 4 * j) + 8 * c; }
+};
+
+// Q4_K / Q5_K: piece j = bytes 16 pi.. of qs, pi = t + 4j, i.e. g = pi / 2, h = pi % 2: its low
+// nibbles are values 16h.. of sub-block 2g, its high nibbles those of sub-block 2g + 1 (Q5_K:
+// bits 2g, 2g + 1 of qh bytes 16h.., the same 16 bytes for both pieces of a lane).
+template <bool kQ5>
+struct QK45 {
+    static constexpr int kTileBytes = kQ5 ? 176 : 144, kPieces = 2, kChunks = 4, kQs = kQ5 ? 48 : 16;
+    static constexpr bool kQ8 = false, kMin = true;
+    struct Raw {
+        uint4 q[2];
+        uint4 hdr;
+        uint4 qh;
+    };
+    __device__ static Raw load(const uint8_t* t, const unsigned short*, int lt, int) {
+        Raw r;
+        r.q[0] = ptx::ld_stream_16(t + kQs + 16 * lt);
+        r.q[1] = ptx::ld_stream_16(t + kQs + 16 * (lt + 4));
+        r.hdr = __ldg(reinterpret_cast<const uint4*>(t));
+        r.qh = kQ5 ? __ldg(reinterpret_cast<const uint4*>(t + 16) + (lt & 1)) : make_uint4(0u, 0u, 0u, 0u);
+        return r;
+    }
+    // ggml's get_scale_min_k4 for sub-block s.
+    __device__ static Affine coef_sub(const Raw& r, int s) {
+        const uint32_t S0 = r.hdr.y, S1 = r.hdr.z, S2 = r.hdr.w;
+        int sc, m;
+        if (s < 4) {
+            sc = (S0 >> (8 * s)) & 63;
+            m = (S1 >> (8 * s)) & 63;
+        } else {
+            const int b = 8 * (s - 4);
+            sc = ((S2 >> b) & 0xF) | (((S0 >> b) >> 6 & 3) << 4);
+            m = ((S2 >> b) >> 4 & 0xF) | (((S1 >> b) >> 6 & 3) << 4);
+        }
+        const float D = __fmul_rn(f16_bits(r.hdr.x & 0xFFFFu), (float)sc);
+        const float Mn = __fmul_rn(f16_bits(r.hdr.x >> 16), (float)m);
+        return affine(D, 0, -Mn);
+    }
+    __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1, int g) {
+        nibble_words(r.q[j], c, u0, u1);
+        if (kQ5) {
+            const int s = 2 * g + (c & 1);
+            const uint32_t a = c < 2 ? r.qh.x : r.qh.z, b = c < 2 ? r.qh.y : r.qh.w;
+            u0 |= ((a >> s) & 0x01010101u) << 4;
+            u1 |= ((b >> s) & 0x01010101u) << 4;
+        }
+    }
+    __device__ static int kof(int lt, int j, int c) {
+        const int pi = lt + 4 * j, g = pi >> 1, h = pi & 1;
+        return 64 * g + 32 * (c & 1) + 16 * h + 8 * (c >> 1);
+    }
+};
+template <> struct QM<QType::Q4_K> : QK45<false> {};
+template <> struct QM<QType::Q5_K> : QK45<true> {};
+
+// Q6_K: piece j = ql bytes 16 pi.., pi = t + 4j: h = j, g1 = t / 2, l0 = 16 (t % 2); its low
+// nibbles are values l0.. of group g1 of half h (bits 2 g1 of qh[32h + l0 ..] on top), its high
+// nibbles those of group g1 + 2 (bits 2 g1 + 4); scales[8h + 2g + t % 2]; d from the tail.
+template <> struct QM<QType::Q6_K> {
+    static constexpr int kTileBytes = 208, kPieces = 2, kChunks = 4;
+    static constexpr bool kQ8 = false, kMin = false;
+    struct Raw {
+        uint4 ql[2], qh[2];
+        uint4 sc;
+        uint32_t d;
+    };
+    __device__ static Raw load(const uint8_t* t, const unsigned short* tail_d, int lt, int) {
+        Raw r;
+        const int l0 = 16 * (lt & 1);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            r.ql[j] = ptx::ld_stream_16(t + 16 + 16 * (lt + 4 * j));
+            r.qh[j] = ptx::ld_stream_16(t + 144 + 32 * j + l0);
+        }
+        r.sc = __ldg(reinterpret_cast<const uint4*>(t));
+        r.d = __ldg(tail_d);
+        return r;
+    }
+    __device__ static Affine coef(const Raw& r, int j, bool hi, int lt) {
+        const int idx = 8 * j + 2 * ((lt >> 1) + (hi ? 2 : 0)) + (lt & 1);  // < 16
+        const uint32_t w = idx < 4 ? r.sc.x : idx < 8 ? r.sc.y : idx < 12 ? r.sc.z : r.sc.w;
+        const int sc = (int)(int8_t)(w >> (8 * (idx & 3)));
+        return affine(__fmul_rn(f16_bits(r.d), (float)sc), 32, 0.f);
+    }
+    __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1, int lt) {
+        nibble_words(r.ql[j], c, u0, u1);
+        const int s = 2 * (lt >> 1) + 4 * (c & 1);
+        const uint32_t a = c < 2 ? r.qh[j].x : r.qh[j].z, b = c < 2 ? r.qh[j].y : r.qh[j].w;
+        u0 |= ((a >> s) & 0x03030303u) << 4;
+        u1 |= ((b >> s) & 0x03030303u) << 4;
+    }
+    __device__ static int kof(int lt, int j, int c) {
+        return 128 * j + 32 * (lt >> 1) + 64 * (c & 1) + 16 * (lt & 1) + 8 * (c >> 1);
+    }
+};
+
+// The Affine and code words of chunk c of piece j, per type (the K-quants and Q6_K need the lane's t).
+template <QType T>
+__device__ __forceinline__ void chunk_of(const typename QM<T>::Raw& r, int lt, int j, int c, Affine& a, uint32_t& u0,
+                                         uint32_t& u1) {
+    using F = QM<T>;
+    if constexpr (T == QType::Q4_K || T == QType::Q5_K) {
+        const int g = (lt + 4 * j) >> 1;
+        a = F::coef_sub(r, 2 * g + (c & 1));
+        F::words(r, j, c, u0, u1, g);
+    } else if constexpr (T == QType::Q6_K) {
+        a = F::coef(r, j, c & 1, lt);
+        F::words(r, j, c, u0, u1, lt);
+    } else if constexpr (T == QType::Q8_0) {
+        a = F::coef(r, j, lt >> 1);
+        F::words(r, j, c, u0, u1);
+    } else {
+        a = F::coef(r, j, c & 1);
+        F::words(r, j, c, u0, u1);
+    }
+}
+
+// Whether piece j of lane t lies inside the row (kleft values left from the tile's start).
+template <QType T>
+__device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
+    if constexpr (T == QType::Q8_0) return 16 * (lt + 4 * j) < kleft;
+    else return 32 * (lt + 4 * j) < kleft;  // K-quant rows are whole tiles
+}
+
+// First W row of unit c, and its partner row for paired units (as gemv.cu).
+template <Pairing P>
+__device__ __forceinline__ int2 unit_rows(int c, int half_n) {
+    if (P == Pairing::SwiGLU) return make_int2(c, c + half_n);
+    if (P == Pairing::Rope) {
+        const int head = c / half_n, i = c - head * half_n;
+        const int r0 = head * 2 * half_n + i;
+        return make_int2(r0, r0 + half_n);
+    }
+    return make_int2(c, c);
+}
+
+template <QType T, int NT, Pairing P>
+__global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
+    using F = QM<T>;
+    using Raw = typename F::Raw;
+    constexpr int U = TilesInFlight<T>::value;
+    __shared__ float partial[kWarps * NT * 4 * 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, lt = lane & 3;
+    const int M = a.M, K = a.K, n_tiles = a.T;
+
+    // This lane's W rows: tile rows g (lo) and g + 8 (hi); for pairs, unit u's two rows.
+    const int u = 8 * blockIdx.x + g;
+    int lo, hi;
+    bool ok_lo, ok_hi;
+    if (P == Pairing::None) {
+        lo = 16 * blockIdx.x + g;
+        hi = lo + 8;
+        ok_lo = lo < a.n_units;
+        ok_hi = hi < a.n_units;
+    } else {
+        const int2 r = unit_rows<P>(u < a.n_units ? u : 0, a.half_n);
+        lo = r.x;
+        hi = r.y;
+        ok_lo = ok_hi = u < a.n_units;
+    }
+    const uint8_t* row_lo = a.W + (size_t)(ok_lo ? lo : 0) * a.row_stride;
+    const uint8_t* row_hi = a.W + (size_t)(ok_hi ? hi : 0) * a.row_stride;
+    const unsigned short* tail = reinterpret_cast<const unsigned short*>(a.tail);
+    const unsigned short* tail_lo = tail + (size_t)(ok_lo ? lo : 0) * n_tiles;
+    const unsigned short* tail_hi = tail + (size_t)(ok_hi ? hi : 0) * n_tiles;
+
+    // Tiles warp + 8 (i0 + i) for i < U: rows lo / hi, zero where the tile or row is missing.
+    Raw wl[U], wh[U];
+    auto load = [&](int i0) {
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            const int tile = warp + kWarps * (i0 + i);
+            wl[i] = Raw{};
+            wh[i] = Raw{};
+            if (tile < n_tiles) {
+                const int kleft = K - 256 * tile;
+                if (ok_lo) wl[i] = F::load(row_lo + (size_t)tile * F::kTileBytes, tail_lo + tile, lt, kleft);
+                if (ok_hi) wh[i] = F::load(row_hi + (size_t)tile * F::kTileBytes, tail_hi + tile, lt, kleft);
+            }
+        }
+    };
+    // The first tiles load before the wait, in a branch of their own (as gemv.cu: issued
+    // unconditionally, ptxas sinks them past griddepcontrol.wait to their first use).
+    bool preloaded = false;
+    if (warp < n_tiles) {
+        load(0);
+        preloaded = true;
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+
+    // x rows of this lane's B fragments: 8 nt + g, zero past M.
+    const bf16* xrow[NT];
+    bool x_ok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int m = 8 * nt + g;
+        x_ok[nt] = m < M;
+        xrow[nt] = a.x + (size_t)(x_ok[nt] ? m : 0) * K;
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+    for (int i0 = 0; warp + kWarps * i0 < n_tiles; i0 += U) {
+        if (!preloaded) load(i0);
+        preloaded = false;
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            const int tile = warp + kWarps * (i0 + i);
+            if (tile >= n_tiles) break;
+            const int kleft = K - 256 * tile;
+#pragma unroll
+            for (int j = 0; j < F::kPieces; ++j) {
+                // mma.sync needs the whole warp: a piece past K for lane 0 is past K for every lane
+                // (skipped together); otherwise a lane's piece past K has zero W and zero x.
+                if (!piece_in_k<T>(0, j, kleft)) continue;
+                const bool in_k = piece_in_k<T>(lt, j, kleft);
+#pragma unroll
+                for (int c = 0; c < F::kChunks; ++c) {
+                    const int k = 256 * tile + F::kof(lt, j, c);
+                    uint4 xv[NT];
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                        xv[nt] = x_ok[nt] && in_k ? __ldg(reinterpret_cast<const uint4*>(xrow[nt] + k)) : make_uint4(0u, 0u, 0u, 0u);
+                    Affine al, ah;
+                    uint32_t l0, l1, h0, h1;
+                    chunk_of<T>(wl[i], lt, j, c, al, l0, l1);
+                    chunk_of<T>(wh[i], lt, j, c, ah, h0, h1);
+                    uint32_t rl[4], rh[4];
+                    chunk_bf16<F::kQ8, F::kMin>(l0, l1, al, rl);
+                    chunk_bf16<F::kQ8, F::kMin>(h0, h1, ah, rh);
+                    const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
+                    const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const uint32_t b0[2] = {xv[nt].x, xv[nt].y}, b1[2] = {xv[nt].z, xv[nt].w};
+                        ptx::mma_bf16_16816(acc[nt], a0, b0);
+                        ptx::mma_bf16_16816(acc[nt], a1, b1);
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[((warp * NT + nt) * 4 + i) * 32 + lane] = acc[nt][i];
+    __syncthreads();
+    if (warp >= NT) return;
+    const int nt = warp;
+    float c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        c[i] = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) c[i] += partial[((w * NT + nt) * 4 + i) * 32 + lane];
+    }
+    // C fragment: c[e] = (row lo, x row 8 nt + 2t + e), c[2 + e] = (row hi, the same x row).
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int m = 8 * nt + 2 * lt + e;
+        if (m >= M) continue;
+        if (P == Pairing::Rope) {
+            if (!ok_lo) continue;
+            const int head = u / a.half_n;
+            util::store_rope_kv(a.out.rope, m, head, u - head * a.half_n, c[e], c[2 + e]);
+        } else if (P == Pairing::SwiGLU) {
+            if (ok_lo) util::store_swiglu(a.out, (size_t)m * a.out.ld_out + u, c[e], c[2 + e]);
+        } else {
+            if (ok_lo) util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + lo, c[e]);
+            if (ok_hi) util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + hi, c[2 + e]);
+        }
+    }
+}
+
+template <QType T, int NT, Pairing P>
+void launch(const QMArgs& a, cudaStream_t stream) {
+    const int tiles = P == Pairing::None ? CEIL_DIV(a.n_units, 16) : CEIL_DIV(a.n_units, 8);
+    launch_pdl(gemv_quant_mma_kernel<T, NT, P>, dim3(tiles), dim3(kThreads), 0, stream, a);
+    CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
+}
+
+template <QType T, Pairing P>
+void launch_rows(const QMArgs& a, cudaStream_t stream) {
+    if (a.M <= 8) launch<T, 1, P>(a, stream);
+    else launch<T, 2, P>(a, stream);
+}
+
+template <QType T>
+void launch_type(const QMArgs& a, Pairing pairing, cudaStream_t stream) {
+    switch (pairing) {
+        case Pairing::None: return launch_rows<T, Pairing::None>(a, stream);
+        case Pairing::SwiGLU: return launch_rows<T, Pairing::SwiGLU>(a, stream);
+        case Pairing::Rope: return launch_rows<T, Pairing::Rope>(a, stream);
+    }
+}
+
+}  // namespace
+
+void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K, Epilogue ep,
+                    const EpilogueArgs& args_in, cudaStream_t stream) {
+    BRRR_CHECK_ARG(quant::known_type(type) && qlayout::tile_bytes(type) > 0,
+                   "gemv_quant_mma: GGML type id " << type << " is not a quantized type this kernel runs "
+                       "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
+    const QType t = static_cast<QType>(type);
+    const int elems = quant::block_elems(t);
+    BRRR_CHECK_ARG(K >= 1 && K % elems == 0, "gemv_quant_mma: K=" << K << " is not a positive multiple of "
+                                                 << quant::type_name(t) << "'s block of " << elems
+                                                 << " values; a row must be whole blocks");
+    BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, "gemv_quant_mma: M=" << M << " rows; the kernel takes 1 to " << kMaxRows
+                                                                 << " (gemv_quant takes M = 1 faster)");
+    BRRR_CHECK_ARG(W != nullptr && x != nullptr, "gemv_quant_mma: W and x must be device pointers, got null");
+    BRRR_CHECK_ARG(util::aligned_to(W, 16) && util::aligned_to(x, 16),
+                   "gemv_quant_mma: W (qlayout tiles) and x (bf16 rows) must be 16-byte aligned");
+    EpilogueArgs args = args_in;
+    const int width = util::check_matmul("gemv_quant_mma", x, reinterpret_cast<const bf16*>(W), M, N, K, ep, args,
+                                         /*allow_rope=*/true);
+    QMArgs a;
+    a.W = static_cast<const uint8_t*>(W);
+    a.tail = a.W + qlayout::tail_offset(type, N, K);
+    a.x = x;
+    a.row_stride = qlayout::row_stride(type, K);
+    a.T = (int)qlayout::tiles_per_row(K);
+    a.K = K;
+    a.M = M;
+    a.n_units = width;
+    a.half_n = ep == Epilogue::RopeKV ? args.rope.head_dim / 2 : N / 2;
+    a.ep = ep;
+    a.out = args;
+    const Pairing pairing = ep == Epilogue::SwiGLU ? Pairing::SwiGLU : ep == Epilogue::RopeKV ? Pairing::Rope : Pairing::None;
+    switch (t) {
+        case QType::Q8_0: return launch_type<QType::Q8_0>(a, pairing, stream);
+        case QType::Q4_0: return launch_type<QType::Q4_0>(a, pairing, stream);
+        case QType::Q4_1: return launch_type<QType::Q4_1>(a, pairing, stream);
+        case QType::Q5_0: return launch_type<QType::Q5_0>(a, pairing, stream);
+        case QType::Q5_1: return launch_type<QType::Q5_1>(a, pairing, stream);
+        case QType::Q4_K: return launch_type<QType::Q4_K>(a, pairing, stream);
+        case QType::Q5_K: return launch_type<QType::Q5_K>(a, pairing, stream);
+        case QType::Q6_K: return launch_type<QType::Q6_K>(a, pairing, stream);
+    }
+}
+
+}  // namespace cuda
+}  // namespace brrr

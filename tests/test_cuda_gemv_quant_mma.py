@@ -1,0 +1,220 @@
+"""The quantized GEMV on the tensor cores (csrc/cuda/gemv_quant_mma.cu) through _C.testing, on
+weights in the CUDA tiles (quant_ops.gpu_repack of blocks from our quantizers) and bf16 rows of x.
+
+The kernel rounds each exactly dequantized weight to bf16 and multiplies on the tensor cores, so
+the reference is float64 of Wb = bf16(CPU-dequantized W) times the bf16 x:
+  * Exact: with one-hot rows of x every output is one weight times 1 plus exact zeros, so
+    y[m, n] = Wb[n, k_m] bit for bit; 16 rows a call, enough calls to cover every column, check
+    that every weight of every type decodes to the CPU's value rounded to bf16.
+  * Random x: bf16 x bf16 products are exact in fp32, so what is left is the fp32 summation. Per
+    output a warp adds K / 128 mma steps into its accumulator (each step's additions aligned to
+    the largest term and possibly truncated: at most 2^-22 of the magnitudes summed so far), then
+    8 warp partials are added in fp32, hence
+      |y - ref| <= (K / 128 + 16) * 2^-22 * sum_k |Wb[n, k] x[m, k]|,
+    about 1.2e-5 of sum |W x| at K = 4352 and 4e-6 at K = 256, where one weight off by one bf16
+    unit already moves an output by ~1.5e-5 of it (and a wrong code or scale by far more).
+Outputs are NaN-poisoned with a row past M that must stay NaN; x is followed by a NaN row that a
+read past K of the last row would pull into a result. Batched rows are bit-identical to the same
+rows in other batches (M >= 2). Inputs random per run (seed printed by the rng fixture)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, random_x  # noqa: E402
+from test_cuda_kernels import ADD_RESIDUAL, STORE_BF16, STORE_F32, SWIGLU, gen, nan_full, ops  # noqa: E402
+from test_cuda_ops_misc import C, rope_oracle, rope_slack  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+__all__ = ["C", "gen", "ops"]  # fixtures used by name
+
+
+def shapes_for(block):
+    """(N, K): one tile; a partial last tile (32-value types); 4096 + 256; rows not a multiple of
+    the CTA's 16 and a K of three blocks."""
+    if block == 32:
+        return [(1, 256), (37, 576), (77, 4096 + 256), (130, 32 * 3)]
+    return [(1, 256), (37, 512), (77, 4096 + 256), (130, 256)]
+
+
+def bf16_weights(W):
+    """Wb = bf16(CPU-dequantized W) as float64 on the device."""
+    return torch.from_numpy(W.deq).cuda().to(torch.bfloat16).double()
+
+
+def x_rows(x):
+    """x [M, K] bf16 copied into a buffer with a NaN row after it; returns the view of the M rows."""
+    M, K = x.shape
+    buf = torch.full((M + 1, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    buf[:M] = x
+    return buf[:M]
+
+
+def gemv(ops, W, x, epilogue=STORE_F32, **kw):
+    """The kernel's fp32 result [M, N] (StoreF32) with a poisoned row past M that must stay NaN."""
+    M = x.shape[0]
+    y = nan_full((M + 1, W.N), torch.float32)
+    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, W.N, W.K, epilogue, out_f32=y.data_ptr(),
+                       **kw)
+    torch.cuda.synchronize()
+    assert torch.isnan(y[M]).all(), "the kernel wrote past its M rows"
+    return y[:M]
+
+
+def check_gemv(name, y, Wb, x):
+    xd = x.double()
+    ref = xd @ Wb.T
+    K = Wb.shape[1]
+    bound = (K / 128 + 16) * 2.0 ** -22 * (xd.abs() @ Wb.abs().T)
+    err = (y.double() - ref).abs()
+    assert not torch.isnan(y).any(), f"{name}: NaN in the output"
+    worst = (err / (bound + 1e-300)).max().item()
+    assert worst <= 1.0, f"{name}: error {worst:.2f}x the fp32 bound (max err {err.max().item():.3g})"
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_gemv_quant_mma_weights_are_the_cpu_values_in_bf16(C, ops, rng, name):
+    """One-hot x: every output is exactly one weight, which must be bf16 of the CPU's value."""
+    for N, K in shapes_for(TYPES[name][1])[:2]:
+        W = Weights(C, name, N, K, rng)
+        Wb = torch.from_numpy(W.deq).cuda().to(torch.bfloat16).float()
+        for k0 in range(0, K, 16):  # K is a multiple of 16: 16 columns a call
+            M = 16
+            x = torch.zeros((M, K), dtype=torch.bfloat16, device="cuda")
+            x[torch.arange(M), k0 + torch.arange(M)] = 1.0
+            y = gemv(ops, W, x_rows(x), STORE_F32)
+            ref = Wb[:, k0:k0 + M].T
+            bad = y != ref
+            assert not bad.any(), (f"{name} {N}x{K}: weights of columns {k0}..{k0 + M - 1} differ from the CPU's in "
+                                   f"bf16, e.g. row {bad.nonzero()[0].tolist()}: got {y[bad][0].item()!r}, "
+                                   f"want {ref[bad][0].item()!r}")
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_gemv_quant_mma_against_the_reference(C, ops, rng, name):
+    for i, (N, K) in enumerate(shapes_for(TYPES[name][1])):
+        W = Weights(C, name, N, K, rng)
+        Wb = bf16_weights(W)
+        rows = range(2, 17) if i == 1 else (2, 3, 8, 9, 16)
+        for M in rows:
+            x = x_rows(random_x(rng, M, K))
+            check_gemv(f"{name} M={M} N={N} K={K}", gemv(ops, W, x), Wb, x)
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_gemv_quant_mma_rows_do_not_depend_on_the_batch(C, ops, rng, name):
+    """Every row of a batch of 16 bit for bit equal to the same row in a batch of 2 (paired with
+    another row), and rows 5..7 as a batch of 3 (one n8 tile instead of two)."""
+    W = Weights(C, name, 37, 4096 + (96 if TYPES[name][1] == 32 else 256), rng)
+    x = random_x(rng, 16, W.K)
+    all16 = gemv(ops, W, x_rows(x))
+    three = gemv(ops, W, x_rows(x[5:8]))
+    assert torch.equal(three, all16[5:8]), f"{name}: rows of a batch of 3 differ from the batch of 16"
+    for m in range(16):
+        pair = gemv(ops, W, x_rows(x[[m, 15 - m if 15 - m != m else 0]]))
+        assert torch.equal(pair[0], all16[m]), f"{name}: row {m} of a batch of 16 differs from it in a batch of 2"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q5_0", "q4_1"])
+@pytest.mark.parametrize("M", [2, 5, 16])
+def test_gemv_quant_mma_epilogues(C, ops, rng, gen, name, M):
+    """StoreBf16 = the StoreF32 result rounded; AddResidual = it added (ld_out wider than N, the
+    columns between untouched); SwiGLU = silu(gate) * up of the two halves' results (gate and up
+    rows share a tile there, the sums are the same), within 1 bf16 rounding + the fast exp."""
+    N, K = 2 * 69, 576 if TYPES[name][1] == 32 else 512
+    W = Weights(C, name, N, K, rng)
+    x = x_rows(random_x(rng, M, K))
+    y = gemv(ops, W, x)
+    out = nan_full((M, N), torch.bfloat16)
+    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, STORE_BF16, out=out.data_ptr())
+    torch.cuda.synchronize()
+    assert torch.equal(out, y.to(torch.bfloat16)), "StoreBf16 is not the fp32 result rounded"
+    ld = N + 7
+    residual = torch.randn((M, ld), generator=gen, device="cuda")
+    before = residual.clone()
+    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, ADD_RESIDUAL,
+                       residual=residual.data_ptr(), ld_out=ld)
+    torch.cuda.synchronize()
+    assert torch.equal(residual[:, :N], before[:, :N] + y), "AddResidual is not residual + y"
+    assert torch.equal(residual[:, N:], before[:, N:]), "AddResidual wrote past N in a row of ld_out"
+    H = N // 2
+    sw = nan_full((M, H), torch.bfloat16)
+    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, SWIGLU, out=sw.data_ptr())
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.silu(y[:, :H].double()) * y[:, H:].double()
+    tol = 2.0 ** -8 * ref.abs() + 1e-6 * (y[:, :H].double().abs() * y[:, H:].double().abs()) + 1e-30
+    assert ((sw.double() - ref).abs() <= tol).all(), "SwiGLU differs from silu(gate) * up"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q4_0"])
+@pytest.mark.parametrize("M", [2, 11])
+def test_gemv_quant_mma_rope_kv(C, ops, rng, name, M):
+    """RopeKV against rope_oracle of the kernel's own StoreF32 q|k|v (the pair's sums are the
+    same): bf16 rounding of the rotated value plus the fp32 cos / sin slack; other cache entries
+    untouched."""
+    from llama_brrr.config import ModelConfig
+    n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 4, 2, 64, 512, 40, 3
+    config = ModelConfig(dim=K, hidden_dim=64, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                         head_dim=head_dim, vocab_size=16, rope_theta=500000.0)
+    inv_freq = torch.from_numpy(C.rope_inv_freq(config.engine_dict(max_seq, max_batch))).cuda()
+    N = (n_heads + 2 * n_kv_heads) * head_dim
+    W = Weights(C, name, N, K, rng)
+    x = x_rows(random_x(rng, M, K))
+    qkv = gemv(ops, W, x)
+    slots = torch.from_numpy(rng.integers(0, max_batch, size=M).astype(np.int32)).cuda()
+    positions = torch.from_numpy(np.concatenate([[max_seq - 1], rng.choice(max_seq - 1, M - 1, replace=False)])
+                                 .astype(np.int32)).cuda()
+    q_out = nan_full((M, n_heads, head_dim), torch.bfloat16)
+    shape = (max_batch, max_seq, n_kv_heads, head_dim)
+    k_cache, v_cache = nan_full(shape, torch.bfloat16), nan_full(shape, torch.bfloat16)
+    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, ROPE_KV,
+                       positions=positions.data_ptr(), slots=slots.data_ptr(), inv_freq=inv_freq.data_ptr(),
+                       q_out=q_out.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+                       n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_seq=max_seq)
+    torch.cuda.synchronize()
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+    written = torch.zeros(shape[:2], dtype=torch.bool, device="cuda")
+    for m in range(M):
+        s, p = int(slots[m]), int(positions[m])
+        written[s, p] = True
+        heads = lambda lo, n: qkv[m, lo:lo + n * head_dim].view(n, head_dim)  # noqa: E731
+        for got, v, rotate in [(q_out[m], heads(0, n_heads), True), (k_cache[s, p], heads(q_dim, n_kv_heads), True),
+                               (v_cache[s, p], heads(q_dim + kv_dim, n_kv_heads), False)]:
+            ref = rope_oracle(v, p, inv_freq) if rotate else v.double().cpu()
+            slack = rope_slack(v) if rotate else 0.0
+            tol = 2.0 ** -8 * ref.abs() + slack + 1e-30
+            assert ((got.double().cpu() - ref).abs() <= tol).all(), f"{name} M={M} row {m}: RopeKV differs"
+    for cache in (k_cache, v_cache):
+        assert torch.isnan(cache[~written]).all(), "wrote a cache entry of another token"
+
+
+def test_gemv_quant_mma_bad_arguments_raise(C, ops, rng):
+    W = Weights(C, "q4_k", 8, 256, rng)
+    x = x_rows(random_x(rng, 2, 256))
+    y = nan_full((2, 8), torch.float32)
+    bad = (ValueError, RuntimeError)
+    call = lambda t=12, w=W.packed.data_ptr(), xp=x.data_ptr(), M=2, K=256: ops.gemv_quant_mma(  # noqa: E731
+        t, w, xp, M, 8, K, STORE_F32, out_f32=y.data_ptr())
+    with pytest.raises(bad, match="type id 9"):
+        call(t=9)
+    with pytest.raises(bad, match="K=288"):
+        call(K=288)
+    with pytest.raises(bad, match="M=17"):
+        call(M=17)
+    with pytest.raises(bad, match="M=0"):
+        call(M=0)
+    with pytest.raises(bad, match="16-byte aligned"):
+        call(w=W.packed.data_ptr() + 8)
+    with pytest.raises(bad, match="16-byte aligned"):
+        call(xp=x.data_ptr() + 2)
+    with pytest.raises(bad, match="device pointer"):
+        call(xp=0)
+    with pytest.raises(bad, match="out_f32"):
+        ops.gemv_quant_mma(12, W.packed.data_ptr(), x.data_ptr(), 2, 8, 256, STORE_F32)
+    with pytest.raises(bad, match="SwiGLU needs an even N"):
+        ops.gemv_quant_mma(12, W.packed.data_ptr(), x.data_ptr(), 2, 7, 256, SWIGLU, out=y.data_ptr())
+    with pytest.raises(bad, match="epilogue"):
+        ops.gemv_quant_mma(12, W.packed.data_ptr(), x.data_ptr(), 2, 8, 256, 5, out_f32=y.data_ptr())
+    assert torch.isnan(y).all(), "a rejected call must not touch the output"
