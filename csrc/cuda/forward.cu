@@ -171,16 +171,27 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     else matmul_bf16(x_bf16, deq_, M, N, K, ep, args, s);
 }
 
-// M <= 16 rows on a matrix with quantized parts. One part: gemv_quant_in, which quantizes (and
-// normalizes) its input rows itself at decode batch 1-2, and runs the epilogue. Several parts:
-// the input rows are quantized once into xq_ (and, for bf16 parts of a normalized input, written
-// to xn_), each part stores fp32 into its columns of a staging buffer (qkv_ for RopeKV, gate_up_
-// for SwiGLU, else the destination itself) and the epilogue runs after.
+// M <= 16 rows on a matrix with quantized parts. One row: gemv_quant_in, which quantizes (and
+// normalizes) its input row itself (int8 dp4a). From tuning::kGemvQuantMmaMinRows rows:
+// gemv_quant_mma on bf16 rows (normalized into xn_ first). Several parts: the input is prepared
+// once (ActBlocks in xq_, or bf16 rows), each part stores fp32 into its columns of a staging
+// buffer (qkv_ for RopeKV, gate_up_ for SwiGLU, else the destination itself) and the epilogue
+// runs after.
 void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                               Epilogue ep, const EpilogueArgs& args) {
     const int N = W.rows, K = W.cols;
     cudaStream_t s = stream_;
-    if (W.n_parts == 1) {  // the kernel quantizes up to 2 rows itself; more go through xq_
+    const bool tensor_cores = M >= tuning::kGemvQuantMmaMinRows;
+    if (tensor_cores && norm_w) {  // the tensor-core kernels take bf16 rows
+        rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, cfg_.norm_eps, s);
+        x_bf16 = xn_;
+    }
+    if (W.n_parts == 1) {
+        if (tensor_cores) {
+            gemv_quant_mma(W.parts[0].type, W.parts[0].data, x_bf16, M, N, K, ep, args, s);
+            return;
+        }
+        // the kernel quantizes (and normalizes) its input rows itself; more rows go through xq_
         QuantGemvInput in;
         if (norm_w) {
             in.x_f32 = x_f32;
@@ -195,13 +206,15 @@ void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* n
     }
     bool any_bf16 = false;
     for (int i = 0; i < W.n_parts; ++i) any_bf16 |= W.parts[i].type == 0;
-    if (norm_w) {
-        rmsnorm_quantize_act(x_f32, norm_w, cfg_.norm_eps, xq_, M, K, s);
-        if (any_bf16) rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, cfg_.norm_eps, s);
-    } else {
-        quantize_act_bf16(x_bf16, xq_, M, K, s);
+    if (!tensor_cores) {
+        if (norm_w) {
+            rmsnorm_quantize_act(x_f32, norm_w, cfg_.norm_eps, xq_, M, K, s);
+            if (any_bf16) rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, cfg_.norm_eps, s);
+        } else {
+            quantize_act_bf16(x_bf16, xq_, M, K, s);
+        }
     }
-    const bf16* x_plain = norm_w ? xn_ : x_bf16;
+    const bf16* x_plain = norm_w && !tensor_cores ? xn_ : x_bf16;
     // Per part: fp32 into columns [row0, row0 + rows) of a [M, N] staging, or of the destination.
     float* staging = ep == Epilogue::RopeKV ? args.out_f32 : ep == Epilogue::SwiGLU ? gate_up_ : nullptr;
     for (int i = 0; i < W.n_parts; ++i) {
@@ -222,6 +235,8 @@ void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* n
         }
         if (p.type == 0)
             gemv_bf16(x_plain, static_cast<const bf16*>(p.data), M, p.rows, K, part_ep, a, s);
+        else if (tensor_cores)
+            gemv_quant_mma(p.type, p.data, x_plain, M, p.rows, K, part_ep, a, s);
         else
             gemv_quant(p.type, p.data, xq_, M, p.rows, K, part_ep, a, s);
     }

@@ -627,6 +627,11 @@ void launch_type(const QArgs& a, int M, Pairing pairing, XIn in, cudaStream_t st
 // ---- dequantization: eight consecutive values of a tile, exactly as quant_formats.cpp computes
 // them (two roundings for d * q + m: that file compiles without FMA contraction) --------------
 
+// Byte j of 8 bytes loaded as one 8-byte word (every 8-value run of a tile is 8-byte aligned:
+// tiles are 16-byte aligned and runs start at multiples of 8), instead of 8 byte loads.
+__device__ __forceinline__ uint2 load8(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
+__device__ __forceinline__ int byte_at(uint2 v, int j) { return (int)(((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xFF); }
+
 // w[j] = value e + j of the tile (e % 8 == 0); d6 = Q6_K's tail d.
 template <QType T>
 __device__ __forceinline__ void dequant8(const uint8_t* t, float d6, int e, float* w) {
@@ -637,32 +642,34 @@ __device__ __forceinline__ void dequant8(const uint8_t* t, float d6, int e, floa
         scale_min_k4(s, h.y, h.z, h.w, sc, mn);
         const float d = __fmul_rn(f16_bits(h.x & 0xFFFF), (float)sc), m = __fmul_rn(f16_bits(h.x >> 16), (float)mn);
         const int qs_at = T == QType::Q5_K ? 48 : 16;
-        const uint8_t* qs = t + qs_at + 32 * (s >> 1) + l;
+        const uint2 qs = load8(t + qs_at + 32 * (s >> 1) + l);
+        const uint2 qh = T == QType::Q5_K ? load8(t + 16 + l) : make_uint2(0u, 0u);
         const int shift = (s & 1) * 4;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            int q = (qs[j] >> shift) & 15;
-            if (T == QType::Q5_K) q |= ((t[16 + l + j] >> s) & 1) << 4;
+            int q = (byte_at(qs, j) >> shift) & 15;
+            if (T == QType::Q5_K) q |= ((byte_at(qh, j) >> s) & 1) << 4;
             w[j] = __fsub_rn(__fmul_rn(d, (float)q), m);
         }
     } else if (T == QType::Q6_K) {
         // e = 128 h + 32 g + l: nibble g / 2 of ql[64 h + 32 (g % 2) + l], bits 2g of qh[32 h + l].
         const int h = e >> 7, g = (e >> 5) & 3, l = e & 31;
-        const uint8_t* ql = t + 16 + 64 * h + 32 * (g & 1) + l;
-        const uint8_t* qh = t + 144 + 32 * h + l;
+        const uint2 ql = load8(t + 16 + 64 * h + 32 * (g & 1) + l);
+        const uint2 qh = load8(t + 144 + 32 * h + l);
         const int sc = (int8_t)t[8 * h + 2 * g + (l >> 4)];
         const float d = __fmul_rn(d6, (float)sc);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int q = (((ql[j] >> ((g >> 1) * 4)) & 15) | (((qh[j] >> (2 * g)) & 3) << 4)) - 32;
+            const int q = (((byte_at(ql, j) >> ((g >> 1) * 4)) & 15) | (((byte_at(qh, j) >> (2 * g)) & 3) << 4)) - 32;
             w[j] = __fmul_rn(d, (float)q);
         }
     } else {  // 32-value types: block b = e / 32 of the tile, values i .. i + 7 of it
         const int b = e >> 5, i = e & 31;
         const float d = f16_bits(reinterpret_cast<const unsigned short*>(t)[b]);
         if (T == QType::Q8_0) {
+            const uint2 qs = load8(t + 16 + 32 * b + i);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) w[j] = __fmul_rn((float)(int8_t)t[16 + 32 * b + i + j], d);
+            for (int j = 0; j < 8; ++j) w[j] = __fmul_rn((float)(int8_t)byte_at(qs, j), d);
             return;
         }
         constexpr bool has_m = T == QType::Q4_1 || T == QType::Q5_1;
@@ -671,11 +678,11 @@ __device__ __forceinline__ void dequant8(const uint8_t* t, float d6, int e, floa
         constexpr int qh_at = T == QType::Q5_0 ? 16 : 32;
         const float m = has_m ? f16_bits(reinterpret_cast<const unsigned short*>(t + 16)[b]) : 0.f;
         const uint32_t qh = has_h ? reinterpret_cast<const uint32_t*>(t + qh_at)[b] : 0u;
-        const uint8_t* qs = t + qs_at + 16 * b + (i & 15);
+        const uint2 qs = load8(t + qs_at + 16 * b + (i & 15));
         const int shift = i >= 16 ? 4 : 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int q = ((qs[j] >> shift) & 15) | (has_h ? (int)((qh >> (i + j)) & 1) << 4 : 0);
+            const int q = ((byte_at(qs, j) >> shift) & 15) | (has_h ? (int)((qh >> (i + j)) & 1) << 4 : 0);
             if (T == QType::Q4_0) w[j] = __fmul_rn((float)(q - 8), d);
             else if (T == QType::Q5_0) w[j] = __fmul_rn((float)(q - 16), d);
             else w[j] = __fadd_rn(__fmul_rn((float)q, d), m);
@@ -697,7 +704,7 @@ __device__ __forceinline__ void dequant_row8(const uint8_t* W, size_t row_stride
 // OUT float: out[n * ld + k] fp32; bf16: rounded to nearest.
 template <QType T, typename OUT>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ W, int N, int K, size_t row_stride, OUT* __restrict__ out,
-                                  int ld) {
+                                  int ld, bool vec) {
     pdl_wait();
     pdl_launch_dependents();
     const int groups = K / 8;
@@ -707,6 +714,16 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ W, int N, int K, s
     float w[8];
     dequant_row8<T>(W, row_stride, (K + 255) / 256, N, n, k, w);
     OUT* dst = out + (size_t)n * ld + k;
+    if (vec) {  // 16-byte stores: out and ld keep every 8-value run 16-byte aligned
+        if constexpr (sizeof(OUT) == 4) {
+            reinterpret_cast<float4*>(dst)[0] = make_float4(w[0], w[1], w[2], w[3]);
+            reinterpret_cast<float4*>(dst)[1] = make_float4(w[4], w[5], w[6], w[7]);
+        } else {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(util::pack_bf16x2(w[0], w[1]), util::pack_bf16x2(w[2], w[3]),
+                                                        util::pack_bf16x2(w[4], w[5]), util::pack_bf16x2(w[6], w[7]));
+        }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         if constexpr (sizeof(OUT) == 4) dst[j] = w[j];
@@ -773,8 +790,9 @@ template <QType T> struct DequantFn {
     static void run(const void* W, int N, int K, OUT* out, int ld, cudaStream_t s) {
         const size_t total = (size_t)N * (K / 8);
         const int threads = 256;
+        const bool vec = util::aligned_to(out, 16) && ld % (16 / (int)sizeof(OUT)) == 0;
         launch_pdl(dequantize_kernel<T, OUT>, dim3((unsigned)CEIL_DIV(total, (size_t)threads)), dim3(threads), 0, s,
-                   static_cast<const uint8_t*>(W), N, K, qlayout::row_stride((int)T, K), out, ld);
+                   static_cast<const uint8_t*>(W), N, K, qlayout::row_stride((int)T, K), out, ld, vec);
         CUDA_CHECK_LAUNCH("dequantize_kernel");
     }
 };

@@ -40,6 +40,10 @@ constexpr int kDecodeLateTriggerHeadDim = 128;
 // ---- GEMM (gemm_sm80.cu, gemm_sm90.cu) and the matmul dispatch (matmul.cu) --------------------
 // Largest M that matmul_bf16 sends to the GEMV; from M = 17 on the GEMM is as fast or faster.
 constexpr int kGemvMaxRows = 16;
+// Quantized decode: from this many rows on, gemv_quant_mma (weights dequantized to bf16 in
+// registers, tensor cores) instead of gemv_quant (int8 dp4a per row, whose per-row work binds
+// from a few rows on).
+constexpr int kGemvQuantMmaMinRows = 2;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
 // mma.sync GEMM: cp.async ring depth (stages in flight hide the global-load latency).

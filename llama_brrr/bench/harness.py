@@ -166,17 +166,18 @@ def measure_interleaved(contestants: list, prompts: np.ndarray, generate: int, r
     return out
 
 
-def rates(timed: dict, w: Workload, config, dtype: str, peak: dict) -> dict:
-    """The table's numbers from measure()'s seconds."""
+def rates(timed: dict, w: Workload, config, dtype: str, peak: dict, types: dict | None = None) -> dict:
+    """The table's numbers from measure()'s seconds; types: the quantized matrices' block types
+    (their stored bytes count in MBU)."""
     out = {"ttft_s": metrics.summarize(timed["ttft_s"]),
            "prefill_tok_s": metrics.summarize([w.batch * w.prompt / t for t in timed["ttft_s"]])}
-    work = metrics.prefill_work(config, w.batch, w.prompt, dtype)
+    work = metrics.prefill_work(config, w.batch, w.prompt, dtype, types)
     out["prefill"] = {**work, **metrics.utilization(work, out["ttft_s"]["median"], peak)}
     if w.generate:
         out["decode_s"] = metrics.summarize(timed["decode_s"])
         out["decode_tok_s"] = metrics.summarize([w.batch * w.generate / t for t in timed["decode_s"]])
         out["ms_per_token"] = 1e3 * out["decode_s"]["median"] / w.generate
-        work = metrics.decode_work(config, w.batch, w.prompt, w.generate, dtype)
+        work = metrics.decode_work(config, w.batch, w.prompt, w.generate, dtype, types)
         out["decode"] = {**work, **metrics.utilization(work, out["decode_s"]["median"], peak)}
     return out
 
@@ -197,14 +198,14 @@ def split(contestant, prompts: np.ndarray, w: Workload, config, dtype: str) -> d
             phases = prof.summary().to_dict()["phases"]
         elif hasattr(llama_brrr, "profile_torch") and hasattr(contestant, "torch"):
             phases = {}
-            work = metrics.prefill_work(config, w.batch, w.prompt, dtype)
+            work = metrics.prefill_work(config, w.batch, w.prompt, dtype, types)
             first = []
             summary = llama_brrr.profile_torch(lambda: first.append(contestant.prefill(prompts)),
                                                model_flops=work["flops"], model_bytes=work["bytes"],
                                                tokens=work["tokens"], phase="prefill")
             phases["prefill"] = summary.to_dict()["phases"]["prefill"]
             if w.generate:
-                work = metrics.decode_work(config, w.batch, w.prompt, w.generate, dtype)
+                work = metrics.decode_work(config, w.batch, w.prompt, w.generate, dtype, types)
 
                 def steps():
                     token = first[-1]
@@ -348,8 +349,10 @@ def run_bench(opts: Options, groups: list[list[Workload]]) -> dict:
         for w in group:
             prompts = prompts_for(llm.config, w)
             timed = measure(ours, prompts, w.generate, opts.repeats, opts.warmup)
-            run = {"model": model_label(opts), "dtype": llm.dtype, "workload": w.__dict__,
-                   "name": w.name, **rates(timed, w, llm.config, llm.dtype, peak)}
+            types = getattr(llm, "weight_types", None) or None
+            run = {"model": model_label(opts), "dtype": llm.dtype if not types else f"{llm.dtype}+{opts.quant or 'file'}",
+                   "weights": getattr(llm, "weights_summary", llm.dtype), "workload": w.__dict__,
+                   "name": w.name, **rates(timed, w, llm.config, llm.dtype, peak, types)}
             if opts.split:
                 run["split"] = split(ours, prompts, w, llm.config, llm.dtype)
             result["runs"].append(run)

@@ -58,29 +58,42 @@ def kv_bytes(c: ModelConfig, positions: float, kv_dtype: str) -> float:
     return 2.0 * c.n_layers * c.kv_dim * positions * DTYPE_BYTES[kv_dtype]
 
 
-def weight_bytes(c: ModelConfig, dtype: str) -> float:
+def weight_bytes(c: ModelConfig, dtype: str, types: dict | None = None) -> float:
     """Every matrix once (the LM head included) plus the norms (kept in f32) and one embedding row
-    per token, which is negligible and left out."""
+    per token, which is negligible and left out. types: matrix name -> block type ("q4_k") of the
+    matrices stored quantized (Llama.weight_types), counted at their stored bytes."""
     norms = (2 * c.n_layers + 1) * c.dim * 4
-    return (body_params(c) + c.vocab_size * c.dim) * DTYPE_BYTES[dtype] + norms
+    if not types:
+        return (body_params(c) + c.vocab_size * c.dim) * DTYPE_BYTES[dtype] + norms
+    from llama_brrr import _C
+
+    head = "tok_embeddings" if c.tie_embeddings else "output"
+    total = norms
+    for name, shape in c.tensor_shapes().items():
+        if len(shape) != 2 or (name == "tok_embeddings" and not c.tie_embeddings) or (name == "output" and head != name):
+            continue
+        t = types.get(name)
+        total += shape[0] * (_C.quant_ops.row_bytes(t, shape[1]) if t else shape[1] * DTYPE_BYTES[dtype])
+    return float(total)
 
 
-def prefill_work(c: ModelConfig, batch: int, prompt: int, dtype: str) -> dict:
+def prefill_work(c: ModelConfig, batch: int, prompt: int, dtype: str, types: dict | None = None) -> dict:
     """FLOPs and bytes of prefilling `batch` prompts of `prompt` tokens, logits of the last only."""
     flops = batch * (2.0 * body_params(c) * prompt + attention_flops(c, 1, prompt)
                      + 2.0 * c.vocab_size * c.dim)
-    moved = weight_bytes(c, dtype) + batch * kv_bytes(c, prompt, kv_dtype(dtype))
+    moved = weight_bytes(c, dtype, types) + batch * kv_bytes(c, prompt, kv_dtype(dtype))
     return {"flops": flops, "bytes": moved, "tokens": batch * prompt}
 
 
-def decode_work(c: ModelConfig, batch: int, context: int, steps: int, dtype: str) -> dict:
+def decode_work(c: ModelConfig, batch: int, context: int, steps: int, dtype: str,
+                types: dict | None = None) -> dict:
     """FLOPs and bytes of `steps` decode steps of `batch` sequences starting at position `context`
     (the first step's token sees context + 1 keys)."""
     per_token = 2.0 * (body_params(c) + c.vocab_size * c.dim)
     flops = batch * (per_token * steps + attention_flops(c, context + 1, steps))
     mean_keys = context + 1 + (steps - 1) / 2
     kv = batch * steps * kv_bytes(c, mean_keys + 1, kv_dtype(dtype))  # read the keys, write one row
-    return {"flops": flops, "bytes": steps * weight_bytes(c, dtype) + kv, "tokens": batch * steps}
+    return {"flops": flops, "bytes": steps * weight_bytes(c, dtype, types) + kv, "tokens": batch * steps}
 
 
 def kv_dtype(dtype: str) -> str:
