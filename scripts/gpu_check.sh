@@ -4,7 +4,8 @@
 # benchmarks; everything lands in $OUT (default ./out):
 #   build.log      nvidia-smi, the build
 #   tests.log      pytest -m cuda (and, with the cpu-tests phase, pytest -m "not cuda")
-#   sanitizer.log  compute-sanitizer --tool memcheck on a tiny model, 8 tokens, graphs on and off
+#   sanitizer.log  compute-sanitizer --tool memcheck on a tiny model, 8 tokens, graphs on and off,
+#                  and on a tiny quantized model of mixed block types (scripts/sanitize_quant.py)
 #   gemm_race.log  benchmarks/lab/gemm_residual_race.py: AddResidual checked bit for bit, repeated,
 #                  on short-K shapes with an N tail
 #   ab/            with BASE_DIR holding another tree of the project (e.g. the commit before a
@@ -147,6 +148,8 @@ print("sanitized run done")
 EOF
     wanted sanitizer && phase sanitizer 120 "$OUT/sanitizer.log" "$SANITIZER" --tool memcheck \
         --error-exitcode 1 --leak-check no python3 /tmp/brrr_sanitize.py
+    wanted sanitizer && phase sanitizer-quant 120 "$OUT/sanitizer.log" "$SANITIZER" --tool memcheck \
+        --error-exitcode 3 python3 scripts/sanitize_quant.py
 
     wanted gemmrace && phase gemmrace 60 "$OUT/gemm_race.log" python3 benchmarks/lab/gemm_residual_race.py \
         --ks 64,136,576 --repeats 5

@@ -22,8 +22,12 @@
 //     per-value conversion. The tile's header fields the piece needs (fp16 d / m, the packed
 //     6-bit K-quant scales, Q6_K's int8 scales and tail d) are loaded per piece: lanes of one tile
 //     read the same bytes, one transaction.
-//   * x is read straight from global memory with 16-byte loads that stay in L1: every warp of the
-//     CTA (and of the SM) reads the same ActBlocks.
+//   * x: ActBlocks made by an earlier kernel, read with 16-byte loads that stay in L1 (every warp
+//     of the CTA reads the same blocks); or, at M <= 2 (gemv_quant_in), bf16 rows or fp32 rows to
+//     RMS-normalize that each CTA quantizes into shared memory first, one thread per 32-value
+//     block, with the standalone quantizers' arithmetic (so the same bits). Such a grid is one
+//     wave of CTAs whose warps walk several output rows each, so the input is quantized a few
+//     hundred times, not once per 4 rows; the first rows' weight loads are in flight meanwhile.
 //   * Launched with PDL (launch.cuh): it lets the next kernel launch before its own wait and issues
 //     the first pieces' loads before that wait (weights never depend on the kernel before).
 // Invariants: a lane's pieces and their sums run in a fixed order and the lanes meet in a
