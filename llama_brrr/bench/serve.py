@@ -387,11 +387,16 @@ def run(opts: ServeOptions) -> dict:
 
 
 def _versions(with_hf: bool) -> dict:
-    import fastapi
-    import uvicorn
+    """Versions of what ran; the server's packages only where they are installed (the in-process
+    modes do not need them)."""
+    import importlib.metadata
 
-    out = {"python": platform.python_version(), "numpy": np.__version__,
-           "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__}
+    out = {"python": platform.python_version(), "numpy": np.__version__}
+    for name in ("fastapi", "uvicorn"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
     if with_hf:
         import torch
         import transformers
