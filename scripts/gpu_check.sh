@@ -22,7 +22,11 @@
 #   labs/          each lab program of benchmarks/lab built and run (run_*_lab.sh)
 #   summary.txt    the table printed last
 # The whole run keeps inside TOTAL_S seconds (default 540): every phase has a time limit.
-# Carried wheels (.whl/*.whl, e.g. gguf) are installed first.
+# Carried wheels (.whl/*.whl) are installed first: what the GPU image lacks, made here with
+#   pip download gguf pybind11 fastapi uvicorn --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux2014_x86_64 --implementation cp -d /tmp/wh
+# keeping gguf, pybind11 and the server's own packages (fastapi, starlette, pydantic, pydantic_core,
+# annotated_types, annotated_doc, typing_inspection, opentelemetry_api, uvicorn) in .whl/.
 # PHASES picks what runs after the build (default below, in this order):
 #   cuda-tests cpu-tests sanitizer gemmrace ab kernels decode quant sweep profile compare labs
 #   OUT=/path/to/out [PHASES="cuda-tests sanitizer"] [BASE_DIR=.base] bash scripts/gpu_check.sh
