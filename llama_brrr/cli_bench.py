@@ -253,7 +253,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--quant", default=None, help="as Llama.from_pretrained(quant=...)")
     what.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=int, default=8, help="KV slots, sequences at once (8)")
+    engine.add_argument("--max-num-seqs", type=int, default=None,
+                        help="KV slots, sequences at once (default: the engine's, 8 on cpu, 64 on cuda)")
     engine.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="per-step token budget (default 512 cpu, 8192 cuda)")
     engine.add_argument("--decode-steps", type=int, default=None,

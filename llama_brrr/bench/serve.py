@@ -43,7 +43,7 @@ class ServeOptions:
     dtype: str | None = None
     quant: str | None = None
     threads: int = 0
-    max_num_seqs: int = 8
+    max_num_seqs: int | None = None  # None: the engine's default max_batch (8 cpu, 64 cuda)
     max_num_batched_tokens: int | None = None
     decode_steps: int | None = None
     num_prompts: int = 32
@@ -358,8 +358,9 @@ def run(opts: ServeOptions) -> dict:
             runs[mode].append((records, wall))
     result = {"benchmark": "serve", "version": __version__, "command": None,
               "model": llm.source, "device": llm.device, "dtype": llm.dtype,
-              "weights": llm.weights_summary, "options": {k: (None if isinstance(v, float) and math.isinf(v)
-                                                              else v) for k, v in vars(opts).items()},
+              "weights": llm.weights_summary,
+              "options": {**{k: (None if isinstance(v, float) and math.isinf(v) else v)
+                             for k, v in vars(opts).items()}, "max_num_seqs": llm.max_batch},
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "load_avg_before": os.getloadavg()},
               "versions": _versions("hf" in runs and bool(runs["hf"])),
