@@ -111,6 +111,9 @@ class Request:
     def _append_text(self, piece: str) -> None:
         if not piece:
             return
+        if not self.max_stop_len:  # no stop strings: nothing to search
+            self.text += piece
+            return
         # Only a window reaching back max_stop_len - 1 characters can hold a new match.
         search_from = max(0, len(self.text) - self.max_stop_len + 1)
         self.text += piece
@@ -123,6 +126,8 @@ class Request:
 
     def _held_back(self) -> int:
         """Length of the longest tail of text that is a proper prefix of a stop string."""
+        if self.max_stop_len <= 1:  # no stop strings, or only 1-character ones: no proper prefix
+            return 0
         for n in range(min(self.max_stop_len - 1, len(self.text)), 0, -1):
             tail = self.text[-n:]
             if any(s.startswith(tail) for s in self.params.stop):

@@ -246,11 +246,13 @@ class Scheduler:
             np.array([len(r.token_ids) for r in decoding], dtype=np.uint64),
             n_steps)
         now = time.perf_counter()
-        new_tokens, logprobs = new_tokens.tolist(), logprobs.tolist()
+        # One row per sequence ([n_steps, B] -> [B, n_steps]) as Python lists: the per-token loop
+        # below is the host's share of every decode step, so it touches no numpy scalars.
+        token_rows, logprob_rows = new_tokens.T.tolist(), logprobs.T.tolist()
         events, accepted = [], 0
-        for i, r in enumerate(decoding):
+        for r, tokens_i, logprobs_i in zip(decoding, token_rows, logprob_rows):
             ids, text = [], []
-            for token, logprob in zip((row[i] for row in new_tokens), (row[i] for row in logprobs)):
+            for token, logprob in zip(tokens_i, logprobs_i):
                 # The sampler's log-softmax of the chosen token is NaN or inf exactly when the
                 # step's logits are not all finite: the check costs one float test per token.
                 if not math.isfinite(logprob):
@@ -264,14 +266,14 @@ class Scheduler:
                     break
                 if not r.token_ids:
                     r.t_first = now
-                text.append(r.accept(int(token), float(logprob), self.max_seq_len))
+                text.append(r.accept(token, logprob, self.max_seq_len))
                 r.token_times.append(now)
-                ids.append(int(token))
+                ids.append(token)
                 accepted += 1
                 if r.finish_reason is not None:
                     r.t_done = now
                     break
-                r.next_token = int(token)
+                r.next_token = token
                 r.position += 1
             events.append(Event(r, ids, "".join(text)))
         profiler.record_span("decode", "decode", t_decode, accepted)
