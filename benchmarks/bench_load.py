@@ -33,6 +33,8 @@ def write_random_gguf(path: Path, shape: str, quant_name: str, seed: int = 0) ->
     import gguf
 
     from llama_brrr import _C, quant
+    from llama_brrr.bench.llamacpp import add_random_llama_header
+    from llama_brrr.loaders.gguf import gguf_tensor_name
     from llama_brrr.config import shape_config
 
     config = shape_config(shape)
@@ -41,33 +43,9 @@ def write_random_gguf(path: Path, shape: str, quant_name: str, seed: int = 0) ->
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"random {shape} {quant_name}")
-    writer.add_context_length(config.max_seq_len)
-    writer.add_embedding_length(config.dim)
-    writer.add_feed_forward_length(config.hidden_dim)
-    writer.add_block_count(config.n_layers)
-    writer.add_head_count(config.n_heads)
-    writer.add_head_count_kv(config.n_kv_heads)
-    writer.add_layer_norm_rms_eps(config.norm_eps)
-    writer.add_rope_freq_base(config.rope_theta)
-    writer.add_tokenizer_model("gpt2")
-    specials = ["<unk>", "<s>", "</s>"]
-    plain = ["t", "o", "to"]  # one merge: a byte-level vocabulary must have some
-    writer.add_token_list(specials + plain + [f"x{i}" for i in range(config.vocab_size - 6)])
-    writer.add_token_types([3] * len(specials) + [1] * (config.vocab_size - len(specials)))
-    writer.add_token_merges(["t o"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    gguf_names = {"tok_embeddings": "token_embd.weight", "norm": "output_norm.weight",
-                  "output": "output.weight"}
-    kinds = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
-             "wo": "attn_output", "ffn_norm": "ffn_norm", "w1": "ffn_gate", "w3": "ffn_up",
-             "w2": "ffn_down"}
+    add_random_llama_header(writer, config)
     for name, shape_ in config.tensor_shapes().items():
-        if name in gguf_names:
-            file_name = gguf_names[name]
-        else:
-            _, layer, kind = name.split(".")
-            file_name = f"blk.{layer}.{kinds[kind]}.weight"
+        file_name = gguf_tensor_name(name)
         if len(shape_) == 1:
             writer.add_tensor(file_name, np.ones(shape_, np.float32))
             continue

@@ -16,6 +16,7 @@ import pytest
 
 from llama_brrr.bench import harness
 from llama_brrr.bench import llamacpp as lc
+from llama_brrr.loaders.gguf import gguf_tensor_name
 from llama_brrr.bench.contestants import Skip
 
 FIXTURE = Path(__file__).parent / "data" / "llamacpp_bench_cpu_tiny.json"
@@ -201,7 +202,7 @@ def test_random_gguf_holds_random_f16_matrices(tmp_path):
     tensors = {t.name: t for t in reader.tensors}
     assert len(tensors) == len(config.tensor_shapes())
     for name, shape in config.tensor_shapes().items():
-        t = tensors[lc._gguf_tensor_name(name)]
+        t = tensors[gguf_tensor_name(name)]
         data = np.asarray(t.data)
         assert tuple(data.shape) == shape
         if len(shape) == 1:

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..config import ModelConfig, shape_config
 from ..errors import BrrrError
+from ..loaders.gguf import gguf_tensor_name
 
 LLAMA_CPP_VERSION = "0.3.36"
 # Every native CPU feature but AMX: built with GCC 12, ggml's AMX matmul segfaults on its first
@@ -265,16 +266,6 @@ def peer_config(shape: str) -> ModelConfig:
     return PEER_TINY if shape == PEER_TINY.name else shape_config(shape)
 
 
-def _gguf_tensor_name(canonical: str) -> str:
-    from ..loaders.gguf import _GGUF_LAYER_NAMES, _GLOBAL_NAMES
-
-    for file_name, name in _GLOBAL_NAMES.items():
-        if name == canonical:
-            return file_name
-    _, layer, kind = canonical.split(".")
-    return f"blk.{layer}.{_GGUF_LAYER_NAMES[kind]}.weight"
-
-
 def _pool_window(pool: np.ndarray, start: int, n: int) -> np.ndarray:
     """n values of `pool` from `start` on, wrapping around."""
     out = np.empty(n, pool.dtype)
@@ -287,19 +278,10 @@ def _pool_window(pool: np.ndarray, start: int, n: int) -> np.ndarray:
     return out
 
 
-def write_random_gguf(path: Path, config: ModelConfig, seed: int = 0, std: float = 0.02) -> Path:
-    """A llama GGUF of `config`: F16 matrices of N(0, std) values, F32 norm weights 1 + N(0, std),
-    the hyperparameter keys llama.cpp reads, and a byte-level BPE vocabulary of vocab_size tokens
-    (three specials, one merge) that llama.cpp's loader accepts. Each matrix is a window of one
-    pool of RANDOM_POOL normal draws at a random start: the 8B shape's 16 GB cost copies, not 8e9
-    draws, while every row differs. Tensors stream to the file one at a time."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    pool = (std * rng.standard_normal(RANDOM_POOL, dtype=np.float32)).astype(np.float16)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(f"random {config.name} F16 (llama_brrr write_random_gguf, seed {seed})")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+def add_random_llama_header(writer, config: ModelConfig) -> None:
+    """The hyperparameter keys llama.cpp reads for a llama model of `config`, and a byte-level BPE
+    vocabulary of vocab_size tokens (three specials, one merge) that its loader accepts: the header
+    of every random-weight GGUF the benchmarks write."""
     writer.add_context_length(config.max_seq_len)
     writer.add_embedding_length(config.dim)
     writer.add_feed_forward_length(config.hidden_dim)
@@ -318,10 +300,26 @@ def write_random_gguf(path: Path, config: ModelConfig, seed: int = 0, std: float
     writer.add_token_merges(["t o"])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+
+
+def write_random_gguf(path: Path, config: ModelConfig, seed: int = 0, std: float = 0.02) -> Path:
+    """A llama GGUF of `config`: F16 matrices of N(0, std) values, F32 norm weights 1 + N(0, std),
+    the hyperparameter keys llama.cpp reads, and a byte-level BPE vocabulary of vocab_size tokens
+    (three specials, one merge) that llama.cpp's loader accepts. Each matrix is a window of one
+    pool of RANDOM_POOL normal draws at a random start: the 8B shape's 16 GB cost copies, not 8e9
+    draws, while every row differs. Tensors stream to the file one at a time."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    pool = (std * rng.standard_normal(RANDOM_POOL, dtype=np.float32)).astype(np.float16)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"random {config.name} F16 (llama_brrr write_random_gguf, seed {seed})")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    add_random_llama_header(writer, config)
     shapes = config.tensor_shapes()
     for name, shape in shapes.items():
         dtype = np.float32 if len(shape) == 1 else np.float16
-        writer.add_tensor_info(_gguf_tensor_name(name), shape, np.dtype(dtype),
+        writer.add_tensor_info(gguf_tensor_name(name), shape, np.dtype(dtype),
                                int(np.prod(shape)) * np.dtype(dtype).itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
