@@ -35,9 +35,9 @@ from . import _C, profiler
 from . import quant as quantization
 from .config import ModelConfig, shape_config
 from .errors import ArgumentTypeError, NonFiniteLogitsError
-from .sampling import SamplingParams, _has_surrogate, engine_rows
+from .sampling import SamplingParams, _has_surrogate
 from .serving.request import Request, RequestOutput
-from .serving.scheduler import Scheduler
+from .serving.scheduler import Scheduler, decode_room, decode_rows
 
 _DTYPE_ALIASES = {
     "f32": "f32", "float32": "f32", "fp32": "f32",
@@ -595,31 +595,23 @@ class Llama:
         chunk = self.DECODE_CHUNK["cuda" if self.device.startswith("cuda") else "cpu"]
         active = list(wave)
         while active:
-            room = min(min(r.params.max_tokens - len(r.token_ids),
-                           self.max_seq_len - len(r.prompt_ids) - len(r.token_ids) + 1) for r in active)
+            room = decode_room(active, self.max_seq_len)
             n_steps = max(1, min(room, chunk if all(r.token_ids for r in active) else 1))
-            new_tokens, logprobs = engine.decode_steps(
-                np.array([r.next_token for r in active], dtype=np.int32),
-                np.array([r.slot for r in active], dtype=np.int32),
-                np.array([r.position for r in active], dtype=np.int32),
-                engine_rows(r.params.engine_row(r.seed) for r in active),
-                np.array([len(r.token_ids) for r in active], dtype=np.uint64),
-                n_steps)
+            token_rows, logprob_rows = decode_rows(engine, active, n_steps)
             now = time.perf_counter()
-            new_tokens, logprobs = new_tokens.tolist(), logprobs.tolist()
-            for i, r in enumerate(active):
-                for token, logprob in zip((row[i] for row in new_tokens), (row[i] for row in logprobs)):
+            for r, tokens_i, logprobs_i in zip(active, token_rows, logprob_rows):
+                for token, logprob in zip(tokens_i, logprobs_i):
                     if not math.isfinite(logprob):
                         raise NonFiniteLogitsError(f"generation step {len(r.token_ids)} of sequence "
                                                    f"{r.index} produced non-finite logits")
                     if not r.token_ids:
                         r.t_first = now
-                    r.accept(int(token), float(logprob), self.max_seq_len)
+                    r.accept(token, logprob, self.max_seq_len)
                     r.token_times.append(now)
                     if r.finish_reason is not None:
                         r.t_done = now
                         break
-                    r.next_token = int(token)
+                    r.next_token = token
                     r.position += 1
             active = [r for r in active if r.finish_reason is None]
 

@@ -94,6 +94,27 @@ class Event:
         return self.request.finished
 
 
+def decode_room(rows: list[Request], max_seq_len: int) -> int:
+    """Decode rounds every row can still use: its max_tokens and the context bound it."""
+    return min(min(r.params.max_tokens - len(r.token_ids),
+                   max_seq_len - len(r.prompt_ids) - len(r.token_ids) + 1) for r in rows)
+
+
+def decode_rows(engine, rows: list[Request], n_steps: int) -> tuple[list[list[int]], list[list[float]]]:
+    """n_steps rounds of decode + sample for `rows` from each one's next_token and position; per
+    row its tokens and log-probabilities as Python lists ([n_steps, B] -> [B, n_steps]): the
+    per-token loops after this call are the host's share of every decode step, so they touch no
+    numpy scalars."""
+    new_tokens, logprobs = engine.decode_steps(
+        np.array([r.next_token for r in rows], dtype=np.int32),
+        np.array([r.slot for r in rows], dtype=np.int32),
+        np.array([r.position for r in rows], dtype=np.int32),
+        engine_rows(r.params.engine_row(r.seed) for r in rows),
+        np.array([len(r.token_ids) for r in rows], dtype=np.uint64),
+        n_steps)
+    return new_tokens.T.tolist(), logprobs.T.tolist()
+
+
 class Scheduler:
     """Runs requests on `engine` (a _C.Engine) by continuous batching; see the module docstring."""
 
@@ -229,26 +250,14 @@ class Scheduler:
         pending = bool(self.waiting) and len(self.running) < self.max_num_seqs
         pending = pending or len(decoding) < len(self.running) or not all(r.token_ids for r in decoding)
         n_steps = 1 if pending else self.decode_steps
-        # Rounds every row can still use: its max_tokens and the context bound it.
-        room = min(min(r.params.max_tokens - len(r.token_ids),
-                       self.max_seq_len - len(r.prompt_ids) - len(r.token_ids) + 1) for r in decoding)
-        n_steps = max(1, min(room, n_steps))
+        n_steps = max(1, min(decode_room(decoding, self.max_seq_len), n_steps))
         for r in decoding:
             if not self.allocator.reserve(r, n_steps):
                 raise RuntimeError(f"the KV allocator refused {n_steps} position(s) for a running "
                                    f"sequence at position {r.position}")
         t_decode = profiler.mark()
-        new_tokens, logprobs = self.engine.decode_steps(
-            np.array([r.next_token for r in decoding], dtype=np.int32),
-            np.array([r.slot for r in decoding], dtype=np.int32),
-            np.array([r.position for r in decoding], dtype=np.int32),
-            engine_rows(r.params.engine_row(r.seed) for r in decoding),
-            np.array([len(r.token_ids) for r in decoding], dtype=np.uint64),
-            n_steps)
+        token_rows, logprob_rows = decode_rows(self.engine, decoding, n_steps)
         now = time.perf_counter()
-        # One row per sequence ([n_steps, B] -> [B, n_steps]) as Python lists: the per-token loop
-        # below is the host's share of every decode step, so it touches no numpy scalars.
-        token_rows, logprob_rows = new_tokens.T.tolist(), logprobs.T.tolist()
         events, accepted = [], 0
         for r, tokens_i, logprobs_i in zip(decoding, token_rows, logprob_rows):
             ids, text = [], []
