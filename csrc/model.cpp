@@ -7,6 +7,7 @@
 // Note torch evaluates `scalar / tensor` as `scalar * (1 / tensor)`; the code mirrors that.
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace brrr {
@@ -19,6 +20,12 @@ void Config::validate() const {
     for (const auto& field : positive)
         BRRR_CHECK(field.value > 0, "config." << field.name << " must be a positive integer, got "
                                               << field.value);
+    BRRR_CHECK(kv_block_size >= 16 && kv_block_size <= 128 && (kv_block_size & (kv_block_size - 1)) == 0,
+               "config.kv_block_size must be 16, 32, 64 or 128, got " << kv_block_size);
+    BRRR_CHECK(kv_blocks >= 0, "config.kv_blocks must be >= 0 (0 = as many as the slots can fill), got "
+                               << kv_blocks);
+    BRRR_CHECK(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1,
+               "config.gpu_memory_utilization must be in (0, 1], got " << gpu_memory_utilization);
     BRRR_CHECK(n_heads % n_kv_heads == 0, "config.n_heads (" << n_heads
                << ") must be a multiple of config.n_kv_heads (" << n_kv_heads << ")");
     BRRR_CHECK(head_dim % 2 == 0, "config.head_dim must be even for RoPE, got " << head_dim);
@@ -128,6 +135,46 @@ void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* sl
 void check_sample_args(const Config& c, const int32_t* slots, const int32_t* positions, int batch) {
     check_batch(c, batch);
     check_rows(c, slots, positions, batch);
+}
+
+BlockTables::BlockTables(const Config& c)
+    : data_((size_t)c.max_batch * c.blocks_per_seq(), -1), blocks_per_seq_(c.blocks_per_seq()),
+      block_size_(c.kv_block_size), n_blocks_(c.kv_blocks) {
+    for (size_t i = 0; i < data_.size() && i < (size_t)n_blocks_; ++i) data_[i] = (int32_t)i;
+}
+
+void BlockTables::set(int slot, const int32_t* blocks, int n) {
+    BRRR_CHECK_ARG(slot >= 0 && (size_t)slot * blocks_per_seq_ < data_.size(),
+                   "set_block_table: slot " << slot << " is out of range (0.."
+                                            << data_.size() / blocks_per_seq_ - 1 << ")");
+    BRRR_CHECK_ARG(n >= 0 && n <= blocks_per_seq_,
+                   "set_block_table: " << n << " blocks for slot " << slot << ", but a slot holds at most "
+                                       << blocks_per_seq_ << " (max_seq_len / kv_block_size)");
+    BRRR_CHECK_ARG(n == 0 || blocks, "set_block_table: null blocks pointer");
+    for (int i = 0; i < n; ++i)
+        BRRR_CHECK_ARG(blocks[i] >= 0 && blocks[i] < n_blocks_,
+                       "set_block_table: blocks[" << i << "] = " << blocks[i] << " is not a block of the pool (0.."
+                                                  << n_blocks_ - 1 << ")");
+    int32_t* row = data_.data() + (size_t)slot * blocks_per_seq_;
+    std::copy(blocks, blocks + n, row);
+    std::fill(row + n, row + blocks_per_seq_, -1);
+}
+
+void BlockTables::check_covered(int slot, int first, int end, const char* call) const {
+    const int32_t* row = data_.data() + (size_t)slot * blocks_per_seq_;
+    for (int b = first / block_size_; b < CEIL_DIV(end, block_size_); ++b)
+        BRRR_CHECK_ARG(row[b] >= 0, call << ": slot " << slot << " has no KV block for positions ["
+                                         << b * block_size_ << ", " << (b + 1) * block_size_
+                                         << "); give it one with set_block_table first");
+}
+
+void check_history_args(const Config& c, int slot, int start_pos, const int32_t* tokens, int n) {
+    check_slot(c, slot, "slot");
+    BRRR_CHECK_ARG(n >= 0 && start_pos >= 0 && (int64_t)start_pos + n <= c.max_seq_len,
+                   "set_history: " << n << " tokens at start_pos " << start_pos << " do not fit in max_seq_len "
+                                   << c.max_seq_len);
+    BRRR_CHECK_ARG(n == 0 || tokens, "null tokens pointer");
+    check_tokens(c, tokens, n);
 }
 
 std::vector<float> rope_inv_freq(const Config& c) {

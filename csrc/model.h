@@ -29,8 +29,15 @@ struct Config {
     int n_kv_heads = 0;   // key/value heads (GQA when < n_heads)
     int head_dim = 0;     // may differ from dim / n_heads
     int vocab_size = 0;
-    int max_seq_len = 0;  // KV-cache length per sequence slot
-    int max_batch = 1;    // KV-cache sequence slots
+    int max_seq_len = 0;  // most positions one sequence slot holds
+    int max_batch = 1;    // sequence slots: rows decoded together
+    // The paged KV cache (see KvPages): a pool of kv_blocks blocks of kv_block_size positions.
+    // kv_blocks = 0 asks the engine for enough blocks to fill every slot to max_seq_len (the CUDA
+    // engine fewer when they would take more than gpu_memory_utilization of the device); the
+    // engine's config() reports the number it made.
+    int kv_block_size = 16;              // a power of two in [16, 128]
+    int kv_blocks = 0;
+    float gpu_memory_utilization = 0.9f;  // CUDA: the share of device memory the engine may hold
     float norm_eps = 1e-5f;
     float rope_theta = 10000.f;
     RopeType rope_type = RopeType::Default;
@@ -43,8 +50,45 @@ struct Config {
     int q_dim() const { return n_heads * head_dim; }
     int kv_dim() const { return n_kv_heads * head_dim; }
     int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+    int blocks_per_seq() const { return CEIL_DIV(max_seq_len, kv_block_size); }
     // Throws brrr::Error naming the field when the config is unusable.
     void validate() const;
+};
+
+// A layer's KV cache is a pool of blocks, [kv_blocks * kv_block_size][n_kv_heads][head_dim] per
+// cache (K and V); sequence slot s keeps its position p in block table[s][p / kv_block_size], row
+// p % kv_block_size (vLLM's PagedAttention layout). Sequences that share a prompt prefix share its
+// blocks; the owner of the blocks (the serving scheduler's block manager) fills the table.
+// A view of the table for kernels on either side: row() is the pool row of (slot, pos), -1 where
+// the slot has no block there.
+struct KvPages {
+    const int32_t* table = nullptr;  // [max_batch][blocks_per_seq], -1 = no block
+    int blocks_per_seq = 0;
+    int block_size = 0;  // a power of two
+    BRRR_HOST_DEVICE int64_t row(int slot, int pos) const {
+        const int block = table[(int64_t)slot * blocks_per_seq + pos / block_size];
+        return block < 0 ? -1 : (int64_t)block * block_size + (pos & (block_size - 1));
+    }
+};
+
+// The host copy of the block tables, which both engines keep and check calls against. A new
+// engine maps slot s to blocks s * blocks_per_seq, s * blocks_per_seq + 1, ... while the pool
+// lasts (the slot layout of an unpaged cache), so callers that never set a table keep working.
+class BlockTables {
+public:
+    BlockTables() = default;
+    explicit BlockTables(const Config& c);
+    // Slot `slot` gets blocks[0..n), the rest of its row none; ids checked against the pool.
+    void set(int slot, const int32_t* blocks, int n);
+    // InvalidArgument unless slot `slot` has a block for every position in [first, end).
+    void check_covered(int slot, int first, int end, const char* call) const;
+    KvPages view() const { return {data_.data(), blocks_per_seq_, block_size_}; }
+    const int32_t* data() const { return data_.data(); }
+    size_t size() const { return data_.size(); }
+
+private:
+    std::vector<int32_t> data_;  // [max_batch][blocks_per_seq]
+    int blocks_per_seq_ = 0, block_size_ = 0, n_blocks_ = 0;
 };
 
 // The rotary inverse frequencies, head_dim/2 of them, with the config's scaling applied.
@@ -86,6 +130,8 @@ void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* sl
                        const int32_t* positions, int batch, int n_steps);
 //   sample:  batch, slots and positions as for decode
 void check_sample_args(const Config& c, const int32_t* slots, const int32_t* positions, int batch);
+//   set_history: slot valid, n >= 0, [start_pos, start_pos + n) within max_seq_len, tokens valid
+void check_history_args(const Config& c, int slot, int start_pos, const int32_t* tokens, int n);
 
 // Most rounds one decode_steps call runs (the depth of the CUDA engine's on-device token ring).
 constexpr int kMaxDecodeSteps = 64;
@@ -125,6 +171,13 @@ public:
     virtual void get_weight(const std::string& name, float* dst) const = 0;
     // Fills every weight: matrices and embeddings N(0, std); norm weights 1 + N(0, std).
     virtual void init_random(uint64_t seed, float std) = 0;
+
+    // The paged KV cache's table row of `slot` (model.h, BlockTables::set): blocks[0..n) hold its
+    // positions [0, n * kv_block_size). Takes effect for the next call.
+    virtual void set_block_table(int slot, const int32_t* blocks, int n) = 0;
+    // The repetition penalty's memory of slot `slot`: tokens[0..n) at positions start_pos.. (what
+    // prefill and decode record themselves; for positions whose KV came from shared blocks).
+    virtual void set_history(int slot, int start_pos, const int32_t* tokens, int n) = 0;
 
     // Runs n_tokens of one sequence at positions start_pos.. into KV slot `slot`.
     // logits: [n_tokens, vocab] when all_logits, else [1, vocab] for the last token; nullptr

@@ -93,9 +93,11 @@ void bind_cpu_ops(py::module_& m) {
 
     ops.def("attention", [](const py::object& q, const py::object& k_cache, const py::object& v_cache,
                             const py::object& positions, int n_heads, int n_kv_heads, int head_dim,
-                            const py::object& out) {
+                            const py::object& out, const py::object& block_table, int block_size) {
         if (n_heads < 1 || n_kv_heads < 1 || head_dim < 1 || n_heads % n_kv_heads)
             bad_argument("need n_heads a positive multiple of n_kv_heads >= 1 and head_dim >= 1");
+        if (block_size < 1 || (block_size & (block_size - 1)))
+            bad_argument("block_size must be a power of two, got " + std::to_string(block_size));
         auto qa = checked_array<float>(q, "q", {-1, (py::ssize_t)n_heads * head_dim},
                                        "float32 array of shape (M, n_heads*head_dim)");
         const py::ssize_t M = qa.shape(0);
@@ -105,22 +107,38 @@ void bind_cpu_ops(py::module_& m) {
         auto va = checked_array<float>(v_cache, "v_cache", {S, (py::ssize_t)n_kv_heads * head_dim},
                                        "float32 array shaped like k_cache");
         auto pos = checked_array<int32_t>(positions, "positions", {M}, "int32 array of shape (M,)");
+        // The pool's blocks in position order: the given table, else the cache rows as they lie.
+        std::vector<int32_t> table;
+        if (block_table.is_none()) {
+            for (py::ssize_t b = 0; b < CEIL_DIV(S, (py::ssize_t)block_size); ++b) table.push_back((int32_t)b);
+        } else {
+            auto t = checked_array<int32_t>(block_table, "block_table", {-1}, "int32 array of shape (n_blocks,)");
+            table.assign(t.data(), t.data() + t.shape(0));
+            for (size_t i = 0; i < table.size(); ++i)
+                if (table[i] < 0 || ((py::ssize_t)table[i] + 1) * block_size > S)
+                    bad_argument("block_table[" + std::to_string(i) + "] = " + std::to_string(table[i]) +
+                                 " is not a whole block of the cache's " + std::to_string(S) + " rows");
+        }
+        const py::ssize_t covered = std::min((py::ssize_t)table.size() * block_size, S);
         for (py::ssize_t i = 0; i < M; ++i)
-            if (pos.data()[i] < 0 || pos.data()[i] >= S)
+            if (pos.data()[i] < 0 || pos.data()[i] >= covered)
                 bad_argument("positions[" + std::to_string(i) + "] = " + std::to_string(pos.data()[i]) +
-                             " is outside the cache [0, " + std::to_string(S) + ")");
+                             " is outside the cache [0, " + std::to_string(covered) + ")");
         auto y = output_array(out, M, (py::ssize_t)n_heads * head_dim);
         const std::vector<int32_t> slots(M, 0);
+        const brrr::KvPages pages{table.data(), (int)table.size(), block_size};
         const float *qp = qa.data(), *kp = ka.data(), *vp = va.data();
         const int32_t* pp = pos.data();
         float* yp = y.mutable_data();
         py::gil_scoped_release release;
-        brrr::cpu::attention(qp, n_heads * head_dim, kp, vp, 0, n_kv_heads * head_dim, slots.data(), pp,
+        brrr::cpu::attention(qp, n_heads * head_dim, kp, vp, pages, n_kv_heads * head_dim, slots.data(), pp,
                              yp, (int)M, n_heads, n_kv_heads, head_dim);
         return y;
     }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("positions"), py::arg("n_heads"),
        py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("out") = py::none(),
-       "causal GQA attention: row m attends to cache rows [0, positions[m]]");
+       py::arg("block_table") = py::none(), py::arg("block_size") = 16,
+       "causal GQA attention: row m attends to cache positions [0, positions[m]]; position p is "
+       "cache row block_table[p / block_size] * block_size + p % block_size (default: row p)");
 
     ops.def("swiglu", [](const py::object& h13, const py::object& out) {
         auto ha = checked_array<float>(h13, "h13", {-1, -1}, "float32 array of shape (M, 2H)");

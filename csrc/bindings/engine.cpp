@@ -91,6 +91,11 @@ brrr::Config config_from_dict(const py::dict& d) {
         c.rope_high_freq_factor = d["rope_high_freq_factor"].cast<float>();
         c.rope_original_max_pos = as_int("rope_original_max_pos");
         c.tie_embeddings = d["tie_embeddings"].cast<bool>();
+        // The KV pool's keys are optional: the defaults give every slot its max_seq_len.
+        if (d.contains("kv_block_size")) c.kv_block_size = as_int("kv_block_size");
+        if (d.contains("kv_blocks")) c.kv_blocks = as_int("kv_blocks");
+        if (d.contains("gpu_memory_utilization"))
+            c.gpu_memory_utilization = d["gpu_memory_utilization"].cast<float>();
     } catch (const py::cast_error&) {
         bad_argument("engine config has a value of the wrong type: ints for sizes, floats for "
                      "norm_eps/rope_*, bool for tie_embeddings");
@@ -122,6 +127,9 @@ py::dict config_to_dict(const brrr::Config& c) {
     d["rope_high_freq_factor"] = c.rope_high_freq_factor;
     d["rope_original_max_pos"] = c.rope_original_max_pos;
     d["tie_embeddings"] = c.tie_embeddings;
+    d["kv_block_size"] = c.kv_block_size;
+    d["kv_blocks"] = c.kv_blocks;
+    d["gpu_memory_utilization"] = c.gpu_memory_utilization;
     return d;
 }
 
@@ -273,6 +281,30 @@ void bind_engine(py::module_& m) {
             self.impl->init_random(seed, std);
         });
     }, py::arg("seed"), py::arg("std") = 0.02f);
+
+    engine_cls.def("set_block_table", [](PyEngine& self, int64_t slot, const py::object& blocks) {
+        auto ids = checked_array<int32_t>(blocks, "blocks", {-1}, "int32 array of shape (n,)");
+        const int32_t* b = ids.data();
+        const int n = saturate_int(ids.shape(0)), row = saturate_int(slot);
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.impl->set_block_table(row, b, n);
+        });
+    }, py::arg("slot"), py::arg("blocks"),
+       "The KV blocks of slot `slot`, in position order (block i holds positions "
+       "[i * kv_block_size, (i + 1) * kv_block_size)); the rest of the slot has none.");
+
+    engine_cls.def("set_history", [](PyEngine& self, int64_t slot, int64_t start_pos, const py::object& tokens) {
+        auto tok = checked_array<int32_t>(tokens, "tokens", {-1}, "int32 array of shape (n,)");
+        const int32_t* t = tok.data();
+        const int n = saturate_int(tok.shape(0)), row = saturate_int(slot), first = saturate_int(start_pos);
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            self.impl->set_history(row, first, t, n);
+        });
+    }, py::arg("slot"), py::arg("start_pos"), py::arg("tokens"),
+       "Records tokens at positions start_pos.. of slot `slot` for the repetition penalty (for "
+       "positions whose KV a prefill did not compute: shared prefix blocks).");
 
     engine_cls.def("prefill", [](PyEngine& self, int64_t slot, const py::object& tokens,
                                  int64_t start_pos, const std::string& logits) -> py::object {

@@ -76,6 +76,23 @@ void normal_pair(uint64_t key, uint64_t pair, float* z0, float* z1) {
     *z1 = (float)(radius * std::sin(angle));
 }
 
+// kv_blocks = 0: enough blocks to fill every slot to max_seq_len. Block ids are ints: a pool
+// (or a table) of 2^31 blocks is far beyond any host's memory, so it is reported as such.
+Config with_kv_blocks(Config c) {
+    c.validate();
+    const int64_t table_entries = (int64_t)c.max_batch * c.blocks_per_seq();
+    if (table_entries >= (int64_t)1 << 31) {
+        brrr::Message s;
+        s << where(__FILE__, __LINE__) << "out of host memory: "
+          << (double)table_entries * c.kv_block_size * 2 * c.n_layers * c.kv_dim() * 4
+          << " bytes of KV cache for max_seq_len " << c.max_seq_len << " x max_batch " << c.max_batch
+          << "; lower max_seq_len or max_batch (the KV cache grows with both)";
+        throw OutOfMemory(s.str());
+    }
+    if (c.kv_blocks == 0) c.kv_blocks = (int)table_entries;
+    return c;
+}
+
 }  // namespace
 
 // ---- construction -----------------------------------------------------------------------------
@@ -84,11 +101,12 @@ void normal_pair(uint64_t key, uint64_t pair, float* z0, float* z1) {
 // the machine would construct fine and be killed later, mid-prompt. Refuse it up front instead.
 void CpuEngine::check_fits_in_ram(size_t weight_bytes) const {
     const Config& c = cfg_;
-    const size_t kv_bytes = 2 * (size_t)c.max_batch * c.n_layers * c.max_seq_len * c.kv_dim() * sizeof(float);
+    const size_t kv_bytes = 2 * (size_t)c.n_layers * c.kv_blocks * c.kv_block_size * c.kv_dim() * sizeof(float);
     const size_t scratch_bytes =
         (size_t)rows_cap_ * (2 * c.dim + c.qkv_dim() + c.q_dim() + 3 * c.hidden_dim) * sizeof(float) +
         (size_t)c.max_batch * c.vocab_size * (sizeof(float) + 2 * sizeof(float)) +
-        (size_t)c.max_batch * c.max_seq_len * sizeof(int32_t);
+        (size_t)c.max_batch * c.max_seq_len * sizeof(int32_t) +
+        (size_t)c.max_batch * c.blocks_per_seq() * sizeof(int32_t);
     const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || page_size <= 0) return;  // unknown: let the allocations decide
     const size_t ram = (size_t)pages * (size_t)page_size;
@@ -106,7 +124,7 @@ void CpuEngine::check_fits_in_ram(size_t weight_bytes) const {
 
 CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads,
                      const std::unordered_map<std::string, int>& quant_types)
-    : cfg_(config), wdtype_(weight_dtype) {
+    : cfg_(with_kv_blocks(config)), wdtype_(weight_dtype) {
     cfg_.validate();
     BRRR_CHECK(weight_dtype == DType::F32 || weight_dtype == DType::BF16,
                "the CPU engine stores weights as f32 or bf16, not " << dtype_name(weight_dtype));
@@ -221,7 +239,8 @@ CpuEngine::CpuEngine(const Config& config, DType weight_dtype, int n_threads,
         }
     }
 
-    const size_t cache_elems = (size_t)c.max_batch * c.n_layers * c.max_seq_len * c.kv_dim();
+    const size_t cache_elems = (size_t)c.n_layers * c.kv_blocks * c.kv_block_size * c.kv_dim();
+    block_tables_ = BlockTables(c);
     k_cache_ = HostBuffer<float>(cache_elems, "the KV cache (keys)", kHugePage);
     v_cache_ = HostBuffer<float>(cache_elems, "the KV cache (values)", kHugePage);
     history_ = HostBuffer<int32_t>((size_t)c.max_batch * c.max_seq_len, "the token history");
@@ -410,8 +429,8 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
     const Config& c = cfg_;
     const int D = c.dim, H = c.hidden_dim, hd = c.head_dim, half = c.head_dim / 2;
     const int q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = c.qkv_dim();
-    const size_t slot_stride = (size_t)c.n_layers * c.max_seq_len * kv_dim;
-    const size_t layer_stride = (size_t)c.max_seq_len * kv_dim;
+    const size_t layer_stride = (size_t)c.kv_blocks * c.kv_block_size * kv_dim;
+    const KvPages pages = block_tables_.view();
     float* x = x_.data();
     float* xb = xb_.data();
     float* qkv = qkv_.data();
@@ -453,16 +472,16 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
         prof_.op("rope", profile::OpClass::Elementwise, profile::elementwise_cost(6.0 * M * (q_dim + kv_dim) / 2, 8.0 * M * (q_dim + kv_dim)));
         rope(qkv, M, qkv_dim, c.n_heads, hd, rope_cos_.data(), rope_sin_.data());
         rope(qkv + q_dim, M, qkv_dim, c.n_kv_heads, hd, rope_cos_.data(), rope_sin_.data());
-        // k and v of each row into its slot's cache at its position
+        // k and v of each row into its slot's block at its position
         prof_.op("kv_append", profile::OpClass::Copy, profile::copy_cost(2.0 * M * kv_dim * 4));
         for (int m = 0; m < M; ++m) {
-            const size_t at = slots[m] * slot_stride + (size_t)positions[m] * kv_dim;
+            const size_t at = (size_t)pages.row(slots[m], positions[m]) * kv_dim;
             std::memcpy(k_cache + at, qkv + (size_t)m * qkv_dim + q_dim, kv_dim * sizeof(float));
             std::memcpy(v_cache + at, qkv + (size_t)m * qkv_dim + q_dim + kv_dim, kv_dim * sizeof(float));
         }
         // causal GQA attention over the cache
         prof_.op("attention", profile::OpClass::Attention, attention_cost);
-        attention(qkv, qkv_dim, k_cache, v_cache, slot_stride, kv_dim, slots, positions, att, M,
+        attention(qkv, qkv_dim, k_cache, v_cache, pages, kv_dim, slots, positions, att, M,
                   c.n_heads, c.n_kv_heads, hd);
         // output projection, added to the residual stream
         prof_.op("wo", profile::OpClass::Matmul, profile::matmul_cost(M, D, q_dim, wb(L.wo), 4, 8));
@@ -512,6 +531,7 @@ void CpuEngine::begin_call() const {
 void CpuEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
                         float* logits, bool all_logits) {
     check_prefill_args(cfg_, slot, tokens, n_tokens, start_pos);
+    block_tables_.check_covered(slot, 0, start_pos + n_tokens, "prefill");
     BRRR_CHECK(!all_logits || logits, "prefill: all_logits needs an output buffer");
     check_all_weights_set();
     begin_call();
@@ -545,6 +565,7 @@ void CpuEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start
 void CpuEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                        int batch, float* logits) {
     check_decode_args(cfg_, tokens, slots, positions, batch, 1);
+    for (int i = 0; i < batch; ++i) block_tables_.check_covered(slots[i], 0, positions[i] + 1, "decode");
     check_all_weights_set();
     begin_call();
 
@@ -556,6 +577,15 @@ void CpuEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_
     last_rows_ = batch;
     if (logits)
         std::memcpy(logits, last_logits_.data(), (size_t)batch * cfg_.vocab_size * sizeof(float));
+}
+
+void CpuEngine::set_block_table(int slot, const int32_t* blocks, int n) {
+    block_tables_.set(slot, blocks, n);
+}
+
+void CpuEngine::set_history(int slot, int start_pos, const int32_t* tokens, int n) {
+    check_history_args(cfg_, slot, start_pos, tokens, n);
+    std::copy(tokens, tokens + n, history_.data() + (size_t)slot * cfg_.max_seq_len + start_pos);
 }
 
 void CpuEngine::sample(const int32_t* slots, const int32_t* positions,

@@ -10,7 +10,8 @@
 //   GGUF block format (quant.h) named in the constructor's quant_types, rows of row_bytes. A fused
 //   matrix (wqkv = wq|wk|wv, w13 = w1|w3) is its pieces back to back, run as one part per run of
 //   pieces that share a type, each part written into its own column range of the output.
-//   KV cache   k, v fp32 [max_batch][n_layers][max_seq_len][kv_dim]
+//   KV cache   k, v fp32 [n_layers][kv_blocks * kv_block_size][kv_dim]: a pool of blocks, slot s's
+//              position p in block block_tables_[s][p / kv_block_size] (model.h, KvPages)
 //   history    int32 [max_batch][max_seq_len], the token at each position (-1 = never written)
 //   scratch    activations for kRowsCap rows: prompts are run in chunks of at most that many
 //              tokens, decode batches are at most max_batch <= kRowsCap rows
@@ -74,6 +75,8 @@ public:
 
     void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos, float* logits,
                  bool all_logits) override;
+    void set_block_table(int slot, const int32_t* blocks, int n) override;
+    void set_history(int slot, int start_pos, const int32_t* tokens, int n) override;
     void decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int batch,
                 float* logits) override;
     void sample(const int32_t* slots, const int32_t* positions, const SamplingParams* params,
@@ -159,7 +162,8 @@ private:
     std::vector<int64_t> rows_filled_;  // [names_.size()] rows of blocks received so far
     bool all_set_ = false;
 
-    HostBuffer<float> k_cache_, v_cache_;  // [max_batch][n_layers][max_seq_len][kv_dim]
+    HostBuffer<float> k_cache_, v_cache_;  // [n_layers][kv_blocks * kv_block_size][kv_dim]
+    BlockTables block_tables_;              // [max_batch][blocks_per_seq]
     HostBuffer<int32_t> history_;          // [max_batch][max_seq_len]
 
     HostBuffer<float> x_;       // [rows_cap, dim]       residual stream

@@ -149,29 +149,33 @@ static void block_accumulate(float* o, const float* p, const float* values, int 
 }
 
 void attention(const float* q, int q_stride, const float* k_cache, const float* v_cache,
-               size_t slot_stride, int kv_stride, const int32_t* slots,
+               const KvPages& pages, int kv_stride, const int32_t* slots,
                const int32_t* positions, float* out, int M, int n_heads, int n_kv_heads,
                int head_dim) {
     const int group = n_heads / n_kv_heads;
     const float scale = 1.0f / std::sqrt((float)head_dim);
     const float neg_inf = -std::numeric_limits<float>::infinity();
 
-    // Query head h of row m, online softmax over blocks of keys.
+    // Query head h of row m, online softmax over blocks of kKeyBlock keys; a key block spans
+    // whole cache blocks or lies inside one (both sizes are powers of two), so it is read as runs
+    // of rows contiguous in the pool.
     auto attend = [&](int m, int h) {
         const float* qh = q + (size_t)m * q_stride + (size_t)h * head_dim;
-        const size_t head_offset = (size_t)slots[m] * slot_stride + (size_t)(h / group) * head_dim;
-        const float* keys = k_cache + head_offset;
-        const float* values = v_cache + head_offset;
+        const size_t head_offset = (size_t)(h / group) * head_dim;
         float* o = out + ((size_t)m * n_heads + h) * head_dim;
         std::fill(o, o + head_dim, 0.f);
 
         const int n_keys = positions[m] + 1;
+        const int run = std::min(kKeyBlock, pages.block_size);
         float running_max = neg_inf, running_sum = 0.f;
         float scores[kKeyBlock];
         for (int p0 = 0; p0 < n_keys; p0 += kKeyBlock) {
             const int n_block = std::min(kKeyBlock, n_keys - p0);
-            block_scores(qh, keys + (size_t)p0 * kv_stride, kv_stride, n_block, head_dim, scale,
-                         scores);
+            for (int i = 0; i < n_block; i += run) {
+                const size_t at = (size_t)pages.row(slots[m], p0 + i) * kv_stride + head_offset;
+                block_scores(qh, k_cache + at, kv_stride, std::min(run, n_block - i), head_dim, scale,
+                             scores + i);
+            }
             const float new_max = std::max(running_max, max_value(scores, n_block));
             if (new_max > running_max && running_sum > 0.f) {
                 const float correction = std::exp(running_max - new_max);
@@ -179,8 +183,11 @@ void attention(const float* q, int q_stride, const float* k_cache, const float* 
                 scale_add(o, correction, 0.f, o, head_dim);
             }
             running_sum += exp_shifted(scores, n_block, new_max);
-            block_accumulate(o, scores, values + (size_t)p0 * kv_stride, kv_stride, n_block,
-                             head_dim);
+            for (int i = 0; i < n_block; i += run) {
+                const size_t at = (size_t)pages.row(slots[m], p0 + i) * kv_stride + head_offset;
+                block_accumulate(o, scores + i, v_cache + at, kv_stride, std::min(run, n_block - i),
+                                 head_dim);
+            }
             running_max = new_max;
         }
         scale_add(o, 1.f / running_sum, 0.f, o, head_dim);

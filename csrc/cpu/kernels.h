@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "model.h"
 
 namespace brrr {
 namespace cpu {
@@ -30,12 +31,12 @@ void rope_tables(const int32_t* positions, const float* inv_freq, int M, int hal
 void rope(float* x, int M, int stride, int n_heads, int head_dim, const float* cos,
           const float* sin);
 
-// Causal attention of M query rows over a KV cache, GQA, fp32 softmax, scale 1/sqrt(head_dim).
-// Row m reads keys/values at positions [0, positions[m]] of slot slots[m]:
-//   key (slot s, position p, kv head g) = k_cache + s*slot_stride + p*kv_stride + g*head_dim.
+// Causal attention of M query rows over a paged KV cache, GQA, fp32 softmax, scale
+// 1/sqrt(head_dim). Row m reads keys/values at positions [0, positions[m]] of slot slots[m]:
+//   key (slot s, position p, kv head g) = k_cache + pages.row(s, p)*kv_stride + g*head_dim.
 // q [M, n_heads*head_dim] with row stride q_stride; out [M, n_heads*head_dim] (packed).
 void attention(const float* q, int q_stride, const float* k_cache, const float* v_cache,
-               size_t slot_stride, int kv_stride, const int32_t* slots,
+               const KvPages& pages, int kv_stride, const int32_t* slots,
                const int32_t* positions, float* out, int M, int n_heads, int n_kv_heads,
                int head_dim);
 
