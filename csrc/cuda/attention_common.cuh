@@ -36,22 +36,19 @@ constexpr int kPreThreads = 32 * kPreWarps;
 
 struct PrefillArgs {
     const bf16* q;
-    const bf16* k_cache;
-    const bf16* v_cache;
+    KvCache kv;
     bf16* out;
-    int slot, start_pos, T, n_heads, n_kv_heads, group, max_seq;
+    int slot, start_pos, T, n_heads, n_kv_heads, group;
     float scale_log2;
     bool heads_fast;  // grid x = head, y = query tile (else x = query tile, y = head)
 };
 
 // The kernel's arguments, with the grid order the launcher picks (see heads_fast).
-inline PrefillArgs prefill_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
-                                int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
-                                int max_seq) {
+inline PrefillArgs prefill_args(const bf16* q, const KvCache& kv, int slot, int start_pos, int T, bf16* out,
+                                int n_heads, int n_kv_heads, int head_dim) {
     PrefillArgs a{};
     a.q = q;
-    a.k_cache = k_cache;
-    a.v_cache = v_cache;
+    a.kv = kv;
     a.out = out;
     a.slot = slot;
     a.start_pos = start_pos;
@@ -59,7 +56,6 @@ inline PrefillArgs prefill_args(const bf16* q, const bf16* k_cache, const bf16* 
     a.n_heads = n_heads;
     a.n_kv_heads = n_kv_heads;
     a.group = n_heads / n_kv_heads;
-    a.max_seq = max_seq;
     a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
     // Heads fastest puts every head's longest query tiles in the first wave (the short ones fill
     // the tail), unless the K/V the first wave reads, every KV head's whole sequence, would not
@@ -76,18 +72,39 @@ inline dim3 prefill_grid(const PrefillArgs& a) {
 }
 
 // The checks both entry points make; false when there is nothing to do (T = 0).
-inline bool check_prefill(const char* op, const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
-                          int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq) {
+// The block table, on both sides: the kernels read it on the device; positions must be covered.
+inline void check_kv_cache(const char* op, const KvCache& kv) {
+    BRRR_CHECK(kv.k && kv.v && kv.pages.table, op << ": the k and v caches and their block table must be device pointers");
+    BRRR_CHECK(kv.n_blocks >= 1, op << ": the KV pool has no blocks (n_blocks=" << kv.n_blocks << ")");
+    BRRR_CHECK(util::aligned_to(kv.k, 16) && util::aligned_to(kv.v, 16),
+               op << ": the k and v caches must be 16-byte aligned (rows are read 16 bytes at a time)");
+    BRRR_CHECK(kv.pages.block_size >= 16 && kv.pages.block_size <= 128 &&
+                   (kv.pages.block_size & (kv.pages.block_size - 1)) == 0 &&
+                   (int64_t)kv.pages.blocks_per_seq * kv.pages.block_size >= kv.max_seq,
+               op << ": the block table must cover max_seq=" << kv.max_seq << " positions in blocks of 16, 32, 64 "
+                     "or 128; got " << kv.pages.blocks_per_seq << " blocks of " << kv.pages.block_size);
+}
+
+inline bool check_prefill(const char* op, const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot,
+                          int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim) {
+    const int max_seq = kv.max_seq;
     check_attention_shapes(op, n_heads, n_kv_heads, head_dim, max_seq);
+    check_kv_cache(op, kv);
     BRRR_CHECK(T >= 0 && start_pos >= 0 && (int64_t)start_pos + T <= max_seq,
                op << ": tokens [start_pos, start_pos + T) = [" << start_pos << ", " << (int64_t)start_pos + T
                   << ") must lie in the cache of max_seq=" << max_seq);
     BRRR_CHECK(slot >= 0, op << ": slot must be >= 0, got " << slot);
-    BRRR_CHECK(q && k_cache && v_cache && out, op << ": q, k_cache, v_cache and out must be device pointers");
-    BRRR_CHECK(util::aligned_to(q, 16) && util::aligned_to(k_cache, 16) && util::aligned_to(v_cache, 16),
-               op << ": q, k_cache and v_cache must be 16-byte aligned");
+    BRRR_CHECK(q && out, op << ": q and out must be device pointers");
+    BRRR_CHECK(util::aligned_to(q, 16), op << ": q must be 16-byte aligned");
     BRRR_CHECK(util::aligned_to(out, 4), op << ": out must be 4-byte aligned");
-    return T > 0;
+    if (T == 0) return false;
+    BRRR_CHECK(slot_blocks, op << ": slot_blocks (the slot's table row, on the host) is null");
+    const int B = kv.pages.block_size;
+    for (int b = 0; b < CEIL_DIV(start_pos + T, B); ++b)
+        BRRR_CHECK(slot_blocks[b] >= 0 && slot_blocks[b] < kv.n_blocks,
+                   op << ": slot " << slot << " has no KV block for positions [" << b * B << ", " << (b + 1) * B
+                      << ") (table entry " << slot_blocks[b] << ", pool of " << kv.n_blocks << ")");
+    return true;
 }
 
 // The mma.sync prefill on any GPU from sm_80 (attention_prefill_sm80.cu); attention_prefill falls

@@ -1,8 +1,9 @@
 // attention_decode.cu — flash_decode: causal attention of one new token per sequence over its
 // bf16 KV cache, fp32 softmax statistics. Memory-bound: the KV bytes are the cost.
 //
-//   q [B, Hq, hd] bf16; one layer's caches k_cache / v_cache [max_batch][max_seq][Hkv][hd] bf16;
-//   out [B, Hq * hd] bf16. Sequence b sees cache positions [0, positions[b]] of slot slots[b].
+//   q [B, Hq, hd] bf16; one layer's paged cache kv (ops.h KvCache: k, v [n_blocks * block_size]
+//   [Hkv][hd] bf16, position p of slot s at row kv.pages.row(s, p)); out [B, Hq * hd] bf16.
+//   Sequence b sees cache positions [0, positions[b]] of slot slots[b].
 //   GQA: query head h reads KV head h / (Hq / Hkv). Scores are scaled by log2(e) / sqrt(hd).
 //
 // Grid (split, KV head x head block, sequence), one launch. A CTA owns one chunk of ONE KV head's
@@ -38,16 +39,15 @@ size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_spl
     return (size_t)B * decode_seq_floats(n_heads, head_dim, max_splits);
 }
 
-void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots,
-                  const int* positions, bf16* out, float* scratch, int B, int n_heads,
-                  int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream) {
-    check_attention_shapes("flash_decode", n_heads, n_kv_heads, head_dim, max_seq);
+void flash_decode(const bf16* q, const KvCache& kv, const int* slots, const int* positions, bf16* out,
+                  float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_splits,
+                  cudaStream_t stream) {
+    check_attention_shapes("flash_decode", n_heads, n_kv_heads, head_dim, kv.max_seq);
+    check_kv_cache("flash_decode", kv);
     BRRR_CHECK(B >= 0 && B <= 65535, "flash_decode: batch B=" << B << " must be in [0, 65535]");
     BRRR_CHECK(max_splits >= 1, "flash_decode: max_splits must be >= 1, got " << max_splits);
-    BRRR_CHECK(q && k_cache && v_cache && slots && positions && out,
-               "flash_decode: q, k_cache, v_cache, slots, positions and out must be device pointers");
-    BRRR_CHECK(util::aligned_to(q, 16) && util::aligned_to(k_cache, 16) && util::aligned_to(v_cache, 16),
-               "flash_decode: q, k_cache and v_cache must be 16-byte aligned (rows are read 16 bytes a lane)");
+    BRRR_CHECK(q && slots && positions && out, "flash_decode: q, slots, positions and out must be device pointers");
+    BRRR_CHECK(util::aligned_to(q, 16), "flash_decode: q must be 16-byte aligned (rows are read 16 bytes a lane)");
     BRRR_CHECK(util::aligned_to(out, 2) && util::aligned_to(slots, 4) && util::aligned_to(positions, 4),
                "flash_decode: out (bf16) or slots/positions (int32) are misaligned");
     BRRR_CHECK(max_splits == 1 || scratch != nullptr,
@@ -55,8 +55,8 @@ void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const
                                            << "flash_decode_scratch_floats(); got null");
     if (B == 0) return;
 
-    launch_flash_decode(decode_args(q, k_cache, v_cache, slots, positions, out, scratch, B, n_heads,
-                                    n_kv_heads, head_dim, max_seq, max_splits),
+    launch_flash_decode(decode_args(q, kv, slots, positions, out, scratch, B, n_heads, n_kv_heads, head_dim,
+                                    max_splits),
                         B, head_dim, stream);
 }
 

@@ -23,13 +23,12 @@ constexpr int kDecChunkUnit = 64;
 
 struct DecodeArgs {
     const bf16* q;
-    const bf16* k_cache;
-    const bf16* v_cache;
+    KvCache kv;
     const int* slots;
     const int* positions;
     bf16* out;
     float* scratch;  // [B][seq_floats]: the per-sequence layout in attention_decode.cu
-    int n_heads, n_kv_heads, group, head_blocks, max_seq, n_splits, max_splits;
+    int n_heads, n_kv_heads, group, head_blocks, n_splits, max_splits;
     int min_chunk;   // fewest positions a split takes (tuning::kDecodeMinChunk)
     float scale_log2;
 };
@@ -196,7 +195,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     const int head0 = kvh * a.group + hb * GMAX;
 
     const int pos = __ldcg(a.positions + b);
-    const int len = pos < 0 ? 0 : min(pos + 1, a.max_seq);
+    const int len = pos < 0 ? 0 : min(pos + 1, a.kv.max_seq);
     const DecodeCut cut(len, a.min_chunk, a.n_splits);
     if (split >= cut.n) {
         pdl_wait();
@@ -221,11 +220,12 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     auto score_lane = [&](int g, int r) { return rg * kLanesPerRow + (g * kRows + r) * kReplicas; };
     auto head_lane = [&](int g) { return g * kRows * kReplicas; };
 
-    const size_t slot_base = (size_t)__ldcg(a.slots + b) * a.max_seq;
+    const int slot = __ldcg(a.slots + b);
     const int last = len - 1;  // this token's row, written by the kernel just before
     auto step_base = [&](int step) { return c0 + (step * kWarps + warp) * kStepRows; };
-    // Rows of a step into registers; rows at or past c1 are zeros. which: 0 every row, 1 every row
-    // but `last`, 2 only `last`.
+    // Rows of a step into registers; rows at or past c1, or without a block (the host checks
+    // coverage, so only a broken table), are zeros. which: 0 every row, 1 every row but `last`, 2
+    // only `last`.
     auto load_rows = [&](uint4 (&dst)[kRows], const bf16* cache, int base, int which) {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
@@ -235,7 +235,9 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
                 continue;
             }
             if ((which == 1 && p == last) || (which == 2 && p != last)) continue;
-            dst[r] = __ldcg(reinterpret_cast<const uint4*>(cache + ((slot_base + p) * a.n_kv_heads + kvh) * HD) + col);
+            const int64_t row = a.kv.pages.row(slot, p);
+            dst[r] = row < 0 ? make_uint4(0, 0, 0, 0)
+                             : __ldcg(reinterpret_cast<const uint4*>(cache + (row * a.n_kv_heads + kvh) * HD) + col);
         }
     };
 
@@ -243,13 +245,13 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     const bool any = step_base(0) < c1;
     // Every row but this token's is older than the kernel just before: load them before the wait.
     if (any) {
-        load_rows(kr, a.k_cache, step_base(0), 1);
-        load_rows(vrow, a.v_cache, step_base(0), 1);
+        load_rows(kr, a.kv.k, step_base(0), 1);
+        load_rows(vrow, a.kv.v, step_base(0), 1);
     }
     pdl_wait();
     if (any) {
-        load_rows(kr, a.k_cache, step_base(0), 2);
-        load_rows(vrow, a.v_cache, step_base(0), 2);
+        load_rows(kr, a.kv.k, step_base(0), 2);
+        load_rows(vrow, a.kv.v, step_base(0), 2);
     }
     // From tuning::kDecodeLateTriggerHeadDim on, the next kernel launches only as the CTAs exit.
     if constexpr (HD < tuning::kDecodeLateTriggerHeadDim) pdl_launch_dependents();
@@ -285,7 +287,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
                                       util::bf16_lo(k.w) * util::bf16_lo(q.w) + util::bf16_hi(k.w) * util::bf16_hi(q.w);
             }
         }
-        if (next < c1) load_rows(kr, a.k_cache, next, 0);  // K of this step is consumed
+        if (next < c1) load_rows(kr, a.kv.k, next, 0);  // K of this step is consumed
         float s = transpose_sum<kValues, kLanesPerRow>(vals, lane) * a.scale_log2;
         if (base + vr * kRowsPerLoad + rg >= c1) s = -INFINITY;
 
@@ -325,7 +327,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
                 for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(pg, v8[j], acc[g][j]);
             }
         }
-        if (next < c1) load_rows(vrow, a.v_cache, next, 0);
+        if (next < c1) load_rows(vrow, a.kv.v, next, 0);
     }
 
     // The row groups of a warp hold the same dims: add them, then combine the warps.
@@ -403,13 +405,12 @@ inline void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream)
 // Splits from shapes only (positions are on the device): tuning::kDecodeCtasPerSm CTAs per SM at
 // this batch (at least one split), never more than max_splits, kDecMaxSplits or 64-position
 // chunks of max_seq.
-inline DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots,
-                              const int* positions, bf16* out, float* scratch, int B, int n_heads,
-                              int n_kv_heads, int head_dim, int max_seq, int max_splits) {
+inline DecodeArgs decode_args(const bf16* q, const KvCache& kv, const int* slots, const int* positions, bf16* out,
+                              float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_splits) {
+    const int max_seq = kv.max_seq;
     DecodeArgs a;
     a.q = q;
-    a.k_cache = k_cache;
-    a.v_cache = v_cache;
+    a.kv = kv;
     a.slots = slots;
     a.positions = positions;
     a.out = out;
@@ -418,7 +419,6 @@ inline DecodeArgs decode_args(const bf16* q, const bf16* k_cache, const bf16* v_
     a.n_kv_heads = n_kv_heads;
     a.group = n_heads / n_kv_heads;
     a.head_blocks = CEIL_DIV(a.group, decode_gmax(a.group));
-    a.max_seq = max_seq;
     a.max_splits = max_splits;
     const int ctas_per_split = B * n_kv_heads * a.head_blocks;
     // Rounded down: the grid never spills past the CTAs the GPU holds at once.

@@ -2,8 +2,9 @@
 // path of every GPU from sm_80, and of Hopper builds without sm_90a.
 //
 //   T new tokens of one sequence (slot), their K/V already in the cache at start_pos..; q [T, Hq,
-//   hd] bf16, caches [max_batch][max_seq][Hkv][hd] bf16, out [T, Hq * hd] bf16. Query t sees
-//   cache positions [0, start_pos + t]; GQA as in decode; fp32 online softmax on exp2.
+//   hd] bf16, the layer's paged cache (ops.h KvCache), out [T, Hq * hd] bf16. Query t sees cache
+//   positions [0, start_pos + t]; GQA as in decode; fp32 online softmax on exp2. K/V rows are
+//   fetched one by one (cp.async), so each goes through the block table.
 //
 // Grid: a CTA owns 128 queries of one head (prefill_grid, attention_common.cuh); the longest query
 // tiles go first, heads fastest while the K/V the first wave reads fits in L2.
@@ -28,15 +29,14 @@ void launch_prefill_mma_sync(const PrefillArgs& a, int head_dim, cudaStream_t st
     else launch_prefill<128, 32>(a, grid, stream);
 }
 
-void attention_prefill_mma_sync(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
+void attention_prefill_mma_sync(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot,
                                 int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
-                                int max_seq, cudaStream_t stream) {
-    if (!check_prefill("attention_prefill_mma_sync", q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                       n_kv_heads, head_dim, max_seq))
+                                cudaStream_t stream) {
+    if (!check_prefill("attention_prefill_mma_sync", q, kv, slot_blocks, slot, start_pos, T, out, n_heads,
+                       n_kv_heads, head_dim))
         return;
-    launch_prefill_mma_sync(prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
-                                         head_dim, max_seq),
-                            head_dim, stream);
+    launch_prefill_mma_sync(prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim), head_dim,
+                            stream);
 }
 
 }  // namespace cuda

@@ -44,11 +44,10 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     const int kv_total = a.start_pos + a.T;                 // filled cache positions
     const int kv_end = a.start_pos + min(q0 + kRows, a.T);  // what this tile's last row sees
     const int n_tiles = CEIL_DIV(kv_end, KV);
-    const size_t slot_base = (size_t)a.slot * a.max_seq;
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
-    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
-    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
+    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.kv.k);
+    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.kv.v);
     for (int c = tid; c < kRows * HD / 8; c += kThreads) {
         const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
         const bool ok = q0 + r < a.T;
@@ -60,8 +59,9 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
         for (int c = tid; c < KV * HD / 8; c += kThreads) {
             const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
             const int p = p0 + r;
-            const bool ok = p < kv_total;
-            const size_t off = ((slot_base + (ok ? p : 0)) * a.n_kv_heads + kvh) * HD + col;
+            const int64_t row = p < kv_total ? a.kv.pages.row(a.slot, p) : -1;
+            const bool ok = row >= 0;  // else zeros (cp.async's zero fill), which masked positions meet
+            const size_t off = ((size_t)(ok ? row : 0) * a.n_kv_heads + kvh) * HD + col;
             ptx::cp_async_16(Kst + r * P + col, kbits + off, ok);
             ptx::cp_async_16(Vst + r * P + col, vbits + off, ok);
         }

@@ -3,7 +3,7 @@
 // sm_90a build) and the mma.sync kernel (attention_prefill_sm80.cu) elsewhere.
 //
 //   Shapes, causality and the grid as in attention_prefill_sm80.cu: a CTA owns 128 queries of one
-//   head; q [T, Hq, hd], caches [max_batch][max_seq][Hkv][hd], out [T, Hq * hd], all bf16.
+//   head; q [T, Hq, hd], the paged caches (ops.h KvCache), out [T, Hq * hd], all bf16.
 //
 // 384 threads: warpgroup 0 produces, warpgroups 1 and 2 consume 64 query rows each. One producer
 // thread issues the TMA copies of Q (once) and of each 128-position tile's K and V into a ring of
@@ -16,8 +16,11 @@
 //   O += P V     wgmma m64n{hd}k16 x 8 k-steps, P from registers (the S accumulators of positions
 //                16j..16j+15 are k-step j's A fragment), V MN-major from shared memory
 // and the two consumers never wait for each other, so one's softmax overlaps the other's MMAs.
-// Invariants: TMA zero-fills the rows past T and past the filled cache (the maps end there), so
-// nothing outside is read and masked positions meet zeros, not stale NaNs; a warpgroup releases
+// Paging: a K/V tile is 128 / block_size boxes, one per cache block, each at the row the block
+// table names; the block that holds the last filled position (and any past it) comes through a
+// tail map made on the host for this launch, which ends at that position.
+// Invariants: TMA zero-fills the rows past T and past the filled cache (the Q and tail maps end
+// there), so nothing outside is read and masked positions meet zeros, not stale NaNs; a warpgroup releases
 // the tiles past its last row unread; no wgmma is issued under a condition (ptxas would
 // serialize them all).
 // Kernel: attention_prefill_sm90.cuh. Measured alternatives: docs/kernels/attention.md.
@@ -26,20 +29,19 @@
 namespace brrr {
 namespace cuda {
 
-void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
-                       int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
-                       int max_seq, cudaStream_t stream) {
-    if (!check_prefill("attention_prefill", q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads,
-                       head_dim, max_seq))
+void attention_prefill(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos,
+                       int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
+    if (!check_prefill("attention_prefill", q, kv, slot_blocks, slot, start_pos, T, out, n_heads, n_kv_heads,
+                       head_dim))
         return;
-    const PrefillArgs a = prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                                       n_kv_heads, head_dim, max_seq);
+    const PrefillArgs a = prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim);
+    const int pool_rows = kv.n_blocks * kv.pages.block_size;
     if (!prefill_sm90_ready()) {
         launch_prefill_mma_sync(a, head_dim, stream);
     } else if (head_dim == 64) {
-        launch_prefill_sm90<64>(a, prefill_grid(a), stream);
+        launch_prefill_sm90<64>(a, slot_blocks, pool_rows, prefill_grid(a), stream);
     } else {
-        launch_prefill_sm90<128>(a, prefill_grid(a), stream);
+        launch_prefill_sm90<128>(a, slot_blocks, pool_rows, prefill_grid(a), stream);
     }
 }
 

@@ -163,7 +163,8 @@ __device__ __forceinline__ void wg_attend_tile(WgRows<HD>& st, const unsigned ch
 template <int HD>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     attention_prefill_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                                  const __grid_constant__ CUtensorMap v_map, PrefillArgs a) {
+                                  const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap k_tail,
+                                  const __grid_constant__ CUtensorMap v_tail, PrefillArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = Sm90Layout<HD>;
     constexpr int kBlocks = HD / 64;  // 64-wide column blocks per tile
@@ -198,9 +199,17 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
             hopper::prefetch_tensor_map(&q_map);
             hopper::prefetch_tensor_map(&k_map);
             hopper::prefetch_tensor_map(&v_map);
+            hopper::prefetch_tensor_map(&k_tail);
+            hopper::prefetch_tensor_map(&v_tail);
             hopper::mbarrier_arrive_expect_tx(q_full, L::kTileBytes);
 #pragma unroll
             for (int b = 0; b < kBlocks; ++b) hopper::tma_load_2d(Qs + b * kSwBlockBytes, &q_map, hq * HD + 64 * b, q0, q_full);
+            // A tile is kPreRows / block_size cache blocks, each its own box. The block holding the
+            // last filled position, and any past it, come through the tail maps, which end at that
+            // position: the rest of the box is TMA's zeros, never a stale row of the pool.
+            const int bs = a.kv.pages.block_size, per_tile = kPreRows / bs;
+            const int last_block = (a.start_pos + a.T - 1) / bs;
+            const int32_t* blocks = a.kv.pages.table + (size_t)a.slot * a.kv.pages.blocks_per_seq;
             int stage = 0;
             uint32_t phase = 0;
             for (int kt = 0; kt < n_tiles; ++kt) {
@@ -208,10 +217,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
                 unsigned char* k = ring + stage * L::kStageBytes;
                 unsigned char* v = k + L::kTileBytes;
                 hopper::mbarrier_arrive_expect_tx(full + stage, L::kStageBytes);
+                for (int j = 0; j < per_tile; ++j) {
+                    const int block = kt * per_tile + j;
+                    const bool tail = block >= last_block;
+                    const int row = tail ? 0 : blocks[block] * bs;
 #pragma unroll
-                for (int b = 0; b < kBlocks; ++b) {
-                    hopper::tma_load_2d(k + b * kSwBlockBytes, &k_map, kvh * HD + 64 * b, kt * kPreRows, full + stage);
-                    hopper::tma_load_2d(v + b * kSwBlockBytes, &v_map, kvh * HD + 64 * b, kt * kPreRows, full + stage);
+                    for (int b = 0; b < kBlocks; ++b) {
+                        const int off = b * kSwBlockBytes + j * bs * kSwRowBytes;
+                        hopper::tma_load_2d(k + off, tail ? &k_tail : &k_map, kvh * HD + 64 * b, row, full + stage);
+                        hopper::tma_load_2d(v + off, tail ? &v_tail : &v_map, kvh * HD + 64 * b, row, full + stage);
+                    }
                 }
                 if (++stage == kSm90Stages) {
                     stage = 0;
@@ -264,21 +279,26 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 // Whether this device runs attention_prefill_sm90_kernel (launch.cuh: Hopper and an sm_90a build).
 inline bool prefill_sm90_ready() { return runs_sm90a(attention_prefill_sm90_kernel<128>); }
 
-// Q as [T, Hq * hd]; this slot's K and V as [filled positions, Hkv * hd]; boxes of 64 x 128.
+// Q as [T, Hq * hd] in boxes of 128 x 64; the pool's K and V as [n_blocks * block_size, Hkv * hd]
+// in boxes of one block x 64, and the tail maps: the slot's last filled block, ending at the last
+// filled position (slot_blocks: the slot's table row on the host).
 template <int HD>
-void launch_prefill_sm90(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
-    const int kv_row = a.n_kv_heads * HD;
-    const size_t slot_offset = (size_t)a.slot * a.max_seq * kv_row;
-    const int kv_rows = a.start_pos + a.T;
-    const CUtensorMap q_map = hopper::make_tensor_map_sw128(a.q, a.T, a.n_heads * HD, kPreRows, "attention_prefill");
-    const CUtensorMap k_map =
-        hopper::make_tensor_map_sw128(a.k_cache + slot_offset, kv_rows, kv_row, kPreRows, "attention_prefill");
-    const CUtensorMap v_map =
-        hopper::make_tensor_map_sw128(a.v_cache + slot_offset, kv_rows, kv_row, kPreRows, "attention_prefill");
+void launch_prefill_sm90(const PrefillArgs& a, const int32_t* slot_blocks, int pool_rows, dim3 grid,
+                         cudaStream_t stream) {
+    const int kv_row = a.n_kv_heads * HD, bs = a.kv.pages.block_size;
+    const int last_block = (a.start_pos + a.T - 1) / bs;
+    const size_t tail_offset = (size_t)slot_blocks[last_block] * bs * kv_row;
+    const int tail_rows = a.start_pos + a.T - last_block * bs;
+    const char* op = "attention_prefill";
+    const CUtensorMap q_map = hopper::make_tensor_map_sw128(a.q, a.T, a.n_heads * HD, kPreRows, op);
+    const CUtensorMap k_map = hopper::make_tensor_map_sw128(a.kv.k, pool_rows, kv_row, bs, op);
+    const CUtensorMap v_map = hopper::make_tensor_map_sw128(a.kv.v, pool_rows, kv_row, bs, op);
+    const CUtensorMap k_tail = hopper::make_tensor_map_sw128(a.kv.k + tail_offset, tail_rows, kv_row, bs, op);
+    const CUtensorMap v_tail = hopper::make_tensor_map_sw128(a.kv.v + tail_offset, tail_rows, kv_row, bs, op);
     auto kernel = attention_prefill_sm90_kernel<HD>;
     constexpr size_t smem = Sm90Layout<HD>::bytes;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, kSm90Threads, smem, stream>>>(q_map, k_map, v_map, a);
+    kernel<<<grid, kSm90Threads, smem, stream>>>(q_map, k_map, v_map, k_tail, v_tail, a);
     CUDA_CHECK_LAUNCH("attention_prefill_sm90_kernel");
 }
 

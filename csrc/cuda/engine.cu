@@ -89,15 +89,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
         logit_rows_ = std::max(c.max_batch, kLogitRows);
         max_splits_ = layer_max_splits();
 
-        // Sizes first, in double too: an absurd max_seq_len must not wrap size_t into a small number.
-        const double kv_bytes_d = 4.0 * c.n_layers * c.max_batch * (double)c.max_seq_len * c.kv_dim();
-        if (!(kv_bytes_d < 1e18)) {
-            brrr::Message os;
-            os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_
-               << ": the KV cache alone would need " << kv_bytes_d << " bytes for max_seq_len "
-               << c.max_seq_len << " x max_batch " << c.max_batch << "; " << kShrinkAdvice;
-            throw OutOfMemory(os.str());
-        }
+        size_kv_pool();
         size_t weight_bytes = 0, kv_bytes = 0, other_bytes = 0;
         carve(nullptr, &weight_bytes, &kv_bytes, &other_bytes);
         const size_t total = weight_bytes + kv_bytes + other_bytes;
@@ -108,8 +100,9 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
             brrr::Message os;
             os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_
                << ": the engine needs " << total << " bytes (" << gib(total) << ": weights "
-               << gib(weight_bytes) << ", KV cache " << gib(kv_bytes) << " for max_seq_len "
-               << c.max_seq_len << " x max_batch " << c.max_batch << ", activations and scratch "
+               << gib(weight_bytes) << ", KV cache " << gib(kv_bytes) << " (" << c.kv_blocks << " blocks of "
+               << c.kv_block_size << " positions) for max_seq_len " << c.max_seq_len << " x max_batch "
+               << c.max_batch << ", activations and scratch "
                << gib(other_bytes) << ") but only " << free_device_bytes() << " bytes ("
                << gib(free_device_bytes()) << ") are free (" << cudaGetErrorString(err) << "); "
                << kShrinkAdvice;
@@ -133,6 +126,10 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
         const std::vector<float> inv_freq = rope_inv_freq(c);
         CUDA_CHECK(cudaMemcpyAsync(inv_freq_, inv_freq.data(), sizeof(float) * inv_freq.size(),
                                    cudaMemcpyHostToDevice, stream_));
+        block_tables_ = BlockTables(c);
+        tables_dirty_lo_ = 0;
+        tables_dirty_hi_ = c.max_batch;
+        upload_block_tables();
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     } catch (...) {
         release();
@@ -146,6 +143,46 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
     decode_warmed_.assign(c.max_batch + 1, false);
     decode_graphs_.assign(c.max_batch + 1, nullptr);
     prof_graphs_.resize(c.max_batch + 1);
+}
+
+// The pool: what the config asks for, else every slot's max_seq_len, or fewer blocks where those
+// would take the device past gpu_memory_utilization (counting what others already hold), as long
+// as one whole max_seq_len sequence fits.
+void CudaEngine::size_kv_pool() {
+    Config& c = cfg_;
+    const int64_t table_entries = (int64_t)c.max_batch * c.blocks_per_seq();
+    // Bytes of one block: k and v, every layer. Sizes in double first: an absurd max_seq_len must
+    // not wrap into a small number.
+    const double block_bytes = 2.0 * c.n_layers * c.kv_block_size * c.kv_dim() * sizeof(bf16);
+    const double want = c.kv_blocks > 0 ? (double)c.kv_blocks : (double)table_entries;
+    if (table_entries >= (int64_t)1 << 31 || !(want * block_bytes < 1e18)) {
+        brrr::Message os;
+        os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_ << ": the KV cache alone would need "
+           << want * block_bytes << " bytes for max_seq_len " << c.max_seq_len << " x max_batch " << c.max_batch
+           << "; " << kShrinkAdvice;
+        throw OutOfMemory(os.str());
+    }
+    if (c.kv_blocks > 0) return;
+    c.kv_blocks = (int)table_entries;
+    size_t weight_bytes = 0, kv_bytes = 0, other_bytes = 0;
+    carve(nullptr, &weight_bytes, &kv_bytes, &other_bytes);
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const double budget = c.gpu_memory_utilization * (double)total_b - (double)(total_b - free_b);
+    const double fixed = (double)(weight_bytes + other_bytes) + (double)kv_bytes - c.kv_blocks * block_bytes;
+    if (fixed + c.kv_blocks * block_bytes <= budget) return;
+    const double fit = std::floor((budget - fixed) / block_bytes);
+    if (fit < c.blocks_per_seq()) {
+        brrr::Message os;
+        os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_ << ": after the weights ("
+           << gib(weight_bytes) << ") and buffers (" << gib(other_bytes) << "), gpu_memory_utilization "
+           << c.gpu_memory_utilization << " of " << gib(total_b) << " (" << gib(total_b - free_b)
+           << " already in use) leaves room for " << std::max(0.0, fit) << " KV blocks of " << c.kv_block_size
+           << " positions, fewer than one max_seq_len=" << c.max_seq_len << " sequence needs ("
+           << c.blocks_per_seq() << "); raise gpu_memory_utilization, " << kShrinkAdvice;
+        throw OutOfMemory(os.str());
+    }
+    c.kv_blocks = (int)fit;
 }
 
 void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes) {
@@ -221,9 +258,10 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     }
     *weights_bytes = a.offset;
 
-    kv_layer_elems_ = (size_t)c.max_batch * c.max_seq_len * c.kv_dim();
+    kv_layer_elems_ = (size_t)c.kv_blocks * c.kv_block_size * c.kv_dim();
     k_cache_ = a.take<bf16>(kv_layer_elems_ * c.n_layers);
     v_cache_ = a.take<bf16>(kv_layer_elems_ * c.n_layers);
+    d_block_tables_ = a.take<int32_t>((size_t)c.max_batch * c.blocks_per_seq());
     history_ = a.take<int>((size_t)c.max_batch * c.max_seq_len);
     *kv_bytes = a.offset - *weights_bytes;
 
@@ -539,12 +577,40 @@ void CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots,
     CUDA_CHECK(cudaEventRecord(inputs_uploaded_, stream_));
 }
 
+void CudaEngine::set_block_table(int slot, const int32_t* blocks, int n) {
+    block_tables_.set(slot, blocks, n);
+    if (tables_dirty_lo_ == tables_dirty_hi_) tables_dirty_lo_ = tables_dirty_hi_ = slot;
+    tables_dirty_lo_ = std::min(tables_dirty_lo_, slot);
+    tables_dirty_hi_ = std::max(tables_dirty_hi_, slot + 1);
+}
+
+void CudaEngine::upload_block_tables() {
+    if (tables_dirty_lo_ == tables_dirty_hi_) return;
+    const size_t row = cfg_.blocks_per_seq();
+    // From pageable memory: the copy is staged before the call returns, so the host rows may
+    // change again at once.
+    CUDA_CHECK(cudaMemcpyAsync(d_block_tables_ + tables_dirty_lo_ * row, block_tables_.data() + tables_dirty_lo_ * row,
+                               sizeof(int32_t) * row * (tables_dirty_hi_ - tables_dirty_lo_),
+                               cudaMemcpyHostToDevice, stream_));
+    tables_dirty_lo_ = tables_dirty_hi_ = 0;
+}
+
+void CudaEngine::set_history(int slot, int start_pos, const int32_t* tokens, int n) {
+    check_history_args(cfg_, slot, start_pos, tokens, n);
+    if (n == 0) return;
+    activate();
+    CUDA_CHECK(cudaMemcpyAsync(history_ + (size_t)slot * cfg_.max_seq_len + start_pos, tokens, sizeof(int32_t) * n,
+                               cudaMemcpyHostToDevice, stream_));
+}
+
 void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
                          float* logits, bool all_logits) {
     check_prefill_args(cfg_, slot, tokens, n_tokens, start_pos);
+    block_tables_.check_covered(slot, 0, start_pos + n_tokens, "prefill");
     BRRR_CHECK(!all_logits || logits, "prefill: all_logits needs an output buffer");
     require_weights();
     activate();
+    upload_block_tables();
 
     prof_.set_phase(profile::Phase::Prefill);
     const int V = cfg_.vocab_size;
@@ -588,8 +654,10 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
 void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                         int batch, float* logits) {
     check_decode_args(cfg_, tokens, slots, positions, batch, 1);
+    for (int i = 0; i < batch; ++i) block_tables_.check_covered(slots[i], 0, positions[i] + 1, "decode");
     require_weights();
     activate();
+    upload_block_tables();
 
     logits_valid_rows_ = 0;
     prof_.set_phase(profile::Phase::Decode);
@@ -781,10 +849,13 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
                               const SamplingParams* params, const uint64_t* steps, int batch,
                               int n_steps, int32_t* out_tokens, float* out_logprobs) {
     check_decode_args(cfg_, tokens, slots, positions, batch, n_steps);
+    for (int i = 0; i < batch; ++i)
+        block_tables_.check_covered(slots[i], 0, positions[i] + n_steps, "decode_steps");
     BRRR_CHECK(params && steps && out_tokens && out_logprobs,
                "decode_steps: null params, steps or output pointer");
     require_weights();
     activate();
+    upload_block_tables();
 
     logits_valid_rows_ = 0;
     stage_inputs(tokens, slots, positions, batch);

@@ -8,7 +8,9 @@
 //                              (wq|wk|wv), wo [D, Hq hd], w13 [2 H, D] (w1 gate | w3 up), w2 [D, H]
 //                   each matrix bf16, or in the quantized tiles of qlayout.h where quant_types
 //                   names it (a Matrix of parts: one per run of pieces of one storage type)
-//   KV cache (bf16) k, v: [n_layers][max_batch][max_seq][Hkv][hd]
+//   KV cache (bf16) k, v: [n_layers][kv_blocks * kv_block_size][Hkv][hd], a pool of blocks; slot
+//                   s's position p in block tables[s][p / kv_block_size] (model.h KvPages)
+//   block tables    i32 [max_batch][blocks_per_seq], mirrored on the host (block_tables_)
 //   history (i32)   [max_batch][max_seq]: the tokens each slot has seen (repetition penalty)
 //   activations     rows = max(max_batch, prefill chunk): x f32 [rows, D], xn bf16 [rows, D],
 //                   qkv f32 [rows, qkv_dim], q, att bf16 [rows, Hq hd], hb bf16 [rows, H]
@@ -105,6 +107,8 @@ public:
                            const std::vector<int64_t>& shape, int64_t first_row) override;
     void get_weight(const std::string& name, float* dst) const override;
     void init_random(uint64_t seed, float std) override;
+    void set_block_table(int slot, const int32_t* blocks, int n) override;
+    void set_history(int slot, int start_pos, const int32_t* tokens, int n) override;
     void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos, float* logits,
                  bool all_logits) override;
     void decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int batch,
@@ -169,6 +173,21 @@ private:
     void require_weights() const;
     void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                       int rows);
+    // kv_blocks = 0: as many blocks as fill every slot, or as fit under gpu_memory_utilization.
+    void size_kv_pool();
+    // Uploads the table rows set since the last pass (stream-ordered: passes already enqueued
+    // read the old rows).
+    void upload_block_tables();
+    // Layer l's cache as the kernels take it.
+    KvCache layer_kv(int l) const {
+        KvCache kv;
+        kv.k = k_cache_ + (size_t)l * kv_layer_elems_;
+        kv.v = v_cache_ + (size_t)l * kv_layer_elems_;
+        kv.pages = {d_block_tables_, cfg_.blocks_per_seq(), cfg_.kv_block_size};
+        kv.n_blocks = cfg_.kv_blocks;
+        kv.max_seq = cfg_.max_seq_len;
+        return kv;
+    }
     void run_decode(int B);
     void forward_decode_eager(int B);
     // Packs the sampler's inputs into h_sample_in_ and uploads them (d_sample_params_ ...).
@@ -208,9 +227,12 @@ private:
     Matrix output_;                   // [V, D]; the same storage as tok_embeddings_ when tied
     bf16* norm_ = nullptr;            // [D]
     std::vector<LayerWeights> layers_;  // [n_layers]
-    bf16* k_cache_ = nullptr;         // [n_layers][max_batch][max_seq][Hkv][hd]
-    bf16* v_cache_ = nullptr;         // [n_layers][max_batch][max_seq][Hkv][hd]
-    size_t kv_layer_elems_ = 0;       // max_batch * max_seq * Hkv * hd
+    bf16* k_cache_ = nullptr;         // [n_layers][kv_blocks * kv_block_size][Hkv][hd]
+    bf16* v_cache_ = nullptr;         // [n_layers][kv_blocks * kv_block_size][Hkv][hd]
+    size_t kv_layer_elems_ = 0;       // kv_blocks * kv_block_size * Hkv * hd
+    int32_t* d_block_tables_ = nullptr;  // [max_batch][blocks_per_seq]
+    BlockTables block_tables_;           // the host copy, checked against every call
+    int tables_dirty_lo_ = 0, tables_dirty_hi_ = 0;  // slots [lo, hi) changed since the last upload
     int* history_ = nullptr;          // [max_batch][max_seq]
     float* inv_freq_ = nullptr;       // [hd / 2]
     float* x_ = nullptr;              // [rows_, D] residual stream

@@ -53,7 +53,7 @@ EpilogueArgs add_to(float* residual, const SplitKScratch& split) {
 
 // The RopeKV destinations of layer l's q, k and v for the rows staged in d_positions_/d_slots_.
 EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, const float* inv_freq,
-                       bf16* q, bf16* k_cache, bf16* v_cache, float* staging, const SplitKScratch& split) {
+                       bf16* q, const KvCache& kv, float* staging, const SplitKScratch& split) {
     EpilogueArgs a;
     a.out_f32 = staging;
     a.split = split;
@@ -61,12 +61,10 @@ EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, 
     a.rope.slots = slots;
     a.rope.inv_freq = inv_freq;
     a.rope.q_out = q;
-    a.rope.k_cache = k_cache;
-    a.rope.v_cache = v_cache;
+    a.rope.kv = kv;
     a.rope.n_heads = c.n_heads;
     a.rope.n_kv_heads = c.n_kv_heads;
     a.rope.head_dim = c.head_dim;
-    a.rope.max_seq = c.max_seq_len;
     return a;
 }
 
@@ -75,7 +73,6 @@ EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, 
 void CudaEngine::forward_layers(const Pass& pass) {
     const Config& c = cfg_;
     const int D = c.dim, H = c.hidden_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
-    const int S = c.max_seq_len;
     const int M = pass.rows;
     cudaStream_t s = stream_;
 
@@ -87,23 +84,22 @@ void CudaEngine::forward_layers(const Pass& pass) {
                     c.vocab_size, token_history(), s);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
-        bf16* kc = k_cache_ + (size_t)l * kv_layer_elems_;
-        bf16* vc = v_cache_ + (size_t)l * kv_layer_elems_;
+        const KvCache kv = layer_kv(l);
         // attention block
         prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(M, c.qkv_dim(), D, w_bytes(w.wqkv), 4, 2));
         matmul(w.wqkv, x_, w.attn_norm, nullptr, M, Epilogue::RopeKV,
-               rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kc, vc, qkv_, split_k_));
+               rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kv, qkv_, split_k_));
         if (pass.attention == Pass::Decode) {
             // one query row per sequence over its own slot's cache [0, positions[b]]
             prof_.op("flash_decode", OpClass::Attention,
                      profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, 2));
-            flash_decode(q_, kc, vc, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, S,
-                         max_splits_, s);
+            flash_decode(q_, kv, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, max_splits_, s);
         } else {
             // causal over the cache [0, start_pos + t] of one slot for row t
             prof_.op("attention_prefill", OpClass::Attention,
                      profile::attention_prefill_cost(M, pass.start_pos, Hq, Hkv, hd, 2));
-            attention_prefill(q_, kc, vc, pass.slot, pass.start_pos, M, att_, Hq, Hkv, hd, S, s);
+            attention_prefill(q_, kv, block_tables_.data() + (size_t)pass.slot * c.blocks_per_seq(), pass.slot,
+                              pass.start_pos, M, att_, Hq, Hkv, hd, s);
         }
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), w_bytes(w.wo), 2, 8));
         matmul(w.wo, nullptr, nullptr, att_, M, Epilogue::AddResidual, add_to(x_, split_k_));

@@ -74,7 +74,7 @@ __device__ __forceinline__ void store_rope_row(const GemmArgs& p, int row, int h
 }
 
 // RopeKV for a tile of q heads, in place: the thread's two rows (first_row, first_row + 8; acc
-// as in store_rope_row) rotated as store_rope_kv_dims rotates them (the same rope_pos_ok and
+// as in store_rope_row) rotated as store_rope_kv_dims rotates them (the same rope_cache_row and
 // rope_rotate: NaN where the cache cannot hold the row's position), so that epilogue_tma can
 // store the tile like StoreBf16.
 template <int BN, int HD>
@@ -85,7 +85,7 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
         const int row = first_row + 8 * h;
         if (row >= p.M) continue;  // clipped by the store
         const int pos = r.positions[row], slot = r.slots[row];
-        const bool pos_ok = util::rope_pos_ok(r, pos, slot);
+        const bool pos_ok = util::rope_cache_row(r, pos, slot) >= 0;
         float* y = acc + 2 * h;
 #pragma unroll
         for (int g = 0; g < HD / 16; ++g) {

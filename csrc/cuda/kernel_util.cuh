@@ -121,10 +121,11 @@ __device__ __forceinline__ RopeAngle rope_angle(const RopeKVArgs& r, int pos, in
 __device__ __forceinline__ bool rope_rotates(const RopeKVArgs& r, int head) {
     return head < r.n_heads + r.n_kv_heads;  // q and k heads; v heads follow them
 }
-// Whether the cache has a place for token pos of slot. q asks too, though it does not go there:
-// its NaN is what shows that the row's k and v were dropped.
-__device__ __forceinline__ bool rope_pos_ok(const RopeKVArgs& r, int pos, int slot) {
-    return pos >= 0 && pos < r.max_seq && slot >= 0;
+// The cache row of token pos of slot, or -1 where the cache has no place for it (a position
+// outside the slot or no block there). q asks too, though it does not go there: its NaN is what
+// shows that the row's k and v were dropped.
+__device__ __forceinline__ int64_t rope_cache_row(const RopeKVArgs& r, int pos, int slot) {
+    return pos >= 0 && pos < r.kv.max_seq && slot >= 0 ? r.kv.pages.row(slot, pos) : -1;
 }
 // One rotation pair of a q or k head (v is not rotated). A bad position gives NaN rather than
 // some rotation, so that the mistake cannot pass unseen.
@@ -140,7 +141,8 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, RopeAngle a, boo
 template <int NP>
 __device__ __forceinline__ void store_rope_kv_dims(const RopeKVArgs& r, int m, int pos, int slot, int head, int i,
                                                    const float* x0, const float* x1, const RopeAngle* a) {
-    const bool pos_ok = rope_pos_ok(r, pos, slot);
+    const int64_t cache_row = rope_cache_row(r, pos, slot);
+    const bool pos_ok = cache_row >= 0;
     const bool is_q = head < r.n_heads;
     if (!pos_ok && !is_q) return;
     float y0[NP], y1[NP];
@@ -158,9 +160,9 @@ __device__ __forceinline__ void store_rope_kv_dims(const RopeKVArgs& r, int m, i
         dst = r.q_out + ((size_t)m * r.n_heads + head) * r.head_dim;
     } else {
         const bool is_k = rope_rotates(r, head);
-        bf16* cache = is_k ? r.k_cache : r.v_cache;
+        bf16* cache = is_k ? r.kv.k : r.kv.v;
         const int kv_head = head - r.n_heads - (is_k ? 0 : r.n_kv_heads);
-        dst = cache + (((size_t)slot * r.max_seq + pos) * r.n_kv_heads + kv_head) * r.head_dim;
+        dst = cache + ((size_t)cache_row * r.n_kv_heads + kv_head) * r.head_dim;
     }
     const int half = r.head_dim / 2;
     if (NP == 2) {
@@ -182,13 +184,18 @@ __device__ __forceinline__ void store_rope_kv(const RopeKVArgs& r, int m, int he
 
 // Checks the destinations of a RopeKV epilogue (or rope_kv_append) for M rows.
 inline void check_rope_kv(const char* op, const RopeKVArgs& r, int M) {
-    BRRR_CHECK(M >= 0 && r.n_heads > 0 && r.n_kv_heads > 0 && r.max_seq > 0,
+    BRRR_CHECK(M >= 0 && r.n_heads > 0 && r.n_kv_heads > 0 && r.kv.max_seq > 0,
                op << ": bad sizes M=" << M << " n_heads=" << r.n_heads << " n_kv_heads="
-                  << r.n_kv_heads << " max_seq=" << r.max_seq);
+                  << r.n_kv_heads << " max_seq=" << r.kv.max_seq);
     BRRR_CHECK(r.head_dim >= 2 && r.head_dim % 2 == 0 && r.head_dim <= 2048,
                op << ": head_dim must be even and <= 2048, got " << r.head_dim);
-    BRRR_CHECK(r.positions && r.slots && r.inv_freq && r.q_out && r.k_cache && r.v_cache,
-               op << ": RoPE needs positions, slots, inv_freq, q_out, k_cache and v_cache; one is null");
+    BRRR_CHECK(r.positions && r.slots && r.inv_freq && r.q_out && r.kv.k && r.kv.v && r.kv.pages.table,
+               op << ": RoPE needs positions, slots, inv_freq, q_out, the k and v caches and their block "
+                     "table; one is null");
+    BRRR_CHECK(r.kv.pages.block_size > 0 && (r.kv.pages.block_size & (r.kv.pages.block_size - 1)) == 0 &&
+                   (int64_t)r.kv.pages.blocks_per_seq * r.kv.pages.block_size >= r.kv.max_seq,
+               op << ": the block table must cover max_seq=" << r.kv.max_seq << " positions in power-of-two "
+                     "blocks, got " << r.kv.pages.blocks_per_seq << " blocks of " << r.kv.pages.block_size);
 }
 
 inline bool aligned_to(const void* p, uintptr_t bytes) {

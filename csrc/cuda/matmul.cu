@@ -38,7 +38,7 @@ constexpr long long kSliceBytes = (long long)(sm90::kBM + sm90::kSplitTileCols) 
 bool rope_fusable(const GemmArgs& p) {
     const RopeKVArgs& r = p.out.rope;
     return (r.head_dim == 64 || r.head_dim == 128) && util::aligned_to(r.q_out, 4) &&
-           util::aligned_to(r.k_cache, 4) && util::aligned_to(r.v_cache, 4);
+           util::aligned_to(r.kv.k, 4) && util::aligned_to(r.kv.v, 4);
 }
 
 // The split count of p by the byte model above; 1 (no split) without scratch.

@@ -28,14 +28,22 @@ enum class Epilogue : int {
 };
 // Where the RopeKV epilogue (and rope_kv_append) put a token's q, k and v. Rotate-half pairing:
 // dim i with i + hd/2, angle positions[m] * inv_freq[i].
+// One layer's paged KV cache (model.h, KvPages): k and v [n_blocks * block_size][Hkv][hd] bf16;
+// position p of slot s is row pages.row(s, p), the table on the device; a slot holds max_seq.
+struct KvCache {
+    bf16* k = nullptr;
+    bf16* v = nullptr;
+    KvPages pages;
+    int n_blocks = 0;  // in the pool
+    int max_seq = 0;
+};
 struct RopeKVArgs {
     const int* positions = nullptr;   // [M] position of row m in its sequence
     const int* slots = nullptr;       // [M] the sequence's cache slot
     const float* inv_freq = nullptr;  // [hd / 2]
     bf16* q_out = nullptr;            // [M, Hq, hd]
-    bf16* k_cache = nullptr;          // [max_batch][max_seq][Hkv][hd], this layer's slice
-    bf16* v_cache = nullptr;          // same layout
-    int n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
+    KvCache kv;                       // this layer's cache
+    int n_heads = 0, n_kv_heads = 0, head_dim = 0;
 };
 // Split-K scratch of gemm_bf16: a GEMM with too few tiles to fill the SMs splits K across CTAs
 // and adds the partial sums in a fixed order (the result does not depend on which split ends
@@ -129,9 +137,9 @@ void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream)
 
 // ---- rope.cu: rotate-half RoPE on q and k, k and v appended to the cache ----------------------
 // qkv [M, (Hq + 2 Hkv) * hd] fp32 from the QKV matmul; row m is token `positions[m]` of slot
-// `slots[m]`. Writes q_out [M, Hq, hd] bf16 and k/v into k_cache/v_cache of this layer,
-// laid out [max_batch][max_seq][Hkv][hd]. inv_freq [hd/2] on the device.
-void rope_kv_append(const float* qkv, const int* positions, const int* slots, const float* inv_freq, bf16* q_out, bf16* k_cache, bf16* v_cache, int M, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
+// `slots[m]`. Writes q_out [M, Hq, hd] bf16 and k/v into this layer's paged cache kv. inv_freq
+// [hd/2] on the device.
+void rope_kv_append(const float* qkv, const int* positions, const int* slots, const float* inv_freq, bf16* q_out, const KvCache& kv, int M, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
 // The same with the destinations of an EpilogueArgs (what gemm_bf16 runs where RopeKV is not fused).
 void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_t stream);
 
@@ -146,11 +154,12 @@ void swiglu_f32(const float* gate_up, bf16* out, int M, int H, cudaStream_t stre
 // flash_decode_scratch_floats() (the largest B of any call), zeroed once before the first call:
 // it holds arrival counters, and every call leaves them zero.
 size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_splits);
-void flash_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_seq, int max_splits, cudaStream_t stream);
-// Causal prefill: T query tokens of one sequence at positions start_pos.. over cache [0, start_pos+t].
+void flash_decode(const bf16* q, const KvCache& kv, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_splits, cudaStream_t stream);
+// Causal prefill: T query tokens of slot `slot` at positions start_pos.. over its cache [0, start_pos+t].
+// slot_blocks: the slot's table row on the host (the TMA maps of its last block are made there).
 // On Hopper TMA-fed wgmma, elsewhere mma.sync; the _mma_sync entry runs the latter on any GPU.
-void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
-void attention_prefill_mma_sync(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream);
+void attention_prefill(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
+void attention_prefill_mma_sync(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
 
 // ---- sampling.cu: one token per sequence on the device, no host round trip --------------------
 // logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].

@@ -3,7 +3,7 @@
 //
 //   qkv      [M, (Hq + 2 Hkv) * hd] f32   row m = token at positions[m] of sequence slot slots[m]
 //   q_out    [M, Hq, hd] bf16
-//   k_cache, v_cache  [max_batch][max_seq][Hkv][hd] bf16 (this layer's slice)
+//   kv       this layer's paged cache (ops.h KvCache): k, v [n_blocks * block_size][Hkv][hd] bf16
 //   angle(m, i) = positions[m] * inv_freq[i]      (fp32 product, as the PyTorch reference does)
 //
 // Grid (M, Hq + 2 Hkv): one block per (row, head), hd/2 threads, one rotation pair per thread;
@@ -37,19 +37,17 @@ void rope_kv_append(const float* qkv, const RopeKVArgs& rope, int M, cudaStream_
 }
 
 void rope_kv_append(const float* qkv, const int* positions, const int* slots,
-                    const float* inv_freq, bf16* q_out, bf16* k_cache, bf16* v_cache, int M,
-                    int n_heads, int n_kv_heads, int head_dim, int max_seq, cudaStream_t stream) {
+                    const float* inv_freq, bf16* q_out, const KvCache& kv, int M,
+                    int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
     RopeKVArgs r;
     r.positions = positions;
     r.slots = slots;
     r.inv_freq = inv_freq;
     r.q_out = q_out;
-    r.k_cache = k_cache;
-    r.v_cache = v_cache;
+    r.kv = kv;
     r.n_heads = n_heads;
     r.n_kv_heads = n_kv_heads;
     r.head_dim = head_dim;
-    r.max_seq = max_seq;
     rope_kv_append(qkv, r, M, stream);
 }
 
