@@ -174,9 +174,11 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         // dequantizing), and so every M of a matrix larger than deq_: a quantized LM head.
         // The rows are normalized once, as matmul_parts would per chunk, and the chunks split M
         // evenly: each then holds at least 8 rows, so all of them take the tensor cores and a
-        // row's result does not depend on which chunk it fell in. They reuse the per-call
-        // scratch of matmul_parts (gate_up_ of a mixed w13): chunk c + 1's kernels write it only
-        // after their PDL wait, when chunk c's kernels on this stream have completed.
+        // row's result does not depend on which chunk it fell in. The chunks reuse the one
+        // per-call scratch matmul_parts has on the tensor cores, gate_up_ of a mixed w13 (xq_
+        // serves only the int8 path, the split-K scratch only the GEMM): safe because they are
+        // ordered on one stream, and chunk c + 1's kernels write it only after their PDL wait,
+        // when chunk c's swiglu_f32 has read it and completed.
         static_assert(2 * tuning::kGemvQuantMmaMinRows <= tuning::kGemvMaxRows,
                       "chunks of M > 16 rows split evenly must all reach the tensor-core GEMV");
         if (norm_w) {
@@ -191,8 +193,8 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         }
         return;
     }
-    // Prefill: the whole matrix as bf16 in deq_, then the bf16 path. Its cost is one pass over
-    // the weights per prompt chunk, shared by up to kPrefillChunk rows.
+    // More rows (prompts): the whole matrix as bf16 in deq_, then the bf16 path. Its cost is one
+    // pass over the weights per prompt chunk, shared by up to kPrefillChunk rows.
     for (int i = 0; i < W.n_parts; ++i) {
         const MatrixPart& p = W.parts[i];
         bf16* dst = deq_ + (size_t)p.row0 * K;
