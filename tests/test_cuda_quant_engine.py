@@ -1,5 +1,7 @@
-"""Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, dequantized
-tiles through the bf16 GEMM at prefill) against the CPU engine on the same GGUF blocks.
+"""Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, chunks of at
+most 16 rows through gemv_quant_mma up to tuning::kGemvQuantChunkMaxRows rows or for an LM head
+larger than the dequantization scratch, dequantized tiles through the bf16 GEMM for longer
+prompts) against the CPU engine on the same GGUF blocks.
 
 Numerics rule (docs/design.md, quantized weights): like the CPU engine's quantized path, each
 decode matmul quantizes its activations per block of 32 to int8 (the same rounding); the GPU also
@@ -58,7 +60,7 @@ def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
             assert np.array_equal(gpu.get_weight(name), want), (spec, name)
     tokens = rng.integers(0, config.vocab_size, 23).astype(np.int32)
     want = cpu_f.prefill(0, tokens, 0, "all")
-    got = gpu.prefill(0, tokens, 0, "all")  # 23 rows: dequantized tiles through the GEMM
+    got = gpu.prefill(0, tokens, 0, "all")  # 23 rows: two chunks of the tensor-core GEMV
     assert np.isfinite(got).all()
     assert rel_dev(got, want) < LOGIT_REL_BOUND, spec
     assert rel_dev(got, cpu_q.prefill(0, tokens, 0, "all")) < LOGIT_REL_BOUND, spec
@@ -104,6 +106,79 @@ def test_batched_quantized_decode_rows_equal_each_row_alone(C, rng):
             assert np.abs(together[i] - pair).max() <= 1e-6 * np.abs(pair).max(), (step, i)
             assert rel_dev(together[i], single) < LOGIT_REL_BOUND, (step, i)
         positions += 1
+
+
+# Batch sizes past the GEMV's 16 rows, each split into even chunks (17: 8 + 9; 33: 11 x 3;
+# 64: 16 x 4), with the row counts of the last chunk odd where M is.
+CHUNKED_BATCHES = (17, 33, 64)
+
+
+@pytest.mark.parametrize("spec", ["mixed", "q4_k"])
+@pytest.mark.parametrize("B", CHUNKED_BATCHES)
+def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
+    """Decode batches of 17..64 rows run the quantized matrices as chunks of at most 16 rows, each
+    with its inputs and destinations (residual, SwiGLU output, RoPE positions, slots, q rows, the
+    KV append, logits) moved by the chunk's first row. Mixed types add the multi-part paths (fp32
+    staging of wqkv and of w13, whose gate_up scratch every chunk reuses); one type the fused
+    epilogues. The rule of the batch test above per row: equal to the same row beside a stranger
+    up to flash_decode's split merge, within the engine bound of the row alone (int8 gemv_quant)
+    and of the f32 CPU engine on the dequantized blocks."""
+    config = quant_config()
+    types = types_for(config, MIXED if spec == "mixed" else spec)
+    weights = random_weights(config, rng)
+    stranger = B  # a slot no batch row uses
+    batched, _, cpu_f, _ = engines(C, config, types, weights, max_batch=B + 1)
+    paired, _, _, _ = engines(C, config, types, weights, max_batch=B + 1)
+    alone, _, _, _ = engines(C, config, types, weights, max_batch=B + 1)
+    lengths = rng.integers(1, 24, B)
+    for slot, n in enumerate(lengths):
+        prompt = rng.integers(0, config.vocab_size, n).astype(np.int32)
+        for e in (batched, paired, alone, cpu_f):
+            e.prefill(slot, prompt, 0, "none")
+    positions = lengths.astype(np.int32)
+    # rows in another order than their slots, so a row offset taken for a slot offset shows
+    slots = rng.permutation(B).astype(np.int32)
+    positions = positions[slots]
+    for step in range(3):  # eager, capture, replay
+        tokens = rng.integers(0, config.vocab_size, B).astype(np.int32)
+        together = batched.decode(tokens, slots, positions)
+        assert together.shape == (B, config.vocab_size) and np.isfinite(together).all(), step
+        want = cpu_f.decode(tokens, slots, positions)
+        for i in range(B):
+            pair = paired.decode(np.array([tokens[i], 7], np.int32), np.array([slots[i], stranger], np.int32),
+                                 np.array([positions[i], step], np.int32))[0]
+            single = alone.decode(tokens[i:i + 1], slots[i:i + 1], positions[i:i + 1])[0]
+            assert np.abs(together[i] - pair).max() <= 1e-6 * np.abs(pair).max(), (B, spec, step, i)
+            assert rel_dev(together[i], single) < LOGIT_REL_BOUND, (B, spec, step, i)
+            assert rel_dev(together[i], want[i]) < LOGIT_REL_BOUND, (B, spec, step, i)
+        positions += 1
+
+
+@pytest.mark.parametrize("spec", ["mixed", "q4_k"])
+@pytest.mark.parametrize("vocab_size", [300, 1100])
+def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):
+    """Every row's logits of a prompt through a quantized LM head. 23 rows: the layers and the
+    head in chunks of the GEMV. 100 rows: the layers through the dequantized GEMM, the head in
+    two calls (logit_rows_ = max_batch = 72, then 28); at vocab 300 the head fits the
+    dequantization scratch (the largest layer matrix, w13: 1024 x 256) and its 72 rows take the
+    GEMM, at vocab 1100 it does not and goes through the GEMV in chunks at 72 rows too."""
+    config = quant_config(vocab_size=vocab_size, max_seq_len=128)
+    types = types_for(config, MIXED if spec == "mixed" else spec)
+    assert "output" in types
+    gpu, cpu_q, cpu_f, _ = engines(C, config, types, random_weights(config, rng), max_batch=72)
+    for slot, T in enumerate((23, 100)):
+        tokens = rng.integers(0, config.vocab_size, T).astype(np.int32)
+        got = gpu.prefill(slot, tokens, 0, "all")
+        assert got.shape == (T, vocab_size) and np.isfinite(got).all(), (spec, T)
+        want = cpu_f.prefill(slot, tokens, 0, "all")
+        # the rule of the first test, over all rows: a misplaced chunk moves whole rows of
+        # logits, a deviation of the size of the logits themselves
+        assert rel_dev(got, want) < LOGIT_REL_BOUND, (spec, T)
+        assert rel_dev(got, cpu_q.prefill(slot, tokens, 0, "all")) < LOGIT_REL_BOUND, (spec, T)
+        # the KV cache the prompt left (RoPE and the append in the chunked or GEMM epilogues)
+        row = gpu.decode(np.array([tokens[0]], np.int32), np.array([slot], np.int32), np.array([T], np.int32))[0]
+        want_row = cpu_f.decode(np.array([tokens[0]], np.int32), np.array([slot], np.int32), np.array([T], np.int32))[0]
+        assert rel_dev(row, want_row) < LOGIT_REL_BOUND, (spec, T)
 
 
 def test_quantized_graph_replay_equals_eager(C, rng):

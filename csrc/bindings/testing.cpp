@@ -102,6 +102,40 @@ struct CudaMatmul {
     }
 };
 
+// testing.gemv_quant and testing.gemv_quant_mma: the same arguments, checked and turned into one
+// EpilogueArgs (pointers the epilogue does not use may be 0; the launchers check the rest).
+struct CudaQuantMatmul {
+    static brrr::cuda::EpilogueArgs args(const char* op, int64_t type, int64_t M, int64_t N, int64_t K,
+                                         int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
+                                         int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
+                                         uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
+                                         int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
+                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
+        if (type < 0 || type > 255)
+            bad_argument(std::string(op) + ": type must be a GGML type id, got " + std::to_string(type));
+        if (epilogue < 0 || epilogue > 4)
+            bad_argument(std::string(op) + ": epilogue must be 0 StoreBf16, 1 StoreF32, 2 AddResidual, 3 SwiGLU or "
+                         "4 RopeKV, got " + std::to_string(epilogue));
+        brrr::cuda::EpilogueArgs a;
+        a.out_bf16 = reinterpret_cast<brrr::cuda::bf16*>(out);
+        a.out_f32 = reinterpret_cast<float*>(out_f32);
+        a.residual = reinterpret_cast<float*>(residual);
+        a.ld_out = (int)ld_out;
+        a.rope.positions = reinterpret_cast<const int*>(positions);
+        a.rope.slots = reinterpret_cast<const int*>(slots);
+        a.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
+        a.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
+        a.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
+        a.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
+        a.rope.n_heads = (int)n_heads;
+        a.rope.n_kv_heads = (int)n_kv_heads;
+        a.rope.head_dim = (int)head_dim;
+        a.rope.max_seq = (int)max_seq;
+        return a;
+    }
+};
+
 struct CudaAttention {
     static void check_heads(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
         if (head_dim != 64 && head_dim != 128)
@@ -291,27 +325,9 @@ void bind_testing(py::module_& m) {
                                   uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
                                   int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t x,
                                   uintptr_t x_f32, uintptr_t norm_w, double eps, uintptr_t scratch) {
-        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
-                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
-        if (type < 0 || type > 255) bad_argument("gemv_quant: type must be a GGML type id, got " + std::to_string(type));
-        if (epilogue < 0 || epilogue > 4)
-            bad_argument("gemv_quant: epilogue must be 0 StoreBf16, 1 StoreF32, 2 AddResidual, 3 SwiGLU or "
-                         "4 RopeKV, got " + std::to_string(epilogue));
-        brrr::cuda::EpilogueArgs args;
-        args.out_bf16 = reinterpret_cast<brrr::cuda::bf16*>(out);
-        args.out_f32 = reinterpret_cast<float*>(out_f32);
-        args.residual = reinterpret_cast<float*>(residual);
-        args.ld_out = (int)ld_out;
-        args.rope.positions = reinterpret_cast<const int*>(positions);
-        args.rope.slots = reinterpret_cast<const int*>(slots);
-        args.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
-        args.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
-        args.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
-        args.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
-        args.rope.n_heads = (int)n_heads;
-        args.rope.n_kv_heads = (int)n_kv_heads;
-        args.rope.head_dim = (int)head_dim;
-        args.rope.max_seq = (int)max_seq;
+        const brrr::cuda::EpilogueArgs args =
+            CudaQuantMatmul::args("gemv_quant", type, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
+                                  slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq);
         const void* wp = CudaOp::ptr(W, "W");
         if (x == 0 && x_f32 == 0) {
             const auto* xp = static_cast<const brrr::quant::ActBlock*>(CudaOp::ptr(xq, "xq"));
@@ -345,28 +361,10 @@ void bind_testing(py::module_& m) {
                                       int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
                                       uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
                                       int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
-        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
-                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
-        if (type < 0 || type > 255)
-            bad_argument("gemv_quant_mma: type must be a GGML type id, got " + std::to_string(type));
-        if (epilogue < 0 || epilogue > 4)
-            bad_argument("gemv_quant_mma: epilogue must be 0 StoreBf16, 1 StoreF32, 2 AddResidual, 3 SwiGLU or "
-                         "4 RopeKV, got " + std::to_string(epilogue));
-        brrr::cuda::EpilogueArgs args;
-        args.out_bf16 = reinterpret_cast<brrr::cuda::bf16*>(out);
-        args.out_f32 = reinterpret_cast<float*>(out_f32);
-        args.residual = reinterpret_cast<float*>(residual);
-        args.ld_out = (int)ld_out;
-        args.rope.positions = reinterpret_cast<const int*>(positions);
-        args.rope.slots = reinterpret_cast<const int*>(slots);
-        args.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
-        args.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
-        args.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
-        args.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
-        args.rope.n_heads = (int)n_heads;
-        args.rope.n_kv_heads = (int)n_kv_heads;
-        args.rope.head_dim = (int)head_dim;
-        args.rope.max_seq = (int)max_seq;
+        const brrr::cuda::EpilogueArgs args =
+            CudaQuantMatmul::args("gemv_quant_mma", type, M, N, K, epilogue, out, out_f32, residual, ld_out,
+                                  positions, slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim,
+                                  max_seq);
         const void* wp = CudaOp::ptr(W, "W");
         const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
         py::gil_scoped_release release;

@@ -157,8 +157,9 @@ private:
     void forward_lm_head(int row, int rows);
     // y = in · W^T through the epilogue, W as stored: `in` is rmsnorm(x_f32) * norm_w when norm_w
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
-    // ones quantize the input rows once (xq_) and run gemv_quant per part (M <= 16), or are
-    // dequantized into deq_ and take the bf16 GEMM (prefill).
+    // ones run the quantized GEMV per part (matmul_parts, M <= 16), in chunks of at most 16 rows
+    // up to tuning::kGemvQuantChunkMaxRows rows or when the matrix exceeds deq_ (a quantized LM
+    // head), else are dequantized into deq_ and take the bf16 GEMM (prefill).
     void matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                 Epilogue ep, const EpilogueArgs& args);
     void matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,

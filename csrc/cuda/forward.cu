@@ -16,8 +16,6 @@
 // norm and RoPE as separate kernels behind the same calls.
 // Each launch is preceded by prof_.op(name, class, cost) (csrc/profile/profile.h): a no-op unless
 // profiling is on. A fused call is one op; its cost counts the fp32 residual read as its input.
-#include <algorithm>
-
 #include "cuda/engine.cuh"
 #include "cuda/tuning.h"
 
@@ -66,6 +64,29 @@ EpilogueArgs rope_into(const Config& c, const int* positions, const int* slots, 
     a.rope.n_kv_heads = c.n_kv_heads;
     a.rope.head_dim = c.head_dim;
     return a;
+}
+
+// The destinations of rows [r, M) of a matmul with N output columns whose destinations for rows
+// [0, M) are `a`: every pointer indexed by row moves r rows on, nothing else moves. Row m writes
+// out_bf16 / out_f32 / residual at m * ld (ld_out, or packed: N / 2 for SwiGLU, else N). RopeKV
+// reads positions[m] and slots[m] and writes q_out row m ([M, n_heads * head_dim], packed); its K
+// and V land at (slots[m], positions[m]) of caches that do not move, and its out_f32 is the fp32
+// staging of a multi-part matrix, a packed [M, N] (matmul_parts). The split-K scratch is not
+// per row.
+EpilogueArgs epilogue_rows_from(const EpilogueArgs& a, Epilogue ep, int N, int r) {
+    EpilogueArgs o = a;
+    if (ep == Epilogue::RopeKV) {
+        if (o.out_f32) o.out_f32 += (size_t)r * N;
+        if (o.rope.positions) o.rope.positions += r;
+        if (o.rope.slots) o.rope.slots += r;
+        if (o.rope.q_out) o.rope.q_out += (size_t)r * a.rope.n_heads * a.rope.head_dim;
+        return o;
+    }
+    const size_t ld = a.ld_out ? a.ld_out : ep == Epilogue::SwiGLU ? N / 2 : N;
+    if (o.out_bf16) o.out_bf16 += r * ld;
+    if (o.out_f32) o.out_f32 += r * ld;
+    if (o.residual) o.residual += r * ld;
+    return o;
 }
 
 }  // namespace
@@ -124,17 +145,9 @@ void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
 void CudaEngine::forward_lm_head(int row, int rows) {
     const Config& c = cfg_;
     prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(rows, c.vocab_size, c.dim, w_bytes(output_), 4, 4));
-    // A quantized head is far larger than the dequantization scratch: more rows than the GEMV
-    // takes (all_logits prefill) go through it 16 at a time.
-    const int step = output_.plain_bf16() ? rows : tuning::kGemvMaxRows;
-    for (int r = 0; r < rows; r += step) {
-        const int n = std::min(step, rows - r);
-        matmul(output_, x_ + (size_t)(row + r) * c.dim, norm_, nullptr, n, Epilogue::StoreF32,
-               store_f32(logits_ + (size_t)r * c.vocab_size, split_k_));
-    }
+    matmul(output_, x_ + (size_t)row * c.dim, norm_, nullptr, rows, Epilogue::StoreF32, store_f32(logits_, split_k_));
     prof_.end();
 }
-
 
 // The one place a matmul meets the storage of its weights (see engine.cuh, CudaEngine::matmul).
 void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
@@ -151,10 +164,33 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
         return;
     }
-    // Prefill: the whole matrix as bf16 in deq_, then the bf16 path. Its cost is one pass over
-    // the weights per prompt chunk, shared by up to kPrefillChunk rows.
-    BRRR_CHECK((size_t)N * K <= deq_elems_, "matmul: a quantized " << N << " x " << K << " matrix at M = " << M
-                                                 << " rows exceeds the dequantization scratch");
+    const bool fits_deq = (size_t)N * K <= deq_elems_;
+    if (M <= tuning::kGemvQuantChunkMaxRows || !fits_deq) {
+        // Chunks of at most 16 rows through the GEMV (tuning.h says up to which M this beats
+        // dequantizing), and so every M of a matrix larger than deq_: a quantized LM head.
+        // The rows are normalized once, as matmul_parts would per chunk, and the chunks split M
+        // evenly: each then holds at least 8 rows, so all of them take the tensor cores and a
+        // row's result does not depend on which chunk it fell in. The chunks reuse the one
+        // per-call scratch matmul_parts has on the tensor cores, gate_up_ of a mixed w13 (xq_
+        // serves only the int8 path, the split-K scratch only the GEMM): safe because they are
+        // ordered on one stream, and chunk c + 1's kernels write it only after their PDL wait,
+        // when chunk c's swiglu_f32 has read it and completed.
+        static_assert(2 * tuning::kGemvQuantMmaMinRows <= tuning::kGemvMaxRows,
+                      "chunks of M > 16 rows split evenly must all reach the tensor-core GEMV");
+        if (norm_w) {
+            rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
+            x_bf16 = xn_;
+        }
+        const int chunks = CEIL_DIV(M, tuning::kGemvMaxRows);
+        for (int c = 0, r = 0; c < chunks; ++c) {
+            const int rows = (M - r) / (chunks - c);
+            matmul_parts(W, nullptr, nullptr, x_bf16 + (size_t)r * K, rows, ep, epilogue_rows_from(args, ep, N, r));
+            r += rows;
+        }
+        return;
+    }
+    // More rows (prompts): the whole matrix as bf16 in deq_, then the bf16 path. Its cost is one
+    // pass over the weights per prompt chunk, shared by up to kPrefillChunk rows.
     for (int i = 0; i < W.n_parts; ++i) {
         const MatrixPart& p = W.parts[i];
         bf16* dst = deq_ + (size_t)p.row0 * K;

@@ -44,6 +44,14 @@ constexpr int kGemvMaxRows = 16;
 // registers, tensor cores) instead of gemv_quant (int8 dp4a per row, whose per-row work binds
 // from a few rows on).
 constexpr int kGemvQuantMmaMinRows = 2;
+// Quantized matmuls of kGemvMaxRows < M <= this rows run as chunks of at most 16 rows through
+// the tensor-core GEMV (CudaEngine::matmul); more rows dequantize the matrix into bf16 scratch for
+// the GEMM. Each chunk re-reads the quantized weights (Q4_K: 0.56 bytes a weight) at the 16-row
+// GEMV's pace (about 40% of copy speed, bound by the decode in registers); the GEMM path reads
+// them once but writes a bf16 copy and reads it back (4 more bytes a weight) before its own work.
+// For the 4-bit types the two cross near 4 x 16 rows, an estimate that the 8B Q4_K_M decode at
+// batches 17..64 (docs/kernels/gemv.md) is to confirm.
+constexpr int kGemvQuantChunkMaxRows = 64;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
 // mma.sync GEMM: cp.async ring depth (stages in flight hide the global-load latency).
