@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from test_cuda_kernels import (ADD_RESIDUAL, EPILOGUES, STORE_BF16, STORE_F32, SWIGLU, SplitScratch,  # noqa: E402
                                assert_design_tolerance, gen, nan_full, ops, randn)
 from test_cuda_ops_misc import C, rope_oracle  # noqa: E402
+from paged_kv import PagedCaches  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 ROPE_KV = 4
@@ -143,16 +144,17 @@ def run_rope(ops, case, rows=None, split=None):
     d_pos = torch.from_numpy(c["positions"][rows]).cuda()
     q_out = nan_full((M, c["n_heads"], c["head_dim"]), torch.bfloat16)
     cache_shape = (c["max_batch"], c["max_seq"], c["n_kv_heads"], c["head_dim"])
-    k_cache, v_cache = nan_full(cache_shape, torch.bfloat16), nan_full(cache_shape, torch.bfloat16)
+    paged = PagedCaches(nan_full(cache_shape, torch.bfloat16), nan_full(cache_shape, torch.bfloat16))
     xn = nan_full((M, c["K"]), torch.bfloat16)
     staging = nan_full((M, c["N"]), torch.float32)
     ops.rmsnorm_matmul_bf16(ptr(x), ptr(c["w"]), EPS, ptr(c["W"]), M, c["N"], c["K"], ROPE_KV,
                             out_f32=ptr(staging), xn=ptr(xn), positions=ptr(d_pos), slots=ptr(d_slots),
-                            inv_freq=ptr(c["inv_freq"]), q_out=ptr(q_out), k_cache=ptr(k_cache),
-                            v_cache=ptr(v_cache), n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"],
-                            head_dim=c["head_dim"], max_seq=c["max_seq"], split=split.arg if split else None)
+                            inv_freq=ptr(c["inv_freq"]), q_out=ptr(q_out), k_cache=ptr(paged.k),
+                            v_cache=ptr(paged.v), n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"],
+                            head_dim=c["head_dim"], max_seq=c["max_seq"], split=split.arg if split else None,
+                            **paged.kwargs())
     torch.cuda.synchronize()
-    return q_out, k_cache, v_cache
+    return (q_out, *paged.gather())
 
 
 # M <= 16 runs the GEMV. Above, on Hopper, head_dim 64 / 128 run the GEMM's fused RopeKV epilogue
@@ -216,17 +218,17 @@ def test_fused_gemv_rows_do_not_depend_on_the_batch(C, ops, rng, gen):
 
 
 def test_rmsnorm_matmul_bad_arguments_raise(C, ops, rng, gen):
-    case = rope_case(C, rng, gen, 2, 4, 2, 64, max_seq=8, max_batch=1, K=64)
+    case = rope_case(C, rng, gen, 2, 4, 2, 64, max_seq=16, max_batch=1, K=64)
     x, w, W = case["x"], case["w"], case["W"]
     out = nan_full((2, case["N"]), torch.bfloat16)
     with pytest.raises(RuntimeError, match="RopeKV needs N"):
         ops.rmsnorm_matmul_bf16(ptr(x), ptr(w), EPS, ptr(W), 2, case["N"], 64, ROPE_KV,
                                 positions=ptr(out), slots=ptr(out), inv_freq=ptr(out), q_out=ptr(out),
                                 k_cache=ptr(out), v_cache=ptr(out), n_heads=4, n_kv_heads=1,
-                                head_dim=64, max_seq=8)
-    with pytest.raises(RuntimeError, match="null"):
+                                head_dim=64, max_seq=16)
+    with pytest.raises(ValueError, match="k_cache must be a device pointer"):
         ops.rmsnorm_matmul_bf16(ptr(x), ptr(w), EPS, ptr(W), 2, case["N"], 64, ROPE_KV,
-                                n_heads=4, n_kv_heads=2, head_dim=64, max_seq=8)
+                                n_heads=4, n_kv_heads=2, head_dim=64, max_seq=16)
     with pytest.raises(RuntimeError, match="eps"):
         ops.rmsnorm_matmul_bf16(ptr(x), ptr(w), 0.0, ptr(W), 2, case["N"], 64, STORE_BF16, out=ptr(out))
     with pytest.raises(RuntimeError, match="xn scratch"):

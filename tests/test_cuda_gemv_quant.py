@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 
 from test_cuda_kernels import STORE_BF16, STORE_F32, ADD_RESIDUAL, SWIGLU, gen, nan_full, ops  # noqa: E402
 from test_cuda_ops_misc import C, rope_oracle, rope_slack  # noqa: E402
+from paged_kv import PagedCaches  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 ROPE_KV = 4
@@ -233,12 +234,13 @@ def test_gemv_quant_rope_kv(C, ops, rng, name, M):
                                  .astype(np.int32)).cuda()
     q_out = nan_full((M, n_heads, head_dim), torch.bfloat16)
     shape = (max_batch, max_seq, n_kv_heads, head_dim)
-    k_cache, v_cache = nan_full(shape, torch.bfloat16), nan_full(shape, torch.bfloat16)
+    paged = PagedCaches(nan_full(shape, torch.bfloat16), nan_full(shape, torch.bfloat16))
     ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, ROPE_KV, positions=positions.data_ptr(),
                    slots=slots.data_ptr(), inv_freq=inv_freq.data_ptr(), q_out=q_out.data_ptr(),
-                   k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), n_heads=n_heads, n_kv_heads=n_kv_heads,
-                   head_dim=head_dim, max_seq=max_seq)
+                   k_cache=paged.k.data_ptr(), v_cache=paged.v.data_ptr(), n_heads=n_heads, n_kv_heads=n_kv_heads,
+                   head_dim=head_dim, max_seq=max_seq, **paged.kwargs())
     torch.cuda.synchronize()
+    k_cache, v_cache = paged.gather()
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     written = torch.zeros(shape[:2], dtype=torch.bool, device="cuda")
     for m in range(M):

@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from paged_kv import PagedCaches  # noqa: E402
+
 pytestmark = pytest.mark.cuda
 
 STORE_BF16, STORE_F32, ADD_RESIDUAL, SWIGLU = 0, 1, 2, 3
@@ -336,18 +338,22 @@ def poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim):
 DECODE_HEADS = [(4, 4), (8, 4), (9, 3), (16, 4), (16, 1)]  # GQA groups 1, 2, 3, 4 and 16 (four head blocks)
 
 
+# The caches are paged (paged_kv.PagedCaches: shuffled blocks, NaN everywhere the table does not
+# send the kernel); max_seq = 1000 is not a multiple of either block size.
+@pytest.mark.parametrize("block_size", [16, 128])
 @pytest.mark.parametrize("max_splits", [1, 16])
 @pytest.mark.parametrize("n_heads,n_kv_heads", DECODE_HEADS, ids=[f"{h}q{kv}kv" for h, kv in DECODE_HEADS])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads, max_splits):
+def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads, max_splits, block_size):
     lengths = [1, 37, 129, 1000]  # one chunk, two (the second one row), several
-    B, max_batch, max_seq = len(lengths), 5, 1024
+    B, max_batch, max_seq = len(lengths), 5, 1000
     group = n_heads // n_kv_heads
     k_cache, v_cache = poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim)
     slots = [int(s) for s in rng.permutation(max_batch)[:B]]
     for slot, length in zip(slots, lengths):  # only [0, length) of each used slot is valid
         k_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
         v_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
+    paged = PagedCaches(k_cache, v_cache, block_size=block_size, seed=head_dim + n_heads)
     q = randn((B, n_heads, head_dim), gen)
     d_slots = torch.tensor(slots, dtype=torch.int32, device="cuda")
     d_positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int32, device="cuda")
@@ -359,9 +365,9 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
     counters.zero_()
     for call in range(2):
         out = nan_full((B, n_heads * head_dim), torch.bfloat16)
-        ops.flash_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), d_slots.data_ptr(),
+        ops.flash_decode(q.data_ptr(), paged.k.data_ptr(), paged.v.data_ptr(), d_slots.data_ptr(),
                          d_positions.data_ptr(), out.data_ptr(), scratch.data_ptr(), B, n_heads,
-                         n_kv_heads, head_dim, max_seq, max_splits)
+                         n_kv_heads, head_dim, max_seq, max_splits, **paged.kwargs())
         torch.cuda.synchronize()
         assert (counters.view(torch.int32) == 0).all(), f"call {call} left arrival counters armed"
     for b, (slot, length) in enumerate(zip(slots, lengths)):
@@ -375,8 +381,10 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
         assert_design_tolerance(f"flash_decode b={b} length={length}", got, ref, bf)
 
 
-def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, max_seq=None, mma_sync=False):
-    """max_seq defaults to room past the filled positions, whose poison the kernel must not read."""
+def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, max_seq=None, mma_sync=False,
+                            block_size=16):
+    """max_seq defaults to room past the filled positions, whose poison the kernel must not read
+    (nor that of the rest of their last block: the pool is paged_kv.PagedCaches)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     max_seq = start_pos + T + 37 if max_seq is None else max_seq
@@ -386,10 +394,12 @@ def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_po
     k_cache, v_cache = poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim)
     k_cache[slot, :total] = randn((total, n_kv_heads, head_dim), gen)
     v_cache[slot, :total] = randn((total, n_kv_heads, head_dim), gen)
+    paged = PagedCaches(k_cache, v_cache, block_size=block_size, seed=T + start_pos)
     q = randn((T, n_heads, head_dim), gen)
     out = nan_full((T, n_heads * head_dim), torch.bfloat16)
-    ops.attention_prefill(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slot, start_pos, T,
-                          out.data_ptr(), n_heads, n_kv_heads, head_dim, max_seq, mma_sync=mma_sync)
+    ops.attention_prefill(q.data_ptr(), paged.k.data_ptr(), paged.v.data_ptr(), slot, start_pos, T,
+                          out.data_ptr(), n_heads, n_kv_heads, head_dim, max_seq, mma_sync=mma_sync,
+                          **paged.kwargs())
     torch.cuda.synchronize()
 
     qh = q.transpose(0, 1)  # [Hq, T, hd]
@@ -426,10 +436,14 @@ def test_attention_prefill_kv_larger_than_l2(ops, gen, head_dim, mma_sync):
                             mma_sync=mma_sync)
 
 
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("mma_sync", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_attention_prefill_long_sequence(ops, gen, head_dim):
-    """Many query tiles and KV tiles per CTA, a prefix that ends inside a tile, T not a tile multiple."""
-    check_attention_prefill(ops, gen, 4, 1, head_dim, 1100, 70, max_seq=1200)
+def test_attention_prefill_long_sequence(ops, gen, head_dim, mma_sync, block_size):
+    """Many query tiles and KV tiles per CTA, a prefix that ends inside a tile, T not a tile
+    multiple; every block size (a K/V tile is 128 / block_size boxes on Hopper)."""
+    check_attention_prefill(ops, gen, 4, 1, head_dim, 1100, 70, max_seq=1200, mma_sync=mma_sync,
+                            block_size=block_size)
 
 
 def test_attention_bad_arguments_raise(ops, gen):

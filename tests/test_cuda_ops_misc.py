@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from llama_brrr.sampling import uniform_rows  # noqa: E402
 
 from counter_rng import MASK64, splitmix64  # noqa: E402
+from paged_kv import PagedCaches  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -188,11 +189,12 @@ def test_rope_kv_append(C, ops, rng, gen, n_heads, n_kv_heads, head_dim, max_seq
     if max_batch > 1:
         slots[:2] = [0, max_batch - 1]
     q_out = nan_like((M, n_heads, head_dim), torch.bfloat16)
-    k_cache = nan_like((max_batch, max_seq, n_kv_heads, head_dim), torch.bfloat16)
-    v_cache = nan_like((max_batch, max_seq, n_kv_heads, head_dim), torch.bfloat16)
+    paged = PagedCaches(nan_like((max_batch, max_seq, n_kv_heads, head_dim), torch.bfloat16),
+                        nan_like((max_batch, max_seq, n_kv_heads, head_dim), torch.bfloat16))
     d_slots, d_pos = torch.from_numpy(slots).cuda(), torch.from_numpy(positions).cuda()
-    ops.rope_kv_append(ptr(qkv), ptr(d_pos), ptr(d_slots), ptr(inv_freq), ptr(q_out), ptr(k_cache),
-                       ptr(v_cache), M, n_heads, n_kv_heads, head_dim, max_seq)
+    ops.rope_kv_append(ptr(qkv), ptr(d_pos), ptr(d_slots), ptr(inv_freq), ptr(q_out), ptr(paged.k),
+                       ptr(paged.v), M, n_heads, n_kv_heads, head_dim, max_seq, **paged.kwargs())
+    k_cache, v_cache = paged.gather()
 
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     written = torch.zeros((max_batch, max_seq), dtype=torch.bool)

@@ -12,9 +12,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "cuda/engine_cuda.h"
 #include "cuda/ops.h"
@@ -47,6 +50,62 @@ struct CudaOp {
     static void finish(const char* op) {
         check(cudaGetLastError(), op);
         check(cudaDeviceSynchronize(), op);
+    }
+};
+
+// A paged KV cache from a test's arguments (ops.h KvCache): k, v pools of n_blocks * block_size
+// rows and a device block table [slots][ceil(max_seq / block_size)]. block_table = 0 asks for the
+// identity layout over caches shaped [slots, max_seq, Hkv, hd] (max_seq a multiple of
+// block_size), which this object allocates for the call; `slots` then is one past the largest slot.
+struct PagedKv {
+    brrr::cuda::KvCache kv;
+    int32_t* owned = nullptr;
+    PagedKv(uintptr_t k_cache, uintptr_t v_cache, int64_t max_seq, uintptr_t block_table, int64_t block_size,
+            int64_t n_blocks, int64_t slots) {
+        CudaOp::check_sizes({{"max_seq", max_seq}, {"block_size", block_size}, {"n_blocks", n_blocks}});
+        if (block_size < 16 || block_size > 128 || (block_size & (block_size - 1)))
+            bad_argument("block_size must be 16, 32, 64 or 128, got " + std::to_string(block_size));
+        kv.k = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache"));
+        kv.v = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache"));
+        kv.max_seq = (int)max_seq;
+        const int bps = (int)CEIL_DIV(max_seq, block_size);
+        kv.pages = {nullptr, bps, (int)block_size};
+        if (block_table) {
+            if (n_blocks < 1) bad_argument("n_blocks (the pool's block count) must be >= 1 with a block_table");
+            kv.pages.table = reinterpret_cast<const int32_t*>(block_table);
+            kv.n_blocks = (int)n_blocks;
+            return;
+        }
+        if (max_seq % block_size)
+            bad_argument("without a block_table the caches are [slots, max_seq, Hkv, hd]: max_seq (" +
+                         std::to_string(max_seq) + ") must be a multiple of block_size (" + std::to_string(block_size) + ")");
+        std::vector<int32_t> identity((size_t)std::max<int64_t>(slots, 1) * bps);
+        for (size_t i = 0; i < identity.size(); ++i) identity[i] = (int32_t)i;
+        CudaOp::check(cudaMalloc(&owned, identity.size() * sizeof(int32_t)), "PagedKv");
+        CudaOp::check(cudaMemcpy(owned, identity.data(), identity.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+                      "PagedKv");
+        kv.pages.table = owned;
+        kv.n_blocks = (int)identity.size();
+    }
+    ~PagedKv() {
+        if (owned) cudaFree(owned);
+    }
+    PagedKv(const PagedKv&) = delete;
+    PagedKv& operator=(const PagedKv&) = delete;
+    // One past the largest of n slots in device memory (the identity layout's slot count).
+    static int64_t slot_count(uintptr_t slots, int64_t n) {
+        if (!slots || n <= 0) return 1;
+        std::vector<int32_t> h(n);
+        CudaOp::check(cudaMemcpy(h.data(), reinterpret_cast<const void*>(slots), n * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost), "PagedKv");
+        return (int64_t)*std::max_element(h.begin(), h.end()) + 1;
+    }
+    // The table row of `slot`, on the host.
+    std::vector<int32_t> host_row(int slot) const {
+        std::vector<int32_t> row(kv.pages.blocks_per_seq);
+        CudaOp::check(cudaMemcpy(row.data(), kv.pages.table + (size_t)slot * row.size(), row.size() * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost), "PagedKv");
+        return row;
     }
 };
 
@@ -108,10 +167,9 @@ struct CudaQuantMatmul {
     static brrr::cuda::EpilogueArgs args(const char* op, int64_t type, int64_t M, int64_t N, int64_t K,
                                          int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                          int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
-                                         uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
-                                         int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+                                         uintptr_t q_out, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
         CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
-                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
+                             {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}});
         if (type < 0 || type > 255)
             bad_argument(std::string(op) + ": type must be a GGML type id, got " + std::to_string(type));
         if (epilogue < 0 || epilogue > 4)
@@ -126,12 +184,9 @@ struct CudaQuantMatmul {
         a.rope.slots = reinterpret_cast<const int*>(slots);
         a.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
         a.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
-        a.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
-        a.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
         a.rope.n_heads = (int)n_heads;
         a.rope.n_kv_heads = (int)n_kv_heads;
         a.rope.head_dim = (int)head_dim;
-        a.rope.max_seq = (int)max_seq;
         return a;
     }
 };
@@ -195,23 +250,24 @@ void bind_testing(py::module_& m) {
     testing.def("rope_kv_append", [](uintptr_t qkv, uintptr_t positions, uintptr_t slots,
                                       uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache,
                                       uintptr_t v_cache, int64_t M, int64_t n_heads,
-                                      int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
+                                      int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t block_table,
+                                      int64_t block_size, int64_t n_blocks) {
         CudaOp::check_sizes({{"M", M}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
                              {"head_dim", head_dim}, {"max_seq", max_seq}});
+        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M));
         py::gil_scoped_release release;
         brrr::cuda::rope_kv_append(
             static_cast<const float*>(CudaOp::ptr(qkv, "qkv")), static_cast<const int*>(CudaOp::ptr(positions, "positions")),
             static_cast<const int*>(CudaOp::ptr(slots, "slots")), static_cast<const float*>(CudaOp::ptr(inv_freq, "inv_freq")),
-            static_cast<brrr::cuda::bf16*>(CudaOp::ptr(q_out, "q_out")),
-            static_cast<brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache")),
-            static_cast<brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache")), (int)M, (int)n_heads,
-            (int)n_kv_heads, (int)head_dim, (int)max_seq, 0);
+            static_cast<brrr::cuda::bf16*>(CudaOp::ptr(q_out, "q_out")), paged.kv, (int)M, (int)n_heads,
+            (int)n_kv_heads, (int)head_dim, 0);
         CudaOp::finish("testing.rope_kv_append");
     }, py::arg("qkv"), py::arg("positions"), py::arg("slots"), py::arg("inv_freq"), py::arg("q_out"),
        py::arg("k_cache"), py::arg("v_cache"), py::arg("M"), py::arg("n_heads"),
-       py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("max_seq"),
+       py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("max_seq"), py::arg("block_table") = 0,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0,
        "rotate-half RoPE of q and k from qkv f32 [M, (Hq+2Hkv)*hd]; q_out bf16 [M, Hq, hd]; k, v "
-       "into bf16 caches [max_batch, max_seq, Hkv, hd] at (slots[m], positions[m])");
+       "into the paged caches (PagedKv: by default [max_batch, max_seq, Hkv, hd]) at (slots[m], positions[m])");
 
     testing.def("sample_tokens", [](uintptr_t logits, uintptr_t history, uintptr_t slots,
                                      uintptr_t positions, const py::object& params,
@@ -324,10 +380,16 @@ void bind_testing(py::module_& m) {
                                   int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
                                   uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
                                   int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t x,
-                                  uintptr_t x_f32, uintptr_t norm_w, double eps, uintptr_t scratch) {
-        const brrr::cuda::EpilogueArgs args =
+                                  uintptr_t x_f32, uintptr_t norm_w, double eps, uintptr_t scratch,
+                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks) {
+        brrr::cuda::EpilogueArgs args =
             CudaQuantMatmul::args("gemv_quant", type, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
-                                  slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq);
+                                  slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
+        std::optional<PagedKv> paged;
+        if (epilogue == 4) {
+            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M));
+            args.rope.kv = paged->kv;
+        }
         const void* wp = CudaOp::ptr(W, "W");
         if (x == 0 && x_f32 == 0) {
             const auto* xp = static_cast<const brrr::quant::ActBlock*>(CudaOp::ptr(xq, "xq"));
@@ -352,7 +414,8 @@ void bind_testing(py::module_& m) {
        py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0, py::arg("q_out") = 0,
        py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
        py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("x") = 0, py::arg("x_f32") = 0,
-       py::arg("norm_w") = 0, py::arg("eps") = 0.0, py::arg("scratch") = 0,
+       py::arg("norm_w") = 0, py::arg("eps") = 0.0, py::arg("scratch") = 0, py::arg("block_table") = 0,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0,
        "decode GEMV on quantized weights (M <= 16): y = xq . dequant(W).T with the epilogue (as "
        "rmsnorm_matmul_bf16's); W = qlayout tiles (quant_ops.gpu_repack), xq = ActBlocks [M, K / 32]; "
        "or (xq = 0) gemv_quant_in on bf16 rows x or fp32 rows x_f32 normalized by norm_w, eps");
@@ -360,11 +423,16 @@ void bind_testing(py::module_& m) {
                                       int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                       int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
                                       uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
-                                      int64_t n_kv_heads, int64_t head_dim, int64_t max_seq) {
-        const brrr::cuda::EpilogueArgs args =
+                                      int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t block_table,
+                                      int64_t block_size, int64_t n_blocks) {
+        brrr::cuda::EpilogueArgs args =
             CudaQuantMatmul::args("gemv_quant_mma", type, M, N, K, epilogue, out, out_f32, residual, ld_out,
-                                  positions, slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim,
-                                  max_seq);
+                                  positions, slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
+        std::optional<PagedKv> paged;
+        if (epilogue == 4) {
+            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M));
+            args.rope.kv = paged->kv;
+        }
         const void* wp = CudaOp::ptr(W, "W");
         const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
         py::gil_scoped_release release;
@@ -375,7 +443,8 @@ void bind_testing(py::module_& m) {
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
        py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0, py::arg("q_out") = 0,
        py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
-       py::arg("head_dim") = 0, py::arg("max_seq") = 0,
+       py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0, py::arg("block_size") = 16,
+       py::arg("n_blocks") = 0,
        "decode GEMV on quantized weights on the tensor cores (M <= 16): y = x . bf16(dequant(W)).T with the "
        "epilogue (as gemv_quant's); W = qlayout tiles (quant_ops.gpu_repack), x = bf16 rows [M, K]");
     testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {
@@ -477,7 +546,8 @@ void bind_testing(py::module_& m) {
                                            uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
                                            uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
                                            int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                           const py::object& split) {
+                                           const py::object& split, uintptr_t block_table, int64_t block_size,
+                                           int64_t n_blocks) {
         CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
                              {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
         if (epilogue < 0 || epilogue > 4)
@@ -492,13 +562,15 @@ void bind_testing(py::module_& m) {
         args.rope.slots = reinterpret_cast<const int*>(slots);
         args.rope.inv_freq = reinterpret_cast<const float*>(inv_freq);
         args.rope.q_out = reinterpret_cast<brrr::cuda::bf16*>(q_out);
-        args.rope.k_cache = reinterpret_cast<brrr::cuda::bf16*>(k_cache);
-        args.rope.v_cache = reinterpret_cast<brrr::cuda::bf16*>(v_cache);
         args.rope.n_heads = (int)n_heads;
         args.rope.n_kv_heads = (int)n_kv_heads;
         args.rope.head_dim = (int)head_dim;
-        args.rope.max_seq = (int)max_seq;
         args.split = CudaMatmul::split_scratch(split);
+        std::optional<PagedKv> paged;
+        if (epilogue == 4) {
+            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M));
+            args.rope.kv = paged->kv;
+        }
         const auto* xp = static_cast<const float*>(CudaOp::ptr(x, "x"));
         const auto* np = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(norm_w, "norm_w"));
         const auto* wp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(W, "W"));
@@ -512,7 +584,8 @@ void bind_testing(py::module_& m) {
        py::arg("ld_out") = 0, py::arg("xn") = 0, py::arg("positions") = 0, py::arg("slots") = 0,
        py::arg("inv_freq") = 0, py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0,
        py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0,
-       py::arg("split") = py::none(),
+       py::arg("split") = py::none(), py::arg("block_table") = 0, py::arg("block_size") = 16,
+       py::arg("n_blocks") = 0,
        "y = bf16(rmsnorm(x) * norm_w) @ W.T with the epilogue (4 RopeKV: q -> q_out, k/v -> caches "
        "at (slots[m], positions[m])); x f32 [M, K]; M > 16 uses xn bf16 [M, K] (and out_f32 [M, N] "
        "for RopeKV) as scratch");
@@ -526,7 +599,7 @@ void bind_testing(py::module_& m) {
     testing.def("flash_decode", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slots,
                                     uintptr_t positions, uintptr_t out, uintptr_t scratch, int64_t B,
                                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                    int64_t max_splits) {
+                                    int64_t max_splits, uintptr_t block_table, int64_t block_size, int64_t n_blocks) {
         CudaOp::check_sizes({{"B", B}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
                              {"head_dim", head_dim}, {"max_seq", max_seq}, {"max_splits", max_splits}});
         CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
@@ -536,40 +609,42 @@ void bind_testing(py::module_& m) {
         if (q % 16 || k_cache % 16 || v_cache % 16)
             bad_argument("q, k_cache and v_cache must be 16-byte aligned (rows are read 16 bytes a lane)");
         const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
-        const auto* kp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache"));
-        const auto* vp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache"));
+        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, B));
         const int* sp = static_cast<const int*>(CudaOp::ptr(slots, "slots"));
         const int* pp = static_cast<const int*>(CudaOp::ptr(positions, "positions"));
         auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
         py::gil_scoped_release release;
-        brrr::cuda::flash_decode(qp, kp, vp, sp, pp, op, reinterpret_cast<float*>(scratch), (int)B, (int)n_heads,
-                                 (int)n_kv_heads, (int)head_dim, (int)max_seq, (int)max_splits, 0);
+        brrr::cuda::flash_decode(qp, paged.kv, sp, pp, op, reinterpret_cast<float*>(scratch), (int)B, (int)n_heads,
+                                 (int)n_kv_heads, (int)head_dim, (int)max_splits, 0);
         CudaOp::finish("testing.flash_decode");
     }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("positions"),
        py::arg("out"), py::arg("scratch"), py::arg("B"), py::arg("n_heads"), py::arg("n_kv_heads"),
-       py::arg("head_dim"), py::arg("max_seq"), py::arg("max_splits"),
-       "one query per sequence: q bf16 [B, Hq, hd] over cache bf16 [max_batch, max_seq, Hkv, hd] "
+       py::arg("head_dim"), py::arg("max_seq"), py::arg("max_splits"), py::arg("block_table") = 0,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0,
+       "one query per sequence: q bf16 [B, Hq, hd] over the paged caches (PagedKv: by default [max_batch, max_seq, Hkv, hd]) "
        "positions [0, positions[b]] of slot slots[b] (int32 device arrays); out bf16 [B, Hq * hd]");
     testing.def("attention_prefill", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, int64_t slot,
                                          int64_t start_pos, int64_t T, uintptr_t out, int64_t n_heads,
-                                         int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, bool mma_sync) {
+                                         int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, bool mma_sync,
+                                         uintptr_t block_table, int64_t block_size, int64_t n_blocks) {
         CudaOp::check_sizes({{"slot", slot}, {"start_pos", start_pos}, {"T", T}, {"n_heads", n_heads},
                              {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
         CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
         if (start_pos + T > max_seq)
             bad_argument("start_pos + T = " + std::to_string(start_pos + T) + " exceeds max_seq = " + std::to_string(max_seq));
         const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
-        const auto* kp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache"));
-        const auto* vp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache"));
+        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, slot + 1);
+        const std::vector<int32_t> row = paged.host_row((int)slot);
         auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
         py::gil_scoped_release release;
         (mma_sync ? brrr::cuda::attention_prefill_mma_sync : brrr::cuda::attention_prefill)(
-            qp, kp, vp, (int)slot, (int)start_pos, (int)T, op, (int)n_heads, (int)n_kv_heads, (int)head_dim,
-            (int)max_seq, 0);
+            qp, paged.kv, row.data(), (int)slot, (int)start_pos, (int)T, op, (int)n_heads, (int)n_kv_heads,
+            (int)head_dim, 0);
         CudaOp::finish("testing.attention_prefill");
     }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slot"), py::arg("start_pos"),
        py::arg("T"), py::arg("out"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("head_dim"),
-       py::arg("max_seq"), py::arg("mma_sync") = false,
+       py::arg("max_seq"), py::arg("mma_sync") = false, py::arg("block_table") = 0, py::arg("block_size") = 16,
+       py::arg("n_blocks") = 0,
        "causal prefill of T tokens at positions start_pos.. of cache slot `slot` (their K/V already "
        "in the cache): q bf16 [T, Hq, hd], out bf16 [T, Hq * hd]. mma_sync=True runs the pre-Hopper "
        "kernel whatever the GPU (Hopper runs TMA-fed wgmma otherwise)");
