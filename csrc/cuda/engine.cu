@@ -174,12 +174,13 @@ void CudaEngine::size_kv_pool() {
     const double fit = std::floor((budget - fixed) / block_bytes);
     if (fit < c.blocks_per_seq()) {
         brrr::Message os;
-        os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_ << ": after the weights ("
-           << gib(weight_bytes) << ") and buffers (" << gib(other_bytes) << "), gpu_memory_utilization "
-           << c.gpu_memory_utilization << " of " << gib(total_b) << " (" << gib(total_b - free_b)
-           << " already in use) leaves room for " << std::max(0.0, fit) << " KV blocks of " << c.kv_block_size
-           << " positions, fewer than one max_seq_len=" << c.max_seq_len << " sequence needs ("
-           << c.blocks_per_seq() << "); raise gpu_memory_utilization, " << kShrinkAdvice;
+        os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_ << ": one max_seq_len="
+           << c.max_seq_len << " sequence needs " << c.blocks_per_seq() * block_bytes << " bytes of KV cache ("
+           << c.blocks_per_seq() << " blocks of " << c.kv_block_size << " positions), but gpu_memory_utilization "
+           << c.gpu_memory_utilization << " of " << gib(total_b) << " leaves " << std::max(0.0, budget - fixed)
+           << " bytes for it after the weights (" << gib(weight_bytes) << "), the buffers (" << gib(other_bytes)
+           << ") and what is in use already (" << gib(total_b - free_b) << "; " << free_b << " bytes free); "
+           << "raise gpu_memory_utilization, " << kShrinkAdvice;
         throw OutOfMemory(os.str());
     }
     c.kv_blocks = (int)fit;
