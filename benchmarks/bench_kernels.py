@@ -25,6 +25,9 @@ copies (> 4x the 50 MB L2 of an H100) that no call finds its operand in L2 from 
   prefill       causal attention of T new tokens (T = 512, 2048, 8192, 16384): TFLOP/s against torch
                 SDPA's FlashAttention-2 backend and its cuDNN backend, and as a fraction of the
                 GEMM ceiling.
+The KV cache is paged: our attention kernels and the RoPE epilogue reach it through a block table,
+here the identity table over contiguous [slots, max_seq, Hkv, hd] caches in blocks of KV_BLOCK
+(identity_kv), so SDPA reads the same rows without one.
 
     python benchmarks/bench_kernels.py --out benchmarks/results/h100/kernels.json
     python benchmarks/bench_kernels.py --quick          # 1B shapes only, under a minute
@@ -56,6 +59,7 @@ EPILOGUE_NAMES = {STORE_BF16: "store_bf16", STORE_F32: "store_f32", ADD_RESIDUAL
                   SWIGLU: "swiglu", ROPE_KV: "rope_kv"}
 ROTATE_BYTES = 200 * 1024 * 1024  # operand bytes cycled through per kernel: 4x an H100's L2
 INIT_STD = 0.02
+KV_BLOCK = 16  # KV positions per cache block: the engine's default kv_block_size
 
 
 def device_times(fn, repeats: int, warmup: int = 3, copies: bool = False) -> dict:
@@ -147,6 +151,18 @@ def copies_to_defeat_l2(bytes_each: int) -> int:
 
 def random_bf16(shape, scale=1.0):
     return (torch.randn(shape, device="cuda") * scale).to(torch.bfloat16)
+
+
+def identity_kv(slots: int, max_seq: int):
+    """The paged-cache keyword arguments of the _C.testing attention and RoPE ops for caches laid
+    out [slots, max_seq, Hkv, hd]: the identity block table (slot s, block j -> block
+    s * blocks_per_seq + j) on the device, made once here rather than by the binding at every
+    timed call. Returns (table, kwargs); keep the table alive while the kwargs are used."""
+    if max_seq % KV_BLOCK:
+        raise ValueError(f"identity_kv: max_seq={max_seq} must be a multiple of the KV block size {KV_BLOCK}")
+    n_blocks = slots * (max_seq // KV_BLOCK)
+    table = torch.arange(n_blocks, dtype=torch.int32, device="cuda")
+    return table, {"block_table": table.data_ptr(), "block_size": KV_BLOCK, "n_blocks": n_blocks}
 
 
 def projections(config):
@@ -283,6 +299,7 @@ def bench_wqkv_rope(ops, config, mm, repeats):
     q_out = torch.empty((M, config.n_heads, config.head_dim), device="cuda", dtype=torch.bfloat16)
     caches = [torch.empty((1, M, config.n_kv_heads, config.head_dim), device="cuda", dtype=torch.bfloat16)
               for _ in range(2)]
+    table, paged = identity_kv(1, M)
     w = mm.weights[0]
 
     def rope(i):
@@ -291,7 +308,7 @@ def bench_wqkv_rope(ops, config, mm, repeats):
                                 slots=slots.data_ptr(), inv_freq=inv_freq.data_ptr(), q_out=q_out.data_ptr(),
                                 k_cache=caches[0].data_ptr(), v_cache=caches[1].data_ptr(),
                                 n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim,
-                                max_seq=M, split=mm.split)
+                                max_seq=M, split=mm.split, **paged)
 
     def store(i):
         ops.rmsnorm_matmul_bf16(x.data_ptr(), norm_w.data_ptr(), 1e-5, w.data_ptr(), M, N, K, STORE_BF16,
@@ -350,6 +367,7 @@ def bench_flash_decode(ops, shapes, contexts, repeats, copy_bw):
             # One cache per rotation step, each exactly one context long: max_seq = ctx.
             caches = [(random_bf16((1, ctx, n_kv, hd)), random_bf16((1, ctx, n_kv, hd)))
                       for _ in range(copies_to_defeat_l2(kv_bytes))]
+            table, paged = identity_kv(1, ctx)  # the same layout in every copy
             q = random_bf16((1, n_heads, hd))
             slots = torch.zeros(1, dtype=torch.int32, device="cuda")
             positions = torch.full((1,), ctx - 1, dtype=torch.int32, device="cuda")
@@ -362,7 +380,7 @@ def bench_flash_decode(ops, shapes, contexts, repeats, copy_bw):
                 k, v = caches[i % len(caches)]
                 ops.flash_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
                                  positions.data_ptr(), out.data_ptr(), scratch.data_ptr(), 1, n_heads,
-                                 n_kv, hd, ctx, max_splits)
+                                 n_kv, hd, ctx, max_splits, **paged)
 
             # SDPA wants [B, H, L, hd]: give it its own head-major copies.
             q4 = q.view(1, n_heads, 1, hd)
@@ -396,10 +414,11 @@ def bench_prefill(ops, shapes, lengths, repeats, ceiling):
             k, v = random_bf16((1, T, n_kv, hd)), random_bf16((1, T, n_kv, hd))
             q = random_bf16((T, n_heads, hd))
             out = torch.empty((T, n_heads * hd), device="cuda", dtype=torch.bfloat16)
+            table, paged = identity_kv(1, T)
 
             def ours(i):
                 ops.attention_prefill(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, 0, T, out.data_ptr(),
-                                      n_heads, n_kv, hd, T)
+                                      n_heads, n_kv, hd, T, **paged)
 
             qh = q.transpose(0, 1)[None].contiguous()
             # The K/V heads repeated for the GQA group: SDPA's backends differ in whether they take

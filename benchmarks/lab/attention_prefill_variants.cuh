@@ -23,13 +23,22 @@
 // inside the exponent's FFMA instead of a separate multiply.
 // 14 (attention_prefill_wgmma.cuh) moves hd 128 to warpgroup MMA fed by cp.async; 15 feeds it by
 // TMA from a producer warpgroup (attention_prefill_sm90_kernel, attention_prefill_sm90.cuh).
+//
+// The cache is paged (ops.h KvCache). The production kernels (11-13, 15) read every K/V row
+// through the block table; the lab's own kernels (01-10, 14) predate paging and read row
+// slot * max_seq + p of the pool, the contiguous [slots][max_seq][Hkv][hd] layout. The lab runs
+// them all on that layout with the identity table over it (slot s, block j -> s * blocks_per_seq +
+// j), so every variant sees the same rows; check_contiguous rejects any other table.
 #pragma once
 
 namespace lab {
 
-using PrefillLauncher = void (*)(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
-                                 int start_pos, int T, bf16* out, int n_heads, int n_kv_heads,
-                                 int head_dim, int max_seq, cudaStream_t stream);
+using brrr::cuda::KvCache;
+
+// attention_prefill's signature: slot_blocks is the slot's table row on the host.
+using PrefillLauncher = void (*)(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot,
+                                 int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
+                                 cudaStream_t stream);
 
 struct PrefillVariant {
     const char* name;
@@ -39,6 +48,23 @@ struct PrefillVariant {
 using brrr::cuda::PrefillArgs;
 namespace ptx = brrr::cuda::ptx;
 namespace util = brrr::cuda::util;
+
+// The checks attention_prefill makes, and for the lab's own kernels that the slot's blocks are
+// the identity ones they assume (another table would be read wrong, not rejected). False when
+// there is nothing to do (T = 0).
+inline bool check_contiguous(const char* op, const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot,
+                             int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim) {
+    if (!brrr::cuda::check_prefill(op, q, kv, slot_blocks, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim))
+        return false;
+    const int bs = kv.pages.block_size, bps = kv.pages.blocks_per_seq;
+    BRRR_CHECK(kv.max_seq == bps * bs, op << ": the lab kernels read a contiguous cache: max_seq=" << kv.max_seq
+                                          << " must be blocks_per_seq * block_size = " << bps * bs);
+    for (int b = 0; b < CEIL_DIV(start_pos + T, bs); ++b)
+        BRRR_CHECK(slot_blocks[b] == slot * bps + b,
+                   op << ": the lab kernels need the identity block table; slot " << slot << " block " << b
+                      << " is " << slot_blocks[b] << ", not " << slot * bps + b);
+    return true;
+}
 
 // ---- 01: the first production kernel, 64 queries per CTA (4 warps x 16 rows) --------------------
 
@@ -61,11 +87,11 @@ __global__ void __launch_bounds__(kRows64Threads) prefill_rows64_kernel(PrefillA
     const int kv_total = a.start_pos + a.T;                       // filled cache positions
     const int kv_end = a.start_pos + min(q0 + kRows64, a.T);     // what this tile's last row sees
     const int n_tiles = CEIL_DIV(kv_end, kRows64KV);
-    const size_t slot_base = (size_t)a.slot * a.max_seq;
+    const size_t slot_base = (size_t)a.slot * a.kv.max_seq;  // the identity table's rows (check_contiguous)
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
-    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
-    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
+    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.kv.k);
+    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.kv.v);
     constexpr int kChunks = kRows64 * HD / 8;  // 16-byte chunks per tile (Q, K or V)
     for (int c = tid; c < kChunks; c += kRows64Threads) {
         const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
@@ -209,14 +235,14 @@ __global__ void __launch_bounds__(kRows64Threads) prefill_rows64_kernel(PrefillA
     }
 }
 
-void launch_rows64(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
-                   int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
-                   cudaStream_t stream) {
-    brrr::cuda::check_attention_shapes("prefill_rows64", n_heads, n_kv_heads, head_dim, max_seq);
-    if (T == 0) return;
+void launch_rows64(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos, int T,
+                   bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
+    if (!check_contiguous("prefill_rows64", q, kv, slot_blocks, slot, start_pos, T, out, n_heads, n_kv_heads,
+                          head_dim))
+        return;
     // heads_fast is the shipped kernel's; 01 always runs query tiles fastest.
-    const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                                                   n_kv_heads, head_dim, max_seq);
+    const PrefillArgs a =
+        brrr::cuda::prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim);
     const dim3 grid(CEIL_DIV(T, kRows64), n_heads);
     const size_t smem = (size_t)(kRows64 + 4 * kRows64KV) * (head_dim + 8) * sizeof(uint16_t);
     auto kernel = head_dim == 64 ? prefill_rows64_kernel<64> : prefill_rows64_kernel<128>;
@@ -249,11 +275,11 @@ __global__ void __launch_bounds__(WARPS * 32) prefill_tiled_kernel(PrefillArgs a
     const int kv_total = a.start_pos + a.T;                 // filled cache positions
     const int kv_end = a.start_pos + min(q0 + kRows, a.T);  // what this tile's last row sees
     const int n_tiles = CEIL_DIV(kv_end, KV);
-    const size_t slot_base = (size_t)a.slot * a.max_seq;
+    const size_t slot_base = (size_t)a.slot * a.kv.max_seq;  // the identity table's rows (check_contiguous)
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
-    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
-    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
+    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.kv.k);
+    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.kv.v);
     for (int c = tid; c < kRows * HD / 8; c += kThreads) {
         const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
         const bool ok = q0 + r < a.T;
@@ -457,28 +483,28 @@ void launch_tiled_hd(PrefillArgs a, cudaStream_t stream) {
 }
 
 template <int WARPS, int MT, bool QREG_HD64, int KV128 = 64, bool HEADS_FAST = false>
-void launch_tiled(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
-                  int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
-                  cudaStream_t stream) {
-    brrr::cuda::check_attention_shapes("prefill_tiled", n_heads, n_kv_heads, head_dim, max_seq);
-    if (T == 0) return;
+void launch_tiled(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos, int T,
+                  bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
+    if (!check_contiguous("prefill_tiled", q, kv, slot_blocks, slot, start_pos, T, out, n_heads, n_kv_heads,
+                          head_dim))
+        return;
     // launch_tiled_hd overrides heads_fast with the variant's grid order.
-    const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                                                   n_kv_heads, head_dim, max_seq);
+    const PrefillArgs a =
+        brrr::cuda::prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim);
     if (head_dim == 64) launch_tiled_hd<64, WARPS, MT, QREG_HD64, KV128, HEADS_FAST>(a, stream);
     else launch_tiled_hd<128, WARPS, MT, QREG_HD64, KV128, HEADS_FAST>(a, stream);
 }
 
 // ---- 11-13: the mma.sync kernel as it shipped, and its other paths -------------------------------
+// The production kernel, so the rows come through the block table.
 
 template <int KV128, bool FORCE_TILES_FAST>
-void launch_mma_sync_path(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot,
-                          int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim,
-                          int max_seq, cudaStream_t stream) {
-    brrr::cuda::check_attention_shapes("mma_sync_path", n_heads, n_kv_heads, head_dim, max_seq);
-    if (T == 0) return;
-    PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                                             n_kv_heads, head_dim, max_seq);
+void launch_mma_sync_path(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos,
+                          int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
+    if (!brrr::cuda::check_prefill("mma_sync_path", q, kv, slot_blocks, slot, start_pos, T, out, n_heads, n_kv_heads,
+                                    head_dim))
+        return;
+    PrefillArgs a = brrr::cuda::prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim);
     if (FORCE_TILES_FAST) a.heads_fast = false;
     const dim3 grid = brrr::cuda::prefill_grid(a);
     if (head_dim == 64) brrr::cuda::launch_prefill<64, 64>(a, grid, stream);

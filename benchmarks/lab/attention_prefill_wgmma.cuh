@@ -66,11 +66,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) prefill_wgmma_hd128_kernel(Pref
     const int kv_total = a.start_pos + a.T;
     const int kv_end = a.start_pos + min(q0 + kWgRows, a.T);
     const int n_tiles = CEIL_DIV(kv_end, kWgKV);
-    const size_t slot_base = (size_t)a.slot * a.max_seq;
+    const size_t slot_base = (size_t)a.slot * a.kv.max_seq;  // the identity table's rows (check_contiguous)
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
-    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.k_cache);
-    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.v_cache);
+    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.kv.k);
+    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.kv.v);
     for (int i = tid; i < kWgRows * HD / 8; i += kWgThreads) {
         const int r = i >> 4, c = i & 15;
         const bool ok = q0 + r < a.T;
@@ -118,18 +118,18 @@ __global__ void __launch_bounds__(kWgThreads, 1) prefill_wgmma_hd128_kernel(Pref
 }
 
 // The launcher of 14: hd 64 runs the mma.sync kernel (11).
-void launch_wgmma_hd128(const bf16* q, const bf16* k_cache, const bf16* v_cache, int slot, int start_pos,
-                        int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, int max_seq,
-                        cudaStream_t stream) {
+void launch_wgmma_hd128(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos,
+                        int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
     if (head_dim != 128) {
-        launch_mma_sync_path<64, false>(q, k_cache, v_cache, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim,
-                                        max_seq, stream);
+        launch_mma_sync_path<64, false>(q, kv, slot_blocks, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim,
+                                        stream);
         return;
     }
-    brrr::cuda::check_attention_shapes("prefill_wgmma", n_heads, n_kv_heads, head_dim, max_seq);
-    if (T == 0) return;
-    const PrefillArgs a = brrr::cuda::prefill_args(q, k_cache, v_cache, slot, start_pos, T, out, n_heads,
-                                                   n_kv_heads, head_dim, max_seq);
+    if (!check_contiguous("prefill_wgmma", q, kv, slot_blocks, slot, start_pos, T, out, n_heads, n_kv_heads,
+                          head_dim))
+        return;
+    const PrefillArgs a =
+        brrr::cuda::prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim);
     CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_hd128_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)kWgSmem));
     prefill_wgmma_hd128_kernel<<<brrr::cuda::prefill_grid(a), kWgThreads, kWgSmem, stream>>>(a);

@@ -4,10 +4,12 @@
 //
 // This file includes the prefill kernels' headers and links their .cu files (run_attention_prefill_lab.sh),
 // so variants 11-13 and 15 run the production kernels. Every variant is a
-// launcher with attention_prefill's signature: q [T][Hq][hd], the caches [slots][max_seq][Hkv][hd]
-// and out [T][Hq][hd], all bf16. Query token i sits at position start_pos + i and attends to cache
-// positions [0, start_pos + i] of its slot (the new tokens' K/V are already there); GQA: query
-// head h reads KV head h / (Hq / Hkv).
+// launcher with attention_prefill's signature: q [T][Hq][hd], the paged caches (ops.h KvCache) with
+// the slot's block table row on the host, and out [T][Hq][hd], all bf16. The lab lays the caches
+// out as [slots][max_seq][Hkv][hd], max_seq a multiple of the block size, under the identity block
+// table (attention_prefill_variants.cuh says why). Query token i sits at position start_pos + i and
+// attends to cache positions [0, start_pos + i] of its slot (the new tokens' K/V are already
+// there); GQA: query head h reads KV head h / (Hq / Hkv).
 //
 //   nvcc -O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
 //        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_attention_prefill_lab.cu \
@@ -15,12 +17,14 @@
 //   ./prefill_lab check   every variant on odd lengths, offsets and GQA groups; exit 1 on a failure
 //   ./prefill_lab bench [--skip V,V]   Llama-3.2-1B and Llama-3-8B heads at T = 512..16384, JSON lines
 //                         on stdout; the named variants (those that failed the check) are not timed
+//   --block-size N        after either: the KV block size (16, 32, 64 or 128; default 16)
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iterator>
 #include <random>
@@ -67,19 +71,54 @@ private:
     size_t n_;
 };
 
+// The identity block table of `slots` slots of max_seq positions on the device (slot s, block j ->
+// s * blocks_per_seq + j), and the KvCache over k and v laid out [slots][max_seq][Hkv][hd].
+class IdentityTable {
+public:
+    IdentityTable(int slots, int max_seq, int block_size) : block_size_(block_size), bps_(max_seq / block_size) {
+        BRRR_CHECK(max_seq % block_size == 0,
+                   "identity table: max_seq=" << max_seq << " must be a multiple of block_size=" << block_size);
+        host_.resize((size_t)slots * bps_);
+        for (size_t i = 0; i < host_.size(); ++i) host_[i] = (int32_t)i;
+        CUDA_CHECK(cudaMalloc(&p_, host_.size() * sizeof(int32_t)));
+        CUDA_CHECK(cudaMemcpy(p_, host_.data(), host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    }
+    ~IdentityTable() { cudaFree(p_); }
+    IdentityTable(const IdentityTable&) = delete;
+    IdentityTable& operator=(const IdentityTable&) = delete;
+
+    // The caches of the first `slots` slots at max_seq = blocks_per_seq * block_size.
+    brrr::cuda::KvCache cache(bf16* k, bf16* v, int slots) const {
+        brrr::cuda::KvCache kv;
+        kv.k = k;
+        kv.v = v;
+        kv.pages = {p_, bps_, block_size_};
+        kv.n_blocks = slots * bps_;
+        kv.max_seq = bps_ * block_size_;
+        return kv;
+    }
+    const int32_t* row(int slot) const { return host_.data() + (size_t)slot * bps_; }
+
+private:
+    int32_t* p_ = nullptr;
+    std::vector<int32_t> host_;
+    int block_size_, bps_;
+};
+
 // ---- check: every variant against a float64 reference ------------------------------------------
 
 constexpr uint16_t kPoison = 0x7FC1;  // a quiet NaN: an output the kernel never writes stays non-finite
 constexpr size_t kGuardElems = 4096;  // after out: a write past the last row or head lands here
 constexpr int kCacheSlots = 3;
 constexpr int kSlot = 1;      // the sequence sits between two slots of other data
-constexpr int kTailRows = 3;  // cache rows past start_pos + T: filled, but no query may see them
+constexpr int kTailRows = 3;  // at least this many cache rows past start_pos + T: filled, but no query may see them
 constexpr double kAbsTol = 2e-2, kRelTol = 2e-2;  // bf16 output and bf16 P in the PV product
 
 struct Case {
-    int head_dim, n_heads, n_kv_heads, T, start_pos;
+    int head_dim, n_heads, n_kv_heads, T, start_pos, block_size;
 
-    int max_seq() const { return start_pos + T + kTailRows; }
+    // Whole blocks: the identity table's condition.
+    int max_seq() const { return CEIL_DIV(start_pos + T + kTailRows, block_size) * block_size; }
     size_t out_elems() const { return (size_t)T * n_heads * head_dim; }
     size_t cache_elems() const { return (size_t)kCacheSlots * max_seq() * n_kv_heads * head_dim; }
     std::string describe() const {
@@ -88,7 +127,7 @@ struct Case {
     }
 };
 
-std::vector<Case> check_cases() {
+std::vector<Case> check_cases(int block_size) {
     struct Heads { int n_heads, n_kv_heads; };
     const Heads heads[] = {{4, 1}, {8, 2}, {3, 3}, {6, 2}};
     const int lengths[] = {1, 17, 64, 127, 130, 333};  // one token, partial tiles, exact tiles, several
@@ -97,7 +136,7 @@ std::vector<Case> check_cases() {
     for (int hd : {64, 128})
         for (const Heads& h : heads)
             for (int T : lengths)
-                for (int start : starts) cases.push_back({hd, h.n_heads, h.n_kv_heads, T, start});
+                for (int start : starts) cases.push_back({hd, h.n_heads, h.n_kv_heads, T, start, block_size});
     return cases;
 }
 
@@ -213,16 +252,17 @@ struct VariantTally {
 // catches state left behind by the first). Returns "" when both pass, else what went wrong.
 // Sets context_lost when a CUDA error leaves the device unusable.
 std::string run_case(const PrefillVariant& variant, const Case& c, const CaseData& d, const DeviceBits& q,
-                     const DeviceBits& k, const DeviceBits& v, DeviceBits& out, cudaStream_t stream,
-                     double& max_err, bool& context_lost) {
+                     const DeviceBits& k, const DeviceBits& v, const IdentityTable& table, DeviceBits& out,
+                     cudaStream_t stream, double& max_err, bool& context_lost) {
+    const brrr::cuda::KvCache kv = table.cache(k.get(), v.get(), kCacheSlots);
     const std::vector<uint16_t> poison(c.out_elems() + kGuardElems, kPoison);
     std::string failures;
     for (int call = 1; call <= 2; ++call) {
         out.upload(poison);
         std::string why;
         try {
-            variant.launch(q.get(), k.get(), v.get(), kSlot, c.start_pos, c.T, out.get(), c.n_heads,
-                           c.n_kv_heads, c.head_dim, c.max_seq(), stream);
+            variant.launch(q.get(), kv, table.row(kSlot), kSlot, c.start_pos, c.T, out.get(), c.n_heads,
+                           c.n_kv_heads, c.head_dim, stream);
         } catch (const std::exception& e) {
             why = std::string("threw: ") + e.what();
         }
@@ -241,8 +281,8 @@ std::string run_case(const PrefillVariant& variant, const Case& c, const CaseDat
     return failures;
 }
 
-int check() {
-    const std::vector<Case> cases = check_cases();
+int check(int block_size) {
+    const std::vector<Case> cases = check_cases(block_size);
     std::vector<VariantTally> tally(std::size(kPrefillVariants));
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -251,6 +291,7 @@ int check() {
         const Case& c = cases[ci];
         const CaseData d = make_case_data(c, (unsigned)ci + 1);
         DeviceBits q(d.q.size()), k(d.k.size()), v(d.v.size()), out(c.out_elems() + kGuardElems);
+        const IdentityTable table(kCacheSlots, c.max_seq(), block_size);
         q.upload(d.q);
         k.upload(d.k);
         v.upload(d.v);
@@ -258,7 +299,7 @@ int check() {
             const PrefillVariant& variant = kPrefillVariants[vi];
             VariantTally& counts = tally[vi];
             double case_err = 0;
-            const std::string why = run_case(variant, c, d, q, k, v, out, stream, case_err, context_lost);
+            const std::string why = run_case(variant, c, d, q, k, v, table, out, stream, case_err, context_lost);
             ++counts.cases;
             counts.max_err = std::max(counts.max_err, case_err);
             if (!why.empty()) {
@@ -273,8 +314,8 @@ int check() {
     int failures = 0;
     for (size_t vi = 0; vi < std::size(kPrefillVariants); ++vi) {
         const VariantTally& counts = tally[vi];
-        std::printf("%s: %d cases, %d failures, max err %.3g\n", kPrefillVariants[vi].name, counts.cases,
-                    counts.failures, counts.max_err);
+        std::printf("%s: %d cases, %d failures, max err %.3g (KV blocks of %d)\n", kPrefillVariants[vi].name,
+                    counts.cases, counts.failures, counts.max_err, block_size);
         failures += counts.failures;
     }
     cudaStreamDestroy(stream);
@@ -329,14 +370,15 @@ Timing time_calls(Launch&& launch, cudaStream_t stream) {
 }
 
 // skip: ",name,name," of variants not to time (those that failed the check).
-int bench(const std::string& skip) {
+int bench(const std::string& skip, int block_size) {
     std::mt19937 rng(11);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int longest = *std::max_element(std::begin(kBenchLengths), std::end(kBenchLengths));
     for (const BenchShape& sh : kBenchShapes) {
         // Sized for the longest T and reused for the shorter ones: with slot 0 and max_seq = T the
-        // cache of T positions is the first T rows, and q / out the first T tokens.
+        // cache of T positions is the first T rows, and q / out the first T tokens. Slot 0's
+        // identity row at max_seq = T is the first T / block_size entries of the longest one's.
         std::fprintf(stderr, "%s: random inputs for T=%d\n", sh.name, longest);
         std::vector<uint16_t> q_host((size_t)longest * sh.n_heads * sh.head_dim);
         std::vector<uint16_t> k_host((size_t)longest * sh.n_kv_heads * sh.head_dim), v_host(k_host.size());
@@ -347,7 +389,13 @@ int bench(const std::string& skip) {
         q.upload(q_host);
         k.upload(k_host);
         v.upload(v_host);
+        const IdentityTable longest_table(1, longest, block_size);
         for (int T : kBenchLengths) {
+            BRRR_CHECK(T % block_size == 0, "bench: T=" << T << " must be a multiple of block_size=" << block_size);
+            brrr::cuda::KvCache kv = longest_table.cache(k.get(), v.get(), 1);
+            kv.pages.blocks_per_seq = T / block_size;
+            kv.n_blocks = T / block_size;
+            kv.max_seq = T;
             // QK^T and PV over the causal half: 2 x (2 hd T^2 / 2) per head, as bench_kernels.py counts.
             const double flops = 2.0 * sh.n_heads * sh.head_dim * (double)T * T;
             double first_us = 0;
@@ -357,15 +405,15 @@ int bench(const std::string& skip) {
                 std::fprintf(stderr, "  T=%d %s\n", T, variant.name);
                 const Timing t = time_calls(
                     [&] {
-                        variant.launch(q.get(), k.get(), v.get(), 0, 0, T, out.get(), sh.n_heads, sh.n_kv_heads,
-                                       sh.head_dim, T, stream);
+                        variant.launch(q.get(), kv, longest_table.row(0), 0, 0, T, out.get(), sh.n_heads,
+                                       sh.n_kv_heads, sh.head_dim, stream);
                     },
                     stream);
                 if (vi == 0) first_us = t.median_us;
                 std::printf("{\"variant\": \"%s\", \"shape\": \"%s\", \"T\": %d, \"us\": %.3f, \"us_min\": %.3f, "
-                            "\"us_max\": %.3f, \"tflops\": %.2f, \"vs_first\": %.3f}\n",
+                            "\"us_max\": %.3f, \"tflops\": %.2f, \"vs_first\": %.3f, \"block_size\": %d}\n",
                             variant.name, sh.name, T, t.median_us, t.min_us, t.max_us,
-                            flops / (t.median_us * 1e-6) / 1e12, first_us / t.median_us);
+                            flops / (t.median_us * 1e-6) / 1e12, first_us / t.median_us, block_size);
                 std::fflush(stdout);
             }
         }
@@ -378,15 +426,32 @@ int bench(const std::string& skip) {
 
 int main(int argc, char** argv) {
     const std::string mode = argc >= 2 ? argv[1] : "";
-    const bool skip_given = argc == 4 && std::string(argv[2]) == "--skip";
+    // Options after the mode, each with its value: --skip (bench only), --block-size.
+    std::string skip;
+    int block_size = 16;
+    bool args_ok = argc % 2 == 0;
+    for (int i = 2; args_ok && i + 1 < argc; i += 2) {
+        const std::string opt = argv[i], value = argv[i + 1];
+        if (opt == "--skip" && mode == "bench") {
+            skip = value;
+        } else if (opt == "--block-size") {
+            char* end = nullptr;
+            const long n = std::strtol(value.c_str(), &end, 10);
+            args_ok = *end == '\0' && (n == 16 || n == 32 || n == 64 || n == 128);
+            if (!args_ok) std::fprintf(stderr, "--block-size must be 16, 32, 64 or 128, got '%s'\n", value.c_str());
+            block_size = (int)n;
+        } else {
+            args_ok = false;
+        }
+    }
     try {
-        if (mode == "check" && argc == 2) return lab::check();
-        if (mode == "bench" && (argc == 2 || skip_given))
-            return lab::bench("," + std::string(skip_given ? argv[3] : "") + ",");
+        if (args_ok && mode == "check") return lab::check(block_size);
+        if (args_ok && mode == "bench") return lab::bench("," + skip + ",", block_size);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;
     }
-    std::fprintf(stderr, "usage: %s check | bench [--skip VARIANT,VARIANT...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s check [--block-size N] | bench [--skip VARIANT,VARIANT...] [--block-size N]\n",
+                 argv[0]);
     return 2;
 }

@@ -10,15 +10,22 @@
 // after the PDL wait, the trigger at every head dim, the shared-memory tile kernel) are in
 // docs/kernels/attention.md.
 //
+// The cache is paged (ops.h KvCache): the lab lays each slot out contiguously, [max_batch][max_seq]
+// [Hkv][hd] with max_seq rounded up to a multiple of the block size, and gives the kernel the
+// identity block table over it (slot s, block j -> block s * blocks_per_seq + j), so the reference
+// and the stand-in below index the plain layout while the kernel reads every row through the table.
+//
 //   nvcc -O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
 //        -gencode=arch=compute_90a,code=sm_90a benchmarks/lab/cuda_flash_decode_lab.cu \
 //        csrc/cuda/attention_decode.cu -o fd_lab
 //   ./fd_lab check    every variant on odd lengths, batches and GQA groups; exit 1 on a failure
 //   ./fd_lab bench    Llama-3.2-1B and Llama-3-8B heads at contexts 128..16384, JSON lines on stdout
+//   --block-size N    after either: the KV block size (16, 32, 64 or 128; default 16)
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -74,15 +81,20 @@ T* device_copy(const std::vector<T>& h) {
 // One decode problem: B sequences in distinct cache slots, each with its own length.
 struct Problem {
     int Hq, Hkv, hd, max_seq, max_batch, max_splits;
+    int block_size = 16;
     std::vector<int> lengths, slots;
     std::vector<uint16_t> q, k, v;  // q [B][Hq][hd]; caches [max_batch][max_seq][Hkv][hd]
     bf16 *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
     int *dslots = nullptr, *dpos = nullptr;
+    int32_t* dtable = nullptr;  // the identity block table [max_batch][max_seq / block_size]
     float* dscratch = nullptr;
     size_t scratch_floats = 0;
 
     int B() const { return (int)lengths.size(); }
+    int blocks_per_seq() const { return max_seq / block_size; }
+    // Rounds max_seq up to whole blocks (the identity table's condition), then fills the caches.
     void build(std::mt19937& rng) {
+        max_seq = CEIL_DIV(max_seq, block_size) * block_size;
         std::normal_distribution<float> n01;
         const size_t cache = (size_t)max_batch * max_seq * Hkv * hd;
         q.resize((size_t)B() * Hq * hd);
@@ -102,17 +114,33 @@ struct Problem {
         dv = reinterpret_cast<bf16*>(device_copy(v));
         dslots = device_copy(slots);
         dpos = device_copy(pos);
+        std::vector<int32_t> table((size_t)max_batch * blocks_per_seq());
+        for (size_t i = 0; i < table.size(); ++i) table[i] = (int32_t)i;
+        dtable = device_copy(table);
         CUDA_CHECK(cudaMalloc(&dout, (size_t)B() * Hq * hd * 2));
         scratch_floats = flash_decode_scratch_floats(B(), Hq, hd, max_splits);
         CUDA_CHECK(cudaMalloc(&dscratch, scratch_floats * 4));
         CUDA_CHECK(cudaMemset(dscratch, 0, scratch_floats * 4));
     }
     void free() {
-        for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dout, (void*)dslots, (void*)dpos, (void*)dscratch})
+        for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dout, (void*)dslots, (void*)dpos, (void*)dtable,
+                        (void*)dscratch})
             cudaFree(p);
     }
+    KvCache kv() const {
+        KvCache c;
+        c.k = dk;
+        c.v = dv;
+        c.pages = {dtable, blocks_per_seq(), block_size};
+        c.n_blocks = max_batch * blocks_per_seq();
+        c.max_seq = max_seq;
+        return c;
+    }
+    // flash_decode's arguments, with the checks flash_decode makes on the cache.
     DecodeArgs args() const {
-        return decode_args(dq, dk, dv, dslots, dpos, dout, dscratch, B(), Hq, Hkv, hd, max_seq, max_splits);
+        const KvCache c = kv();
+        check_kv_cache("flash_decode lab", c);
+        return decode_args(dq, c, dslots, dpos, dout, dscratch, B(), Hq, Hkv, hd, max_splits);
     }
     // softmax(q k^T / sqrt(hd)) v in float64 for sequence b, head h.
     std::vector<double> reference(int b, int h) const {
@@ -179,7 +207,7 @@ int check_one(const Variant& v, Problem& pr) {
     return fails;
 }
 
-int check() {
+int check(int block_size) {
     std::mt19937 rng(7);
     struct Heads { int Hq, Hkv, hd; };
     const Heads heads[] = {{32, 8, 64}, {32, 8, 128}, {4, 4, 64}, {8, 4, 128}, {9, 3, 128}, {16, 1, 64}};
@@ -188,14 +216,14 @@ int check() {
     int fails = 0, runs = 0;
     for (const Heads& hs : heads)
         for (const auto& lengths : batches) {
-            Problem pr{hs.Hq, hs.Hkv, hs.hd, 4200, 5, 33};
+            Problem pr{hs.Hq, hs.Hkv, hs.hd, 4200, 5, 33, block_size};
             pr.lengths = lengths;
             for (int b = 0; b < pr.B(); ++b) pr.slots.push_back((b * 3 + 1) % pr.max_batch);
             pr.build(rng);
             for (const Variant& v : kVariants) fails += check_one(v, pr), runs += 2;
             pr.free();
         }
-    std::printf("check: %d calls, %d failures\n", runs, fails);
+    std::printf("check: %d calls, %d failures (KV blocks of %d)\n", runs, fails, block_size);
     return fails ? 1 : 0;
 }
 
@@ -203,7 +231,8 @@ int check() {
 
 // Streams its layer's weight and then writes q and this token's K/V row: what the fused QKV GEMV
 // leaves for attention. Like the engine's GEMV it issues only its first loads before the PDL
-// wait, so the decode kernel before it is not hidden behind the whole stream.
+// wait, so the decode kernel before it is not hidden behind the whole stream. The token's row is
+// pos[0] of slot 0, row pos[0] of the pool under the identity table.
 __global__ void qkv_stand_in(const uint4* __restrict__ weight, size_t n16, const bf16* __restrict__ q_src,
                              bf16* __restrict__ q, bf16* k_cache, bf16* v_cache, const int* __restrict__ pos,
                              int q_elems, int row_elems) {
@@ -255,7 +284,7 @@ Timing time_variant(const Variant& v, Problem& pr, const std::vector<uint4*>& we
     return t;
 }
 
-int bench() {
+int bench(int block_size) {
     std::mt19937 rng(11);
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -272,7 +301,7 @@ int bench() {
             CUDA_CHECK(cudaMemset(w, 1, wbytes));
         }
         for (int ctx : contexts) {
-            Problem pr{sh.Hq, sh.Hkv, sh.hd, 16384, 1, 33};
+            Problem pr{sh.Hq, sh.Hkv, sh.hd, 16384, 1, 33, block_size};
             pr.lengths = {ctx};
             pr.slots = {0};
             pr.build(rng);
@@ -281,9 +310,9 @@ int bench() {
                 const Timing t = time_variant(v, pr, weights, wbytes, s);
                 std::printf("{\"shape\": \"%s\", \"context\": %d, \"variant\": \"%s\", \"chain_us\": %.3f, "
                             "\"isolated_us\": %.3f, \"stand_in_us\": %.3f, \"kv_bytes\": %.0f, "
-                            "\"isolated_GBps\": %.1f}\n",
+                            "\"isolated_GBps\": %.1f, \"block_size\": %d}\n",
                             sh.name, ctx, v.name, t.chain_us, t.isolated_us, t.stand_in_us, kv_bytes,
-                            kv_bytes / (t.isolated_us * 1e3));
+                            kv_bytes / (t.isolated_us * 1e3), block_size);
                 std::fflush(stdout);
             }
             pr.free();
@@ -298,13 +327,22 @@ int bench() {
 
 int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
+    int block_size = 16;
+    bool args_ok = argc == 2;
+    if (argc == 4 && std::string(argv[2]) == "--block-size") {
+        char* end = nullptr;
+        const long n = std::strtol(argv[3], &end, 10);
+        args_ok = *end == '\0' && (n == 16 || n == 32 || n == 64 || n == 128);
+        if (!args_ok) std::fprintf(stderr, "--block-size must be 16, 32, 64 or 128, got '%s'\n", argv[3]);
+        block_size = (int)n;
+    }
     try {
-        if (mode == "check") return lab::check();
-        if (mode == "bench") return lab::bench();
+        if (args_ok && mode == "check") return lab::check(block_size);
+        if (args_ok && mode == "bench") return lab::bench(block_size);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;
     }
-    std::fprintf(stderr, "usage: %s check|bench\n", argv[0]);
+    std::fprintf(stderr, "usage: %s check|bench [--block-size 16|32|64|128]\n", argv[0]);
     return 2;
 }

@@ -5,9 +5,11 @@
 # Output in $OUT:
 #   build.log, check.log, bench.jsonl (one line per variant x shape x T), bench.err, table.txt
 #   OUT=/tmp/ap benchmarks/lab/run_attention_prefill_lab.sh   # on a Hopper GPU, under a minute
+# BLOCK_SIZE=N (16, 32, 64 or 128; default 16): the KV block size of the lab's identity block table.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/attention_prefill_lab}
+BLOCK=(--block-size "${BLOCK_SIZE:-16}")
 mkdir -p "$OUT"
 BIN=/tmp/attention_prefill_lab.bin
 # BRRR_MBARRIER_TIMEOUT: a lost arrival in the TMA variants traps instead of hanging the run.
@@ -18,7 +20,7 @@ if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Ics
         > "$OUT/build.log" 2>&1; then
     echo "build failed:"; tail -40 "$OUT/build.log"; exit 2
 fi
-timeout 120 "$BIN" check > "$OUT/check.log" 2>&1
+timeout 120 "$BIN" check "${BLOCK[@]}" > "$OUT/check.log" 2>&1
 rc=$?
 grep -v '^FAIL' "$OUT/check.log" | tail -n 24
 # Variants that failed a case, or did not run all of them (a fault ends the check), are not timed;
@@ -28,7 +30,7 @@ total=$(sed -n 's/^\([0-9A-Za-z_]*\): \([0-9]*\) cases, .*/\2/p' "$OUT/check.log
 skip=$(sed -n 's/^\([0-9A-Za-z_]*\): \([0-9]*\) cases, \([0-9]*\) failures.*/\1 \2 \3/p' "$OUT/check.log" \
        | awk -v total="$total" '$2 < total || $3 > 0 { printf "%s%s", sep, $1; sep = "," }')
 [[ -z "$skip" ]] || echo "not timed (failed the check): $skip"
-timeout 180 "$BIN" bench --skip "$skip" > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
+timeout 180 "$BIN" bench --skip "$skip" "${BLOCK[@]}" > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
 python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1] + "/bench.jsonl")]

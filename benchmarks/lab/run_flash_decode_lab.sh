@@ -3,9 +3,11 @@
 # against the float64 reference, then times them in a graphed decode chain. Output in $OUT:
 #   build.log, check.log, bench.jsonl (one line per shape x context x variant), table.txt
 #   OUT=/tmp/fd benchmarks/lab/run_flash_decode_lab.sh      # on a Hopper GPU, about a minute
+# BLOCK_SIZE=N (16, 32, 64 or 128; default 16): the KV block size of the lab's identity block table.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/flash_decode_lab}
+BLOCK=(--block-size "${BLOCK_SIZE:-16}")
 mkdir -p "$OUT"
 BIN=/tmp/flash_decode_lab.bin
 if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
@@ -14,11 +16,11 @@ if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Ics
         > "$OUT/build.log" 2>&1; then
     echo "build failed:"; tail -40 "$OUT/build.log"; exit 2
 fi
-timeout 120 "$BIN" check > "$OUT/check.log" 2>&1
+timeout 120 "$BIN" check "${BLOCK[@]}" > "$OUT/check.log" 2>&1
 rc=$?
 tail -n 20 "$OUT/check.log"
 (( rc == 0 )) || { echo "check failed (exit $rc): no timing"; exit 1; }
-timeout 240 "$BIN" bench > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
+timeout 240 "$BIN" bench "${BLOCK[@]}" > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
 python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1] + "/bench.jsonl")]
