@@ -428,6 +428,11 @@ def test_metrics_parse_and_count(served):
         before["llama_brrr_inter_token_latency_seconds_count"] + 6
     assert after["llama_brrr_kv_slots_total"] == 4 and after["llama_brrr_kv_slots_used"] == 0
     assert after["llama_brrr_kv_positions_total"] == 4 * 128
+    assert after["llama_brrr_kv_blocks_total"] == 4 * 128 // 16
+    assert after["llama_brrr_kv_blocks_used"] == 0 and after["llama_brrr_preemptions_total"] == 0
+    assert after["llama_brrr_prefix_cache_queries_total"] >= \
+        before["llama_brrr_prefix_cache_queries_total"] + 1
+    assert after["llama_brrr_prefix_cache_hits_total"] >= before["llama_brrr_prefix_cache_hits_total"]
     assert after["llama_brrr_requests_running"] == 0 and after["llama_brrr_requests_waiting"] == 0
 
 
