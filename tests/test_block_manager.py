@@ -175,6 +175,28 @@ def test_the_last_token_rule(rng):
     assert_empty(bm)
 
 
+def test_a_prefix_cached_after_admission_is_picked_up_before_the_first_chunk(rng):
+    engine, bm = manager()
+    system = tokens(rng, 40)
+    a, b = Seq(system + tokens(rng, 9)), Seq(system + tokens(rng, 20))
+    assert bm.admit(a) and bm.admit(b, chunk=64)  # admitted together: nothing cached yet
+    assert b.prefilled == 0 and len(bm._tables[b.slot]) == 4  # its first chunk: 59 positions
+    private = list(bm._tables[b.slot])
+    a.prefill_all(bm)
+    bm.extend_prefix(b)
+    assert b.prefilled == 32 and bm._tables[b.slot][:2] == bm._tables[a.slot][:2]
+    assert bm._tables[b.slot][2:] == private[2:]  # its own blocks for positions 32.. stay
+    assert engine.history[b.slot] == (0, system[:32])
+    assert engine.tables[b.slot] == bm._tables[b.slot]
+    assert bm.usage()["kv_blocks_used"] == 3 + 2  # b's two replaced blocks went back
+    b.prefilled = 40  # a chunk written: nothing more is replaced
+    bm.extend_prefix(b)
+    assert b.prefilled == 40
+    bm.free(a)
+    bm.free(b)
+    assert_empty(bm)
+
+
 def test_lru_eviction(rng):
     engine, bm = manager(kv_blocks=4, n_slots=2)
     p1, p2 = tokens(rng, 40), tokens(rng, 40)
@@ -300,10 +322,11 @@ def test_prefix_caching_shares_a_system_prompt_and_changes_nothing(rng):
     prompts = [system + tokens(rng, n) for n in [5, 17, 1, 30, 9]]
     params = SamplingParams(max_tokens=20, ignore_eos=True, repetition_penalty=1.3)
     on, off = make_tiny(), make_tiny(enable_prefix_caching=False)
-    first = on.generate(prompts[0], params)[0]  # caches the system prompt's blocks
-    rest = on.generate(prompts[1:], params)
+    together = on.generate(prompts[:3], params)  # the first prefills the system prompt for all
+    assert on._scheduler.usage()["prefix_cache_hits"] >= 2 * 48
+    rest = on.generate(prompts[3:], params)  # the cache outlives a call
     expected = off.generate(prompts, params)
-    assert [o.token_ids for o in [first] + rest] == [o.token_ids for o in expected]
+    assert [o.token_ids for o in together + rest] == [o.token_ids for o in expected]
     usage = on._scheduler.usage()
     assert usage["prefix_cache_hits"] >= 4 * 48 and usage["kv_blocks_used"] == 0
     assert off._scheduler.usage()["prefix_cache_hits"] == 0

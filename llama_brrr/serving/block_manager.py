@@ -157,6 +157,43 @@ class BlockManager:
             parent = digest
         return hits, chain
 
+    def extend_prefix(self, request) -> None:
+        """Before a prefill chunk: more of `request`'s prefix from the cache, if blocks it lacked
+        at admission have been registered since (requests admitted together with one that is
+        prefilling the same system prompt find its blocks this way). Only block-aligned, not yet
+        written positions are replaced, so nothing written is ever thrown away."""
+        slot = request.slot
+        if (not self.enable_prefix_caching or slot is None or request.prefilled % self.block_size
+                or len(self._chains[slot]) != request.prefilled // self.block_size):
+            return
+        ids = sequence_ids(request)
+        table, chain = self._tables[slot], self._chains[slot]
+        parent = chain[-1] if chain else b""
+        start = len(chain)
+        for i in range(start, (len(ids) - 1) // self.block_size):
+            tokens = ids[i * self.block_size:(i + 1) * self.block_size]
+            digest = _digest(parent, tokens)
+            block = self._cached.get(digest)
+            if block is None or self._tokens[block] != tokens or self._parent[block] != parent:
+                break
+            if self._ref[block] == 0:
+                del self._free[block]
+            self._ref[block] += 1
+            if i < len(table):  # a private block for positions not yet written goes back
+                self._release(table[i])
+                table[i] = block
+            else:
+                table.append(block)
+            chain.append(digest)
+            parent = digest
+        if len(chain) > start:
+            first, end = start * self.block_size, len(chain) * self.block_size
+            self.engine.set_history(slot, first, np.asarray(ids[first:end], dtype=np.int32))
+            request.prefilled = end
+            self.prefix_hits += end - first
+            self._uploaded.pop(slot, None)  # blocks were replaced, not only appended
+            self._upload(slot)
+
     def reserve(self, request, n_positions: int) -> bool:
         """Blocks for the next n_positions positions of `request` (from what it has written: its
         next prefill chunk, or its next decode burst); False, allocating nothing, when the pool
@@ -213,11 +250,7 @@ class BlockManager:
         request.slot = None
         # Reversed: a sequence's first blocks (the prefix most others share) are evicted last.
         for block in reversed(self._tables.pop(slot)):
-            self._ref[block] -= 1
-            if self._ref[block] == 0:
-                self._free[block] = None
-                if self._digest[block] is None:
-                    self._free.move_to_end(block, last=False)
+            self._release(block)
         del self._chains[slot], self._owners[slot]
         self._tables[slot] = []
         self._upload(slot)
@@ -263,6 +296,13 @@ class BlockManager:
             self._digest[block] = self._tokens[block] = self._parent[block] = None
         self._ref[block] = 1
         return block
+
+    def _release(self, block: int) -> None:
+        self._ref[block] -= 1
+        if self._ref[block] == 0:
+            self._free[block] = None
+            if self._digest[block] is None:  # holds no cached prefix: the first to reuse
+                self._free.move_to_end(block, last=False)
 
     def _upload(self, slot: int) -> None:
         table = self._tables[slot]

@@ -229,6 +229,10 @@ class Scheduler:
             if r.prefilled == target:
                 continue
             while r.prefilled < target:
+                self.allocator.extend_prefix(r)
+                if r.prefilled == target:  # the cache held the rest: only the decode row is left
+                    budget -= 1
+                    break
                 n = self._chunk(r)
                 cost = n + (1 if r.prefilled + n == target else 0)  # the last chunk brings a decode row
                 if cost > budget:
