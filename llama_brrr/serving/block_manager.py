@@ -281,6 +281,10 @@ class BlockManager:
             last = min(first + self.blocks_per_seq, self.n_blocks)
             self.engine.set_block_table(slot, np.arange(first, max(first, last), dtype=np.int32))
             self._uploaded.pop(slot, None)
+        self.clear_prefix_cache()
+
+    def clear_prefix_cache(self) -> None:
+        """Forgets every cached prefix (blocks in use stay as they are, no longer shareable)."""
         self._cached.clear()
         for block in range(self.n_blocks):
             self._digest[block] = self._tokens[block] = self._parent[block] = None
