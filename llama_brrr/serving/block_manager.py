@@ -88,6 +88,7 @@ class BlockManager:
         self._uploaded: dict[int, int] = {}  # slot -> table length the engine has
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of them, tokens whose KV came from cached blocks
+        self._identity = False  # the engine's tables are the identity layout, no cache kept
 
     # ---- sizes ---------------------------------------------------------------------------------
 
@@ -127,6 +128,7 @@ class BlockManager:
         slot = self._free_slots.pop()
         request.slot = slot
         self._owners[slot] = request
+        self._identity = False
         for block in hits:
             if self._ref[block] == 0:
                 del self._free[block]
@@ -276,6 +278,9 @@ class BlockManager:
         if self._owners:
             raise RuntimeError(f"{len(self._owners)} sequence(s) still hold KV blocks; the identity "
                                f"layout would let direct slot writes overwrite them")
+        if self._identity:  # nothing admitted since the last reset: tables and cache are as left
+            return
+        self._identity = True
         for slot in range(self.n_slots):
             first = slot * self.blocks_per_seq
             last = min(first + self.blocks_per_seq, self.n_blocks)
