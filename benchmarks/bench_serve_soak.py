@@ -39,9 +39,10 @@ SMALL = dict(dim=128, hidden_dim=256, n_layers=4, n_heads=4, n_kv_heads=2, vocab
              max_seq_len=256, name="soak")
 
 
-def make_model(max_batch: int, threads: int) -> Llama:
+def make_model(max_batch: int, threads: int, kv_blocks: int | None = None) -> Llama:
     config = ModelConfig(**SMALL)
-    llm = Llama.random(config, seed=1, device="cpu", max_batch=max_batch, n_threads=threads)
+    llm = Llama.random(config, seed=1, device="cpu", max_batch=max_batch, n_threads=threads,
+                       kv_blocks=kv_blocks)
     # A sharp LM head (std 1): greedy choices without near-ties, so texts compare exactly.
     head = np.random.default_rng(2).normal(0.0, 1.0, (config.vocab_size, config.dim))
     llm.engine.set_weight("output", head.astype(np.float32), "f32")
@@ -73,6 +74,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=64, help="distinct prompts checked")
     parser.add_argument("--disconnect-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-blocks", type=int, default=None,
+                        help="a KV pool smaller than the slots can fill, so requests get preempted")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -84,7 +87,8 @@ def main() -> int:
     tokenizer = reference.tokenizer
     del reference
 
-    engine = AsyncLlama(make_model(args.max_num_seqs, args.threads), max_num_batched_tokens=256)
+    engine = AsyncLlama(make_model(args.max_num_seqs, args.threads, args.kv_blocks),
+                        max_num_batched_tokens=256)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -161,7 +165,8 @@ def main() -> int:
     end = time.monotonic() + 10
     while time.monotonic() < end:
         final = engine.usage()
-        if final["running"] == final["waiting"] == final["slots_used"] == final["kv_positions_used"] == 0:
+        if (final["running"] == final["waiting"] == final["slots_used"] == final["kv_positions_used"]
+                == final["kv_blocks_used"] == 0):
             break
         time.sleep(0.05)
     metrics = engine.metrics.render()
@@ -184,10 +189,12 @@ def main() -> int:
         "e2e_ms": {"median": pct(e2e, 50), "p99": pct(e2e, 99)},
         "metrics_final": [line for line in metrics.splitlines()
                           if line.startswith(("llama_brrr_requests", "llama_brrr_kv", "llama_brrr_generation",
-                                              "llama_brrr_prompt"))],
+                                              "llama_brrr_prompt", "llama_brrr_preemptions",
+                                              "llama_brrr_prefix"))],
     }
     ok = (summary["lost"] == 0 and counts["errors"] == 0 and counts["wrong_text"] == 0
-          and counts["wrong_count"] == 0 and final["slots_used"] == 0 and final["kv_positions_used"] == 0)
+          and counts["wrong_count"] == 0 and final["slots_used"] == 0 and final["kv_positions_used"] == 0
+          and final["kv_blocks_used"] == 0)
     summary["passed"] = ok
     text = json.dumps(summary, indent=1)
     print(text)

@@ -202,7 +202,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--decode-steps", type=int, default=None,
                        help="decode rounds per engine call while no request waits (default 1 on "
                             "cpu, 16 on cuda)")
+    add_kv_cache_arguments(parser)
     group.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
+
+
+def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """The paged KV cache's options (serve and bench serve)."""
+    group = parser.add_argument_group("KV cache")
+    group.add_argument("--kv-block-size", type=int, default=16,
+                       help="positions per KV block: 16, 32, 64 or 128 (default 16)")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="CUDA: the share of the GPU's memory the engine may hold, weights and "
+                            "KV pool included (default 0.9)")
+    group.add_argument("--kv-blocks", type=int, default=None,
+                       help="KV pool size in blocks (default: enough for every sequence to hold "
+                            "the whole context, on CUDA fewer when memory is short)")
+    group.add_argument("--no-prefix-caching", action="store_true",
+                       help="requests sharing a prompt prefix do not share its KV blocks")
+
+
+def kv_cache_kwargs(args: argparse.Namespace) -> dict:
+    return dict(kv_block_size=args.kv_block_size, gpu_memory_utilization=args.gpu_memory_utilization,
+                kv_blocks=args.kv_blocks, enable_prefix_caching=not args.no_prefix_caching)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -222,13 +243,16 @@ def run_serve(args: argparse.Namespace) -> int:
                           f"fastapi uvicorn") from None
     llm = Llama.from_pretrained(args.model, device=args.device, dtype=args.dtype,
                                 max_seq_len=args.max_seq_len, max_batch=args.max_num_seqs,
-                                n_threads=args.threads, progress=True, quant=args.quant)
+                                n_threads=args.threads, progress=True, quant=args.quant,
+                                **kv_cache_kwargs(args))
     engine = AsyncLlama(llm, max_num_batched_tokens=args.max_num_batched_tokens,
                         decode_steps=args.decode_steps, owns_model=True)
     name = args.served_model_name or Path(llm.source).name
     print(f"llama-brrr: serving {llm.source} as {name!r} on http://{args.host}:{args.port}/v1 "
           f"({llm.device}, {engine.scheduler.max_num_seqs} sequences, "
-          f"{engine.scheduler.max_num_batched_tokens} tokens per step)", file=sys.stderr)
+          f"{engine.scheduler.max_num_batched_tokens} tokens per step, KV pool of "
+          f"{llm.block_manager.n_blocks} blocks of {llm.block_manager.block_size}, prefix caching "
+          f"{'on' if llm.enable_prefix_caching else 'off'})", file=sys.stderr)
     run_server(engine, name, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

@@ -259,9 +259,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-step token budget (default 512 cpu, 8192 cuda)")
     engine.add_argument("--decode-steps", type=int, default=None,
                         help="decode rounds per engine call while nobody waits (1 cpu, 16 cuda)")
+    from .cli import add_kv_cache_arguments
+
+    add_kv_cache_arguments(parser)
     load = parser.add_argument_group("workload")
     load.add_argument("--num-prompts", type=int, default=32, help="requests (32)")
     load.add_argument("--input-len", type=int, default=64, help="random prompt tokens (64)")
+    load.add_argument("--shared-prefix", type=int, default=0,
+                      help="the first N of every random prompt's --input-len tokens are the same "
+                           "(a system prompt; default 0)")
     load.add_argument("--output-len", type=int, default=32, help="generated tokens, ignore_eos (32)")
     load.add_argument("--dataset", default=None,
                       help='JSON lines {"prompt": text or ids, "output_len": n} instead of random prompts')
@@ -286,7 +292,10 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         shape=args.shape or (None if args.model else "smollm2-135m"), model=args.model,
         device=args.device, dtype=args.dtype, quant=args.quant, threads=args.threads,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        decode_steps=args.decode_steps, num_prompts=args.num_prompts, input_len=args.input_len,
+        decode_steps=args.decode_steps, kv_block_size=args.kv_block_size,
+        gpu_memory_utilization=args.gpu_memory_utilization, kv_blocks=args.kv_blocks,
+        enable_prefix_caching=not args.no_prefix_caching, shared_prefix=args.shared_prefix,
+        num_prompts=args.num_prompts, input_len=args.input_len,
         output_len=args.output_len, dataset=args.dataset, request_rate=args.request_rate,
         max_concurrency=args.max_concurrency, seed=args.seed, repeats=args.repeats,
         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()))

@@ -116,8 +116,18 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def engine_dict(self, max_seq_len: int, max_batch: int) -> dict:
-        """The flat dict the C++ engine's constructor takes."""
+    def engine_dict(self, max_seq_len: int, max_batch: int, kv_block_size: int | None = None,
+                    kv_blocks: int | None = None,
+                    gpu_memory_utilization: float | None = None) -> dict:
+        """The flat dict the C++ engine's constructor takes. The paged KV cache's keys are left
+        out when None (the engine's defaults: blocks of 16 positions, a pool sized for every slot
+        to hold max_seq_len, 0.9 of the GPU's memory); kv_blocks=0 also means the default."""
+        paged = {key: value for key, value in (
+            ("kv_block_size", None if kv_block_size is None else int(kv_block_size)),
+            ("kv_blocks", None if kv_blocks is None else int(kv_blocks)),
+            ("gpu_memory_utilization",
+             None if gpu_memory_utilization is None else float(gpu_memory_utilization)))
+            if value is not None}
         rs = self.rope_scaling or {}
         rope_type = rs.get("rope_type", "default")
         return {
@@ -131,6 +141,7 @@ class ModelConfig:
             "rope_low_freq_factor": float(rs.get("low_freq_factor", 1.0)),
             "rope_high_freq_factor": float(rs.get("high_freq_factor", 4.0)),
             "rope_original_max_pos": int(rs.get("original_max_position_embeddings", 8192)),
+            **paged,
         }
 
 

@@ -37,6 +37,7 @@ from .config import ModelConfig, shape_config
 from .errors import ArgumentTypeError, NonFiniteLogitsError
 from .sampling import SamplingParams, _has_surrogate
 from .serving.request import Request, RequestOutput
+from .serving.block_manager import BlockManager
 from .serving.scheduler import Scheduler, decode_room, decode_rows
 
 _DTYPE_ALIASES = {
@@ -128,7 +129,8 @@ class Llama:
 
     def __init__(self, engine, config: ModelConfig, tokenizer, *, device: str, dtype: str,
                  max_seq_len: int, max_batch: int, eos_token_ids: Sequence[int] = (),
-                 source: str = "", weight_types: dict | None = None):
+                 source: str = "", weight_types: dict | None = None,
+                 enable_prefix_caching: bool = True):
         self._engine = engine
         self.config = config
         self.tokenizer = tokenizer
@@ -149,6 +151,10 @@ class Llama:
         self.last_output: RequestOutput | None = None
         self._busy = False
         self._scheduler: Scheduler | None = None  # generate()'s, made on first use
+        # The engine's KV pool is one, so its block manager is too: every scheduler of this
+        # instance (generate's, AsyncLlama's) shares it, and its prefix cache outlives a call.
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self._block_manager: BlockManager | None = None
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -156,7 +162,9 @@ class Llama:
     def from_pretrained(cls, path: str | None = None, device: str = "auto", dtype: str | None = None,
                         max_seq_len: int | None = None, max_batch: int | None = None,
                         n_threads: int = 0, progress: bool = True,
-                        quant: str | None = None) -> "Llama":
+                        quant: str | None = None, kv_block_size: int = 16,
+                        gpu_memory_utilization: float = 0.9, kv_blocks: int | None = None,
+                        enable_prefix_caching: bool = True) -> "Llama":
         """Loads a model onto `device`.
 
         path: a model file or directory, None / "default" for the default model (fetched when
@@ -169,6 +177,11 @@ class Llama:
         quantize at load; see llama_brrr.quant.
         max_seq_len: KV-cache length per sequence (default min(model context, 4096)).
         max_batch: sequences decoded together (default 8 on cpu, 64 on cuda).
+        kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching: the paged KV
+        cache (see _parse_kv): positions per block (16, 32, 64 or 128); on CUDA the share of the
+        device's memory the engine may hold, which sizes the pool; the pool's block count (None:
+        enough for every slot to hold max_seq_len, on CUDA fewer when memory is short); whether
+        requests sharing a prompt prefix share its blocks.
         """
         from . import fetch
         from .loaders import load_model
@@ -189,20 +202,23 @@ class Llama:
         max_batch = _parse_max_batch(max_batch, backend)
         file_types = {name: loaded.tensors.file_type(name) for name in config.tensor_shapes()}
         plan = quantization.plan(config, quant, file_types, backend)
-        engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
+        kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
+        engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch, **kv), engine_dtype,
                            device_index, n_threads, plan.type_ids())
         _set_weights(engine, loaded.tensors, config, plan, progress, str(resolved))
         tokenizer = load_tokenizer(loaded.tokenizer_spec)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
                    dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
                    eos_token_ids=loaded.eos_token_ids or (), source=str(resolved),
-                   weight_types=plan.types)
+                   weight_types=plan.types, enable_prefix_caching=enable_prefix_caching)
 
     @classmethod
     def random(cls, shape_name_or_config: str | ModelConfig, seed: int = 0, device: str = "auto",
                dtype: str | None = None, max_seq_len: int | None = None,
                max_batch: int | None = None, n_threads: int = 0,
-               quant: str | None = None) -> "Llama":
+               quant: str | None = None, kv_block_size: int = 16,
+               gpu_memory_utilization: float = 0.9, kv_blocks: int | None = None,
+               enable_prefix_caching: bool = True) -> "Llama":
         """A model with random weights (N(0, 0.02); norms 1 + N(0, 0.02)), drawn by the engine.
 
         quant: a block format or recipe ("q4_k_m", "q8_0", ...) stores the matrices quantized: each
@@ -211,6 +227,8 @@ class Llama:
         shape_name_or_config: a name from config.SHAPES (e.g. "llama3.2-1b") or a ModelConfig.
         Its tokenizer is RandomModelTokenizer (byte-level) when vocab_size >= 259; with a smaller
         vocabulary there is none and prompts must be token-id lists.
+        kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching: as in
+        from_pretrained.
         """
         if isinstance(shape_name_or_config, ModelConfig):
             config = shape_name_or_config
@@ -228,19 +246,38 @@ class Llama:
         plan = quantization.plan(config, quant, None, backend)
         max_seq_len = _parse_max_seq_len(max_seq_len, config)
         max_batch = _parse_max_batch(max_batch, backend)
-        engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch), engine_dtype,
+        kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
+        engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch, **kv), engine_dtype,
                            device_index, n_threads, plan.type_ids())
         engine.init_random(seed, _RANDOM_INIT_STD)
         tokenizer = (RandomModelTokenizer(config.vocab_size)
                      if config.vocab_size >= RandomModelTokenizer.N_SPECIAL + 256 else None)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
                    dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
-                   source=f"random:{config.name}", weight_types=plan.types)
+                   source=f"random:{config.name}", weight_types=plan.types,
+                   enable_prefix_caching=enable_prefix_caching)
 
     @property
     def engine(self):
         """The underlying _C.Engine (for tests and tools; generation goes through this class)."""
         return self._engine
+
+    @property
+    def block_manager(self) -> BlockManager:
+        """The KV pool's block manager every scheduler of this instance shares (made on first use)."""
+        if self._block_manager is None:
+            if self._engine is None:
+                raise RuntimeError("this Llama was closed (close() or the end of its `with` block); "
+                                   "load the model again")
+            self._block_manager = BlockManager(self._engine, self.max_batch, self.max_seq_len,
+                                               self.enable_prefix_caching)
+        return self._block_manager
+
+    def _direct_slots(self) -> None:
+        """Before writing KV slots directly (forward, the static waves): the engine's identity
+        block layout back, and no prefix cache pointing into blocks that are about to change."""
+        if self._block_manager is not None:
+            self._block_manager.reset_identity()
 
     def close(self) -> None:
         """Frees the engine (weights, KV cache, buffers) now instead of at garbage collection, and
@@ -252,6 +289,7 @@ class Llama:
             return
         self._engine = None
         self._scheduler = None
+        self._block_manager = None
         from .memory import release_freed_memory
         release_freed_memory()
 
@@ -356,6 +394,7 @@ class Llama:
             raise ValueError(f"forward: start_pos={start_pos} plus {len(ids)} tokens does not fit "
                              f"the context max_seq_len={self.max_seq_len}")
         with self._exclusive(), profiler.span("forward", "prefill", len(ids)):
+            self._direct_slots()
             profiler.attach(self._engine, self.weights_summary)
             return self._engine.prefill(slot, np.asarray(ids, dtype=np.int32), start_pos, "all")
 
@@ -438,6 +477,7 @@ class Llama:
                 f"{self.config.max_seq_len})")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        self.block_manager.check_fits(len(ids), params.max_tokens)
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         decoder = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
         eos = () if params.ignore_eos else self.eos_token_ids
@@ -532,7 +572,7 @@ class Llama:
             decode_steps = self.DECODE_CHUNK["cuda" if self.device.startswith("cuda") else "cpu"]
         return Scheduler(self._engine, max_seq_len=self.max_seq_len, max_num_seqs=int(max_num_seqs),
                          max_num_batched_tokens=max_num_batched_tokens, prefill_chunk=prefill_chunk,
-                         decode_steps=decode_steps)
+                         decode_steps=decode_steps, allocator=self.block_manager)
 
     def _run(self, requests: list["Request"]) -> Iterator[tuple["Request", str]]:
         """Runs the requests through the scheduler; yields (request, new visible text) per step in
@@ -576,6 +616,7 @@ class Llama:
 
     def _run_static_waves(self, requests: list["Request"]) -> None:
         with self._exclusive():
+            self._direct_slots()
             t_call = time.perf_counter()
             for r in requests:
                 r.t_call = t_call
@@ -706,6 +747,26 @@ def _parse_max_batch(max_batch: int | None, backend: str) -> int:
     if not _is_int(max_batch) or not 1 <= max_batch <= _INT32_MAX:
         raise ValueError(f"max_batch must be an integer >= 1 (and < 2**31), got {max_batch!r}")
     return int(max_batch)
+
+
+def _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching) -> dict:
+    """The paged KV cache's engine_dict arguments, each checked."""
+    if not _is_int(kv_block_size) or kv_block_size not in (16, 32, 64, 128):
+        raise ValueError(f"kv_block_size must be 16, 32, 64 or 128 (positions per KV block), got "
+                         f"{kv_block_size!r}")
+    if (isinstance(gpu_memory_utilization, bool)
+            or not isinstance(gpu_memory_utilization, (int, float, np.floating, np.integer))
+            or not 0.0 < float(gpu_memory_utilization) <= 1.0):
+        raise ValueError(f"gpu_memory_utilization must be a number in (0, 1] (the share of the GPU's "
+                         f"memory the engine may hold), got {gpu_memory_utilization!r}")
+    if kv_blocks is not None and (not _is_int(kv_blocks) or not 1 <= kv_blocks <= _INT32_MAX):
+        raise ValueError(f"kv_blocks must be None (enough for every slot to hold max_seq_len) or an "
+                         f"integer >= 1, got {kv_blocks!r}")
+    if not isinstance(enable_prefix_caching, (bool, np.bool_)):
+        raise ArgumentTypeError(f"enable_prefix_caching must be True or False, got "
+                                f"{enable_prefix_caching!r}")
+    return {"kv_block_size": int(kv_block_size), "kv_blocks": 0 if kv_blocks is None else int(kv_blocks),
+            "gpu_memory_utilization": float(gpu_memory_utilization)}
 
 
 def _parse_threads(n_threads: int) -> int:

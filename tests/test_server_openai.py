@@ -428,6 +428,11 @@ def test_metrics_parse_and_count(served):
         before["llama_brrr_inter_token_latency_seconds_count"] + 6
     assert after["llama_brrr_kv_slots_total"] == 4 and after["llama_brrr_kv_slots_used"] == 0
     assert after["llama_brrr_kv_positions_total"] == 4 * 128
+    assert after["llama_brrr_kv_blocks_total"] == 4 * 128 // 16
+    assert after["llama_brrr_kv_blocks_used"] == 0 and after["llama_brrr_preemptions_total"] == 0
+    assert after["llama_brrr_prefix_cache_queries_total"] >= \
+        before["llama_brrr_prefix_cache_queries_total"] + 1
+    assert after["llama_brrr_prefix_cache_hits_total"] >= before["llama_brrr_prefix_cache_hits_total"]
     assert after["llama_brrr_requests_running"] == 0 and after["llama_brrr_requests_waiting"] == 0
 
 
@@ -439,8 +444,11 @@ def test_default_model_chat_and_stream():
     path = fetch.local_default_model()
     if path is None:
         pytest.skip("the default model is not on disk (llama-brrr generate fetches it)")
+    # Prefix caching off: the served chat would reuse the offline call's prompt blocks and prefill
+    # only the rest, and on a CPU with AMX the quantized GEMM of fewer than 16 rows (VNNI) and of
+    # 16 or more (AMX tiles) round differently, so exact equality holds only without the cache.
     offline = Llama.from_pretrained(str(path), device="cpu", max_seq_len=512, max_batch=4,
-                                    progress=False)
+                                    progress=False, enable_prefix_caching=False)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     want = offline.chat(messages, max_tokens=24)
     wants = offline.generate(["Once upon a time", "The best way to learn"], max_tokens=16)

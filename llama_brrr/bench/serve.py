@@ -46,8 +46,13 @@ class ServeOptions:
     max_num_seqs: int | None = None  # None: the engine's default max_batch (8 cpu, 64 cuda)
     max_num_batched_tokens: int | None = None
     decode_steps: int | None = None
+    kv_block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
     num_prompts: int = 32
     input_len: int = 64
+    shared_prefix: int = 0  # random prompts: the first shared_prefix tokens are the same in all
     output_len: int = 32
     dataset: str | None = None
     request_rate: float = math.inf
@@ -75,6 +80,8 @@ class Record:
 def build_requests(llm, opts: ServeOptions) -> list[tuple[list[int], int]]:
     """(prompt ids, output tokens) per request."""
     rng = np.random.default_rng(opts.seed)
+    if opts.dataset and opts.shared_prefix:
+        raise ValueError("--shared-prefix shapes random prompts; it does not apply to --dataset")
     if opts.dataset:
         out = []
         for n, line in enumerate(Path(opts.dataset).read_text().splitlines()):
@@ -91,8 +98,13 @@ def build_requests(llm, opts: ServeOptions) -> list[tuple[list[int], int]]:
         return out
     if opts.input_len < 1 or opts.output_len < 1:
         raise ValueError("--input-len and --output-len must be >= 1")
+    if not 0 <= opts.shared_prefix <= opts.input_len:
+        raise ValueError(f"--shared-prefix must be in [0, --input-len={opts.input_len}], got "
+                         f"{opts.shared_prefix}")
     low = 3 if llm.config.vocab_size > 3 else 0  # past the byte tokenizer's <unk>, <s>, </s>
-    return [(rng.integers(low, llm.config.vocab_size, size=opts.input_len).tolist(), opts.output_len)
+    prefix = rng.integers(low, llm.config.vocab_size, size=opts.shared_prefix).tolist()
+    own = opts.input_len - opts.shared_prefix
+    return [(prefix + rng.integers(low, llm.config.vocab_size, size=own).tolist(), opts.output_len)
             for _ in range(opts.num_prompts)]
 
 
@@ -286,6 +298,7 @@ def summarize(records: list[Record], wall: float) -> dict:
     return {"completed": len(ok), "failed": len(records) - len(ok), "wall_s": wall,
             "request_throughput": len(ok) / wall, "output_tok_s": out_tokens / wall,
             "total_tok_s": (out_tokens + in_tokens) / wall, "output_tokens": out_tokens,
+            "prompt_tok_s": in_tokens / wall,
             "ttft_ms": _stats(ttft), "tpot_ms": _stats(tpot), "itl_ms": _stats(itl),
             "e2e_ms": _stats(e2e),
             "errors": sorted({r.error for r in records if r.error})[:3]}
@@ -312,7 +325,9 @@ def run(opts: ServeOptions) -> dict:
     if opts.max_concurrency is not None and opts.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {opts.max_concurrency}")
     kwargs = dict(device=opts.device, dtype=opts.dtype, max_batch=opts.max_num_seqs,
-                  n_threads=opts.threads, quant=opts.quant)
+                  n_threads=opts.threads, quant=opts.quant, kv_block_size=opts.kv_block_size,
+                  gpu_memory_utilization=opts.gpu_memory_utilization, kv_blocks=opts.kv_blocks,
+                  enable_prefix_caching=opts.enable_prefix_caching)
     if opts.model:
         llm = Llama.from_pretrained(opts.model, progress=False, **kwargs)
     else:
@@ -321,9 +336,11 @@ def run(opts: ServeOptions) -> dict:
     longest = max(len(ids) + n for ids, n in requests)
     if longest > llm.max_seq_len:
         raise ValueError(f"a request needs {longest} positions; the context holds {llm.max_seq_len}")
+    for ids, n in requests:
+        llm.block_manager.check_fits(len(ids), n)
     offsets = arrival_offsets(len(requests), opts.request_rate, opts.seed)
     all_at_once = math.isinf(opts.request_rate) and opts.max_concurrency is None
-    notes, runs = {}, {m: [] for m in opts.modes}
+    notes, runs, cache = {}, {m: [] for m in opts.modes}, {m: [] for m in opts.modes}
     hf = None
     if "hf" in opts.modes:
         if not all_at_once:
@@ -346,8 +363,12 @@ def run(opts: ServeOptions) -> dict:
             elif mode == "hf":
                 records, wall = run_hf(hf, llm, requests)
             else:
+                # Every run starts with a cold prefix cache: hits come only from the run's own
+                # requests (a shared prefix), never from the previous repeat's identical prompts.
+                llm.block_manager.clear_prefix_cache()
                 engine = AsyncLlama(llm, max_num_batched_tokens=opts.max_num_batched_tokens,
                                     decode_steps=opts.decode_steps)
+                before = engine.scheduler.usage()
                 try:
                     if mode == "scheduler":
                         records, wall = run_scheduler(engine, opts, requests, offsets)
@@ -355,6 +376,9 @@ def run(opts: ServeOptions) -> dict:
                         records, wall = _with_server(engine, opts, requests, offsets)
                 finally:
                     engine.close()
+                after = engine.scheduler.usage()
+                cache[mode].append({key: after[key] - before[key] for key in
+                                    ("prefix_cache_queries", "prefix_cache_hits", "preemptions")})
             runs[mode].append((records, wall))
     result = {"benchmark": "serve", "version": __version__, "command": None,
               "model": llm.source, "device": llm.device, "dtype": llm.dtype,
@@ -371,7 +395,12 @@ def run(opts: ServeOptions) -> dict:
             continue
         summaries = [summarize(records, wall) for records, wall in repeats]
         mid = sorted(range(len(summaries)), key=lambda i: summaries[i]["output_tok_s"])[len(summaries) // 2]
+        for summary, counts in zip(summaries, cache[mode]):
+            summary.update(counts)
+            summary["prefix_cache_hit_rate"] = (counts["prefix_cache_hits"] / counts["prefix_cache_queries"]
+                                                if counts["prefix_cache_queries"] else None)
         entry = dict(summaries[mid])
+        entry["prompt_tok_s_spread"] = _spread([s["prompt_tok_s"] for s in summaries])
         entry["output_tok_s_spread"] = _spread([s["output_tok_s"] for s in summaries])
         entry["request_throughput_spread"] = _spread([s["request_throughput"] for s in summaries])
         entry["repeats"] = summaries
@@ -431,7 +460,8 @@ def _with_server(engine, opts, requests, offsets):
 
 
 def table(result: dict) -> str:
-    head = (f"{'mode':<10} {'done':>5} {'req/s':>7} {'out tok/s':>10} {'(min-max)':>15} {'vs sched':>8} "
+    head = (f"{'mode':<10} {'done':>5} {'req/s':>7} {'in tok/s':>10} {'hit':>5} {'out tok/s':>10} "
+            f"{'(min-max)':>15} {'vs sched':>8} "
             f"{'TTFT mean/med/p99 ms':>24} {'TPOT mean/med/p99 ms':>24} {'ITL mean/med/p99 ms':>24} {'agree':>6}")
     lines = [head, "-" * len(head)]
 
@@ -441,8 +471,10 @@ def table(result: dict) -> str:
     for mode, e in result["modes"].items():
         spread = e["output_tok_s_spread"]
         agree = e.get("agrees_with_scheduler")
+        hit = e.get("prefix_cache_hit_rate")
         lines.append(
-            f"{mode:<10} {e['completed']:>5} {e['request_throughput']:>7.2f} {e['output_tok_s']:>10.1f} "
+            f"{mode:<10} {e['completed']:>5} {e['request_throughput']:>7.2f} {e['prompt_tok_s']:>10.1f} "
+            f"{'-' if hit is None else f'{hit:.0%}':>5} {e['output_tok_s']:>10.1f} "
             f"{spread['min']:>7.1f}-{spread['max']:<7.1f} {e['output_tok_s_vs_scheduler'] or 0:>8.2f} "
             f"{trio(e['ttft_ms']):>24} {trio(e['tpot_ms']):>24} {trio(e['itl_ms']):>24} "
             f"{'-' if agree is None else f'{agree:.0%}':>6}")

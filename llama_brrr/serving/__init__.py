@@ -1,7 +1,8 @@
 """Serving: the continuous-batching scheduler, the async engine and the OpenAI-compatible server.
 
-    scheduler.py     Scheduler and SlotAllocator: which sequences decode and which prompt chunks
-                     prefill each step, on the engine's KV slots
+    scheduler.py     Scheduler: which sequences decode and which prompt chunks prefill each
+                     step, preemption when KV blocks run out
+    block_manager.py BlockManager: slots, the paged KV cache's block tables, prefix caching
     request.py       Request (one sequence in flight, its stop rules) and RequestOutput
     async_engine.py  AsyncLlama: the scheduler on its own thread, requests from any thread or
                      event loop, tokens streamed back per request, abort
@@ -11,7 +12,8 @@
 """
 
 from .request import Request, RequestOutput
-from .scheduler import Scheduler, SlotAllocator
+from .block_manager import BlockManager
+from .scheduler import Scheduler
 
 
 def __getattr__(name):
@@ -22,4 +24,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'llama_brrr.serving' has no attribute {name!r}")
 
 
-__all__ = ["AsyncLlama", "Request", "RequestOutput", "Scheduler", "SlotAllocator"]
+__all__ = ["AsyncLlama", "BlockManager", "Request", "RequestOutput", "Scheduler"]

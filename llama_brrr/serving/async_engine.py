@@ -127,7 +127,7 @@ class AsyncLlama:
         self._closed = False
         self.steps = 0
         self.errors = 0
-        self._usage = {"running": 0, "waiting": 0, **self.scheduler.allocator.usage()}
+        self._usage = self.scheduler.usage()
         self.metrics.set_usage(self._usage)
         self._thread = threading.Thread(target=self._loop, name="llama-brrr-engine", daemon=True)
         self._thread.start()

@@ -6,6 +6,9 @@ no dependency. The engine thread records (observe / count), the HTTP thread rend
     llama_brrr_requests_running / _waiting                  gauges: scheduler queues
     llama_brrr_kv_slots_used / _total                       gauges: engine KV slots
     llama_brrr_kv_positions_used / _total                   gauges: KV positions written / held
+    llama_brrr_kv_blocks_used / _total                      gauges: the paged KV pool's blocks
+    llama_brrr_preemptions_total                            counter: requests preempted (recomputed)
+    llama_brrr_prefix_cache_queries_total / _hits_total     counters: prompt tokens looked up / hit
     llama_brrr_prompt_tokens_total, _generation_tokens_total counters
     llama_brrr_requests_total{finish_reason=...}            counter: finished requests
     llama_brrr_time_to_first_token_seconds                  histogram: submission -> first token
@@ -59,7 +62,15 @@ class ServingMetrics:
         "kv_slots_used": "engine KV slots in use",
         "kv_slots_total": "engine KV slots",
         "kv_positions_used": "KV cache positions written by running requests",
-        "kv_positions_total": "KV cache positions the slots hold",
+        "kv_positions_total": "KV cache positions the pool holds",
+        "kv_blocks_used": "KV cache blocks referenced by running requests",
+        "kv_blocks_total": "KV cache blocks in the pool",
+    }
+    # Counters the scheduler and block manager keep themselves; /metrics shows their last values.
+    USAGE_COUNTERS = {
+        "preemptions": "requests preempted for KV blocks (recomputed later)",
+        "prefix_cache_queries": "prompt tokens looked up in the prefix cache",
+        "prefix_cache_hits": "prompt tokens whose KV came from the prefix cache",
     }
 
     def __init__(self):
@@ -71,6 +82,7 @@ class ServingMetrics:
         self.itl = Histogram(_ITL_BUCKETS)
         self.e2e = Histogram(_E2E_BUCKETS)
         self.gauges = {name: 0 for name in self.GAUGES}
+        self.usage_counters = {name: 0 for name in self.USAGE_COUNTERS}
 
     def first_token(self, ttft_s: float, prompt_tokens: int) -> None:
         with self._lock:
@@ -95,7 +107,10 @@ class ServingMetrics:
                            "kv_slots_used": usage["slots_used"],
                            "kv_slots_total": usage["slots_total"],
                            "kv_positions_used": usage["kv_positions_used"],
-                           "kv_positions_total": usage["kv_positions_total"]}
+                           "kv_positions_total": usage["kv_positions_total"],
+                           "kv_blocks_used": usage["kv_blocks_used"],
+                           "kv_blocks_total": usage["kv_blocks_total"]}
+            self.usage_counters = {name: usage[name] for name in self.USAGE_COUNTERS}
 
     def render(self) -> str:
         with self._lock:
@@ -105,7 +120,9 @@ class ServingMetrics:
                           f"{PREFIX}{name} {self.gauges[name]}"]
             for name, text, value in (
                     ("prompt_tokens", "prompt tokens processed", self.prompt_tokens),
-                    ("generation_tokens", "tokens generated", self.generation_tokens)):
+                    ("generation_tokens", "tokens generated", self.generation_tokens),
+                    *((name, text, self.usage_counters[name])
+                      for name, text in self.USAGE_COUNTERS.items())):
                 lines += [f"# HELP {PREFIX}{name}_total {text}", f"# TYPE {PREFIX}{name}_total counter",
                           f"{PREFIX}{name}_total {value}"]
             lines += [f"# HELP {PREFIX}requests_total finished requests by finish reason",

@@ -44,9 +44,10 @@ class RequestOutput:
 class Request:
     """One sequence: prompt, parameters, generated tokens, visible text and its place in the KV cache.
 
-    Scheduler state: `slot` (None until admitted), `prefilled` (prompt tokens already in the KV
-    cache; the last prompt token is fed by the first decode step, so prefill covers prompt[:-1]),
-    `next_token` / `position` (what the next decode step feeds, and where).
+    Scheduler state: `slot` (None until admitted), `prefilled` (tokens already in the KV cache,
+    counted from position 0, shared prefix blocks included; the last prompt token is fed by the
+    first decode step, so prefill covers prompt[:-1], `prefill_target` tokens), `next_token` /
+    `position` (what the next decode step feeds, and where).
     """
 
     def __init__(self, prompt_text, prompt_ids: list[int], params: SamplingParams, seed: int,
@@ -68,6 +69,10 @@ class Request:
         self.cut_by_stop_string = False
         self.slot: int | None = None
         self.prefilled = 0
+        # Tokens prefill covers: the prompt but its last token, which the first decode step feeds;
+        # after a preemption, the whole sequence so far but its last token (reset_for_recompute).
+        self.prefill_target = len(prompt_ids) - 1
+        self.preemptions = 0
         self.position = 0
         self.next_token = 0
         self.index = 0  # position among the prompts of its call, for error messages
@@ -78,10 +83,16 @@ class Request:
     def finished(self) -> bool:
         return self.finish_reason is not None or self.error is not None
 
-    @property
-    def prefill_target(self) -> int:
-        """Prompt tokens that go through prefill (all but the last, which the first decode feeds)."""
-        return len(self.prompt_ids) - 1
+    def reset_for_recompute(self) -> None:
+        """After a preemption (its KV blocks taken back): the sequence so far, prompt and generated
+        tokens, is prefilled again when it is readmitted, all but the token the next decode step
+        feeds (its last one). Generated tokens, text and stop-string state stay as they are, so the
+        client sees only a delay."""
+        self.slot = None
+        self.prefilled = 0
+        if self.token_ids:
+            self.prefill_target = len(self.prompt_ids) + len(self.token_ids) - 1
+        self.preemptions += 1
 
     def accept(self, token: int, logprob: float, max_seq_len: int) -> str:
         """Takes one sampled token, applies the stop rules; returns the text now safe to show."""

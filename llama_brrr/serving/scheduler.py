@@ -18,9 +18,15 @@ runs in the step: a prompt's KV cache (hence its tokens) does not depend on the 
 budget decides only how many chunks run in a step; prefill_chunk <= max_num_batched_tokens -
 max_num_seqs guarantees the oldest prefilling request moves by at least one chunk every step.
 
-KV accounting goes through an allocator with admit / reserve / free / usage. SlotAllocator, the one
-here, hands out whole engine slots (max_seq_len positions each); a block manager for a paged cache
-takes its place with the same four methods, reserve() then refusing when blocks run out.
+KV accounting goes through the block manager (block_manager.py): admit gives a request a slot and
+its cached prefix blocks, reserve the blocks for its next prefill chunk or decode burst (before each
+one), written registers blocks once full, free gives everything back. When reserve refuses a running
+sequence, the scheduler first cuts a decode burst to one round, then PREEMPTS the youngest running
+request (the latest admitted, possibly the one asking): its blocks and slot go back, it returns to
+the front of the waiting queue and, when readmitted, its prompt and generated tokens so far are
+prefilled again (recompute; its prefix blocks are often still cached). Its tokens, text and stop
+state stay, so a client sees only latency. A request that could not fit the pool even alone is
+refused by add() with a ValueError.
 
 The scheduler is single-threaded: one caller (Llama.generate, or AsyncLlama's engine thread)
 drives it. A request that produces non-finite logits gets a NonFiniteLogitsError of its own and
@@ -39,46 +45,12 @@ import numpy as np
 from .. import profiler
 from ..errors import NonFiniteLogitsError
 from ..sampling import engine_rows
+from .block_manager import BlockManager, first_chunk_end, sequence_ids
 from .request import Request
 
 # Per-step token budget by backend: the CPU prefills ~1-2k tokens/s on small models, so a budget of
 # 512 keeps a step (everyone's next token) under about half a second while a long prompt arrives.
 DEFAULT_TOKEN_BUDGET = {"cpu": 512, "cuda": 8192}
-
-
-class SlotAllocator:
-    """KV space as whole engine slots: an admitted sequence owns one slot of max_seq_len positions
-    until it is freed. `usage` reports slots and the KV positions actually written."""
-
-    def __init__(self, n_slots: int, max_seq_len: int):
-        self.n_slots = n_slots
-        self.max_seq_len = max_seq_len
-        self._free = list(range(n_slots - 1, -1, -1))  # pop() hands out slot 0 first
-        self._owners: dict[int, Request] = {}
-
-    def admit(self, request: Request) -> bool:
-        """Gives `request` a slot; False when none is free."""
-        if not self._free:
-            return False
-        request.slot = self._free.pop()
-        self._owners[request.slot] = request
-        return True
-
-    def reserve(self, request: Request, n_positions: int) -> bool:
-        """Room for n_positions more KV positions of `request`: a slot always has it (the context
-        limit is the request's own stop rule)."""
-        return request.slot is not None and request.position + n_positions <= self.max_seq_len
-
-    def free(self, request: Request) -> None:
-        if request.slot is not None and self._owners.get(request.slot) is request:
-            del self._owners[request.slot]
-            self._free.append(request.slot)
-        request.slot = None
-
-    def usage(self) -> dict:
-        used = sum(r.prefilled + len(r.token_ids) for r in self._owners.values())
-        return {"slots_used": len(self._owners), "slots_total": self.n_slots,
-                "kv_positions_used": used, "kv_positions_total": self.n_slots * self.max_seq_len}
 
 
 @dataclass
@@ -147,14 +119,18 @@ class Scheduler:
         self.max_num_batched_tokens = int(max_num_batched_tokens)
         self.prefill_chunk = int(prefill_chunk)
         self.decode_steps = int(decode_steps)
-        self.allocator = allocator if allocator is not None else SlotAllocator(max_num_seqs, max_seq_len)
+        self.allocator = (allocator if allocator is not None
+                          else BlockManager(engine, max_num_seqs, max_seq_len))
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # in admission order: the last is the youngest
         self.steps = 0
+        self.preemptions = 0
 
     # ---- queue --------------------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
+        """Queues `request`; ValueError if it could never fit the KV pool, even alone."""
+        self.allocator.check_fits(len(request.prompt_ids), request.params.max_tokens)
         if not request.t_call:
             request.t_call = time.perf_counter()
         self.waiting.append(request)
@@ -191,7 +167,8 @@ class Scheduler:
         return failed
 
     def usage(self) -> dict:
-        return {"running": len(self.running), "waiting": len(self.waiting), **self.allocator.usage()}
+        return {"running": len(self.running), "waiting": len(self.waiting),
+                "preemptions": self.preemptions, **self.allocator.usage()}
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -209,32 +186,67 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            if not self.allocator.admit(request):
+            # A slot, the cached prefix and the blocks of the first chunk (or first decode row).
+            if not self.allocator.admit(request, self.prefill_chunk):
                 break
             self.waiting.popleft()
-            request.t_admit = time.perf_counter()
+            if not request.t_admit:
+                request.t_admit = time.perf_counter()
             self.running.append(request)
+
+    def _chunk(self, r: Request) -> int:
+        """The size of r's next prefill chunk: chunks end at multiples of prefill_chunk from the
+        sequence's start, wherever a cached prefix left off, so a prompt's KV cache never depends
+        on what ran beside it or on what was cached."""
+        return first_chunk_end(r.prefilled, r.prefill_target, self.prefill_chunk) - r.prefilled
+
+    def _preempt(self) -> Request:
+        """Takes the youngest running request back to the front of the waiting queue."""
+        victim = self.running.pop()
+        self.allocator.free(victim)
+        victim.reset_for_recompute()
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+        return victim
+
+    def _reserve(self, r: Request, n_positions: int) -> bool:
+        """Blocks for r's next n_positions, preempting the youngest requests until they fit; False
+        when r itself was preempted."""
+        while not self.allocator.reserve(r, n_positions):
+            if self._preempt() is r:
+                return False
+        return True
 
     def _prefill(self, budget: int, decoding: list[Request]) -> int:
         """Prompt chunks of the admitted requests, oldest first, while the budget lasts; a request
         whose prompt is now in its slot joins `decoding`."""
         t_prefill = profiler.mark()
         tokens = 0
-        for r in self.running:
+        for r in list(self.running):
+            if r.slot is None:  # preempted for an older request's chunk in this pass
+                break
             target = r.prefill_target
             if r.prefilled == target:
                 continue
             while r.prefilled < target:
-                n = min(self.prefill_chunk, target - r.prefilled)
+                self.allocator.extend_prefix(r)
+                if r.prefilled == target:  # the cache held the rest: only the decode row is left
+                    budget -= 1
+                    break
+                n = self._chunk(r)
                 cost = n + (1 if r.prefilled + n == target else 0)  # the last chunk brings a decode row
                 if cost > budget:
                     break
-                self.engine.prefill(r.slot, np.asarray(r.prompt_ids[r.prefilled:r.prefilled + n],
+                if not self._reserve(r, n):
+                    break
+                ids = sequence_ids(r)
+                self.engine.prefill(r.slot, np.asarray(ids[r.prefilled:r.prefilled + n],
                                                        dtype=np.int32), r.prefilled, "none")
                 r.prefilled += n
+                self.allocator.written(r)
                 budget -= cost
                 tokens += n
-            if r.prefilled < target:
+            if r.slot is None or r.prefilled < target:
                 break  # first come, first served: no younger prompt passes one left waiting
             decoding.append(r)
         if tokens:
@@ -242,6 +254,9 @@ class Scheduler:
         return budget
 
     def _decode(self, decoding: list[Request]) -> list[Event]:
+        decoding[:] = [r for r in decoding if r.slot is not None]  # preempted by a prefill chunk
+        if not decoding:
+            return []
         for r in decoding:
             if not r.token_ids:
                 r.next_token = r.prompt_ids[-1]
@@ -251,10 +266,15 @@ class Scheduler:
         pending = pending or len(decoding) < len(self.running) or not all(r.token_ids for r in decoding)
         n_steps = 1 if pending else self.decode_steps
         n_steps = max(1, min(decode_room(decoding, self.max_seq_len), n_steps))
-        for r in decoding:
-            if not self.allocator.reserve(r, n_steps):
-                raise RuntimeError(f"the KV allocator refused {n_steps} position(s) for a running "
-                                   f"sequence at position {r.position}")
+        for r in list(decoding):  # oldest first: the youngest are preempted for them
+            if r.slot is None:
+                continue
+            if n_steps > 1 and not self.allocator.reserve(r, n_steps):
+                n_steps = 1  # a shorter burst before anyone is preempted
+            self._reserve(r, n_steps)
+        decoding[:] = [r for r in decoding if r.slot is not None]
+        if not decoding:
+            return []
         t_decode = profiler.mark()
         token_rows, logprob_rows = decode_rows(self.engine, decoding, n_steps)
         now = time.perf_counter()
@@ -284,6 +304,7 @@ class Scheduler:
                     break
                 r.next_token = token
                 r.position += 1
+            self.allocator.written(r)
             events.append(Event(r, ids, "".join(text)))
         profiler.record_span("decode", "decode", t_decode, accepted)
         return events
