@@ -168,6 +168,19 @@ void BlockTables::check_covered(int slot, int first, int end, const char* call) 
                                          << "); give it one with set_block_table first");
 }
 
+void check_prefill_many_args(const Config& c, const int32_t* slots, const int32_t* starts, const int32_t* counts,
+                             int n_seqs, const int32_t* tokens) {
+    check_batch(c, n_seqs);
+    BRRR_CHECK_ARG(slots && starts && counts && tokens, "null slots, starts, counts or tokens pointer");
+    for (int i = 0; i < n_seqs; ++i) {
+        for (int j = 0; j < i; ++j)
+            BRRR_CHECK_ARG(slots[j] != slots[i], "slot " << slots[i] << " appears twice (slots[" << j
+                                                         << "] and slots[" << i << "])");
+        check_prefill_args(c, slots[i], tokens, counts[i], starts[i]);
+        tokens += counts[i];
+    }
+}
+
 void check_history_args(const Config& c, int slot, int start_pos, const int32_t* tokens, int n) {
     check_slot(c, slot, "slot");
     BRRR_CHECK_ARG(n >= 0 && start_pos >= 0 && (int64_t)start_pos + n <= c.max_seq_len,

@@ -130,6 +130,9 @@ void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* sl
                        const int32_t* positions, int batch, int n_steps);
 //   sample:  batch, slots and positions as for decode
 void check_sample_args(const Config& c, const int32_t* slots, const int32_t* positions, int batch);
+//   prefill_many: n_seqs in [1, max_batch], slots valid and distinct, each sequence as for prefill
+void check_prefill_many_args(const Config& c, const int32_t* slots, const int32_t* starts, const int32_t* counts,
+                             int n_seqs, const int32_t* tokens);
 //   set_history: slot valid, n >= 0, [start_pos, start_pos + n) within max_seq_len, tokens valid
 void check_history_args(const Config& c, int slot, int start_pos, const int32_t* tokens, int n);
 
@@ -184,6 +187,18 @@ public:
     // (and !all_logits) computes no logits at all.
     virtual void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos,
                          float* logits, bool all_logits) = 0;
+    // Prompt chunks of n_seqs sequences in one pass, no logits: sequence i's counts[i] tokens (the
+    // next ones of `tokens`, in order) at positions starts[i].. of slot slots[i]. The KV cache ends
+    // as n_seqs prefill calls would leave it, for a fraction of the weight traffic; sample()
+    // refuses until the next prefill or decode.
+    virtual void prefill_many(const int32_t* slots, const int32_t* starts, const int32_t* counts, int n_seqs,
+                              const int32_t* tokens) {
+        check_prefill_many_args(config(), slots, starts, counts, n_seqs, tokens);
+        for (int i = 0; i < n_seqs; ++i) {
+            prefill(slots[i], tokens, counts[i], starts[i], nullptr, false);
+            tokens += counts[i];
+        }
+    }
     // One token for each of `batch` sequences; logits: [batch, vocab].
     virtual void decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                         int batch, float* logits) = 0;

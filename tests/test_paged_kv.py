@@ -108,3 +108,44 @@ def test_bad_pool_config_raises(C, backend):
                                 ("gpu_memory_utilization", 1.5, r"gpu_memory_utilization must be in \(0, 1\]")):
         with pytest.raises(ValueError, match=message):
             C.Engine(backend, {**d, key: value}, "f32" if backend == "cpu" else "bf16")
+
+
+def test_prefill_many_equals_one_prefill_per_sequence(C, backend, weights, rng):
+    """Three sequences' chunks in one pass (one continuing a prompt already in its slot) leave the
+    cache as three prefill calls do: the next decode's logits agree (bit for bit on the CPU, whose
+    f32 rows are batch invariant; within the bf16 rule on the GPU)."""
+    prompts = [rng.integers(0, CONFIG.vocab_size, n).astype(np.int32) for n in (9, 70, 33)]
+    slots = np.array([2, 0, 1], np.int32)
+    many, single = engine(C, backend, weights), engine(C, backend, weights)
+    for e in (many, single):  # sequence 1 has its first 20 tokens in the cache already
+        e.prefill(0, prompts[1][:20], 0, "none")
+    starts = np.array([0, 20, 0], np.int32)
+    counts = np.array([len(p) - 1 - s for p, s in zip(prompts, starts)], np.int32)
+    chunks = [p[s:s + n] for p, s, n in zip(prompts, starts, counts)]
+    many.prefill_many(slots, starts, counts, np.concatenate(chunks))
+    for slot, start, chunk in zip(slots, starts, chunks):
+        single.prefill(int(slot), chunk, int(start), "none")
+    last = np.array([p[-1] for p in prompts], np.int32)
+    positions = np.array([len(p) - 1 for p in prompts], np.int32)
+    got, want = many.decode(last, slots, positions), single.decode(last, slots, positions)
+    if backend == "cpu":
+        np.testing.assert_array_equal(got, want)
+    assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
+    params = np.zeros(1, C.sampling_params_dtype)
+    params["top_p"], params["repetition_penalty"] = 1.0, 1.0
+    many.prefill_many(slots[:1], positions[:1], np.ones(1, np.int32), last[:1])
+    with pytest.raises(RuntimeError, match="no logits|run prefill or decode"):
+        many.sample(slots[:1], positions[:1] + 1, params, np.zeros(1, np.uint64))
+
+
+def test_prefill_many_errors(C, backend, weights):
+    e = engine(C, backend, weights)
+    two = np.array([0, 0], np.int32)
+    with pytest.raises(ValueError, match="slot 0 appears twice"):
+        e.prefill_many(two, np.zeros(2, np.int32), np.ones(2, np.int32), np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="counts add up to 3"):
+        e.prefill_many(np.array([0, 1], np.int32), np.zeros(2, np.int32), np.array([1, 2], np.int32),
+                       np.zeros(5, np.int32))
+    with pytest.raises(ValueError, match="context is full"):
+        e.prefill_many(np.array([1], np.int32), np.array([MAX_SEQ - 1], np.int32), np.array([2], np.int32),
+                       np.zeros(2, np.int32))

@@ -22,6 +22,8 @@
 //     .prefill(slot, tokens[int32 T], start_pos=0, logits="last") -> ndarray | None
 //        logits "all" -> [T, vocab], "last" -> [1, vocab] (either is what sample() then
 //        draws from), "none" -> None: no LM head at all (sample() raises until the next call)
+//     .prefill_many(slots[int32 S], starts[int32 S], counts[int32 S], tokens[int32 sum(counts)])
+//        several sequences' prompt chunks in one pass, no logits
 //     .decode(tokens[int32 B], slots[int32 B], positions[int32 B], logits=True) -> [B, vocab] | None
 //        one token per sequence; each slot at most once per call
 //     .sample(slots[int32 B], positions[int32 B], params[sampling_params_dtype B], step[uint64 B])
@@ -32,6 +34,9 @@
 //     .decode_steps(tokens, slots, positions, params, step, n_steps) -> (tokens, logprobs)
 //        n_steps (<= 64) rounds of decode + sample, each [n_steps, B]
 //     .use_cuda_graphs (read/write)          cuda backend: replay one decode graph per batch size
+//     .set_block_table(slot, blocks[int32 n]) the paged KV cache: the slot's blocks in position order
+//     .set_history(slot, start_pos, tokens[int32 n])   repetition-penalty memory of shared positions
+//     .init_tensor_parallel(unique_id, rank, size, library="")   cuda backend: join an NCCL group
 //     profiling (llama_brrr/profiler.py reads these):
 //     .profile_enabled (read/write)          on: every launch is timed (see csrc/profile/profile.h)
 //     .profile_records() -> list of (name, kind, op_class, phase, flops, bytes, t0, t1, group,
@@ -330,6 +335,31 @@ void bind_engine(py::module_& m) {
         return result;
     }, py::arg("slot"), py::arg("tokens"), py::arg("start_pos") = 0, py::arg("logits") = "last");
 
+    engine_cls.def("prefill_many", [](PyEngine& self, const py::object& slots, const py::object& starts,
+                                      const py::object& counts, const py::object& tokens) {
+        auto sl = checked_array<int32_t>(slots, "slots", {-1}, "int32 array of shape (S,)");
+        const py::ssize_t S = sl.shape(0);
+        auto st = checked_array<int32_t>(starts, "starts", {S}, "int32 array of shape (S,)");
+        auto ct = checked_array<int32_t>(counts, "counts", {S}, "int32 array of shape (S,)");
+        auto tok = checked_array<int32_t>(tokens, "tokens", {-1}, "int32 array of shape (sum(counts),)");
+        int64_t total = 0;
+        for (py::ssize_t i = 0; i < S; ++i) total += ct.data()[i];
+        if (total != tok.shape(0))
+            bad_argument("tokens holds " + std::to_string(tok.shape(0)) + " ids but counts add up to " +
+                         std::to_string(total));
+        const int32_t *s = sl.data(), *p = st.data(), *c = ct.data(), *t = tok.data();
+        const int n = saturate_int(S);
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
+            self.impl->prefill_many(s, p, c, n, t);
+            self.record_call("prefill", brrr::profile::Phase::Prefill, t0);
+        });
+    }, py::arg("slots"), py::arg("starts"), py::arg("counts"), py::arg("tokens"),
+       "prompt chunks of several sequences in one pass, no logits: counts[i] tokens (the next ones "
+       "of `tokens`) at positions starts[i].. of slot slots[i]; the cache ends as that many "
+       "prefill calls would leave it");
+
     engine_cls.def("decode", [](PyEngine& self, const py::object& tokens, const py::object& slots,
                                 const py::object& positions, bool logits) -> py::object {
         const BatchRows rows(tokens, slots, positions);
@@ -425,6 +455,25 @@ void bind_engine(py::module_& m) {
         },
         "cuda backend: decode replays one CUDA graph per batch size (default True); False runs "
         "every kernel eagerly. Always False, and setting it does nothing, on the cpu backend");
+
+    engine_cls.def("init_tensor_parallel", [](PyEngine& self, const py::bytes& unique_id, int64_t rank,
+                                              int64_t size, const std::string& library) {
+#ifdef BRRR_WITH_CUDA
+        const std::string id = unique_id;
+        const int r = saturate_int(rank), n = saturate_int(size);
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            brrr::cuda_init_tensor_parallel(*self.impl, id, r, n, library);
+        });
+#else
+        (void)self, (void)unique_id, (void)rank, (void)size, (void)library;
+        throw std::runtime_error("this build has no CUDA support: tensor parallelism needs cuda engines");
+#endif
+    }, py::arg("unique_id"), py::arg("rank"), py::arg("size"), py::arg("library") = "",
+       "cuda backend: makes this engine (built with its rank's shard of the model) rank `rank` of "
+       "`size`, joining the NCCL communicator of `unique_id` (nccl_unique_id()); blocks until "
+       "every rank has joined. From then on each forward pass sums the residual stream over the "
+       "ranks after wo and w2");
 
     engine_cls.def_property("profile_enabled",
         [](PyEngine& self) { return self.profiled && self.profiled->profile_enabled(); },

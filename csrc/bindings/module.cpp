@@ -53,6 +53,22 @@ PYBIND11_MODULE(_C, m) {
 #else
     m.def("cuda_device_count", [] { return 0; }, "Usable CUDA devices: always 0 in a CPU-only build");
 #endif
+    m.def("nccl_unique_id", [](const std::string& library) -> py::bytes {
+#ifdef BRRR_WITH_CUDA
+        std::string id;
+        {
+            py::gil_scoped_release release;
+            id = brrr::cuda_nccl_unique_id(library);
+        }
+        return py::bytes(id);
+#else
+        (void)library;
+        throw std::runtime_error("this build has no CUDA support, so no NCCL: rebuild with nvcc "
+                                 "(LLAMA_BRRR_CUDA=1) for tensor parallelism");
+#endif
+    }, py::arg("library") = "",
+       "A new NCCL communicator id (bytes) for Engine.init_tensor_parallel; loads libnccl from "
+       "`library` (a path; \"\" = libnccl.so.2 by the dynamic loader's search) on first use");
     m.def("cpu_simd", [] { return std::string(brrr::cpu::kSimdName); },
           "The SIMD path the CPU kernels were compiled for: avx512, avx2 or scalar");
     m.def("rope_inv_freq", [](const py::dict& config) {

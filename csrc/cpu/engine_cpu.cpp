@@ -562,6 +562,35 @@ void CpuEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int start
     last_rows_ = 1;
 }
 
+void CpuEngine::prefill_many(const int32_t* slots, const int32_t* starts, const int32_t* counts, int n_seqs,
+                             const int32_t* tokens) {
+    check_prefill_many_args(cfg_, slots, starts, counts, n_seqs, tokens);
+    for (int i = 0; i < n_seqs; ++i) block_tables_.check_covered(slots[i], 0, starts[i] + counts[i], "prefill_many");
+    check_all_weights_set();
+    begin_call();
+
+    prof_.set_phase(profile::Phase::Prefill);
+    last_rows_ = 0;
+    // Every sequence's rows in order, rows_cap_ to a pass: each row carries its own slot and
+    // position (forward() attends per row), and a sequence cut between two passes finds its
+    // earlier rows in the cache.
+    const int32_t* pass_tokens = tokens;
+    int M = 0;
+    for (int i = 0; i < n_seqs; ++i) {
+        for (int t = 0; t < counts[i]; ++t) {
+            row_slots_.data()[M] = slots[i];
+            row_positions_.data()[M] = starts[i] + t;
+            history_.data()[(size_t)slots[i] * cfg_.max_seq_len + starts[i] + t] = pass_tokens[M];
+            if (++M == rows_cap_) {
+                forward(M, pass_tokens, row_slots_.data(), row_positions_.data(), M, last_logits_.data());
+                pass_tokens += M;
+                M = 0;
+            }
+        }
+    }
+    if (M > 0) forward(M, pass_tokens, row_slots_.data(), row_positions_.data(), M, last_logits_.data());
+}
+
 void CpuEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                        int batch, float* logits) {
     check_decode_args(cfg_, tokens, slots, positions, batch, 1);

@@ -76,6 +76,8 @@ public:
     void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos, float* logits,
                  bool all_logits) override;
     void set_block_table(int slot, const int32_t* blocks, int n) override;
+    void prefill_many(const int32_t* slots, const int32_t* starts, const int32_t* counts, int n_seqs,
+                      const int32_t* tokens) override;
     void set_history(int slot, int start_pos, const int32_t* tokens, int n) override;
     void decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int batch,
                 float* logits) override;

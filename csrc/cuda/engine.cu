@@ -331,6 +331,8 @@ void CudaEngine::release() noexcept {
     }
     prof_.stop();
     prof_clock_.release();
+    nccl::destroy(tp_comm_);
+    tp_comm_ = nullptr;
     if (inputs_uploaded_) cudaEventDestroy(inputs_uploaded_), inputs_uploaded_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_), stream_ = nullptr;
     if (h_in_) cudaFreeHost(h_in_), h_in_ = nullptr;
@@ -578,6 +580,32 @@ void CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots,
     CUDA_CHECK(cudaEventRecord(inputs_uploaded_, stream_));
 }
 
+// ---- tensor parallelism ---------------------------------------------------------------------
+
+void CudaEngine::init_tensor_parallel(const nccl::UniqueId& id, int rank, int size) {
+    BRRR_CHECK(!tp_comm_, "this engine already is rank " << tp_rank_ << " of " << tp_size_);
+    BRRR_CHECK_ARG(size >= 1 && rank >= 0 && rank < size,
+                   "tensor parallel: rank " << rank << " must be in [0, size = " << size << ")");
+    activate();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    tp_comm_ = nccl::init_rank(id, rank, size);
+    tp_rank_ = rank;
+    tp_size_ = size;
+    // Graphs captured so far hold no all-reduce: capture again.
+    for (cudaGraphExec_t& g : decode_graphs_)
+        if (g) CUDA_CHECK(cudaGraphExecDestroy(g)), g = nullptr;
+    for (ProfiledGraph& g : prof_graphs_)
+        if (g.exec) CUDA_CHECK(cudaGraphExecDestroy(g.exec)), g.exec = nullptr;
+    std::fill(decode_warmed_.begin(), decode_warmed_.end(), false);
+}
+
+void CudaEngine::all_reduce_residual(int rows) {
+    if (!tp_comm_) return;
+    prof_.op("all_reduce", profile::OpClass::Copy, profile::copy_cost(2.0 * sizeof(float) * rows * cfg_.dim));
+    nccl::all_reduce_sum(x_, (size_t)rows * cfg_.dim, tp_comm_, stream_);
+    prof_.end();
+}
+
 void CudaEngine::set_block_table(int slot, const int32_t* blocks, int n) {
     block_tables_.set(slot, blocks, n);
     if (tables_dirty_lo_ == tables_dirty_hi_) tables_dirty_lo_ = tables_dirty_hi_ = slot;
@@ -622,7 +650,8 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
         const int T = std::min(chunk, n_tokens - c0);
         for (int t = 0; t < T; ++t) row_positions[t] = start_pos + c0 + t;
         stage_inputs(tokens + c0, row_slots.data(), row_positions.data(), T);
-        forward_prefill_layers(slot, start_pos + c0, T);
+        const Segment segment{slot, start_pos + c0, 0, T};
+        forward_prefill_layers(&segment, 1, T);
         if (all_logits) {
             for (int r = 0; r < T; r += logit_rows_) {
                 const int rows = std::min(logit_rows_, T - r);
@@ -650,6 +679,48 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
     // around this call) holds them instead of leaving them to the decode that follows.
     if (logits || prof_.on()) CUDA_CHECK(cudaStreamSynchronize(stream_));
     logits_valid_rows_ = 1;
+}
+
+void CudaEngine::prefill_many(const int32_t* slots, const int32_t* starts, const int32_t* counts, int n_seqs,
+                              const int32_t* tokens) {
+    check_prefill_many_args(cfg_, slots, starts, counts, n_seqs, tokens);
+    for (int i = 0; i < n_seqs; ++i) block_tables_.check_covered(slots[i], 0, starts[i] + counts[i], "prefill_many");
+    require_weights();
+    activate();
+    upload_block_tables();
+
+    prof_.set_phase(profile::Phase::Prefill);
+    logits_valid_rows_ = 0;
+    // Every sequence's rows in order, `chunk` to a pass, a segment per sequence in each pass; a
+    // sequence cut between two passes finds its earlier rows in the cache.
+    const int chunk = rows_ >= kPrefillChunk ? kPrefillChunk : rows_;
+    std::vector<int32_t> row_slots(chunk), row_positions(chunk);
+    std::vector<Segment> segments;
+    segments.reserve(n_seqs);
+    const int32_t* pass_tokens = tokens;
+    int rows = 0;
+    auto run_pass = [&] {
+        stage_inputs(pass_tokens, row_slots.data(), row_positions.data(), rows);
+        forward_prefill_layers(segments.data(), (int)segments.size(), rows);
+        pass_tokens += rows;
+        rows = 0;
+        segments.clear();
+    };
+    for (int i = 0; i < n_seqs; ++i) {
+        for (int t = 0; t < counts[i];) {
+            const int take = std::min(counts[i] - t, chunk - rows);
+            segments.push_back({slots[i], starts[i] + t, rows, take});
+            for (int j = 0; j < take; ++j) {
+                row_slots[rows + j] = slots[i];
+                row_positions[rows + j] = starts[i] + t + j;
+            }
+            rows += take;
+            t += take;
+            if (rows == chunk) run_pass();
+        }
+    }
+    if (rows > 0) run_pass();
+    if (prof_.on()) CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
@@ -955,6 +1026,25 @@ void cuda_set_use_graphs(Engine& engine, bool on) {
 bool cuda_use_graphs(const Engine& engine) {
     const auto* e = dynamic_cast<const cuda::CudaEngine*>(&engine);
     return e != nullptr && e->use_graphs();
+}
+
+std::string cuda_nccl_unique_id(const std::string& library) {
+    cuda::nccl::load(library);
+    const cuda::nccl::UniqueId id = cuda::nccl::unique_id();
+    return std::string(id.bytes, sizeof id.bytes);
+}
+
+void cuda_init_tensor_parallel(Engine& engine, const std::string& unique_id, int rank, int size,
+                               const std::string& library) {
+    auto* e = dynamic_cast<cuda::CudaEngine*>(&engine);
+    BRRR_CHECK(e, "tensor parallelism needs a cuda engine");
+    cuda::nccl::UniqueId id;
+    BRRR_CHECK_ARG(unique_id.size() == sizeof id.bytes,
+                   "the NCCL id must be " << sizeof id.bytes << " bytes (from nccl_unique_id), got "
+                                          << unique_id.size());
+    std::memcpy(id.bytes, unique_id.data(), sizeof id.bytes);
+    cuda::nccl::load(library);
+    e->init_tensor_parallel(id, rank, size);
 }
 
 }  // namespace brrr

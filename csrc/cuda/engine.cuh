@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cuda/check.cuh"
+#include "cuda/nccl.h"
 #include "cuda/ops.h"
 #include "cuda/profile_events.cuh"
 #include "model.h"
@@ -111,6 +112,8 @@ public:
     void set_history(int slot, int start_pos, const int32_t* tokens, int n) override;
     void prefill(int slot, const int32_t* tokens, int n_tokens, int start_pos, float* logits,
                  bool all_logits) override;
+    void prefill_many(const int32_t* slots, const int32_t* starts, const int32_t* counts, int n_seqs,
+                      const int32_t* tokens) override;
     void decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int batch,
                 float* logits) override;
     void sample(const int32_t* slots, const int32_t* positions, const SamplingParams* params,
@@ -120,6 +123,8 @@ public:
                       int32_t* out_tokens, float* out_logprobs) override;
 
     void set_use_graphs(bool on) { use_graphs_ = on; }
+    // Joins the tensor-parallel group (engine_cuda.h, cuda_init_tensor_parallel).
+    void init_tensor_parallel(const nccl::UniqueId& id, int rank, int size);
     bool use_graphs() const { return use_graphs_; }
 
     // profile::Profiled (engine.cu): events between launches; decode graphs as described there.
@@ -136,23 +141,28 @@ private:
     // ---- forward.cu ----
     // One pass of `rows` token rows (staged in d_tokens_/d_slots_/d_positions_ rows [0, rows))
     // through the layers. The phases differ only in the attention step: decode runs one query
-    // row per sequence over that row's slot (flash_decode); prefill takes T prompt tokens of one
-    // slot at positions start_pos.. causally (attention_prefill).
+    // row per sequence over that row's slot (flash_decode); prefill runs segments, each `rows`
+    // consecutive prompt tokens of one slot at positions start_pos.., causally (attention_prefill
+    // per segment), so prompts of several sequences share the pass's matmuls.
+    struct Segment {
+        int slot, start_pos, row0, rows;
+    };
     struct Pass {
         enum Attention { Decode, Prefill };
         Attention attention;
         int rows;
-        int slot, start_pos;  // prefill only
-        static Pass decode(int B) { return {Decode, B, 0, 0}; }
-        static Pass prefill(int slot, int start_pos, int T) { return {Prefill, T, slot, start_pos}; }
+        const Segment* segments;  // prefill only: n_segments covering rows [0, rows) in order
+        int n_segments;
+        static Pass decode(int B) { return {Decode, B, nullptr, 0}; }
+        static Pass prefill(const Segment* s, int n, int rows) { return {Prefill, rows, s, n}; }
     };
     // Embedding and every layer; leaves the residual in x_. Enqueues only, so decode's pass can
     // be captured into a graph.
     void forward_layers(const Pass& pass);
     // Decode of B sequences from d_tokens_/d_slots_/d_positions_ rows [0, B); logits_ [B, V].
     void forward_decode(int B);
-    // Layers over T prompt tokens of one slot (inputs rows [0, T)); leaves the residual in x_.
-    void forward_prefill_layers(int slot, int start_pos, int T);
+    // Layers over prompt segments (inputs rows [0, rows)); leaves the residual in x_.
+    void forward_prefill_layers(const Segment* segments, int n_segments, int rows);
     // Final norm and LM head of x_ rows [row, row + rows) into logits_ rows [0, rows).
     void forward_lm_head(int row, int rows);
     // y = in · W^T through the epilogue, W as stored: `in` is rmsnorm(x_f32) * norm_w when norm_w
@@ -211,6 +221,13 @@ private:
         return h;
     }
     void replay_profiled(int B);
+    // The epilogue and destination of a row-parallel matmul (wo, w2) into the residual stream:
+    // rank 0 (and a single GPU) adds its result; under tensor parallelism the other ranks store
+    // theirs in its place, so the all-reduce that follows sums the residual and every rank's part.
+    Epilogue residual_epilogue() const { return tp_rank_ == 0 ? Epilogue::AddResidual : Epilogue::StoreF32; }
+    EpilogueArgs residual_args() const;
+    // Sums x_'s first `rows` rows over the ranks (nothing on a single GPU).
+    void all_reduce_residual(int rows);
     // Cached positions the next decode's attention reads, summed over its B rows (0 when not profiling).
     double decode_context(int B) const;
 
@@ -282,6 +299,8 @@ private:
     int logits_valid_rows_ = 0;
 
     bool use_graphs_ = true;
+    nccl::Comm tp_comm_ = nullptr;  // tensor parallelism: the NCCL communicator, else null
+    int tp_rank_ = 0, tp_size_ = 1;
     std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B
     std::vector<cudaGraphExec_t> decode_graphs_;  // [max_batch + 1]
 

@@ -34,4 +34,13 @@ uint64_t init_random_key(uint64_t seed, size_t tensor_index);
 void cuda_set_use_graphs(Engine& engine, bool on);
 bool cuda_use_graphs(const Engine& engine);
 
+// Tensor parallelism (cuda/nccl.h): a new NCCL id (128 bytes), loading libnccl from `library`
+// ("" = libnccl.so.2 by the loader's search) on first use.
+std::string cuda_nccl_unique_id(const std::string& library);
+// Makes `engine` (built with this rank's shard of the model) rank `rank` of `size`: from then on
+// every forward pass sums the residual stream over the ranks after wo and w2. Blocks until every
+// rank has joined. Throws brrr::Error for an engine that is not a CUDA engine.
+void cuda_init_tensor_parallel(Engine& engine, const std::string& unique_id, int rank, int size,
+                               const std::string& library);
+
 }  // namespace brrr

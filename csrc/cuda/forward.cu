@@ -91,6 +91,10 @@ EpilogueArgs epilogue_rows_from(const EpilogueArgs& a, Epilogue ep, int N, int r
 
 }  // namespace
 
+EpilogueArgs CudaEngine::residual_args() const {
+    return residual_epilogue() == Epilogue::AddResidual ? add_to(x_, split_k_) : store_f32(x_, split_k_);
+}
+
 void CudaEngine::forward_layers(const Pass& pass) {
     const Config& c = cfg_;
     const int D = c.dim, H = c.hidden_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
@@ -116,19 +120,27 @@ void CudaEngine::forward_layers(const Pass& pass) {
                      profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, 2));
             flash_decode(q_, kv, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, max_splits_, s);
         } else {
-            // causal over the cache [0, start_pos + t] of one slot for row t
-            prof_.op("attention_prefill", OpClass::Attention,
-                     profile::attention_prefill_cost(M, pass.start_pos, Hq, Hkv, hd, 2));
-            attention_prefill(q_, kv, block_tables_.data() + (size_t)pass.slot * c.blocks_per_seq(), pass.slot,
-                              pass.start_pos, M, att_, Hq, Hkv, hd, s);
+            // per segment: causal over its slot's cache [0, start_pos + t] for its row t
+            for (int i = 0; i < pass.n_segments; ++i) {
+                const Segment& g = pass.segments[i];
+                prof_.op("attention_prefill", OpClass::Attention,
+                         profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, 2));
+                const size_t row0 = (size_t)g.row0 * c.q_dim();
+                attention_prefill(q_ + row0, kv, block_tables_.data() + (size_t)g.slot * c.blocks_per_seq(), g.slot,
+                                  g.start_pos, g.rows, att_ + row0, Hq, Hkv, hd, s);
+            }
         }
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), w_bytes(w.wo), 2, 8));
-        matmul(w.wo, nullptr, nullptr, att_, M, Epilogue::AddResidual, add_to(x_, split_k_));
+        matmul(w.wo, nullptr, nullptr, att_, M, residual_epilogue(), residual_args());
+        // tensor parallelism: the residual plus every rank's part of wo
+        all_reduce_residual(M);
         // MLP block
         prof_.op("w13", OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, w_bytes(w.w13), 4, 1));
         matmul(w.w13, x_, w.ffn_norm, nullptr, M, Epilogue::SwiGLU, store_bf16(hb_, split_k_));
         prof_.op("w2", OpClass::Matmul, profile::matmul_cost(M, D, H, w_bytes(w.w2), 2, 8));
-        matmul(w.w2, nullptr, nullptr, hb_, M, Epilogue::AddResidual, add_to(x_, split_k_));
+        matmul(w.w2, nullptr, nullptr, hb_, M, residual_epilogue(), residual_args());
+        // tensor parallelism: the residual plus every rank's part of w2
+        all_reduce_residual(M);
     }
 }
 
@@ -137,8 +149,8 @@ void CudaEngine::forward_decode(int B) {
     forward_lm_head(0, B);  // over all B rows
 }
 
-void CudaEngine::forward_prefill_layers(int slot, int start_pos, int T) {
-    forward_layers(Pass::prefill(slot, start_pos, T));
+void CudaEngine::forward_prefill_layers(const Segment* segments, int n_segments, int rows) {
+    forward_layers(Pass::prefill(segments, n_segments, rows));
     prof_.end();
 }
 

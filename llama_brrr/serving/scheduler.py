@@ -218,40 +218,78 @@ class Scheduler:
         return True
 
     def _prefill(self, budget: int, decoding: list[Request]) -> int:
-        """Prompt chunks of the admitted requests, oldest first, while the budget lasts; a request
-        whose prompt is now in its slot joins `decoding`."""
+        """Prompt chunks of the admitted requests, oldest first, while the budget lasts, run
+        together through engine.prefill_many (the chunks of a step share one pass's weight
+        reads); a request whose prompt is then in its slot joins `decoding`. A request about to
+        need a block that a queued chunk is writing (requests admitted together with one that
+        prefills their common system prompt) runs the queue first, so it can share that block."""
         t_prefill = profiler.mark()
-        tokens = 0
+        pending: list[list] = []  # [request, slot, start, n]: this step's chunks, one run per request
+        done = 0
+
+        def flush():
+            nonlocal done
+            # A request preempted after queueing a chunk gave its slot back: drop the chunk.
+            live = [p for p in pending if p[0].slot == p[1]]
+            pending.clear()
+            if not live:
+                return
+            ids = [sequence_ids(r)[start:start + n] for r, _, start, n in live]
+            self.engine.prefill_many(np.array([p[1] for p in live], dtype=np.int32),
+                                     np.array([p[2] for p in live], dtype=np.int32),
+                                     np.array([p[3] for p in live], dtype=np.int32),
+                                     np.asarray(np.concatenate(ids), dtype=np.int32))
+            for r, *_ in live:
+                self.allocator.written(r)
+            done += sum(p[3] for p in live)
+
         for r in list(self.running):
-            if r.slot is None:  # preempted for an older request's chunk in this pass
+            if r.slot is None:  # preempted for an older request's chunk in this step
                 break
             target = r.prefill_target
             if r.prefilled == target:
                 continue
             while r.prefilled < target:
-                self.allocator.extend_prefix(r)
-                if r.prefilled == target:  # the cache held the rest: only the decode row is left
-                    budget -= 1
-                    break
+                if not pending or pending[-1][0] is not r:
+                    if self._needs_queued_block(r, pending):
+                        flush()
+                    # Blocks registered so far; the chunks in `pending` register after their pass.
+                    self.allocator.extend_prefix(r)
+                    if r.prefilled == target:  # the cache held the rest: only the decode row is left
+                        budget -= 1
+                        break
                 n = self._chunk(r)
                 cost = n + (1 if r.prefilled + n == target else 0)  # the last chunk brings a decode row
                 if cost > budget:
                     break
                 if not self._reserve(r, n):
                     break
-                ids = sequence_ids(r)
-                self.engine.prefill(r.slot, np.asarray(ids[r.prefilled:r.prefilled + n],
-                                                       dtype=np.int32), r.prefilled, "none")
+                if pending and pending[-1][0] is r:
+                    pending[-1][3] += n
+                else:
+                    pending.append([r, r.slot, r.prefilled, n])
                 r.prefilled += n
-                self.allocator.written(r)
                 budget -= cost
-                tokens += n
             if r.slot is None or r.prefilled < target:
                 break  # first come, first served: no younger prompt passes one left waiting
             decoding.append(r)
-        if tokens:
-            profiler.record_span("prefill", "prefill", t_prefill, tokens)
+        flush()
+        if done:
+            profiler.record_span("prefill", "prefill", t_prefill, done)
         return budget
+
+    def _needs_queued_block(self, r: Request, pending: list[list]) -> bool:
+        """Whether r's next prompt block (one the cache could give it) is being written by a queued
+        chunk of a request with the same tokens up to there."""
+        block = self.allocator.block_size
+        if not pending or not self.allocator.enable_prefix_caching or r.prefilled % block:
+            return False
+        end = r.prefilled + block
+        ids = sequence_ids(r)
+        if end > len(ids) - 1:  # only blocks wholly before the last token are shared
+            return False
+        return any(start <= r.prefilled and start + n >= end and sequence_ids(q)[:end] == ids[:end]
+                   for q, _, start, n in pending)
 
     def _decode(self, decoding: list[Request]) -> list[Event]:
         decoding[:] = [r for r in decoding if r.slot is not None]  # preempted by a prefill chunk

@@ -1,0 +1,37 @@
+// nccl.h — the NCCL calls tensor parallelism makes, resolved at run time from libnccl.so.2, so the
+// build needs no NCCL headers and a process that never runs tensor-parallel never loads it.
+//
+// The declarations below follow NCCL's stable C ABI (nccl.h of NCCL 2.x): ncclUniqueId is 128
+// opaque bytes, a communicator an opaque pointer, results ints (0 = success), ncclFloat32 = 7,
+// ncclSum = 0. All calls are stream-ordered and may be captured into CUDA graphs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+namespace brrr {
+namespace cuda {
+namespace nccl {
+
+struct UniqueId {
+    char bytes[128];
+};
+using Comm = void*;
+
+// Loads libnccl (`library`: a path, or "" for the dynamic loader's search of libnccl.so.2) once per
+// process; throws brrr::Error naming what was tried when it cannot.
+void load(const std::string& library);
+// A fresh communicator id (rank 0 makes it; every rank passes it to init_rank).
+UniqueId unique_id();
+// Joins the `size`-rank communicator as `rank` on the current device; blocks until all have joined.
+Comm init_rank(const UniqueId& id, int rank, int size);
+// In-place sum over the ranks of `count` floats at `data`, ordered on `stream`.
+void all_reduce_sum(float* data, size_t count, Comm comm, cudaStream_t stream);
+// Frees the communicator (noexcept: engines call it while releasing).
+void destroy(Comm comm) noexcept;
+
+}  // namespace nccl
+}  // namespace cuda
+}  // namespace brrr
