@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import multiprocessing
 import socket
 import sys
@@ -333,18 +334,16 @@ class TensorParallelEngine:
         return [replies[r] for r in range(self.size)]
 
     def _rank_error(self, rank: int, reply: tuple, tail: str) -> BaseException:
-        """The rank's exception with the rank named in its message (same type where it can be
-        rebuilt), chained to a stand-in carrying the rank's traceback."""
+        """The rank's exception, of its own type, its message led by the rank, chained to a
+        stand-in that carries the rank's traceback."""
         exc, trace = reply[1], reply[2]
-        prefix = f"tensor-parallel rank {rank}: "
+        message = f"tensor-parallel rank {rank}: {exc}{tail}"
         try:
-            rebuilt = type(exc)(prefix + str(exc) + tail)
-        except Exception:  # noqa: BLE001 - types whose constructor takes other arguments
-            rebuilt = None
-        if rebuilt is None or str(rebuilt) != prefix + str(exc) + tail:
+            rebuilt = copy.copy(exc)
+            rebuilt.args = (message,)
+        except Exception:  # noqa: BLE001 - an exception type that cannot be copied keeps its own text
             rebuilt = exc
-            if hasattr(exc, "add_note"):
-                exc.add_note(prefix.rstrip(": ") + tail)
+            rebuilt.add_note(message)
         rebuilt.__cause__ = _RemoteTraceback(trace)
         return rebuilt
 
