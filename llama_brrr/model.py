@@ -559,6 +559,9 @@ class Llama:
         if self._engine is None:
             raise RuntimeError("this Llama was closed (close() or the end of its `with` block); "
                                "load the model again")
+        if not getattr(self._engine, "alive", True):  # tensor-parallel ranks stopped by a fault
+            raise RuntimeError(f"this Llama's tensor-parallel workers were stopped "
+                               f"({self._engine.stopped_because}); load the model again")
         self._busy = True
         try:
             yield

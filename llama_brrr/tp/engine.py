@@ -162,6 +162,11 @@ class TensorParallelEngine:
         """Whether the ranks still serve calls (False once closed or stopped by a fault)."""
         return self._closed_because is None
 
+    @property
+    def stopped_because(self) -> str | None:
+        """Why the ranks were stopped ("closed", "rank 1 was killed by signal 9", ...), or None."""
+        return self._closed_because
+
     # ---- engine calls -------------------------------------------------------------------------
 
     def prefill(self, *args, **kwargs):
