@@ -50,6 +50,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-seq-len", type=int, default=None,
                        help="context length in tokens (default: min(model context, 4096))")
     group.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
+    group.add_argument("--tensor-parallel", "--tp", type=int, default=1, metavar="N",
+                       help="GPUs to split the model over, one worker process each (default 1; needs cuda)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +71,8 @@ def load_model(args: argparse.Namespace):
 
     llm = Llama.from_pretrained(args.model, device=args.device, dtype=args.dtype,
                                 max_seq_len=args.max_seq_len, n_threads=args.threads,
-                                progress=True, quant=args.quant)
+                                progress=True, quant=args.quant,
+                                tensor_parallel=args.tensor_parallel)
     print(f"llama-brrr: loaded {llm.source} on {llm.device}: {llm.weights_summary}", file=sys.stderr)
     return llm
 
@@ -244,7 +247,7 @@ def run_serve(args: argparse.Namespace) -> int:
     llm = Llama.from_pretrained(args.model, device=args.device, dtype=args.dtype,
                                 max_seq_len=args.max_seq_len, max_batch=args.max_num_seqs,
                                 n_threads=args.threads, progress=True, quant=args.quant,
-                                **kv_cache_kwargs(args))
+                                tensor_parallel=args.tensor_parallel, **kv_cache_kwargs(args))
     engine = AsyncLlama(llm, max_num_batched_tokens=args.max_num_batched_tokens,
                         decode_steps=args.decode_steps, owns_model=True)
     name = args.served_model_name or Path(llm.source).name

@@ -53,6 +53,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, compare: bool) -> None
                       help="Llama.from_pretrained(quant=...): none | q8_0 | q4_k_m | ... (default: a "
                            "GGUF's quantized tensors as stored)")
     what.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
+    what.add_argument("--tensor-parallel", "--tp", type=int, default=1, metavar="N",
+                      help="GPUs to split the model over, one worker process each (default 1; needs cuda)")
     what.add_argument("-b", "--batch", type=_ints, default=[1], help="batch sizes, comma-separated (1)")
     what.add_argument("-p", "--prompt", type=_ints, default=[128, 2048] if compare else [512],
                       help=f"prompt tokens, comma-separated ({'128,2048' if compare else '512'})")
@@ -139,6 +141,7 @@ def _plan(args: argparse.Namespace):
 
         model = str(resolve_model(None, progress=False))  # the twins are named after the real file
     options = Options(model=model, device=args.device, dtype=args.dtype, quant=args.quant, threads=args.threads,
+                      tensor_parallel=args.tensor_parallel,
                       repeats=repeats, warmup=warmup, split=not args.no_split)
     return options, [(shape, groups) for shape in shapes]
 
@@ -252,6 +255,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--dtype", default=None, help="f32 | bf16 | f16")
     what.add_argument("--quant", default=None, help="as Llama.from_pretrained(quant=...)")
     what.add_argument("--threads", type=int, default=0, help="CPU threads (default 0 = all cores)")
+    what.add_argument("--tensor-parallel", "--tp", type=int, default=1, metavar="N",
+                      help="GPUs to split the model over, one worker process each (default 1; needs cuda)")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=int, default=None,
                         help="KV slots, sequences at once (default: the engine's, 8 on cpu, 64 on cuda)")
@@ -291,7 +296,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(
         shape=args.shape or (None if args.model else "smollm2-135m"), model=args.model,
         device=args.device, dtype=args.dtype, quant=args.quant, threads=args.threads,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        tensor_parallel=args.tensor_parallel, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         decode_steps=args.decode_steps, kv_block_size=args.kv_block_size,
         gpu_memory_utilization=args.gpu_memory_utilization, kv_blocks=args.kv_blocks,
         enable_prefix_caching=not args.no_prefix_caching, shared_prefix=args.shared_prefix,

@@ -130,8 +130,11 @@ class Llama:
     def __init__(self, engine, config: ModelConfig, tokenizer, *, device: str, dtype: str,
                  max_seq_len: int, max_batch: int, eos_token_ids: Sequence[int] = (),
                  source: str = "", weight_types: dict | None = None,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, tensor_parallel: int = 1):
         self._engine = engine
+        # GPUs the model is split over; above 1 the engine is a tp.TensorParallelEngine of as many
+        # worker processes, and this process holds no weights.
+        self.tensor_parallel = int(tensor_parallel)
         self.config = config
         self.tokenizer = tokenizer
         self.device = device
@@ -164,7 +167,7 @@ class Llama:
                         n_threads: int = 0, progress: bool = True,
                         quant: str | None = None, kv_block_size: int = 16,
                         gpu_memory_utilization: float = 0.9, kv_blocks: int | None = None,
-                        enable_prefix_caching: bool = True) -> "Llama":
+                        enable_prefix_caching: bool = True, tensor_parallel: int = 1) -> "Llama":
         """Loads a model onto `device`.
 
         path: a model file or directory, None / "default" for the default model (fetched when
@@ -182,6 +185,9 @@ class Llama:
         device's memory the engine may hold, which sizes the pool; the pool's block count (None:
         enough for every slot to hold max_seq_len, on CUDA fewer when memory is short); whether
         requests sharing a prompt prefix share its blocks.
+        tensor_parallel: GPUs to split the model over (needs a CUDA device; ranks on cuda:k ..
+        cuda:k+N-1 for device='cuda:k'): one worker process per GPU loads only its shards of the
+        file; this process keeps the tokenizer and config. See docs/tensor_parallel.md.
         """
         from . import fetch
         from .loaders import load_model
@@ -203,14 +209,27 @@ class Llama:
         file_types = {name: loaded.tensors.file_type(name) for name in config.tensor_shapes()}
         plan = quantization.plan(config, quant, file_types, backend)
         kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
-        engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch, **kv), engine_dtype,
-                           device_index, n_threads, plan.type_ids())
-        _set_weights(engine, loaded.tensors, config, plan, progress, str(resolved))
+        size = _parse_tensor_parallel(tensor_parallel, config, backend, device_index, file_types)
+        if size > 1:
+            from .tp import TensorParallelEngine
+
+            loaded.tensors = None  # drops this process's map of the file: the ranks read their shards
+            engine = TensorParallelEngine(dict(
+                kind="pretrained", path=str(resolved), config=config, backend=backend,
+                devices=[device_index + r for r in range(size)], dtype=engine_dtype,
+                max_seq_len=max_seq_len, max_batch=max_batch, kv=kv, n_threads=n_threads,
+                quant=quant), size)
+            plan = quantization.QuantPlan(engine.weight_types)
+        else:
+            engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch, **kv),
+                               engine_dtype, device_index, n_threads, plan.type_ids())
+            _set_weights(engine, loaded.tensors, config, plan, progress, str(resolved))
         tokenizer = load_tokenizer(loaded.tokenizer_spec)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
                    dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
                    eos_token_ids=loaded.eos_token_ids or (), source=str(resolved),
-                   weight_types=plan.types, enable_prefix_caching=enable_prefix_caching)
+                   weight_types=plan.types, enable_prefix_caching=enable_prefix_caching,
+                   tensor_parallel=size)
 
     @classmethod
     def random(cls, shape_name_or_config: str | ModelConfig, seed: int = 0, device: str = "auto",
@@ -218,7 +237,7 @@ class Llama:
                max_batch: int | None = None, n_threads: int = 0,
                quant: str | None = None, kv_block_size: int = 16,
                gpu_memory_utilization: float = 0.9, kv_blocks: int | None = None,
-               enable_prefix_caching: bool = True) -> "Llama":
+               enable_prefix_caching: bool = True, tensor_parallel: int = 1) -> "Llama":
         """A model with random weights (N(0, 0.02); norms 1 + N(0, 0.02)), drawn by the engine.
 
         quant: a block format or recipe ("q4_k_m", "q8_0", ...) stores the matrices quantized: each
@@ -229,6 +248,9 @@ class Llama:
         vocabulary there is none and prompts must be token-id lists.
         kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching: as in
         from_pretrained.
+        tensor_parallel: GPUs to split the model over, as in from_pretrained. Each rank draws its
+        own shapes from `seed` (llama_brrr/tp/worker.py): every rank's shard of a split matrix
+        holds the same values, so the weights differ from the one-GPU draw of that seed.
         """
         if isinstance(shape_name_or_config, ModelConfig):
             config = shape_name_or_config
@@ -247,15 +269,26 @@ class Llama:
         max_seq_len = _parse_max_seq_len(max_seq_len, config)
         max_batch = _parse_max_batch(max_batch, backend)
         kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
-        engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch, **kv), engine_dtype,
-                           device_index, n_threads, plan.type_ids())
-        engine.init_random(seed, _RANDOM_INIT_STD)
+        size = _parse_tensor_parallel(tensor_parallel, config, backend, device_index, None)
+        if size > 1:
+            from .tp import TensorParallelEngine
+
+            engine = TensorParallelEngine(dict(
+                kind="random", seed=seed, config=config, backend=backend,
+                devices=[device_index + r for r in range(size)], dtype=engine_dtype,
+                max_seq_len=max_seq_len, max_batch=max_batch, kv=kv, n_threads=n_threads,
+                quant=quant), size)
+            plan = quantization.QuantPlan(engine.weight_types)
+        else:
+            engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch, **kv),
+                               engine_dtype, device_index, n_threads, plan.type_ids())
+            engine.init_random(seed, _RANDOM_INIT_STD)
         tokenizer = (RandomModelTokenizer(config.vocab_size)
                      if config.vocab_size >= RandomModelTokenizer.N_SPECIAL + 256 else None)
         return cls(engine, config, tokenizer, device=_device_name(backend, device_index),
                    dtype=engine_dtype, max_seq_len=max_seq_len, max_batch=max_batch,
                    source=f"random:{config.name}", weight_types=plan.types,
-                   enable_prefix_caching=enable_prefix_caching)
+                   enable_prefix_caching=enable_prefix_caching, tensor_parallel=size)
 
     @property
     def engine(self):
@@ -287,6 +320,8 @@ class Llama:
             raise RuntimeError(_BUSY_MESSAGE)
         if self._engine is None:
             return
+        if hasattr(self._engine, "close"):  # a tp.TensorParallelEngine: stops its worker processes
+            self._engine.close()
         self._engine = None
         self._scheduler = None
         self._block_manager = None
@@ -524,6 +559,9 @@ class Llama:
         if self._engine is None:
             raise RuntimeError("this Llama was closed (close() or the end of its `with` block); "
                                "load the model again")
+        if not getattr(self._engine, "alive", True):  # tensor-parallel ranks stopped by a fault
+            raise RuntimeError(f"this Llama's tensor-parallel workers were stopped "
+                               f"({self._engine.stopped_because}); load the model again")
         self._busy = True
         try:
             yield
@@ -767,6 +805,24 @@ def _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_ca
                                 f"{enable_prefix_caching!r}")
     return {"kv_block_size": int(kv_block_size), "kv_blocks": 0 if kv_blocks is None else int(kv_blocks),
             "gpu_memory_utilization": float(gpu_memory_utilization)}
+
+
+def _parse_tensor_parallel(tensor_parallel, config: ModelConfig, backend: str, device_index: int,
+                           file_types: dict | None) -> int:
+    """The tensor_parallel argument, checked against the device, the visible GPUs and the model's
+    shapes before any worker starts."""
+    from .tp import parse_size, rank_devices
+
+    size = parse_size(tensor_parallel)
+    if size == 1:
+        return 1
+    from .tp.shard import check_blocks, check_split
+
+    rank_devices(backend, device_index, size)
+    check_split(config, size)
+    if file_types:
+        check_blocks(config, size, file_types)
+    return size
 
 
 def _parse_threads(n_threads: int) -> int:

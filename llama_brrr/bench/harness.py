@@ -71,6 +71,7 @@ class Options:
     dtype: str | None = None
     quant: str | None = None              # Llama.from_pretrained(quant=...): None = as stored
     threads: int = 0
+    tensor_parallel: int = 1              # Llama.from_pretrained / random(tensor_parallel=...)
     repeats: int = 3
     warmup: int = 1
     contestants: tuple = ("llama_brrr",)
@@ -272,10 +273,15 @@ def build_llm(opts: Options, device: str, batch: int, max_seq: int):
     if opts.model:
         return Llama.from_pretrained(opts.model, device=device, dtype=opts.dtype, max_seq_len=max_seq,
                                      max_batch=batch, n_threads=opts.threads, progress=False,
-                                     **quant_argument(opts.quant))
+                                     **quant_argument(opts.quant), **_tp_argument(opts))
     return Llama.random(opts.shape, seed=SEED, device=device, dtype=opts.dtype, max_seq_len=max_seq,
-                        max_batch=batch, n_threads=opts.threads,
+                        max_batch=batch, n_threads=opts.threads, **_tp_argument(opts),
                         **({"quant": opts.quant} if opts.quant not in (None, "auto") else {}))
+
+
+def _tp_argument(opts: Options) -> dict:
+    """{"tensor_parallel": N} when N > 1, so a one-GPU run also works with an engine that predates it."""
+    return {"tensor_parallel": opts.tensor_parallel} if opts.tensor_parallel != 1 else {}
 
 
 def quant_argument(quant: str | None) -> dict:

@@ -43,6 +43,7 @@ class ServeOptions:
     dtype: str | None = None
     quant: str | None = None
     threads: int = 0
+    tensor_parallel: int = 1
     max_num_seqs: int | None = None  # None: the engine's default max_batch (8 cpu, 64 cuda)
     max_num_batched_tokens: int | None = None
     decode_steps: int | None = None
@@ -327,7 +328,8 @@ def run(opts: ServeOptions) -> dict:
     kwargs = dict(device=opts.device, dtype=opts.dtype, max_batch=opts.max_num_seqs,
                   n_threads=opts.threads, quant=opts.quant, kv_block_size=opts.kv_block_size,
                   gpu_memory_utilization=opts.gpu_memory_utilization, kv_blocks=opts.kv_blocks,
-                  enable_prefix_caching=opts.enable_prefix_caching)
+                  enable_prefix_caching=opts.enable_prefix_caching,
+                  **({"tensor_parallel": opts.tensor_parallel} if opts.tensor_parallel != 1 else {}))
     if opts.model:
         llm = Llama.from_pretrained(opts.model, progress=False, **kwargs)
     else:
