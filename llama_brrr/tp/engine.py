@@ -172,6 +172,9 @@ class TensorParallelEngine:
     def prefill(self, *args, **kwargs):
         return self._call("prefill", args, kwargs)
 
+    def prefill_many(self, *args, **kwargs):
+        return self._call("prefill_many", args, kwargs)
+
     def decode(self, *args, **kwargs):
         return self._call("decode", args, kwargs)
 
