@@ -115,20 +115,18 @@ def test_one_rank_failing_alone_stops_every_rank(weights):
         engine.decode(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
 
 
-def test_a_rank_stuck_while_another_failed_is_stopped_after_the_grace(weights, rng):
-    big = ModelConfig(dim=512, hidden_dim=2048, n_layers=4, n_heads=8, n_kv_heads=8, head_dim=64,
-                      vocab_size=300, name="tp-cpu-slow")
-    arrays = {n: (0.02 * rng.standard_normal(s)).astype(np.float32) + (1 if len(s) == 1 else 0)
-              for n, s in big.tensor_shapes().items()}
-    tp = from_arrays(big, arrays, 2, device="cpu", max_seq_len=4096, max_batch=1,
-                     collectives=False)
+def test_a_rank_stuck_while_another_failed_is_stopped_after_the_grace(weights):
+    """Rank 0 is stopped (SIGSTOP: stuck for certain, whatever the machine's speed) while rank 1
+    fails: the caller hears of rank 1 once the grace for rank 0 has passed, and both are gone."""
+    tp = from_arrays(CONFIG, weights, 2, device="cpu", max_seq_len=32, max_batch=1, collectives=False)
     engine, pids = tp.engine, tp.engine.pids
     engine.fault_grace_s = 0.5
-    slow = ("call", "prefill", (0, np.arange(4000, dtype=np.int32) % 300, 0, "none"), {})
-    bad = ("call", "prefill", (0, np.arange(4, dtype=np.int32), 4095, "none"), {})
+    stuck = ("call", "prefill", (0, np.arange(4, dtype=np.int32), 0, "none"), {})
+    bad = ("call", "prefill", (0, np.arange(4, dtype=np.int32), 31, "none"), {})
+    os.kill(pids[0], signal.SIGSTOP)
     t0 = time.monotonic()
     with pytest.raises(ValueError, match=r"rank 1: .*\[0\] did not answer within 0.5 s"):
-        engine._broadcast([slow, bad])
+        engine._broadcast([stuck, bad])
     assert time.monotonic() - t0 < FAULT_S
     assert wait_gone(pids) == []
 
