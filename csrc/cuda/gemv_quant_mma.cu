@@ -54,14 +54,22 @@ namespace {
 
 using quant::QType;
 
-constexpr int kMaxRows = 16;  // largest M (the contract in ops.h)
+constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles of x rows
 constexpr int kWarps = 8;     // K split of one 16-row tile
 constexpr int kThreads = kWarps * 32;
 // 256-value tiles per lane and row loaded together: 2, or 1 for the types whose tile takes 20
-// registers a row (Q8_0, Q6_K; two would spill at 128 registers).
-template <QType T>
+// registers a row (Q8_0, Q6_K; two would spill at 128 registers), and 1 from NT = 4 n8 tiles on,
+// where the accumulators (4 NT) and the x fragments of a chunk (4 NT) take the registers.
+template <QType T, int NT>
 struct TilesInFlight {
-    static constexpr int value = T == QType::Q8_0 || T == QType::Q6_K ? 1 : 2;
+    static constexpr int value = T == QType::Q8_0 || T == QType::Q6_K || NT >= 4 ? 1 : 2;
+};
+
+// x fragments (16 bytes of one x row each) per lane in flight per chunk: all NT n8 tiles up to
+// NT = 4; at NT = 8 the 32 accumulators leave room for 4 (8 spill at 128 registers).
+template <QType T, int NT>
+struct XInFlight {
+    static constexpr int value = NT < 2 ? NT : NT >= 8 && (T == QType::Q8_0 || T == QType::Q6_K) ? 1 : 2;
 };
 
 enum class Pairing { None, SwiGLU, Rope };
@@ -184,31 +192,35 @@ template <> struct QM<QType::Q5_0> : Nibble32<176, 48, -1, 16, 16> {};
 template <> struct QM<QType::Q5_1> : Nibble32<192, 64, 16, 32, 0> {};
 
 // Q8_0: piece j = 16 bytes t + 4j of qs (half (t + 4j) % 2 of block (t + 4j) / 2, whose d is
-// half t / 2 of the header's word j); chunk c = words 2c, 2c + 1.
+// half t / 2 of the header's word j, picked at load); chunk c = words 2c, 2c + 1.
 template <> struct QM<QType::Q8_0> {
     static constexpr int kTileBytes = 272, kPieces = 4, kChunks = 2;
     static constexpr bool kQ8 = true, kMin = false;
     struct Raw {
         uint4 q[4];
-        uint4 d;
+        uint2 d;  // the fp16 d of pieces 0, 1 (x) and 2, 3 (y): this lane's halves of the header
     };
     __device__ static Raw load(const uint8_t* t, const unsigned short*, int lt, int kleft) {
         Raw r;
-        r.d = kleft > 0 ? __ldg(reinterpret_cast<const uint4*>(t)) : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 h = kleft > 0 ? __ldg(reinterpret_cast<const uint4*>(t)) : make_uint4(0u, 0u, 0u, 0u);
+        const uint32_t sel = lt >> 1 ? 0x7632u : 0x5410u;  // half t / 2 of each header word
+        r.d = make_uint2(__byte_perm(h.x, h.y, sel), __byte_perm(h.z, h.w, sel));
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             r.q[j] = 16 * (lt + 4 * j) < kleft ? ptx::ld_stream_16(t + 16 + 16 * (lt + 4 * j)) : make_uint4(0u, 0u, 0u, 0u);
         return r;
     }
-    // The lane's t is folded in by the caller through d_half (t / 2).
-    __device__ static Affine coef(const Raw& r, int j, int d_half) {
-        const uint32_t w = j == 0 ? r.d.x : j == 1 ? r.d.y : j == 2 ? r.d.z : r.d.w;
-        const float d = f16_bits(d_half ? w >> 16 : w & 0xFFFFu);
+    __device__ static Affine coef(const Raw& r, int j) {
+        const uint32_t w = j < 2 ? r.d.x : r.d.y;
+        const float d = f16_bits(j & 1 ? w >> 16 : w & 0xFFFFu);
         return Affine{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d), 0.f};
     }
+    // j and c may be runtime values (the kernel's loops over them need not unroll): selects,
+    // not an indexed register array, which would go to local memory.
     __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1) {
-        u0 = c ? r.q[j].z : r.q[j].x;
-        u1 = c ? r.q[j].w : r.q[j].y;
+        const uint4 q = j == 0 ? r.q[0] : j == 1 ? r.q[1] : j == 2 ? r.q[2] : r.q[3];
+        u0 = c ? q.z : q.x;
+        u1 = c ? q.w : q.y;
     }
     __device__ static int kof(int lt, int j, int c) { return 16 * (lt + 4 * j) + 8 * c; }
 };
@@ -320,7 +332,7 @@ __device__ __forceinline__ void chunk_of(const typename QM<T>::Raw& r, int lt, i
         a = F::coef(r, j, c & 1, lt);
         F::words(r, j, c, u0, u1, lt);
     } else if constexpr (T == QType::Q8_0) {
-        a = F::coef(r, j, lt >> 1);
+        a = F::coef(r, j);
         F::words(r, j, c, u0, u1);
     } else {
         a = F::coef(r, j, c & 1);
@@ -347,11 +359,27 @@ __device__ __forceinline__ int2 unit_rows(int c, int half_n) {
     return make_int2(c, c);
 }
 
+// CTAs per SM the registers are capped for: 2 (128 registers a thread), except where ptxas spills
+// at 128 with every other lever pulled (U = 1, rolled chunk loops, one x fragment in flight): the
+// RopeKV pairing at NT = 8 of the two types whose tile takes 20 registers a row. There 1 CTA (8
+// warps) an SM, whose latency hiding is the weaker; the engine meets it only with a single-type
+// Q8_0 / Q6_K wqkv at decode batches 33..64.
 template <QType T, int NT, Pairing P>
-__global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
+struct CtasPerSm {
+    static constexpr int value = NT >= 8 && P == Pairing::Rope && (T == QType::Q8_0 || T == QType::Q6_K) ? 1 : 2;
+};
+
+template <QType T, int NT, Pairing P>
+__global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_quant_mma_kernel(QMArgs a) {
     using F = QM<T>;
     using Raw = typename F::Raw;
-    constexpr int U = TilesInFlight<T>::value;
+    constexpr int U = TilesInFlight<T, NT>::value;
+    static_assert(NT >= 1 && NT <= kWarps, "warp nt stores n8 tile nt: at most one n8 tile per warp");
+    constexpr int XG = XInFlight<T, NT>::value;
+    // At NT = 8 the loops over a tile's chunks (and Q8_0's pieces, whose 80 bytes a row leave the
+    // least room) stay rolled: unrolled, ptxas interleaves chunks and spills at 128 registers.
+    constexpr int kChunkUnroll = NT >= 4 ? 1 : F::kChunks;
+    constexpr int kPieceUnroll = NT >= 8 && T == QType::Q8_0 ? 1 : F::kPieces;
     __shared__ float partial[kWarps * NT * 4 * 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, lt = lane & 3;
     const int M = a.M, K = a.K, n_tiles = a.T;
@@ -402,15 +430,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
     pdl_wait();
     pdl_launch_dependents();
 
-    // x rows of this lane's B fragments: 8 nt + g, zero past M.
-    const bf16* xrow[NT];
-    bool x_ok[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int m = 8 * nt + g;
-        x_ok[nt] = m < M;
-        xrow[nt] = a.x + (size_t)(x_ok[nt] ? m : 0) * K;
-    }
+    // x rows of this lane's B fragments: 8 nt + g, zero past M (one base pointer and a stride,
+    // not NT pointers: at NT = 8 those would take 16 registers).
+    const bf16* x_lane = a.x + (size_t)g * K;
+    const size_t x_tile_stride = (size_t)8 * K;
+    const int x_rows_left = M - g;  // n8 tile nt has this lane's row iff 8 nt < x_rows_left
 
     float acc[NT][4];
 #pragma unroll
@@ -426,19 +450,26 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
             const int tile = warp + kWarps * (i0 + i);
             if (tile >= n_tiles) break;
             const int kleft = K - 256 * tile;
-#pragma unroll
+#pragma unroll(kPieceUnroll)
             for (int j = 0; j < F::kPieces; ++j) {
                 // mma.sync needs the whole warp: a piece past K for lane 0 is past K for every lane
                 // (skipped together); otherwise a lane's piece past K has zero W and zero x.
                 if (!piece_in_k<T>(0, j, kleft)) continue;
                 const bool in_k = piece_in_k<T>(lt, j, kleft);
-#pragma unroll
+#pragma unroll(kChunkUnroll)
                 for (int c = 0; c < F::kChunks; ++c) {
                     const int k = 256 * tile + F::kof(lt, j, c);
-                    uint4 xv[NT];
+                    // x fragments of n8 tiles n0 .. n0 + XG - 1 (the first group is issued
+                    // before the decode, whose work hides its latency).
+                    uint4 xv[XG];
+                    auto load_x = [&](int n0) {
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-                        xv[nt] = x_ok[nt] && in_k ? __ldg(reinterpret_cast<const uint4*>(xrow[nt] + k)) : make_uint4(0u, 0u, 0u, 0u);
+                        for (int q = 0; q < XG; ++q)
+                            xv[q] = 8 * (n0 + q) < x_rows_left && in_k
+                                        ? __ldg(reinterpret_cast<const uint4*>(x_lane + (n0 + q) * x_tile_stride + k))
+                                        : make_uint4(0u, 0u, 0u, 0u);
+                    };
+                    load_x(0);
                     Affine al, ah;
                     uint32_t l0, l1, h0, h1;
                     chunk_of<T>(wl[i], lt, j, c, al, l0, l1);
@@ -449,10 +480,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
                     const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
                     const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        const uint32_t b0[2] = {xv[nt].x, xv[nt].y}, b1[2] = {xv[nt].z, xv[nt].w};
-                        ptx::mma_bf16_16816(acc[nt], a0, b0);
-                        ptx::mma_bf16_16816(acc[nt], a1, b1);
+                    for (int n0 = 0; n0 < NT; n0 += XG) {
+                        if (n0 > 0) load_x(n0);
+#pragma unroll
+                        for (int q = 0; q < XG; ++q) {
+                            const uint32_t b0[2] = {xv[q].x, xv[q].y}, b1[2] = {xv[q].z, xv[q].w};
+                            ptx::mma_bf16_16816(acc[n0 + q], a0, b0);
+                            ptx::mma_bf16_16816(acc[n0 + q], a1, b1);
+                        }
                     }
                 }
             }
@@ -501,7 +536,9 @@ void launch(const QMArgs& a, cudaStream_t stream) {
 template <QType T, Pairing P>
 void launch_rows(const QMArgs& a, cudaStream_t stream) {
     if (a.M <= 8) launch<T, 1, P>(a, stream);
-    else launch<T, 2, P>(a, stream);
+    else if (a.M <= 16) launch<T, 2, P>(a, stream);
+    else if (a.M <= 32) launch<T, 4, P>(a, stream);
+    else launch<T, 8, P>(a, stream);
 }
 
 template <QType T>
