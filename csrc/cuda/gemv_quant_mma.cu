@@ -1,5 +1,5 @@
 // gemv_quant_mma.cu — decode matmuls of a few rows on quantized weights, on the tensor cores:
-// y[m, n] = sum_k x[m, k] * bf16(dequant(W)[n, k]) for M = 2..16 rows (1 works too), every Epilogue.
+// y[m, n] = sum_k x[m, k] * bf16(dequant(W)[n, k]) for M = 2..64 rows (1 works too), every Epilogue.
 //
 //   W: N rows of qlayout tiles (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q6_K's fp16 d in
 //      the tail), 16-byte aligned; x [M, K] bf16 (the engine normalizes into bf16 first, as for the
@@ -8,7 +8,9 @@
 // Why: gemv_quant.cu's dp4a kernel spends CUDA-core work per weight *per row of x*, so from a few
 // rows on the FMA/dp4a pipes, not HBM, bind. Here every weight is decoded once, whatever M is, and
 // the per-row work goes to mma.sync m16n8k16 (W as the A operand, x as B), as in gemv.cu's
-// gemv_mma_kernel. Numerics: each weight is dequantized in registers to exactly the fp32 value
+// gemv_mma_kernel: the decoded A fragments of a chunk feed NT = 1, 2, 4 or 8 n8 tiles of x rows
+// (M up to 8 NT), so one weight pass serves up to 64 rows and the weight bytes per row fall as
+// 1 / M (Marlin's point for small batches). Numerics: each weight is dequantized in registers to exactly the fp32 value
 // of quant_formats.cpp (d * q - m with its roundings) and then rounded to bf16 for the A
 // fragment, so W carries bf16 rounding on this path, as the bf16 engine's stored weights do;
 // the products and sums are the tensor cores' fp32.
@@ -28,14 +30,23 @@
 //     (Q8_0: 1 + c / 2^15 with the sign bit flipped), and d * (c - off) = f * (256 d) - (128 +
 //     off) d is one FFMA whose constants and result are exact in fp32 (at most 24 significant
 //     bits: the fp16 d has 11), so no int->float conversion runs. Then F2FP packs two into bf16.
-//   * The 8 warps' partial tiles are added in shared memory in warp order, warp nt stores n8
-//     tile nt through util::store_* as gemv_mma_kernel. PDL: the first tiles' loads are issued
-//     before the wait (weights never depend on the kernel before).
+//   * Registers: 4 fp32 accumulators per n8 tile (32 at NT = 8) beside the raw tiles of two rows.
+//     From NT = 4 on one tile per lane is in flight and a tile's chunk loop stays rolled (unrolled,
+//     ptxas interleaves chunks and spills at the 128 registers of 2 CTAs an SM); x fragments are
+//     loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8). No variant spills on sm_90a
+//     (check with -Xptxas -v after a change here); the two that would (RopeKV, NT = 8, Q8_0 /
+//     Q6_K) run 1 CTA an SM instead (CtasPerSm).
+//   * The 8 warps' partial tiles are added in shared memory in warp order (NT x 4 KB), warp nt
+//     stores n8 tile nt through util::store_* as gemv_mma_kernel. PDL: the first tiles' loads are
+//     issued before the wait (weights never depend on the kernel before).
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order and columns n of an mma
 // never mix, so a row's result does not depend on M or the other rows (batched rows are
 // bit-identical to the same row in any other batch). Pieces past K (32-value types whose last
 // tile is partial) are never read, their W and x are zero. The launcher refuses unknown types,
-// K that is not whole blocks, M outside [1, 16], null or misaligned pointers before any launch.
+// K that is not whole blocks, M outside [1, 64], null or misaligned pointers before any launch.
+// Cost past 16 rows: every CTA reads all M x rows (M K 2 bytes, through L1 / L2) against 16 W rows
+// (16 K x the type's bytes a weight), 14x the weight bytes at M = 64 on Q4_K; that traffic and
+// the mma count (2 NT per chunk) are what bounds NT = 8, not HBM.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -46,6 +57,7 @@
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 #include "cuda/qlayout.h"
+#include "cuda/tuning.h"
 
 namespace brrr {
 namespace cuda {
@@ -55,6 +67,7 @@ namespace {
 using quant::QType;
 
 constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles of x rows
+static_assert(kMaxRows == tuning::kGemvQuantMmaMaxRows, "the engine's per-call rows are this kernel's limit");
 constexpr int kWarps = 8;     // K split of one 16-row tile
 constexpr int kThreads = kWarps * 32;
 // 256-value tiles per lane and row loaded together: 2, or 1 for the types whose tile takes 20
@@ -563,7 +576,9 @@ void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K,
                                                  << quant::type_name(t) << "'s block of " << elems
                                                  << " values; a row must be whole blocks");
     BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, "gemv_quant_mma: M=" << M << " rows; the kernel takes 1 to " << kMaxRows
-                                                                 << " (gemv_quant takes M = 1 faster)");
+                                                                 << " (gemv_quant takes M = 1 faster; split more "
+                                                                    "rows into calls of at most "
+                                                                 << kMaxRows << ")");
     BRRR_CHECK_ARG(W != nullptr && x != nullptr, "gemv_quant_mma: W and x must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(W, 16) && util::aligned_to(x, 16),
                    "gemv_quant_mma: W (qlayout tiles) and x (bf16 rows) must be 16-byte aligned");
