@@ -122,9 +122,10 @@ def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
     64 rows (one type: the fused epilogues, residual, SwiGLU output, RoPE positions, slots, q rows,
     the KV append, logits). Mixed types add the multi-part paths: fp32 staging of wqkv in one call
     per part, and the w13 in chunks of at most 16 rows, each with its inputs and destinations moved
-    by the chunk's first row, reusing the gate_up scratch. The rule of the batch test above per row: equal to the same row beside a stranger
-    up to flash_decode's split merge, within the engine bound of the row alone (int8 gemv_quant)
-    and of the f32 CPU engine on the dequantized blocks."""
+    by the chunk's first row, reusing the gate_up scratch. The rule of the batch test above per
+    row: equal to the same row beside a stranger up to flash_decode's split merge, within the
+    engine bound of the row alone (int8 gemv_quant) and of the f32 CPU engine on the dequantized
+    blocks."""
     config = quant_config()
     types = types_for(config, MIXED if spec == "mixed" else spec)
     weights = random_weights(config, rng)

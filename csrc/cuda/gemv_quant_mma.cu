@@ -10,8 +10,8 @@
 // the per-row work goes to mma.sync m16n8k16 (W as the A operand, x as B), as in gemv.cu's
 // gemv_mma_kernel: the decoded A fragments of a chunk feed NT = 1, 2, 4 or 8 n8 tiles of x rows
 // (M up to 8 NT), so one weight pass serves up to 64 rows and the weight bytes per row fall as
-// 1 / M (Marlin's point for small batches). Numerics: each weight is dequantized in registers to exactly the fp32 value
-// of quant_formats.cpp (d * q - m with its roundings) and then rounded to bf16 for the A
+// 1 / M (Marlin's point for small batches). Numerics: each weight is dequantized in registers to
+// exactly the fp32 value of quant_formats.cpp (d * q - m with its roundings) and then rounded to bf16 for the A
 // fragment, so W carries bf16 rounding on this path, as the bf16 engine's stored weights do;
 // the products and sums are the tensor cores' fp32.
 //   * One CTA per 16-row tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
@@ -72,14 +72,15 @@ constexpr int kWarps = 8;     // K split of one 16-row tile
 constexpr int kThreads = kWarps * 32;
 // 256-value tiles per lane and row loaded together: 2, or 1 for the types whose tile takes 20
 // registers a row (Q8_0, Q6_K; two would spill at 128 registers), and 1 from NT = 4 n8 tiles on,
-// where the accumulators (4 NT) and the x fragments of a chunk (4 NT) take the registers.
+// where the accumulators (4 NT registers) take the room.
 template <QType T, int NT>
 struct TilesInFlight {
     static constexpr int value = T == QType::Q8_0 || T == QType::Q6_K || NT >= 4 ? 1 : 2;
 };
 
-// x fragments (16 bytes of one x row each) per lane in flight per chunk: all NT n8 tiles up to
-// NT = 4; at NT = 8 the 32 accumulators leave room for 4 (8 spill at 128 registers).
+// x fragments (16 bytes of one x row each) per lane loaded together per chunk: the first group is
+// issued before the chunk's decode, the rest between its mma. 2 (1 at NT = 1), and 1 for Q8_0 /
+// Q6_K at NT = 8, whose raw tiles leave the least room beside 32 accumulators.
 template <QType T, int NT>
 struct XInFlight {
     static constexpr int value = NT < 2 ? NT : NT >= 8 && (T == QType::Q8_0 || T == QType::Q6_K) ? 1 : 2;
@@ -389,8 +390,9 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_qua
     constexpr int U = TilesInFlight<T, NT>::value;
     static_assert(NT >= 1 && NT <= kWarps, "warp nt stores n8 tile nt: at most one n8 tile per warp");
     constexpr int XG = XInFlight<T, NT>::value;
-    // At NT = 8 the loops over a tile's chunks (and Q8_0's pieces, whose 80 bytes a row leave the
-    // least room) stay rolled: unrolled, ptxas interleaves chunks and spills at 128 registers.
+    // From NT = 4 on the loop over a tile's chunks stays rolled (and at NT = 8 Q8_0's over pieces,
+    // whose 80 bytes a row leave the least room): unrolled, ptxas interleaves chunks and spills at
+    // 128 registers.
     constexpr int kChunkUnroll = NT >= 4 ? 1 : F::kChunks;
     constexpr int kPieceUnroll = NT >= 8 && T == QType::Q8_0 ? 1 : F::kPieces;
     __shared__ float partial[kWarps * NT * 4 * 32];
