@@ -4,8 +4,9 @@ weights in the CUDA tiles (quant_ops.gpu_repack of blocks from our quantizers) a
 The kernel rounds each exactly dequantized weight to bf16 and multiplies on the tensor cores, so
 the reference is float64 of Wb = bf16(CPU-dequantized W) times the bf16 x:
   * Exact: with one-hot rows of x every output is one weight times 1 plus exact zeros, so
-    y[m, n] = Wb[n, k_m] bit for bit; 16 rows a call, enough calls to cover every column, check
-    that every weight of every type decodes to the CPU's value rounded to bf16.
+    y[m, n] = Wb[n, k_m] bit for bit; 16 rows a call (2 n8 tiles) and 64 (8, the most), enough
+    calls to cover every column, check that every weight of every type decodes to the CPU's value
+    rounded to bf16 and lands in the right x row's output.
   * Random x: bf16 x bf16 products are exact in fp32, so what is left is the fp32 summation. Per
     output a warp adds K / 128 mma steps into its accumulator (each step's additions aligned to
     the largest term and possibly truncated: at most 2^-22 of the magnitudes summed so far), then
@@ -15,7 +16,8 @@ the reference is float64 of Wb = bf16(CPU-dequantized W) times the bf16 x:
     unit already moves an output by ~1.5e-5 of it (and a wrong code or scale by far more).
 Outputs are NaN-poisoned with a row past M that must stay NaN; x is followed by a NaN row that a
 read past K of the last row would pull into a result. Batched rows are bit-identical to the same
-rows in other batches (M >= 2). Inputs random per run (seed printed by the rng fixture)."""
+rows in other batches (M >= 2), across every n8 tile count (M = 1..8, 9..16, 17..32, 33..64).
+Inputs random per run (seed printed by the rng fixture)."""
 
 import numpy as np
 import pytest
@@ -81,16 +83,17 @@ def test_gemv_quant_mma_weights_are_the_cpu_values_in_bf16(C, ops, rng, name):
     for N, K in shapes_for(TYPES[name][1])[:2]:
         W = Weights(C, name, N, K, rng)
         Wb = torch.from_numpy(W.deq).cuda().to(torch.bfloat16).float()
-        for k0 in range(0, K, 16):  # K is a multiple of 16: 16 columns a call
-            M = 16
-            x = torch.zeros((M, K), dtype=torch.bfloat16, device="cuda")
-            x[torch.arange(M), k0 + torch.arange(M)] = 1.0
-            y = gemv(ops, W, x_rows(x), STORE_F32)
-            ref = Wb[:, k0:k0 + M].T
-            bad = y != ref
-            assert not bad.any(), (f"{name} {N}x{K}: weights of columns {k0}..{k0 + M - 1} differ from the CPU's in "
-                                   f"bf16, e.g. row {bad.nonzero()[0].tolist()}: got {y[bad][0].item()!r}, "
-                                   f"want {ref[bad][0].item()!r}")
+        for M in (16, 64):  # every K here is a multiple of 64: M columns a call
+            assert K % M == 0
+            for k0 in range(0, K, M):
+                x = torch.zeros((M, K), dtype=torch.bfloat16, device="cuda")
+                x[torch.arange(M), k0 + torch.arange(M)] = 1.0
+                y = gemv(ops, W, x_rows(x), STORE_F32)
+                ref = Wb[:, k0:k0 + M].T
+                bad = y != ref
+                assert not bad.any(), (f"{name} {N}x{K} M={M}: weights of columns {k0}..{k0 + M - 1} differ from the "
+                                       f"CPU's in bf16, e.g. (x row, W row) {bad.nonzero()[0].tolist()}: got "
+                                       f"{y[bad][0].item()!r}, want {ref[bad][0].item()!r}")
 
 
 @pytest.mark.parametrize("name", list(TYPES))
@@ -98,7 +101,7 @@ def test_gemv_quant_mma_against_the_reference(C, ops, rng, name):
     for i, (N, K) in enumerate(shapes_for(TYPES[name][1])):
         W = Weights(C, name, N, K, rng)
         Wb = bf16_weights(W)
-        rows = range(2, 17) if i == 1 else (2, 3, 8, 9, 16)
+        rows = list(range(2, 17)) + [17, 24, 33, 64] if i == 1 else (2, 3, 8, 9, 16, 17, 24, 33, 64)
         for M in rows:
             x = x_rows(random_x(rng, M, K))
             check_gemv(f"{name} M={M} N={N} K={K}", gemv(ops, W, x), Wb, x)
@@ -106,20 +109,23 @@ def test_gemv_quant_mma_against_the_reference(C, ops, rng, name):
 
 @pytest.mark.parametrize("name", list(TYPES))
 def test_gemv_quant_mma_rows_do_not_depend_on_the_batch(C, ops, rng, name):
-    """Every row of a batch of 16 bit for bit equal to the same row in a batch of 2 (paired with
-    another row), and rows 5..7 as a batch of 3 (one n8 tile instead of two)."""
+    """Every row of a batch of 64 (8 n8 tiles) bit for bit equal to the same row in a batch of 2
+    (paired with another row, first: one n8 tile); and slices of it run as batches of 3 (1 tile),
+    16 (2), 24 (4) and 33 (8), each starting at another row, so a row changes n8 tile and lane."""
     W = Weights(C, name, 37, 4096 + (96 if TYPES[name][1] == 32 else 256), rng)
-    x = random_x(rng, 16, W.K)
-    all16 = gemv(ops, W, x_rows(x))
-    three = gemv(ops, W, x_rows(x[5:8]))
-    assert torch.equal(three, all16[5:8]), f"{name}: rows of a batch of 3 differ from the batch of 16"
-    for m in range(16):
-        pair = gemv(ops, W, x_rows(x[[m, 15 - m if 15 - m != m else 0]]))
-        assert torch.equal(pair[0], all16[m]), f"{name}: row {m} of a batch of 16 differs from it in a batch of 2"
+    x = random_x(rng, 64, W.K)
+    all64 = gemv(ops, W, x_rows(x))
+    for lo, hi in ((5, 8), (0, 16), (40, 64), (31, 64)):
+        part = gemv(ops, W, x_rows(x[lo:hi]))
+        assert torch.equal(part, all64[lo:hi]), f"{name}: rows {lo}..{hi - 1} as a batch of {hi - lo} differ from " \
+                                                f"the batch of 64"
+    for m in range(64):
+        pair = gemv(ops, W, x_rows(x[[m, 63 - m]]))
+        assert torch.equal(pair[0], all64[m]), f"{name}: row {m} of a batch of 64 differs from it in a batch of 2"
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q5_0", "q4_1"])
-@pytest.mark.parametrize("M", [2, 5, 16])
+@pytest.mark.parametrize("M", [2, 5, 16, 17, 24, 33, 64])
 def test_gemv_quant_mma_epilogues(C, ops, rng, gen, name, M):
     """StoreBf16 = the StoreF32 result rounded; AddResidual = it added (ld_out wider than N, the
     columns between untouched); SwiGLU = silu(gate) * up of the two halves' results (gate and up
@@ -150,7 +156,7 @@ def test_gemv_quant_mma_epilogues(C, ops, rng, gen, name, M):
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q4_0"])
-@pytest.mark.parametrize("M", [2, 11])
+@pytest.mark.parametrize("M", [2, 11, 17, 24, 33, 64])
 def test_gemv_quant_mma_rope_kv(C, ops, rng, name, M):
     """RopeKV against rope_oracle of the kernel's own StoreF32 q|k|v (the pair's sums are the
     same): bf16 rounding of the rotated value plus the fp32 cos / sin slack; other cache entries
@@ -164,9 +170,12 @@ def test_gemv_quant_mma_rope_kv(C, ops, rng, name, M):
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, M, K))
     qkv = gemv(ops, W, x)
-    slots = torch.from_numpy(rng.integers(0, max_batch, size=M).astype(np.int32)).cuda()
-    positions = torch.from_numpy(np.concatenate([[max_seq - 1], rng.choice(max_seq - 1, M - 1, replace=False)])
-                                 .astype(np.int32)).cuda()
+    # distinct (slot, position) cells, the first at the last position
+    last = int(rng.integers(0, max_batch)) * max_seq + max_seq - 1
+    cells = np.concatenate([[last], rng.choice(np.setdiff1d(np.arange(max_batch * max_seq), [last]), M - 1,
+                                               replace=False)])
+    slots = torch.from_numpy((cells // max_seq).astype(np.int32)).cuda()
+    positions = torch.from_numpy((cells % max_seq).astype(np.int32)).cuda()
     q_out = nan_full((M, n_heads, head_dim), torch.bfloat16)
     shape = (max_batch, max_seq, n_kv_heads, head_dim)
     paged = PagedCaches(nan_full(shape, torch.bfloat16), nan_full(shape, torch.bfloat16))
@@ -203,8 +212,8 @@ def test_gemv_quant_mma_bad_arguments_raise(C, ops, rng):
         call(t=9)
     with pytest.raises(bad, match="K=288"):
         call(K=288)
-    with pytest.raises(bad, match="M=17"):
-        call(M=17)
+    with pytest.raises(bad, match="M=65"):
+        call(M=65)
     with pytest.raises(bad, match="M=0"):
         call(M=0)
     with pytest.raises(bad, match="16-byte aligned"):

@@ -1,7 +1,8 @@
-"""Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, chunks of at
-most 16 rows through gemv_quant_mma up to tuning::kGemvQuantChunkMaxRows rows or for an LM head
-larger than the dequantization scratch, dequantized tiles through the bf16 GEMM for longer
-prompts) against the CPU engine on the same GGUF blocks.
+"""Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, gemv_quant_mma
+from 2 rows: one call up to 64 rows, 16 where a mixed w13 is staged, even chunks past that up to
+tuning::kGemvQuantChunkMaxRows rows or for an LM head larger than the dequantization scratch,
+dequantized tiles through the bf16 GEMM for longer prompts) against the CPU engine on the same GGUF
+blocks.
 
 Numerics rule (docs/design.md, quantized weights): like the CPU engine's quantized path, each
 decode matmul quantizes its activations per block of 32 to int8 (the same rounding); the GPU also
@@ -60,7 +61,7 @@ def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
             assert np.array_equal(gpu.get_weight(name), want), (spec, name)
     tokens = rng.integers(0, config.vocab_size, 23).astype(np.int32)
     want = cpu_f.prefill(0, tokens, 0, "all")
-    got = gpu.prefill(0, tokens, 0, "all")  # 23 rows: two chunks of the tensor-core GEMV
+    got = gpu.prefill(0, tokens, 0, "all")  # 23 rows: the tensor-core GEMV (mixed w13: two chunks)
     assert np.isfinite(got).all()
     assert rel_dev(got, want) < LOGIT_REL_BOUND, spec
     assert rel_dev(got, cpu_q.prefill(0, tokens, 0, "all")) < LOGIT_REL_BOUND, spec
@@ -108,21 +109,23 @@ def test_batched_quantized_decode_rows_equal_each_row_alone(C, rng):
         positions += 1
 
 
-# Batch sizes past the GEMV's 16 rows, each split into even chunks (17: 8 + 9; 33: 11 x 3;
-# 64: 16 x 4), with the row counts of the last chunk odd where M is.
+# Batch sizes past 16 rows: one gemv_quant_mma call of 4 (17) or 8 (33, 64) n8 tiles per matrix
+# of one type; a mixed w13 (two types, staged in the 16-row gate_up_) in even chunks of at most 16
+# (17: 8 + 9; 33: 11 x 3; 64: 16 x 4), with the row counts of the last chunk odd where M is.
 CHUNKED_BATCHES = (17, 33, 64)
 
 
 @pytest.mark.parametrize("spec", ["mixed", "q4_k"])
 @pytest.mark.parametrize("B", CHUNKED_BATCHES)
 def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
-    """Decode batches of 17..64 rows run the quantized matrices as chunks of at most 16 rows, each
-    with its inputs and destinations (residual, SwiGLU output, RoPE positions, slots, q rows, the
-    KV append, logits) moved by the chunk's first row. Mixed types add the multi-part paths (fp32
-    staging of wqkv and of w13, whose gate_up scratch every chunk reuses); one type the fused
-    epilogues. The rule of the batch test above per row: equal to the same row beside a stranger
-    up to flash_decode's split merge, within the engine bound of the row alone (int8 gemv_quant)
-    and of the f32 CPU engine on the dequantized blocks."""
+    """Decode batches of 17..64 rows run each quantized matrix as one gemv_quant_mma call of up to
+    64 rows (one type: the fused epilogues, residual, SwiGLU output, RoPE positions, slots, q rows,
+    the KV append, logits). Mixed types add the multi-part paths: fp32 staging of wqkv in one call
+    per part, and the w13 in chunks of at most 16 rows, each with its inputs and destinations moved
+    by the chunk's first row, reusing the gate_up scratch. The rule of the batch test above per
+    row: equal to the same row beside a stranger up to flash_decode's split merge, within the
+    engine bound of the row alone (int8 gemv_quant) and of the f32 CPU engine on the dequantized
+    blocks."""
     config = quant_config()
     types = types_for(config, MIXED if spec == "mixed" else spec)
     weights = random_weights(config, rng)
@@ -158,10 +161,11 @@ def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
 @pytest.mark.parametrize("vocab_size", [300, 1100])
 def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):
     """Every row's logits of a prompt through a quantized LM head. 23 rows: the layers and the
-    head in chunks of the GEMV. 100 rows: the layers through the dequantized GEMM, the head in
-    two calls (logit_rows_ = max_batch = 72, then 28); at vocab 300 the head fits the
-    dequantization scratch (the largest layer matrix, w13: 1024 x 256) and its 72 rows take the
-    GEMM, at vocab 1100 it does not and goes through the GEMV in chunks at 72 rows too."""
+    head through the GEMV (one call a matrix; a mixed w13 in chunks). 100 rows: the layers through
+    the dequantized GEMM, the head in two calls (logit_rows_ = max_batch = 72, then 28); at vocab
+    300 the head fits the dequantization scratch (the largest layer matrix, w13: 1024 x 256) and
+    its 72 rows take the GEMM, at vocab 1100 it does not and goes through the GEMV in two chunks of
+    36 at 72 rows (past the kernel's 64), one call at 28."""
     config = quant_config(vocab_size=vocab_size, max_seq_len=128)
     types = types_for(config, MIXED if spec == "mixed" else spec)
     assert "output" in types

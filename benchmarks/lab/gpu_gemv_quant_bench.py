@@ -20,11 +20,15 @@ yardstick); "x bf16" = bf16 GEMV time / ours.
 bf16 x rows, not ActBlocks) on the same weights, M and run: its bytes are the tiles plus the bf16
 x and y, checked first against float64 of bf16(CPU-dequantized W) x x within the fp32 bound of
 tests/test_cuda_gemv_quant_mma.py; "mma of copy" uses the same-size copy's rate of that row.
-The default (--path dp4a) prints and writes exactly what it did before.
+The default (--path dp4a) prints and writes exactly what it did before. With --path mma, --rows
+may go up to 64 (one weight pass serves them all): past 16 the bf16 opponent is the engine's
+matmul_bf16 (the tensor-core GEMM with split-K scratch there), and "x 16-row" is the time of the
+same rows as even calls of at most 16 (how the engine ran them before) over the one call.
 
     python benchmarks/lab/gpu_gemv_quant_bench.py --out /tmp/gemv_quant.json
     python benchmarks/lab/gpu_gemv_quant_bench.py --path both --rows 2,4,8,16 --out /tmp/gemv_quant_mma.json
     python benchmarks/lab/gpu_gemv_quant_bench.py --types q4_k,q6_k,q8_0,q4_0 --rows 1,2,4,8,16 --repeats 100
+    python benchmarks/lab/gpu_gemv_quant_bench.py --path mma --types q4_k,q8_0 --rows 16,32,64 --out /tmp/qmma64.json
 """
 
 from __future__ import annotations
@@ -104,6 +108,10 @@ def check_mma(C, name, packed, deq, x, M, N, K):
 
 def bench(C, names, row_counts, repeats, rng, path="dp4a"):
     rows = []
+    floats, counters = C.testing.gemm_split_scratch_sizes(torch.cuda.get_device_properties(0).multi_processor_count)
+    partials = torch.zeros(floats, device="cuda")
+    counts = torch.zeros(counters, device="cuda", dtype=torch.int32)
+    split = (partials.data_ptr(), floats, counts.data_ptr(), counters)
     for proj, N, K in SHAPES:
         bf16_w = [random_bf16((N, K), 0.02) for _ in range(copies_to_defeat_l2(N * K * 2))]
         t_bf16 = {}
@@ -112,8 +120,12 @@ def bench(C, names, row_counts, repeats, rng, path="dp4a"):
             y = torch.zeros((M, N), device="cuda")
 
             def run_bf16(i):
-                C.testing.gemv_bf16(x.data_ptr(), bf16_w[i % len(bf16_w)].data_ptr(), M, N, K, STORE_F32,
-                                    out_f32=y.data_ptr())
+                if M <= 16:
+                    C.testing.gemv_bf16(x.data_ptr(), bf16_w[i % len(bf16_w)].data_ptr(), M, N, K, STORE_F32,
+                                        out_f32=y.data_ptr())
+                else:
+                    C.testing.matmul_bf16(x.data_ptr(), bf16_w[i % len(bf16_w)].data_ptr(), M, N, K, STORE_F32,
+                                          out_f32=y.data_ptr(), split=split)
             t_bf16[M] = device_times(run_bf16, repeats)
         bf16_w = None
         torch.cuda.empty_cache()
@@ -162,6 +174,18 @@ def bench(C, names, row_counts, repeats, rng, path="dp4a"):
                                 "mma_speedup_vs_bf16": tb["median_s"] / tm["median_s"]})
                     if "ours" in row:
                         row["mma_speedup_vs_dp4a"] = row["ours"]["median_s"] / tm["median_s"]
+                    if M > 16:
+                        chunks = -(-M // 16)
+                        bounds = [M * c // chunks for c in range(chunks + 1)]
+
+                        def run_chunks(i):
+                            w = weights[i % len(weights)].data_ptr()
+                            for r0, r1 in zip(bounds, bounds[1:]):
+                                C.testing.gemv_quant_mma(TYPES[name], w, x[r0:].data_ptr(), r1 - r0, N, K, STORE_F32,
+                                                         out_f32=y[r0:].data_ptr())
+                        tc = device_times(run_chunks, repeats)
+                        row.update({"mma_16row_chunks": tc, "mma_speedup_vs_16row_chunks":
+                                    tc["median_s"] / tm["median_s"]})
                 rows.append(row)
             weights = first = None
             torch.cuda.empty_cache()
@@ -193,7 +217,7 @@ def print_table_mma(result):
     head = f"{'proj':8} {'type':5} {'M':>2} {'N x K':>13} {'mma us':>22} {'of copy':>8} "
     if both:
         head += f"{'dp4a us':>22} {'of copy':>8} {'x dp4a':>7} "
-    print(head + f"{'bf16 us':>22} {'x bf16':>7}")
+    print(head + f"{'bf16 us':>22} {'x bf16':>7} {'x 16-row':>8}")
     for r in result["rows"]:
         m, b = r["mma"], r["bf16"]
         line = (f"{r['proj']:8} {r['type']:5} {r['M']:>2} {r['N']:>6}x{r['K']:<6} "
@@ -205,9 +229,12 @@ def print_table_mma(result):
                      f"{100 * r['ours_frac_of_same_size_copy']:7.0f}% {r['mma_speedup_vs_dp4a']:6.2f}x ")
         line += (f"{b['median_s'] * 1e6:8.1f} [{b['min_s'] * 1e6:5.1f},{b['max_s'] * 1e6:6.1f}] "
                  f"{r['mma_speedup_vs_bf16']:6.2f}x")
+        if "mma_speedup_vs_16row_chunks" in r:
+            line += f" {r['mma_speedup_vs_16row_chunks']:7.2f}x"
         print(line)
     print("of copy: GB/s moved / a same-size device copy's (same run); x dp4a / x bf16: their time / the mma "
-          "form's")
+          "form's (bf16: the GEMV up to 16 rows, matmul_bf16's GEMM past); x 16-row: the same rows as even calls of "
+          "at most 16 / one call")
 
 
 def main(argv=None):
@@ -215,7 +242,8 @@ def main(argv=None):
     parser.add_argument("--types", default="q4_k,q6_k,q8_0,q4_0", help="comma-separated (default %(default)s; "
                         f"any of {', '.join(TYPES)})")
     parser.add_argument("--repeats", type=int, default=50, help="timed calls per kernel (default %(default)s)")
-    parser.add_argument("--rows", default="1,2,4,8,16", help="values of M (default %(default)s)")
+    parser.add_argument("--rows", default="1,2,4,8,16", help="values of M (default %(default)s; up to 64 with "
+                        "--path mma)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--path", choices=["dp4a", "mma", "both"], default="dp4a",
@@ -230,8 +258,10 @@ def main(argv=None):
         row_counts = [int(m) for m in args.rows.split(",") if m]
     except ValueError:
         parser.error(f"--rows: integers in [1, 16], got {args.rows!r}")
-    if not row_counts or any(m < 1 or m > 16 for m in row_counts):
-        parser.error(f"--rows: integers in [1, 16], got {args.rows!r}")
+    most = 64 if args.path == "mma" else 16
+    if not row_counts or any(m < 1 or m > most for m in row_counts):
+        parser.error(f"--rows: integers in [1, {most}] with --path {args.path} (gemv_quant takes at most 16 rows, "
+                     f"gemv_quant_mma 64: use --path mma past 16), got {args.rows!r}")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     if not torch.cuda.is_available():

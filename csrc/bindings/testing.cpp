@@ -445,7 +445,7 @@ void bind_testing(py::module_& m) {
        py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
        py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0, py::arg("block_size") = 16,
        py::arg("n_blocks") = 0,
-       "decode GEMV on quantized weights on the tensor cores (M <= 16): y = x . bf16(dequant(W)).T with the "
+       "decode GEMV on quantized weights on the tensor cores (M <= 64): y = x . bf16(dequant(W)).T with the "
        "epilogue (as gemv_quant's); W = qlayout tiles (quant_ops.gpu_repack), x = bf16 rows [M, K]");
     testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {
         CudaOp::check_sizes({{"M", M}, {"K", K}});

@@ -176,24 +176,36 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
         return;
     }
+    // Rows one pass of matmul_parts takes: gemv_quant_mma's 64 where every part is quantized;
+    // 16 with a bf16 part (gemv_bf16 takes at most 16) or a SwiGLU staged through gate_up_
+    // (a w13 of two types: the scratch holds 16 rows).
+    bool any_bf16 = false;
+    for (int i = 0; i < W.n_parts; ++i) any_bf16 |= W.parts[i].type == 0;
+    const int pass_rows = any_bf16 || (W.n_parts > 1 && ep == Epilogue::SwiGLU) ? tuning::kGemvMaxRows
+                                                                                : tuning::kGemvQuantMmaMaxRows;
     const bool fits_deq = (size_t)N * K <= deq_elems_;
     if (M <= tuning::kGemvQuantChunkMaxRows || !fits_deq) {
-        // Chunks of at most 16 rows through the GEMV (tuning.h says up to which M this beats
-        // dequantizing), and so every M of a matrix larger than deq_: a quantized LM head.
-        // The rows are normalized once, as matmul_parts would per chunk, and the chunks split M
-        // evenly: each then holds at least 8 rows, so all of them take the tensor cores and a
-        // row's result does not depend on which chunk it fell in. The chunks reuse the one
-        // per-call scratch matmul_parts has on the tensor cores, gate_up_ of a mixed w13 (xq_
-        // serves only the int8 path, the split-K scratch only the GEMM): safe because they are
-        // ordered on one stream, and chunk c + 1's kernels write it only after their PDL wait,
-        // when chunk c's swiglu_f32 has read it and completed.
-        static_assert(2 * tuning::kGemvQuantMmaMinRows <= tuning::kGemvMaxRows,
-                      "chunks of M > 16 rows split evenly must all reach the tensor-core GEMV");
+        if (M <= pass_rows) {  // one weight pass for all rows
+            matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
+            return;
+        }
+        // Chunks of at most pass_rows rows through the GEMV, each re-reading the weights (tuning.h
+        // says up to which M this beats dequantizing), and so every M of a matrix larger than
+        // deq_: a quantized LM head. The rows are normalized once, as matmul_parts would per
+        // chunk, and the chunks split M evenly: each then holds at least pass_rows / 2 rows, so
+        // all of them take the tensor cores and a row's result does not depend on which chunk it
+        // fell in. The chunks reuse the one per-call scratch matmul_parts has on the tensor
+        // cores, gate_up_ of a mixed w13 (xq_ serves only the int8 path, the split-K scratch only
+        // the GEMM): safe because they are ordered on one stream, and chunk c + 1's kernels write
+        // it only after their PDL wait, when chunk c's swiglu_f32 has read it and completed.
+        static_assert(2 * tuning::kGemvQuantMmaMinRows <= tuning::kGemvMaxRows &&
+                          tuning::kGemvMaxRows <= tuning::kGemvQuantMmaMaxRows,
+                      "even chunks (at least kGemvMaxRows / 2 rows) must all reach the tensor-core GEMV");
         if (norm_w) {
             rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
             x_bf16 = xn_;
         }
-        const int chunks = CEIL_DIV(M, tuning::kGemvMaxRows);
+        const int chunks = CEIL_DIV(M, pass_rows);
         for (int c = 0, r = 0; c < chunks; ++c) {
             const int rows = (M - r) / (chunks - c);
             matmul_parts(W, nullptr, nullptr, x_bf16 + (size_t)r * K, rows, ep, epilogue_rows_from(args, ep, N, r));
@@ -215,8 +227,9 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     else matmul_bf16(x_bf16, deq_, M, N, K, ep, args, s);
 }
 
-// M <= 16 rows on a matrix with quantized parts. One row: gemv_quant_in, which quantizes (and
-// normalizes) its input row itself (int8 dp4a). From tuning::kGemvQuantMmaMinRows rows:
+// M <= 64 rows on a matrix with quantized parts (at most 16 where a part is bf16 or a SwiGLU is
+// staged in gate_up_: CudaEngine::matmul chunks those). One row: gemv_quant_in, which quantizes
+// (and normalizes) its input row itself (int8 dp4a). From tuning::kGemvQuantMmaMinRows rows:
 // gemv_quant_mma on bf16 rows (normalized into xn_ first). Several parts: the input is prepared
 // once (ActBlocks in xq_, or bf16 rows), each part stores fp32 into its columns of a staging
 // buffer (qkv_ for RopeKV, gate_up_ for SwiGLU, else the destination itself) and the epilogue

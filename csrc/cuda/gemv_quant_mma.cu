@@ -1,5 +1,5 @@
 // gemv_quant_mma.cu — decode matmuls of a few rows on quantized weights, on the tensor cores:
-// y[m, n] = sum_k x[m, k] * bf16(dequant(W)[n, k]) for M = 2..16 rows (1 works too), every Epilogue.
+// y[m, n] = sum_k x[m, k] * bf16(dequant(W)[n, k]) for M = 2..64 rows (1 works too), every Epilogue.
 //
 //   W: N rows of qlayout tiles (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q6_K's fp16 d in
 //      the tail), 16-byte aligned; x [M, K] bf16 (the engine normalizes into bf16 first, as for the
@@ -8,8 +8,10 @@
 // Why: gemv_quant.cu's dp4a kernel spends CUDA-core work per weight *per row of x*, so from a few
 // rows on the FMA/dp4a pipes, not HBM, bind. Here every weight is decoded once, whatever M is, and
 // the per-row work goes to mma.sync m16n8k16 (W as the A operand, x as B), as in gemv.cu's
-// gemv_mma_kernel. Numerics: each weight is dequantized in registers to exactly the fp32 value
-// of quant_formats.cpp (d * q - m with its roundings) and then rounded to bf16 for the A
+// gemv_mma_kernel: the decoded A fragments of a chunk feed NT = 1, 2, 4 or 8 n8 tiles of x rows
+// (M up to 8 NT), so one weight pass serves up to 64 rows and the weight bytes per row fall as
+// 1 / M (Marlin's point for small batches). Numerics: each weight is dequantized in registers to
+// exactly the fp32 value of quant_formats.cpp (d * q - m with its roundings) and then rounded to bf16 for the A
 // fragment, so W carries bf16 rounding on this path, as the bf16 engine's stored weights do;
 // the products and sums are the tensor cores' fp32.
 //   * One CTA per 16-row tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
@@ -28,14 +30,23 @@
 //     (Q8_0: 1 + c / 2^15 with the sign bit flipped), and d * (c - off) = f * (256 d) - (128 +
 //     off) d is one FFMA whose constants and result are exact in fp32 (at most 24 significant
 //     bits: the fp16 d has 11), so no int->float conversion runs. Then F2FP packs two into bf16.
-//   * The 8 warps' partial tiles are added in shared memory in warp order, warp nt stores n8
-//     tile nt through util::store_* as gemv_mma_kernel. PDL: the first tiles' loads are issued
-//     before the wait (weights never depend on the kernel before).
+//   * Registers: 4 fp32 accumulators per n8 tile (32 at NT = 8) beside the raw tiles of two rows.
+//     From NT = 4 on one tile per lane is in flight and a tile's chunk loop stays rolled (unrolled,
+//     ptxas interleaves chunks and spills at the 128 registers of 2 CTAs an SM); x fragments are
+//     loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8). No variant spills on sm_90a
+//     (check with -Xptxas -v after a change here); the two that would (RopeKV, NT = 8, Q8_0 /
+//     Q6_K) run 1 CTA an SM instead (CtasPerSm).
+//   * The 8 warps' partial tiles are added in shared memory in warp order (NT x 4 KB), warp nt
+//     stores n8 tile nt through util::store_* as gemv_mma_kernel. PDL: the first tiles' loads are
+//     issued before the wait (weights never depend on the kernel before).
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order and columns n of an mma
 // never mix, so a row's result does not depend on M or the other rows (batched rows are
 // bit-identical to the same row in any other batch). Pieces past K (32-value types whose last
 // tile is partial) are never read, their W and x are zero. The launcher refuses unknown types,
-// K that is not whole blocks, M outside [1, 16], null or misaligned pointers before any launch.
+// K that is not whole blocks, M outside [1, 64], null or misaligned pointers before any launch.
+// Cost past 16 rows: every CTA reads all M x rows (M K 2 bytes, through L1 / L2) against 16 W rows
+// (16 K x the type's bytes a weight), 14x the weight bytes at M = 64 on Q4_K; that traffic and
+// the mma count (2 NT per chunk) are what bounds NT = 8, not HBM.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -46,6 +57,7 @@
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 #include "cuda/qlayout.h"
+#include "cuda/tuning.h"
 
 namespace brrr {
 namespace cuda {
@@ -54,14 +66,24 @@ namespace {
 
 using quant::QType;
 
-constexpr int kMaxRows = 16;  // largest M (the contract in ops.h)
+constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles of x rows
+static_assert(kMaxRows == tuning::kGemvQuantMmaMaxRows, "the engine's per-call rows are this kernel's limit");
 constexpr int kWarps = 8;     // K split of one 16-row tile
 constexpr int kThreads = kWarps * 32;
 // 256-value tiles per lane and row loaded together: 2, or 1 for the types whose tile takes 20
-// registers a row (Q8_0, Q6_K; two would spill at 128 registers).
-template <QType T>
+// registers a row (Q8_0, Q6_K; two would spill at 128 registers), and 1 from NT = 4 n8 tiles on,
+// where the accumulators (4 NT registers) take the room.
+template <QType T, int NT>
 struct TilesInFlight {
-    static constexpr int value = T == QType::Q8_0 || T == QType::Q6_K ? 1 : 2;
+    static constexpr int value = T == QType::Q8_0 || T == QType::Q6_K || NT >= 4 ? 1 : 2;
+};
+
+// x fragments (16 bytes of one x row each) per lane loaded together per chunk: the first group is
+// issued before the chunk's decode, the rest between its mma. 2 (1 at NT = 1), and 1 for Q8_0 /
+// Q6_K at NT = 8, whose raw tiles leave the least room beside 32 accumulators.
+template <QType T, int NT>
+struct XInFlight {
+    static constexpr int value = NT < 2 ? NT : NT >= 8 && (T == QType::Q8_0 || T == QType::Q6_K) ? 1 : 2;
 };
 
 enum class Pairing { None, SwiGLU, Rope };
@@ -184,31 +206,35 @@ template <> struct QM<QType::Q5_0> : Nibble32<176, 48, -1, 16, 16> {};
 template <> struct QM<QType::Q5_1> : Nibble32<192, 64, 16, 32, 0> {};
 
 // Q8_0: piece j = 16 bytes t + 4j of qs (half (t + 4j) % 2 of block (t + 4j) / 2, whose d is
-// half t / 2 of the header's word j); chunk c = words 2c, 2c + 1.
+// half t / 2 of the header's word j, picked at load); chunk c = words 2c, 2c + 1.
 template <> struct QM<QType::Q8_0> {
     static constexpr int kTileBytes = 272, kPieces = 4, kChunks = 2;
     static constexpr bool kQ8 = true, kMin = false;
     struct Raw {
         uint4 q[4];
-        uint4 d;
+        uint2 d;  // the fp16 d of pieces 0, 1 (x) and 2, 3 (y): this lane's halves of the header
     };
     __device__ static Raw load(const uint8_t* t, const unsigned short*, int lt, int kleft) {
         Raw r;
-        r.d = kleft > 0 ? __ldg(reinterpret_cast<const uint4*>(t)) : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 h = kleft > 0 ? __ldg(reinterpret_cast<const uint4*>(t)) : make_uint4(0u, 0u, 0u, 0u);
+        const uint32_t sel = lt >> 1 ? 0x7632u : 0x5410u;  // half t / 2 of each header word
+        r.d = make_uint2(__byte_perm(h.x, h.y, sel), __byte_perm(h.z, h.w, sel));
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             r.q[j] = 16 * (lt + 4 * j) < kleft ? ptx::ld_stream_16(t + 16 + 16 * (lt + 4 * j)) : make_uint4(0u, 0u, 0u, 0u);
         return r;
     }
-    // The lane's t is folded in by the caller through d_half (t / 2).
-    __device__ static Affine coef(const Raw& r, int j, int d_half) {
-        const uint32_t w = j == 0 ? r.d.x : j == 1 ? r.d.y : j == 2 ? r.d.z : r.d.w;
-        const float d = f16_bits(d_half ? w >> 16 : w & 0xFFFFu);
+    __device__ static Affine coef(const Raw& r, int j) {
+        const uint32_t w = j < 2 ? r.d.x : r.d.y;
+        const float d = f16_bits(j & 1 ? w >> 16 : w & 0xFFFFu);
         return Affine{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d), 0.f};
     }
+    // j and c may be runtime values (the kernel's loops over them need not unroll): selects,
+    // not an indexed register array, which would go to local memory.
     __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1) {
-        u0 = c ? r.q[j].z : r.q[j].x;
-        u1 = c ? r.q[j].w : r.q[j].y;
+        const uint4 q = j == 0 ? r.q[0] : j == 1 ? r.q[1] : j == 2 ? r.q[2] : r.q[3];
+        u0 = c ? q.z : q.x;
+        u1 = c ? q.w : q.y;
     }
     __device__ static int kof(int lt, int j, int c) { return 16 * (lt + 4 * j) + 8 * c; }
 };
@@ -320,7 +346,7 @@ __device__ __forceinline__ void chunk_of(const typename QM<T>::Raw& r, int lt, i
         a = F::coef(r, j, c & 1, lt);
         F::words(r, j, c, u0, u1, lt);
     } else if constexpr (T == QType::Q8_0) {
-        a = F::coef(r, j, lt >> 1);
+        a = F::coef(r, j);
         F::words(r, j, c, u0, u1);
     } else {
         a = F::coef(r, j, c & 1);
@@ -347,11 +373,28 @@ __device__ __forceinline__ int2 unit_rows(int c, int half_n) {
     return make_int2(c, c);
 }
 
+// CTAs per SM the registers are capped for: 2 (128 registers a thread), except where ptxas spills
+// at 128 with every other lever pulled (U = 1, rolled chunk loops, one x fragment in flight): the
+// RopeKV pairing at NT = 8 of the two types whose tile takes 20 registers a row. There 1 CTA (8
+// warps) an SM, whose latency hiding is the weaker; the engine meets it only with a single-type
+// Q8_0 / Q6_K wqkv at decode batches 33..64.
 template <QType T, int NT, Pairing P>
-__global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
+struct CtasPerSm {
+    static constexpr int value = NT >= 8 && P == Pairing::Rope && (T == QType::Q8_0 || T == QType::Q6_K) ? 1 : 2;
+};
+
+template <QType T, int NT, Pairing P>
+__global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_quant_mma_kernel(QMArgs a) {
     using F = QM<T>;
     using Raw = typename F::Raw;
-    constexpr int U = TilesInFlight<T>::value;
+    constexpr int U = TilesInFlight<T, NT>::value;
+    static_assert(NT >= 1 && NT <= kWarps, "warp nt stores n8 tile nt: at most one n8 tile per warp");
+    constexpr int XG = XInFlight<T, NT>::value;
+    // From NT = 4 on the loop over a tile's chunks stays rolled (and at NT = 8 Q8_0's over pieces,
+    // whose 80 bytes a row leave the least room): unrolled, ptxas interleaves chunks and spills at
+    // 128 registers.
+    constexpr int kChunkUnroll = NT >= 4 ? 1 : F::kChunks;
+    constexpr int kPieceUnroll = NT >= 8 && T == QType::Q8_0 ? 1 : F::kPieces;
     __shared__ float partial[kWarps * NT * 4 * 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, lt = lane & 3;
     const int M = a.M, K = a.K, n_tiles = a.T;
@@ -402,15 +445,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
     pdl_wait();
     pdl_launch_dependents();
 
-    // x rows of this lane's B fragments: 8 nt + g, zero past M.
-    const bf16* xrow[NT];
-    bool x_ok[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int m = 8 * nt + g;
-        x_ok[nt] = m < M;
-        xrow[nt] = a.x + (size_t)(x_ok[nt] ? m : 0) * K;
-    }
+    // x rows of this lane's B fragments: 8 nt + g, zero past M (one base pointer and a stride,
+    // not NT pointers: at NT = 8 those would take 16 registers).
+    const bf16* x_lane = a.x + (size_t)g * K;
+    const size_t x_tile_stride = (size_t)8 * K;
+    const int x_rows_left = M - g;  // n8 tile nt has this lane's row iff 8 nt < x_rows_left
 
     float acc[NT][4];
 #pragma unroll
@@ -426,19 +465,26 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
             const int tile = warp + kWarps * (i0 + i);
             if (tile >= n_tiles) break;
             const int kleft = K - 256 * tile;
-#pragma unroll
+#pragma unroll(kPieceUnroll)
             for (int j = 0; j < F::kPieces; ++j) {
                 // mma.sync needs the whole warp: a piece past K for lane 0 is past K for every lane
                 // (skipped together); otherwise a lane's piece past K has zero W and zero x.
                 if (!piece_in_k<T>(0, j, kleft)) continue;
                 const bool in_k = piece_in_k<T>(lt, j, kleft);
-#pragma unroll
+#pragma unroll(kChunkUnroll)
                 for (int c = 0; c < F::kChunks; ++c) {
                     const int k = 256 * tile + F::kof(lt, j, c);
-                    uint4 xv[NT];
+                    // x fragments of n8 tiles n0 .. n0 + XG - 1 (the first group is issued
+                    // before the decode, whose work hides its latency).
+                    uint4 xv[XG];
+                    auto load_x = [&](int n0) {
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-                        xv[nt] = x_ok[nt] && in_k ? __ldg(reinterpret_cast<const uint4*>(xrow[nt] + k)) : make_uint4(0u, 0u, 0u, 0u);
+                        for (int q = 0; q < XG; ++q)
+                            xv[q] = 8 * (n0 + q) < x_rows_left && in_k
+                                        ? __ldg(reinterpret_cast<const uint4*>(x_lane + (n0 + q) * x_tile_stride + k))
+                                        : make_uint4(0u, 0u, 0u, 0u);
+                    };
+                    load_x(0);
                     Affine al, ah;
                     uint32_t l0, l1, h0, h1;
                     chunk_of<T>(wl[i], lt, j, c, al, l0, l1);
@@ -449,10 +495,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_quant_mma_kernel(QMArgs a) {
                     const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
                     const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        const uint32_t b0[2] = {xv[nt].x, xv[nt].y}, b1[2] = {xv[nt].z, xv[nt].w};
-                        ptx::mma_bf16_16816(acc[nt], a0, b0);
-                        ptx::mma_bf16_16816(acc[nt], a1, b1);
+                    for (int n0 = 0; n0 < NT; n0 += XG) {
+                        if (n0 > 0) load_x(n0);
+#pragma unroll
+                        for (int q = 0; q < XG; ++q) {
+                            const uint32_t b0[2] = {xv[q].x, xv[q].y}, b1[2] = {xv[q].z, xv[q].w};
+                            ptx::mma_bf16_16816(acc[n0 + q], a0, b0);
+                            ptx::mma_bf16_16816(acc[n0 + q], a1, b1);
+                        }
                     }
                 }
             }
@@ -501,7 +551,9 @@ void launch(const QMArgs& a, cudaStream_t stream) {
 template <QType T, Pairing P>
 void launch_rows(const QMArgs& a, cudaStream_t stream) {
     if (a.M <= 8) launch<T, 1, P>(a, stream);
-    else launch<T, 2, P>(a, stream);
+    else if (a.M <= 16) launch<T, 2, P>(a, stream);
+    else if (a.M <= 32) launch<T, 4, P>(a, stream);
+    else launch<T, 8, P>(a, stream);
 }
 
 template <QType T>
@@ -526,7 +578,9 @@ void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K,
                                                  << quant::type_name(t) << "'s block of " << elems
                                                  << " values; a row must be whole blocks");
     BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, "gemv_quant_mma: M=" << M << " rows; the kernel takes 1 to " << kMaxRows
-                                                                 << " (gemv_quant takes M = 1 faster)");
+                                                                 << " (gemv_quant takes M = 1 faster; split more "
+                                                                    "rows into calls of at most "
+                                                                 << kMaxRows << ")");
     BRRR_CHECK_ARG(W != nullptr && x != nullptr, "gemv_quant_mma: W and x must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(W, 16) && util::aligned_to(x, 16),
                    "gemv_quant_mma: W (qlayout tiles) and x (bf16 rows) must be 16-byte aligned");

@@ -44,13 +44,18 @@ constexpr int kGemvMaxRows = 16;
 // registers, tensor cores) instead of gemv_quant (int8 dp4a per row, whose per-row work binds
 // from a few rows on).
 constexpr int kGemvQuantMmaMinRows = 2;
-// Quantized matmuls of kGemvMaxRows < M <= this rows run as chunks of at most 16 rows through
-// the tensor-core GEMV (CudaEngine::matmul); more rows dequantize the matrix into bf16 scratch for
-// the GEMM. Each chunk re-reads the quantized weights (Q4_K: 0.56 bytes a weight) at the 16-row
-// GEMV's pace (about 40% of copy speed, bound by the decode in registers); the GEMM path reads
-// them once but writes a bf16 copy and reads it back (4 more bytes a weight) before its own work.
-// For the 4-bit types the two cross near 4 x 16 rows, an estimate that the 8B Q4_K_M decode at
-// batches 17..64 (docs/kernels/gemv.md) is to confirm.
+// Rows one gemv_quant_mma call takes (its limit in ops.h, 8 n8 tiles of x: not a knob, kept here
+// beside the switch points that use it): CudaEngine::matmul runs a quantized matmul of up to this
+// many rows as one pass over the weights (16 where a part is bf16 or a mixed w13 is staged).
+constexpr int kGemvQuantMmaMaxRows = 64;
+// Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV
+// (CudaEngine::matmul): one call up to kGemvQuantMmaMaxRows, even chunks of at most that many
+// beyond, each re-reading the quantized weights (Q4_K: 0.56 bytes a weight); more rows dequantize
+// the matrix into bf16 scratch for the GEMM, which reads the weights once but writes a bf16 copy
+// and reads it back (4 more bytes a weight) before its own work. At 64 rows one pass of the GEMV
+// moves the fewest bytes by far; whether two passes (M = 65..128) still beat dequantizing depends
+// on how fast the 64-row pass runs (mma and x traffic, not HBM, bind it), which the lead's GPU run
+// of benchmarks/lab/gpu_gemv_quant_bench.py --path mma --rows 16,32,64 decides; 64 until then.
 constexpr int kGemvQuantChunkMaxRows = 64;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
