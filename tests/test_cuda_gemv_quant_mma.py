@@ -124,6 +124,36 @@ def test_gemv_quant_mma_rows_do_not_depend_on_the_batch(C, ops, rng, name):
         assert torch.equal(pair[0], all64[m]), f"{name}: row {m} of a batch of 64 differs from it in a batch of 2"
 
 
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k"])
+def test_gemv_quant_mma_epilogue_rows_do_not_depend_on_the_batch(C, ops, rng, gen, name):
+    """The batch invariance above through AddResidual and SwiGLU (the wo/w2 and w13 epilogues of a
+    decode): every row of a batch of 64 bit for bit equal to the same row in a batch of 2."""
+    N, K = 96, 4096 + 256
+    W = Weights(C, name, N, K, rng)
+    x = random_x(rng, 64, K)
+    residual = torch.randn((64, N), generator=gen, device="cuda")
+
+    def add(rows):
+        out = residual[rows].clone()
+        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x_rows(x[rows]).data_ptr(), len(rows), N, K,
+                           ADD_RESIDUAL, residual=out.data_ptr())
+        torch.cuda.synchronize()
+        return out
+
+    def swiglu(rows):
+        out = nan_full((len(rows), N // 2), torch.bfloat16)
+        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x_rows(x[rows]).data_ptr(), len(rows), N, K, SWIGLU,
+                           out=out.data_ptr())
+        torch.cuda.synchronize()
+        return out
+
+    every = list(range(64))
+    for run in (add, swiglu):
+        all64 = run(every)
+        for m in range(64):
+            assert torch.equal(run([m, 63 - m])[0], all64[m]), f"{name} {run.__name__}: row {m} differs"
+
+
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q5_0", "q4_1"])
 @pytest.mark.parametrize("M", [2, 5, 16, 17, 24, 33, 64])
 def test_gemv_quant_mma_epilogues(C, ops, rng, gen, name, M):

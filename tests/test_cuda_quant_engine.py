@@ -1,5 +1,5 @@
 """Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, gemv_quant_mma
-from 2 rows: one call up to 64 rows, 16 where a mixed w13 is staged, even chunks past that up to
+from 2 rows: passes of up to 16 rows (tuning::kGemvQuantPassRows), even chunks past that up to
 tuning::kGemvQuantChunkMaxRows rows or for an LM head larger than the dequantization scratch,
 dequantized tiles through the bf16 GEMM for longer prompts) against the CPU engine on the same GGUF
 blocks.
@@ -118,8 +118,8 @@ CHUNKED_BATCHES = (17, 33, 64)
 @pytest.mark.parametrize("spec", ["mixed", "q4_k"])
 @pytest.mark.parametrize("B", CHUNKED_BATCHES)
 def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
-    """Decode batches of 17..64 rows run each quantized matrix as one gemv_quant_mma call of up to
-    64 rows (one type: the fused epilogues, residual, SwiGLU output, RoPE positions, slots, q rows,
+    """Decode batches of 17..64 rows run each quantized matrix as even gemv_quant_mma passes of up
+    to 16 rows (one type: the fused epilogues, residual, SwiGLU output, RoPE positions, slots, q rows,
     the KV append, logits). Mixed types add the multi-part paths: fp32 staging of wqkv in one call
     per part, and the w13 in chunks of at most 16 rows, each with its inputs and destinations moved
     by the chunk's first row, reusing the gate_up scratch. The rule of the batch test above per
@@ -161,11 +161,11 @@ def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
 @pytest.mark.parametrize("vocab_size", [300, 1100])
 def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):
     """Every row's logits of a prompt through a quantized LM head. 23 rows: the layers and the
-    head through the GEMV (one call a matrix; a mixed w13 in chunks). 100 rows: the layers through
-    the dequantized GEMM, the head in two calls (logit_rows_ = max_batch = 72, then 28); at vocab
-    300 the head fits the dequantization scratch (the largest layer matrix, w13: 1024 x 256) and
-    its 72 rows take the GEMM, at vocab 1100 it does not and goes through the GEMV in two chunks of
-    36 at 72 rows (past the kernel's 64), one call at 28."""
+    head through the GEMV (even passes of at most 16 rows). 100 rows: the layers through the
+    dequantized GEMM, the head in two calls (logit_rows_ = max_batch = 72, then 28); at vocab 300
+    the head fits the dequantization scratch (the largest layer matrix, w13: 1024 x 256) and its
+    72 rows take the GEMM, at vocab 1100 it does not and goes through the GEMV in even passes of at
+    most 16 rows."""
     config = quant_config(vocab_size=vocab_size, max_seq_len=128)
     types = types_for(config, MIXED if spec == "mixed" else spec)
     assert "output" in types

@@ -176,13 +176,9 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
         return;
     }
-    // Rows one pass of matmul_parts takes: gemv_quant_mma's 64 where every part is quantized;
-    // 16 with a bf16 part (gemv_bf16 takes at most 16) or a SwiGLU staged through gate_up_
-    // (a w13 of two types: the scratch holds 16 rows).
-    bool any_bf16 = false;
-    for (int i = 0; i < W.n_parts; ++i) any_bf16 |= W.parts[i].type == 0;
-    const int pass_rows = any_bf16 || (W.n_parts > 1 && ep == Epilogue::SwiGLU) ? tuning::kGemvMaxRows
-                                                                                : tuning::kGemvQuantMmaMaxRows;
+    // Rows one pass of matmul_parts takes (tuning.h says why 16, not the kernel's 64; a bf16 part
+    // or a w13 of two types staged through gate_up_ could take no more than 16 anyway).
+    const int pass_rows = tuning::kGemvQuantPassRows;
     const bool fits_deq = (size_t)N * K <= deq_elems_;
     if (M <= tuning::kGemvQuantChunkMaxRows || !fits_deq) {
         if (M <= pass_rows) {  // one weight pass for all rows
@@ -198,9 +194,11 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         // cores, gate_up_ of a mixed w13 (xq_ serves only the int8 path, the split-K scratch only
         // the GEMM): safe because they are ordered on one stream, and chunk c + 1's kernels write
         // it only after their PDL wait, when chunk c's swiglu_f32 has read it and completed.
-        static_assert(2 * tuning::kGemvQuantMmaMinRows <= tuning::kGemvMaxRows &&
-                          tuning::kGemvMaxRows <= tuning::kGemvQuantMmaMaxRows,
-                      "even chunks (at least kGemvMaxRows / 2 rows) must all reach the tensor-core GEMV");
+        static_assert(2 * tuning::kGemvQuantMmaMinRows <= tuning::kGemvQuantPassRows &&
+                          tuning::kGemvQuantPassRows <= tuning::kGemvMaxRows &&
+                          tuning::kGemvQuantPassRows <= tuning::kGemvQuantMmaMaxRows,
+                      "even chunks (at least half a pass) must all reach the tensor-core GEMV, and a pass must "
+                      "fit gemv_bf16 (a bf16 part) and gate_up_ (a staged w13)");
         if (norm_w) {
             rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
             x_bf16 = xn_;

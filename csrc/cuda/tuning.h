@@ -44,18 +44,19 @@ constexpr int kGemvMaxRows = 16;
 // registers, tensor cores) instead of gemv_quant (int8 dp4a per row, whose per-row work binds
 // from a few rows on).
 constexpr int kGemvQuantMmaMinRows = 2;
-// Rows one gemv_quant_mma call takes (its limit in ops.h, 8 n8 tiles of x: not a knob, kept here
-// beside the switch points that use it): CudaEngine::matmul runs a quantized matmul of up to this
-// many rows as one pass over the weights (16 where a part is bf16 or a mixed w13 is staged).
+// Rows one gemv_quant_mma call takes (its limit in ops.h, 8 n8 tiles of x: not a knob).
 constexpr int kGemvQuantMmaMaxRows = 64;
-// Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV
-// (CudaEngine::matmul): one call up to kGemvQuantMmaMaxRows, even chunks of at most that many
-// beyond, each re-reading the quantized weights (Q4_K: 0.56 bytes a weight); more rows dequantize
-// the matrix into bf16 scratch for the GEMM, which reads the weights once but writes a bf16 copy
-// and reads it back (4 more bytes a weight) before its own work. At 64 rows one pass of the GEMV
-// moves the fewest bytes by far; whether two passes (M = 65..128) still beat dequantizing depends
-// on how fast the 64-row pass runs (mma and x traffic, not HBM, bind it), which the lead's GPU run
-// of benchmarks/lab/gpu_gemv_quant_bench.py --path mma --rows 16,32,64 decides; 64 until then.
+// Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul): 16. One 64-row call is
+// 1.2-2.2x faster than four 16-row calls on the H100 (benchmarks/results/h100-sxm/quant), but
+// through the engine a batch of 64 once gave a row 0.24% off the same row in a batch of 2 (within
+// the bf16 batch rule, not the bit-identity the 16-row passes keep; not yet explained), so the
+// engine stays at 16-row passes until that is understood (docs/kernels/gemv.md).
+constexpr int kGemvQuantPassRows = 16;
+// Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV in even
+// passes of at most kGemvQuantPassRows rows, each re-reading the quantized weights (Q4_K: 0.56
+// bytes a weight); more rows dequantize the matrix into bf16 scratch for the GEMM, which reads the
+// weights once but writes a bf16 copy and reads it back (4 more bytes a weight) first. Measured
+// (8B Q4_K_M decode): batch 32 and 64 run at 0.84x and 0.47x of bf16 this way.
 constexpr int kGemvQuantChunkMaxRows = 64;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
