@@ -211,14 +211,10 @@ class Llama:
         kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
         size = _parse_tensor_parallel(tensor_parallel, config, backend, device_index, file_types)
         if size > 1:
-            from .tp import TensorParallelEngine
-
             loaded.tensors = None  # drops this process's map of the file: the ranks read their shards
-            engine = TensorParallelEngine(dict(
-                kind="pretrained", path=str(resolved), config=config, backend=backend,
-                devices=[device_index + r for r in range(size)], dtype=engine_dtype,
-                max_seq_len=max_seq_len, max_batch=max_batch, kv=kv, n_threads=n_threads,
-                quant=quant), size)
+            engine = _tensor_parallel_engine(size, dict(kind="pretrained", path=str(resolved)), config, backend,
+                                             device_index, engine_dtype, max_seq_len, max_batch, kv, n_threads,
+                                             quant)
             plan = quantization.QuantPlan(engine.weight_types)
         else:
             engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch, **kv),
@@ -271,13 +267,8 @@ class Llama:
         kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
         size = _parse_tensor_parallel(tensor_parallel, config, backend, device_index, None)
         if size > 1:
-            from .tp import TensorParallelEngine
-
-            engine = TensorParallelEngine(dict(
-                kind="random", seed=seed, config=config, backend=backend,
-                devices=[device_index + r for r in range(size)], dtype=engine_dtype,
-                max_seq_len=max_seq_len, max_batch=max_batch, kv=kv, n_threads=n_threads,
-                quant=quant), size)
+            engine = _tensor_parallel_engine(size, dict(kind="random", seed=seed), config, backend, device_index,
+                                             engine_dtype, max_seq_len, max_batch, kv, n_threads, quant)
             plan = quantization.QuantPlan(engine.weight_types)
         else:
             engine = _C.Engine(backend, config.engine_dict(max_seq_len, max_batch, **kv),
@@ -785,6 +776,17 @@ def _parse_max_batch(max_batch: int | None, backend: str) -> int:
     if not _is_int(max_batch) or not 1 <= max_batch <= _INT32_MAX:
         raise ValueError(f"max_batch must be an integer >= 1 (and < 2**31), got {max_batch!r}")
     return int(max_batch)
+
+
+def _tensor_parallel_engine(size: int, source: dict, config: ModelConfig, backend: str, device_index: int,
+                            dtype: str, max_seq_len: int, max_batch: int, kv: dict, n_threads: int, quant):
+    """The ranks on GPUs device_index.. of one host; `source` says where their weights come from
+    (kind "pretrained" with a path, or "random" with a seed)."""
+    from .tp import TensorParallelEngine
+
+    return TensorParallelEngine(dict(
+        source, config=config, backend=backend, devices=[device_index + r for r in range(size)], dtype=dtype,
+        max_seq_len=max_seq_len, max_batch=max_batch, kv=kv, n_threads=n_threads, quant=quant), size)
 
 
 def _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching) -> dict:
