@@ -46,17 +46,14 @@ constexpr int kGemvMaxRows = 16;
 constexpr int kGemvQuantMmaMinRows = 2;
 // Rows one gemv_quant_mma call takes (its limit in ops.h, 8 n8 tiles of x: not a knob).
 constexpr int kGemvQuantMmaMaxRows = 64;
-// Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul): 16. One 64-row call is
-// 1.2-2.2x faster than four 16-row calls on the H100 (benchmarks/results/h100-sxm/quant), but
-// through the engine a batch of 64 once gave a row 0.24% off the same row in a batch of 2 (within
-// the bf16 batch rule, not the bit-identity the 16-row passes keep; not yet explained), so the
-// engine stays at 16-row passes until that is understood (docs/kernels/gemv.md).
+// Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul): 16, not the kernel's 64.
+// A 64-row pass is the faster one, but it is not yet shown to keep a row's logits independent of
+// the batch through the engine, which 16-row passes do (docs/kernels/gemv.md has the open case).
 constexpr int kGemvQuantPassRows = 16;
 // Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV in even
 // passes of at most kGemvQuantPassRows rows, each re-reading the quantized weights (Q4_K: 0.56
 // bytes a weight); more rows dequantize the matrix into bf16 scratch for the GEMM, which reads the
-// weights once but writes a bf16 copy and reads it back (4 more bytes a weight) first. Measured
-// (8B Q4_K_M decode): batch 32 and 64 run at 0.84x and 0.47x of bf16 this way.
+// weights once but writes a bf16 copy and reads it back (4 more bytes a weight) first.
 constexpr int kGemvQuantChunkMaxRows = 64;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
