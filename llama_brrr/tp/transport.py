@@ -203,12 +203,15 @@ class DistGroup:
         self.broken: str | None = None
         self.seq = 0
         self.generation = 0
-        threading.Thread(target=self._beat, name="llama_brrr-tp-heartbeat", daemon=True).start()
+        self._stopping = threading.Event()
+        self._beater = threading.Thread(target=self._beat, name="llama_brrr-tp-heartbeat",
+                                        daemon=True)
+        self._beater.start()
 
     def _beat(self) -> None:
         """Counts up this rank's heartbeat; a worker rank also exits when the caller (rank 0)
         stops beating or the group is aborted."""
-        while True:
+        while not self._stopping.is_set():
             try:
                 self._beat_store.add(heartbeat_key(self.rank), 1)
                 if self.rank != 0:
@@ -220,7 +223,7 @@ class DistGroup:
                 if self.rank != 0:
                     os._exit(77)
                 return
-            time.sleep(HEARTBEAT_S)
+            self._stopping.wait(HEARTBEAT_S)
 
     def stale(self, ranks, store=None) -> list[int]:
         """The ranks whose heartbeat has not moved for heartbeat_timeout_s."""
@@ -253,6 +256,9 @@ class DistGroup:
             self.store.set(ABORT_KEY, why)
 
     def close(self) -> None:
+        """Stops the heartbeat and leaves the process group (the orderly end of the job)."""
+        self._stopping.set()
+        self._beater.join(2 * HEARTBEAT_S)
         with contextlib.suppress(Exception):
             self.dist.destroy_process_group()
 

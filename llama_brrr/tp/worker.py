@@ -264,16 +264,24 @@ def serve_torchrun(group) -> int:
     inside a collective (and never reach the gather). Returns the process's exit code."""
     from .transport import error_key
 
+    import sys
+
     server = RankServer(group.rank, group.size, group)
     while True:
-        message = group.broadcast()
-        if message[0] == "exit":
-            return 0
-        group.seq += 1
-        reply = server.handle(message)
-        if reply[0] == "error":
-            group.store.set(error_key(group.seq, group.rank), pickle.dumps(reply))
-        group.gather(reply)
+        try:
+            message = group.broadcast()
+            if message[0] == "exit":
+                group.close()
+                return 0
+            group.seq += 1
+            reply = server.handle(message)
+            if reply[0] == "error":
+                group.store.set(error_key(group.seq, group.rank), pickle.dumps(reply))
+            group.gather(reply)
+        except RuntimeError as exc:  # gloo's error for a peer whose connection closed
+            print(f"llama_brrr tensor-parallel rank {group.rank}: the job's group broke ({exc}); "
+                  f"exiting", file=sys.stderr)
+            return 1
 
 
 def _nccl_id(library: str) -> bytes:
