@@ -58,21 +58,22 @@ def start():
 """ % FAULT_S
 
 
-def run_job(job: str, world: int = 2, seed: int = 0, env_extra=None):
+def run_job(job: str, world: int = 2, seed: int = 0, heartbeat_s: float = 60.0):
     """Starts `world` processes of PROLOGUE + job + `tprun.run(job)` with torchrun's environment
     on a free port; returns their CompletedProcess-like (returncode, stdout, stderr) in rank order.
     Every process is killed if the job outlives JOB_TIMEOUT_S."""
     script = (PROLOGUE + textwrap.dedent(job)
-              + "\nis_rank0, result = tprun.run(job)\nsys.exit(0 if is_rank0 else result)\n")
+              + "\ngroup = tprun.group_from_env(heartbeat_timeout_s=float(os.environ['TEST_HEARTBEAT_S']))"
+              + "\nis_rank0, result = tprun.run(job, group=group)"
+              + "\nsys.exit(0 if is_rank0 else result)\n")
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TEST_SEED=str(seed),
+                   TEST_SEED=str(seed), TEST_HEARTBEAT_S=str(heartbeat_s),
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-        env.update(env_extra or {})
         procs.append(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=env))
     results = []
@@ -175,6 +176,28 @@ def test_a_killed_rank_is_an_error_on_rank_0_within_seconds():
     (rc0, out0, err0), (rc1, _, _) = run_job(job)
     assert out0.splitlines()[-1:] == ["OK"], (out0, err0)
     assert rc0 == 1 and rc1 == -9
+
+
+def test_a_stuck_rank_is_an_error_on_rank_0_after_the_heartbeat_timeout():
+    """Rank 1 is stopped (SIGSTOP): alive, connected, silent. Rank 0 names it once its heartbeat
+    has stood still for the timeout, then lets it go on, and it exits on the group's abort."""
+    job = """
+    def job():
+        tp = start()
+        victim = int(tp.engine.pids[1].rsplit(":", 1)[1])
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(TensorParallelError, match=r"rank 1 sent no heartbeat for 3 s"):
+                tp.forward([1, 2, 3])
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        assert 3 <= time.monotonic() - t0 < 3 + FAULT_S, time.monotonic() - t0
+        print("OK", flush=True)
+    """
+    (rc0, out0, err0), (rc1, _, err1) = run_job(job, heartbeat_s=3.0)
+    assert out0.splitlines()[-1:] == ["OK"], (out0, err0)
+    assert rc0 == 1 and rc1 != 0, err1
 
 
 def test_run_outside_torchrun_names_the_missing_variables():

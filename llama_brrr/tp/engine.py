@@ -220,7 +220,10 @@ class TensorParallelEngine:
 
     def __del__(self) -> None:
         if getattr(self, "_closed_because", "never started") is None:
-            self._shutdown("garbage-collected")
+            if isinstance(getattr(self, "_transport", None), DistTransport):
+                self.close()  # the job's ranks drop their engines and wait for the next model
+            else:
+                self._shutdown("garbage-collected")
 
     def __repr__(self) -> str:
         state = self._closed_because or "running"
@@ -317,9 +320,10 @@ class TensorParallelEngine:
 
     def _raise_dead(self, lost: RankLost) -> None:
         pid = f" (pid {lost.pid})" if lost.pid is not None else ""
-        self._shutdown(f"rank {lost.rank} {lost.what}")
-        raise TensorParallelError(f"tensor-parallel rank {lost.rank}{pid} {lost.what}; every rank "
-                                  f"was stopped: load the model again")
+        who = f"rank {lost.rank}" if lost.rank is not None else "a rank"
+        self._shutdown(f"{who} {lost.what}")
+        raise TensorParallelError(f"tensor-parallel {who}{pid} {lost.what}; every rank was "
+                                  f"stopped: load the model again")
 
     def _shutdown(self, why: str) -> None:
         """Stops every rank (see the transport's kill)."""

@@ -32,9 +32,10 @@ STOP_WAIT_S = 5.0
 
 
 class RankLost(Exception):
-    """Rank `rank` is gone (`what`: how, for the message)."""
+    """Rank `rank` is gone (`what`: how, for the message); rank None: one that could not be
+    told."""
 
-    def __init__(self, rank: int, what: str, pid=None):
+    def __init__(self, rank: int | None, what: str, pid=None):
         super().__init__(rank, what)
         self.rank, self.what, self.pid = rank, what, pid
 
@@ -305,6 +306,8 @@ class DistTransport:
     def _run(self) -> None:
         while True:
             message = self._jobs.get()
+            if message is None:
+                return
             try:
                 self.group.broadcast(message)
                 reply = self._server.handle(message)
@@ -347,13 +350,14 @@ class DistTransport:
                                         f"s (it died, or its host is unreachable)")
             return got
         if kind == "broken":
-            # gloo fails at once when a peer's connection closes: find which rank stopped beating.
-            deadline = time.monotonic() + 3 * HEARTBEAT_S + 1
-            counts = {r: self.group.store.add(heartbeat_key(r), 0) for r in pending if r}
-            time.sleep(max(0.0, deadline - time.monotonic()))
-            still = [r for r in counts if self.group.store.add(heartbeat_key(r), 0) == counts[r]]
-            rank = still[0] if still else min(r for r in pending if r) if any(pending) else 1
-            raise RankLost(rank, f"broke the connection ({type(value).__name__}: {value})")
+            # gloo fails at once when a peer's connection closes: the rank whose heartbeat stops
+            # is the one that went.
+            others = [r for r in range(1, self.size)]
+            counts = {r: self.group.store.add(heartbeat_key(r), 0) for r in others}
+            time.sleep(3 * HEARTBEAT_S + 1)
+            still = [r for r in others if self.group.store.add(heartbeat_key(r), 0) == counts[r]]
+            how = f"broke the job's connections ({type(value).__name__}: {value})"
+            raise RankLost(still[0] if still else None, how)
         replies = value
         if replies and replies[0] and replies[0][0] == "loaded":
             self._pids = [r[3] if r[0] == "loaded" else None for r in replies]
@@ -372,6 +376,7 @@ class DistTransport:
             except RankLost:
                 return
             pending = [r for r in pending if r not in got]
+        self._jobs.put(None)
 
     def kill(self, why: str) -> None:
         """After a fault the ranks may be inside a collective: they are told to exit (through the
