@@ -6,17 +6,23 @@ for all), because each forward pass all-reduces across the ranks and each rank s
 tokens from the same full logits; rank 0's answer is returned. get_weight gathers the full tensor
 from the ranks' shards, set_weight hands each rank its shard.
 
-Faults end the group, never hang the caller. While waiting the launcher watches every rank's pipe
-and process (a poll of one second):
+The ranks are reached through a transport (transport.py): pipes to "spawn" children of this
+process (one host), or, when this process is rank 0 of a torchrun job (run.py), torch.distributed
+to the job's other processes; the rules below are the same for both.
+
+Faults end the group, never hang the caller. While waiting the launcher polls the transport (once
+a second):
   - a rank that exits (a crash, a kill, an out-of-memory kill) -> RuntimeError naming the rank and
-    its exit code;
+    its exit code (under torchrun: the rank whose heartbeat stopped, or a rank silent for the
+    heartbeat timeout);
   - an exception on every rank (a bad argument, refused alike by all before any collective) ->
     that exception, the rank named, and the group stays usable;
   - an exception on some ranks only (a GPU out of memory on one) -> the others may be blocked in a
     collective: after fault_grace_s the exception is raised, the rank named;
   - a rank that has not joined the communicator join_timeout_s after all loaded -> RuntimeError.
-After any but the second, every rank is terminated (killed if it does not exit within seconds) and
-later calls raise at once. close(), garbage collection and interpreter exit stop the ranks too.
+After any but the second, every rank is terminated (killed if it does not exit within seconds;
+under torchrun told to exit through the store, and run.py ends the job) and later calls raise at
+once. close(), garbage collection and interpreter exit stop the ranks too.
 """
 
 from __future__ import annotations

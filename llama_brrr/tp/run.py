@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ..cli import main as cli_main
 
-    is_rank0, code = run(lambda: cli_main(argv), group=group)
+    _, code = run(lambda: cli_main(argv), group=group)
     return int(code or 0)
 
 

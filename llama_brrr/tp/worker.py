@@ -22,6 +22,10 @@ nothing until the rank reports. A rank:
 
 A rank whose launcher dies exits on its own (a watchdog thread waits on the parent's sentinel),
 even while its engine is blocked in a collective, so no rank outlives its caller holding GPU memory.
+
+Under torchrun (run.py) the same requests arrive by broadcast instead of a pipe: RankServer is a
+rank's side (rank 0 runs one on a helper thread of the caller, the others in serve_torchrun), with
+("start", ...) and ("join",) requests in place of steps 1 and 2, the NCCL id in the job's store.
 """
 
 from __future__ import annotations
