@@ -200,6 +200,35 @@ def test_a_stuck_rank_is_an_error_on_rank_0_after_the_heartbeat_timeout():
     assert rc0 == 1 and rc1 != 0, err1
 
 
+def test_under_torchrun_itself_with_its_agent_store(tmp_path):
+    """The same job started by torchrun (python -m torch.distributed.run): its agent serves the
+    store (TORCHELASTIC_USE_AGENT_STORE) and sets the environment."""
+    pytest.importorskip("torch.distributed.run")
+    job = """
+    def job():
+        assert os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        with start() as tp:
+            ours = rank0_alone()
+            a = tp.generate([[5, 6, 7], [8]], max_tokens=6, temperature=0.8, seed=3)
+            b = ours.generate([[5, 6, 7], [8]], max_tokens=6, temperature=0.8, seed=3)
+            assert [o.token_ids for o in a] == [o.token_ids for o in b]
+            for name, array in ARRAYS.items():
+                np.testing.assert_array_equal(tp.engine.get_weight(name), array, err_msg=name)
+        print("OK", flush=True)
+    """
+    script = tmp_path / "job.py"
+    script.write_text(PROLOGUE + textwrap.dedent(job)
+                      + "\nis_rank0, result = tprun.run(job)\nsys.exit(0 if is_rank0 else result)\n")
+    env = dict(os.environ, TEST_SEED="7", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-port", str(free_port()), str(script)],
+                            capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout.splitlines(), (result.stdout, result.stderr[-3000:])
+
+
 def test_run_outside_torchrun_names_the_missing_variables():
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
