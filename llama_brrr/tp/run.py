@@ -55,8 +55,7 @@ def run(job, *, group: transport.DistGroup | None = None):
 
         engine._stop_all_at_exit()
         if group.broken is None:
-            group.broadcast(("exit",))
-            group.close()
+            _end(group)
         else:
             failure = sys.exc_info()[1]
             if failure is not None:
@@ -66,6 +65,13 @@ def run(job, *, group: transport.DistGroup | None = None):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
+
+
+def _end(group: transport.DistGroup) -> None:
+    """Rank 0's orderly end of the job: every rank is told to exit and acknowledges."""
+    group.broadcast(("exit",))
+    group.gather(("bye",))
+    group.close()
 
 
 def _has_size_option(argv: list[str]) -> bool:
@@ -85,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if group.rank == 0 and not _has_size_option(argv):
         print(f"llama_brrr.tp.run: the command needs --tensor-parallel {group.size} (the job's "
               f"WORLD_SIZE) so that its model is split over every rank", file=sys.stderr)
-        group.broadcast(("exit",))
-        group.close()
+        _end(group)
         return 2
     from ..cli import main as cli_main
 

@@ -190,14 +190,17 @@ class DistGroup:
         base = TCPStore(rendezvous.host, rendezvous.port, world_size=size, is_master=master,
                         timeout=timedelta(seconds=rendezvous.timeout_s), wait_for_workers=False)
         self._base = base
-        self.store = PrefixStore("llama_brrr/tp", base)
+        # torchrun's agent store outlives a failed attempt (--max-restarts): each attempt keeps
+        # its keys apart, as torch's own env:// rendezvous does.
+        prefix = f"llama_brrr/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self.store = PrefixStore(f"{prefix}/tp", base)
         # Idle ranks wait in a broadcast for the next call for as long as the caller is idle (a
         # server between requests): gloo's own timeout is set out of the way, and liveness comes
         # from the heartbeats instead.
-        dist.init_process_group("gloo", store=PrefixStore("llama_brrr/gloo", base), rank=rank,
+        dist.init_process_group("gloo", store=PrefixStore(f"{prefix}/gloo", base), rank=rank,
                                 world_size=size, timeout=timedelta(days=365))
         self.dist = dist
-        self._beat_store = PrefixStore("llama_brrr/tp", TCPStore(
+        self._beat_store = PrefixStore(f"{prefix}/tp", TCPStore(
             rendezvous.host, rendezvous.port, world_size=size, is_master=False,
             timeout=timedelta(seconds=rendezvous.timeout_s), wait_for_workers=False))
         self._seen: dict[int, tuple[int, float]] = {}
@@ -211,17 +214,18 @@ class DistGroup:
 
     def _beat(self) -> None:
         """Counts up this rank's heartbeat; a worker rank also exits when the caller (rank 0)
-        stops beating or the group is aborted."""
+        stops beating or the group is aborted; not once the job is ending in order (stop_beating:
+        rank 0 and its store may then go at any moment)."""
         while not self._stopping.is_set():
             try:
                 self._beat_store.add(heartbeat_key(self.rank), 1)
-                if self.rank != 0:
+                if self.rank != 0 and not self._stopping.is_set():
                     if self._beat_store.check([ABORT_KEY]):
                         os._exit(75)
                     if self.stale([0], self._beat_store):
                         os._exit(76)
             except Exception:  # noqa: BLE001 - the store is gone: so is rank 0, which serves or reaches it
-                if self.rank != 0:
+                if self.rank != 0 and not self._stopping.is_set():
                     os._exit(77)
                 return
             self._stopping.wait(HEARTBEAT_S)
@@ -255,6 +259,9 @@ class DistGroup:
         """Tells every rank to exit (their heartbeat threads watch this key)."""
         with contextlib.suppress(Exception):
             self.store.set(ABORT_KEY, why)
+
+    def stop_beating(self) -> None:
+        self._stopping.set()
 
     def close(self) -> None:
         """Stops the heartbeat and leaves the process group (the orderly end of the job)."""

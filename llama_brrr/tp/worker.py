@@ -275,6 +275,10 @@ def serve_torchrun(group) -> int:
         try:
             message = group.broadcast()
             if message[0] == "exit":
+                # acknowledged, so rank 0 (which may serve the store) leaves only after this rank
+                # has stopped watching it
+                group.stop_beating()
+                group.gather(("bye",))
                 group.close()
                 return 0
             group.seq += 1
