@@ -200,9 +200,15 @@ class DistGroup:
         dist.init_process_group("gloo", store=PrefixStore(f"{prefix}/gloo", base), rank=rank,
                                 world_size=size, timeout=timedelta(days=365))
         self.dist = dist
-        self._beat_store = PrefixStore(f"{prefix}/tp", TCPStore(
-            rendezvous.host, rendezvous.port, world_size=size, is_master=False,
-            timeout=timedelta(seconds=rendezvous.timeout_s), wait_for_workers=False))
+        # One store client per thread that uses it: this one's callers, the heartbeat thread, and
+        # (on rank 0) the caller's thread polling while the helper thread runs a call.
+        def client():
+            return PrefixStore(f"{prefix}/tp", TCPStore(
+                rendezvous.host, rendezvous.port, world_size=size, is_master=False,
+                timeout=timedelta(seconds=rendezvous.timeout_s), wait_for_workers=False))
+
+        self._beat_store = client()
+        self.poll_store = client() if rank == 0 else None
         self._seen: dict[int, tuple[int, float]] = {}
         self.broken: str | None = None
         self.seq = 0
@@ -230,9 +236,8 @@ class DistGroup:
                 return
             self._stopping.wait(HEARTBEAT_S)
 
-    def stale(self, ranks, store=None) -> list[int]:
+    def stale(self, ranks, store) -> list[int]:
         """The ranks whose heartbeat has not moved for heartbeat_timeout_s."""
-        store = store or self.store
         now = time.monotonic()
         out = []
         for rank in ranks:
@@ -258,7 +263,7 @@ class DistGroup:
     def abort(self, why: str) -> None:
         """Tells every rank to exit (their heartbeat threads watch this key)."""
         with contextlib.suppress(Exception):
-            self.store.set(ABORT_KEY, why)
+            (self.poll_store or self.store).set(ABORT_KEY, why)
 
     def stop_beating(self) -> None:
         self._stopping.set()
@@ -349,9 +354,10 @@ class DistTransport:
             if 0 in pending and self._own is not None:
                 got[0] = self._own
             for rank in pending:
-                if rank and self.group.store.check([error_key(self._seq, rank)]):
-                    got[rank] = pickle.loads(self.group.store.get(error_key(self._seq, rank)))
-            lost = self.group.stale([r for r in pending if r not in got and r != 0])
+                if rank and self.group.poll_store.check([error_key(self._seq, rank)]):
+                    got[rank] = pickle.loads(self.group.poll_store.get(error_key(self._seq, rank)))
+            lost = self.group.stale([r for r in pending if r not in got and r != 0],
+                                   self.group.poll_store)
             if lost:
                 raise RankLost(lost[0], f"sent no heartbeat for {self.group.heartbeat_timeout_s:g} "
                                         f"s (it died, or its host is unreachable)")
@@ -360,9 +366,9 @@ class DistTransport:
             # gloo fails at once when a peer's connection closes: the rank whose heartbeat stops
             # is the one that went.
             others = [r for r in range(1, self.size)]
-            counts = {r: self.group.store.add(heartbeat_key(r), 0) for r in others}
+            counts = {r: self.group.poll_store.add(heartbeat_key(r), 0) for r in others}
             time.sleep(3 * HEARTBEAT_S + 1)
-            still = [r for r in others if self.group.store.add(heartbeat_key(r), 0) == counts[r]]
+            still = [r for r in others if self.group.poll_store.add(heartbeat_key(r), 0) == counts[r]]
             how = f"broke the job's connections ({type(value).__name__}: {value})"
             raise RankLost(still[0] if still else None, how)
         replies = value
