@@ -253,3 +253,81 @@ def test_the_command_must_split_over_every_rank():
     outs = [p.communicate(timeout=JOB_TIMEOUT_S) for p in procs]
     assert procs[0].returncode == 2 and "--tensor-parallel 2" in outs[0][1]
     assert procs[1].returncode == 0, outs[1][1]
+
+
+class FakeStore:
+    def __init__(self):
+        self.data = {}
+
+    def set(self, key, value):
+        self.data[key] = value if isinstance(value, bytes) else str(value).encode()
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(k in self.data for k in keys)
+
+    def add(self, key, n):
+        value = int(self.data.get(key, b"0")) + n
+        self.data[key] = str(value).encode()
+        return value
+
+
+class FakeGroup:
+    """Rank 0's side of a two-rank group whose gathers finish only when the test says so."""
+
+    def __init__(self):
+        import queue
+
+        self.rank, self.size, self.local_rank = 0, 2, 0
+        self.seq = self.generation = 0
+        self.heartbeat_timeout_s = 60.0
+        self.broken = None
+        self.store = self.poll_store = FakeStore()
+        self.sent = []
+        self.release = queue.Queue()
+
+    def broadcast(self, message):
+        self.sent.append(message)
+
+    def gather(self, reply):
+        return [reply, self.release.get(timeout=30)]
+
+    def abort(self, why):
+        self.broken = why
+
+    def stale(self, ranks, store):
+        return []
+
+
+def test_dist_transport_reports_early_errors_and_drops_replies_of_abandoned_calls():
+    """The paths the process tests cannot time: rank 1's error read from the store while the
+    gather is still open (another rank inside a collective), rank 0's own reply before the gather,
+    and a gather that completes after its call was given up: its replies never answer the next."""
+    import pickle
+
+    from llama_brrr.tp.transport import DistTransport, error_key
+
+    group = FakeGroup()
+    transport = DistTransport(group, 2)
+    transport.send([("get", "anything")] * 2)
+    error = ("error", ValueError("rank 1 refused"), "Traceback: ...")
+    group.store.set(error_key(group.seq, 1), pickle.dumps(error))
+    got = {}
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        got.update(transport.poll([r for r in (0, 1) if r not in got], 0.05))
+    assert got[0][0] == "error" and "no tensor-parallel engine" in str(got[0][1])  # rank 0's own
+    assert got[1][0] == "error" and str(got[1][1]) == "rank 1 refused"
+    transport.send([("get", "again")] * 2)
+    group.release.put(("ok", "stale"))      # the first call's gather ends now
+    group.release.put(("ok", "fresh"))      # the second call's
+    replies = {}
+    deadline = time.monotonic() + 10
+    while len(replies) < 2 and time.monotonic() < deadline:
+        replies.update(transport.poll([r for r in (0, 1) if r not in replies], 0.5))
+    assert replies[1] == ("ok", "fresh")
+    assert group.sent == [("get", "anything"), ("get", "again")]
+    with pytest.raises(ValueError, match="WORLD_SIZE=2"):
+        DistTransport(group, 4)

@@ -317,17 +317,18 @@ class DistTransport:
 
     def _run(self) -> None:
         while True:
-            message = self._jobs.get()
-            if message is None:
+            job = self._jobs.get()
+            if job is None:
                 return
+            seq, message = job
             try:
                 self.group.broadcast(message)
                 reply = self._server.handle(message)
-                self._own = reply
+                self._own = (seq, reply)
                 replies = self.group.gather(reply)
-                self._results.put(("ok", replies))
+                self._results.put((seq, "ok", replies))
             except Exception as exc:  # noqa: BLE001 - a broken group: poll() names the lost rank
-                self._results.put(("broken", exc))
+                self._results.put((seq, "broken", exc))
                 return
 
     def launch(self, spec: dict, rendezvous, library: str) -> None:
@@ -342,17 +343,21 @@ class DistTransport:
         message = messages[0] if all(m is messages[0] for m in messages) else ("each", messages)
         self.group.seq += 1
         self._seq = self.group.seq
-        self._own = None
-        self._got: set[int] = set()
-        self._jobs.put(message)
+        self._jobs.put((self._seq, message))
 
     def poll(self, pending: list[int], wait_s: float) -> dict[int, tuple]:
+        deadline = time.monotonic() + wait_s
         try:
-            kind, value = self._results.get(timeout=wait_s)
+            while True:
+                # a call given up early (every rank refused it) may still finish its gather
+                seq, kind, value = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
+                if seq == self._seq:
+                    break
         except queue.Empty:
             got = {}
-            if 0 in pending and self._own is not None:
-                got[0] = self._own
+            own = self._own
+            if 0 in pending and own is not None and own[0] == self._seq:
+                got[0] = own[1]
             for rank in pending:
                 if rank and self.group.poll_store.check([error_key(self._seq, rank)]):
                     got[rank] = pickle.loads(self.group.poll_store.get(error_key(self._seq, rank)))
