@@ -351,7 +351,7 @@ class DistTransport:
             while True:
                 # a call given up early (every rank refused it) may still finish its gather
                 seq, kind, value = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
-                if seq == self._seq:
+                if seq == self._seq or kind == "broken":
                     break
         except queue.Empty:
             got = {}
