@@ -304,3 +304,93 @@ def test_random_draws_are_the_same_on_every_rank(C):
     for name in shard.local_config(FEW_KV, 0, 2).tensor_shapes():
         np.testing.assert_array_equal(engines[0].get_weight(name), engines[1].get_weight(name),
                                       err_msg=name)
+
+
+# ---- sharded reading of a sharded safetensors directory ------------------------------------------
+
+SHARD_HF_CONFIG = ModelConfig(dim=96, hidden_dim=200, n_layers=2, n_heads=8, n_kv_heads=2,
+                              head_dim=16, vocab_size=301, max_seq_len=64, tie_embeddings=False,
+                              name="tp-hf")
+
+
+def write_sharded_hf_dir(directory, config, dtype, rng):
+    """A Hugging Face checkpoint of random `config` weights in two files plus their index (the
+    layout the loader reads; tests/test_loaders.py writes it). Returns (directory, the full
+    arrays as stored)."""
+    import json
+
+    from test_loaders import write_hf_dir
+
+    full = full_weights(config, rng)
+    write_hf_dir(directory, config, full, dtype=dtype, shards=2)
+    files = sorted(p.name for p in directory.iterdir())
+    assert files == ["config.json", "model-00001-of-00002.safetensors",
+                     "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(weight_map.values()) == {files[1], files[2]}
+    return directory, {name: array.astype(dtype) for name, array in full.items()}
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sharded_safetensors_reads_the_slices_of_the_full_tensors(rng, tmp_path, size, dtype):
+    """Each rank's ShardedTensors over a two-file safetensors checkpoint gives exactly the slice of
+    the full tensor, and reads no whole tensor: the loader hands out memory maps of the files,
+    and a rank's read copies only its shard (the whole tensors are read, on every rank, only
+    where they are not split)."""
+    import tracemalloc
+
+    import ml_dtypes
+
+    from llama_brrr.loaders import load_model
+
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    config = SHARD_HF_CONFIG
+    directory, full = write_sharded_hf_dir(tmp_path / "hf", config, np_dtype, rng)
+    loaded = load_model(directory)
+    assert (loaded.config.n_heads, loaded.config.n_kv_heads, loaded.config.hidden_dim) == \
+           (config.n_heads, config.n_kv_heads, config.hidden_dim)
+    for name in config.tensor_shapes():
+        mapped = loaded.tensors[name]
+        assert isinstance(mapped, np.memmap) or isinstance(mapped.base, np.memmap), name
+    tracemalloc.start()
+    try:
+        for rank in range(size):
+            local = shard.local_config(config, rank, size)
+            sharded = shard.ShardedTensors(loaded.tensors, config, rank, size)
+            assert set(sharded) == set(config.tensor_shapes())
+            for name, shape in local.tensor_shapes().items():
+                tracemalloc.reset_peak()
+                before = tracemalloc.get_traced_memory()[0]
+                values = sharded[name]
+                copied = tracemalloc.get_traced_memory()[1] - before
+                assert values.shape == shape and values.dtype == np_dtype, name
+                assert values.flags.c_contiguous
+                expected = shard.shard_array(full[name], config, name, rank, size)
+                np.testing.assert_array_equal(values, expected, err_msg=name)
+                whole = full[name].nbytes
+                if shard.split(config, name, rank, size) is not None:
+                    # a row shard is a view of its rows in the map; a column shard a copy of its
+                    # own bytes (and bookkeeping): never the whole tensor's
+                    assert copied < values.nbytes + whole // (2 * size), (name, copied, whole)
+                del values
+    finally:
+        tracemalloc.stop()
+
+
+def test_ranks_built_from_a_sharded_safetensors_dir_hold_their_shards(C, rng, tmp_path):
+    """worker.build_engine's "pretrained" path over the two-file checkpoint: each rank's engine
+    holds the slices of the full tensors."""
+    from llama_brrr.tp import worker
+
+    config = SHARD_HF_CONFIG
+    directory, full = write_sharded_hf_dir(tmp_path / "hf", config, np.float32, rng)
+    spec = dict(kind="pretrained", path=str(directory), config=config, backend="cpu",
+                devices=[0, 0], dtype="f32", max_seq_len=16, max_batch=1, kv={}, n_threads=1,
+                quant=None)
+    for rank in range(2):
+        engine, types = worker.build_engine(spec, rank, 2)
+        for name in config.tensor_shapes():
+            np.testing.assert_array_equal(
+                engine.get_weight(name), shard.shard_array(full[name], config, name, rank, 2),
+                err_msg=f"rank {rank} {name}")

@@ -1,4 +1,5 @@
-"""Tensor parallelism: one model over N GPUs of one host, one worker process per GPU.
+"""Tensor parallelism: one model over N GPUs, one worker process per GPU (of one host, or of
+several under torchrun).
 
     llm = Llama.from_pretrained(path, tensor_parallel=2)     # or Llama.random(shape, tensor_parallel=2)
     llm.generate("Hello")                                     # as on one GPU
@@ -6,6 +7,9 @@
 shard.py   the sharding math (local configs, tensor slices, sharded loading), pure numpy
 worker.py  one rank: builds its engine on its GPU from its shards, joins NCCL, serves calls
 engine.py  TensorParallelEngine: the ranks behind the interface of one _C.Engine
+transport.py  how the engine reaches the ranks: pipes to spawned processes, or torch.distributed
+           to the processes of a torchrun job
+run.py     the torchrun entry point (python -m llama_brrr.tp.run -- <llama-brrr arguments>)
 
 docs/tensor_parallel.md has the process layout and the commands.
 """
@@ -38,6 +42,18 @@ def rank_devices(backend: str, device_index: int, size: int) -> list[int]:
         raise ValueError(f"tensor_parallel={size} needs device='cuda' (one rank per GPU); got a "
                          f"{backend} device")
     count = _C.cuda_device_count()
+    from .transport import current_group
+
+    group = current_group()
+    if group is not None:
+        # torchrun: one rank per process, each on its own host's cuda:LOCAL_RANK.
+        if size != group.size:
+            raise ValueError(f"tensor_parallel={size} under torchrun needs as many processes; the "
+                             f"job has WORLD_SIZE={group.size}: pass --tensor-parallel {group.size}")
+        if group.local_rank >= count:
+            raise ValueError(f"LOCAL_RANK={group.local_rank} but this host has {count} visible GPUs; "
+                             f"start at most {count} processes per host (--nproc-per-node)")
+        return [group.local_rank] * size
     if device_index + size > count:
         first = f"from cuda:{device_index} " if device_index else ""
         raise ValueError(f"tensor_parallel={size} needs {size} GPUs {first}but {count} are visible "

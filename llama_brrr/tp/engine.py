@@ -6,37 +6,41 @@ for all), because each forward pass all-reduces across the ranks and each rank s
 tokens from the same full logits; rank 0's answer is returned. get_weight gathers the full tensor
 from the ranks' shards, set_weight hands each rank its shard.
 
-Faults end the group, never hang the caller. While waiting the launcher watches every rank's pipe
-and process (a poll of one second):
+The ranks are reached through a transport (transport.py): pipes to "spawn" children of this
+process (one host), or, when this process is rank 0 of a torchrun job (run.py), torch.distributed
+to the job's other processes; the rules below are the same for both.
+
+Faults end the group, never hang the caller. While waiting the launcher polls the transport (once
+a second):
   - a rank that exits (a crash, a kill, an out-of-memory kill) -> RuntimeError naming the rank and
-    its exit code;
+    its exit code (under torchrun: the rank whose heartbeat stopped, or a rank silent for the
+    heartbeat timeout);
   - an exception on every rank (a bad argument, refused alike by all before any collective) ->
     that exception, the rank named, and the group stays usable;
   - an exception on some ranks only (a GPU out of memory on one) -> the others may be blocked in a
     collective: after fault_grace_s the exception is raised, the rank named;
   - a rank that has not joined the communicator join_timeout_s after all loaded -> RuntimeError.
-After any but the second, every rank is terminated (killed if it does not exit within seconds) and
-later calls raise at once. close(), garbage collection and interpreter exit stop the ranks too.
+After any but the second, every rank is terminated (killed if it does not exit within seconds;
+under torchrun told to exit through the store, and run.py ends the job) and later calls raise at
+once. close(), garbage collection and interpreter exit stop the ranks too.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import copy
-import multiprocessing
-import socket
-import sys
 import time
 import weakref
-from multiprocessing.connection import wait
 
 import numpy as np
 
 from . import shard, worker
+from .transport import (STOP_WAIT_S, DistTransport, PipeTransport, RankLost, current_group,
+                        free_port)
+
+__all__ = ["TensorParallelEngine", "TensorParallelError", "free_port", "STOP_WAIT_S"]
 
 POLL_S = 1.0
-STOP_WAIT_S = 5.0
 
 _live: "weakref.WeakSet[TensorParallelEngine]" = weakref.WeakSet()
 
@@ -47,33 +51,6 @@ def _stop_all_at_exit() -> None:
 
 
 atexit.register(_stop_all_at_exit)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (for rank 0's TCPStore)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _main_module_hidden():
-    """Starts "spawn" children without re-running the caller's main script in them (what spawn does
-    to find functions defined there): a script that builds a Llama at top level, with no
-    `if __name__ == "__main__":` guard, would otherwise start its workers again in every worker.
-    The workers run only llama_brrr code, so they need nothing from __main__."""
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
 
 
 class TensorParallelError(RuntimeError):
@@ -103,27 +80,25 @@ class TensorParallelEngine:
         self._backend = spec["backend"]
         self._dtype = spec["dtype"]
         self._closed_because: str | None = None
-        self._procs: list = []
-        self._conns: list = []
+        group = current_group()
         if collectives and self.size > 1:
             library = worker.nccl_library() if nccl_library is None else nccl_library
-            rendezvous = rendezvous or worker.Rendezvous("127.0.0.1", free_port(), join_timeout_s)
+            if group is None:
+                rendezvous = rendezvous or worker.Rendezvous("127.0.0.1", free_port(), join_timeout_s)
         else:
             library, rendezvous = "", None
-        context = multiprocessing.get_context("spawn")
+        if group is not None:
+            # Under torchrun (run.py) the ranks are the job's processes, this one rank 0; they
+            # exchange the NCCL id through the job's own store.
+            self._transport = DistTransport(group, self.size)
+            rendezvous = group.rendezvous if collectives and self.size > 1 else None
+        else:
+            self._transport = PipeTransport(self.size)
         _live.add(self)
         try:
-            for rank in range(self.size):
-                ours, theirs = context.Pipe(duplex=True)
-                proc = context.Process(target=worker.main, name=f"llama_brrr-tp-rank{rank}",
-                                       args=(rank, self.size, spec, theirs, rendezvous, library),
-                                       daemon=True)
-                with _main_module_hidden():
-                    proc.start()
-                theirs.close()
-                self._procs.append(proc)
-                self._conns.append(ours)
+            self._transport.launch(spec, rendezvous, library)
             loaded = self._gather("loaded", None)
+            self._transport.after_loaded()
             self._gather("ready", join_timeout_s)
         except BaseException:
             self._shutdown("start-up failed")
@@ -154,8 +129,9 @@ class TensorParallelEngine:
         return self._dtype
 
     @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+    def pids(self) -> list:
+        """The ranks' process ids (under torchrun: "host:pid" strings)."""
+        return self._transport.pids
 
     @property
     def alive(self) -> bool:
@@ -236,14 +212,10 @@ class TensorParallelEngine:
     def close(self) -> None:
         """Stops every rank (their engines free the GPUs); later calls raise."""
         if self._closed_because is None:
-            for conn in self._conns:
-                try:
-                    conn.send(("stop",))
-                except (OSError, ValueError):
-                    pass
-            deadline = time.monotonic() + STOP_WAIT_S
-            for proc in self._procs:
-                proc.join(max(0.0, deadline - time.monotonic()))
+            self._closed_because = "closed"
+            _live.discard(self)
+            self._transport.stop()
+            return
         self._shutdown("closed")
 
     def __enter__(self) -> "TensorParallelEngine":
@@ -254,7 +226,10 @@ class TensorParallelEngine:
 
     def __del__(self) -> None:
         if getattr(self, "_closed_because", "never started") is None:
-            self._shutdown("garbage-collected")
+            if isinstance(getattr(self, "_transport", None), DistTransport):
+                self.close()  # the job's ranks drop their engines and wait for the next model
+            else:
+                self._shutdown("garbage-collected")
 
     def __repr__(self) -> str:
         state = self._closed_because or "running"
@@ -282,11 +257,10 @@ class TensorParallelEngine:
             raise TensorParallelError(f"the tensor-parallel workers were stopped "
                                       f"({self._closed_because}); load the model again")
         messages = message if isinstance(message, list) else [message] * self.size
-        for rank, (conn, m) in enumerate(zip(self._conns, messages)):
-            try:
-                conn.send(m)
-            except (OSError, ValueError) as exc:
-                self._raise_dead(rank, f"its pipe is closed ({exc})")
+        try:
+            self._transport.send(messages)
+        except RankLost as lost:
+            self._raise_dead(lost)
         return [reply[1] for reply in self._gather("ok", None)]
 
     def _gather(self, expected: str, timeout_s: float | None) -> list:
@@ -298,30 +272,25 @@ class TensorParallelEngine:
         started = time.monotonic()
         while len(replies) + len(errors) < self.size:
             pending = [r for r in range(self.size) if r not in replies and r not in errors]
-            ready = wait([self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending],
-                         POLL_S)
-            for rank in pending:
-                conn = self._conns[rank]
-                if conn in ready or conn.poll(0):
-                    try:
-                        reply = conn.recv()
-                    except (EOFError, OSError):
-                        self._procs[rank].join(STOP_WAIT_S)
-                        self._raise_dead(rank, "its pipe closed")
-                    (errors if reply[0] == "error" else replies)[rank] = reply
-                    if reply[0] == "error" and first_error_at is None:
-                        first_error_at = time.monotonic()
-                elif not self._procs[rank].is_alive():
-                    self._raise_dead(rank, "it exited")
+            try:
+                got = self._transport.poll(pending, POLL_S)
+            except RankLost as lost:
+                self._raise_dead(lost)
+            for rank, reply in got.items():
+                (errors if reply[0] == "error" else replies)[rank] = reply
+                if reply[0] == "error" and first_error_at is None:
+                    first_error_at = time.monotonic()
             now = time.monotonic()
-            if errors and now - first_error_at > self.fault_grace_s:
+            if errors and now - first_error_at > self.fault_grace_s \
+                    and len(replies) + len(errors) < self.size:
                 rank = min(errors)
                 self._shutdown(f"rank {rank} failed alone")
                 raise self._rank_error(rank, errors[rank],
                                        f"; ranks {sorted(set(range(self.size)) - set(errors))} did "
                                        f"not answer within {self.fault_grace_s:g} s, so every rank "
                                        f"was stopped")
-            if timeout_s is not None and not errors and now - started > timeout_s:
+            if timeout_s is not None and not errors and now - started > timeout_s \
+                    and len(replies) < self.size:
                 late = sorted(set(range(self.size)) - set(replies))
                 self._shutdown(f"ranks {late} did not join")
                 raise TensorParallelError(
@@ -355,34 +324,21 @@ class TensorParallelEngine:
         rebuilt.__cause__ = _RemoteTraceback(trace)
         return rebuilt
 
-    def _raise_dead(self, rank: int, how: str) -> None:
-        proc = self._procs[rank]
-        code = proc.exitcode
-        if code is None:
-            proc.join(0.1)
-            code = proc.exitcode
-        what = (f"was killed by signal {-code}" if code is not None and code < 0
-                else f"exited with code {code}" if code is not None else "stopped answering")
-        self._shutdown(f"rank {rank} {what}")
-        raise TensorParallelError(f"tensor-parallel rank {rank} (pid {proc.pid}) {what} ({how}); "
-                                  f"every rank was stopped: load the model again")
+    def _raise_dead(self, lost: RankLost) -> None:
+        pid = f" (pid {lost.pid})" if lost.pid is not None else ""
+        who = f"rank {lost.rank}" if lost.rank is not None else "a rank"
+        self._shutdown(f"{who} {lost.what}")
+        raise TensorParallelError(f"tensor-parallel {who}{pid} {lost.what}; every rank was "
+                                  f"stopped: load the model again")
 
     def _shutdown(self, why: str) -> None:
-        """Terminates every rank still alive (killing those that ignore it) and closes the pipes."""
+        """Stops every rank (see the transport's kill)."""
         if self._closed_because is None:
             self._closed_because = why
         _live.discard(self)
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.terminate()
-        deadline = time.monotonic() + STOP_WAIT_S
-        for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(STOP_WAIT_S)
-        for conn in self._conns:
-            conn.close()
+        transport = getattr(self, "_transport", None)
+        if transport is not None:
+            transport.kill(why)
 
 
 class _RemoteTraceback(Exception):

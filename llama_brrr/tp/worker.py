@@ -22,6 +22,10 @@ nothing until the rank reports. A rank:
 
 A rank whose launcher dies exits on its own (a watchdog thread waits on the parent's sentinel),
 even while its engine is blocked in a collective, so no rank outlives its caller holding GPU memory.
+
+Under torchrun (run.py) the same requests arrive by broadcast instead of a pipe: RankServer is a
+rank's side (rank 0 runs one on a helper thread of the caller, the others in serve_torchrun), with
+("start", ...) and ("join",) requests in place of steps 1 and 2, the NCCL id in the job's store.
 """
 
 from __future__ import annotations
@@ -171,6 +175,25 @@ def main(rank: int, size: int, spec: dict, conn, rendezvous: Rendezvous | None,
     del store
 
 
+def answer(engine, message) -> tuple:
+    """("ok", result) or ("error", exception, traceback text) for one engine request."""
+    op = message[0]
+    try:
+        if op == "call":
+            _, name, args, kwargs = message
+            result = getattr(engine, name)(*args, **kwargs)
+        elif op == "get":
+            result = getattr(engine, message[1])
+        elif op == "set":
+            setattr(engine, message[1], message[2])
+            result = None
+        else:
+            raise ValueError(f"unknown tensor-parallel request {op!r}")
+        return ("ok", result)
+    except Exception as exc:  # noqa: BLE001 - every engine error goes back to the caller
+        return ("error", portable(exc), traceback.format_exc())
+
+
 def serve(engine, conn) -> None:
     """Answers the launcher's calls until ("stop",) or the launcher's end of the pipe closes."""
     while True:
@@ -178,25 +201,98 @@ def serve(engine, conn) -> None:
             message = conn.recv()
         except (EOFError, OSError):
             return
-        op = message[0]
-        if op == "stop":
+        if message[0] == "stop":
             break
-        try:
-            if op == "call":
-                _, name, args, kwargs = message
-                result = getattr(engine, name)(*args, **kwargs)
-            elif op == "get":
-                result = getattr(engine, message[1])
-            elif op == "set":
-                setattr(engine, message[1], message[2])
-                result = None
-            else:
-                raise ValueError(f"unknown tensor-parallel request {op!r}")
-            conn.send(("ok", result))
-        except Exception as exc:  # noqa: BLE001 - every engine error goes back to the caller
-            conn.send(("error", portable(exc), traceback.format_exc()))
+        conn.send(answer(engine, message))
     del engine
     from ..memory import release_freed_memory
 
     release_freed_memory()
     conn.send(("stopped",))
+
+
+class RankServer:
+    """One rank of a torchrun job (transport.DistGroup `group`): its engine's life, driven by
+    the caller's broadcast requests. Rank 0 runs one on a helper thread of the caller; the other
+    ranks run serve_torchrun. Requests: ("start", spec, library or None, generation) -> build
+    ("loaded", config, types, "host:pid"); ("join",) -> NCCL ("ready",); ("call" | "get" |
+    "set", ...) -> answer(); ("each", [message per rank]) -> this rank's; ("stop",) -> drop the
+    engine ("stopped",)."""
+
+    def __init__(self, rank: int, size: int, group):
+        self.rank, self.size, self.group = rank, size, group
+        self.engine = None
+        self._join = None
+
+    def handle(self, message) -> tuple:
+        if message[0] == "each":
+            message = message[1][self.rank]
+        op = message[0]
+        try:
+            if op == "start":
+                _, spec, library, generation = message
+                spec = dict(spec)
+                if spec["backend"] == "cuda":
+                    spec["devices"] = [self.group.local_rank] * self.size
+                self.engine = None
+                self.engine, types = build_engine(spec, self.rank, self.size)
+                self._join = (library, generation)
+                import socket
+
+                return ("loaded", self.engine.config, types, f"{socket.gethostname()}:{os.getpid()}")
+            if op == "join":
+                library, generation = self._join
+                if library is not None:
+                    key = f"{NCCL_ID_KEY}/{generation}"
+                    if self.rank == 0:
+                        self.group.store.set(key, _nccl_id(library))
+                    unique_id = bytes(self.group.store.get(key))
+                    self.engine.init_tensor_parallel(unique_id, self.rank, self.size, library)
+                return ("ready",)
+            if op == "stop":
+                self.engine = None
+                from ..memory import release_freed_memory
+
+                release_freed_memory()
+                return ("stopped",)
+            if self.engine is None:
+                raise RuntimeError("no tensor-parallel engine on this rank (request before start)")
+        except Exception as exc:  # noqa: BLE001 - reported to rank 0, which raises it
+            return ("error", portable(exc), traceback.format_exc())
+        return answer(self.engine, message)
+
+
+def serve_torchrun(group) -> int:
+    """Ranks 1.. of a torchrun job: answer rank 0's broadcast requests until ("exit",). An error
+    reply is also put in the store at once, so rank 0 hears of it while other ranks may still be
+    inside a collective (and never reach the gather). Returns the process's exit code."""
+    from .transport import error_key
+
+    import sys
+
+    server = RankServer(group.rank, group.size, group)
+    while True:
+        try:
+            message = group.broadcast()
+            if message[0] == "exit":
+                # acknowledged, so rank 0 (which may serve the store) leaves only after this rank
+                # has stopped watching it
+                group.stop_beating()
+                group.gather(("bye",))
+                group.close()
+                return 0
+            group.seq += 1
+            reply = server.handle(message)
+            if reply[0] == "error":
+                group.store.set(error_key(group.seq, group.rank), pickle.dumps(reply))
+            group.gather(reply)
+        except RuntimeError as exc:  # gloo's error for a peer whose connection closed
+            print(f"llama_brrr tensor-parallel rank {group.rank}: the job's group broke ({exc}); "
+                  f"exiting", file=sys.stderr)
+            return 1
+
+
+def _nccl_id(library: str) -> bytes:
+    from .. import _C
+
+    return bytes(_C.nccl_unique_id(library))
