@@ -14,7 +14,7 @@ import pytest
 
 from llama_brrr import Llama, ModelConfig, SamplingParams
 from llama_brrr.errors import NonFiniteLogitsError
-from llama_brrr.serving import BlockManager, Scheduler
+from llama_brrr.serving import Scheduler
 from llama_brrr.serving.async_engine import AsyncLlama, EngineClosedError
 
 TINY = dict(dim=48, hidden_dim=80, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=300,

@@ -199,14 +199,15 @@ def split(contestant, prompts: np.ndarray, w: Workload, config, dtype: str) -> d
             phases = prof.summary().to_dict()["phases"]
         elif hasattr(llama_brrr, "profile_torch") and hasattr(contestant, "torch"):
             phases = {}
-            work = metrics.prefill_work(config, w.batch, w.prompt, dtype, types)
+            # PyTorch contestants hold every weight in `dtype`: no block types to count.
+            work = metrics.prefill_work(config, w.batch, w.prompt, dtype, None)
             first = []
             summary = llama_brrr.profile_torch(lambda: first.append(contestant.prefill(prompts)),
                                                model_flops=work["flops"], model_bytes=work["bytes"],
                                                tokens=work["tokens"], phase="prefill")
             phases["prefill"] = summary.to_dict()["phases"]["prefill"]
             if w.generate:
-                work = metrics.decode_work(config, w.batch, w.prompt, w.generate, dtype, types)
+                work = metrics.decode_work(config, w.batch, w.prompt, w.generate, dtype, None)
 
                 def steps():
                     token = first[-1]
