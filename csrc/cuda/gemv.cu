@@ -45,8 +45,8 @@ constexpr int kWarps = 4;                // 128 threads: many small CTAs fill th
 constexpr int kThreads = kWarps * 32;
 constexpr int kXChunkBytes = 32 * 1024;  // x slice (all M rows) held in shared memory at once
 
-// Which W rows a unit (one output column, or one pair) streams.
-enum class Pairing { None, SwiGLU, Rope };
+using util::Pairing;
+using util::unit_rows;
 
 // Output columns per warp. More columns per warp = more W rows per shared-memory x read.
 constexpr int units_per_warp(int M, Pairing pairing) {
@@ -67,18 +67,6 @@ struct GemvArgs {
     Epilogue ep;
     EpilogueArgs out;
 };
-
-// First W row of unit c, and its partner row for paired units.
-template <Pairing P>
-__device__ __forceinline__ int2 unit_rows(int c, int half_n) {
-    if (P == Pairing::SwiGLU) return make_int2(c, c + half_n);
-    if (P == Pairing::Rope) {
-        const int head = c / half_n, i = c - head * half_n;
-        const int r0 = head * 2 * half_n + i;
-        return make_int2(r0, r0 + half_n);
-    }
-    return make_int2(c, c);
-}
 
 // rstd[m] = rsqrt(mean(x[m, :]^2) + eps) for the M rows, into shared memory. Thread t sums the
 // 4-float chunks t, t + kThreads, ... of a row; warps are then added in order: a fixed order per
@@ -647,9 +635,7 @@ void launch_gemv(const char* op, const bf16* x, const float* x_f32, const bf16* 
     a.ep = ep;
     a.out = args;
     a.norm_in_smem = false;  // where it pays, launch_variant decides
-    const Pairing pairing = ep == Epilogue::SwiGLU   ? Pairing::SwiGLU
-                            : ep == Epilogue::RopeKV ? Pairing::Rope
-                                                     : Pairing::None;
+    const Pairing pairing = util::pairing_of(ep);
     // The tensor-core form takes plain bf16 rows (rmsnorm_matmul_bf16 normalizes them first), the
     // vector path and, for RopeKV, whole 8-dim groups of a head; elsewhere the CUDA-core form runs
     // whatever was asked.

@@ -60,7 +60,8 @@ constexpr int kMaxRows = 16;  // largest M (the contract in ops.h)
 constexpr int kWarps = 4;     // units per CTA: many small CTAs fill the SMs evenly
 constexpr int kThreads = kWarps * 32;
 
-enum class Pairing { None, SwiGLU, Rope };
+using util::Pairing;
+using util::unit_rows;
 
 __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
@@ -427,18 +428,6 @@ struct QArgs {
     Epilogue ep;
     EpilogueArgs out;
 };
-
-// First W row of unit c, and its partner row for paired units (gemv.cu's pairing).
-template <Pairing P>
-__device__ __forceinline__ int2 unit_rows(int c, int half_n) {
-    if (P == Pairing::SwiGLU) return make_int2(c, c + half_n);
-    if (P == Pairing::Rope) {
-        const int head = c / half_n, i = c - head * half_n;
-        const int r0 = head * 2 * half_n + i;
-        return make_int2(r0, r0 + half_n);
-    }
-    return make_int2(c, c);
-}
 
 // One warp per unit at a time (units unit0, unit0 + grid stride, ...); MR accumulator rows (M <= MR
 // real); U pieces per lane and row in flight. XIn::Bf16 / Norm first quantize the M rows into
@@ -859,7 +848,7 @@ void launch_gemv_quant(const char* op, int type, const void* W, const QuantGemvI
         else rmsnorm_quantize_act(in.x_f32, in.norm_w, in.eps, in.scratch, M, K, stream);
         a.x = in.scratch;
     }
-    const Pairing pairing = ep == Epilogue::SwiGLU ? Pairing::SwiGLU : ep == Epilogue::RopeKV ? Pairing::Rope : Pairing::None;
+    const Pairing pairing = util::pairing_of(ep);
     by_type<GemvFn>(type, a, M, pairing, x_in, stream);
 }
 

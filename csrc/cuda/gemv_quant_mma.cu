@@ -86,7 +86,8 @@ struct XInFlight {
     static constexpr int value = NT < 2 ? NT : NT >= 8 && (T == QType::Q8_0 || T == QType::Q6_K) ? 1 : 2;
 };
 
-enum class Pairing { None, SwiGLU, Rope };
+using util::Pairing;
+using util::unit_rows;
 
 struct QMArgs {
     const uint8_t* W;
@@ -361,18 +362,6 @@ __device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
     else return 32 * (lt + 4 * j) < kleft;  // K-quant rows are whole tiles
 }
 
-// First W row of unit c, and its partner row for paired units (as gemv.cu).
-template <Pairing P>
-__device__ __forceinline__ int2 unit_rows(int c, int half_n) {
-    if (P == Pairing::SwiGLU) return make_int2(c, c + half_n);
-    if (P == Pairing::Rope) {
-        const int head = c / half_n, i = c - head * half_n;
-        const int r0 = head * 2 * half_n + i;
-        return make_int2(r0, r0 + half_n);
-    }
-    return make_int2(c, c);
-}
-
 // CTAs per SM the registers are capped for: 2 (128 registers a thread), except where ptxas spills
 // at 128 with every other lever pulled (U = 1, rolled chunk loops, one x fragment in flight): the
 // RopeKV pairing at NT = 8 of the two types whose tile takes 20 registers a row. There 1 CTA (8
@@ -599,7 +588,7 @@ void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K,
     a.half_n = ep == Epilogue::RopeKV ? args.rope.head_dim / 2 : N / 2;
     a.ep = ep;
     a.out = args;
-    const Pairing pairing = ep == Epilogue::SwiGLU ? Pairing::SwiGLU : ep == Epilogue::RopeKV ? Pairing::Rope : Pairing::None;
+    const Pairing pairing = util::pairing_of(ep);
     switch (t) {
         case QType::Q8_0: return launch_type<QType::Q8_0>(a, pairing, stream);
         case QType::Q4_0: return launch_type<QType::Q4_0>(a, pairing, stream);

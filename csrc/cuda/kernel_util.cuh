@@ -17,6 +17,25 @@ namespace brrr {
 namespace cuda {
 namespace util {
 
+// Which W rows a GEMV unit (one output column, or one pair of them) streams: the paired epilogues
+// need rows that meet in one output, SwiGLU's gate row j and up row H + j, RoPE's dims i and
+// i + hd/2 of one head.
+enum class Pairing { None, SwiGLU, Rope };
+inline Pairing pairing_of(Epilogue ep) {
+    return ep == Epilogue::SwiGLU ? Pairing::SwiGLU : ep == Epilogue::RopeKV ? Pairing::Rope : Pairing::None;
+}
+// First W row of unit c, and its partner row for paired units (half_n: SwiGLU's H, RoPE's hd/2).
+template <Pairing P>
+__device__ __forceinline__ int2 unit_rows(int c, int half_n) {
+    if (P == Pairing::SwiGLU) return make_int2(c, c + half_n);
+    if (P == Pairing::Rope) {
+        const int head = c / half_n, i = c - head * half_n;
+        const int r0 = head * 2 * half_n + i;
+        return make_int2(r0, r0 + half_n);
+    }
+    return make_int2(c, c);
+}
+
 // A bf16 is the top half of an fp32, so unpacking a bf16x2 word is a shift and a mask.
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
