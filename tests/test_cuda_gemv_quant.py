@@ -194,23 +194,30 @@ def test_gemv_quant_epilogues(C, ops, rng, gen, name, M):
     W = Weights(C, name, N, K, rng)
     xq = gpu_act(ops, random_x(rng, M, K))
     y = gemv(ops, W, xq, M)
+    check_epilogues(lambda ep, **dest: ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, ep,
+                                                      **dest), y, gen)
+
+
+def check_epilogues(run, y, gen):
+    """StoreBf16, AddResidual and SwiGLU of one quantized GEMV against its StoreF32 result y [M, N]:
+    run(epilogue, **destinations) launches the kernel under test on the inputs that gave y."""
+    M, N = y.shape
     out = nan_full((M, N), torch.bfloat16)
-    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, STORE_BF16, out=out.data_ptr())
+    run(STORE_BF16, out=out.data_ptr())
     torch.cuda.synchronize()
     assert torch.equal(out, y.to(torch.bfloat16)), "StoreBf16 is not the fp32 result rounded"
     ld = N + 7
     residual = torch.randn((M, ld), generator=gen, device="cuda")
     before = residual.clone()
-    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, ADD_RESIDUAL,
-                   residual=residual.data_ptr(), ld_out=ld)
+    run(ADD_RESIDUAL, residual=residual.data_ptr(), ld_out=ld)
     torch.cuda.synchronize()
     assert torch.equal(residual[:, :N], before[:, :N] + y), "AddResidual is not residual + y"
     assert torch.equal(residual[:, N:], before[:, N:]), "AddResidual wrote past N in a row of ld_out"
     H = N // 2
     sw = nan_full((M, H), torch.bfloat16)
-    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, SWIGLU, out=sw.data_ptr())
+    run(SWIGLU, out=sw.data_ptr())
     torch.cuda.synchronize()
-    ref = (torch.nn.functional.silu(y[:, :H].double()) * y[:, H:].double())
+    ref = torch.nn.functional.silu(y[:, :H].double()) * y[:, H:].double()
     tol = 2.0 ** -8 * ref.abs() + 1e-6 * (y[:, :H].double().abs() * y[:, H:].double().abs()) + 1e-30
     assert ((sw.double() - ref).abs() <= tol).all(), "SwiGLU differs from silu(gate) * up"
 

@@ -24,8 +24,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, random_x  # noqa: E402
-from test_cuda_kernels import ADD_RESIDUAL, STORE_BF16, STORE_F32, SWIGLU, gen, nan_full, ops  # noqa: E402
+from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, check_epilogues, random_x  # noqa: E402
+from test_cuda_kernels import ADD_RESIDUAL, STORE_F32, SWIGLU, gen, nan_full, ops  # noqa: E402
 from test_cuda_ops_misc import C, rope_oracle, rope_slack  # noqa: E402
 from paged_kv import PagedCaches  # noqa: E402
 
@@ -164,25 +164,8 @@ def test_gemv_quant_mma_epilogues(C, ops, rng, gen, name, M):
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, M, K))
     y = gemv(ops, W, x)
-    out = nan_full((M, N), torch.bfloat16)
-    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, STORE_BF16, out=out.data_ptr())
-    torch.cuda.synchronize()
-    assert torch.equal(out, y.to(torch.bfloat16)), "StoreBf16 is not the fp32 result rounded"
-    ld = N + 7
-    residual = torch.randn((M, ld), generator=gen, device="cuda")
-    before = residual.clone()
-    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, ADD_RESIDUAL,
-                       residual=residual.data_ptr(), ld_out=ld)
-    torch.cuda.synchronize()
-    assert torch.equal(residual[:, :N], before[:, :N] + y), "AddResidual is not residual + y"
-    assert torch.equal(residual[:, N:], before[:, N:]), "AddResidual wrote past N in a row of ld_out"
-    H = N // 2
-    sw = nan_full((M, H), torch.bfloat16)
-    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, SWIGLU, out=sw.data_ptr())
-    torch.cuda.synchronize()
-    ref = torch.nn.functional.silu(y[:, :H].double()) * y[:, H:].double()
-    tol = 2.0 ** -8 * ref.abs() + 1e-6 * (y[:, :H].double().abs() * y[:, H:].double().abs()) + 1e-30
-    assert ((sw.double() - ref).abs() <= tol).all(), "SwiGLU differs from silu(gate) * up"
+    check_epilogues(lambda ep, **dest: ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, ep,
+                                                          **dest), y, gen)
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q4_0"])
