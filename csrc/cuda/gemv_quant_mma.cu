@@ -498,36 +498,8 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_qua
         }
     }
 
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) partial[((warp * NT + nt) * 4 + i) * 32 + lane] = acc[nt][i];
-    __syncthreads();
-    if (warp >= NT) return;
-    const int nt = warp;
-    float c[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        c[i] = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) c[i] += partial[((w * NT + nt) * 4 + i) * 32 + lane];
-    }
-    // C fragment: c[e] = (row lo, x row 8 nt + 2t + e), c[2 + e] = (row hi, the same x row).
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const int m = 8 * nt + 2 * lt + e;
-        if (m >= M) continue;
-        if (P == Pairing::Rope) {
-            if (!ok_lo) continue;
-            const int head = u / a.half_n;
-            util::store_rope_kv(a.out.rope, m, head, u - head * a.half_n, c[e], c[2 + e]);
-        } else if (P == Pairing::SwiGLU) {
-            if (ok_lo) util::store_swiglu(a.out, (size_t)m * a.out.ld_out + u, c[e], c[2 + e]);
-        } else {
-            if (ok_lo) util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + lo, c[e]);
-            if (ok_hi) util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + hi, c[2 + e]);
-        }
-    }
+    util::store_mma_gemv_tile<P, NT, kWarps>(acc, partial, warp, lane, M, u, lo, hi, ok_lo, ok_hi, a.half_n, a.ep,
+                                               a.out);
 }
 
 template <QType T, int NT, Pairing P>

@@ -201,6 +201,47 @@ __device__ __forceinline__ void store_rope_kv(const RopeKVArgs& r, int m, int he
     store_rope_kv_dims<1>(r, m, pos, slot, head, i, &x0, &x1, &a);
 }
 
+// The end of a tensor-core GEMV CTA (gemv.cu's gemv_mma_kernel, gemv_quant_mma.cu): the WARPS
+// warps' C fragments of NT n8 tiles of x rows, acc[nt], are summed in warp order through shared
+// memory `partial` [WARPS][NT][4][32] (a fixed order: a row's result does not depend on M), then
+// warp nt stores tile nt through the epilogue. The CTA's 16 W rows are lo (fragment rows g) and hi
+// (g + 8), or, for paired units, unit u's two rows; ok_lo / ok_hi: whether those rows exist.
+template <Pairing P, int NT, int WARPS>
+__device__ __forceinline__ void store_mma_gemv_tile(const float (&acc)[NT][4], float* partial, int warp, int lane,
+                                                    int M, int u, int lo, int hi, bool ok_lo, bool ok_hi, int half_n,
+                                                    Epilogue ep, const EpilogueArgs& out) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[((warp * NT + nt) * 4 + i) * 32 + lane] = acc[nt][i];
+    __syncthreads();
+    if (warp >= NT) return;
+    const int nt = warp;
+    float c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        c[i] = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) c[i] += partial[((w * NT + nt) * 4 + i) * 32 + lane];
+    }
+    // C fragment: c[e] = (row lo, x row 8 nt + 2t + e), c[2 + e] = (row hi, the same x row).
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int m = 8 * nt + 2 * (lane & 3) + e;
+        if (m >= M) continue;
+        if (P == Pairing::Rope) {
+            if (!ok_lo) continue;
+            const int head = u / half_n;
+            store_rope_kv(out.rope, m, head, u - head * half_n, c[e], c[2 + e]);
+        } else if (P == Pairing::SwiGLU) {
+            if (ok_lo) store_swiglu(out, (size_t)m * out.ld_out + u, c[e], c[2 + e]);
+        } else {
+            if (ok_lo) store_result(ep, out, (size_t)m * out.ld_out + lo, c[e]);
+            if (ok_hi) store_result(ep, out, (size_t)m * out.ld_out + hi, c[2 + e]);
+        }
+    }
+}
+
 // Checks the destinations of a RopeKV epilogue (or rope_kv_append) for M rows.
 inline void check_rope_kv(const char* op, const RopeKVArgs& r, int M) {
     BRRR_CHECK(M >= 0 && r.n_heads > 0 && r.n_kv_heads > 0 && r.kv.max_seq > 0,
