@@ -6,6 +6,7 @@ CUPTI trace holds our kernels too. Per kernel name: launches and device time per
 the wall time per step. Run with LLAMA_BRRR_PDL=0 so that no kernel's duration includes waiting for
 the one before (PDL kernels start early and wait inside).
   LLAMA_BRRR_PDL=0 PYTHONPATH=. python3 benchmarks/lab/decode_kernel_times.py --shapes llama3.2-1b -b 1 16
+  LLAMA_BRRR_PDL=0 PYTHONPATH=. python3 benchmarks/lab/decode_kernel_times.py --shapes llama3-8b -b 1 16 --quant q4_k_m
 """
 import argparse
 import collections
@@ -39,11 +40,13 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["llama3.2-1b", "llama3-8b"])
     ap.add_argument("-b", "--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("-n", type=int, default=16)
+    ap.add_argument("--quant", default=None, help="as Llama.random(quant=...), e.g. q4_k_m")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
     for shape in args.shapes:
-        model = Llama.random(shape, device="cuda", max_seq_len=1024, max_batch=max(args.batches))
+        model = Llama.random(shape, device="cuda", max_seq_len=1024, max_batch=max(args.batches),
+                             quant=args.quant)
         eng = model.engine
         rng = np.random.default_rng(0)
         for slot in range(max(args.batches)):
@@ -70,12 +73,12 @@ def main():
                     per_name[name][0] += 1
                     per_name[name][1] += e.device_time_total
             total = sum(v[1] for v in per_name.values()) / args.n
-            print(f"\n{shape} batch {B}: wall {wall * 1e6:.1f} us/step, kernels {total:.1f} us/step")
+            print(f"\n{shape} {args.quant or 'bf16'} batch {B}: wall {wall * 1e6:.1f} us/step, kernels {total:.1f} us/step")
             kernels = []
             for name, (count, us) in sorted(per_name.items(), key=lambda kv: -kv[1][1]):
                 print(f"  {name[:70]:70s} {count / args.n:6.1f} launches {us / args.n:9.1f} us/step")
                 kernels.append({"name": name, "launches_per_step": count / args.n, "us_per_step": us / args.n})
-            rows.append({"shape": shape, "batch": B, "wall_us": wall * 1e6, "kernel_us": total, "kernels": kernels})
+            rows.append({"shape": shape, "quant": args.quant, "batch": B, "wall_us": wall * 1e6, "kernel_us": total, "kernels": kernels})
         del model, eng
     if args.json:
         with open(args.json, "w") as f:
