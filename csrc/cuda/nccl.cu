@@ -13,6 +13,7 @@ namespace nccl {
 
 namespace {
 
+constexpr int kInt8 = 0;     // ncclInt8
 constexpr int kFloat32 = 7;  // ncclFloat32
 constexpr int kSum = 0;      // ncclSum
 
@@ -21,6 +22,7 @@ struct Api {
     int (*get_unique_id)(UniqueId*) = nullptr;
     int (*comm_init_rank)(Comm*, int, UniqueId, int) = nullptr;
     int (*all_reduce)(const void*, void*, size_t, int, int, Comm, cudaStream_t) = nullptr;
+    int (*all_gather)(const void*, void*, size_t, int, Comm, cudaStream_t) = nullptr;
     int (*comm_destroy)(Comm) = nullptr;
     const char* (*error_string)(int) = nullptr;
 };
@@ -70,6 +72,7 @@ void load(const std::string& library) {
     resolve(handle, "ncclGetUniqueId", &next.get_unique_id);
     resolve(handle, "ncclCommInitRank", &next.comm_init_rank);
     resolve(handle, "ncclAllReduce", &next.all_reduce);
+    resolve(handle, "ncclAllGather", &next.all_gather);
     resolve(handle, "ncclCommDestroy", &next.comm_destroy);
     resolve(handle, "ncclGetErrorString", &next.error_string);
     a = next;
@@ -89,8 +92,12 @@ Comm init_rank(const UniqueId& id, int rank, int size) {
     return comm;
 }
 
-void all_reduce_sum(float* data, size_t count, Comm comm, cudaStream_t stream) {
-    check(loaded().all_reduce(data, data, count, kFloat32, kSum, comm, stream), "ncclAllReduce");
+void all_reduce_sum(const float* in, float* out, size_t count, Comm comm, cudaStream_t stream) {
+    check(loaded().all_reduce(in, out, count, kFloat32, kSum, comm, stream), "ncclAllReduce");
+}
+
+void all_gather_bytes(const void* in, void* out, size_t bytes, Comm comm, cudaStream_t stream) {
+    check(loaded().all_gather(in, out, bytes, kInt8, comm, stream), "ncclAllGather");
 }
 
 void destroy(Comm comm) noexcept {

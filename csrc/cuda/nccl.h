@@ -2,8 +2,8 @@
 // build needs no NCCL headers and a process that never runs tensor-parallel never loads it.
 //
 // The declarations below follow NCCL's stable C ABI (nccl.h of NCCL 2.x): ncclUniqueId is 128
-// opaque bytes, a communicator an opaque pointer, results ints (0 = success), ncclFloat32 = 7,
-// ncclSum = 0. All calls are stream-ordered and may be captured into CUDA graphs.
+// opaque bytes, a communicator an opaque pointer, results ints (0 = success), ncclInt8 = 0,
+// ncclFloat32 = 7, ncclSum = 0. All calls are stream-ordered and may be captured into CUDA graphs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,8 +27,11 @@ void load(const std::string& library);
 UniqueId unique_id();
 // Joins the `size`-rank communicator as `rank` on the current device; blocks until all have joined.
 Comm init_rank(const UniqueId& id, int rank, int size);
-// In-place sum over the ranks of `count` floats at `data`, ordered on `stream`.
-void all_reduce_sum(float* data, size_t count, Comm comm, cudaStream_t stream);
+// Sum over the ranks of `count` floats at `in` into `out` (in == out: in place), ordered on `stream`.
+void all_reduce_sum(const float* in, float* out, size_t count, Comm comm, cudaStream_t stream);
+// Rank r's `bytes` bytes at `in` (device memory) land at out + r * bytes on every rank, ordered on
+// `stream`; out holds size * bytes.
+void all_gather_bytes(const void* in, void* out, size_t bytes, Comm comm, cudaStream_t stream);
 // Frees the communicator (noexcept: engines call it while releasing).
 void destroy(Comm comm) noexcept;
 

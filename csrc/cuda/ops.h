@@ -173,6 +173,19 @@ struct SampleFeedBack {
 };
 void sample_tokens(const float* logits, const int* history, const int* slots, int* positions, const SampleParamsDev* params, uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back, cudaStream_t stream);
 
+// ---- allreduce.cu: the one-shot all-reduce of tensor parallelism over CUDA IPC (one host) -----
+// Every rank's IPC buffer as the kernel sees it (allreduce.h opens them): data[r] rank r's two data halves of half_floats each, signals[r] its flags [kAllReduceOneShotBlocks][kMaxRanks], counters this rank's round per CTA.
+struct AllReducePeers {
+    static constexpr int kMaxRanks = 8;
+    float* data[kMaxRanks] = {};
+    unsigned* signals[kMaxRanks] = {};
+    unsigned* counters = nullptr;
+    size_t half_floats = 0;
+    int rank = 0, size = 0;
+};
+// out[i] = rank 0's in[i] + rank 1's in[i] + ... in rank order (bit-identical on every rank); count % 4 == 0, count <= half_floats, in and out 16-byte aligned (in == out allowed); every rank calls it with the same count; PDL.
+void all_reduce_oneshot(const float* in, float* out, size_t count, const AllReducePeers& peers, cudaStream_t stream);
+
 // ---- init.cu ---------------------------------------------------------------------------------
 // p[i] = mean + std * N(0, 1), pair k Box-Muller of splitmix64(key + 2k), splitmix64(key + 2k + 1)
 // (the CPU engine's stream): same key, same weights, any GPU or backend.

@@ -3,6 +3,8 @@
 // Change a value here, rebuild, and run benchmarks/bench_kernels.py and the CUDA tests.
 #pragma once
 
+#include <cstddef>
+
 namespace brrr {
 namespace cuda {
 namespace tuning {
@@ -67,6 +69,19 @@ constexpr int kGemmSm90GroupM = 8;
 constexpr int kGemmWideTieNum = 21, kGemmWideTieDen = 20;
 // wgmma GEMM, AddResidual: L2 is asked for a tile's residual over the last 1 / F of its main loop.
 constexpr int kGemmResidualSpread = 4;
+
+// ---- one-shot all-reduce (allreduce.cu) and its switch point (CudaEngine::all_reduce_residual) --
+// Largest residual all-reduce (bytes) that takes the one-shot IPC kernel instead of NCCL, and the
+// size of each half of every rank's double-buffered IPC data region. The one-shot kernel has every
+// rank read all (N - 1) peers' whole messages over the links behind one cross-GPU barrier: one
+// launch and one flag round trip, but (N - 1) x the bytes of a ring's 2 (N - 1) / N. Latency wins
+// small messages (batch-1 decode: 16 KB at the 8B shape), link bandwidth large ones (prefill).
+constexpr size_t kAllReduceOneShotMaxBytes = 512 * 1024;
+// CTAs and threads of the one-shot kernel, the same for every message: the barrier's invariant
+// needs each element handled by the same CTA index on every rank and in every call (allreduce.cu).
+// More CTAs spread a large message's loads over more SMs; each pays its own flag round trip.
+constexpr int kAllReduceOneShotBlocks = 32;
+constexpr int kAllReduceOneShotThreads = 512;
 
 // ---- the runtime switch (launch.cuh) -------------------------------------------------------------
 // LLAMA_BRRR_PDL=0 launches the decode chain's kernels plainly instead of with programmatic

@@ -1,0 +1,307 @@
+// allreduce.cu — the one-shot all-reduce of tensor parallelism on the GPUs of one host: every rank
+// ends with out = sum over the ranks of their `in` (fp32, count floats), in one kernel launch that
+// CUDA graphs capture like any other.
+//
+// Shapes: count a multiple of 4 (the residual stream's rows x dim; dim is), at most the capacity
+// the group was opened with (tuning::kAllReduceOneShotMaxBytes in the engine); 2 to 8 ranks.
+//
+// The trick (the "custom all-reduce" of vLLM and SGLang): each rank owns one IPC-shareable buffer
+// (flags, round counters, a data region of two halves) whose address every peer has opened. The
+// kernel copies in into its own half, raises a flag in every peer's buffer, waits for every peer's
+// flag, then reads every rank's half over NVLink / PCIe P2P and writes the sum. Small messages pay
+// one launch and one flag round trip instead of NCCL's protocol steps.
+//
+// Invariants:
+//   - Pairing. CTA b of every rank copies and later reads the same elements (a fixed grid of
+//     tuning::kAllReduceOneShotBlocks CTAs, element e in CTA (e / threads) mod blocks), and waits
+//     only for the flags of the peers' CTAs b: a flag says exactly "my part of this round is in".
+//   - Rounds. Flags are never reset: CTA b's round counter lives in device memory (a graph replay
+//     advances it like an eager call) and every rank makes the same calls in the same order, so
+//     the peers' CTAs b count the same rounds; a wait is "flag >= round" in wrapping arithmetic.
+//   - Double buffering, one barrier. Round k uses half k mod 2. Before rank A's CTA b overwrites
+//     half k mod 2 in round k + 2, it passed round k + 1's barrier, so every peer's CTA b wrote its
+//     round k + 1 flag, after its pdl_wait, so that peer's whole round-k kernel (every read of A's
+//     half k mod 2) had completed. Every CTA takes part in every call, so this holds for all CTAs.
+//   - Identical results. Every rank adds the halves in rank order 0..N-1 in fp32: bit-identical
+//     sums on every rank, which then sample identical tokens.
+//   - Memory order. Copies, then __syncthreads, then st.release.sys of the flags (cumulative over
+//     the CTA's writes); ld.acquire.sys of the peers' flags, then __syncthreads, then the reads,
+//     16 bytes each through L2 (ld.global.cg), never a stale L1 line.
+//   - PDL: pdl_wait before anything (in is the previous kernel's output, the counters the previous
+//     call's), then trigger, as the decode chain's rule says (launch.cuh). The fixed grid is far
+//     below one CTA per SM, so every CTA is resident while it spins.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "cuda/allreduce.h"
+#include "cuda/check.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/tuning.h"
+
+namespace brrr {
+namespace cuda {
+
+namespace {
+
+constexpr int kBlocks = tuning::kAllReduceOneShotBlocks;
+constexpr int kThreads = tuning::kAllReduceOneShotThreads;
+constexpr int kMaxRanks = AllReducePeers::kMaxRanks;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+__device__ __forceinline__ void store_release_sys(unsigned* p, unsigned v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned load_acquire_sys(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <int N>
+__global__ void __launch_bounds__(kThreads) all_reduce_oneshot_kernel(const float4* in, float4* out, int n4,
+                                                                     AllReducePeers p) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int b = blockIdx.x, t = threadIdx.x;
+    const unsigned round = p.counters[b] + 1u;
+    const size_t half = (round & 1u) * p.half_floats;
+    const int stride = gridDim.x * blockDim.x;
+
+    float4* mine = reinterpret_cast<float4*>(p.data[p.rank] + half);
+    for (int e = b * blockDim.x + t; e < n4; e += stride) mine[e] = in[e];
+    __syncthreads();
+    if (t == 0) p.counters[b] = round;  // every thread read it before the barrier above
+    if (t < N && t != p.rank) {
+        store_release_sys(p.signals[t] + b * kMaxRanks + p.rank, round);
+        const unsigned* flag = p.signals[p.rank] + b * kMaxRanks + t;
+        while (static_cast<int>(load_acquire_sys(flag) - round) < 0) {
+        }
+    }
+    __syncthreads();
+
+    const float4* src[N];
+#pragma unroll
+    for (int r = 0; r < N; ++r) src[r] = reinterpret_cast<const float4*>(p.data[r] + half);
+    for (int e = b * blockDim.x + t; e < n4; e += stride) {
+        float4 v[N];
+#pragma unroll
+        for (int r = 0; r < N; ++r) v[r] = __ldcg(src[r] + e);
+        float4 s = v[0];
+#pragma unroll
+        for (int r = 1; r < N; ++r) {
+            s.x += v[r].x;
+            s.y += v[r].y;
+            s.z += v[r].z;
+            s.w += v[r].w;
+        }
+        out[e] = s;
+    }
+}
+
+// What one rank tells the others in the first exchange.
+struct RankCard {
+    cudaIpcMemHandle_t handle;
+    char pci[32];        // the GPU's PCI bus id, to find its device index in every process
+    uint64_t host;       // hostname and boot id, hashed: equal on one machine (one OS instance)
+    char why_not[160];   // this rank's own reason the one-shot path cannot run, or ""
+};
+constexpr size_t kWhyBytes = sizeof(RankCard::why_not);
+
+uint64_t host_identity() {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    std::string key = name;
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string boot_id;
+    if (boot >> boot_id) key += "/" + boot_id;
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+
+void set_why(char* dst, const std::string& why) {
+    std::memset(dst, 0, kWhyBytes);
+    std::memcpy(dst, why.data(), std::min(why.size(), kWhyBytes - 1));
+}
+
+struct DeviceFree {
+    void operator()(void* p) const { cudaFree(p); }
+};
+
+// Every rank's `bytes` at host `mine` gathered into host `all` (size * bytes), through the device.
+void gather(const void* mine, void* all, size_t bytes, int rank, int size, nccl::Comm comm,
+            cudaStream_t stream) {
+    void* raw = nullptr;
+    CUDA_CHECK(cudaMalloc(&raw, bytes * size));
+    std::unique_ptr<void, DeviceFree> buf(raw);
+    char* slots = static_cast<char*>(raw);
+    CUDA_CHECK(cudaMemcpyAsync(slots + rank * bytes, mine, bytes, cudaMemcpyHostToDevice, stream));
+    nccl::all_gather_bytes(slots + rank * bytes, slots, bytes, comm, stream);
+    CUDA_CHECK(cudaMemcpyAsync(all, slots, bytes * size, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+
+void all_reduce_oneshot(const float* in, float* out, size_t count, const AllReducePeers& peers,
+                        cudaStream_t stream) {
+    BRRR_CHECK(peers.size >= 2 && peers.size <= kMaxRanks && peers.rank >= 0 && peers.rank < peers.size,
+               "all_reduce_oneshot: rank " << peers.rank << " of " << peers.size << " (2 to "
+                                           << kMaxRanks << " ranks)");
+    BRRR_CHECK(count % 4 == 0 && count <= peers.half_floats,
+               "all_reduce_oneshot: " << count << " floats, which must be a multiple of 4 and at most "
+                                      << peers.half_floats << " (the group's capacity)");
+    BRRR_CHECK(reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+               "all_reduce_oneshot: in and out must be 16-byte aligned");
+    const int n4 = static_cast<int>(count / 4);
+    const float4* in4 = reinterpret_cast<const float4*>(in);
+    float4* out4 = reinterpret_cast<float4*>(out);
+    switch (peers.size) {
+        case 2: launch_pdl(all_reduce_oneshot_kernel<2>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 3: launch_pdl(all_reduce_oneshot_kernel<3>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 4: launch_pdl(all_reduce_oneshot_kernel<4>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 5: launch_pdl(all_reduce_oneshot_kernel<5>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 6: launch_pdl(all_reduce_oneshot_kernel<6>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 7: launch_pdl(all_reduce_oneshot_kernel<7>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        default: launch_pdl(all_reduce_oneshot_kernel<8>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- OneShotAllReduce ---------------------------------------------------------------------------
+
+std::string OneShotAllReduce::open(nccl::Comm comm, int rank, int size, size_t capacity_bytes,
+                                   cudaStream_t stream) {
+    close();
+    if (size < 2 || size > kMaxRanks)
+        return std::to_string(size) + " ranks: the one-shot kernel takes 2 to " + std::to_string(kMaxRanks);
+    BRRR_CHECK(rank >= 0 && rank < size && capacity_bytes > 0,
+               "one-shot all-reduce: rank " << rank << " of " << size << ", capacity " << capacity_bytes);
+    // [flags: blocks x kMaxRanks][counters: blocks][data: 2 halves], each piece 256-byte aligned
+    const size_t half_floats = align_up(capacity_bytes) / sizeof(float);
+    const size_t signals_bytes = align_up(sizeof(unsigned) * kBlocks * kMaxRanks);
+    const size_t counters_bytes = align_up(sizeof(unsigned) * kBlocks);
+    own_bytes_ = signals_bytes + counters_bytes + 2 * half_floats * sizeof(float);
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    void* raw = nullptr;
+    CUDA_CHECK(cudaMalloc(&raw, own_bytes_));
+    own_ = static_cast<char*>(raw);
+    opened_.assign(size, nullptr);
+    try {
+        // Zero flags and counters on every rank before any rank can see this buffer: the exchange
+        // below is ordered after the memset on this stream and completes only once all ranks
+        // have reached it.
+        CUDA_CHECK(cudaMemsetAsync(own_, 0, own_bytes_, stream));
+        RankCard card;
+        std::memset(&card, 0, sizeof card);
+        card.host = host_identity();
+        CUDA_CHECK(cudaDeviceGetPCIBusId(card.pci, sizeof card.pci, device));
+        const cudaError_t got = cudaIpcGetMemHandle(&card.handle, own_);
+        if (got != cudaSuccess) {
+            cudaGetLastError();
+            set_why(card.why_not, std::string("cudaIpcGetMemHandle failed (") + cudaGetErrorString(got) + ")");
+        }
+        std::vector<RankCard> cards(size);
+        gather(&card, cards.data(), sizeof card, rank, size, comm, stream);
+
+        std::string why;
+        for (int r = 0; r < size && why.empty(); ++r)
+            if (cards[r].why_not[0]) why = "rank " + std::to_string(r) + ": " + cards[r].why_not;
+        // Every rank knows now whether any rank failed to export; only the opening below can
+        // still differ between ranks, so its outcome is exchanged too.
+        if (why.empty()) {
+            std::string mine;
+            for (int p = 0; p < size && mine.empty(); ++p) {
+                if (p == rank) continue;
+                const std::string peer = "rank " + std::to_string(p);
+                if (cards[p].host != cards[rank].host) {
+                    mine = peer + " runs on another host";
+                    break;
+                }
+                int peer_device = -1;
+                if (cudaDeviceGetByPCIBusId(&peer_device, cards[p].pci) != cudaSuccess) {
+                    cudaGetLastError();
+                    mine = peer + "'s GPU (PCI " + cards[p].pci + ") is not visible to this process "
+                           "(CUDA_VISIBLE_DEVICES)";
+                    break;
+                }
+                if (peer_device == device) {
+                    mine = peer + " shares cuda:" + std::to_string(device);
+                    break;
+                }
+                int can = 0;
+                CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device, peer_device));
+                if (!can) {
+                    mine = "no peer-to-peer access from cuda:" + std::to_string(device) + " to cuda:" +
+                           std::to_string(peer_device) + " (" + peer + ")";
+                    break;
+                }
+                void* ptr = nullptr;
+                const cudaError_t err = cudaIpcOpenMemHandle(&ptr, cards[p].handle, cudaIpcMemLazyEnablePeerAccess);
+                if (err != cudaSuccess) {
+                    cudaGetLastError();
+                    mine = std::string("cudaIpcOpenMemHandle of ") + peer + "'s buffer failed (" +
+                           cudaGetErrorString(err) + ")";
+                    break;
+                }
+                opened_[p] = ptr;
+            }
+            char mine_why[kWhyBytes];
+            set_why(mine_why, mine);
+            std::vector<char> all(kWhyBytes * size);
+            gather(mine_why, all.data(), kWhyBytes, rank, size, comm, stream);
+            for (int r = 0; r < size && why.empty(); ++r)
+                if (all[r * kWhyBytes]) why = "rank " + std::to_string(r) + ": " + &all[r * kWhyBytes];
+        }
+        if (!why.empty()) {
+            close();
+            return why;
+        }
+    } catch (...) {
+        close();
+        throw;
+    }
+    peers_ = AllReducePeers{};
+    peers_.rank = rank;
+    peers_.size = size;
+    peers_.half_floats = half_floats;
+    for (int r = 0; r < size; ++r) {
+        char* base = r == rank ? own_ : static_cast<char*>(opened_[r]);
+        peers_.signals[r] = reinterpret_cast<unsigned*>(base);
+        peers_.data[r] = reinterpret_cast<float*>(base + signals_bytes + counters_bytes);
+    }
+    peers_.counters = reinterpret_cast<unsigned*>(own_ + signals_bytes);
+    return "";
+}
+
+void OneShotAllReduce::close() noexcept {
+    for (void*& p : opened_)
+        if (p) cudaIpcCloseMemHandle(p), p = nullptr;
+    opened_.clear();
+    if (own_) cudaFree(own_), own_ = nullptr;
+    own_bytes_ = 0;
+    peers_ = AllReducePeers{};
+    cudaGetLastError();
+}
+
+void OneShotAllReduce::run(const float* in, float* out, size_t count, cudaStream_t stream) const {
+    BRRR_CHECK(ready(), "the one-shot all-reduce is not open");
+    all_reduce_oneshot(in, out, count, peers_, stream);
+}
+
+void OneShotAllReduce::poison(cudaStream_t stream) const {
+    BRRR_CHECK(ready(), "the one-shot all-reduce is not open");
+    CUDA_CHECK(cudaMemsetAsync(peers_.data[peers_.rank], 0xFF, 2 * peers_.half_floats * sizeof(float), stream));
+}
+
+}  // namespace cuda
+}  // namespace brrr

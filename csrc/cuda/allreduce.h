@@ -1,0 +1,49 @@
+// allreduce.h — one rank's side of the one-shot all-reduce (allreduce.cu): its IPC buffer, the
+// peers' buffers opened in this process, and the checks that decide whether the kernel may run at
+// all (every rank on this host, P2P between every pair of GPUs). NCCL carries the handle exchange.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "cuda/nccl.h"
+#include "cuda/ops.h"
+
+namespace brrr {
+namespace cuda {
+
+class OneShotAllReduce {
+public:
+    OneShotAllReduce() = default;
+    ~OneShotAllReduce() { close(); }
+    OneShotAllReduce(const OneShotAllReduce&) = delete;
+    OneShotAllReduce& operator=(const OneShotAllReduce&) = delete;
+
+    // Collective over `comm` (every rank calls it with the same capacity, on its engine's device
+    // and stream): allocates this rank's buffer for messages of up to `capacity_bytes`, exchanges
+    // the IPC handles and host identities, opens the peers' buffers. Returns "" when the kernel
+    // may run, else why it may not (the same words on every rank), holding nothing then. Throws
+    // brrr::Error when a CUDA or NCCL call fails outright.
+    std::string open(nccl::Comm comm, int rank, int size, size_t capacity_bytes, cudaStream_t stream);
+    // Closes the peers' handles and frees this rank's buffer (after the last kernel has finished).
+    void close() noexcept;
+    bool ready() const { return own_ != nullptr; }
+    size_t capacity_bytes() const { return peers_.half_floats * sizeof(float); }
+    // all_reduce_oneshot (ops.h) on this group: count floats, at most capacity_bytes().
+    void run(const float* in, float* out, size_t count, cudaStream_t stream) const;
+    // NaN into both halves of this rank's data region, so a test sees any element read before
+    // it was written.
+    void poison(cudaStream_t stream) const;
+
+private:
+    AllReducePeers peers_;
+    char* own_ = nullptr;
+    size_t own_bytes_ = 0;
+    std::vector<void*> opened_;  // peers' buffers from cudaIpcOpenMemHandle
+};
+
+}  // namespace cuda
+}  // namespace brrr
