@@ -223,3 +223,104 @@ def test_random_shapes_at_tensor_parallel_generate(C):
         # the replicated tensors are the same on both ranks (one draw per tensor and shape)
         shards = tp.engine._broadcast(("call", "get_weight", ("tok_embeddings",), {}))
         np.testing.assert_array_equal(shards[0], shards[1])
+
+
+# ---- the one-shot all-reduce (csrc/cuda/allreduce.cu) -------------------------------------------
+
+def p2p_everywhere(size):
+    return all(torch.cuda.can_device_access_peer(a, b) for a in range(size) for b in range(size)
+               if a != b)
+
+
+def open_one_shot(tp, size):
+    """The group's all-reduce info; it must be on exactly where every pair of GPUs has P2P."""
+    info = tp.engine.all_reduce_info()
+    assert info["oneshot"] == p2p_everywhere(size), info
+    if not info["oneshot"]:
+        assert info["why_not"], info
+        pytest.skip(f"no P2P between these GPUs: {info['why_not']}")
+    return info
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_one_shot_all_reduce_is_the_rank_order_fp32_sum_on_every_rank(C, rng, size):
+    need_gpus(size)
+    config = CONFIGS["gqa-untied"]
+    with Llama.random(config, seed=1, tensor_parallel=size, max_seq_len=64, max_batch=2) as tp:
+        info = open_one_shot(tp, size)
+        # every residual message of this engine (up to 64 rows of dim) fits the one-shot path
+        assert info["oneshot_max_bytes"] >= 4 * 64 * config.dim
+        for rows in (1, 3, 17, 64):  # odd row counts, and the engine's largest message
+            count = rows * config.dim
+            for _ in range(3):  # consecutive calls alternate the double-buffered halves
+                values = [(rng.standard_normal(count) * 10.0 ** rng.integers(-3, 4)).astype(np.float32)
+                          for _ in range(size)]
+                ours = tp.engine.all_reduce(values, "oneshot")  # destinations NaN-poisoned first
+                nccl = tp.engine.all_reduce(values, "nccl")
+                in_rank_order = values[0].copy()
+                for v in values[1:]:
+                    in_rank_order = in_rank_order + v  # float32 adds, IEEE round to nearest
+                for r in range(size):  # bit-identical on every rank: the ranks sample alike
+                    np.testing.assert_array_equal(ours[r], in_rank_order, err_msg=f"rank {r}, {rows} rows")
+                exact = np.sum(np.stack(values).astype(np.float64), axis=0)
+                bound = size * np.finfo(np.float32).eps * np.sum(np.abs(np.stack(values)), axis=0,
+                                                                  dtype=np.float64)
+                assert (np.abs(nccl[0] - exact) <= bound).all()
+                assert (np.abs(ours[0] - exact) <= bound).all()
+                if size == 2:  # a + b == b + a: NCCL's order cannot differ
+                    np.testing.assert_array_equal(ours[0], nccl[0])
+
+
+def test_one_shot_all_reduce_refuses_what_it_cannot_take_and_the_group_goes_on(C, rng):
+    need_gpus(2)
+    config = CONFIGS["gqa-untied"]
+    with Llama.random(config, seed=1, tensor_parallel=2, max_seq_len=64, max_batch=2) as tp:
+        info = open_one_shot(tp, 2)
+        too_many = info["oneshot_max_bytes"] // 4 + 4
+        with pytest.raises(ValueError, match="nccl"):
+            tp.engine.all_reduce([np.ones(too_many, np.float32)] * 2, "oneshot")
+        with pytest.raises(ValueError, match="multiple of 4"):
+            tp.engine.all_reduce([np.ones(6, np.float32)] * 2, "oneshot")
+        with pytest.raises(ValueError, match="method"):
+            tp.engine.all_reduce([np.ones(8, np.float32)] * 2, "ring")
+        with pytest.raises(ValueError, match="multiple of 16"):
+            tp.engine.all_reduce_bench(1000, "oneshot", 2, 2)
+        assert tp.engine.alive
+        values = [rng.standard_normal(8).astype(np.float32) for _ in range(2)]
+        np.testing.assert_array_equal(tp.engine.all_reduce(values, "oneshot")[1], values[0] + values[1])
+        # the benchmark: positive figures for both methods, in the engine's group and beyond it
+        for nbytes in (16384, 2 * info["oneshot_max_bytes"]):
+            for method in ("oneshot", "nccl"):
+                us = tp.engine.all_reduce_bench(nbytes, method, 5, 3)
+                assert 0 < us < 1e5, (nbytes, method, us)
+        np.testing.assert_array_equal(tp.engine.all_reduce(values, "oneshot")[0], values[0] + values[1])
+
+
+def test_a_long_prefill_takes_nccl_and_decode_the_one_shot_kernel(C, rng, make_weights):
+    need_gpus(2)
+    config = CONFIGS["gqa-untied"]
+    weights = bf16_rounded(make_weights(config, rng))
+    single = one_gpu_engine(C, config, weights, max_seq=1024, max_batch=1)
+    with from_arrays(config, weights, 2, max_seq_len=1024, max_batch=1) as tp:
+        info = open_one_shot(tp, 2)
+        n = info["oneshot_max_bytes"] // (4 * config.dim) + 37  # more rows than the switch point
+        assert n < 1024
+        tokens = rng.integers(0, config.vocab_size, n).astype(np.int32)
+        tp.engine.profile_enabled = True
+        ours = tp.engine.prefill(0, tokens, 0, "last")
+        step = np.array([tokens[-1]], np.int32)
+        decoded = [tp.engine.decode(step, np.array([0], np.int32), np.array([n + i], np.int32), True)
+                   for i in range(3)]  # eager, captured, replayed
+        names = {record[0] for record in tp.engine.profile_records()}
+        tp.engine.profile_enabled = False
+        assert {"all_reduce", "all_reduce_oneshot"} <= names, names
+        one = single.prefill(0, tokens, 0, "last")
+        oracles = Oracles(config, weights)
+        oracle, torch_bf16 = oracles.forward(tokens.tolist(), 0)
+        assert_bf16_rule(ours, oracle[-1:], torch_bf16[-1:], "TP 2 prefill through NCCL")
+        assert rel_err(ours, one) <= 2 * rel_err(torch_bf16[-1:], oracle[-1:])
+        for i, logits in enumerate(decoded):
+            want = single.decode(step, np.array([0], np.int32), np.array([n + i], np.int32), True)
+            oracle, torch_bf16 = oracles.forward(tokens.tolist() + [step[0]] * (i + 1), 0)
+            assert_bf16_rule(logits, oracle[-1:], torch_bf16[-1:], f"TP 2 decode {i} through the one-shot kernel")
+            assert rel_err(logits, want) <= 2 * rel_err(torch_bf16[-1:], oracle[-1:])

@@ -37,6 +37,9 @@
 //     .set_block_table(slot, blocks[int32 n]) the paged KV cache: the slot's blocks in position order
 //     .set_history(slot, start_pos, tokens[int32 n])   repetition-penalty memory of shared positions
 //     .init_tensor_parallel(unique_id, rank, size, library="")   cuda backend: join an NCCL group
+//     .all_reduce_info() -> {"oneshot": bool, "oneshot_max_bytes": int, "why_not": str}
+//     .all_reduce(values[f32 n], method="oneshot") -> [n]   every rank together: the sum of their values
+//     .all_reduce_bench(bytes, method, iters=100, repeats=20) -> median us per all-reduce in a graph
 //     profiling (llama_brrr/profiler.py reads these):
 //     .profile_enabled (read/write)          on: every launch is timed (see csrc/profile/profile.h)
 //     .profile_records() -> list of (name, kind, op_class, phase, flops, bytes, t0, t1, group,
@@ -474,6 +477,64 @@ void bind_engine(py::module_& m) {
        "`size`, joining the NCCL communicator of `unique_id` (nccl_unique_id()); blocks until "
        "every rank has joined. From then on each forward pass sums the residual stream over the "
        "ranks after wo and w2");
+
+    // The group's all-reduce for tests and benchmarks (cuda/engine_cuda.h); every rank calls together.
+    engine_cls.def("all_reduce_info", [](PyEngine& self) {
+#ifdef BRRR_WITH_CUDA
+        brrr::CudaAllReduceInfo info;
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            info = brrr::cuda_all_reduce_info(*self.impl);
+        });
+        py::dict d;
+        d["oneshot"] = info.oneshot;
+        d["oneshot_max_bytes"] = info.oneshot_max_bytes;
+        d["why_not"] = info.why_not;
+        return d;
+#else
+        (void)self;
+        throw std::runtime_error("this build has no CUDA support: tensor parallelism needs cuda engines");
+#endif
+    }, "cuda backend: whether residual all-reduces of up to oneshot_max_bytes take the one-shot IPC "
+       "kernel (else NCCL), and why_not when they cannot");
+    engine_cls.def("all_reduce", [](PyEngine& self, const py::object& values, const std::string& method) {
+#ifdef BRRR_WITH_CUDA
+        py::array_t<float> in = checked_array<float>(values, "values", {-1}, "float32 array of shape (n,)");
+        const size_t n = (size_t)in.shape(0);
+        py::array_t<float> out((py::ssize_t)n);
+        const float* src = in.data();
+        float* dst = out.mutable_data();
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            brrr::cuda_all_reduce(*self.impl, src, dst, n, method);
+        });
+        return out;
+#else
+        (void)self, (void)values, (void)method;
+        throw std::runtime_error("this build has no CUDA support: tensor parallelism needs cuda engines");
+#endif
+    }, py::arg("values"), py::arg("method") = "oneshot",
+       "cuda backend, tensor parallel: every rank calls it at once with its own values (float32, a "
+       "multiple of 4); returns the sum over the ranks, by method \"oneshot\" or \"nccl\"");
+    engine_cls.def("all_reduce_bench", [](PyEngine& self, int64_t bytes, const std::string& method,
+                                          int64_t iters, int64_t repeats) {
+#ifdef BRRR_WITH_CUDA
+        if (bytes <= 0) bad_argument("bytes must be positive, got " + std::to_string(bytes));
+        double us = 0;
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            us = brrr::cuda_all_reduce_bench(*self.impl, (size_t)bytes, method, saturate_int(iters),
+                                             saturate_int(repeats));
+        });
+        return us;
+#else
+        (void)self, (void)bytes, (void)method, (void)iters, (void)repeats;
+        throw std::runtime_error("this build has no CUDA support: tensor parallelism needs cuda engines");
+#endif
+    }, py::arg("bytes"), py::arg("method"), py::arg("iters") = 100, py::arg("repeats") = 20,
+       "cuda backend, tensor parallel: every rank calls it at once; the median microseconds per "
+       "all-reduce of `bytes` (\"oneshot\" or \"nccl\"), `iters` of them captured in one CUDA graph "
+       "and replayed `repeats` times");
 
     engine_cls.def_property("profile_enabled",
         [](PyEngine& self) { return self.profiled && self.profiled->profile_enabled(); },

@@ -331,6 +331,7 @@ void CudaEngine::release() noexcept {
     }
     prof_.stop();
     prof_clock_.release();
+    tp_oneshot_.close();
     nccl::destroy(tp_comm_);
     tp_comm_ = nullptr;
     if (inputs_uploaded_) cudaEventDestroy(inputs_uploaded_), inputs_uploaded_ = nullptr;
@@ -591,6 +592,11 @@ void CudaEngine::init_tensor_parallel(const nccl::UniqueId& id, int rank, int si
     tp_comm_ = nccl::init_rank(id, rank, size);
     tp_rank_ = rank;
     tp_size_ = size;
+    if (size > 1) {
+        const size_t largest = sizeof(float) * (size_t)rows_ * cfg_.dim;
+        tp_oneshot_why_not_ = tp_oneshot_.open(tp_comm_, rank, size,
+                                               std::min(largest, tuning::kAllReduceOneShotMaxBytes), stream_);
+    }
     // Graphs captured so far hold no all-reduce: capture again.
     for (cudaGraphExec_t& g : decode_graphs_)
         if (g) CUDA_CHECK(cudaGraphExecDestroy(g)), g = nullptr;
@@ -599,11 +605,148 @@ void CudaEngine::init_tensor_parallel(const nccl::UniqueId& id, int rank, int si
     std::fill(decode_warmed_.begin(), decode_warmed_.end(), false);
 }
 
+// Messages up to the one-shot group's capacity (tuning::kAllReduceOneShotMaxBytes) take its
+// kernel, larger ones (prefill chunks) NCCL; the choice depends only on rows, the same on every rank.
 void CudaEngine::all_reduce_residual(int rows) {
     if (!tp_comm_) return;
-    prof_.op("all_reduce", profile::OpClass::Copy, profile::copy_cost(2.0 * sizeof(float) * rows * cfg_.dim));
-    nccl::all_reduce_sum(x_, (size_t)rows * cfg_.dim, tp_comm_, stream_);
+    const size_t count = (size_t)rows * cfg_.dim;
+    const bool oneshot = tp_oneshot_.ready() && sizeof(float) * count <= tp_oneshot_.capacity_bytes();
+    prof_.op(oneshot ? "all_reduce_oneshot" : "all_reduce", profile::OpClass::Copy,
+             profile::copy_cost(2.0 * sizeof(float) * count));
+    if (oneshot)
+        tp_oneshot_.run(x_, x_, count, stream_);
+    else
+        nccl::all_reduce_sum(x_, x_, count, tp_comm_, stream_);
     prof_.end();
+}
+
+bool CudaEngine::all_reduce_method(const std::string& method) const {
+    BRRR_CHECK_ARG(method == "nccl" || method == "oneshot",
+                   "all-reduce method '" << method << "': use \"nccl\" or \"oneshot\"");
+    BRRR_CHECK_ARG(tp_comm_ && tp_size_ > 1,
+                   "this engine is not part of a tensor-parallel group of 2 or more ranks "
+                   "(init_tensor_parallel): there is nothing to all-reduce with");
+    BRRR_CHECK(method == "nccl" || tp_oneshot_.ready(),
+               "the one-shot all-reduce is off on this group (" << tp_oneshot_why_not_ << "); use \"nccl\"");
+    return method == "oneshot";
+}
+
+namespace {
+
+// cudaMalloc'd scratch freed on every exit path.
+struct DeviceScratch {
+    void* p = nullptr;
+    explicit DeviceScratch(size_t bytes) { CUDA_CHECK(cudaMalloc(&p, bytes)); }
+    ~DeviceScratch() { cudaFree(p); }
+    DeviceScratch(const DeviceScratch&) = delete;
+    DeviceScratch& operator=(const DeviceScratch&) = delete;
+    float* f32() const { return static_cast<float*>(p); }
+};
+
+}  // namespace
+
+void CudaEngine::all_reduce_values(const float* in, float* out, size_t count, const std::string& method) {
+    const bool oneshot = all_reduce_method(method);
+    BRRR_CHECK_ARG(count > 0 && count % 4 == 0,
+                   "all_reduce: " << count << " floats; give a positive multiple of 4 (rows x dim)");
+    BRRR_CHECK_ARG(!oneshot || sizeof(float) * count <= tp_oneshot_.capacity_bytes(),
+                   "all_reduce: " << sizeof(float) * count << " bytes exceed the one-shot group's "
+                   << tp_oneshot_.capacity_bytes() << "; larger messages go through \"nccl\"");
+    activate();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const size_t bytes = sizeof(float) * count;
+    DeviceScratch src(bytes), dst(bytes);
+    CUDA_CHECK(cudaMemcpyAsync(src.p, in, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemsetAsync(dst.p, 0xFF, bytes, stream_));  // NaN: an element never written shows
+    if (oneshot) {
+        tp_oneshot_.poison(stream_);
+        tp_oneshot_.run(src.f32(), dst.f32(), count, stream_);
+    } else {
+        nccl::all_reduce_sum(src.f32(), dst.f32(), count, tp_comm_, stream_);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(out, dst.p, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// One graph of `iters` all-reduces from a random input into a second buffer (so the values stay
+// finite replay after replay), replayed once to warm up, then timed replay by replay with events.
+// A one-shot message above the engine's group's capacity gets a group of its own for the run.
+double CudaEngine::all_reduce_bench(size_t bytes, const std::string& method, int iters, int repeats) {
+    const bool oneshot = all_reduce_method(method);
+    BRRR_CHECK_ARG(bytes >= 16 && bytes % 16 == 0,
+                   "all_reduce_bench: " << bytes << " bytes; give a positive multiple of 16");
+    BRRR_CHECK_ARG(iters >= 1 && iters <= 10000 && repeats >= 1 && repeats <= 1000,
+                   "all_reduce_bench: iters " << iters << " must be in [1, 10000] and repeats "
+                   << repeats << " in [1, 1000]");
+    activate();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const size_t count = bytes / sizeof(float);
+    OneShotAllReduce own_group;
+    const OneShotAllReduce* group = &tp_oneshot_;
+    if (oneshot && bytes > tp_oneshot_.capacity_bytes()) {
+        const std::string why = own_group.open(tp_comm_, tp_rank_, tp_size_, bytes, stream_);
+        BRRR_CHECK(why.empty(), "all_reduce_bench: a one-shot group of " << bytes << " bytes: " << why);
+        group = &own_group;
+    }
+    DeviceScratch src(bytes), dst(bytes);
+    std::vector<float> values(count);
+    uint64_t state = 0x9E3779B97F4A7C15ull * (tp_rank_ + 1);
+    for (float& v : values) {  // uniform in [-1, 1): the work of real data, not of zeros
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        v = (float)((double)(state >> 11) / 4503599627370496.0 - 1.0);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(src.p, values.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    try {
+        for (int i = 0; i < iters; ++i) {
+            if (oneshot)
+                group->run(src.f32(), dst.f32(), count, stream_);
+            else
+                nccl::all_reduce_sum(src.f32(), dst.f32(), count, tp_comm_, stream_);
+        }
+    } catch (...) {
+        cudaGraph_t partial = nullptr;
+        cudaStreamEndCapture(stream_, &partial);
+        if (partial) cudaGraphDestroy(partial);
+        cudaGetLastError();
+        throw;
+    }
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(instantiated);
+    cudaEvent_t start = nullptr, end = nullptr;
+    std::vector<double> us;
+    try {
+        CUDA_CHECK(cudaEventCreate(&start));
+        CUDA_CHECK(cudaEventCreate(&end));
+        CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int r = 0; r < repeats; ++r) {
+            CUDA_CHECK(cudaEventRecord(start, stream_));
+            CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+            CUDA_CHECK(cudaEventRecord(end, stream_));
+            CUDA_CHECK(cudaEventSynchronize(end));
+            float ms = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+            us.push_back(1000.0 * ms / iters);
+        }
+    } catch (...) {
+        cudaStreamSynchronize(stream_);
+        if (start) cudaEventDestroy(start);
+        if (end) cudaEventDestroy(end);
+        cudaGraphExecDestroy(exec);
+        throw;
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(end);
+    cudaGraphExecDestroy(exec);
+    std::sort(us.begin(), us.end());
+    return us.size() % 2 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
 }
 
 void CudaEngine::set_block_table(int slot, const int32_t* blocks, int n) {
@@ -1045,6 +1188,29 @@ void cuda_init_tensor_parallel(Engine& engine, const std::string& unique_id, int
     std::memcpy(id.bytes, unique_id.data(), sizeof id.bytes);
     cuda::nccl::load(library);
     e->init_tensor_parallel(id, rank, size);
+}
+
+namespace {
+
+cuda::CudaEngine& tp_engine(Engine& engine) {
+    auto* e = dynamic_cast<cuda::CudaEngine*>(&engine);
+    BRRR_CHECK(e, "tensor parallelism needs a cuda engine");
+    return *e;
+}
+
+}  // namespace
+
+CudaAllReduceInfo cuda_all_reduce_info(Engine& engine) {
+    const cuda::CudaEngine& e = tp_engine(engine);
+    return {e.all_reduce_oneshot_ready(), e.all_reduce_oneshot_max_bytes(), e.all_reduce_oneshot_why_not()};
+}
+
+void cuda_all_reduce(Engine& engine, const float* in, float* out, size_t count, const std::string& method) {
+    tp_engine(engine).all_reduce_values(in, out, count, method);
+}
+
+double cuda_all_reduce_bench(Engine& engine, size_t bytes, const std::string& method, int iters, int repeats) {
+    return tp_engine(engine).all_reduce_bench(bytes, method, iters, repeats);
 }
 
 }  // namespace brrr

@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/allreduce.h"
 #include "cuda/check.cuh"
 #include "cuda/nccl.h"
 #include "cuda/ops.h"
@@ -125,6 +126,16 @@ public:
     void set_use_graphs(bool on) { use_graphs_ = on; }
     // Joins the tensor-parallel group (engine_cuda.h, cuda_init_tensor_parallel).
     void init_tensor_parallel(const nccl::UniqueId& id, int rank, int size);
+    // The group's all-reduce for tests and benchmarks (engine_cuda.h; every rank calls together):
+    // whether the one-shot kernel is open, for messages up to how many bytes, else why not.
+    bool all_reduce_oneshot_ready() const { return tp_oneshot_.ready(); }
+    size_t all_reduce_oneshot_max_bytes() const { return tp_oneshot_.capacity_bytes(); }
+    const std::string& all_reduce_oneshot_why_not() const { return tp_oneshot_why_not_; }
+    // out = the sum over the ranks of each rank's in (host arrays of count floats) by `method`
+    // ("nccl" | "oneshot"), on device copies whose destinations are NaN-poisoned first.
+    void all_reduce_values(const float* in, float* out, size_t count, const std::string& method);
+    // Median microseconds per all-reduce of `bytes`, over `repeats` replays of a graph of `iters`.
+    double all_reduce_bench(size_t bytes, const std::string& method, int iters, int repeats);
     bool use_graphs() const { return use_graphs_; }
 
     // profile::Profiled (engine.cu): events between launches; decode graphs as described there.
@@ -301,6 +312,13 @@ private:
     bool use_graphs_ = true;
     nccl::Comm tp_comm_ = nullptr;  // tensor parallelism: the NCCL communicator, else null
     int tp_rank_ = 0, tp_size_ = 1;
+    // The one-shot IPC all-reduce, open when every rank shares this host and P2P (else NCCL
+    // carries every all-reduce, and tp_oneshot_why_not_ says why); residual messages up to its
+    // capacity, min(tuning::kAllReduceOneShotMaxBytes, rows_ x dim floats), take it.
+    OneShotAllReduce tp_oneshot_;
+    std::string tp_oneshot_why_not_;
+    // Checks the method name of all_reduce_values / all_reduce_bench: true for "oneshot".
+    bool all_reduce_method(const std::string& method) const;
     std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B
     std::vector<cudaGraphExec_t> decode_graphs_;  // [max_batch + 1]
 

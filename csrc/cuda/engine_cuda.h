@@ -43,4 +43,21 @@ std::string cuda_nccl_unique_id(const std::string& library);
 void cuda_init_tensor_parallel(Engine& engine, const std::string& unique_id, int rank, int size,
                                const std::string& library);
 
+// The group's all-reduce, for tests and benchmarks. Residual messages of at most oneshot_max_bytes
+// take the one-shot IPC kernel when `oneshot` (every rank on one host, P2P between all GPUs), else
+// NCCL; why_not says why the one-shot kernel is off ("" when on, or on a single GPU).
+struct CudaAllReduceInfo {
+    bool oneshot = false;
+    size_t oneshot_max_bytes = 0;
+    std::string why_not;
+};
+CudaAllReduceInfo cuda_all_reduce_info(Engine& engine);
+// Every rank calls these together, with the same count / bytes and method ("nccl" | "oneshot"):
+// out = the sum over the ranks of their `in` (count floats, host memory, a multiple of 4); and the
+// median microseconds per all-reduce of `bytes` captured `iters` times into one CUDA graph and
+// replayed `repeats` times. brrr::InvalidArgument for a bad method, size or an engine outside a
+// group; brrr::Error for "oneshot" where it is off.
+void cuda_all_reduce(Engine& engine, const float* in, float* out, size_t count, const std::string& method);
+double cuda_all_reduce_bench(Engine& engine, size_t bytes, const std::string& method, int iters, int repeats);
+
 }  // namespace brrr

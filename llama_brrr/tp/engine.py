@@ -207,6 +207,30 @@ class TensorParallelEngine:
     def use_cuda_graphs(self, on: bool) -> None:
         self._broadcast(("set", "use_cuda_graphs", bool(on)))
 
+    # ---- the group's all-reduce (tests and benchmarks; csrc/cuda/allreduce.cu) -------------------
+
+    def all_reduce_info(self) -> dict:
+        """Whether residual all-reduces of up to "oneshot_max_bytes" take the one-shot IPC kernel
+        ("oneshot"), else "why_not" (every rank decides alike; rank 0's answer)."""
+        return self._call("all_reduce_info", (), {})
+
+    def all_reduce(self, values: list, method: str = "oneshot") -> list:
+        """Rank r all-reduces values[r] (float32, the same length on every rank, a multiple of 4) by
+        `method` ("oneshot" | "nccl"); every rank's result, in rank order."""
+        if len(values) != self.size:
+            raise ValueError(f"all_reduce takes one array per rank: {self.size} ranks, got "
+                             f"{len(values)} arrays")
+        arrays = [np.ascontiguousarray(v, dtype=np.float32) for v in values]
+        if any(a.shape != arrays[0].shape or a.ndim != 1 for a in arrays):
+            raise ValueError(f"all_reduce takes 1-D arrays of one length on every rank, got shapes "
+                             f"{[a.shape for a in arrays]}")
+        return self._broadcast([("call", "all_reduce", (a, method), {}) for a in arrays])
+
+    def all_reduce_bench(self, nbytes: int, method: str, iters: int = 100, repeats: int = 20) -> float:
+        """Median microseconds per all-reduce of `nbytes` by `method`, `iters` of them captured in
+        one CUDA graph, replayed `repeats` times on every rank together (rank 0's figure)."""
+        return self._call("all_reduce_bench", (int(nbytes), method, int(iters), int(repeats)), {})
+
     # ---- life -----------------------------------------------------------------------------------
 
     def close(self) -> None:
