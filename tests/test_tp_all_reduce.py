@@ -43,3 +43,26 @@ def test_cpu_ranks_refuse_alike_and_keep_serving(tp, call):
         call(tp.engine)
     assert tp.engine.alive
     assert tp.engine.config["tensor_parallel"] == 2
+
+
+def bench_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_all_reduce.py"
+    spec = importlib.util.spec_from_file_location("bench_all_reduce", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_script_sizes():
+    bench = bench_script()
+    assert bench.parse_sizes("16KB, 1MB,48B") == {"16KB": 16384, "1MB": 1 << 20, "48B": 48}
+    assert bench.parse_sizes(",".join(bench.SIZES)) == bench.SIZES
+    for bad, why in (("1000B", "multiple of 16"), ("0KB", "multiple of 16"), ("16 kB", "<int>KB"),
+                     ("2GB", "<int>KB"), ("", "no sizes")):
+        with pytest.raises(ValueError, match=why):
+            bench.parse_sizes(bad)
+    summary = bench.summarize([3.0, 1.0, 2.0])
+    assert (summary["median_us"], summary["min_us"], summary["max_us"]) == (2.0, 1.0, 3.0)
