@@ -298,9 +298,15 @@ void OneShotAllReduce::run(const float* in, float* out, size_t count, cudaStream
     all_reduce_oneshot(in, out, count, peers_, stream);
 }
 
+// Only the half the next call writes: a peer may still be reading the other one (the previous
+// call's), while none reads this one any more (the double-buffering invariant above).
 void OneShotAllReduce::poison(cudaStream_t stream) const {
     BRRR_CHECK(ready(), "the one-shot all-reduce is not open");
-    CUDA_CHECK(cudaMemsetAsync(peers_.data[peers_.rank], 0xFF, 2 * peers_.half_floats * sizeof(float), stream));
+    unsigned round = 0;  // every CTA's counter is the same: each takes part in every call
+    CUDA_CHECK(cudaMemcpyAsync(&round, peers_.counters, sizeof round, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const size_t next_half = ((round + 1u) & 1u) * peers_.half_floats;
+    CUDA_CHECK(cudaMemsetAsync(peers_.data[peers_.rank] + next_half, 0xFF, peers_.half_floats * sizeof(float), stream));
 }
 
 }  // namespace cuda

@@ -28,15 +28,19 @@ public:
     // may run, else why it may not (the same words on every rank), holding nothing then. Throws
     // brrr::Error when a CUDA or NCCL call fails outright.
     std::string open(nccl::Comm comm, int rank, int size, size_t capacity_bytes, cudaStream_t stream);
-    // Closes the peers' handles and frees this rank's buffer (after the last kernel has finished).
+    // Closes the peers' handles and frees this rank's buffer. Call it only once no peer's kernel
+    // may still read this buffer: a peer passes its last barrier when this rank's copy is in, and
+    // reads after that (the engine closes when the group stops; a temporary group after a
+    // barrier over the communicator).
     void close() noexcept;
     bool ready() const { return own_ != nullptr; }
     size_t capacity_bytes() const { return peers_.half_floats * sizeof(float); }
     // all_reduce_oneshot (ops.h) on this group: count floats, at most capacity_bytes().
     void run(const float* in, float* out, size_t count, cudaStream_t stream) const;
-    // NaN into both halves of this rank's data region, so a test sees any element read before
-    // it was written.
+    // NaN into the half of this rank's data region that the next call uses, so a test sees any
+    // element read before it was written. Synchronizes `stream`.
     void poison(cudaStream_t stream) const;
+
 
 private:
     AllReducePeers peers_;
