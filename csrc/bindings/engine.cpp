@@ -40,6 +40,7 @@
 //     .all_reduce_info() -> {"oneshot": bool, "oneshot_max_bytes": int, "why_not": str}
 //     .all_reduce(values[f32 n], method="oneshot") -> [n]   every rank together: the sum of their values
 //     .all_reduce_bench(bytes, method, iters=100, repeats=20) -> median us per all-reduce in a graph
+//     .leave_tensor_parallel()                every rank together on a normal stop: frees the IPC buffers cleanly
 //     profiling (llama_brrr/profiler.py reads these):
 //     .profile_enabled (read/write)          on: every launch is timed (see csrc/profile/profile.h)
 //     .profile_records() -> list of (name, kind, op_class, phase, flops, bytes, t0, t1, group,
@@ -535,6 +536,19 @@ void bind_engine(py::module_& m) {
        "cuda backend, tensor parallel: every rank calls it at once; the median microseconds per "
        "all-reduce of `bytes` (\"oneshot\" or \"nccl\"), `iters` of them captured in one CUDA graph "
        "and replayed `repeats` times");
+
+    engine_cls.def("leave_tensor_parallel", [](PyEngine& self) {
+#ifdef BRRR_WITH_CUDA
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            brrr::cuda_leave_tensor_parallel(*self.impl);
+        });
+#else
+        (void)self;
+#endif
+    }, "every rank of a tensor-parallel group together, before the engines are dropped: ends the "
+       "one-shot all-reduce's IPC sharing cleanly (NCCL carries all-reduces afterwards); a no-op "
+       "outside a group");
 
     engine_cls.def_property("profile_enabled",
         [](PyEngine& self) { return self.profiled && self.profiled->profile_enabled(); },

@@ -283,9 +283,14 @@ std::string OneShotAllReduce::open(nccl::Comm comm, int rank, int size, size_t c
     return "";
 }
 
-void OneShotAllReduce::close() noexcept {
+void OneShotAllReduce::close_peers() noexcept {
     for (void*& p : opened_)
         if (p) cudaIpcCloseMemHandle(p), p = nullptr;
+    cudaGetLastError();
+}
+
+void OneShotAllReduce::close() noexcept {
+    close_peers();
     opened_.clear();
     if (own_) cudaFree(own_), own_ = nullptr;
     own_bytes_ = 0;

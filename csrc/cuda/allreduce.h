@@ -28,10 +28,12 @@ public:
     // may run, else why it may not (the same words on every rank), holding nothing then. Throws
     // brrr::Error when a CUDA or NCCL call fails outright.
     std::string open(nccl::Comm comm, int rank, int size, size_t capacity_bytes, cudaStream_t stream);
-    // Closes the peers' handles and frees this rank's buffer. Call it only once no peer's kernel
-    // may still read this buffer: a peer passes its last barrier when this rank's copy is in, and
-    // reads after that (the engine closes when the group stops; a temporary group after a
-    // barrier over the communicator).
+    // Closes the peers' buffers in this process (once this rank's kernels are done).
+    void close_peers() noexcept;
+    // close_peers, then frees this rank's buffer. CUDA leaves freeing an exported buffer before
+    // every importer has closed it undefined, and a peer may still read it in its last kernel
+    // after this rank's has finished: a clean end is close_peers on every rank, a barrier over
+    // the communicator, then close (all_reduce_bench's temporary group does that).
     void close() noexcept;
     bool ready() const { return own_ != nullptr; }
     size_t capacity_bytes() const { return peers_.half_floats * sizeof(float); }

@@ -620,6 +620,19 @@ void CudaEngine::all_reduce_residual(int rows) {
     prof_.end();
 }
 
+// allreduce.h's clean end: unmap the peers' buffers, a barrier, free this rank's. release() cannot
+// do this (a collective there would hang when a peer has died), so the ranks call it on a normal stop.
+void CudaEngine::leave_one_shot() {
+    if (!tp_oneshot_.ready()) return;
+    activate();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    tp_oneshot_.close_peers();
+    nccl::all_reduce_sum(x_, x_, 4, tp_comm_, stream_);  // x_ is scratch between passes
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    tp_oneshot_.close();
+    tp_oneshot_why_not_ = "the group was left (leave_tensor_parallel)";
+}
+
 bool CudaEngine::all_reduce_method(const std::string& method) const {
     BRRR_CHECK_ARG(method == "nccl" || method == "oneshot",
                    "all-reduce method '" << method << "': use \"nccl\" or \"oneshot\"");
@@ -746,8 +759,9 @@ double CudaEngine::all_reduce_bench(size_t bytes, const std::string& method, int
     cudaEventDestroy(end);
     cudaGraphExecDestroy(exec);
     if (group == &own_group) {
-        // A barrier before own_group frees its buffer: a peer may still be reading it in its last
-        // kernel; its NCCL call below starts only once that kernel is done.
+        // The clean end of a group (allreduce.h): every rank unmaps the peers' buffers, then a
+        // barrier (each rank's NCCL call starts after its last kernel), then own_group frees.
+        own_group.close_peers();
         nccl::all_reduce_sum(src.f32(), dst.f32(), 4, tp_comm_, stream_);
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
@@ -1213,6 +1227,10 @@ CudaAllReduceInfo cuda_all_reduce_info(Engine& engine) {
 
 void cuda_all_reduce(Engine& engine, const float* in, float* out, size_t count, const std::string& method) {
     tp_engine(engine).all_reduce_values(in, out, count, method);
+}
+
+void cuda_leave_tensor_parallel(Engine& engine) {
+    if (auto* e = dynamic_cast<cuda::CudaEngine*>(&engine)) e->leave_one_shot();
 }
 
 double cuda_all_reduce_bench(Engine& engine, size_t bytes, const std::string& method, int iters, int repeats) {

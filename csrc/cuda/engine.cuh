@@ -136,6 +136,8 @@ public:
     void all_reduce_values(const float* in, float* out, size_t count, const std::string& method);
     // Median microseconds per all-reduce of `bytes`, over `repeats` replays of a graph of `iters`.
     double all_reduce_bench(size_t bytes, const std::string& method, int iters, int repeats);
+    // Ends the one-shot group cleanly (every rank together; NCCL carries all-reduces after it).
+    void leave_one_shot();
     bool use_graphs() const { return use_graphs_; }
 
     // profile::Profiled (engine.cu): events between launches; decode graphs as described there.

@@ -59,5 +59,9 @@ CudaAllReduceInfo cuda_all_reduce_info(Engine& engine);
 // group; brrr::Error for "oneshot" where it is off.
 void cuda_all_reduce(Engine& engine, const float* in, float* out, size_t count, const std::string& method);
 double cuda_all_reduce_bench(Engine& engine, size_t bytes, const std::string& method, int iters, int repeats);
+// Every rank together, on a normal stop before the engines are dropped: ends the one-shot group
+// cleanly (a peer's buffer is unmapped everywhere before its owner frees it). A no-op for engines
+// outside a group or not on CUDA.
+void cuda_leave_tensor_parallel(Engine& engine);
 
 }  // namespace brrr

@@ -18,7 +18,9 @@ nothing until the rank reports. A rank:
      a torch.distributed TCPStore, the others read it there; then every rank calls
      engine.init_tensor_parallel, which returns once all have joined; reports ("ready",);
   3. answers ("call", name, args, kwargs), ("get", name) and ("set", name, value) with ("ok",
-     result) or ("error", exception, traceback text) until ("stop",) or the pipe closes.
+     result) or ("error", exception, traceback text) until ("stop",) or the pipe closes; on
+     ("stop",) every rank leaves the one-shot all-reduce's buffer sharing together (leave_group)
+     before dropping its engine.
 
 A rank whose launcher dies exits on its own (a watchdog thread waits on the parent's sentinel),
 even while its engine is blocked in a collective, so no rank outlives its caller holding GPU memory.
@@ -194,6 +196,18 @@ def answer(engine, message) -> tuple:
         return ("error", portable(exc), traceback.format_exc())
 
 
+def leave_group(engine) -> None:
+    """Every rank on a normal stop: ends the one-shot all-reduce's buffer sharing together (a
+    collective, so never on a fault path, where a rank may be gone). A failure is left to the
+    engine's own release, which frees everything anyway."""
+    try:
+        engine.leave_tensor_parallel()
+    except RuntimeError as exc:
+        import sys
+
+        print(f"llama_brrr tensor-parallel rank: leaving the group failed ({exc})", file=sys.stderr)
+
+
 def serve(engine, conn) -> None:
     """Answers the launcher's calls until ("stop",) or the launcher's end of the pipe closes."""
     while True:
@@ -204,6 +218,7 @@ def serve(engine, conn) -> None:
         if message[0] == "stop":
             break
         conn.send(answer(engine, message))
+    leave_group(engine)
     del engine
     from ..memory import release_freed_memory
 
@@ -250,6 +265,8 @@ class RankServer:
                     self.engine.init_tensor_parallel(unique_id, self.rank, self.size, library)
                 return ("ready",)
             if op == "stop":
+                if self.engine is not None:
+                    leave_group(self.engine)
                 self.engine = None
                 from ..memory import release_freed_memory
 
