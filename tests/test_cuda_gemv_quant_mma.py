@@ -152,6 +152,10 @@ def test_gemv_quant_mma_epilogue_rows_do_not_depend_on_the_batch(C, ops, rng, ge
         all64 = run(every)
         for m in range(64):
             assert torch.equal(run([m, 63 - m])[0], all64[m]), f"{name} {run.__name__}: row {m} differs"
+        # the engine's 16-row passes (2 n8 tiles) and the 4-tile form, starting at other rows
+        for lo, hi in ((32, 48), (5, 29)):
+            assert torch.equal(run(list(range(lo, hi))), all64[lo:hi]), \
+                f"{name} {run.__name__}: rows {lo}..{hi - 1} as a batch of {hi - lo} differ from the batch of 64"
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q5_0", "q4_1"])
@@ -212,6 +216,54 @@ def test_gemv_quant_mma_rope_kv(C, ops, rng, name, M):
             assert ((got.double().cpu() - ref).abs() <= tol).all(), f"{name} M={M} row {m}: RopeKV differs"
     for cache in (k_cache, v_cache):
         assert torch.isnan(cache[~written]).all(), "wrote a cache entry of another token"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q8_0"])
+def test_gemv_quant_mma_rope_kv_rows_do_not_depend_on_the_batch(C, ops, rng, name):
+    """RopeKV (the fused wqkv epilogue of a decode) batch-invariant bit for bit: every row's q and
+    its K / V cache entries from a batch of 64 equal those of the same row in a batch of 2."""
+    from llama_brrr.config import ModelConfig
+    n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 4, 2, 64, 512, 40, 66
+    config = ModelConfig(dim=K, hidden_dim=64, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                         head_dim=head_dim, vocab_size=16, rope_theta=500000.0)
+    inv_freq = torch.from_numpy(C.rope_inv_freq(config.engine_dict(max_seq, max_batch))).cuda()
+    N = (n_heads + 2 * n_kv_heads) * head_dim
+    W = Weights(C, name, N, K, rng)
+    x = random_x(rng, 64, K)
+    slots_all = rng.permutation(64).astype(np.int32)
+    positions_all = rng.integers(0, max_seq, 64).astype(np.int32)
+    shape = (max_batch, max_seq, n_kv_heads, head_dim)
+
+    def run(rows, slots, positions):
+        q_out = nan_full((len(rows), n_heads, head_dim), torch.bfloat16)
+        paged = PagedCaches(nan_full(shape, torch.bfloat16), nan_full(shape, torch.bfloat16))
+        s = torch.from_numpy(slots).cuda()
+        p = torch.from_numpy(positions).cuda()
+        xr = x_rows(x[rows])
+        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), xr.data_ptr(), len(rows), N, K, ROPE_KV,
+                           positions=p.data_ptr(), slots=s.data_ptr(), inv_freq=inv_freq.data_ptr(),
+                           q_out=q_out.data_ptr(), k_cache=paged.k.data_ptr(), v_cache=paged.v.data_ptr(),
+                           n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_seq=max_seq,
+                           **paged.kwargs())
+        torch.cuda.synchronize()
+        return q_out, *paged.gather()
+
+    q64, k64, v64 = run(list(range(64)), slots_all, positions_all)
+    for lo, hi in ((32, 48), (5, 29)):  # 16-row passes (2 n8 tiles) and 4 tiles
+        q, k, v = run(list(range(lo, hi)), slots_all[lo:hi], positions_all[lo:hi])
+        cells = (torch.from_numpy(slots_all[lo:hi]).long().cuda(),
+                 torch.from_numpy(positions_all[lo:hi]).long().cuda())
+        assert torch.equal(q, q64[lo:hi]) and torch.equal(k[cells], k64[cells]) and torch.equal(v[cells], v64[cells]), \
+            f"{name}: rows {lo}..{hi - 1} as a batch of {hi - lo} differ from the batch of 64"
+    for m in range(64):
+        other = 63 - m if m != 63 - m else 0
+        # the partner writes into slot 65, a slot no row of the batch of 64 uses
+        q2, k2, v2 = run([m, other], np.array([slots_all[m], 65], np.int32),
+                         np.array([positions_all[m], 0], np.int32))
+        s, p = int(slots_all[m]), int(positions_all[m])
+        assert torch.equal(q2[0], q64[m]), f"{name}: q of row {m} differs from the batch of 64"
+        assert torch.equal(k2[s, p], k64[s, p]) and torch.equal(v2[s, p], v64[s, p]), \
+            f"{name}: the K / V entry of row {m} differs from the batch of 64"
 
 
 def test_gemv_quant_mma_bad_arguments_raise(C, ops, rng):

@@ -298,13 +298,15 @@ def test_one_shot_all_reduce_refuses_what_it_cannot_take_and_the_group_goes_on(C
 
 def test_a_long_prefill_takes_nccl_and_decode_the_one_shot_kernel(C, rng, make_weights):
     need_gpus(2)
-    config = CONFIGS["gqa-untied"]
+    # wide enough that a 2048-row prefill chunk (8 MB of fp32 residual) passes the switch point
+    config = ModelConfig(dim=1024, hidden_dim=2048, n_layers=2, n_heads=8, n_kv_heads=4, head_dim=128,
+                         vocab_size=1001, name="wide")
     weights = bf16_rounded(make_weights(config, rng))
-    single = one_gpu_engine(C, config, weights, max_seq=1024, max_batch=1)
-    with from_arrays(config, weights, 2, max_seq_len=1024, max_batch=1) as tp:
+    single = one_gpu_engine(C, config, weights, max_seq=2048, max_batch=1)
+    with from_arrays(config, weights, 2, max_seq_len=2048, max_batch=1) as tp:
         info = open_one_shot(tp, 2)
         n = info["oneshot_max_bytes"] // (4 * config.dim) + 37  # more rows than the switch point
-        assert n < 1024
+        assert n < 2048
         tokens = rng.integers(0, config.vocab_size, n).astype(np.int32)
         tp.engine.profile_enabled = True
         ours = tp.engine.prefill(0, tokens, 0, "last")

@@ -147,10 +147,12 @@ __device__ __forceinline__ int64_t rope_cache_row(const RopeKVArgs& r, int pos, 
     return pos >= 0 && pos < r.kv.max_seq && slot >= 0 ? r.kv.pages.row(slot, pos) : -1;
 }
 // One rotation pair of a q or k head (v is not rotated). A bad position gives NaN rather than
-// some rotation, so that the mistake cannot pass unseen.
+// some rotation, so that the mistake cannot pass unseen. Explicit roundings, no FMA: left to the
+// compiler, `x0 * cos - x1 * sin` contracts into whichever FMA each kernel instance picks, and a
+// row's q and K would then depend on the instance (the GEMV's row count) by an fp32 ulp.
 __device__ __forceinline__ void rope_rotate(float x0, float x1, RopeAngle a, bool pos_ok, float& y0, float& y1) {
-    y0 = pos_ok ? x0 * a.cos - x1 * a.sin : NAN;
-    y1 = pos_ok ? x1 * a.cos + x0 * a.sin : NAN;
+    y0 = pos_ok ? __fsub_rn(__fmul_rn(x0, a.cos), __fmul_rn(x1, a.sin)) : NAN;
+    y1 = pos_ok ? __fadd_rn(__fmul_rn(x1, a.cos), __fmul_rn(x0, a.sin)) : NAN;
 }
 
 // Dims i .. i + NP - 1 and their partners i + hd/2 .. of head `head` of row m (token `pos` of
