@@ -221,18 +221,22 @@ def check_epilogues(run, y, gen):
     tol = 2.0 ** -8 * ref.abs() + 1e-6 * (y[:, :H].double().abs() * y[:, H:].double().abs()) + 1e-30
     assert ((sw.double() - ref).abs() <= tol).all(), "SwiGLU differs from silu(gate) * up"
 
+def rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch):
+    """The RoPE tables of a one-layer model of these heads on K inputs, and the q|k|v width N."""
+    from llama_brrr.config import ModelConfig
+    config = ModelConfig(dim=K, hidden_dim=64, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                         head_dim=head_dim, vocab_size=16, rope_theta=500000.0)
+    inv_freq = torch.from_numpy(C.rope_inv_freq(config.engine_dict(max_seq, max_batch))).cuda()
+    return inv_freq, (n_heads + 2 * n_kv_heads) * head_dim
+
 
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k"])
 @pytest.mark.parametrize("M", [1, 5])
 def test_gemv_quant_rope_kv(C, ops, rng, name, M):
     """RopeKV against rope_oracle of the kernel's own StoreF32 q|k|v (bit-equal sums): bf16
     rounding of the rotated value plus the fp32 cos / sin slack; other cache entries untouched."""
-    from llama_brrr.config import ModelConfig
     n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 4, 2, 64, 512, 40, 3
-    config = ModelConfig(dim=K, hidden_dim=64, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                         head_dim=head_dim, vocab_size=16, rope_theta=500000.0)
-    inv_freq = torch.from_numpy(C.rope_inv_freq(config.engine_dict(max_seq, max_batch))).cuda()
-    N = (n_heads + 2 * n_kv_heads) * head_dim
+    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
     W = Weights(C, name, N, K, rng)
     xq = gpu_act(ops, random_x(rng, M, K))
     qkv = gemv(ops, W, xq, M)

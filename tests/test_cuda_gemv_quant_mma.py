@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, check_epilogues, random_x  # noqa: E402
+from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, check_epilogues, random_x, rope_problem  # noqa: E402
 from test_cuda_kernels import ADD_RESIDUAL, STORE_F32, SWIGLU, gen, nan_full, ops  # noqa: E402
 from test_cuda_ops_misc import C, rope_oracle, rope_slack  # noqa: E402
 from paged_kv import PagedCaches  # noqa: E402
@@ -178,12 +178,8 @@ def test_gemv_quant_mma_rope_kv(C, ops, rng, name, M):
     """RopeKV against rope_oracle of the kernel's own StoreF32 q|k|v (the pair's sums are the
     same): bf16 rounding of the rotated value plus the fp32 cos / sin slack; other cache entries
     untouched."""
-    from llama_brrr.config import ModelConfig
     n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 4, 2, 64, 512, 40, 3
-    config = ModelConfig(dim=K, hidden_dim=64, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                         head_dim=head_dim, vocab_size=16, rope_theta=500000.0)
-    inv_freq = torch.from_numpy(C.rope_inv_freq(config.engine_dict(max_seq, max_batch))).cuda()
-    N = (n_heads + 2 * n_kv_heads) * head_dim
+    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, M, K))
     qkv = gemv(ops, W, x)
@@ -222,12 +218,8 @@ def test_gemv_quant_mma_rope_kv(C, ops, rng, name, M):
 def test_gemv_quant_mma_rope_kv_rows_do_not_depend_on_the_batch(C, ops, rng, name):
     """RopeKV (the fused wqkv epilogue of a decode) batch-invariant bit for bit: every row's q and
     its K / V cache entries from a batch of 64 equal those of the same row in a batch of 2."""
-    from llama_brrr.config import ModelConfig
     n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 4, 2, 64, 512, 40, 66
-    config = ModelConfig(dim=K, hidden_dim=64, n_layers=1, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                         head_dim=head_dim, vocab_size=16, rope_theta=500000.0)
-    inv_freq = torch.from_numpy(C.rope_inv_freq(config.engine_dict(max_seq, max_batch))).cuda()
-    N = (n_heads + 2 * n_kv_heads) * head_dim
+    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
     W = Weights(C, name, N, K, rng)
     x = random_x(rng, 64, K)
     slots_all = rng.permutation(64).astype(np.int32)

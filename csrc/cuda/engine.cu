@@ -49,6 +49,24 @@ struct Carver {
     }
 };
 
+// Ends the capture on `stream` and instantiates its graph (the graph itself is freed either way).
+cudaGraphExec_t end_capture_and_instantiate(cudaStream_t stream) {
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(err);
+    return exec;
+}
+// Ends a capture that failed part way, discarding what it recorded and the sticky launch error.
+void abandon_capture(cudaStream_t stream) noexcept {
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(stream, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    cudaGetLastError();
+}
+
 }  // namespace
 
 // ---- construction -----------------------------------------------------------------------------
@@ -720,18 +738,10 @@ double CudaEngine::all_reduce_bench(size_t bytes, const std::string& method, int
                 nccl::all_reduce_sum(src.f32(), dst.f32(), count, tp_comm_, stream_);
         }
     } catch (...) {
-        cudaGraph_t partial = nullptr;
-        cudaStreamEndCapture(stream_, &partial);
-        if (partial) cudaGraphDestroy(partial);
-        cudaGetLastError();
+        abandon_capture(stream_);
         throw;
     }
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_CHECK(instantiated);
+    cudaGraphExec_t exec = end_capture_and_instantiate(stream_);
     cudaEvent_t start = nullptr, end = nullptr;
     std::vector<double> us;
     try {
@@ -967,10 +977,7 @@ cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented) {
     try {
         forward_decode(B);
     } catch (...) {
-        cudaGraph_t partial = nullptr;
-        cudaStreamEndCapture(stream_, &partial);
-        if (partial) cudaGraphDestroy(partial);
-        cudaGetLastError();
+        abandon_capture(stream_);
         restore();
         if (instrumented) prof_.records().resize(first_record);
         throw;
@@ -981,13 +988,7 @@ cudaGraphExec_t CudaEngine::capture_decode(int B, bool instrumented) {
         prof_graphs_[B].ops.assign(records.begin() + first_record, records.end());
         records.resize(first_record);
     }
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_CHECK(err);
-    return exec;
+    return end_capture_and_instantiate(stream_);
 }
 
 void CudaEngine::replay_profiled(int B) {
