@@ -176,9 +176,10 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
         return;
     }
-    // Rows one pass of matmul_parts takes (tuning.h says why 16, not the kernel's 64; a bf16 part
-    // or a w13 of two types staged through gate_up_ could take no more than 16 anyway).
-    const int pass_rows = tuning::kGemvQuantPassRows;
+    // Rows one pass of matmul_parts takes: the kernel's 64 for a matrix of one quantized type; 16
+    // where the matrix has several parts (a bf16 part takes gemv_bf16's 16, a w13 of two types is
+    // staged through the 16-row gate_up_).
+    const int pass_rows = W.n_parts == 1 ? tuning::kGemvQuantMmaMaxRows : tuning::kGemvQuantPassRows;
     const bool fits_deq = (size_t)N * K <= deq_elems_;
     if (M <= tuning::kGemvQuantChunkMaxRows || !fits_deq) {
         if (M <= pass_rows) {  // one weight pass for all rows
