@@ -1,5 +1,6 @@
 """Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, gemv_quant_mma
-from 2 rows: passes of up to 16 rows (tuning::kGemvQuantPassRows), even chunks past that up to
+from 2 rows: one pass of up to 64 rows for a matrix of one type, passes of up to 16 rows
+(tuning::kGemvQuantPassRows) for one of several parts, even chunks past that up to
 tuning::kGemvQuantChunkMaxRows rows or for an LM head larger than the dequantization scratch,
 dequantized tiles through the bf16 GEMM for longer prompts) against the CPU engine on the same GGUF
 blocks.
@@ -118,8 +119,8 @@ CHUNKED_BATCHES = (17, 33, 64)
 @pytest.mark.parametrize("spec", ["mixed", "q4_k"])
 @pytest.mark.parametrize("B", CHUNKED_BATCHES)
 def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
-    """Decode batches of 17..64 rows run each quantized matrix as even gemv_quant_mma passes of up
-    to 16 rows (one type: the fused epilogues, residual, SwiGLU output, RoPE positions, slots, q rows,
+    """Decode batches of 17..64 rows run each quantized matrix of one type as one gemv_quant_mma
+    pass (the fused epilogues, residual, SwiGLU output, RoPE positions, slots, q rows,
     the KV append, logits). Mixed types add the multi-part paths: fp32 staging of wqkv in one call
     per part, and the w13 in chunks of at most 16 rows, each with its inputs and destinations moved
     by the chunk's first row, reusing the gate_up scratch. The rule of the batch test above per

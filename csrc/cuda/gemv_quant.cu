@@ -14,14 +14,19 @@
 //   * A warp owns one output row (SwiGLU: gate row j with up row H + j; RopeKV: dim i with dim
 //     i + hd/2 of one head, so the pair meets in registers as in gemv.cu). Its lanes take
 //     consecutive 16-byte "pieces" of the row's quant bytes (a warp instruction reads 512 bytes of
-//     2-4 neighbouring tiles) with L1-bypassing loads, kPieces of them per lane in flight.
+//     2-4 neighbouring tiles) with L1-bypassing loads. A warp's work is a chain of chunks (U pieces
+//     a lane of each of its rows) across its units; two register buffers let it issue the next
+//     chunk's loads before this chunk's arithmetic, so its loads stay in flight while it decodes
+//     (without that, every warp of a one-wave grid alternates between waiting and computing).
 //   * A piece is 16 quant bytes: 32 nibble codes (the two halves of one 32-block, or half h of two
 //     K-quant sub-blocks) or 16 int8 codes (Q8_0). Codes are unpacked a 32-bit word at a time with
 //     masks and shifts (the Q5 fifth bits spread into bit 4 of each byte by one multiply) and
 //     multiplied against the ActBlock's int8 values by __dp4a: four products per instruction, no
 //     per-value conversion. The tile's header fields the piece needs (fp16 d / m, the packed
 //     6-bit K-quant scales, Q6_K's int8 scales and tail d) are loaded per piece: lanes of one tile
-//     read the same bytes, one transaction.
+//     read the same bytes, one transaction. A lane's pieces are always the same piece of their
+//     tiles (lane % kPieces), so which scale it decodes is a per-lane constant: the K-quant scale
+//     pair comes out of the packed bytes without a branch.
 //   * x: ActBlocks made by an earlier kernel, read with 16-byte loads that stay in L1 (every warp
 //     of the CTA reads the same blocks); or, at M <= 2 (gemv_quant_in), bf16 rows or fp32 rows to
 //     RMS-normalize that each CTA quantizes into shared memory first, one thread per 32-value
@@ -97,6 +102,18 @@ __device__ __forceinline__ void scale_min_k4(int j, uint32_t S0, uint32_t S1, ui
     }
 }
 
+// scale_min_k4 of sub-blocks 2g and 2g + 1 at once, without a branch: scales in bytes 0 / 1 of
+// `sc`, mins in bytes 0 / 1 of `m`. Both pairs sit at the same 16-bit offset of their words
+// (bytes 2g, 2g + 1 of S0 / S1 for g < 2; bytes 2g - 4, 2g - 3 of S2 with the top bits of S0 / S1
+// for g >= 2). A lane's g never changes (its pieces are always piece lane % 8 of a tile), so the
+// selects are uniform per lane and the shifts loop-invariant.
+__device__ __forceinline__ void scale_min_pair(int g, uint32_t S0, uint32_t S1, uint32_t S2, uint32_t& sc, uint32_t& m) {
+    const int sh = 16 * (g & 1);
+    const uint32_t a = S0 >> sh, b = S1 >> sh, c = S2 >> sh;
+    sc = g < 2 ? a & 0x3F3Fu : (c & 0x0F0Fu) | ((a >> 2) & 0x3030u);
+    m = g < 2 ? b & 0x3F3Fu : ((c >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
+}
+
 // The weight side of one piece as loaded: 16 quant bytes and the header bits it needs (decoded
 // after the loads land, so that every load of a step is in flight at once).
 struct Raw {
@@ -116,7 +133,10 @@ __device__ __forceinline__ void x_half(const ActBlock* b, int half, float& d, fl
     q = *reinterpret_cast<const uint4*>(b->qs + 16 * half);
 }
 
-// Per type: kTileBytes, kPieces per tile, load(tile, tail_d, pi), x(xrow, p) and dot(raw, x, pi, acc).
+// Per type: kTileBytes, kPieces per tile, load(tile, tail_d, pi), x(xrow, t, pi) and dot(raw, x, pi, acc)
+// for piece pi of tile t (8 ActBlocks a tile). kPieces divides 32, so a lane's pieces are always
+// piece lane % kPieces of their tiles: pi is a per-lane constant and whatever it selects (fields,
+// shifts) is loop-invariant.
 template <QType T> struct Q;
 
 // Q8_0: piece pi = half pi % 2 of block pi / 2; signed codes, no bias.
@@ -128,7 +148,7 @@ template <> struct Q<QType::Q8_0> {
         r.h.x = __ldg(reinterpret_cast<const unsigned short*>(t) + (pi >> 1));
         return r;
     }
-    __device__ static void x(const ActBlock* xr, int p, XPiece& v) { x_half(xr + (p >> 1), p & 1, v.dA, v.sA, v.qA); }
+    __device__ static void x(const ActBlock* xr, int t, int pi, XPiece& v) { x_half(xr + 8 * t + (pi >> 1), pi & 1, v.dA, v.sA, v.qA); }
     __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
         return fmaf(f16_bits(r.h.x) * v.dA, (float)dot16(r.q, v.qA), acc);
     }
@@ -160,7 +180,7 @@ struct Nibble32 {
         if (kQh >= 0) r.h.z = __ldg(reinterpret_cast<const uint32_t*>(t + kQh) + pi);
         return r;
     }
-    __device__ static void x(const ActBlock* xr, int p, XPiece& v) { x_block(xr + p, v); }
+    __device__ static void x(const ActBlock* xr, int t, int pi, XPiece& v) { x_block(xr + 8 * t + pi, v); }
     __device__ static void codes(const Raw& r, uint4& lo, uint4& hi) {
         lo = and_shift(r.q, 0, 0x0F0F0F0Fu);
         hi = and_shift(r.q, 4, 0x0F0F0F0Fu);
@@ -218,8 +238,8 @@ struct QK45 {
         if (kQ5) r.qh = __ldg(reinterpret_cast<const uint4*>(t + 16) + (pi & 1));
         return r;
     }
-    __device__ static void x(const ActBlock* xr, int p, XPiece& v) {
-        const int t = p >> 3, pi = p & 7, g = pi >> 1, h = pi & 1;
+    __device__ static void x(const ActBlock* xr, int t, int pi, XPiece& v) {
+        const int g = pi >> 1, h = pi & 1;
         x_half(xr + 8 * t + 2 * g, h, v.dA, v.sA, v.qA);
         x_half(xr + 8 * t + 2 * g + 1, h, v.dB, v.sB, v.qB);
     }
@@ -231,11 +251,10 @@ struct QK45 {
             hi = or4(hi, shl4(and_shift(r.qh, 2 * g + 1, 0x01010101u)));
         }
         const float d = f16_bits(r.h.x & 0xFFFF), dmin = f16_bits(r.h.x >> 16);
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * g, r.h.y, r.h.z, r.h.w, sc0, m0);
-        scale_min_k4(2 * g + 1, r.h.y, r.h.z, r.h.w, sc1, m1);
-        const float s0 = d * (float)sc0, b0 = -(dmin * (float)m0);
-        const float s1 = d * (float)sc1, b1 = -(dmin * (float)m1);
+        uint32_t sc, m;
+        scale_min_pair(g, r.h.y, r.h.z, r.h.w, sc, m);
+        const float s0 = d * (float)(sc & 0xFF), b0 = -(dmin * (float)(m & 0xFF));
+        const float s1 = d * (float)(sc >> 8), b1 = -(dmin * (float)(m >> 8));
         acc = fmaf(s0 * v.dA, (float)dot16(lo, v.qA), acc);
         acc = fmaf(b0, v.sA, acc);
         acc = fmaf(s1 * v.dB, (float)dot16(hi, v.qB), acc);
@@ -256,12 +275,13 @@ template <> struct Q<QType::Q6_K> {
         r.q = ptx::ld_stream_16(t + 16 + 16 * pi);
         r.qh = __ldg(reinterpret_cast<const uint4*>(t + 144) + 2 * h + hh);
         r.h.x = __ldg(reinterpret_cast<const unsigned short*>(tail_d));
-        r.h.y = (uint32_t)(int)__ldg(reinterpret_cast<const signed char*>(t) + 8 * h + 2 * k + hh);
-        r.h.z = (uint32_t)(int)__ldg(reinterpret_cast<const signed char*>(t) + 8 * h + 2 * k + 4 + hh);
+        const uint2 sc = __ldg(reinterpret_cast<const uint2*>(t) + h);  // scales 8h .. 8h + 7
+        r.h.y = sc.x;
+        r.h.z = sc.y;
         return r;
     }
-    __device__ static void x(const ActBlock* xr, int p, XPiece& v) {
-        const int t = p >> 3, pi = p & 7, h = pi >> 2, k = (pi >> 1) & 1, hh = pi & 1;
+    __device__ static void x(const ActBlock* xr, int t, int pi, XPiece& v) {
+        const int h = pi >> 2, k = (pi >> 1) & 1, hh = pi & 1;
         x_half(xr + 8 * t + 4 * h + k, hh, v.dA, v.sA, v.qA);
         x_half(xr + 8 * t + 4 * h + k + 2, hh, v.dB, v.sB, v.qB);
     }
@@ -269,8 +289,10 @@ template <> struct Q<QType::Q6_K> {
         const int k = (pi >> 1) & 1;
         const uint4 lo = or4(and_shift(r.q, 0, 0x0F0F0F0Fu), shl4(and_shift(r.qh, 2 * k, 0x03030303u)));
         const uint4 hi = or4(and_shift(r.q, 4, 0x0F0F0F0Fu), shl4(and_shift(r.qh, 2 * k + 4, 0x03030303u)));
+        // the piece's two int8 scales: byte 2k + hh of scales 8h .. 8h + 3 and of 8h + 4 .. 8h + 7
+        const int at = 8 * (pi & 3);
         const float d = f16_bits(r.h.x);
-        const float s0 = d * (float)(int)r.h.y, s1 = d * (float)(int)r.h.z;
+        const float s0 = d * (float)((int)(r.h.y << (24 - at)) >> 24), s1 = d * (float)((int)(r.h.z << (24 - at)) >> 24);
         acc = fmaf(s0 * v.dA, (float)dot16(lo, v.qA), acc);
         acc = fmaf(-32.f * s0, v.sA, acc);
         acc = fmaf(s1 * v.dB, (float)dot16(hi, v.qB), acc);
@@ -430,8 +452,12 @@ struct QArgs {
 };
 
 // One warp per unit at a time (units unit0, unit0 + grid stride, ...); MR accumulator rows (M <= MR
-// real); U pieces per lane and row in flight. XIn::Bf16 / Norm first quantize the M rows into
-// shared memory ActBlocks (the same functions as the standalone quantizers, so the same bits).
+// real). A warp's work is a sequence of chunks (unit, step): step s of a unit is pieces
+// lane + 32 (U s + u), u < U, of each of its R rows. Two register buffers: chunk c + 1's loads are
+// issued before chunk c's arithmetic, so the warp's loads stay in flight while it computes (the
+// buffers alternate through a loop unrolled by two, so each is named statically). XIn::Bf16 / Norm
+// first quantize the M rows into shared memory ActBlocks (the same functions as the standalone
+// quantizers, so the same bits).
 template <QType T, int MR, Pairing P, int U, XIn IN>
 __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
     using F = Q<T>;
@@ -440,42 +466,78 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
     ActBlock* xs = reinterpret_cast<ActBlock*>(smem_raw);  // [M][K / 32] (fused inputs)
     const int lane = threadIdx.x & 31;
     const int n_pieces = a.n_pieces;
+    const int steps = CEIL_DIV(n_pieces, 32 * U);  // chunks per unit
     const int stride = gridDim.x * kWarps;
-    int unit = blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const int pi = lane % F::kPieces;  // every piece this lane takes (p = lane + 32 j)
 
-    Raw w[R][U];
-    const uint8_t* rows[R];
-    const uint8_t* tails[R];
-    auto aim = [&](int u) {
-        const int2 rr = unit_rows<P>(u < a.n_units ? u : 0, a.half_n);
+    auto load = [&](Raw(&w)[R][U], int unit, int step) {
+        const int2 rr = unit_rows<P>(unit, a.half_n);
         const int row_id[2] = {rr.x, rr.y};
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            rows[r] = a.W + (size_t)row_id[r] * a.row_stride;
-            tails[r] = a.tail + (size_t)row_id[r] * a.T * 2;
-        }
-    };
-    auto load = [&](int p0) {
-#pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int p = p0 + 32 * u;
+            const int p = lane + 32 * (U * step + u);
             if (p < n_pieces) {
-                const int t = p / F::kPieces, pi = p - t * F::kPieces;
+                const int t = p / F::kPieces;
 #pragma unroll
                 for (int r = 0; r < R; ++r)
-                    w[r][u] = F::load(rows[r] + (size_t)t * F::kTileBytes, tails[r] + 2 * t, pi);
+                    w[r][u] = F::load(a.W + (size_t)row_id[r] * a.row_stride + (size_t)t * F::kTileBytes,
+                                      a.tail + ((size_t)row_id[r] * a.T + t) * 2, pi);
             }
         }
     };
-    aim(unit);
+    float acc[MR][R];
+    auto clear = [&]() {
+#pragma unroll
+        for (int m = 0; m < MR; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+    };
+    auto consume = [&](const Raw(&w)[R][U], int step, const ActBlock* xb, int x_stride) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int p = lane + 32 * (U * step + u);
+            if (p < n_pieces) {
+                const int t = p / F::kPieces;
+#pragma unroll
+                for (int m = 0; m < MR; ++m) {
+                    if (m < M) {
+                        XPiece v;
+                        F::x(xb + (size_t)m * x_stride, t, pi, v);
+#pragma unroll
+                        for (int r = 0; r < R; ++r) acc[m][r] = F::dot(w[r][u], v, pi, acc[m][r]);
+                    }
+                }
+            }
+        }
+    };
+    // The unit's sums meet in a butterfly; every lane then holds every sum and lane m stores row m.
+    auto finish = [&](int unit) {
+#pragma unroll
+        for (int m = 0; m < MR; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[m][r] = util::warp_sum(acc[m][r]);
+#pragma unroll
+        for (int m = 0; m < MR; ++m) {
+            if (m < M && lane == m) {
+                if (P == Pairing::Rope) {
+                    const int head = unit / a.half_n;
+                    util::store_rope_kv(a.out.rope, m, head, unit - head * a.half_n, acc[m][0], acc[m][R - 1]);
+                } else if (P == Pairing::SwiGLU) {
+                    util::store_swiglu(a.out, (size_t)m * a.out.ld_out + unit, acc[m][0], acc[m][R - 1]);
+                } else {
+                    util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + unit, acc[m][0]);
+                }
+            }
+        }
+        clear();
+    };
+
+    Raw wa[R][U], wb[R][U];
+    int unit = blockIdx.x * kWarps + (threadIdx.x >> 5), step = 0;
     pdl_launch_dependents();
-    // The first step's pieces load before the wait, in a branch of their own (as gemv.cu: issued
+    // The first chunk loads before the wait, in a branch of their own (as gemv.cu: issued
     // unconditionally, ptxas sinks them past griddepcontrol.wait to their first use).
-    bool preloaded = false;
-    if (unit < a.n_units && lane < n_pieces) {
-        load(lane);
-        preloaded = true;
-    }
+    if (unit < a.n_units) load(wa, unit, 0);
     pdl_wait();
 
     const int x_stride = a.K / 32;
@@ -492,55 +554,28 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
         xb = xs;
     }
 
-    for (; unit < a.n_units; unit += stride) {
-        if (!preloaded) aim(unit);
-        float acc[MR][R];
-#pragma unroll
-        for (int m = 0; m < MR; ++m)
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-
-        for (int p0 = lane; p0 < n_pieces; p0 += 32 * U) {
-            if (!preloaded) load(p0);
-            preloaded = false;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int p = p0 + 32 * u;
-                if (p < n_pieces) {
-                    const int pi = p % F::kPieces;
-#pragma unroll
-                    for (int m = 0; m < MR; ++m) {
-                        if (m < M) {
-                            XPiece v;
-                            F::x(xb + (size_t)m * x_stride, p, v);
-#pragma unroll
-                            for (int r = 0; r < R; ++r) acc[m][r] = F::dot(w[r][u], v, pi, acc[m][r]);
-                        }
-                    }
-                }
-            }
+    clear();
+    // (unit, step) -> the next chunk, warp-uniform
+    auto advance = [&](int& u, int& s) {
+        if (++s == steps) {
+            s = 0;
+            u += stride;
         }
-        preloaded = false;
+    };
+    while (unit < a.n_units) {
+        int next_unit = unit, next_step = step;
+        advance(next_unit, next_step);
+        if (next_unit < a.n_units) load(wb, next_unit, next_step);
+        consume(wa, step, xb, x_stride);
+        if (next_step == 0) finish(unit);
+        unit = next_unit, step = next_step;
+        if (unit >= a.n_units) break;
 
-#pragma unroll
-        for (int m = 0; m < MR; ++m)
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r] = util::warp_sum(acc[m][r]);
-
-        // Every lane holds every sum; lane m stores row m.
-#pragma unroll
-        for (int m = 0; m < MR; ++m) {
-            if (m < M && lane == m) {
-                if (P == Pairing::Rope) {
-                    const int head = unit / a.half_n;
-                    util::store_rope_kv(a.out.rope, m, head, unit - head * a.half_n, acc[m][0], acc[m][R - 1]);
-                } else if (P == Pairing::SwiGLU) {
-                    util::store_swiglu(a.out, (size_t)m * a.out.ld_out + unit, acc[m][0], acc[m][R - 1]);
-                } else {
-                    util::store_result(a.ep, a.out, (size_t)m * a.out.ld_out + unit, acc[m][0]);
-                }
-            }
-        }
+        advance(next_unit, next_step);
+        if (next_unit < a.n_units) load(wa, next_unit, next_step);
+        consume(wb, step, xb, x_stride);
+        if (next_step == 0) finish(unit);
+        unit = next_unit, step = next_step;
     }
 }
 
@@ -572,9 +607,10 @@ int resident_ctas(Kernel kernel, size_t smem) {
 
 template <QType T, int MR, Pairing P, XIn IN>
 void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
-    // Pieces per lane and row in flight: deep at M <= 2 (a K = 4096 row is 4-8 pieces a lane, so
-    // the whole row is in flight at once), shallower where the accumulators take the registers.
-    constexpr int U = MR <= 2 ? (P == Pairing::None ? 8 : 4) : (P == Pairing::None ? 4 : 2);
+    // Pieces per lane and row in a chunk (two chunks in registers): at M <= 2 a K = 4096 row is
+    // one or two chunks; fewer where the accumulators take the registers. Two buffers of twice
+    // this depth cost occupancy and lost (docs/kernels/gemv.md).
+    constexpr int U = MR <= 2 ? (P == Pairing::None ? 4 : 2) : (P == Pairing::None ? 2 : 1);
     const auto kernel = gemv_quant_kernel<T, MR, P, U, IN>;
     int blocks = CEIL_DIV(a.n_units, kWarps);
     size_t smem = 0;

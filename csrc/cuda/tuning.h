@@ -48,12 +48,12 @@ constexpr int kGemvMaxRows = 16;
 constexpr int kGemvQuantMmaMinRows = 2;
 // Rows one gemv_quant_mma call takes (its limit in ops.h, 8 n8 tiles of x: not a knob).
 constexpr int kGemvQuantMmaMaxRows = 64;
-// Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul): 16, not the kernel's 64.
-// A 64-row pass is the faster one, but it is not yet shown to keep a row's logits independent of
-// the batch through the engine, which 16-row passes do (docs/kernels/gemv.md has the open case).
+// Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul) over a matrix of several
+// parts: a bf16 part goes through gemv_bf16 (16 rows), a w13 of two types is staged through the
+// 16-row gate_up_. A matrix of one quantized type takes the kernel's 64 (kGemvQuantMmaMaxRows).
 constexpr int kGemvQuantPassRows = 16;
 // Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV in even
-// passes of at most kGemvQuantPassRows rows, each re-reading the quantized weights (Q4_K: 0.56
+// passes (of at most kGemvQuantPassRows rows where the matrix has several parts), each re-reading the quantized weights (Q4_K: 0.56
 // bytes a weight); more rows dequantize the matrix into bf16 scratch for the GEMM, which reads the
 // weights once but writes a bf16 copy and reads it back (4 more bytes a weight) first.
 constexpr int kGemvQuantChunkMaxRows = 64;
