@@ -2,12 +2,20 @@
 
     python benchmarks/bench_serve_soak.py --clients 200 --minutes 3 --out results/cpu/serve_soak.json
 
-The server runs in this process (uvicorn on a thread) over a tiny random model (a few layers, byte
-tokenizer) so the soak exercises the scheduler, the engine thread and the HTTP layer rather than
-the matmuls. Each client loops until the deadline: a streaming /v1/completions request for one of a
+The server runs in this process (uvicorn on a thread). By default over a tiny random model (a few
+layers, byte tokenizer) on the CPU, so the soak exercises the scheduler, the engine thread and the
+HTTP layer rather than the matmuls; --shape NAME --device cuda runs a named random shape on the GPU
+instead (its CUDA graphs, the paged kernels and the block manager at GPU speed):
+
+    python benchmarks/bench_serve_soak.py --shape llama3.2-1b --device cuda --max-num-seqs 128 \
+        --clients 200 --minutes 1.5 --out serve_soak_gpu.json
+
+Each client loops until the deadline: a streaming /v1/completions request for one of a
 fixed set of prompts (random lengths), greedy, ignore_eos, a random max_tokens; it checks the stream
 ends in [DONE] with usage, that it got exactly max_tokens tokens, and that its text equals the
-offline Llama.generate answer for that prompt (computed first, on an identical model). One request
+offline Llama.generate answer for that prompt (computed first, by the same model before it serves;
+its LM head is replaced by a sharp one, so greedy choices have no near-ties that a different batch
+could flip). One request
 in --disconnect-every is dropped by its client mid-stream (its slot must come back). At the end the
 engine must be idle (no running or waiting request, no slot or KV position in use), and every
 request sent must be accounted for: completed, deliberately dropped, or an error (there should be
@@ -39,13 +47,18 @@ SMALL = dict(dim=128, hidden_dim=256, n_layers=4, n_heads=4, n_kv_heads=2, vocab
              max_seq_len=256, name="soak")
 
 
-def make_model(max_batch: int, threads: int, kv_blocks: int | None = None) -> Llama:
-    config = ModelConfig(**SMALL)
-    llm = Llama.random(config, seed=1, device="cpu", max_batch=max_batch, n_threads=threads,
-                       kv_blocks=kv_blocks)
+def make_model(args) -> Llama:
+    if args.shape:
+        llm = Llama.random(args.shape, seed=1, device=args.device, max_batch=args.max_num_seqs,
+                           n_threads=args.threads, kv_blocks=args.kv_blocks,
+                           max_seq_len=args.max_seq_len)
+    else:
+        llm = Llama.random(ModelConfig(**SMALL), seed=1, device=args.device, max_batch=args.max_num_seqs,
+                           n_threads=args.threads, kv_blocks=args.kv_blocks)
+    config = llm.config
     # A sharp LM head (std 1): greedy choices without near-ties, so texts compare exactly.
-    head = np.random.default_rng(2).normal(0.0, 1.0, (config.vocab_size, config.dim))
-    llm.engine.set_weight("output", head.astype(np.float32), "f32")
+    head = np.random.default_rng(2).normal(0.0, 1.0, (config.vocab_size, config.dim)).astype(np.float32)
+    llm.engine.set_weight("tok_embeddings" if config.tie_embeddings else "output", head, "f32")
     return llm
 
 
@@ -76,19 +89,27 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kv-blocks", type=int, default=None,
                         help="a KV pool smaller than the slots can fill, so requests get preempted")
+    parser.add_argument("--shape", default=None,
+                        help="a named random shape (config.SHAPES, e.g. llama3.2-1b) instead of the tiny model")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    parser.add_argument("--max-seq-len", type=int, default=1024, help="context of --shape (default 1024)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="a request asks 1..N tokens (48)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="per-step token budget (default 256 for the tiny model, the engine's otherwise)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     rng = np.random.default_rng(args.seed)
     prompts = [rng.integers(3, 259, size=int(n)).tolist() for n in rng.integers(1, 120, size=args.prompts)]
-    max_tokens = 48
-    reference = make_model(8, args.threads)
-    expected_ids = [o.token_ids for o in reference.generate(prompts, max_tokens=max_tokens, ignore_eos=True)]
-    tokenizer = reference.tokenizer
-    del reference
-
-    engine = AsyncLlama(make_model(args.max_num_seqs, args.threads, args.kv_blocks),
-                        max_num_batched_tokens=256)
+    max_tokens = args.max_tokens
+    if args.clients < 1 or args.minutes <= 0 or max_tokens < 1:
+        raise ValueError("--clients and --max-tokens must be >= 1 and --minutes > 0")
+    llm = make_model(args)
+    # The expected answers, offline, in waves of at most max_num_seqs, before the model serves.
+    expected_ids = [o.token_ids for o in llm.generate(prompts, max_tokens=max_tokens, ignore_eos=True)]
+    tokenizer = llm.tokenizer
+    budget = args.max_num_batched_tokens or (256 if args.shape is None else None)
+    engine = AsyncLlama(llm, max_num_batched_tokens=budget)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -180,11 +201,12 @@ def main() -> int:
     accounted = counts["completed"] + counts["dropped"] + counts["errors"]
     summary = {
         "benchmark": "serve_soak", "command": "python benchmarks/bench_serve_soak.py " + " ".join(sys.argv[1:]),
-        "model": SMALL, "clients": args.clients, "minutes": args.minutes, "wall_s": wall,
+        "model": args.shape or SMALL, "device": llm.device, "clients": args.clients, "minutes": args.minutes, "wall_s": wall,
         "max_num_seqs": args.max_num_seqs, "threads": args.threads, "counts": counts,
         "lost": counts["sent"] - accounted, "errors_sample": errors[:5],
         "peak_running": peak["running"], "peak_waiting": peak["waiting"],
-        "final_usage": final, "output_tok_s": counts["tokens"] / wall,
+        "final_usage": final, "engine_steps": engine.steps, "engine_errors": engine.errors,
+        "output_tok_s": counts["tokens"] / wall,
         "ttft_ms": {"median": pct(ttft, 50), "p99": pct(ttft, 99)},
         "e2e_ms": {"median": pct(e2e, 50), "p99": pct(e2e, 99)},
         "metrics_final": [line for line in metrics.splitlines()

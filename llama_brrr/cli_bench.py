@@ -306,8 +306,18 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()))
     if opts.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {opts.num_prompts}")
-    result = run(opts)
-    result["command"] = "llama-brrr " + " ".join(getattr(args, "argv", ["bench", "serve"]))
+    command = "llama-brrr " + " ".join(getattr(args, "argv", ["bench", "serve"]))
+
+    def progress(partial: dict) -> None:
+        # The JSON so far after every mode's run: a run stopped by a time limit keeps those.
+        if args.json:
+            partial["command"] = command
+            partial["partial"] = True
+            report.write_json(partial, args.json)
+
+    result = run(opts, on_progress=progress)
+    result["command"] = command
+    result["partial"] = False
     print(table(result))
     if args.json:
         report.write_json(result, args.json)

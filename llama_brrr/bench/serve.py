@@ -244,16 +244,54 @@ def run_static(llm, requests):
     return records, wall
 
 
-def hf_model(llm):
+def hf_weights(llm) -> tuple[dict, object]:
+    """The engine's weights as torch tensors in the dtype HF will run (bf16 on cuda, f32 on cpu),
+    on the host, one tensor converted at a time (no f32 copy of the whole model), and its torch
+    dtype. On cuda they go to the device only once our engine has freed its memory."""
     import torch
 
+    dtype = torch.float32 if llm.device == "cpu" else torch.bfloat16
+    weights = {}
+    for name in llm.config.tensor_shapes():
+        # get_weight gives f32; the engine's bf16 values round-trip exactly.
+        weights[name] = torch.from_numpy(llm.engine.get_weight(name)).to(dtype)
+    return weights, dtype
+
+
+def hf_model(config, weights: dict, device: str, dtype):
+    """transformers' LlamaForCausalLM on `weights`, moved to `device` tensor by tensor."""
     from .contestants import hf_llama
 
-    weights = {n: torch.from_numpy(llm.engine.get_weight(n)) for n in llm.config.tensor_shapes()}
-    return hf_llama(llm.config, weights, "cpu", torch.float32, "sdpa")
+    target = "cpu" if device == "cpu" else device
+    moved = {}
+    for name in list(weights):
+        moved[name] = weights.pop(name).to(target)  # the host copy goes as its device copy lands
+    return hf_llama(config, moved, target, dtype, "sdpa")
 
 
-def run_hf(model, llm, requests):
+def _hf_batch_kwargs(model, requests) -> dict:
+    """Arguments of generate_batch that size HF's manager for the whole workload. Newer
+    transformers size a persistent manager from the first call's requests (their count and longest
+    sequence): the warm-up's two requests would cap every later batch at two. An explicit
+    ContinuousBatchingConfig fixes the size; versions without it size from the generation config."""
+    import inspect
+
+    accepts = inspect.signature(model.generate_batch).parameters
+    kwargs = {k: v for k, v in (("record_timestamps", True), ("warmup", False),
+                                ("persistent_manager", True)) if k in accepts}
+    if "continuous_batching_config" in accepts:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        cb = ContinuousBatchingConfig()
+        longest = max(len(ids) + n for ids, n in requests)
+        blocks = -(-longest // getattr(cb, "page_size", 256)) + 1
+        cb.max_blocks_per_request = blocks + blocks % 2
+        cb.max_requests_per_batch = len(requests)
+        kwargs["continuous_batching_config"] = cb
+    return kwargs
+
+
+def run_hf(model, tokenizer, requests, batch_kwargs: dict):
     from transformers import GenerationConfig
 
     n_out = {n for _, n in requests}
@@ -265,16 +303,19 @@ def run_hf(model, llm, requests):
     # persistent_manager: the manager (its KV pool, its thread) outlives the call, so the warm-up
     # call pays its start-up (~15 s on 2 cores) and the timed calls do not.
     results = model.generate_batch([ids for ids, _ in requests], generation_config=config,
-                                   record_timestamps=True, warmup=False, persistent_manager=True)
+                                   **batch_kwargs)
     wall = time.perf_counter() - t0
     records = []
     for (ids, _), out in zip(requests, results.values()):
         tokens = list(out.generated_tokens)
-        text = llm.tokenizer.decode(tokens) if llm.tokenizer is not None else ""
+        text = tokenizer.decode(tokens) if tokenizer is not None else ""
         # HF's timestamps are perf_counter values; its requests arrive at the call.
         records.append(Record(len(ids), arrival=t0, token_times=list(out.timestamps or []),
                               end=(out.timestamps or [t0])[-1], output_len=len(tokens), text=text, ids=tokens,
                               error=str(out.error) if out.error else None))
+    if len(records) < len(requests):  # generate_batch returns what finished; the rest failed
+        records += [Record(len(ids), error="no result from generate_batch")
+                    for ids, _ in requests[len(records):]]
     return records, wall
 
 
@@ -312,7 +353,12 @@ def _spread(values: list[float]) -> dict:
 
 # ---- the run --------------------------------------------------------------------------------
 
-def run(opts: ServeOptions) -> dict:
+def run(opts: ServeOptions, on_progress=None) -> dict:
+    """Runs every mode of `opts`; the result dict (see table()). on_progress(result), if given, is
+    called with the result so far after each mode's run, so a run cut short still leaves what it
+    measured (the hf mode on a big model is the slow one)."""
+    import hashlib
+
     from .. import Llama, __version__
     from ..serving.async_engine import AsyncLlama
 
@@ -343,27 +389,58 @@ def run(opts: ServeOptions) -> dict:
     offsets = arrival_offsets(len(requests), opts.request_rate, opts.seed)
     all_at_once = math.isinf(opts.request_rate) and opts.max_concurrency is None
     notes, runs, cache = {}, {m: [] for m in opts.modes}, {m: [] for m in opts.modes}
-    hf = None
-    if "hf" in opts.modes:
-        if not all_at_once:
-            notes["hf"] = "runs only with every request at once (--request-rate inf, no --max-concurrency)"
-        else:
-            try:
-                hf = hf_model(llm)
-                run_hf(hf, llm, requests[:2])  # warm-up: the manager, its cache, the kernels
-            except Exception as error:  # an opponent that cannot run here is a note, not a failure
-                notes["hf"] = f"skipped: {type(error).__name__}: {error}"
-                hf = None
+    if "hf" in opts.modes and not all_at_once:
+        notes["hf"] = "runs only with every request at once (--request-rate inf, no --max-concurrency)"
     if "static" in opts.modes and not all_at_once:
         notes["static"] = "runs only with every request at once (--request-rate inf, no --max-concurrency)"
+    digest = hashlib.sha256(json.dumps(requests).encode()).hexdigest()[:16]
+    head = {"benchmark": "serve", "version": __version__, "command": None,
+            "model": llm.source, "device": llm.device, "dtype": llm.dtype,
+            "weights": llm.weights_summary,
+            "options": {**{k: (None if isinstance(v, float) and math.isinf(v) else v)
+                           for k, v in vars(opts).items()}, "max_num_seqs": llm.max_batch},
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                        "load_avg_before": os.getloadavg()},
+            # Every mode ran these same requests (prompt ids, output lengths): their digest.
+            "requests": {"count": len(requests), "sha256_16": digest, "same_for_every_mode": True}}
+    tokenizer = llm.tokenizer
+    # On a GPU our engine and HF's would share its memory (each sizes its KV pool from what is
+    # free), so HF runs last, with the whole device, after our engine is freed: its weights are
+    # copied to the host first. On the CPU the modes alternate per repeat, as the others do.
+    hf_last = "hf" in opts.modes and "hf" not in notes and llm.device != "cpu"
+    hf, hf_kwargs, hf_host = None, {}, None
+
+    def start_hf():
+        nonlocal hf, hf_kwargs
+        try:
+            weights, dtype = hf_host if hf_host is not None else hf_weights(llm)
+            t0 = time.perf_counter()
+            hf = hf_model(llm.config, weights, llm.device, dtype)
+            hf_kwargs = _hf_batch_kwargs(hf, requests)
+            # Warm-up: the manager, its cache, the kernels; a few tokens (the manager is sized
+            # for the whole workload by hf_kwargs, not by this call).
+            run_hf(hf, tokenizer, [(ids, min(n, 32)) for ids, n in requests[:2]], hf_kwargs)
+            head["hf_setup_s"] = time.perf_counter() - t0
+        except Exception as error:  # an opponent that cannot run here is a note, not a failure
+            notes["hf"] = f"skipped: {type(error).__name__}: {error}"
+            hf = None
+
+    def result_now() -> dict:
+        result = dict(head, versions=_versions(bool(runs.get("hf"))), notes=notes, modes={})
+        _fill_modes(result, runs, cache)
+        return result
+
+    if "hf" in opts.modes and "hf" not in notes and not hf_last:
+        start_hf()
+    modes = [m for m in opts.modes if not (hf_last and m == "hf")]
     for repeat in range(opts.repeats):
-        for mode in opts.modes:
+        for mode in modes:
             if mode in notes:
                 continue
             if mode == "static":
                 records, wall = run_static(llm, requests)
             elif mode == "hf":
-                records, wall = run_hf(hf, llm, requests)
+                records, wall = run_hf(hf, tokenizer, requests, hf_kwargs)
             else:
                 # Every run starts with a cold prefix cache: hits come only from the run's own
                 # requests (a shared prefix), never from the previous repeat's identical prompts.
@@ -382,22 +459,28 @@ def run(opts: ServeOptions) -> dict:
                 cache[mode].append({key: after[key] - before[key] for key in
                                     ("prefix_cache_queries", "prefix_cache_hits", "preemptions")})
             runs[mode].append((records, wall))
-    result = {"benchmark": "serve", "version": __version__, "command": None,
-              "model": llm.source, "device": llm.device, "dtype": llm.dtype,
-              "weights": llm.weights_summary,
-              "options": {**{k: (None if isinstance(v, float) and math.isinf(v) else v)
-                             for k, v in vars(opts).items()}, "max_num_seqs": llm.max_batch},
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "load_avg_before": os.getloadavg()},
-              "versions": _versions("hf" in runs and bool(runs["hf"])),
-              "notes": notes, "modes": {}}
+            if on_progress is not None:
+                on_progress(result_now())
+    if hf_last:
+        hf_host = hf_weights(llm)
+        llm.close()
+        start_hf()
+        if hf is not None:
+            for repeat in range(opts.repeats):
+                runs["hf"].append(run_hf(hf, tokenizer, requests, hf_kwargs))
+                if on_progress is not None:
+                    on_progress(result_now())
+    return result_now()
+
+
+def _fill_modes(result: dict, runs: dict, cache: dict) -> None:
     reference = runs["scheduler"][0][0] if runs.get("scheduler") else None
     for mode, repeats in runs.items():
         if not repeats:
             continue
         summaries = [summarize(records, wall) for records, wall in repeats]
         mid = sorted(range(len(summaries)), key=lambda i: summaries[i]["output_tok_s"])[len(summaries) // 2]
-        for summary, counts in zip(summaries, cache[mode]):
+        for summary, counts in zip(summaries, cache.get(mode, [])):
             summary.update(counts)
             summary["prefix_cache_hit_rate"] = (counts["prefix_cache_hits"] / counts["prefix_cache_queries"]
                                                 if counts["prefix_cache_queries"] else None)
@@ -415,7 +498,6 @@ def run(opts: ServeOptions) -> dict:
     base = result["modes"].get("scheduler", {}).get("output_tok_s")
     for entry in result["modes"].values():
         entry["output_tok_s_vs_scheduler"] = entry["output_tok_s"] / base if base else None
-    return result
 
 
 def _versions(with_hf: bool) -> dict:

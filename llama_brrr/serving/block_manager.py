@@ -250,6 +250,7 @@ class BlockManager:
             return
         self.written(request)
         request.slot = None
+        request.kv_end = 0
         # Reversed: a sequence's first blocks (the prefix most others share) are evicted last.
         for block in reversed(self._tables.pop(slot)):
             self._release(block)
@@ -315,6 +316,9 @@ class BlockManager:
 
     def _upload(self, slot: int) -> None:
         table = self._tables[slot]
+        owner = self._owners.get(slot)
+        if owner is not None:
+            owner.kv_end = min(len(table) * self.block_size, self.max_seq_len)
         if self._uploaded.get(slot) == len(table):  # a slot's table only grows while it is owned
             return
         self.engine.set_block_table(slot, np.asarray(table, dtype=np.int32) if table else _EMPTY_TABLE)

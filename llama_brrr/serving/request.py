@@ -75,6 +75,11 @@ class Request:
         self.preemptions = 0
         self.position = 0
         self.next_token = 0
+        # Positions the slot's KV blocks cover (the block manager keeps it), so a decode step
+        # needs no call to learn that a row's blocks already hold its next tokens.
+        self.kv_end = 0
+        # The engine's sampling record, fixed for the request's life (built once, not per step).
+        self.engine_row = params.engine_row(seed)
         self.index = 0  # position among the prompts of its call, for error messages
         self.t_call = self.t_admit = self.t_first = self.t_done = 0.0
         self.token_times: list[float] = []  # when each token was sampled (inter-token latency)

@@ -81,7 +81,7 @@ def decode_rows(engine, rows: list[Request], n_steps: int) -> tuple[list[list[in
         np.array([r.next_token for r in rows], dtype=np.int32),
         np.array([r.slot for r in rows], dtype=np.int32),
         np.array([r.position for r in rows], dtype=np.int32),
-        engine_rows(r.params.engine_row(r.seed) for r in rows),
+        engine_rows([r.engine_row for r in rows]),
         np.array([len(r.token_ids) for r in rows], dtype=np.uint64),
         n_steps)
     return new_tokens.T.tolist(), logprobs.T.tolist()
@@ -305,7 +305,9 @@ class Scheduler:
         n_steps = 1 if pending else self.decode_steps
         n_steps = max(1, min(decode_room(decoding, self.max_seq_len), n_steps))
         for r in list(decoding):  # oldest first: the youngest are preempted for them
-            if r.slot is None:
+            # A decoding row has written positions [0, position): its blocks may already cover
+            # the burst (kv_end, kept by the block manager), as they do for 15 steps in 16.
+            if r.slot is None or r.position + n_steps <= r.kv_end:
                 continue
             if n_steps > 1 and not self.allocator.reserve(r, n_steps):
                 n_steps = 1  # a shorter burst before anyone is preempted
@@ -317,8 +319,10 @@ class Scheduler:
         token_rows, logprob_rows = decode_rows(self.engine, decoding, n_steps)
         now = time.perf_counter()
         events, accepted = [], 0
+        block = self.allocator.block_size
         for r, tokens_i, logprobs_i in zip(decoding, token_rows, logprob_rows):
             ids, text = [], []
+            first_block = r.position // block
             for token, logprob in zip(tokens_i, logprobs_i):
                 # The sampler's log-softmax of the chosen token is NaN or inf exactly when the
                 # step's logits are not all finite: the check costs one float test per token.
@@ -342,7 +346,10 @@ class Scheduler:
                     break
                 r.next_token = token
                 r.position += 1
-            self.allocator.written(r)
+            # New full blocks to register only when the row crossed a block boundary; a finished
+            # row registers its last ones when it is freed.
+            if r.position // block != first_block:
+                self.allocator.written(r)
             events.append(Event(r, ids, "".join(text)))
         profiler.record_span("decode", "decode", t_decode, accepted)
         return events
