@@ -184,9 +184,8 @@ private:
     // Final norm and LM head of x_ rows [row, row + rows) into logits_ rows [0, rows). A
     // tensor-parallel rank computes its Vs columns and all-gathers the others: one row straight in
     // place in logits_ (rank r's columns start at r Vs), more through tp_gather_ [tp_size][rows][Vs]
-    // and one 2-D copy per rank into logits_ [rows, V]. Each logit is one row of the head times
-    // the same normed x on whichever rank: the result is the single-engine one, the same on every
-    // rank.
+    // and one 2-D copy per rank into logits_ [rows, V]. Each logit is computed on one rank and
+    // copied to all: every rank holds the same bits, and samples the same tokens.
     void forward_lm_head(int row, int rows);
     // y = in · W^T through the epilogue, W as stored: `in` is rmsnorm(x_f32) * norm_w when norm_w
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized

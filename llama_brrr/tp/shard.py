@@ -21,7 +21,7 @@ residual stream, so every rank ends each layer with the full model's residual. T
 split the same way: a rank embeds the tokens of its rows and zeros for the others', and the
 all-reduce that follows sums the rows. The LM head gives each rank its Vs logit columns (the
 engine holds the last rank's rows padded to Vs with zeros), which the engine all-gathers, so every
-rank holds the full logits, bit-identical to one GPU's, and samples the same tokens.
+rank holds the same full logits, bit for bit, and samples the same tokens.
 
 Quantized (GGUF block) tensors split the same way on their bytes: a row slice is whole rows of
 blocks; a column slice is one contiguous byte range of every row (blocks run along a row), which
