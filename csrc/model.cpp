@@ -46,6 +46,13 @@ void Config::validate() const {
         BRRR_CHECK(rope_original_max_pos > 0,
                    "config.rope_original_max_pos must be > 0, got " << rope_original_max_pos);
     }
+    BRRR_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size,
+               "config.tp_rank must be in [0, tp_size) and tp_size >= 1, got tp_rank " << tp_rank
+               << " and tp_size " << tp_size);
+    BRRR_CHECK((int64_t)(tp_size - 1) * vocab_shard() < vocab_size,
+               "config.vocab_size " << vocab_size << " is too small to split over tp_size " << tp_size
+               << " ranks (rows of ceil(vocab_size / tp_size) each leave the last rank none); use "
+               "fewer ranks");
     // Sizes the engines multiply together in int arithmetic before widening.
     BRRR_CHECK((int64_t)qkv_dim() * dim < (int64_t)1 << 31 &&
                    (int64_t)2 * hidden_dim * dim < (int64_t)1 << 31 &&
@@ -227,12 +234,12 @@ std::vector<float> rope_inv_freq(const Config& c) {
 }
 
 std::vector<int64_t> weight_shape(const Config& c, const std::string& name) {
-    if (name == "tok_embeddings") return {c.vocab_size, c.dim};
+    if (name == "tok_embeddings") return {c.vocab_rows(), c.dim};
     if (name == "norm") return {c.dim};
     if (name == "output") {
         BRRR_CHECK_ARG(!c.tie_embeddings, "weight 'output' does not exist in this config: it ties the "
                                       "LM head to tok_embeddings (tie_embeddings = true)");
-        return {c.vocab_size, c.dim};
+        return {c.vocab_rows(), c.dim};
     }
     const std::string prefix = "layers.";
     if (name.compare(0, prefix.size(), prefix) == 0) {

@@ -4,6 +4,7 @@
 //
 // Weight layout (row-major, [out, in]; q/k rows in rotate-half order: dim i pairs with i + hd/2):
 //   tok_embeddings [vocab, dim]          norm [dim]          output [vocab, dim] (unless tied)
+//   (a tensor-parallel rank, tp_size > 1: [vocab_rows(), dim] of both, its rows of the vocabulary)
 //   per layer l:  attn_norm [dim]        ffn_norm [dim]
 //                 wq [n_heads*hd, dim]   wk, wv [n_kv_heads*hd, dim]   wo [dim, n_heads*hd]
 //                 w1 (gate), w3 (up) [hidden, dim]                     w2 (down) [dim, hidden]
@@ -11,6 +12,7 @@
 // w1|w3 -> w13 [2*hidden, dim]; set_weight() writes each named piece straight into its slot.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,10 +48,21 @@ struct Config {
     float rope_high_freq_factor = 4.f;  // llama3
     int rope_original_max_pos = 8192;   // llama3
     bool tie_embeddings = false;
+    // Tensor parallelism: this engine is rank tp_rank of tp_size. Every other field describes the
+    // rank's own share already (heads, MLP width: llama_brrr/tp/shard.py), except vocab_size,
+    // which stays the full vocabulary V: the rank holds rows [vocab_offset(), + vocab_rows()) of
+    // tok_embeddings and output and computes those logit columns; the CUDA engine gathers the
+    // others from the ranks (the CPU engine, which has no communicator, leaves them zero).
+    int tp_rank = 0;
+    int tp_size = 1;
 
     int q_dim() const { return n_heads * head_dim; }
     int kv_dim() const { return n_kv_heads * head_dim; }
     int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+    // Vocabulary rows per rank, Vs = ceil(V / tp_size): rank r holds rows [r Vs, min((r + 1) Vs, V)).
+    int vocab_shard() const { return CEIL_DIV(vocab_size, tp_size); }
+    int vocab_offset() const { return tp_rank * vocab_shard(); }
+    int vocab_rows() const { return std::min(vocab_shard(), vocab_size - vocab_offset()); }
     int blocks_per_seq() const { return CEIL_DIV(max_seq_len, kv_block_size); }
     // Throws brrr::Error naming the field when the config is unusable.
     void validate() const;

@@ -1,6 +1,9 @@
 """Tensor parallelism on several GPUs: logits at TP 2 and 4 against TP 1 on the same weights under
-docs/design.md's bf16 rule, greedy tokens against TP 1, sharded loading from GGUF files, and the
-faults (a killed rank, an out-of-memory rank). Each test is skipped unless the GPUs it needs are
+docs/design.md's bf16 rule (vocabularies that the ranks divide and that they do not, tied
+embeddings, one row and several: both ways of the LM head's all-gather), the same logits on every
+rank, greedy tokens against TP 1, invalid token ids as on one GPU, sharded loading from GGUF files,
+and the faults (a killed rank, an out-of-memory rank). One GPU suffices for the vocabulary-shard
+embedding kernels and a rank engine's refusals. Each test is skipped unless the GPUs it needs are
 visible (torch.cuda.device_count()).
 
 The weights: random_weights rounded to bf16, handed whole to every rank (tp.from_arrays), which
@@ -19,7 +22,7 @@ torch = pytest.importorskip("torch")
 
 from llama_brrr import Llama  # noqa: E402
 from llama_brrr.config import ModelConfig  # noqa: E402
-from llama_brrr.tp import TensorParallelError, from_arrays  # noqa: E402
+from llama_brrr.tp import TensorParallelError, from_arrays, shard, worker  # noqa: E402
 from test_cuda_engine import Oracles, assert_bf16_rule, bf16_rounded, rel_err  # noqa: E402
 from test_tp_shard import SHARD_GGUF_CONFIG, write_sharding_gguf  # noqa: E402
 from test_tp_workers import wait_gone  # noqa: E402
@@ -37,6 +40,9 @@ CONFIGS = {
                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                              "original_max_position_embeddings": 64},
                                tie_embeddings=True, name="few-kv-tied"),
+    # a vocabulary 2 and 4 divide (no padding on the last rank), MHA
+    "even-vocab": ModelConfig(dim=256, hidden_dim=384, n_layers=2, n_heads=4, n_kv_heads=4,
+                              head_dim=64, vocab_size=1024, name="even-vocab"),
 }
 
 
@@ -75,16 +81,46 @@ def test_logits_follow_the_bf16_rule_like_one_gpu(C, rng, make_weights, size, na
         assert_bf16_rule(ours, oracle, torch_bf16, f"{name} TP {size} prefill")
         one = single.prefill(0, tokens, 0, "all")
         assert rel_err(ours, one) <= 2 * rel_err(torch_bf16, oracle), "TP vs one GPU"
-        # decode after the prefill, two sequences at once, through the CUDA graphs
-        single.prefill(1, tokens[:20], 0, "none")
-        tp.engine.prefill(1, tokens[:20], 0, "none")
-        step = rng.integers(0, config.vocab_size, 2).astype(np.int32)
-        slots, positions = np.array([0, 1], np.int32), np.array([37, 20], np.int32)
-        ours = tp.engine.decode(step, slots, positions, True)
-        for row, context in enumerate((list(tokens), list(tokens[:20]))):
-            oracle, torch_bf16 = oracles.forward(context + [step[row]], 0)
-            assert_bf16_rule(ours[row], oracle[-1], torch_bf16[-1],
-                             f"{name} TP {size} decode, row {row}")
+        # one row of logits (the all-gather in place): a prompt's last row
+        ours = every_rank_alike(tp, "prefill", 1, tokens[:20], 0, "last")
+        one = single.prefill(1, tokens[:20], 0, "last")
+        oracle, torch_bf16 = oracles.forward(list(tokens[:20]), 0)
+        assert_bf16_rule(ours, oracle[-1:], torch_bf16[-1:], f"{name} TP {size} prefill, last row")
+        assert rel_err(ours, one) <= 2 * rel_err(torch_bf16[-1:], oracle[-1:]), "TP vs one GPU, last row"
+        # decode after the prefill, two sequences at once, through the CUDA graphs (eager, captured,
+        # replayed), then one sequence alone (one row again)
+        contexts = [list(tokens), list(tokens[:20])]
+        for i in range(3):
+            step = rng.integers(0, config.vocab_size, 2).astype(np.int32)
+            slots = np.array([0, 1], np.int32)
+            positions = np.array([len(c) for c in contexts], np.int32)
+            ours = every_rank_alike(tp, "decode", step, slots, positions, True)
+            one = single.decode(step, slots, positions, True)
+            for row, context in enumerate(contexts):
+                context.append(int(step[row]))
+                oracle, torch_bf16 = oracles.forward(context, 0)
+                assert_bf16_rule(ours[row], oracle[-1], torch_bf16[-1],
+                                 f"{name} TP {size} decode {i}, row {row}")
+                assert rel_err(ours[row], one[row]) <= 2 * rel_err(torch_bf16[-1], oracle[-1])
+        for i in range(3):
+            step = rng.integers(0, config.vocab_size, 1).astype(np.int32)
+            slots, positions = np.array([1], np.int32), np.array([len(contexts[1])], np.int32)
+            ours = every_rank_alike(tp, "decode", step, slots, positions, True)
+            one = single.decode(step, slots, positions, True)
+            contexts[1].append(int(step[0]))
+            oracle, torch_bf16 = oracles.forward(contexts[1], 0)
+            assert_bf16_rule(ours[0], oracle[-1], torch_bf16[-1], f"{name} TP {size} decode of one row, {i}")
+            assert rel_err(ours[0], one[0]) <= 2 * rel_err(torch_bf16[-1], oracle[-1])
+
+
+def every_rank_alike(tp, call, *args):
+    """Every rank's answer to engine call `call`: the logits must be the same bits on every rank
+    (each logit is one row of the LM head on one rank, gathered to all), since each rank samples
+    from its own copy. Returns rank 0's."""
+    answers = tp.engine._broadcast(("call", call, args, {}))
+    for rank, answer in enumerate(answers[1:], 1):
+        np.testing.assert_array_equal(answer, answers[0], err_msg=f"{call}: rank {rank} differs from rank 0")
+    return answers[0]
 
 
 def greedy_until_near_tie(reference: Llama, prompt, ours, theirs, margin=0.05):
@@ -100,9 +136,10 @@ def greedy_until_near_tie(reference: Llama, prompt, ours, theirs, margin=0.05):
 
 
 @pytest.mark.parametrize("size", [2, 4])
-def test_greedy_tokens_equal_one_gpu(C, rng, make_weights, size):
+@pytest.mark.parametrize("name", ["gqa-untied", "few-kv-tied"])
+def test_greedy_tokens_equal_one_gpu(C, rng, make_weights, size, name):
     need_gpus(size)
-    config = CONFIGS["gqa-untied"]
+    config = CONFIGS[name]
     weights = bf16_rounded(make_weights(config, rng))
     single = Llama(one_gpu_engine(C, config, weights, max_seq=128, max_batch=4), config, None,
                    device="cuda:0", dtype="bf16", max_seq_len=128, max_batch=4)
@@ -220,9 +257,121 @@ def test_random_shapes_at_tensor_parallel_generate(C):
                       max_batch=2) as tp:
         out = tp.generate([[1, 2, 3], [4, 5]], max_tokens=8, temperature=0, ignore_eos=True)
         assert [len(o.token_ids) for o in out] == [8, 8]
-        # the replicated tensors are the same on both ranks (one draw per tensor and shape)
+        # a replicated tensor is the same on both ranks, and so are the shards (element i of a
+        # tensor's draw depends on i alone): rank 1's 500 vocabulary rows are rank 0's first 500
+        norms = tp.engine._broadcast(("call", "get_weight", ("norm",), {}))
+        np.testing.assert_array_equal(norms[0], norms[1])
         shards = tp.engine._broadcast(("call", "get_weight", ("tok_embeddings",), {}))
-        np.testing.assert_array_equal(shards[0], shards[1])
+        assert [s.shape[0] for s in shards] == [501, 500]
+        np.testing.assert_array_equal(shards[0][:500], shards[1])
+
+
+def test_an_invalid_token_id_is_refused_as_on_one_gpu(C, rng, make_weights):
+    need_gpus(2)
+    config = CONFIGS["gqa-untied"]
+    weights = bf16_rounded(make_weights(config, rng))
+    single = one_gpu_engine(C, config, weights)
+    with from_arrays(config, weights, 2, max_seq_len=64, max_batch=2) as tp:
+        for bad in (config.vocab_size, -1):
+            tokens = np.array([5, bad, 7], np.int32)
+            for call, args in (("prefill", (0, tokens, 0, "last")),
+                               ("decode", (tokens[:2], np.array([0, 1], np.int32), np.zeros(2, np.int32), True))):
+                with pytest.raises(ValueError) as one:
+                    getattr(single, call)(*args)
+                with pytest.raises(ValueError) as ours:
+                    getattr(tp.engine, call)(*args)
+                assert f"token id {bad} is out of range for vocab_size {config.vocab_size}" in str(one.value)
+                assert str(ours.value) == f"tensor-parallel rank 0: {one.value}", call
+        assert tp.engine.alive  # refused alike on every rank before any collective
+        tokens = rng.integers(0, config.vocab_size, 9).astype(np.int32)
+        tokens[-1] = config.vocab_size - 1  # the last row of the last rank
+        ours, one = tp.engine.prefill(0, tokens, 0, "all"), single.prefill(0, tokens, 0, "all")
+        oracle, torch_bf16 = Oracles(config, weights).forward(tokens.tolist(), 0)
+        assert rel_err(ours, one) <= 2 * rel_err(torch_bf16, oracle)
+
+
+# ---- one GPU: the vocabulary-shard embedding kernels and a rank engine's refusals ---------------
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("quant", [None, "q8_0", "q6_k"])
+def test_embedding_shards_sum_to_the_whole_embedding(C, rng, size, quant):
+    """What each rank's embed (or embed_quant) writes, as the engine calls it (rank r's rows from
+    r * Vs, Vs rows with the last rank's padded by zero rows): its own tokens' rows, zeros for the
+    other ranks' tokens, NaN for an invalid id on rank 0 only; so the residual all-reduce's sum is
+    the whole table's embedding, NaN rows included, exactly."""
+    need_gpus(1)
+    from test_cuda_gemv_quant import Weights
+
+    V, D, M = CONFIGS["gqa-untied"].vocab_size, 256, 9
+    Vs = -(-V // size)
+    ids = rng.integers(0, V, M).astype(np.int32)
+    ids[:4] = [0, V - 1, Vs - 1, V]  # first and last rows, the end of rank 0's rows, invalid
+    ids[5] = -1
+    tokens = torch.from_numpy(ids).cuda()
+    if quant is None:
+        table = torch.randn((V, D), device="cuda").to(torch.bfloat16)
+        whole = table.float().cpu().numpy()
+    else:
+        weights = Weights(C, quant, V, D, rng)
+        whole = weights.deq
+    parts = []
+    for rank in range(size):
+        rows = shard.vocab_rows(CONFIGS["gqa-untied"], rank, size)  # its vocab_size is V
+        x = torch.full((M, D), float("nan"), device="cuda")
+        if quant is None:
+            own = torch.zeros((Vs, D), dtype=torch.bfloat16, device="cuda")
+            own[:len(rows)] = table[rows.start:rows.stop]
+            C.testing.embed(tokens.data_ptr(), own.data_ptr(), x.data_ptr(), M, D, V,
+                            vocab_offset=rows.start, vocab_rows=Vs)
+        else:
+            blocks = np.zeros((Vs, weights.blocks.shape[1]), np.uint8)
+            blocks[:len(rows)] = weights.blocks[rows.start:rows.stop]
+            own = torch.from_numpy(C.quant_ops.gpu_repack(quant, blocks, D)).cuda()
+            C.testing.embed_quant(tokens.data_ptr(), weights.type_id, own.data_ptr(), x.data_ptr(), M, D, V,
+                                  vocab_offset=rows.start, vocab_rows=Vs)
+        torch.cuda.synchronize()
+        got = x.cpu().numpy()
+        for m, t in enumerate(ids):
+            if t in rows:
+                np.testing.assert_array_equal(got[m], whole[t], err_msg=f"rank {rank}, token {t}")
+            elif 0 <= t < V or rank > 0:
+                assert (got[m] == 0).all(), f"rank {rank}: token {t} of another rank is not a zero row"
+            else:
+                assert np.isnan(got[m]).all(), f"rank 0: invalid token {t} is not a NaN row"
+        parts.append(got)
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    for m, t in enumerate(ids):
+        if 0 <= t < V:
+            np.testing.assert_array_equal(total[m], whole[t])
+        else:
+            assert np.isnan(total[m]).all()
+    with pytest.raises(RuntimeError, match="holds no row"):
+        C.testing.embed(tokens.data_ptr(), tokens.data_ptr(), tokens.data_ptr(), 1, D, V,
+                        vocab_offset=V, vocab_rows=1)
+
+
+def test_a_rank_engine_runs_only_in_its_group_and_as_its_rank(C, rng, make_weights):
+    need_gpus(1)
+    config = CONFIGS["gqa-untied"]
+    local = shard.local_config(config, 1, 2)
+    engine = C.Engine("cuda", local.engine_dict(64, 1), "bf16", 0)
+    assert (engine.config["tp_rank"], engine.config["tp_size"]) == (1, 2)
+    weights = make_weights(config, rng)
+    with pytest.raises(ValueError, match=r"'output' has shape \(1001, 200\) but the config expects \(500, 200\)"):
+        engine.set_weight("output", np.ascontiguousarray(weights["output"], dtype=np.float32), "f32")
+    for name, array in weights.items():
+        engine.set_weight(name, np.ascontiguousarray(shard.shard_array(array, config, name, 1, 2),
+                                                     dtype=np.float32), "f32")
+    np.testing.assert_array_equal(engine.get_weight("tok_embeddings"),
+                                  bf16_rounded({"t": weights["tok_embeddings"][501:]})["t"])
+    with pytest.raises(RuntimeError, match="rank 1 of 2 .*init_tensor_parallel"):
+        engine.prefill(0, np.arange(3, dtype=np.int32), 0, "last")
+    with pytest.raises(RuntimeError, match="rank 1 of 2 .*init_tensor_parallel"):
+        engine.decode(np.arange(1, dtype=np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), True)
+    with pytest.raises(ValueError, match="joining as rank 0 of 2, but this engine was built as rank 1 of 2"):
+        engine.init_tensor_parallel(bytes(128), 0, 2, worker.nccl_library())
 
 
 # ---- the one-shot all-reduce (csrc/cuda/allreduce.cu) -------------------------------------------

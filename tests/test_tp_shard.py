@@ -2,6 +2,8 @@
 slices of float and block tensors, the sharded model's math against the whole model's (numpy), and
 sharded reading of a GGUF file against slices of the full tensors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -293,8 +295,9 @@ def test_one_rank_of_a_gguf_runs_like_the_whole_model(C, rng, tmp_path):
 
 
 def test_random_draws_are_the_same_on_every_rank(C):
-    """Llama.random(tensor_parallel=N) relies on init_random drawing a tensor from the seed, its
-    index and its shape only: the whole tensors then agree across ranks, and so do the shards."""
+    """Llama.random(tensor_parallel=N) relies on init_random drawing element i of a tensor from the
+    seed, the tensor's index and i only: the whole tensors then agree across ranks, and so do the
+    shards (the last rank's fewer vocabulary rows are the first rows of the others')."""
     engines = []
     for rank in range(2):
         local = shard.local_config(FEW_KV, rank, 2)
@@ -302,8 +305,168 @@ def test_random_draws_are_the_same_on_every_rank(C):
         engine.init_random(1234, 0.02)
         engines.append(engine)
     for name in shard.local_config(FEW_KV, 0, 2).tensor_shapes():
-        np.testing.assert_array_equal(engines[0].get_weight(name), engines[1].get_weight(name),
-                                      err_msg=name)
+        first, last = engines[0].get_weight(name), engines[1].get_weight(name)
+        if name in shard.VOCAB_SPLIT:
+            assert (first.shape[0], last.shape[0]) == (151, 150)  # 301 rows over 2 ranks
+            first = first[:last.shape[0]]
+        np.testing.assert_array_equal(first, last, err_msg=name)
+
+
+# ---- the vocabulary split: tok_embeddings and output by rows ------------------------------------
+
+TIED = ModelConfig(dim=64, hidden_dim=96, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16,
+                   vocab_size=1001, tie_embeddings=True, name="tied")
+UNTIED = ModelConfig(dim=64, hidden_dim=96, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16,
+                     vocab_size=1001, name="untied")
+
+
+@pytest.mark.parametrize("vocab, size, rows", [
+    (1001, 2, [501, 500]), (1001, 4, [251, 251, 251, 248]), (1000, 4, [250] * 4),
+    (1024, 2, [512, 512]), (7, 4, [2, 2, 2, 1]),
+])
+def test_vocabulary_rows_are_ceil_v_over_n_from_each_rank(vocab, size, rows):
+    config = dataclasses.replace(UNTIED, vocab_size=vocab)
+    got = [shard.vocab_rows(config, r, size) for r in range(size)]
+    assert [len(g) for g in got] == rows
+    assert [g.start for g in got] == [r * rows[0] for r in range(size)]  # Vs = ceil(V / N) apart
+    assert got[-1].stop == vocab
+    for r in range(size):
+        assert shard.split(config, "tok_embeddings", r, size) == (0, got[r].start, got[r].stop)
+        assert shard.split(config, "output", r, size) == (0, got[r].start, got[r].stop)
+        assert shard.split(config, "norm", r, size) is None
+
+
+@pytest.mark.parametrize("config", [TIED, UNTIED], ids=lambda c: c.name)
+@pytest.mark.parametrize("size", [2, 4])
+def test_vocabulary_shards_have_the_rank_shapes_and_merge_back(config, size, rng):
+    weights = full_weights(config, rng)
+    names = [n for n in shard.VOCAB_SPLIT if n in weights]
+    assert names == (["tok_embeddings"] if config.tie_embeddings else ["tok_embeddings", "output"])
+    for rank in range(size):
+        local = shard.local_config(config, rank, size)
+        rows = shard.vocab_rows(config, rank, size)
+        for name in names:
+            assert local.tensor_shapes()[name] == (len(rows), config.dim)
+            part = shard.shard_array(weights[name], config, name, rank, size)
+            np.testing.assert_array_equal(part, weights[name][rows.start:rows.stop])
+    for name in names:
+        parts = [shard.shard_array(weights[name], config, name, r, size) for r in range(size)]
+        np.testing.assert_array_equal(shard.merge_shards(config, name, parts), weights[name])
+
+
+def test_local_config_carries_the_rank_to_the_engine():
+    for rank in range(4):
+        local = shard.local_config(UNTIED, rank, 4)
+        assert isinstance(local, shard.RankConfig) and isinstance(local, ModelConfig)
+        assert (local.tp_rank, local.tp_size, local.vocab_size) == (rank, 4, 1001)
+        d = local.engine_dict(16, 2)
+        assert (d["tp_rank"], d["tp_size"], d["vocab_size"]) == (rank, 4, 1001)
+        assert d["n_heads"] == 1 and d["hidden_dim"] == 24
+    assert "tp_rank" not in UNTIED.engine_dict(16, 2)  # one engine: no keys, the defaults 0 / 1
+
+
+@pytest.mark.parametrize("type_name", ["q8_0", "q6_k", "q4_1"])
+def test_vocabulary_block_rows_are_whole_rows(C, rng, type_name):
+    config = dataclasses.replace(UNTIED, dim=256, n_heads=4, head_dim=64, vocab_size=13)
+    n_values, n_bytes = shard.block_values(type_name)
+    blocks = quantized(C, type_name, rng.standard_normal((13, 256)))
+    whole = C.quant_ops.dequantize(type_name, blocks, 256)
+    for size in (2, 4):
+        shard.check_blocks(config, size, {"output": type_name.upper(), "tok_embeddings": type_name})
+        for rank in range(size):
+            rows = shard.vocab_rows(config, rank, size)
+            part = shard.shard_blocks(blocks, config, "output", rank, size, n_values, n_bytes)
+            assert np.shares_memory(part, blocks)
+            np.testing.assert_array_equal(
+                C.quant_ops.dequantize(type_name, np.ascontiguousarray(part), 256),
+                whole[rows.start:rows.stop])
+
+
+def test_a_vocabulary_too_small_for_the_ranks_is_refused():
+    config = ModelConfig(dim=64, hidden_dim=96, n_layers=1, n_heads=8, n_kv_heads=8, head_dim=8,
+                         vocab_size=5)
+    shard.check_split(config, 2)  # 3 and 2 rows
+    for size in (4, 8):  # ceil(5 / 4) = 2 rows each: 2, 2, 1 and none for rank 3
+        with pytest.raises(ShardingError, match=f"tensor_parallel={size} leaves the last rank no "
+                                                f"rows of the 5-token vocabulary"):
+            shard.check_split(config, size)
+
+
+# ---- a rank's engine: the vocabulary rows in the C++ Config ---------------------------------------
+
+def rank_engine(C, config, rank, size, weights=None):
+    local = shard.local_config(config, rank, size)
+    engine = C.Engine("cpu", local.engine_dict(16, 2), "f32", 0, 1, {})
+    for name, array in (weights or {}).items():
+        engine.set_weight(name, np.ascontiguousarray(
+            shard.shard_array(array, config, name, rank, size), dtype=np.float32), "f32")
+    return engine
+
+
+def test_engine_config_takes_and_reports_the_rank(C):
+    engine = rank_engine(C, UNTIED, 3, 4)
+    assert (engine.config["tp_rank"], engine.config["tp_size"], engine.config["vocab_size"]) == (3, 4, 1001)
+    plain = C.Engine("cpu", UNTIED.engine_dict(16, 2), "f32", 0, 1, {})
+    assert (plain.config["tp_rank"], plain.config["tp_size"]) == (0, 1)
+    for rank, size, words in [(2, 2, "tp_rank"), (-1, 2, "tp_rank"), (0, 0, "tp_size")]:
+        with pytest.raises(ValueError, match=words):
+            C.Engine("cpu", {**UNTIED.engine_dict(16, 2), "tp_rank": rank, "tp_size": size},
+                     "f32", 0, 1, {})
+    with pytest.raises(ValueError, match="too small to split over tp_size 8"):
+        C.Engine("cpu", {**dataclasses.replace(UNTIED, vocab_size=5).engine_dict(16, 2),
+                         "tp_rank": 0, "tp_size": 8}, "f32", 0, 1, {})
+
+
+def test_a_rank_engine_takes_only_its_vocabulary_rows(C, rng):
+    engine = rank_engine(C, UNTIED, 1, 2)
+    whole = rng.standard_normal((1001, 64)).astype(np.float32)
+    for name in ("tok_embeddings", "output"):
+        with pytest.raises(ValueError, match=rf"'{name}' has shape \(1001, 64\) but the config "
+                                             rf"expects \(500, 64\)"):
+            engine.set_weight(name, whole, "f32")
+        engine.set_weight(name, np.ascontiguousarray(whole[501:]), "f32")
+        np.testing.assert_array_equal(engine.get_weight(name), whole[501:])
+
+
+@pytest.mark.parametrize("config", [TIED, UNTIED], ids=lambda c: c.name)
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_cpu_rank_computes_its_share_of_embedding_and_logits(C, rng, config, size):
+    """Without a communicator a CPU rank computes what a CUDA rank computes before its collectives:
+    the embedding of its own tokens (zeros for others') and its own logit columns (zeros
+    elsewhere). With wo = w2 = 0 the layers add nothing, so a rank's columns for a token of its
+    rows are the whole model's, and a token of another rank's rows gives an all-zero row."""
+    weights = full_weights(config, rng)
+    for name in weights:
+        if name.endswith((".wo", ".w2")):
+            weights[name] = np.zeros_like(weights[name])
+    whole = C.Engine("cpu", config.engine_dict(16, 2), "f32", 0, 1, {})
+    for name, array in weights.items():
+        whole.set_weight(name, np.ascontiguousarray(array, dtype=np.float32), "f32")
+    tokens = np.array([0, 1000, 500, 250, 751, 3], np.int32)
+    want = whole.prefill(0, tokens, 0, "all")
+    seen = np.zeros(config.vocab_size, bool)
+    for rank in range(size):
+        rows = shard.vocab_rows(config, rank, size)
+        got = rank_engine(C, config, rank, size, weights).prefill(0, tokens, 0, "all")
+        assert got.shape == (len(tokens), config.vocab_size)
+        outside = np.ones(config.vocab_size, bool)
+        outside[rows.start:rows.stop] = False
+        assert (got[:, outside] == 0).all(), "a rank wrote logit columns of another rank"
+        for m, token in enumerate(tokens):
+            if token in rows:
+                np.testing.assert_allclose(got[m, rows.start:rows.stop], want[m, rows.start:rows.stop],
+                                           rtol=1e-5, atol=1e-6, err_msg=f"rank {rank} token {token}")
+            else:
+                assert (got[m] == 0).all(), f"rank {rank} embedded token {token} of another rank"
+        seen[rows.start:rows.stop] = True
+    assert seen.all()
+    # the decode path spreads its rows the same way
+    engine = rank_engine(C, config, size - 1, size, weights)
+    rows = shard.vocab_rows(config, size - 1, size)
+    out = engine.decode(np.array([1000, 0], np.int32), np.array([0, 1], np.int32),
+                        np.array([0, 0], np.int32), True)
+    assert (out[1] == 0).all() and (out[0, :rows.start] == 0).all()
+    assert np.abs(out[0, rows.start:]).max() > 0
 
 
 # ---- sharded reading of a sharded safetensors directory ------------------------------------------

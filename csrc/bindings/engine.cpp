@@ -5,7 +5,8 @@
 //
 //   Engine(backend: "cpu"|"cuda", config: dict, dtype: "f32"|"f16"|"bf16", device: int = 0,
 //          n_threads: int = 0, quant_types: dict = {})
-//                                            config keys: ModelConfig.engine_dict(); the cpu
+//                                            config keys: ModelConfig.engine_dict(), and a
+//                                            tensor-parallel rank's tp_rank / tp_size; the cpu
 //                                            backend stores "f32" or "bf16", n_threads 0 = all;
 //                                            quant_types: matrix name -> GGML type id of the block
 //                                            format it is stored in (cpu only)
@@ -105,6 +106,9 @@ brrr::Config config_from_dict(const py::dict& d) {
         if (d.contains("kv_blocks")) c.kv_blocks = as_int("kv_blocks");
         if (d.contains("gpu_memory_utilization"))
             c.gpu_memory_utilization = d["gpu_memory_utilization"].cast<float>();
+        // A tensor-parallel rank's (llama_brrr/tp/shard.py, local_config); absent: one engine.
+        if (d.contains("tp_rank")) c.tp_rank = as_int("tp_rank");
+        if (d.contains("tp_size")) c.tp_size = as_int("tp_size");
     } catch (const py::cast_error&) {
         bad_argument("engine config has a value of the wrong type: ints for sizes, floats for "
                      "norm_eps/rope_*, bool for tie_embeddings");
@@ -139,6 +143,8 @@ py::dict config_to_dict(const brrr::Config& c) {
     d["kv_block_size"] = c.kv_block_size;
     d["kv_blocks"] = c.kv_blocks;
     d["gpu_memory_utilization"] = c.gpu_memory_utilization;
+    d["tp_rank"] = c.tp_rank;
+    d["tp_size"] = c.tp_size;
     return d;
 }
 

@@ -209,8 +209,9 @@ void bind_testing(py::module_& m) {
 
     testing.def("embed", [](uintptr_t tokens, uintptr_t table, uintptr_t x, int64_t M, int64_t D,
                              int64_t V, uintptr_t history, uintptr_t slots, uintptr_t positions,
-                             int64_t max_batch, int64_t max_seq) {
-        CudaOp::check_sizes({{"M", M}, {"D", D}, {"V", V}, {"max_batch", max_batch}, {"max_seq", max_seq}});
+                             int64_t max_batch, int64_t max_seq, int64_t vocab_offset, int64_t vocab_rows) {
+        CudaOp::check_sizes({{"M", M}, {"D", D}, {"V", V}, {"max_batch", max_batch}, {"max_seq", max_seq},
+                             {"vocab_offset", vocab_offset}, {"vocab_rows", vocab_rows}});
         brrr::cuda::TokenHistory record;
         if (history) {
             if (max_batch < 1 || max_seq < 1)
@@ -225,13 +226,15 @@ void bind_testing(py::module_& m) {
         py::gil_scoped_release release;
         brrr::cuda::embed(static_cast<const int*>(CudaOp::ptr(tokens, "tokens")),
                           static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(table, "table")),
-                          static_cast<float*>(CudaOp::ptr(x, "x")), (int)M, (int)D, (int)V, record, 0);
+                          static_cast<float*>(CudaOp::ptr(x, "x")), (int)M, (int)D, (int)V, (int)vocab_offset,
+                          (int)(vocab_rows ? vocab_rows : V - vocab_offset), record, 0);
         CudaOp::finish("testing.embed");
     }, py::arg("tokens"), py::arg("table"), py::arg("x"), py::arg("M"), py::arg("D"), py::arg("V"),
        py::arg("history") = 0, py::arg("slots") = 0, py::arg("positions") = 0, py::arg("max_batch") = 0,
-       py::arg("max_seq") = 0,
-       "x[m] = float(table[tokens[m]]); tokens int32 [M], table bf16 [V, D], x f32 [M, D]; with a "
-       "history (int32 [max_batch, max_seq]) also history[slots[m], positions[m]] = tokens[m]");
+       py::arg("max_seq") = 0, py::arg("vocab_offset") = 0, py::arg("vocab_rows") = 0,
+       "x[m] = float(table[tokens[m] - vocab_offset]); tokens int32 [M], table bf16 [vocab_rows, D] "
+       "(vocab_rows 0: V - vocab_offset), x f32 [M, D]; with a history (int32 [max_batch, max_seq]) "
+       "also history[slots[m], positions[m]] = tokens[m]");
 
     testing.def("rmsnorm_residual", [](uintptr_t x, uintptr_t residual, uintptr_t w, uintptr_t y,
                                         int64_t M, int64_t D, float eps) {
@@ -489,8 +492,9 @@ void bind_testing(py::module_& m) {
        "out bf16 [N, ld_out] = dequant(W) rounded to nearest (ld_out 0: K)");
     testing.def("embed_quant", [](uintptr_t tokens, int64_t type, uintptr_t table, uintptr_t x, int64_t M, int64_t D,
                                    int64_t V, uintptr_t history, uintptr_t slots, uintptr_t positions,
-                                   int64_t max_batch, int64_t max_seq) {
-        CudaOp::check_sizes({{"M", M}, {"D", D}, {"V", V}, {"max_batch", max_batch}, {"max_seq", max_seq}});
+                                   int64_t max_batch, int64_t max_seq, int64_t vocab_offset, int64_t vocab_rows) {
+        CudaOp::check_sizes({{"M", M}, {"D", D}, {"V", V}, {"max_batch", max_batch}, {"max_seq", max_seq},
+                             {"vocab_offset", vocab_offset}, {"vocab_rows", vocab_rows}});
         if (type < 0 || type > 255) bad_argument("embed_quant: type must be a GGML type id, got " + std::to_string(type));
         brrr::cuda::TokenHistory record;
         if (history) {
@@ -504,12 +508,14 @@ void bind_testing(py::module_& m) {
         const void* wp = CudaOp::ptr(table, "table");
         auto* xp = static_cast<float*>(CudaOp::ptr(x, "x"));
         py::gil_scoped_release release;
-        brrr::cuda::embed_quant(tp, (int)type, wp, xp, (int)M, (int)D, (int)V, record, 0);
+        brrr::cuda::embed_quant(tp, (int)type, wp, xp, (int)M, (int)D, (int)V, (int)vocab_offset,
+                                (int)(vocab_rows ? vocab_rows : V - vocab_offset), record, 0);
         CudaOp::finish("testing.embed_quant");
     }, py::arg("tokens"), py::arg("type"), py::arg("table"), py::arg("x"), py::arg("M"), py::arg("D"), py::arg("V"),
        py::arg("history") = 0, py::arg("slots") = 0, py::arg("positions") = 0, py::arg("max_batch") = 0,
-       py::arg("max_seq") = 0,
-       "x[m] = dequant(table row tokens[m]) f32; table in qlayout tiles [V, D]; history as testing.embed");
+       py::arg("max_seq") = 0, py::arg("vocab_offset") = 0, py::arg("vocab_rows") = 0,
+       "x[m] = dequant(table row tokens[m] - vocab_offset) f32; table in qlayout tiles [vocab_rows, D]; "
+       "vocabulary rows and history as testing.embed");
     // The tensor-core GEMM and the engine's matmul dispatch take the same arguments.
     const struct {
         const char* name;

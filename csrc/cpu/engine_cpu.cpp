@@ -358,7 +358,12 @@ void CpuEngine::get_weight(const std::string& name, float* dst) const {
 
 void CpuEngine::embedding_row(int token, float* out) const {
     const WeightPart& p = tok_embeddings_.parts[0];  // one canonical tensor: one part
-    const uint8_t* row = p.data + (size_t)token * p.row_bytes;
+    const int local = token - cfg_.vocab_offset();
+    if (local < 0 || local >= cfg_.vocab_rows()) {  // another tensor-parallel rank's token
+        std::fill(out, out + cfg_.dim, 0.f);
+        return;
+    }
+    const uint8_t* row = p.data + (size_t)local * p.row_bytes;
     if (p.quantized)
         quant::dequantize_row(p.qtype, row, out, cfg_.dim);
     else
@@ -507,8 +512,22 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
         rmsnorm(x + (size_t)first_logit_row * D, final_norm_, xb, n_out, D, c.norm_eps);
         prof_.op("lm_head", profile::OpClass::Matmul, profile::matmul_cost(n_out, c.vocab_size, D, wb(*lm_head_), 4, 4));
         project(*lm_head_, xb, logits, n_out, false);
+        if (c.tp_size > 1) spread_logit_columns(logits, n_out);
     }
     prof_.end();
+}
+
+// A tensor-parallel rank's LM head wrote [rows, vocab_rows] packed at the start of logits; each
+// row moves to its columns [vocab_offset, + vocab_rows) of [rows, vocab], the rest zero. Last row
+// first: row m's packed source lies below its destination and above every earlier row's.
+void CpuEngine::spread_logit_columns(float* logits, int rows) const {
+    const size_t V = cfg_.vocab_size, n = cfg_.vocab_rows(), off = cfg_.vocab_offset();
+    for (int m = rows - 1; m >= 0; --m) {
+        float* row = logits + (size_t)m * V;
+        std::memmove(row + off, logits + (size_t)m * n, n * sizeof(float));
+        std::fill(row, row + off, 0.f);
+        std::fill(row + off + n, row + V, 0.f);
+    }
 }
 
 void CpuEngine::project(const Matrix& W, const float* X, float* Y, int M, bool accumulate) {

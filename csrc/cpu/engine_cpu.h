@@ -6,6 +6,10 @@
 //   per layer  wqkv [qkv_dim, dim]  wo [dim, q_dim]  w13 [2*hidden, dim]  w2 [dim, hidden]
 //              attn_norm, ffn_norm [dim] fp32
 //   tok_embeddings [vocab, dim] (also the LM head when tied), output [vocab, dim], norm [dim]
+//   A tensor-parallel rank (config tp_size > 1) holds its vocabulary rows of both (model.h) and,
+//   having no communicator, computes what a CUDA rank computes before its collectives: zero
+//   embeddings for other ranks' tokens, its own logit columns with the others zero. It serves the
+//   process plumbing's tests (llama_brrr/tp, collectives=False), not inference.
 //   Each canonical matrix is stored in its own type: the weight dtype (f32, or bf16 bits), or a
 //   GGUF block format (quant.h) named in the constructor's quant_types, rows of row_bytes. A fused
 //   matrix (wqkv = wq|wk|wv, w13 = w1|w3) is its pieces back to back, run as one part per run of
@@ -128,6 +132,7 @@ private:
     void project(const Matrix& W, const float* X, float* Y, int M, bool accumulate);
     // out[D] = row `token` of the embedding matrix, as fp32.
     void embedding_row(int token, float* out) const;
+    void spread_logit_columns(float* logits, int rows) const;
     // fp32 values of `rows` rows of a canonical tensor from row r0 into dst, or back.
     void read_rows(const TensorSlot& t, int64_t r0, int64_t rows, float* dst) const;
 

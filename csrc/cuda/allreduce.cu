@@ -298,6 +298,18 @@ void OneShotAllReduce::close() noexcept {
     cudaGetLastError();
 }
 
+void OneShotAllReduce::leave(nccl::Comm comm, cudaStream_t stream) {
+    if (!ready()) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    close_peers();
+    // The barrier: each rank's all-gather starts once its stream is idle, so once it returns
+    // every rank has closed its peers' buffers.
+    const char mine = 0;
+    std::vector<char> all(peers_.size);
+    gather(&mine, all.data(), 1, peers_.rank, peers_.size, comm, stream);
+    close();
+}
+
 void OneShotAllReduce::run(const float* in, float* out, size_t count, cudaStream_t stream) const {
     BRRR_CHECK(ready(), "the one-shot all-reduce is not open");
     all_reduce_oneshot(in, out, count, peers_, stream);

@@ -32,9 +32,13 @@ public:
     void close_peers() noexcept;
     // close_peers, then frees this rank's buffer. CUDA leaves freeing an exported buffer before
     // every importer has closed it undefined, and a peer may still read it in its last kernel
-    // after this rank's has finished: a clean end is close_peers on every rank, a barrier over
-    // the communicator, then close (all_reduce_bench's temporary group does that).
+    // after this rank's has finished: a clean end is leave(), on every rank.
     void close() noexcept;
+    // The clean end, every rank together (a collective over `comm`): waits for this rank's
+    // kernels on `stream`, close_peers, a barrier over the communicator (no rank frees its buffer
+    // before every peer has closed it), then close. Never on a fault path: a dead peer would
+    // leave the barrier waiting. Nothing to do when the group is not open.
+    void leave(nccl::Comm comm, cudaStream_t stream);
     bool ready() const { return own_ != nullptr; }
     size_t capacity_bytes() const { return peers_.half_floats * sizeof(float); }
     // all_reduce_oneshot (ops.h) on this group: count floats, at most capacity_bytes().

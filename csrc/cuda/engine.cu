@@ -210,9 +210,10 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     Carver a{base};
 
     slots_.clear();
-    // Pieces (canonical name, rows) of one matrix [sum rows, cols]; consecutive pieces of one
-    // storage type share a part.
-    auto matrix = [&](std::initializer_list<std::pair<std::string, int>> pieces, int cols) {
+    // Pieces (canonical name, rows) of one matrix [sum rows + pad_rows, cols]; consecutive pieces
+    // of one storage type share a part. Pad rows (a tensor-parallel rank's vocabulary, see
+    // engine.cuh) end the last part and stay zero: the arena is zeroed and nothing writes them.
+    auto matrix = [&](std::initializer_list<std::pair<std::string, int>> pieces, int cols, int pad_rows = 0) {
         Matrix m;
         m.cols = cols;
         for (const auto& [name, rows] : pieces) {
@@ -234,6 +235,8 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
             part.rows += rows;
             m.rows += rows;
         }
+        m.parts[m.n_parts - 1].rows += pad_rows;
+        m.rows += pad_rows;
         for (int i = 0; i < m.n_parts; ++i) {
             MatrixPart& part = m.parts[i];
             const size_t bytes = part.type == 0 ? (size_t)part.rows * cols * sizeof(bf16)
@@ -244,8 +247,9 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
         return m;
     };
     const int Hq = c.q_dim(), Hkv = c.kv_dim();
-    tok_embeddings_ = matrix({{"tok_embeddings", (int)V}}, (int)D);
-    output_ = c.tie_embeddings ? tok_embeddings_ : matrix({{"output", (int)V}}, (int)D);
+    const int vocab_rows = c.vocab_rows(), vocab_pad = c.vocab_shard() - c.vocab_rows();
+    tok_embeddings_ = matrix({{"tok_embeddings", vocab_rows}}, (int)D, vocab_pad);
+    output_ = c.tie_embeddings ? tok_embeddings_ : matrix({{"output", vocab_rows}}, (int)D, vocab_pad);
     norm_ = a.take<bf16>(D);
     layers_.assign(c.n_layers, LayerWeights{});
     for (int l = 0; l < c.n_layers; ++l) {
@@ -291,7 +295,10 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     q_ = a.take<bf16>(R * c.q_dim());
     att_ = a.take<bf16>(R * c.q_dim());
     hb_ = a.take<bf16>(R * H);
-    logits_ = a.take<float>((size_t)logit_rows_ * V);
+    // Tensor parallelism: one row's logits are gathered in place into tp_size x Vs floats.
+    const size_t Vs = c.vocab_shard();
+    logits_ = a.take<float>(std::max((size_t)logit_rows_ * V, (size_t)c.tp_size * Vs));
+    tp_gather_ = c.tp_size > 1 ? a.take<float>((size_t)c.tp_size * logit_rows_ * Vs) : nullptr;
     // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and one layer
     // matrix's worth of bf16 for prefill (the largest with a quantized part).
     xq_ = nullptr;
@@ -605,6 +612,12 @@ void CudaEngine::init_tensor_parallel(const nccl::UniqueId& id, int rank, int si
     BRRR_CHECK(!tp_comm_, "this engine already is rank " << tp_rank_ << " of " << tp_size_);
     BRRR_CHECK_ARG(size >= 1 && rank >= 0 && rank < size,
                    "tensor parallel: rank " << rank << " must be in [0, size = " << size << ")");
+    // The engine was built for one rank's share (its vocabulary rows above all): it joins as that rank.
+    BRRR_CHECK_ARG(rank == cfg_.tp_rank && size == cfg_.tp_size,
+                   "tensor parallel: joining as rank " << rank << " of " << size << ", but this engine "
+                   "was built as rank " << cfg_.tp_rank << " of " << cfg_.tp_size << " (config tp_rank / "
+                   "tp_size, from llama_brrr.tp.shard.local_config); build each rank's engine with "
+                   "its own rank and size");
     activate();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     tp_comm_ = nccl::init_rank(id, rank, size);
@@ -623,6 +636,13 @@ void CudaEngine::init_tensor_parallel(const nccl::UniqueId& id, int rank, int si
     std::fill(decode_warmed_.begin(), decode_warmed_.end(), false);
 }
 
+void CudaEngine::require_group() const {
+    BRRR_CHECK(cfg_.tp_size == 1 || tp_comm_,
+               "this engine is tensor-parallel rank " << cfg_.tp_rank << " of " << cfg_.tp_size
+               << " (config tp_rank / tp_size) and holds only that rank's share of the model; join "
+               "the group with init_tensor_parallel before running it");
+}
+
 // Messages up to the one-shot group's capacity (tuning::kAllReduceOneShotMaxBytes) take its
 // kernel, larger ones (prefill chunks) NCCL; the choice depends only on rows, the same on every rank.
 void CudaEngine::all_reduce_residual(int rows) {
@@ -638,16 +658,12 @@ void CudaEngine::all_reduce_residual(int rows) {
     prof_.end();
 }
 
-// allreduce.h's clean end: unmap the peers' buffers, a barrier, free this rank's. release() cannot
-// do this (a collective there would hang when a peer has died), so the ranks call it on a normal stop.
+// allreduce.h's clean end. release() cannot do this (a collective there would hang when a peer
+// has died), so the ranks call it on a normal stop.
 void CudaEngine::leave_one_shot() {
     if (!tp_oneshot_.ready()) return;
     activate();
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    tp_oneshot_.close_peers();
-    nccl::all_reduce_sum(x_, x_, 4, tp_comm_, stream_);  // x_ is scratch between passes
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    tp_oneshot_.close();
+    tp_oneshot_.leave(tp_comm_, stream_);
     tp_oneshot_why_not_ = "the group was left (leave_tensor_parallel)";
 }
 
@@ -768,13 +784,7 @@ double CudaEngine::all_reduce_bench(size_t bytes, const std::string& method, int
     cudaEventDestroy(start);
     cudaEventDestroy(end);
     cudaGraphExecDestroy(exec);
-    if (group == &own_group) {
-        // The clean end of a group (allreduce.h): every rank unmaps the peers' buffers, then a
-        // barrier (each rank's NCCL call starts after its last kernel), then own_group frees.
-        own_group.close_peers();
-        nccl::all_reduce_sum(src.f32(), dst.f32(), 4, tp_comm_, stream_);
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-    }
+    own_group.leave(tp_comm_, stream_);  // the clean end of a group of its own (allreduce.h)
     std::sort(us.begin(), us.end());
     return us.size() % 2 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
 }
@@ -811,6 +821,7 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
     block_tables_.check_covered(slot, 0, start_pos + n_tokens, "prefill");
     BRRR_CHECK(!all_logits || logits, "prefill: all_logits needs an output buffer");
     require_weights();
+    require_group();
     activate();
     upload_block_tables();
 
@@ -859,6 +870,7 @@ void CudaEngine::prefill_many(const int32_t* slots, const int32_t* starts, const
     check_prefill_many_args(cfg_, slots, starts, counts, n_seqs, tokens);
     for (int i = 0; i < n_seqs; ++i) block_tables_.check_covered(slots[i], 0, starts[i] + counts[i], "prefill_many");
     require_weights();
+    require_group();
     activate();
     upload_block_tables();
 
@@ -901,6 +913,7 @@ void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32
     check_decode_args(cfg_, tokens, slots, positions, batch, 1);
     for (int i = 0; i < batch; ++i) block_tables_.check_covered(slots[i], 0, positions[i] + 1, "decode");
     require_weights();
+    require_group();
     activate();
     upload_block_tables();
 
@@ -1090,6 +1103,7 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     BRRR_CHECK(params && steps && out_tokens && out_logprobs,
                "decode_steps: null params, steps or output pointer");
     require_weights();
+    require_group();
     activate();
     upload_block_tables();
 

@@ -3,7 +3,10 @@
 // pass: one straight-line layer loop for both phases).
 //
 // Device memory is one arena, carved at construction and never grown:
-//   weights         tok_embeddings [V, D], output [V, D] (unless tied), norm [D] (bf16)
+//   weights         tok_embeddings [V, D], output [V, D] (unless tied), norm [D] (bf16); a
+//                   tensor-parallel rank (config tp_size > 1) holds Vs = ceil(V / tp_size) rows
+//                   of each: its vocabulary rows (model.h, Config::vocab_rows), then zeros up to
+//                   Vs on the last rank, so every rank's LM head yields Vs columns for the gather
 //                   per layer: attn_norm, ffn_norm [D] (bf16), wqkv [(Hq + 2 Hkv) hd, D]
 //                              (wq|wk|wv), wo [D, Hq hd], w13 [2 H, D] (w1 gate | w3 up), w2 [D, H]
 //                   each matrix bf16, or in the quantized tiles of qlayout.h where quant_types
@@ -15,6 +18,8 @@
 //   activations     rows = max(max_batch, prefill chunk): x f32 [rows, D], xn bf16 [rows, D],
 //                   qkv f32 [rows, qkv_dim], q, att bf16 [rows, Hq hd], hb bf16 [rows, H]
 //   logits (f32)    [max(max_batch, kLogitRows), V]; prefill "all" goes through it kLogitRows at a time
+//   tensor parallel [tp_size][rows][Vs] f32: every rank's logit columns of a multi-row LM head,
+//                   gathered (tp_gather_)
 //   quantized only  xq: int8 activation blocks of up to 16 rows; gate_up f32 [16, 2H]; deq bf16:
 //                   the largest quantized layer matrix, dequantized for a prefill chunk's GEMM
 //   inputs          tokens, slots, positions i32 [rows] each, filled from pinned host staging;
@@ -176,7 +181,11 @@ private:
     void forward_decode(int B);
     // Layers over prompt segments (inputs rows [0, rows)); leaves the residual in x_.
     void forward_prefill_layers(const Segment* segments, int n_segments, int rows);
-    // Final norm and LM head of x_ rows [row, row + rows) into logits_ rows [0, rows).
+    // Final norm and LM head of x_ rows [row, row + rows) into logits_ rows [0, rows). A
+    // tensor-parallel rank computes its Vs columns and all-gathers the others: one row straight in
+    // place in logits_ (rank r's columns start at r Vs), more through tp_gather_ [tp_size][rows][Vs]
+    // and one 2-D copy per rank into logits_ [rows, V]. Each logit is computed on one rank and
+    // copied to all: every rank holds the same bits, and samples the same tokens.
     void forward_lm_head(int row, int rows);
     // y = in · W^T through the epilogue, W as stored: `in` is rmsnorm(x_f32) * norm_w when norm_w
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
@@ -241,6 +250,9 @@ private:
     EpilogueArgs residual_args() const;
     // Sums x_'s first `rows` rows over the ranks (nothing on a single GPU).
     void all_reduce_residual(int rows);
+    // Throws unless the engine may run the model: a tensor-parallel rank (config tp_size > 1)
+    // holds a share of it and must have joined its group first (init_tensor_parallel).
+    void require_group() const;
     // Cached positions the next decode's attention reads, summed over its B rows (0 when not profiling).
     double decode_context(int B) const;
 
@@ -254,8 +266,8 @@ private:
     char* arena_ = nullptr;
     std::unordered_map<std::string, int> quant_types_;  // the constructor's
     std::unordered_map<std::string, WeightSlot> slots_;  // every matrix piece, by canonical name
-    Matrix tok_embeddings_;           // [V, D]
-    Matrix output_;                   // [V, D]; the same storage as tok_embeddings_ when tied
+    Matrix tok_embeddings_;           // [V, D]; a tensor-parallel rank's [Vs, D] (see the top)
+    Matrix output_;                   // likewise; the same storage as tok_embeddings_ when tied
     bf16* norm_ = nullptr;            // [D]
     std::vector<LayerWeights> layers_;  // [n_layers]
     bf16* k_cache_ = nullptr;         // [n_layers][kv_blocks * kv_block_size][Hkv][hd]
@@ -272,7 +284,8 @@ private:
     bf16* q_ = nullptr;               // [rows_, Hq hd] rotated queries
     bf16* att_ = nullptr;             // [rows_, Hq hd] attention output
     bf16* hb_ = nullptr;              // [rows_, H] SwiGLU output
-    float* logits_ = nullptr;         // [logit_rows_, V]
+    float* logits_ = nullptr;         // [logit_rows_, V] (at least tp_size x Vs)
+    float* tp_gather_ = nullptr;      // tensor parallelism: [tp_size][logit_rows_][Vs]
     quant::ActBlock* xq_ = nullptr;   // [tuning::kGemvMaxRows, max K / 32] activations of a quantized GEMV
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
     bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (prefill)

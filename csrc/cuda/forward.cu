@@ -11,11 +11,16 @@
 //             hb = silu(xn · w1^T) * (xn · w3^T), xn = rmsnorm(x) * ffn_norm   (one launch over w13)
 //             x += hb · w2^T
 // End:        logits = rmsnorm(x) * norm · output^T
+// Tensor parallelism: wo and w2 give each rank a partial sum, all-reduced into x after each (and
+// the embedding, each rank's vocabulary rows, after it); the LM head gives each rank its logit
+// columns, all-gathered (forward_lm_head).
 // At decode (B <= 16 rows) each matmul line is one GEMV kernel and the kernels overlap through
 // programmatic dependent launch (launch.cuh); larger row counts take the tensor-core GEMM, with the
 // norm and RoPE as separate kernels behind the same calls.
 // Each launch is preceded by prof_.op(name, class, cost) (csrc/profile/profile.h): a no-op unless
 // profiling is on. A fused call is one op; its cost counts the fp32 residual read as its input.
+#include <algorithm>
+
 #include "cuda/engine.cuh"
 #include "cuda/tuning.h"
 
@@ -102,11 +107,17 @@ void CudaEngine::forward_layers(const Pass& pass) {
     cudaStream_t s = stream_;
 
     prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * M * D + 4.0 * M));
+    // This engine's vocabulary rows (all of them on one GPU); a tensor-parallel rank's table
+    // holds Vs rows, the last rank's padded past V (engine.cuh).
+    const int vocab_offset = c.vocab_offset(), table_rows = tok_embeddings_.rows;
     if (tok_embeddings_.plain_bf16())
-        embed(d_tokens_, tok_embeddings_.bf16_data(), x_, M, D, c.vocab_size, token_history(), s);
+        embed(d_tokens_, tok_embeddings_.bf16_data(), x_, M, D, c.vocab_size, vocab_offset, table_rows,
+              token_history(), s);
     else
         embed_quant(d_tokens_, tok_embeddings_.parts[0].type, tok_embeddings_.parts[0].data, x_, M, D,
-                    c.vocab_size, token_history(), s);
+                    c.vocab_size, vocab_offset, table_rows, token_history(), s);
+    // tensor parallelism: each rank embedded the tokens of its rows, zeros for the others'
+    if (c.tp_size > 1) all_reduce_residual(M);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         const KvCache kv = layer_kv(l);
@@ -156,8 +167,27 @@ void CudaEngine::forward_prefill_layers(const Segment* segments, int n_segments,
 
 void CudaEngine::forward_lm_head(int row, int rows) {
     const Config& c = cfg_;
-    prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(rows, c.vocab_size, c.dim, w_bytes(output_), 4, 4));
-    matmul(output_, x_ + (size_t)row * c.dim, norm_, nullptr, rows, Epilogue::StoreF32, store_f32(logits_, split_k_));
+    const int N = output_.rows;  // V, or a tensor-parallel rank's Vs
+    float* mine = logits_;
+    if (c.tp_size > 1) mine = rows == 1 ? logits_ + (size_t)tp_rank_ * N : tp_gather_ + (size_t)tp_rank_ * rows * N;
+    prof_.op("lm_head", OpClass::Matmul, profile::matmul_cost(rows, N, c.dim, w_bytes(output_), 4, 4));
+    matmul(output_, x_ + (size_t)row * c.dim, norm_, nullptr, rows, Epilogue::StoreF32, store_f32(mine, split_k_));
+    if (c.tp_size > 1) {
+        // In place: rank r's block of the destination is its own `mine`.
+        float* gathered = rows == 1 ? logits_ : tp_gather_;
+        prof_.op("logits_all_gather", OpClass::Copy, profile::copy_cost(8.0 * c.tp_size * rows * N));
+        nccl::all_gather_bytes(mine, gathered, sizeof(float) * rows * N, tp_comm_, stream_);
+        if (rows > 1) {
+            // [tp_size][rows][Vs] -> [rows][V]: rank r's columns land at r Vs, the pad past V dropped
+            prof_.op("logits_layout", OpClass::Copy, profile::copy_cost(8.0 * rows * c.vocab_size));
+            for (int r = 0; r < c.tp_size; ++r) {
+                const int cols = std::min(N, c.vocab_size - r * N);
+                CUDA_CHECK(cudaMemcpy2DAsync(logits_ + (size_t)r * N, sizeof(float) * c.vocab_size,
+                                             tp_gather_ + (size_t)r * rows * N, sizeof(float) * N,
+                                             sizeof(float) * cols, rows, cudaMemcpyDeviceToDevice, stream_));
+            }
+        }
+    }
     prof_.end();
 }
 

@@ -763,7 +763,7 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ W, int N, int K, s
 // embed on a quantized table: one CTA per row m (embed.cu's conventions: history, NaN rows).
 template <QType T>
 __global__ void embed_quant_kernel(const int* __restrict__ tokens, const uint8_t* __restrict__ table, float* __restrict__ x,
-                                   int V, int D, size_t row_stride, TokenHistory record) {
+                                   int V, int D, int offset, int rows, size_t row_stride, TokenHistory record) {
     pdl_wait();
     pdl_launch_dependents();
     const int m = blockIdx.x;
@@ -774,13 +774,15 @@ __global__ void embed_quant_kernel(const int* __restrict__ tokens, const uint8_t
             record.history[(size_t)slot * record.max_seq + pos] = tok;
     }
     float* row_out = x + (size_t)m * D;
-    if (tok < 0 || tok >= V) {
-        for (int i = threadIdx.x; i < D; i += blockDim.x) row_out[i] = NAN;
+    const int local = embed_row_of(tok, V, offset, rows);
+    if (local < 0) {
+        const float fill = local == kEmbedInvalid ? NAN : 0.f;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) row_out[i] = fill;
         return;
     }
     for (int g = threadIdx.x; g < D / 8; g += blockDim.x) {
         float w[8];
-        dequant_row8<T>(table, row_stride, (D + 255) / 256, V, tok, 8 * g, w);
+        dequant_row8<T>(table, row_stride, (D + 255) / 256, rows, local, 8 * g, w);
 #pragma unroll
         for (int j = 0; j < 8; ++j) row_out[8 * g + j] = w[j];
     }
@@ -826,10 +828,10 @@ template <QType T> struct DequantFn {
     }
 };
 template <QType T> struct EmbedFn {
-    static void run(const int* tokens, const void* table, float* x, int M, int D, int V, const TokenHistory& record,
-                    cudaStream_t s) {
+    static void run(const int* tokens, const void* table, float* x, int M, int D, int V, int offset, int rows,
+                    const TokenHistory& record, cudaStream_t s) {
         launch_pdl(embed_quant_kernel<T>, dim3(M), dim3(128), 0, s, tokens, static_cast<const uint8_t*>(table), x, V, D,
-                   qlayout::row_stride((int)T, D), record);
+                   offset, rows, qlayout::row_stride((int)T, D), record);
         CUDA_CHECK_LAUNCH("embed_quant_kernel");
     }
 };
@@ -921,10 +923,11 @@ void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStrea
     by_type<DequantFn>(type, W, N, K, out, K, stream);
 }
 
-void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, const TokenHistory& record,
-                 cudaStream_t stream) {
+void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, int vocab_offset,
+                 int vocab_rows, const TokenHistory& record, cudaStream_t stream) {
     check_type("embed_quant", type, D, "D");
     BRRR_CHECK_ARG(M >= 0 && V > 0, "embed_quant: bad sizes M=" << M << " D=" << D << " V=" << V);
+    check_vocab_shard("embed_quant", V, vocab_offset, vocab_rows);
     BRRR_CHECK_ARG(tokens != nullptr && table != nullptr && x != nullptr,
                    "embed_quant: tokens, table and x must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(table, 16), "embed_quant: the table (qlayout tiles) must be 16-byte aligned");
@@ -932,7 +935,7 @@ void embed_quant(const int* tokens, int type, const void* table, float* x, int M
                    "embed_quant: a token history needs slots, positions and sizes max_batch="
                        << record.max_batch << " max_seq=" << record.max_seq);
     if (M == 0) return;
-    by_type<EmbedFn>(type, tokens, table, x, M, D, V, record, stream);
+    by_type<EmbedFn>(type, tokens, table, x, M, D, V, vocab_offset, vocab_rows, record, stream);
 }
 
 void quantize_act_bf16(const bf16* x, ActBlock* xq, int M, int K, cudaStream_t stream) {

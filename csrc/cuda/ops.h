@@ -76,8 +76,13 @@ struct TokenHistory {
     const int* positions = nullptr;
     int max_batch = 0, max_seq = 0;
 };
-// x[m, :] = table[tokens[m], :] as fp32 and the token into `record`; tokens [M], table [V, D] bf16 (a row with an id outside [0, V) becomes NaN).
-void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, const TokenHistory& record, cudaStream_t stream);
+// Which row of a table holding vocabulary rows [offset, offset + rows) of V embeds `tok`: its row, kEmbedOther (another shard's: a zero row), or kEmbedInvalid (tok outside [0, V): NaN in the shard at offset 0, zero in the others).
+constexpr int kEmbedOther = -1, kEmbedInvalid = -2;
+BRRR_HOST_DEVICE inline int embed_row_of(int tok, int V, int offset, int rows) { return tok < 0 || tok >= V ? (offset == 0 ? kEmbedInvalid : kEmbedOther) : tok - offset >= 0 && tok - offset < rows ? tok - offset : kEmbedOther; }
+// Throws unless a table of vocab_rows > 0 rows from row vocab_offset holds a row of [0, V) (embed, embed_quant; rows past V are a last shard's padding).
+void check_vocab_shard(const char* op, int V, int vocab_offset, int vocab_rows);
+// x[m, :] = table[tokens[m] - vocab_offset, :] as fp32 and the token into `record`; tokens [M], table [vocab_rows, D] bf16, rows [vocab_offset, + vocab_rows) of V (embed_row_of: other shards' tokens give zeros, ids outside [0, V) NaN).
+void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, int vocab_offset, int vocab_rows, const TokenHistory& record, cudaStream_t stream);
 // x += residual (when residual != nullptr), then y = x * rsqrt(mean(x^2) + eps) * w; x [M, D] fp32.
 void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D, float eps, cudaStream_t stream);
 
@@ -111,8 +116,8 @@ void gemv_quant_in(int type, const void* W, const QuantGemvInput& in, int M, int
 void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream);
 // out [N, K] fp32 = dequant(W), exactly the CPU dequantizer's values.
 void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStream_t stream);
-// embed on a quantized table [V, D] (qlayout tiles): x[m, :] = dequant(table row tokens[m]) fp32; `record` as embed.
-void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, const TokenHistory& record, cudaStream_t stream);
+// embed on a quantized table [vocab_rows, D] (qlayout tiles): x[m, :] = dequant(its row of tokens[m]) fp32; vocabulary rows and `record` as embed.
+void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, int vocab_offset, int vocab_rows, const TokenHistory& record, cudaStream_t stream);
 
 // ---- gemv_quant_mma.cu: the quantized GEMV on the tensor cores, for M = 2..64 -----------------
 // y = x . bf16(dequant(W))^T, x [M, K] bf16 (M <= 64, one weight pass), W as gemv_quant; exact fp32 dequant rounded to bf16, mma.sync, fp32 sums; every Epilogue, pairs as gemv_bf16; rows batch-invariant bit for bit.

@@ -115,7 +115,8 @@ class TensorParallelEngine:
     def config(self) -> dict:
         """The full model's engine config; the KV pool's keys from the ranks (the smallest pool,
         so every block id handed out exists on every rank)."""
-        rank0 = self._rank_configs[0]
+        rank0 = {key: value for key, value in self._rank_configs[0].items()
+                 if key not in ("tp_rank", "tp_size")}  # rank 0's own place in the group
         full = self._full_config.engine_dict(rank0["max_seq_len"], rank0["max_batch"])
         return {**rank0, **full, "kv_block_size": rank0["kv_block_size"],
                 "kv_blocks": self._kv_blocks, "tensor_parallel": self.size}

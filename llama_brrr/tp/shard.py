@@ -9,12 +9,19 @@ Rank r of N holds:
     wo  [D, Hq/N * hd]      the columns that multiply its heads' attention outputs
     w1, w3 [H/N, D]         its rows of the MLP
     w2  [D, H/N]            the matching columns
-    norms, tok_embeddings, output   whole, on every rank
+    tok_embeddings, output [rows_r, D]   its rows of the vocabulary, r*Vs .. min((r+1)*Vs, V) - 1
+                            with Vs = ceil(V/N) (vocab_rows; the last rank's may be fewer); with
+                            tied embeddings the one shard serves as both
+    norms                   whole, on every rank
 
-so a rank's engine is an ordinary engine of `local_config` (fewer heads, a narrower MLP; dim,
-vocabulary and layers unchanged). wo and w2 give each rank a partial sum of the full product; the
-engine all-reduces those partials into the residual stream, so every rank ends each layer with the
-full model's residual and computes the full logits with its own copy of the LM head.
+so a rank's engine is an ordinary engine of `local_config` (fewer heads, a narrower MLP, its
+vocabulary rows; dim, vocab_size and layers unchanged) told its rank (tp_rank, tp_size). wo and w2
+give each rank a partial sum of the full product; the engine all-reduces those partials into the
+residual stream, so every rank ends each layer with the full model's residual. The embedding is
+split the same way: a rank embeds the tokens of its rows and zeros for the others', and the
+all-reduce that follows sums the rows. The LM head gives each rank its Vs logit columns (the
+engine holds the last rank's rows padded to Vs with zeros), which the engine all-gathers, so every
+rank holds the same full logits, bit for bit, and samples the same tokens.
 
 Quantized (GGUF block) tensors split the same way on their bytes: a row slice is whole rows of
 blocks; a column slice is one contiguous byte range of every row (blocks run along a row), which
@@ -35,8 +42,9 @@ from ..config import ModelConfig
 from ..loaders.common import TensorSet, interleaved_to_half
 
 # Matrices split by rows (output features) and by columns (input features); the rest are whole.
-ROW_SPLIT = ("wq", "wk", "wv", "w1", "w3")
+ROW_SPLIT = ("wq", "wk", "wv", "w1", "w3", "tok_embeddings", "output")
 COLUMN_SPLIT = ("wo", "w2")
+VOCAB_SPLIT = ("tok_embeddings", "output")  # by rows of the vocabulary (vocab_rows)
 
 
 class ShardingError(ValueError):
@@ -62,6 +70,10 @@ def check_split(config: ModelConfig, size: int) -> None:
         raise ShardingError(f"tensor_parallel={size} does not divide the model's {config.n_kv_heads} "
                             f"KV heads; use a size that divides {config.n_kv_heads}, or a multiple "
                             f"of it")
+    if (size - 1) * -(-config.vocab_size // size) >= config.vocab_size:
+        raise ShardingError(f"tensor_parallel={size} leaves the last rank no rows of the "
+                            f"{config.vocab_size}-token vocabulary (ceil({config.vocab_size} / "
+                            f"{size}) rows each); use fewer ranks")
     if config.n_kv_heads < size and size % config.n_kv_heads:
         raise ShardingError(f"with {config.n_kv_heads} KV heads, tensor_parallel={size} would give a "
                             f"rank query heads of two KV heads; use a size that is a multiple of "
@@ -81,18 +93,50 @@ def kv_heads(config: ModelConfig, rank: int, size: int) -> range:
     return range(heads.start // group, (heads.stop - 1) // group + 1)
 
 
+def vocab_rows(config: ModelConfig, rank: int, size: int) -> range:
+    """The vocabulary rows (of tok_embeddings and output) rank `rank` of `size` holds: Vs =
+    ceil(V / size) from rank * Vs, fewer on the last rank when size does not divide V (the C++
+    Config's vocab_offset / vocab_rows)."""
+    per = -(-config.vocab_size // size)
+    return range(min(rank * per, config.vocab_size), min((rank + 1) * per, config.vocab_size))
+
+
+@dataclasses.dataclass
+class RankConfig(ModelConfig):
+    """A tensor-parallel rank's ModelConfig (local_config): its heads and MLP width in the usual
+    fields, vocab_size the full vocabulary, and which rank of how many it is, which sets its rows of
+    tok_embeddings and output (tensor_shapes) and goes to the engine (engine_dict)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = super().tensor_shapes()
+        rows = len(vocab_rows(self, self.tp_rank, self.tp_size))
+        for name in VOCAB_SPLIT:
+            if name in shapes:
+                shapes[name] = (rows, self.dim)
+        return shapes
+
+    def engine_dict(self, *args, **kwargs) -> dict:
+        return {**super().engine_dict(*args, **kwargs), "tp_rank": self.tp_rank,
+                "tp_size": self.tp_size}
+
+
 def local_config(config: ModelConfig, rank: int, size: int) -> ModelConfig:
-    """The config of rank `rank`'s engine: its heads and MLP width, the rest of `config`."""
+    """The config of rank `rank`'s engine: its heads, MLP width and vocabulary rows (a
+    RankConfig), the rest of `config`; `config` itself when size is 1."""
     check_split(config, size)
     if not 0 <= rank < size:
         raise ShardingError(f"rank must be in [0, {size}), got {rank}")
     if size == 1:
         return config
-    return dataclasses.replace(
-        config, n_heads=config.n_heads // size, n_kv_heads=len(kv_heads(config, rank, size)),
-        hidden_dim=config.hidden_dim // size, head_dim=config.head_dim,
-        rope_scaling=dict(config.rope_scaling) if config.rope_scaling else None,
-        extra=dict(config.extra, tensor_parallel={"rank": rank, "size": size}))
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(ModelConfig)}
+    fields.update(n_heads=config.n_heads // size, n_kv_heads=len(kv_heads(config, rank, size)),
+                  hidden_dim=config.hidden_dim // size, head_dim=config.head_dim,
+                  rope_scaling=dict(config.rope_scaling) if config.rope_scaling else None,
+                  extra=dict(config.extra))
+    return RankConfig(**fields, tp_rank=rank, tp_size=size)
 
 
 def split(config: ModelConfig, name: str, rank: int, size: int) -> tuple[int, int, int] | None:
@@ -115,6 +159,9 @@ def split(config: ModelConfig, name: str, rank: int, size: int) -> tuple[int, in
         return 0, rank * per, (rank + 1) * per
     if kind == "w2":
         return 1, rank * per, (rank + 1) * per
+    if name in VOCAB_SPLIT:
+        rows = vocab_rows(config, rank, size)
+        return 0, rows.start, rows.stop
     return None
 
 

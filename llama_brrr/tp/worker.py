@@ -7,10 +7,11 @@ nothing until the rank reports. A rank:
        "pretrained": loads the model file itself and reads only its shards (ShardedTensors), with
                      the quant plan rules of Llama.from_pretrained applied to its local shapes;
        "random":     init_random(seed) on its local shapes: a tensor's draw depends only on the
-                     seed, its index and its shape, so the whole tensors (embedding, norms, LM
-                     head) are the same on every rank, and every rank's shard of a split matrix
-                     holds the same values (a valid random model of the full shape, not the one a
-                     single GPU would draw from that seed);
+                     seed, its index and its shape, so the whole tensors (the norms) are the same
+                     on every rank, and every rank's shard of a split matrix holds the same values
+                     (the last rank's vocabulary rows the first of them where it holds fewer): a
+                     valid random model of the full shape, not the one a single GPU would draw
+                     from that seed;
        "arrays":     the full model's float arrays (given to every rank), of which it keeps its
                      shards: how tests put the same weights in a tensor-parallel and a one-GPU run;
      and reports ("loaded", engine.config, its storage types);
