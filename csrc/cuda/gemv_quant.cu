@@ -270,7 +270,7 @@ template <> struct Q<QType::Q5_K> : QK45<true> {};
 template <> struct Q<QType::Q6_K> {
     static constexpr int kTileBytes = 208, kPieces = 8;
     __device__ static Raw load(const uint8_t* t, const uint8_t* tail_d, int pi) {
-        const int h = pi >> 2, k = (pi >> 1) & 1, hh = pi & 1;
+        const int h = pi >> 2, hh = pi & 1;
         Raw r;
         r.q = ptx::ld_stream_16(t + 16 + 16 * pi);
         r.qh = __ldg(reinterpret_cast<const uint4*>(t + 144) + 2 * h + hh);
