@@ -151,12 +151,16 @@ def test_table_and_files(tiny, rng, tmp_path):
 
 def test_overhead_dominated_when_host_does_the_waiting(C, rng):
     """A one-layer model this small computes in microseconds; the Python loop around each token
-    (sampling arguments, text decoding) costs more, so decode must come out overhead-dominated."""
+    (sampling arguments, text decoding) costs more, so decode must come out overhead-dominated.
+    The verdict is a ratio of two timings, so it is taken on the least disturbed of three runs
+    (the lowest decode wall): on a loaded 2-core machine a single descheduled matmul call can
+    outweigh the whole run's per-token overhead."""
     from llama_brrr import Llama
 
     llm = Llama.random(tiny_config(dim=32, hidden_dim=64, n_layers=1, n_heads=2, n_kv_heads=1),
                        device="cpu", n_threads=1, max_batch=1)
-    s = profiled_run(llm, rng, max_tokens=24).summary()
+    runs = [profiled_run(llm, rng, max_tokens=24).summary() for _ in range(3)]
+    s = min(runs, key=lambda r: r.phases["decode"]["wall_s"])
     assert s.phases["decode"]["dominant"] == "overhead", s.table()
 
 
