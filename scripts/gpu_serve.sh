@@ -32,34 +32,7 @@ START=$(date +%s)
 SUMMARY=()
 LOG="$OUT/serve.log"
 
-elapsed() { echo $(( $(date +%s) - START )); }
-left() { echo $(( TOTAL_S - $(elapsed) )); }
-wanted() { [[ " $PHASES " == *" $1 "* ]]; }
-
-# phase NAME LIMIT_S CMD...: runs CMD with a time limit (cut to what TOTAL_S leaves), appends to
-# $LOG, records the outcome.
-phase() {
-    local name=$1 limit=$2
-    shift 2
-    local budget
-    budget=$(left)
-    if (( budget < 20 )); then
-        SUMMARY+=("$(printf '%-8s %-8s %6s  %s' "$name" skipped - "no time left of TOTAL_S=$TOTAL_S")")
-        return 1
-    fi
-    (( limit > budget - 10 )) && limit=$(( budget - 10 ))
-    local t0 rc
-    t0=$(date +%s)
-    echo "==== $name: $* (limit ${limit}s) ====" >> "$LOG"
-    timeout --kill-after=10 "$limit" "$@" >> "$LOG" 2>&1
-    rc=$?
-    local status=ok
-    (( rc == 124 || rc == 137 )) && status=timeout
-    (( rc != 0 && rc != 124 && rc != 137 )) && status="rc=$rc"
-    echo "==== $name: $status after $(( $(date +%s) - t0 ))s ====" >> "$LOG"
-    SUMMARY+=("$(printf '%-8s %-8s %6s' "$name" "$status" "$(( $(date +%s) - t0 ))s")")
-    return $rc
-}
+source "$ROOT/scripts/lib_phases.sh"
 
 # ---- environment ---------------------------------------------------------------------------------
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -100,7 +73,7 @@ fi
 
 # ---- phases ---------------------------------------------------------------------------------------
 if wanted http; then
-    phase http 170 "${BENCH[@]}" --device "$DEV" --shape "$SMALL" "${HTTP_ARGS[@]}" \
+    phase http 170 "$LOG" "${BENCH[@]}" --device "$DEV" --shape "$SMALL" "${HTTP_ARGS[@]}" \
         --modes scheduler,http --json "$OUT/http.json"
 fi
 
@@ -114,24 +87,24 @@ except (OSError, KeyError, ValueError):
 EOF
 )
     echo "ttft: Poisson rate $RATE req/s" >> "$LOG"
-    phase ttft 120 "${BENCH[@]}" --device "$DEV" --shape "$SMALL" "${HTTP_ARGS[@]}" \
+    phase ttft 120 "$LOG" "${BENCH[@]}" --device "$DEV" --shape "$SMALL" "${HTTP_ARGS[@]}" \
         --modes http --request-rate "$RATE" --json "$OUT/ttft.json"
 fi
 
 if wanted hf; then
     # Ours holds half the GPU (its KV pool does not need more at 64 rows); HF gets the whole of
     # it once ours is freed.
-    phase hf 220 "${BENCH[@]}" --device "$DEV" --shape "$BIG" "${HF_ARGS[@]}" \
+    phase hf 220 "$LOG" "${BENCH[@]}" --device "$DEV" --shape "$BIG" "${HF_ARGS[@]}" \
         --gpu-memory-utilization 0.5 --modes scheduler,hf --json "$OUT/hf.json"
 fi
 
 if wanted soak; then
-    phase soak 170 python3 benchmarks/bench_serve_soak.py --device "$DEV" "${SOAK_ARGS[@]}" \
+    phase soak 170 "$LOG" python3 benchmarks/bench_serve_soak.py --device "$DEV" "${SOAK_ARGS[@]}" \
         --out "$OUT/soak.json"
 fi
 
 if wanted profile; then
-    phase profile 150 python3 benchmarks/bench_serve_step.py --engine real --device "$DEV" \
+    phase profile 150 "$LOG" python3 benchmarks/bench_serve_step.py --engine real --device "$DEV" \
         "${STEP_ARGS[@]}" --out "$OUT/profile"
 fi
 
