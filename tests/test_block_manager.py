@@ -137,7 +137,7 @@ def test_a_token_mismatch_is_a_miss_whatever_the_digest(rng):
     bm.free(a)
     # The block cached for positions 16..31 now claims other tokens under the same digest (as a
     # digest collision would): a lookup must compare tokens and stop there.
-    bm._tokens[block_1] = [t + 1 for t in bm._tokens[block_1]]
+    bm._tokens[block_1] = (np.frombuffer(bm._tokens[block_1], dtype=np.int32) + 1).tobytes()
     b = Seq(prompt)
     assert bm.admit(b)
     assert b.prefilled == 16

@@ -34,9 +34,20 @@ import numpy as np
 _EMPTY_TABLE = np.zeros(0, dtype=np.int32)
 
 
-def _digest(parent: bytes, tokens: list[int]) -> bytes:
-    return hashlib.blake2b(parent + np.asarray(tokens, dtype=np.int32).tobytes(),
-                           digest_size=16).digest()
+def _digest(parent: bytes, tokens: bytes) -> bytes:
+    return hashlib.blake2b(parent + tokens, digest_size=16).digest()
+
+
+class _BlockTokens:
+    """Block i of a token sequence as int32 bytes: the whole sequence is converted once, so
+    hashing and comparing a request's blocks costs no per-block array conversion."""
+
+    def __init__(self, ids: list[int], block_size: int):
+        self._data = np.asarray(ids, dtype=np.int32).tobytes()
+        self._step = 4 * block_size
+
+    def __getitem__(self, i: int) -> bytes:
+        return self._data[i * self._step:(i + 1) * self._step]
 
 
 def first_chunk_end(prefilled: int, target: int, chunk: int) -> int:
@@ -75,9 +86,10 @@ class BlockManager:
         self.blocks_per_seq = -(-self.max_seq_len // self.block_size)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self._ref = [0] * self.n_blocks
-        # A registered block's digest, tokens and parent digest; None while it holds no cached prefix.
+        # A registered block's digest, tokens (int32 bytes) and parent digest; None while it holds
+        # no cached prefix.
         self._digest: list[bytes | None] = [None] * self.n_blocks
-        self._tokens: list[list[int] | None] = [None] * self.n_blocks
+        self._tokens: list[bytes | None] = [None] * self.n_blocks
         self._parent: list[bytes | None] = [None] * self.n_blocks
         self._cached: dict[bytes, int] = {}  # digest -> block
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.n_blocks))
@@ -148,8 +160,9 @@ class BlockManager:
     def _lookup(self, ids: list[int], target: int) -> tuple[list[int], list[bytes]]:
         """The cached blocks of ids' prefix, wholly before position `target`, and their digests."""
         hits, chain, parent = [], [], b""
+        blocks = _BlockTokens(ids, self.block_size)
         for i in range(target // self.block_size):
-            tokens = ids[i * self.block_size:(i + 1) * self.block_size]
+            tokens = blocks[i]
             digest = _digest(parent, tokens)
             block = self._cached.get(digest)
             if block is None or self._tokens[block] != tokens or self._parent[block] != parent:
@@ -172,8 +185,9 @@ class BlockManager:
         table, chain = self._tables[slot], self._chains[slot]
         parent = chain[-1] if chain else b""
         start = len(chain)
+        blocks = _BlockTokens(ids, self.block_size)
         for i in range(start, (len(ids) - 1) // self.block_size):
-            tokens = ids[i * self.block_size:(i + 1) * self.block_size]
+            tokens = blocks[i]
             digest = _digest(parent, tokens)
             block = self._cached.get(digest)
             if block is None or self._tokens[block] != tokens or self._parent[block] != parent:
@@ -228,8 +242,9 @@ class BlockManager:
         ids = sequence_ids(request)
         table = self._tables[request.slot]
         parent = chain[-1] if chain else b""
+        blocks = _BlockTokens(ids, self.block_size)
         for i in range(len(chain), full):
-            tokens = ids[i * self.block_size:(i + 1) * self.block_size]
+            tokens = blocks[i]
             digest = _digest(parent, tokens)
             block = table[i]
             # The same prefix computed twice (two requests at once) stays cached once; the
