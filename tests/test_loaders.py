@@ -837,6 +837,19 @@ def test_projection_biases_are_refused_not_ignored(tmp_path, rng):
         load_model(path)
 
 
+def test_a_damaged_lm_head_name_is_an_error_not_a_tied_model(tmp_path, rng):
+    """Without lm_head.weight a checkpoint reads as tied; with the head under a damaged name (a
+    changed byte of the JSON header) it must not."""
+    config = tiny_config()
+    tensors = random_tensors(config, rng)
+    directory = write_hf_dir(tmp_path / "hf", config, tensors)
+    named = {hf_name(k): v for k, v in tensors.items()}
+    named["lm_head.weigh,"] = named.pop("lm_head.weight")
+    write_safetensors(directory / "model.safetensors", named)
+    with raises_naming(directory / "model.safetensors", match="lm_head.weigh,"):
+        load_model(directory)
+
+
 def test_unknown_extra_tensors_are_ignored(tmp_path, rng):
     config = tiny_config()
     tensors = random_tensors(config, rng)

@@ -148,10 +148,12 @@ def load_safetensors(path: str | Path, progress: ProgressFn | None = None) -> Lo
     hf = _read_json(config_path)
 
     by_canonical: dict[str, tuple[SafetensorsFile, str]] = {}
+    ignored: list[tuple[SafetensorsFile, str]] = []  # names of no tensor llama_brrr reads
     for st in files:
         for name in st.entries:
             canonical = _canonical_name(name, st.path)
             if canonical is None:
+                ignored.append((st, name))
                 continue
             if canonical in by_canonical:
                 raise ModelFileError(st.path, f"tensor {name!r} also appears in "
@@ -159,6 +161,13 @@ def load_safetensors(path: str | Path, progress: ProgressFn | None = None) -> Lo
                                               f"stray file")
             by_canonical[canonical] = (st, name)
 
+    if "output" not in by_canonical:
+        # A checkpoint without lm_head.weight is read as tied; one whose head is there under a
+        # damaged name must not be.
+        for st, name in ignored:
+            if name.startswith("lm_head"):
+                raise ModelFileError(st.path, f"no tensor 'lm_head.weight' but one named {name!r}: "
+                                              f"the header is damaged (re-download the file)")
     try:
         config = _config(hf, config_path, "output" not in by_canonical, directory)
     except ModelFileError:
