@@ -39,15 +39,16 @@ def _digest(parent: bytes, tokens: bytes) -> bytes:
 
 
 class _BlockTokens:
-    """Block i of a token sequence as int32 bytes: the whole sequence is converted once, so
-    hashing and comparing a request's blocks costs no per-block array conversion."""
+    """Blocks first .. stop - 1 of a token sequence as int32 bytes, block i at [i]: converted
+    once, so hashing and comparing a request's blocks costs no per-block array conversion."""
 
-    def __init__(self, ids: list[int], block_size: int):
-        self._data = np.asarray(ids, dtype=np.int32).tobytes()
-        self._step = 4 * block_size
+    def __init__(self, ids: list[int], block_size: int, first: int, stop: int):
+        self._data = np.asarray(ids[first * block_size:stop * block_size], dtype=np.int32).tobytes()
+        self._first, self._step = first, 4 * block_size
 
     def __getitem__(self, i: int) -> bytes:
-        return self._data[i * self._step:(i + 1) * self._step]
+        at = (i - self._first) * self._step
+        return self._data[at:at + self._step]
 
 
 def first_chunk_end(prefilled: int, target: int, chunk: int) -> int:
@@ -160,7 +161,7 @@ class BlockManager:
     def _lookup(self, ids: list[int], target: int) -> tuple[list[int], list[bytes]]:
         """The cached blocks of ids' prefix, wholly before position `target`, and their digests."""
         hits, chain, parent = [], [], b""
-        blocks = _BlockTokens(ids, self.block_size)
+        blocks = _BlockTokens(ids, self.block_size, 0, target // self.block_size)
         for i in range(target // self.block_size):
             tokens = blocks[i]
             digest = _digest(parent, tokens)
@@ -185,8 +186,9 @@ class BlockManager:
         table, chain = self._tables[slot], self._chains[slot]
         parent = chain[-1] if chain else b""
         start = len(chain)
-        blocks = _BlockTokens(ids, self.block_size)
-        for i in range(start, (len(ids) - 1) // self.block_size):
+        stop = (len(ids) - 1) // self.block_size
+        blocks = _BlockTokens(ids, self.block_size, start, stop)
+        for i in range(start, stop):
             tokens = blocks[i]
             digest = _digest(parent, tokens)
             block = self._cached.get(digest)
@@ -242,7 +244,7 @@ class BlockManager:
         ids = sequence_ids(request)
         table = self._tables[request.slot]
         parent = chain[-1] if chain else b""
-        blocks = _BlockTokens(ids, self.block_size)
+        blocks = _BlockTokens(ids, self.block_size, len(chain), full)
         for i in range(len(chain), full):
             tokens = blocks[i]
             digest = _digest(parent, tokens)

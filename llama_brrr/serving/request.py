@@ -3,7 +3,8 @@
 A Request holds its prompt ids, SamplingParams, the tokens generated so far and the visible text.
 `accept` applies the stop rules to each sampled token (EOS and stop ids, stop strings, max_tokens,
 the context) and returns the text that is safe to show: never half a UTF-8 character, never the
-start of what may become a stop string. `output` turns a finished request into a RequestOutput.
+start of what may become a stop string; `accept_run` does the same for a decode burst's tokens at
+once (the scheduler's per-row step). `output` turns a finished request into a RequestOutput.
 """
 
 from __future__ import annotations
@@ -123,6 +124,48 @@ class Request:
         piece = self.text[self.emitted:visible_end]
         self.emitted = max(self.emitted, visible_end)
         return piece
+
+    def accept_run(self, tokens: list[int], logprobs: list[float], max_seq_len: int) -> tuple[int, str]:
+        """accept() over `tokens` in order, stopping after the one that finishes the request:
+        (how many it took, the text now safe to show), the same as one accept() per token. Without
+        stop strings the stop rules need no text, so the run is cut once (the first stop id, or
+        the max_tokens / context limit) and its lists extended at once: this is the host's work
+        per decoded token."""
+        if self.max_stop_len or self.finish_reason is not None:
+            text, taken = [], 0
+            for token, logprob in zip(tokens, logprobs):
+                text.append(self.accept(token, logprob, max_seq_len))
+                taken += 1
+                if self.finish_reason is not None:
+                    break
+            return taken, "".join(text)
+        n_gen = len(self.token_ids)
+        limit = min(self.params.max_tokens - n_gen, max_seq_len - len(self.prompt_ids) - n_gen)
+        limit = max(limit, 1)  # the first token is always taken (and finishes a full context)
+        taken, reason = len(tokens), None
+        stop_ids = self.stop_ids
+        for j, token in enumerate(tokens):
+            if token in stop_ids:
+                taken, reason = j + 1, "stop"
+                break
+        # the length rule finishes token `limit` unless a stop id came first (a stop id that is
+        # itself token `limit` is checked first, as in accept)
+        if taken > limit or (reason is None and taken == limit):
+            taken, reason = limit, "length"
+        run = tokens[:taken]
+        self.token_ids.extend(run)
+        self.logprobs.extend(logprobs[:taken])
+        if self.decoder is not None:
+            push = self.decoder.push
+            shown = run[:-1] if reason == "stop" else run
+            self.text += "".join([push(token) for token in shown])
+        if reason is not None:
+            self.finish_reason = reason
+            if self.decoder is not None:
+                self.text += self.decoder.flush()
+        piece = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return taken, piece
 
     def _append_text(self, piece: str) -> None:
         if not piece:

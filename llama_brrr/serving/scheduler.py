@@ -321,36 +321,41 @@ class Scheduler:
         events, accepted = [], 0
         block = self.allocator.block_size
         for r, tokens_i, logprobs_i in zip(decoding, token_rows, logprob_rows):
-            ids, text = [], []
             first_block = r.position // block
-            for token, logprob in zip(tokens_i, logprobs_i):
-                # The sampler's log-softmax of the chosen token is NaN or inf exactly when the
-                # step's logits are not all finite: the check costs one float test per token.
-                if not math.isfinite(logprob):
-                    r.error = NonFiniteLogitsError(
-                        f"generation step {len(r.token_ids)} of sequence {r.index} (prompt "
-                        f"{r.index} of this call) produced non-finite logits (NaN or inf; the "
-                        f"chosen token's log-probability is {logprob}); nothing was sampled from "
-                        f"them. The model's weights or inputs are damaged (check the file with "
-                        f"a fresh download)")
-                    r.t_done = now
-                    break
+            # The sampler's log-softmax of the chosen token is NaN or inf exactly when the step's
+            # logits are not all finite. One sum tests the row (it is finite when every value is,
+            # barring an overflow, which the scan then clears); the tokens before the first bad
+            # one still count.
+            bad = len(tokens_i)
+            if not math.isfinite(sum(logprobs_i)):
+                bad = next((j for j, logprob in enumerate(logprobs_i) if not math.isfinite(logprob)), bad)
+            taken, text = 0, ""
+            if bad:
                 if not r.token_ids:
                     r.t_first = now
-                text.append(r.accept(token, logprob, self.max_seq_len))
-                r.token_times.append(now)
-                ids.append(token)
-                accepted += 1
-                if r.finish_reason is not None:
-                    r.t_done = now
-                    break
-                r.next_token = token
-                r.position += 1
+                taken, text = r.accept_run(tokens_i[:bad], logprobs_i[:bad], self.max_seq_len)
+                r.token_times.extend([now] * taken)
+                accepted += taken
+            # every accepted token but one that finished the request is fed to the next step
+            fed = taken - 1 if r.finish_reason is not None else taken
+            if fed:
+                r.next_token = tokens_i[fed - 1]
+                r.position += fed
+            if r.finish_reason is not None:
+                r.t_done = now
+            elif taken == bad < len(tokens_i):
+                r.error = NonFiniteLogitsError(
+                    f"generation step {len(r.token_ids)} of sequence {r.index} (prompt "
+                    f"{r.index} of this call) produced non-finite logits (NaN or inf; the "
+                    f"chosen token's log-probability is {logprobs_i[bad]}); nothing was sampled "
+                    f"from them. The model's weights or inputs are damaged (check the file with "
+                    f"a fresh download)")
+                r.t_done = now
             # New full blocks to register only when the row crossed a block boundary; a finished
             # row registers its last ones when it is freed.
             if r.position // block != first_block:
                 self.allocator.written(r)
-            events.append(Event(r, ids, "".join(text)))
+            events.append(Event(r, tokens_i[:taken], text))
         profiler.record_span("decode", "decode", t_decode, accepted)
         return events
 
