@@ -163,6 +163,10 @@ SHAPES: dict[str, ModelConfig] = {
     "llama3-8b": ModelConfig(dim=4096, hidden_dim=14336, n_layers=32, n_heads=32, n_kv_heads=8,
                              vocab_size=128256, max_seq_len=8192, norm_eps=1e-5,
                              rope_theta=500000.0, name="llama3-8b"),
+    # 141 GB in bf16: one GPU cannot hold it; the tensor-parallel benchmark shape (TP 4 on H100s).
+    "llama3-70b": ModelConfig(dim=8192, hidden_dim=28672, n_layers=80, n_heads=64, n_kv_heads=8,
+                              vocab_size=128256, max_seq_len=8192, norm_eps=1e-5,
+                              rope_theta=500000.0, name="llama3-70b"),
 }
 
 

@@ -133,7 +133,7 @@ def brute_force_work(c: ModelConfig, batch: int, prompt: int, steps: int):
     return prefill, decode
 
 
-@pytest.mark.parametrize("shape", ["smollm2-135m", "llama3-8b"])
+@pytest.mark.parametrize("shape", ["smollm2-135m", "llama3-8b", "llama3-70b"])
 def test_analytic_flops_match_a_token_by_token_count(shape, rng):
     c = shape_config(shape)
     batch, prompt, steps = int(rng.integers(1, 5)), int(rng.integers(1, 40)), int(rng.integers(1, 9))
@@ -157,6 +157,16 @@ def test_summarize_and_utilization():
     assert u == {"mfu": 0.5, "mbu": 0.5}
     assert metrics.peaks("NVIDIA H100 80GB HBM3")["bandwidth"] == 3.35e12
     assert metrics.peaks("some CPU")["flops"] is None
+
+
+def test_tensor_parallel_utilization_is_a_share_of_the_whole_group():
+    one = metrics.peaks("NVIDIA H100 80GB HBM3")
+    four = metrics.peaks_of_group(one, 4)
+    assert (four["flops"], four["bandwidth"]) == (4 * one["flops"], 4 * one["bandwidth"])
+    assert "x 4 GPUs" in four["source"]
+    assert metrics.peaks_of_group(one, 1) is one
+    cpu = metrics.peaks("some CPU")
+    assert metrics.peaks_of_group(cpu, 2)["bandwidth"] is None
 
 
 def test_checker_flags_a_contestant_that_disagrees(C):

@@ -320,14 +320,16 @@ def header(opts: Options, kind: str, device: str) -> dict:
     return {"benchmark": kind, "command": opts.command,
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": device, "device_name": device_name(device), "machine": metrics.machine(),
-            "versions": metrics.versions(), "peaks": metrics.peaks(device_name(device)),
+            "versions": metrics.versions(),
+            "peaks": metrics.peaks_of_group(metrics.peaks(device_name(device)), opts.tensor_parallel),
             "repeats": opts.repeats, "warmup": opts.warmup,
             "definitions": {"ttft_s": "prompts in -> first tokens out (all sequences)",
                             "prefill_tok_s": "batch x prompt / ttft_s",
                             "decode_tok_s": "batch x generated / decode time after the first token",
                             "ms_per_token": "decode time / generated tokens",
                             "mfu": "analytic FLOPs / (time x peak bf16 FLOP/s)",
-                            "mbu": "weights + KV bytes that must move / (time x peak bandwidth)"},
+                            "mbu": "weights + KV bytes that must move / (time x peak bandwidth)",
+                            "peaks": "of one device, or of all N under --tensor-parallel N"},
             "runs": [], "skipped": []}
 
 

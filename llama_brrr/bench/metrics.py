@@ -122,6 +122,15 @@ def peaks(device_name: str) -> dict:
     return {"flops": None, "bandwidth": None, "source": "unknown device: MFU/MBU not reported"}
 
 
+def peaks_of_group(peak: dict, gpus: int) -> dict:
+    """The peaks of `gpus` such devices together: a tensor-parallel run's MFU / MBU are shares of
+    the whole group's FLOP/s and bandwidth, not of one GPU's (which TP 2 would pass)."""
+    if gpus == 1 or not peak["flops"]:
+        return peak
+    return {"flops": peak["flops"] * gpus, "bandwidth": peak["bandwidth"] * gpus,
+            "source": f"{peak['source']} x {gpus} GPUs"}
+
+
 def utilization(work: dict, seconds: float, peak: dict) -> dict:
     """MFU and MBU of `work` done in `seconds` against `peak` (None where a peak is unknown)."""
     return {"mfu": work["flops"] / seconds / peak["flops"] if peak["flops"] else None,
