@@ -11,7 +11,7 @@ the values stay finite) into one CUDA graph and times `--repeats` replays with e
 (TensorParallelEngine.all_reduce_bench); a round's figure is rank 0's median per all-reduce. The
 whole measurement runs `--rounds` times: the JSON keeps every round, the table the median round and
 the spread. 16 KB is one batch-1 decode message of the 8B shape (4096 fp32). Sizes above the
-engine's one-shot capacity (tuning::kAllReduceOneShotMaxBytes) run the one-shot kernel on a group
+engine's one-shot capacity (tuning::all_reduce_oneshot_max_bytes) run the one-shot kernel on a group
 opened for that size, so the crossover can be measured on both sides of the current switch point.
 """
 

@@ -1,5 +1,5 @@
 """The CUDA backend's small kernels (embed with its token history, rmsnorm_residual, rope_kv_append,
-fill_normal_bf16, convert_f32_to_bf16, sample_tokens) against PyTorch / numpy / the CPU sampler,
+fill_normal_bf16, convert_f32_to_bf16, add_bf16_into_f32, sample_tokens) against PyTorch / numpy / the CPU sampler,
 through _C.testing on device pointers. Outputs are NaN-poisoned before each run, sizes are odd
 where the kernels have a vector path, inputs are random each run (seed printed by the rng fixture)."""
 
@@ -295,6 +295,30 @@ def test_convert_f32_to_bf16_rounds_like_torch(ops, gen):
     expected = src.to(torch.bfloat16)
     same = (dst.view(torch.int16) == expected.view(torch.int16)) | (torch.isnan(dst) & torch.isnan(expected))
     assert same.all(), src[~same][:5]
+
+
+# ---- allreduce.cu: add_bf16_into_f32 ----------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [4, 4 * 1001, 8 * 40961])  # one step, an odd count of steps, a grid-stride loop
+def test_add_bf16_into_f32_is_the_fp32_sum(ops, gen, n):
+    partial = cuda_randn((n,), gen, dtype=torch.bfloat16, scale=3.0)
+    x = cuda_randn((n + 8,), gen, scale=50.0)
+    x[n:] = float("nan")  # past count: must stay untouched
+    before = x.clone()
+    ops.add_bf16_into_f32(ptr(partial), ptr(x), n)
+    expected = before[:n] + partial.float()  # fp32 add, round to nearest even, as the kernel's
+    assert torch.equal(x[:n], expected)
+    assert torch.isnan(x[n:]).all(), "wrote past count"
+
+
+def test_add_bf16_into_f32_refuses_what_it_cannot_take(ops, gen):
+    partial = cuda_randn((16,), gen, dtype=torch.bfloat16)
+    x = cuda_randn((16,), gen)
+    with pytest.raises(Exception, match="multiple of 4"):
+        ops.add_bf16_into_f32(ptr(partial), ptr(x), 6)
+    with pytest.raises(Exception, match="16-byte aligned"):
+        ops.add_bf16_into_f32(ptr(partial) + 2, ptr(x), 4)
+    ops.add_bf16_into_f32(ptr(partial), ptr(x), 16)  # the stream goes on
 
 
 # ---- sample_tokens ------------------------------------------------------------------------------

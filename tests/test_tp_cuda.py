@@ -464,7 +464,8 @@ def test_a_long_prefill_takes_nccl_and_decode_the_one_shot_kernel(C, rng, make_w
                    for i in range(3)]  # eager, captured, replayed
         names = {record[0] for record in tp.engine.profile_records()}
         tp.engine.profile_enabled = False
-        assert {"all_reduce", "all_reduce_oneshot"} <= names, names
+        # past the switch point the bf16 parts cross the links and add_partials takes their sum
+        assert {"all_reduce", "add_partials", "all_reduce_oneshot"} <= names, names
         one = single.prefill(0, tokens, 0, "last")
         oracles = Oracles(config, weights)
         oracle, torch_bf16 = oracles.forward(tokens.tolist(), 0)

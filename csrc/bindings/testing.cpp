@@ -351,6 +351,14 @@ void bind_testing(py::module_& m) {
         CudaOp::finish("testing.convert_f32_to_bf16");
     }, py::arg("src"), py::arg("dst"), py::arg("n"), "dst[i] = bf16(src[i]), round to nearest even");
 
+    testing.def("add_bf16_into_f32", [](uintptr_t partial, uintptr_t x, uint64_t n) {
+        py::gil_scoped_release release;
+        brrr::cuda::add_bf16_into_f32(static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(partial, "partial")),
+                                      static_cast<float*>(CudaOp::ptr(x, "x")), (size_t)n, 0);
+        CudaOp::finish("testing.add_bf16_into_f32");
+    }, py::arg("partial"), py::arg("x"), py::arg("n"),
+       "x[i] += float(partial[i]) (tensor parallelism: summed bf16 partials into the residual)");
+
     // ---- matmuls and attention ----
     // Matmuls: x [M, K] bf16, W [N, K] bf16; epilogue 0 StoreBf16 (out), 1 StoreF32 (out_f32),
     // 2 AddResidual (residual += y), 3 SwiGLU (out [M, N/2] = silu(gate) * up). Pointers the

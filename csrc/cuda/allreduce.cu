@@ -3,13 +3,19 @@
 // CUDA graphs capture like any other.
 //
 // Shapes: count a multiple of 4 (the residual stream's rows x dim; dim is), at most the capacity
-// the group was opened with (tuning::kAllReduceOneShotMaxBytes in the engine); 2 to 8 ranks.
+// the group was opened with (tuning::all_reduce_oneshot_max_bytes in the engine); 2 to 8 ranks.
 //
 // The trick (the "custom all-reduce" of vLLM and SGLang): each rank owns one IPC-shareable buffer
 // (flags, round counters, a data region of two halves) whose address every peer has opened. The
 // kernel copies in into its own half, raises a flag in every peer's buffer, waits for every peer's
 // flag, then reads every rank's half over NVLink / PCIe P2P and writes the sum. Small messages pay
 // one launch and one flag round trip instead of NCCL's protocol steps.
+//
+// add_bf16_into_f32: x[i] += float(partial[i]). Messages past the one-shot capacity (prefill
+// chunks) go through NCCL in bf16: each rank's wo / w2 GEMM stores its partial product in bf16
+// (the rounding any bf16 GEMM output has), NCCL sums the partials, and this kernel adds the sum
+// into the fp32 residual stream that every rank holds alike. Half the bytes of an fp32 all-reduce
+// cross the links; the residual itself is never rounded.
 //
 // Invariants:
 //   - Pairing. CTA b of every rank copies and later reads the same elements (a fixed grid of
@@ -149,6 +155,21 @@ void gather(const void* mine, void* all, size_t bytes, int rank, int size, nccl:
     CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+// Four values a thread per step (one 16-byte load of x, one 8-byte load of partial).
+__global__ void add_bf16_into_f32_kernel(const uint2* __restrict__ partial, float4* __restrict__ x, size_t n4) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const uint2 p = partial[i];
+        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&p.x));
+        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&p.y));
+        float4 v = x[i];
+        v.x += lo.x, v.y += lo.y, v.z += hi.x, v.w += hi.y;
+        x[i] = v;
+    }
+}
+
 }  // namespace
 
 void all_reduce_oneshot(const float* in, float* out, size_t count, const AllReducePeers& peers,
@@ -173,6 +194,19 @@ void all_reduce_oneshot(const float* in, float* out, size_t count, const AllRedu
         case 7: launch_pdl(all_reduce_oneshot_kernel<7>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
         default: launch_pdl(all_reduce_oneshot_kernel<8>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
     }
+    CUDA_CHECK_LAUNCH();
+}
+
+void add_bf16_into_f32(const bf16* partial, float* x, size_t count, cudaStream_t stream) {
+    BRRR_CHECK(count % 4 == 0, "add_bf16_into_f32: " << count << " values, which must be a multiple of 4");
+    BRRR_CHECK(reinterpret_cast<uintptr_t>(partial) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+               "add_bf16_into_f32: partial and x must be 16-byte aligned");
+    if (count == 0) return;
+    constexpr int kAddThreads = 256;
+    const size_t n4 = count / 4;
+    const int blocks = (int)std::min<size_t>(CEIL_DIV(n4, (size_t)kAddThreads), (size_t)device_facts().sm_count * 8);
+    launch_pdl(add_bf16_into_f32_kernel, blocks, kAddThreads, 0, stream, reinterpret_cast<const uint2*>(partial),
+               reinterpret_cast<float4*>(x), n4);
     CUDA_CHECK_LAUNCH();
 }
 

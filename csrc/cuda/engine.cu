@@ -299,6 +299,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     const size_t Vs = c.vocab_shard();
     logits_ = a.take<float>(std::max((size_t)logit_rows_ * V, (size_t)c.tp_size * Vs));
     tp_gather_ = c.tp_size > 1 ? a.take<float>((size_t)c.tp_size * logit_rows_ * Vs) : nullptr;
+    tp_partial_ = c.tp_size > 1 ? a.take<bf16>(R * D) : nullptr;
     // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and one layer
     // matrix's worth of bf16 for prefill (the largest with a quantized part).
     xq_ = nullptr;
@@ -585,11 +586,12 @@ void CudaEngine::init_random(uint64_t seed, float std) {
     n_weights_set_ = names_.size();
 }
 
-void CudaEngine::require_weights() const {
-    if (n_weights_set_ == names_.size()) return;
-    for (size_t i = 0; i < names_.size(); ++i)
-        BRRR_CHECK(weight_set_[i], "weight '" << names_[i] << "' was never set: call set_weight for "
-                                   "every canonical tensor (or init_random) before running the model");
+void CudaEngine::require_runnable() const {
+    if (n_weights_set_ != names_.size())
+        for (size_t i = 0; i < names_.size(); ++i)
+            BRRR_CHECK(weight_set_[i], "weight '" << names_[i] << "' was never set: call set_weight for "
+                                       "every canonical tensor (or init_random) before running the model");
+    require_group();
 }
 
 // ---- entry points -----------------------------------------------------------------------------
@@ -626,7 +628,7 @@ void CudaEngine::init_tensor_parallel(const nccl::UniqueId& id, int rank, int si
     if (size > 1) {
         const size_t largest = sizeof(float) * (size_t)rows_ * cfg_.dim;
         tp_oneshot_why_not_ = tp_oneshot_.open(tp_comm_, rank, size,
-                                               std::min(largest, tuning::kAllReduceOneShotMaxBytes), stream_);
+                                               std::min(largest, tuning::all_reduce_oneshot_max_bytes(size)), stream_);
     }
     // Graphs captured so far hold no all-reduce: capture again.
     for (cudaGraphExec_t& g : decode_graphs_)
@@ -643,18 +645,42 @@ void CudaEngine::require_group() const {
                "the group with init_tensor_parallel before running it");
 }
 
-// Messages up to the one-shot group's capacity (tuning::kAllReduceOneShotMaxBytes) take its
+// Messages up to the one-shot group's capacity (tuning::all_reduce_oneshot_max_bytes) take its
 // kernel, larger ones (prefill chunks) NCCL; the choice depends only on rows, the same on every rank.
-void CudaEngine::all_reduce_residual(int rows) {
-    if (!tp_comm_) return;
+bool CudaEngine::all_reduce_takes_nccl(int rows) const {
+    return !tp_oneshot_.ready() || sizeof(float) * (size_t)rows * cfg_.dim > tp_oneshot_.capacity_bytes();
+}
+
+Epilogue CudaEngine::residual_epilogue(int rows) const {
+    if (tp_comm_ && all_reduce_takes_nccl(rows)) return Epilogue::StoreBf16;
+    return tp_rank_ == 0 ? Epilogue::AddResidual : Epilogue::StoreF32;
+}
+
+void CudaEngine::all_reduce_x(int rows) {
     const size_t count = (size_t)rows * cfg_.dim;
-    const bool oneshot = tp_oneshot_.ready() && sizeof(float) * count <= tp_oneshot_.capacity_bytes();
+    const bool oneshot = !all_reduce_takes_nccl(rows);
     prof_.op(oneshot ? "all_reduce_oneshot" : "all_reduce", profile::OpClass::Copy,
              profile::copy_cost(2.0 * sizeof(float) * count));
     if (oneshot)
         tp_oneshot_.run(x_, x_, count, stream_);
     else
         nccl::all_reduce_sum(x_, x_, count, tp_comm_, stream_);
+    prof_.end();
+}
+
+void CudaEngine::all_reduce_residual(int rows) {
+    if (!tp_comm_) return;
+    if (!all_reduce_takes_nccl(rows)) {
+        all_reduce_x(rows);
+        return;
+    }
+    // the ranks' bf16 parts (residual_epilogue stored them in tp_partial_), summed, into x_
+    const size_t count = (size_t)rows * cfg_.dim;
+    prof_.op("all_reduce", profile::OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * count));
+    nccl::all_reduce_sum(tp_partial_, tp_partial_, count, tp_comm_, stream_);
+    prof_.op("add_partials", profile::OpClass::Elementwise,
+             profile::elementwise_cost(count, (2.0 * sizeof(float) + sizeof(bf16)) * count));
+    add_bf16_into_f32(tp_partial_, x_, count, stream_);
     prof_.end();
 }
 
@@ -820,8 +846,7 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
     check_prefill_args(cfg_, slot, tokens, n_tokens, start_pos);
     block_tables_.check_covered(slot, 0, start_pos + n_tokens, "prefill");
     BRRR_CHECK(!all_logits || logits, "prefill: all_logits needs an output buffer");
-    require_weights();
-    require_group();
+    require_runnable();
     activate();
     upload_block_tables();
 
@@ -869,8 +894,7 @@ void CudaEngine::prefill_many(const int32_t* slots, const int32_t* starts, const
                               const int32_t* tokens) {
     check_prefill_many_args(cfg_, slots, starts, counts, n_seqs, tokens);
     for (int i = 0; i < n_seqs; ++i) block_tables_.check_covered(slots[i], 0, starts[i] + counts[i], "prefill_many");
-    require_weights();
-    require_group();
+    require_runnable();
     activate();
     upload_block_tables();
 
@@ -912,8 +936,7 @@ void CudaEngine::decode(const int32_t* tokens, const int32_t* slots, const int32
                         int batch, float* logits) {
     check_decode_args(cfg_, tokens, slots, positions, batch, 1);
     for (int i = 0; i < batch; ++i) block_tables_.check_covered(slots[i], 0, positions[i] + 1, "decode");
-    require_weights();
-    require_group();
+    require_runnable();
     activate();
     upload_block_tables();
 
@@ -1102,8 +1125,7 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
         block_tables_.check_covered(slots[i], 0, positions[i] + n_steps, "decode_steps");
     BRRR_CHECK(params && steps && out_tokens && out_logprobs,
                "decode_steps: null params, steps or output pointer");
-    require_weights();
-    require_group();
+    require_runnable();
     activate();
     upload_block_tables();
 

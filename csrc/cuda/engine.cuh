@@ -203,7 +203,9 @@ private:
     WeightSlot slot_for(const std::string& name) const;
     void upload_blocks(const WeightSlot& slot, const void* blocks, int64_t first_row, int64_t n);
     void mark_set(const std::string& name);
-    void require_weights() const;
+    // Throws unless every weight is set and a tensor-parallel rank has joined its group (the
+    // entry points' first check).
+    void require_runnable() const;
     void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                       int rows);
     // kv_blocks = 0: as many blocks as fill every slot, or as fit under gpu_memory_utilization.
@@ -243,13 +245,20 @@ private:
         return h;
     }
     void replay_profiled(int B);
-    // The epilogue and destination of a row-parallel matmul (wo, w2) into the residual stream:
-    // rank 0 (and a single GPU) adds its result; under tensor parallelism the other ranks store
-    // theirs in its place, so the all-reduce that follows sums the residual and every rank's part.
-    Epilogue residual_epilogue() const { return tp_rank_ == 0 ? Epilogue::AddResidual : Epilogue::StoreF32; }
-    EpilogueArgs residual_args() const;
-    // Sums x_'s first `rows` rows over the ranks (nothing on a single GPU).
+    // The epilogue and destination of a row-parallel matmul (wo, w2) of `rows` rows into the
+    // residual stream: rank 0 (and a single GPU) adds its result; under tensor parallelism the
+    // other ranks store theirs in its place, so the fp32 all-reduce that follows sums the residual
+    // and every rank's part. A message too large for the one-shot kernel goes through NCCL in bf16
+    // instead: every rank stores its part in tp_partial_, and all_reduce_residual adds the sum.
+    Epilogue residual_epilogue(int rows) const;
+    EpilogueArgs residual_args(int rows) const;
+    // Whether `rows` rows of the residual take NCCL (past the one-shot group's capacity, or no group).
+    bool all_reduce_takes_nccl(int rows) const;
+    // After a row-parallel matmul: the residual plus every rank's part, on every rank (nothing on
+    // a single GPU).
     void all_reduce_residual(int rows);
+    // Sums x_'s first `rows` rows over the ranks in fp32 (after the embedding).
+    void all_reduce_x(int rows);
     // Throws unless the engine may run the model: a tensor-parallel rank (config tp_size > 1)
     // holds a share of it and must have joined its group first (init_tensor_parallel).
     void require_group() const;
@@ -286,6 +295,7 @@ private:
     bf16* hb_ = nullptr;              // [rows_, H] SwiGLU output
     float* logits_ = nullptr;         // [logit_rows_, V] (at least tp_size x Vs)
     float* tp_gather_ = nullptr;      // tensor parallelism: [tp_size][logit_rows_][Vs]
+    bf16* tp_partial_ = nullptr;      // tensor parallelism: [rows_, dim] a rank's bf16 part of wo / w2
     quant::ActBlock* xq_ = nullptr;   // [tuning::kGemvMaxRows, max K / 32] activations of a quantized GEMV
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
     bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (prefill)
@@ -329,7 +339,7 @@ private:
     int tp_rank_ = 0, tp_size_ = 1;
     // The one-shot IPC all-reduce, open when every rank shares this host and P2P (else NCCL
     // carries every all-reduce, and tp_oneshot_why_not_ says why); residual messages up to its
-    // capacity, min(tuning::kAllReduceOneShotMaxBytes, rows_ x dim floats), take it.
+    // capacity, min(tuning::all_reduce_oneshot_max_bytes(N), rows_ x dim floats), take it.
     OneShotAllReduce tp_oneshot_;
     std::string tp_oneshot_why_not_;
     // Checks the method name of all_reduce_values / all_reduce_bench: true for "oneshot".

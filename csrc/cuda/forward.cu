@@ -96,8 +96,12 @@ EpilogueArgs epilogue_rows_from(const EpilogueArgs& a, Epilogue ep, int N, int r
 
 }  // namespace
 
-EpilogueArgs CudaEngine::residual_args() const {
-    return residual_epilogue() == Epilogue::AddResidual ? add_to(x_, split_k_) : store_f32(x_, split_k_);
+EpilogueArgs CudaEngine::residual_args(int rows) const {
+    switch (residual_epilogue(rows)) {
+        case Epilogue::AddResidual: return add_to(x_, split_k_);
+        case Epilogue::StoreBf16: return store_bf16(tp_partial_, split_k_);
+        default: return store_f32(x_, split_k_);
+    }
 }
 
 void CudaEngine::forward_layers(const Pass& pass) {
@@ -117,7 +121,7 @@ void CudaEngine::forward_layers(const Pass& pass) {
         embed_quant(d_tokens_, tok_embeddings_.parts[0].type, tok_embeddings_.parts[0].data, x_, M, D,
                     c.vocab_size, vocab_offset, table_rows, token_history(), s);
     // tensor parallelism: each rank embedded the tokens of its rows, zeros for the others'
-    if (c.tp_size > 1) all_reduce_residual(M);
+    if (tp_comm_) all_reduce_x(M);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         const KvCache kv = layer_kv(l);
@@ -142,14 +146,14 @@ void CudaEngine::forward_layers(const Pass& pass) {
             }
         }
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), w_bytes(w.wo), 2, 8));
-        matmul(w.wo, nullptr, nullptr, att_, M, residual_epilogue(), residual_args());
+        matmul(w.wo, nullptr, nullptr, att_, M, residual_epilogue(M), residual_args(M));
         // tensor parallelism: the residual plus every rank's part of wo
         all_reduce_residual(M);
         // MLP block
         prof_.op("w13", OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, w_bytes(w.w13), 4, 1));
         matmul(w.w13, x_, w.ffn_norm, nullptr, M, Epilogue::SwiGLU, store_bf16(hb_, split_k_));
         prof_.op("w2", OpClass::Matmul, profile::matmul_cost(M, D, H, w_bytes(w.w2), 2, 8));
-        matmul(w.w2, nullptr, nullptr, hb_, M, residual_epilogue(), residual_args());
+        matmul(w.w2, nullptr, nullptr, hb_, M, residual_epilogue(M), residual_args(M));
         // tensor parallelism: the residual plus every rank's part of w2
         all_reduce_residual(M);
     }

@@ -15,6 +15,7 @@ namespace {
 
 constexpr int kInt8 = 0;     // ncclInt8
 constexpr int kFloat32 = 7;  // ncclFloat32
+constexpr int kBfloat16 = 9;  // ncclBfloat16
 constexpr int kSum = 0;      // ncclSum
 
 struct Api {
@@ -94,6 +95,10 @@ Comm init_rank(const UniqueId& id, int rank, int size) {
 
 void all_reduce_sum(const float* in, float* out, size_t count, Comm comm, cudaStream_t stream) {
     check(loaded().all_reduce(in, out, count, kFloat32, kSum, comm, stream), "ncclAllReduce");
+}
+
+void all_reduce_sum(const __nv_bfloat16* in, __nv_bfloat16* out, size_t count, Comm comm, cudaStream_t stream) {
+    check(loaded().all_reduce(in, out, count, kBfloat16, kSum, comm, stream), "ncclAllReduce (bf16)");
 }
 
 void all_gather_bytes(const void* in, void* out, size_t bytes, Comm comm, cudaStream_t stream) {

@@ -190,6 +190,8 @@ struct AllReducePeers {
 };
 // out[i] = rank 0's in[i] + rank 1's in[i] + ... in rank order (bit-identical on every rank); count % 4 == 0, count <= half_floats, in and out 16-byte aligned (in == out allowed); every rank calls it with the same count; PDL.
 void all_reduce_oneshot(const float* in, float* out, size_t count, const AllReducePeers& peers, cudaStream_t stream);
+// x[i] += float(partial[i]) (the residual stream takes the ranks' summed bf16 partials of wo / w2 after an NCCL all-reduce); count % 4 == 0, both pointers 16-byte aligned; PDL.
+void add_bf16_into_f32(const bf16* partial, float* x, size_t count, cudaStream_t stream);
 
 // ---- init.cu ---------------------------------------------------------------------------------
 // p[i] = mean + std * N(0, 1), pair k Box-Muller of splitmix64(key + 2k), splitmix64(key + 2k + 1)

@@ -76,10 +76,16 @@ constexpr int kGemmResidualSpread = 4;
 // rank read all (N - 1) peers' whole messages over the links behind one cross-GPU barrier: one
 // launch and one flag round trip, but (N - 1) x the bytes of a ring's 2 (N - 1) / N. Latency wins
 // small messages (batch-1 decode: 16 KB at the 8B shape), link bandwidth large ones (prefill).
-// On 2 H100s (NVLink) the one-shot kernel was faster at every size measured, 16 KB to 4 MB (5.2
-// vs 6.6 us at 16 KB, 24.5 vs 32.9 us at 4 MB, docs/kernels/allreduce.md), so the switch sits at
-// the largest size measured: batch-64 decode (1 MB) and 256-row prefill chunks take the kernel.
-constexpr size_t kAllReduceOneShotMaxBytes = 4 * 1024 * 1024;
+// So the switch point is a budget of peer bytes, (N - 1) x message: on 2 H100s the one-shot kernel
+// was faster at every size measured, 16 KB to 4 MB (5.2 vs 6.6 us at 16 KB, 24.5 vs 32.9 us at
+// 4 MB); on 4 H200s it won to 1 MB (14.4 vs 16.4 us) and lost at 4 MB (45.7 vs 39.2 us)
+// (docs/kernels/allreduce.md). 4 MB of peer reads keeps 2 ranks' every measured size on the kernel
+// and puts 4 ranks' switch at 1.33 MB, between the two; batch-64 decode (1 MB at the 8B shape)
+// takes the kernel at both.
+constexpr size_t kAllReduceOneShotMaxPeerBytes = 4 * 1024 * 1024;
+inline size_t all_reduce_oneshot_max_bytes(int ranks) {
+    return kAllReduceOneShotMaxPeerBytes / (size_t)(ranks > 1 ? ranks - 1 : 1) / 16 * 16;
+}
 // CTAs and threads of the one-shot kernel, the same for every message: the barrier's invariant
 // needs each element handled by the same CTA index on every rank and in every call (allreduce.cu).
 // More CTAs spread a large message's loads over more SMs; each pays its own flag round trip.

@@ -257,13 +257,17 @@ def free_memory(device: str) -> float | None:
     return None
 
 
-def fits(config, dtype: str, device: str, batch: int, max_seq: int, copies: float) -> str | None:
-    """None when `copies` sets of weights plus the KV cache fit in free memory, else the note."""
-    need = copies * metrics.weight_bytes(config, dtype) + metrics.kv_bytes(config, batch * max_seq,
-                                                                         metrics.kv_dtype(dtype))
+def fits(config, dtype: str, device: str, batch: int, max_seq: int, copies: float, gpus: int = 1) -> str | None:
+    """None when `copies` sets of weights plus the KV cache fit in free memory, else the note.
+    gpus > 1: one tensor-parallel rank's share, 1/gpus of the weights and its KV heads (whole
+    heads, at least one: a group wider than the KV heads replicates them), against `device`."""
+    kv_heads = -(-config.n_kv_heads // gpus)
+    need = (copies * metrics.weight_bytes(config, dtype) / gpus
+            + metrics.kv_bytes(config, batch * max_seq, metrics.kv_dtype(dtype)) * kv_heads / config.n_kv_heads)
     free = free_memory(device)
     if free is not None and need > 0.9 * free:
-        return (f"skipped: needs ~{need / 2**30:.1f} GiB ({copies:g} weight copies + KV cache for "
+        share = f" a GPU of {gpus}" if gpus > 1 else ""
+        return (f"skipped: needs ~{need / 2**30:.1f} GiB{share} ({copies:g} weight copies + KV cache for "
                 f"batch {batch} x {max_seq} positions), {free / 2**30:.1f} GiB free on {device}")
     return None
 
@@ -347,7 +351,8 @@ def run_bench(opts: Options, groups: list[list[Workload]]) -> dict:
         max_seq = max(w.prompt + w.generate + 1 for w in group)
         config = shape_config(opts.shape) if not opts.model else None
         if config is not None:
-            note = fits(config, opts.dtype or default_dtype(device), device, batch, max_seq, 1)
+            note = fits(config, opts.dtype or default_dtype(device), device, batch, max_seq, 1,
+                        opts.tensor_parallel)
             if note:
                 result["skipped"].append({"model": model_label(opts), "workloads": [w.name for w in group],
                                           "note": note})
