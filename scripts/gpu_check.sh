@@ -44,11 +44,8 @@ SUMMARY=()
 source "$ROOT/scripts/lib_phases.sh"
 
 # ---- environment ---------------------------------------------------------------------------------
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/build.log" 2>&1
-    export PYTHONPATH="/tmp/site:$PYTHONPATH"
-fi
+: > "$OUT/build.log"
+use_carried_wheels "$OUT/build.log"
 # A carried model file (weights/*.gguf is git-ignored) serves as the default model for the tests.
 if [[ -z "${LLAMA_BRRR_DEFAULT_MODEL:-}" ]]; then
     for f in weights/*.gguf; do

@@ -24,11 +24,8 @@ SUMMARY=()
 
 source "$ROOT/scripts/lib_phases.sh"
 
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/build.log" 2>&1
-    export PYTHONPATH="/tmp/site:$PYTHONPATH"
-fi
+: > "$OUT/build.log"
+use_carried_wheels "$OUT/build.log"
 # NVLink SHARP multicast stays off (the lent machines' rule); P2P over NVLink is what the one-shot
 # all-reduce uses.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -1,5 +1,6 @@
-# lib_phases.sh — the time-limited phase runner of the GPU scripts (gpu_check.sh, gpu_serve.sh),
-# sourced by them. The caller sets START (date +%s), TOTAL_S, PHASES and SUMMARY=() first.
+# lib_phases.sh — the time-limited phase runner of the GPU scripts (gpu_check.sh, gpu_serve.sh,
+# gpu_tp.sh), sourced by them, and their shared set-up. The caller sets START (date +%s), TOTAL_S,
+# PHASES and SUMMARY=() first.
 # shellcheck shell=bash
 
 elapsed() { echo $(( $(date +%s) - START )); }
@@ -33,4 +34,14 @@ phase() {
     echo "==== $name: $status after $(( $(date +%s) - t0 ))s ====" >> "$log"
     SUMMARY+=("$(printf '%-12s %-8s %6s  %s' "$name" "$status" "$(( $(date +%s) - t0 ))s" "${detail:0:100}")")
     return $rc
+}
+
+# use_carried_wheels LOG: this tree on PYTHONPATH, and the carried wheels (.whl/*.whl: what the GPU
+# image lacks, see gpu_check.sh) installed into /tmp/site and put before it; pip's output to LOG.
+use_carried_wheels() {
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    if compgen -G ".whl/*.whl" > /dev/null; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >> "$1" 2>&1
+        export PYTHONPATH="/tmp/site:$PYTHONPATH"
+    fi
 }
