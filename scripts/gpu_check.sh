@@ -37,11 +37,8 @@ OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
 PHASES=${PHASES:-cuda-tests sanitizer gemmrace ab kernels decode}
 BASE_DIR=${BASE_DIR:-}
-mkdir -p "$OUT"
-START=$(date +%s)
-SUMMARY=()
 
-source "$ROOT/scripts/lib_phases.sh"
+source "$ROOT/scripts/lib_phases.sh"  # makes $OUT, starts the clock (START) and SUMMARY
 
 # ---- environment ---------------------------------------------------------------------------------
 : > "$OUT/build.log"

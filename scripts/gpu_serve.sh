@@ -27,12 +27,9 @@ OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
 PHASES=${PHASES:-http ttft hf soak profile}
 SMOKE=${SMOKE:-0}
-mkdir -p "$OUT"
-START=$(date +%s)
-SUMMARY=()
 LOG="$OUT/serve.log"
 
-source "$ROOT/scripts/lib_phases.sh"
+source "$ROOT/scripts/lib_phases.sh"  # makes $OUT, starts the clock (START) and SUMMARY
 
 # ---- environment ---------------------------------------------------------------------------------
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"

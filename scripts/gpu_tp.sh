@@ -18,11 +18,8 @@ ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
 PHASES=${PHASES:-tests decode prefill 70b allreduce}
-mkdir -p "$OUT"
-START=$(date +%s)
-SUMMARY=()
 
-source "$ROOT/scripts/lib_phases.sh"
+source "$ROOT/scripts/lib_phases.sh"  # makes $OUT, starts the clock (START) and SUMMARY
 
 : > "$OUT/build.log"
 use_carried_wheels "$OUT/build.log"

@@ -1,7 +1,11 @@
 # lib_phases.sh — the time-limited phase runner of the GPU scripts (gpu_check.sh, gpu_serve.sh,
-# gpu_tp.sh), sourced by them, and their shared set-up. The caller sets START (date +%s), TOTAL_S,
-# PHASES and SUMMARY=() first.
+# gpu_tp.sh), sourced by them, and their shared set-up. The caller sets ROOT, OUT, TOTAL_S and
+# PHASES first; sourcing makes $OUT and starts the clock the phases' time limits count from.
 # shellcheck shell=bash
+
+mkdir -p "$OUT"
+START=$(date +%s)
+SUMMARY=()
 
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( TOTAL_S - $(elapsed) )); }
