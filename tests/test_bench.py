@@ -159,6 +159,23 @@ def test_summarize_and_utilization():
     assert metrics.peaks("some CPU")["flops"] is None
 
 
+def test_a_tensor_parallel_rank_needs_only_its_share_of_memory(monkeypatch):
+    from llama_brrr.bench import harness
+
+    c = shape_config("llama3-70b")
+    weights = metrics.weight_bytes(c, "bf16")
+    monkeypatch.setattr(harness, "free_memory", lambda device: 0.5 * weights)  # half the model free
+    note = harness.fits(c, "bf16", "cuda:0", 1, 257, 1)
+    assert note and "skipped" in note and "a GPU of" not in note
+    assert harness.fits(c, "bf16", "cuda:0", 1, 257, 1, gpus=4) is None
+    # 16 ranks of 8 KV heads: each keeps a whole head (replicated), so the KV share is 1/8, not 1/16
+    kv = metrics.kv_bytes(c, 64 * 257, "bf16")
+    monkeypatch.setattr(harness, "free_memory", lambda device: (weights / 16 + kv / 12) / 0.9)
+    assert "a GPU of 16" in harness.fits(c, "bf16", "cuda:0", 64, 257, 1, gpus=16)
+    monkeypatch.setattr(harness, "free_memory", lambda device: (weights / 16 + kv / 8) / 0.89)
+    assert harness.fits(c, "bf16", "cuda:0", 64, 257, 1, gpus=16) is None
+
+
 def test_tensor_parallel_utilization_is_a_share_of_the_whole_group():
     one = metrics.peaks("NVIDIA H100 80GB HBM3")
     four = metrics.peaks_of_group(one, 4)
