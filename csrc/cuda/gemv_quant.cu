@@ -340,6 +340,8 @@ __device__ void rows_rstd(const float* __restrict__ x, int M, int K, float eps, 
         const float4* row = reinterpret_cast<const float4*>(x + (size_t)m * K);
         for (int v = 0; v < kNormVirtualThreads / (int)blockDim.x; ++v) {
             float sum = 0.f;
+            // unrolled so that several loads are in flight; the order of the sum is unchanged
+#pragma unroll 4
             for (int i = threadIdx.x + v * blockDim.x; i < K / 4; i += kNormVirtualThreads) {
                 const float4 q = row[i];
                 sum = __fadd_rn(sum, __fadd_rn(__fadd_rn(__fmul_rn(q.x, q.x), __fmul_rn(q.y, q.y)),
@@ -616,9 +618,14 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     size_t smem = 0;
     if (IN != XIn::Blocks) {
         // Every CTA quantizes the whole input once: one wave of CTAs, each walking several units,
-        // keeps that to a few hundred copies (L2 reads) instead of one per 4 units.
+        // keeps that to a few hundred copies (L2 reads) instead of one per 4 units. Every warp
+        // walks the same number of units (rounds), so the last round is full: capping the grid at
+        // the resident CTAs alone left a second, partly empty round wherever the units are a
+        // little more than the resident warps (4096-row wo / w2 on 2-4 thousand).
         smem = (size_t)M * (a.K / 32) * sizeof(ActBlock);
-        blocks = std::min(blocks, resident_ctas(kernel, smem));
+        const int resident_warps = resident_ctas(kernel, smem) * kWarps;
+        const int rounds = std::max(1, CEIL_DIV(a.n_units, resident_warps));
+        blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), kWarps);
     }
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a, M);
     CUDA_CHECK_LAUNCH("gemv_quant_kernel");
