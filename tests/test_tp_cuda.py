@@ -447,30 +447,37 @@ def test_one_shot_all_reduce_refuses_what_it_cannot_take_and_the_group_goes_on(C
 
 def test_a_long_prefill_takes_nccl_and_decode_the_one_shot_kernel(C, rng, make_weights):
     need_gpus(2)
-    # wide enough that a 2048-row prefill chunk (8 MB of fp32 residual) passes the switch point
+    # wide enough that a prefill chunk of 1024+ rows (4 MB of fp32 residual) passes the switch point
     config = ModelConfig(dim=1024, hidden_dim=2048, n_layers=2, n_heads=8, n_kv_heads=4, head_dim=128,
                          vocab_size=1001, name="wide")
     weights = bf16_rounded(make_weights(config, rng))
     single = one_gpu_engine(C, config, weights, max_seq=2048, max_batch=1)
+    oracles = Oracles(config, weights)
     with from_arrays(config, weights, 2, max_seq_len=2048, max_batch=1) as tp:
         info = open_one_shot(tp, 2)
-        n = info["oneshot_max_bytes"] // (4 * config.dim) + 37  # more rows than the switch point
-        assert n < 2048
-        tokens = rng.integers(0, config.vocab_size, n).astype(np.int32)
+        switch_rows = info["oneshot_max_bytes"] // (4 * config.dim)
+        # a whole chunk, then one just past the switch point (last, so that the decode steps after
+        # it fit the context)
+        for n in (2048, switch_rows + 37):
+            assert switch_rows < n <= 2048
+            tokens = rng.integers(0, config.vocab_size, n).astype(np.int32)
+            tp.engine.profile_enabled = True
+            ours = tp.engine.prefill(0, tokens, 0, "last")
+            names = {record[0] for record in tp.engine.profile_records()}
+            tp.engine.profile_enabled = False
+            # past the switch point the bf16 parts cross the links and add_partials takes their sum
+            assert {"all_reduce", "add_partials"} <= names, (n, names)
+            one = single.prefill(0, tokens, 0, "last")
+            oracle, torch_bf16 = oracles.forward(tokens.tolist(), 0)
+            assert_bf16_rule(ours, oracle[-1:], torch_bf16[-1:], f"TP 2 prefill of {n} rows through NCCL")
+            assert rel_err(ours, one) <= 2 * rel_err(torch_bf16[-1:], oracle[-1:])
         tp.engine.profile_enabled = True
-        ours = tp.engine.prefill(0, tokens, 0, "last")
         step = np.array([tokens[-1]], np.int32)
         decoded = [tp.engine.decode(step, np.array([0], np.int32), np.array([n + i], np.int32), True)
                    for i in range(3)]  # eager, captured, replayed
         names = {record[0] for record in tp.engine.profile_records()}
         tp.engine.profile_enabled = False
-        # past the switch point the bf16 parts cross the links and add_partials takes their sum
-        assert {"all_reduce", "add_partials", "all_reduce_oneshot"} <= names, names
-        one = single.prefill(0, tokens, 0, "last")
-        oracles = Oracles(config, weights)
-        oracle, torch_bf16 = oracles.forward(tokens.tolist(), 0)
-        assert_bf16_rule(ours, oracle[-1:], torch_bf16[-1:], "TP 2 prefill through NCCL")
-        assert rel_err(ours, one) <= 2 * rel_err(torch_bf16[-1:], oracle[-1:])
+        assert "all_reduce_oneshot" in names, names
         for i, logits in enumerate(decoded):
             want = single.decode(step, np.array([0], np.int32), np.array([n + i], np.int32), True)
             oracle, torch_bf16 = oracles.forward(tokens.tolist() + [step[0]] * (i + 1), 0)

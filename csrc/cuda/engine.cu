@@ -651,11 +651,6 @@ bool CudaEngine::all_reduce_takes_nccl(int rows) const {
     return !tp_oneshot_.ready() || sizeof(float) * (size_t)rows * cfg_.dim > tp_oneshot_.capacity_bytes();
 }
 
-Epilogue CudaEngine::residual_epilogue(int rows) const {
-    if (tp_comm_ && all_reduce_takes_nccl(rows)) return Epilogue::StoreBf16;
-    return tp_rank_ == 0 ? Epilogue::AddResidual : Epilogue::StoreF32;
-}
-
 void CudaEngine::all_reduce_x(int rows) {
     const size_t count = (size_t)rows * cfg_.dim;
     const bool oneshot = !all_reduce_takes_nccl(rows);
@@ -665,22 +660,6 @@ void CudaEngine::all_reduce_x(int rows) {
         tp_oneshot_.run(x_, x_, count, stream_);
     else
         nccl::all_reduce_sum(x_, x_, count, tp_comm_, stream_);
-    prof_.end();
-}
-
-void CudaEngine::all_reduce_residual(int rows) {
-    if (!tp_comm_) return;
-    if (!all_reduce_takes_nccl(rows)) {
-        all_reduce_x(rows);
-        return;
-    }
-    // the ranks' bf16 parts (residual_epilogue stored them in tp_partial_), summed, into x_
-    const size_t count = (size_t)rows * cfg_.dim;
-    prof_.op("all_reduce", profile::OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * count));
-    nccl::all_reduce_sum(tp_partial_, tp_partial_, count, tp_comm_, stream_);
-    prof_.op("add_partials", profile::OpClass::Elementwise,
-             profile::elementwise_cost(count, (2.0 * sizeof(float) + sizeof(bf16)) * count));
-    add_bf16_into_f32(tp_partial_, x_, count, stream_);
     prof_.end();
 }
 

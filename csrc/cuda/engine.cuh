@@ -245,18 +245,12 @@ private:
         return h;
     }
     void replay_profiled(int B);
-    // The epilogue and destination of a row-parallel matmul (wo, w2) of `rows` rows into the
-    // residual stream: rank 0 (and a single GPU) adds its result; under tensor parallelism the
-    // other ranks store theirs in its place, so the fp32 all-reduce that follows sums the residual
-    // and every rank's part. A message too large for the one-shot kernel goes through NCCL in bf16
-    // instead: every rank stores its part in tp_partial_, and all_reduce_residual adds the sum.
-    Epilogue residual_epilogue(int rows) const;
-    EpilogueArgs residual_args(int rows) const;
+    // A row-parallel matmul (wo, w2): `rows` rows of `in` ([rows, W.cols] bf16) times W added into
+    // the residual stream x_; under tensor parallelism the residual plus every rank's part, on every
+    // rank (the one-shot kernel on fp32, or NCCL on bf16 parts past its capacity).
+    void row_parallel_matmul(const Matrix& W, const bf16* in, int rows);
     // Whether `rows` rows of the residual take NCCL (past the one-shot group's capacity, or no group).
     bool all_reduce_takes_nccl(int rows) const;
-    // After a row-parallel matmul: the residual plus every rank's part, on every rank (nothing on
-    // a single GPU).
-    void all_reduce_residual(int rows);
     // Sums x_'s first `rows` rows over the ranks in fp32 (after the embedding).
     void all_reduce_x(int rows);
     // Throws unless the engine may run the model: a tensor-parallel rank (config tp_size > 1)

@@ -96,12 +96,27 @@ EpilogueArgs epilogue_rows_from(const EpilogueArgs& a, Epilogue ep, int N, int r
 
 }  // namespace
 
-EpilogueArgs CudaEngine::residual_args(int rows) const {
-    switch (residual_epilogue(rows)) {
-        case Epilogue::AddResidual: return add_to(x_, split_k_);
-        case Epilogue::StoreBf16: return store_bf16(tp_partial_, split_k_);
-        default: return store_f32(x_, split_k_);
+void CudaEngine::row_parallel_matmul(const Matrix& W, const bf16* in, int rows) {
+    if (!tp_comm_ || !all_reduce_takes_nccl(rows)) {
+        // One GPU adds its product into x_. In a one-shot group rank 0 adds, the others store theirs
+        // in x_, and the fp32 sum of x_ over the ranks is the residual plus every rank's part.
+        const bool add = tp_rank_ == 0;
+        matmul(W, nullptr, nullptr, in, rows, add ? Epilogue::AddResidual : Epilogue::StoreF32,
+               add ? add_to(x_, split_k_) : store_f32(x_, split_k_));
+        if (tp_comm_) all_reduce_x(rows);
+        return;
     }
+    // Past the one-shot capacity (prefill chunks) the ranks' bf16 parts cross the links: each rank
+    // stores its part in tp_partial_, NCCL sums them and add_bf16_into_f32 adds the sum into x_
+    // (half the bytes of fp32, and the residual is never rounded).
+    const size_t count = (size_t)rows * cfg_.dim;
+    matmul(W, nullptr, nullptr, in, rows, Epilogue::StoreBf16, store_bf16(tp_partial_, split_k_));
+    prof_.op("all_reduce", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * count));
+    nccl::all_reduce_sum(tp_partial_, tp_partial_, count, tp_comm_, stream_);
+    prof_.op("add_partials", OpClass::Elementwise,
+             profile::elementwise_cost(count, (2.0 * sizeof(float) + sizeof(bf16)) * count));
+    add_bf16_into_f32(tp_partial_, x_, count, stream_);
+    prof_.end();
 }
 
 void CudaEngine::forward_layers(const Pass& pass) {
@@ -146,16 +161,14 @@ void CudaEngine::forward_layers(const Pass& pass) {
             }
         }
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), w_bytes(w.wo), 2, 8));
-        matmul(w.wo, nullptr, nullptr, att_, M, residual_epilogue(M), residual_args(M));
-        // tensor parallelism: the residual plus every rank's part of wo
-        all_reduce_residual(M);
+        // the residual plus wo's product (tensor parallelism: every rank's part)
+        row_parallel_matmul(w.wo, att_, M);
         // MLP block
         prof_.op("w13", OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, w_bytes(w.w13), 4, 1));
         matmul(w.w13, x_, w.ffn_norm, nullptr, M, Epilogue::SwiGLU, store_bf16(hb_, split_k_));
         prof_.op("w2", OpClass::Matmul, profile::matmul_cost(M, D, H, w_bytes(w.w2), 2, 8));
-        matmul(w.w2, nullptr, nullptr, hb_, M, residual_epilogue(M), residual_args(M));
-        // tensor parallelism: the residual plus every rank's part of w2
-        all_reduce_residual(M);
+        // the residual plus w2's product (tensor parallelism: every rank's part)
+        row_parallel_matmul(w.w2, hb_, M);
     }
 }
 
