@@ -70,7 +70,7 @@ constexpr int kGemmWideTieNum = 21, kGemmWideTieDen = 20;
 // wgmma GEMM, AddResidual: L2 is asked for a tile's residual over the last 1 / F of its main loop.
 constexpr int kGemmResidualSpread = 4;
 
-// ---- one-shot all-reduce (allreduce.cu) and its switch point (CudaEngine::all_reduce_residual) --
+// ---- one-shot all-reduce (allreduce.cu) and its switch point (CudaEngine::row_parallel_matmul) --
 // Largest residual all-reduce (bytes) that takes the one-shot IPC kernel instead of NCCL, and the
 // size of each half of every rank's double-buffered IPC data region. The one-shot kernel has every
 // rank read all (N - 1) peers' whole messages over the links behind one cross-GPU barrier: one
