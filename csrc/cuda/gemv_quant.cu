@@ -31,8 +31,9 @@
 //     of the CTA reads the same blocks); or, at M <= 2 (gemv_quant_in), bf16 rows or fp32 rows to
 //     RMS-normalize that each CTA quantizes into shared memory first, one thread per 32-value
 //     block, with the standalone quantizers' arithmetic (so the same bits). Such a grid is one
-//     wave of CTAs whose warps walk several output rows each, so the input is quantized a few
-//     hundred times, not once per 4 rows; the first rows' weight loads are in flight meanwhile.
+//     wave of CTAs whose warps walk the same number of output rows each, so the input is
+//     quantized a few hundred times, not once per 4 rows, and no warp's last round runs alone;
+//     the first rows' weight loads are in flight meanwhile.
 //   * Launched with PDL (launch.cuh): it lets the next kernel launch before its own wait and issues
 //     the first pieces' loads before that wait (weights never depend on the kernel before).
 // Invariants: a lane's pieces and their sums run in a fixed order and the lanes meet in a
