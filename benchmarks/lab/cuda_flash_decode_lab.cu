@@ -5,8 +5,10 @@
 //
 // This file includes attention_decode.cuh, so every variant runs the production kernel; they
 // differ only in the fewest positions a split takes (DecodeArgs::min_chunk) and the threads per CTA
-// (the kernel's THREADS; tuning.h's kDecodeMinChunk and kDecodeThreads). 01 is what ships
-// (decode_args()). Variants that are gone with the code they measured (06, 08-11: first K/V rows
+// (the kernel's THREADS; tuning.h's kDecodeMinChunk and kDecodeThreads), or in the splits a
+// sequence may take where the shapes alone would give it one (16-18: at large batches the grid
+// already fills the GPU, so decode_args() gives every (sequence, KV head) one CTA over its whole
+// context). 01 is what ships (decode_args()). Variants that are gone with the code they measured (06, 08-11: first K/V rows
 // after the PDL wait, the trigger at every head dim, the shared-memory tile kernel) are in
 // docs/kernels/attention.md.
 //
@@ -20,6 +22,7 @@
 //        csrc/cuda/attention_decode.cu -o fd_lab
 //   ./fd_lab check    every variant on odd lengths, batches and GQA groups; exit 1 on a failure
 //   ./fd_lab bench    Llama-3.2-1B and Llama-3-8B heads at contexts 128..16384, JSON lines on stdout
+//   ./fd_lab batch    the same heads at batches 64 and 256 of 1024 / 1536 positions each (serving)
 //   --block-size N    after either: the KV block size (16, 32, 64 or 128; default 16)
 #include <cuda_bf16.h>
 
@@ -47,19 +50,24 @@ struct Variant {
     const char* name;
     int min_chunk;  // 0: the shipped value
     int threads;    // 0: the shipped value, else 128
+    int splits;     // 0: decode_args()'s, else at least this many (within max_splits)
 };
 
 const Variant kVariants[] = {
-    {"01_shipped", 0, 0},
-    {"02_chunk128", 128, 0},
-    {"03_chunk256", 256, 0},
-    {"04_chunk512", 512, 0},
-    {"05_one_chunk", 1 << 30, 0},
-    {"07_threads128", 0, 128},
+    {"01_shipped", 0, 0, 0},
+    {"02_chunk128", 128, 0, 0},
+    {"03_chunk256", 256, 0, 0},
+    {"04_chunk512", 512, 0, 0},
+    {"05_one_chunk", 1 << 30, 0, 0},
+    {"07_threads128", 0, 128, 0},
+    {"16_splits2", 0, 0, 2},
+    {"17_splits4", 0, 0, 4},
+    {"18_splits8", 0, 0, 8},
 };
 
 DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
     if (v.min_chunk) a.min_chunk = v.min_chunk;
+    if (v.splits) a.n_splits = std::max(a.n_splits, std::min({v.splits, a.max_splits, kDecMaxSplits}));
     return a;
 }
 
@@ -211,8 +219,11 @@ int check(int block_size) {
     std::mt19937 rng(7);
     struct Heads { int Hq, Hkv, hd; };
     const Heads heads[] = {{32, 8, 64}, {32, 8, 128}, {4, 4, 64}, {8, 4, 128}, {9, 3, 128}, {16, 1, 64}};
+    // the last: enough sequences that decode_args() gives each one split (16-18 split them)
+    std::vector<int> many(40);
+    for (int b = 0; b < (int)many.size(); ++b) many[b] = 37 + 13 * b;
     const std::vector<std::vector<int>> batches = {
-        {1}, {2}, {63}, {64}, {65}, {127}, {129}, {300}, {1000}, {4097}, {1, 64, 129, 2500}};
+        {1}, {2}, {63}, {64}, {65}, {127}, {129}, {300}, {1000}, {4097}, {1, 64, 129, 2500}, many};
     int fails = 0, runs = 0;
     for (const Heads& hs : heads)
         for (const auto& lengths : batches) {
@@ -307,6 +318,7 @@ int bench(int block_size) {
             pr.build(rng);
             const double kv_bytes = 2.0 * ctx * sh.Hkv * sh.hd * 2;
             for (const Variant& v : kVariants) {
+                if (v.splits) continue;  // a lone sequence is split 33 ways already
                 const Timing t = time_variant(v, pr, weights, wbytes, s);
                 std::printf("{\"shape\": \"%s\", \"context\": %d, \"variant\": \"%s\", \"chain_us\": %.3f, "
                             "\"isolated_us\": %.3f, \"stand_in_us\": %.3f, \"kv_bytes\": %.0f, "
@@ -319,6 +331,37 @@ int bench(int block_size) {
         }
         for (auto* w : weights) cudaFree(w);
     }
+    cudaStreamDestroy(s);
+    return 0;
+}
+
+// Serving's decode: B sequences of ctx positions each, every variant, isolated us per call (16
+// calls back to back in a graph) and the KV bytes a call reads per second.
+int bench_batch(int block_size) {
+    std::mt19937 rng(13);
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    struct Shape { const char* name; int Hq, Hkv, hd; };
+    const Shape shapes[] = {{"llama3.2-1b", 32, 8, 64}, {"llama3-8b", 32, 8, 128}};
+    for (const Shape& sh : shapes)
+        for (int B : {64, 256})
+            for (int ctx : {1024, 1536}) {
+                Problem pr{sh.Hq, sh.Hkv, sh.hd, ctx, B, 33, block_size};
+                pr.lengths.assign(B, ctx);
+                for (int b = 0; b < B; ++b) pr.slots.push_back(b);
+                pr.build(rng);
+                const double kv_bytes = 2.0 * B * ctx * sh.Hkv * sh.hd * 2;
+                for (const Variant& v : kVariants) {
+                    const DecodeArgs a = variant_args(v, pr.args());
+                    const double us = graph_replay_us(s, 16, [&](int) { launch_variant(v, a, B, sh.hd, s); }) / 16;
+                    std::printf("{\"shape\": \"%s\", \"batch\": %d, \"context\": %d, \"variant\": \"%s\", "
+                                "\"splits\": %d, \"isolated_us\": %.3f, \"kv_bytes\": %.0f, \"GBps\": %.1f, "
+                                "\"block_size\": %d}\n",
+                                sh.name, B, ctx, v.name, a.n_splits, us, kv_bytes, kv_bytes / (us * 1e3), block_size);
+                    std::fflush(stdout);
+                }
+                pr.free();
+            }
     cudaStreamDestroy(s);
     return 0;
 }
@@ -339,10 +382,11 @@ int main(int argc, char** argv) {
     try {
         if (args_ok && mode == "check") return lab::check(block_size);
         if (args_ok && mode == "bench") return lab::bench(block_size);
+        if (args_ok && mode == "batch") return lab::bench_batch(block_size);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;
     }
-    std::fprintf(stderr, "usage: %s check|bench [--block-size 16|32|64|128]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s check|bench|batch [--block-size 16|32|64|128]\n", argv[0]);
     return 2;
 }

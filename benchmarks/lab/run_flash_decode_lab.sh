@@ -4,6 +4,8 @@
 #   build.log, check.log, bench.jsonl (one line per shape x context x variant), table.txt
 #   OUT=/tmp/fd benchmarks/lab/run_flash_decode_lab.sh      # on a Hopper GPU, about a minute
 # BLOCK_SIZE=N (16, 32, 64 or 128; default 16): the KV block size of the lab's identity block table.
+# BATCH=1: also the serving shapes (batches 64 and 256 of 1024 / 1536 positions; the forced-split
+# variants 16-18): batch.jsonl, batch_table.txt.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/flash_decode_lab}
@@ -32,3 +34,17 @@ for key in dict.fromkeys((r["shape"], r["context"]) for r in rows):
     print(f"{key[0]:<12}{key[1]:>6}" + "".join(
         f"{cells[v]['chain_us']:>10.2f} ({cells[v]['isolated_us']:>5.2f})" for v in variants))
 PY
+if [[ "${BATCH:-0}" == 1 ]]; then
+    timeout 300 "$BIN" batch "${BLOCK[@]}" > "$OUT/batch.jsonl" 2> "$OUT/batch.err" || { cat "$OUT/batch.err"; exit 1; }
+    python3 - "$OUT" <<'PY' | tee "$OUT/batch_table.txt"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1] + "/batch.jsonl")]
+variants = list(dict.fromkeys(r["variant"] for r in rows))
+print("us per call, 16 calls back to back in a graph (KV GB/s read in brackets)")
+print(f"{'shape':<12}{'B':>5}{'ctx':>6}" + "".join(f"{v:>20}" for v in variants))
+for key in dict.fromkeys((r["shape"], r["batch"], r["context"]) for r in rows):
+    cells = {r["variant"]: r for r in rows if (r["shape"], r["batch"], r["context"]) == key}
+    print(f"{key[0]:<12}{key[1]:>5}{key[2]:>6}" + "".join(
+        f"{cells[v]['isolated_us']:>11.1f} ({cells[v]['GBps']:>5.0f})" for v in variants))
+PY
+fi
