@@ -22,29 +22,28 @@ timeout 120 "$BIN" check "${BLOCK[@]}" > "$OUT/check.log" 2>&1
 rc=$?
 tail -n 20 "$OUT/check.log"
 (( rc == 0 )) || { echo "check failed (exit $rc): no timing"; exit 1; }
-timeout 240 "$BIN" bench "${BLOCK[@]}" > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
-python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
+# table JSONL TITLE KEYS MAIN SIDE: one row per KEYS (comma-separated fields), one column per
+# variant, each cell the MAIN field with the SIDE field in brackets.
+table() {
+    python3 - "$@" <<'PY'
 import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1] + "/bench.jsonl")]
+path, title, keys, main, side = sys.argv[1:]
+keys = keys.split(",")
+rows = [json.loads(line) for line in open(path)]
 variants = list(dict.fromkeys(r["variant"] for r in rows))
-print("us per layer added to a graphed chain behind a QKV stand-in (isolated us per call in brackets)")
-print(f"{'shape':<12}{'ctx':>6}" + "".join(f"{v:>18}" for v in variants))
-for key in dict.fromkeys((r["shape"], r["context"]) for r in rows):
-    cells = {r["variant"]: r for r in rows if (r["shape"], r["context"]) == key}
-    print(f"{key[0]:<12}{key[1]:>6}" + "".join(
-        f"{cells[v]['chain_us']:>10.2f} ({cells[v]['isolated_us']:>5.2f})" for v in variants))
+print(title)
+print("".join(f"{k:>12}" for k in keys) + "".join(f"{v:>20}" for v in variants))
+for key in dict.fromkeys(tuple(r[k] for k in keys) for r in rows):
+    cells = {r["variant"]: r for r in rows if tuple(r[k] for k in keys) == key}
+    print("".join(f"{k:>12}" for k in key) + "".join(
+        f"{cells[v][main]:>10.2f} ({cells[v][side]:>7.2f})" for v in variants))
 PY
+}
+timeout 240 "$BIN" bench "${BLOCK[@]}" > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
+table "$OUT/bench.jsonl" "us per layer added to a graphed chain behind a QKV stand-in (isolated us per call in brackets)" \
+    shape,context chain_us isolated_us | tee "$OUT/table.txt"
 if [[ "${BATCH:-0}" == 1 ]]; then
     timeout 300 "$BIN" batch "${BLOCK[@]}" > "$OUT/batch.jsonl" 2> "$OUT/batch.err" || { cat "$OUT/batch.err"; exit 1; }
-    python3 - "$OUT" <<'PY' | tee "$OUT/batch_table.txt"
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1] + "/batch.jsonl")]
-variants = list(dict.fromkeys(r["variant"] for r in rows))
-print("us per call, 16 calls back to back in a graph (KV GB/s read in brackets)")
-print(f"{'shape':<12}{'B':>5}{'ctx':>6}" + "".join(f"{v:>20}" for v in variants))
-for key in dict.fromkeys((r["shape"], r["batch"], r["context"]) for r in rows):
-    cells = {r["variant"]: r for r in rows if (r["shape"], r["batch"], r["context"]) == key}
-    print(f"{key[0]:<12}{key[1]:>5}{key[2]:>6}" + "".join(
-        f"{cells[v]['isolated_us']:>11.1f} ({cells[v]['GBps']:>5.0f})" for v in variants))
-PY
+    table "$OUT/batch.jsonl" "us per call, 16 calls back to back in a graph (KV GB/s read in brackets)" \
+        shape,batch,context isolated_us GBps | tee "$OUT/batch_table.txt"
 fi
