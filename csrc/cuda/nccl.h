@@ -3,7 +3,8 @@
 //
 // The declarations below follow NCCL's stable C ABI (nccl.h of NCCL 2.x): ncclUniqueId is 128
 // opaque bytes, a communicator an opaque pointer, results ints (0 = success), ncclInt8 = 0,
-// ncclFloat32 = 7, ncclBfloat16 = 9 (NCCL 2.10 on), ncclSum = 0. All calls are stream-ordered and may be captured into CUDA graphs.
+// ncclFloat32 = 7, ncclBfloat16 = 9 (NCCL 2.10 on), ncclSum = 0. All calls are stream-ordered and
+// may be captured into CUDA graphs.
 #pragma once
 
 #include <cuda_bf16.h>
