@@ -381,6 +381,51 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
         assert_design_tolerance(f"flash_decode b={b} length={length}", got, ref, bf)
 
 
+# Serving batches: enough sequences that one split per (sequence, head block) fills the GPU several
+# times over, where launch_flash_decode takes the cp.async ring kernel (from
+# tuning::kDecodeRingMinCtas one-split CTAs on; 8 per SM here clear that with room).
+SERVING_HEADS = [(32, 8), (16, 1), (9, 3)]
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads", SERVING_HEADS, ids=[f"{h}q{kv}kv" for h, kv in SERVING_HEADS])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flash_decode_serving_batch_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads):
+    group = n_heads // n_kv_heads
+    heads_per_cta = 1 if group <= 1 else 2 if group <= 2 else 4  # decode_gmax
+    head_blocks = -(-group // heads_per_cta)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    B = -(-8 * sms // (n_kv_heads * head_blocks)) + 3
+    max_seq, block_size, max_splits = 389, 16, 16
+    # Lengths of every residue around the steps a warp covers; 1 and max_seq among them.
+    lengths = [1, max_seq] + [int(n) for n in rng.integers(1, max_seq + 1, size=B - 2)]
+    k_cache, v_cache = poisoned_cache(B + 1, max_seq, n_kv_heads, head_dim)
+    slots = [int(s) for s in rng.permutation(B + 1)[:B]]
+    for slot, length in zip(slots, lengths):
+        k_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
+        v_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
+    paged = PagedCaches(k_cache, v_cache, block_size=block_size, seed=head_dim + n_heads + B)
+    q = randn((B, n_heads, head_dim), gen)
+    d_slots = torch.tensor(slots, dtype=torch.int32, device="cuda")
+    d_positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int32, device="cuda")
+    per_sequence = ops.flash_decode_scratch_floats(1, n_heads, head_dim, max_splits)
+    scratch = nan_full((B * per_sequence,), torch.float32)
+    scratch.view(B, per_sequence)[:, :n_heads].zero_()
+    out = nan_full((B, n_heads * head_dim), torch.bfloat16)
+    ops.flash_decode(q.data_ptr(), paged.k.data_ptr(), paged.v.data_ptr(), d_slots.data_ptr(),
+                     d_positions.data_ptr(), out.data_ptr(), scratch.data_ptr(), B, n_heads,
+                     n_kv_heads, head_dim, max_seq, max_splits, **paged.kwargs())
+    torch.cuda.synchronize()
+    for b, (slot, length) in enumerate(zip(slots, lengths)):
+        k = k_cache[slot, :length].transpose(0, 1).repeat_interleave(group, dim=0)
+        v = v_cache[slot, :length].transpose(0, 1).repeat_interleave(group, dim=0)
+        mask = torch.ones((1, length), dtype=torch.bool, device="cuda")
+        qb = q[b].unsqueeze(1)
+        ref = reference_attention(qb.double(), k.double(), v.double(), mask).squeeze(1)
+        bf = reference_attention(qb, k, v, mask).squeeze(1)
+        assert_design_tolerance(f"flash_decode b={b} of {B} length={length}", out[b].view(n_heads, head_dim),
+                                ref, bf)
+
+
 def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, max_seq=None, mma_sync=False,
                             block_size=16):
     """max_seq defaults to room past the filled positions, whose poison the kernel must not read

@@ -8,7 +8,11 @@
 // (the kernel's THREADS; tuning.h's kDecodeMinChunk and kDecodeThreads), or in the splits a
 // sequence may take where the shapes alone would give it one (16-18: at large batches the grid
 // already fills the GPU, so decode_args() gives every (sequence, KV head) one CTA over its whole
-// context). 01 is what ships (decode_args()). Variants that are gone with the code they measured (06, 08-11: first K/V rows
+// context), or in the kernel (19, 20, 23, 24: the register kernel or the cp.async ring kernel at
+// any batch, the ring with 6, 4 or 8 KB a warp; launch_flash_decode takes the ring from
+// tuning::kDecodeRingMinCtas one-split CTAs on). The serving mode skips the chunk variants (02-05),
+// which change nothing once a sequence has one split. 01 is what ships (decode_args() and
+// launch_flash_decode's choice). Variants that are gone with the code they measured (06, 08-11: first K/V rows
 // after the PDL wait, the trigger at every head dim, the shared-memory tile kernel) are in
 // docs/kernels/attention.md.
 //
@@ -22,7 +26,7 @@
 //        csrc/cuda/attention_decode.cu -o fd_lab
 //   ./fd_lab check    every variant on odd lengths, batches and GQA groups; exit 1 on a failure
 //   ./fd_lab bench    Llama-3.2-1B and Llama-3-8B heads at contexts 128..16384, JSON lines on stdout
-//   ./fd_lab batch    the same heads at batches 64 and 256 of 1024 / 1536 positions each (serving)
+//   ./fd_lab batch    the same heads at batches 2 to 256 of 1024 / 1536 positions each (serving)
 //   --block-size N    after either: the KV block size (16, 32, 64 or 128; default 16)
 #include <cuda_bf16.h>
 
@@ -51,18 +55,24 @@ struct Variant {
     int min_chunk;  // 0: the shipped value
     int threads;    // 0: the shipped value, else 128
     int splits;     // 0: decode_args()'s, else at least this many (within max_splits)
+    int ring;       // 0: launch_flash_decode's choice; -1 the register kernel; else the ring kernel
+                    // with this many bytes of ring a warp (256 threads)
 };
 
 const Variant kVariants[] = {
-    {"01_shipped", 0, 0, 0},
-    {"02_chunk128", 128, 0, 0},
-    {"03_chunk256", 256, 0, 0},
-    {"04_chunk512", 512, 0, 0},
-    {"05_one_chunk", 1 << 30, 0, 0},
-    {"07_threads128", 0, 128, 0},
-    {"16_splits2", 0, 0, 2},
-    {"17_splits4", 0, 0, 4},
-    {"18_splits8", 0, 0, 8},
+    {"01_shipped", 0, 0, 0, 0},
+    {"02_chunk128", 128, 0, 0, 0},
+    {"03_chunk256", 256, 0, 0, 0},
+    {"04_chunk512", 512, 0, 0, 0},
+    {"05_one_chunk", 1 << 30, 0, 0, 0},
+    {"07_threads128", 0, 128, 0, 0},
+    {"16_splits2", 0, 0, 2, 0},
+    {"17_splits4", 0, 0, 4, 0},
+    {"18_splits8", 0, 0, 8, 0},
+    {"19_registers", 0, 0, 0, -1},
+    {"20_ring6k", 0, 0, 0, 6 * 1024},
+    {"23_ring4k", 0, 0, 0, 4 * 1024},
+    {"24_ring8k", 0, 0, 0, 8 * 1024},
 };
 
 DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
@@ -72,10 +82,20 @@ DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
 }
 
 // flash_decode's launch with the variant's CTA size.
+template <int HD>
+void launch_ring(const Variant& v, const DecodeArgs& a, int B, cudaStream_t s) {
+    switch (v.ring) {
+        case -1: launch_decode_group<HD, 256, 0>(a, B, s); break;
+        case 4 * 1024: launch_decode_group<HD, 256, 4 * 1024>(a, B, s); break;
+        case 6 * 1024: launch_decode_group<HD, 256, 6 * 1024>(a, B, s); break;
+        default: launch_decode_group<HD, 256, 8 * 1024>(a, B, s); break;
+    }
+}
 void launch_variant(const Variant& v, const DecodeArgs& a, int B, int head_dim, cudaStream_t s) {
-    if (v.threads == 0) launch_flash_decode(a, B, head_dim, s);
-    else if (head_dim == 64) launch_decode_group<64, 128>(a, B, s);
-    else launch_decode_group<128, 128>(a, B, s);
+    if (v.ring) head_dim == 64 ? launch_ring<64>(v, a, B, s) : launch_ring<128>(v, a, B, s);
+    else if (v.threads == 0) launch_flash_decode(a, B, head_dim, s);
+    else if (head_dim == 64) launch_decode_group<64, 128, 0>(a, B, s);
+    else launch_decode_group<128, 128, 0>(a, B, s);
 }
 
 template <class T>
@@ -344,7 +364,7 @@ int bench_batch(int block_size) {
     struct Shape { const char* name; int Hq, Hkv, hd; };
     const Shape shapes[] = {{"llama3.2-1b", 32, 8, 64}, {"llama3-8b", 32, 8, 128}};
     for (const Shape& sh : shapes)
-        for (int B : {64, 256})
+        for (int B : {2, 4, 8, 16, 32, 64, 256})
             for (int ctx : {1024, 1536}) {
                 Problem pr{sh.Hq, sh.Hkv, sh.hd, ctx, B, 33, block_size};
                 pr.lengths.assign(B, ctx);
@@ -352,6 +372,7 @@ int bench_batch(int block_size) {
                 pr.build(rng);
                 const double kv_bytes = 2.0 * B * ctx * sh.Hkv * sh.hd * 2;
                 for (const Variant& v : kVariants) {
+                    if (v.min_chunk) continue;
                     const DecodeArgs a = variant_args(v, pr.args());
                     const double us = graph_replay_us(s, 16, [&](int) { launch_variant(v, a, B, sh.hd, s); }) / 16;
                     std::printf("{\"shape\": \"%s\", \"batch\": %d, \"context\": %d, \"variant\": \"%s\", "

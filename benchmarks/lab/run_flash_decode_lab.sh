@@ -4,7 +4,7 @@
 #   build.log, check.log, bench.jsonl (one line per shape x context x variant), table.txt
 #   OUT=/tmp/fd benchmarks/lab/run_flash_decode_lab.sh      # on a Hopper GPU, about a minute
 # BLOCK_SIZE=N (16, 32, 64 or 128; default 16): the KV block size of the lab's identity block table.
-# BATCH=1: also the serving shapes (batches 64 and 256 of 1024 / 1536 positions; the forced-split
+# BATCH=1: also the serving shapes (batches 16 to 256 of 1024 / 1536 positions; the forced-split
 # variants 16-18): batch.jsonl, batch_table.txt.
 set -u
 cd "$(dirname "$0")/../.."

@@ -46,6 +46,7 @@
 
 #include "cuda/allreduce.h"
 #include "cuda/check.cuh"
+#include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/tuning.h"
 
@@ -180,7 +181,7 @@ void all_reduce_oneshot(const float* in, float* out, size_t count, const AllRedu
     BRRR_CHECK(count % 4 == 0 && count <= peers.half_floats,
                "all_reduce_oneshot: " << count << " floats, which must be a multiple of 4 and at most "
                                       << peers.half_floats << " (the group's capacity)");
-    BRRR_CHECK(reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+    BRRR_CHECK(util::aligned_to(in, 16) && util::aligned_to(out, 16),
                "all_reduce_oneshot: in and out must be 16-byte aligned");
     const int n4 = static_cast<int>(count / 4);
     const float4* in4 = reinterpret_cast<const float4*>(in);
@@ -199,7 +200,7 @@ void all_reduce_oneshot(const float* in, float* out, size_t count, const AllRedu
 
 void add_bf16_into_f32(const bf16* partial, float* x, size_t count, cudaStream_t stream) {
     BRRR_CHECK(count % 4 == 0, "add_bf16_into_f32: " << count << " values, which must be a multiple of 4");
-    BRRR_CHECK(reinterpret_cast<uintptr_t>(partial) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+    BRRR_CHECK(util::aligned_to(partial, 16) && util::aligned_to(x, 16),
                "add_bf16_into_f32: partial and x must be 16-byte aligned");
     if (count == 0) return;
     constexpr int kAddThreads = 256;

@@ -21,6 +21,14 @@
 // counts itself in with one acq_rel atomic on its (sequence, head block) counter, and the last to
 // arrive merges them (merge_splits: the first splits' acc values load while a warp per head
 // computes the split weights, one L2 round trip) and re-arms the counter.
+// Two ways to bring the rows in, one kernel template (STAGES):
+//   - registers (small batches): each lane loads its next step's rows straight into registers,
+//     the first rows before the PDL wait, so a short context's loads overlap the kernel before;
+//   - a cp.async ring (from tuning::kDecodeRingMinCtas one-split CTAs on, serving batches): each
+//     lane copies its own 16-byte pieces STAGES - 1 steps ahead into its warp's ring in shared
+//     memory (tuning::kDecodeRingBytesPerWarp) and reads back only what it copied, so no barrier
+//     is needed. One step ahead in registers keeps about 2 KB a warp in flight; the ring several
+//     times that, which is what long CTAs at full occupancy need to reach the copy rate.
 // Invariants: scratch per sequence is [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq
 // x max_splits x hd]; the counters are zero before the first call and every call leaves them zero.
 // Launched with PDL: before its wait a CTA reads positions and slots and loads its first rows, all

@@ -143,6 +143,15 @@ struct DecodeLayout {
     static constexpr size_t acc_off = l_off + kWarps * GMAX * 4;             // f32 [kWarps][GMAX][HD]
     static constexpr size_t w_off = acc_off + (size_t)kWarps * GMAX * HD * 4;  // f32 [GMAX][kDecMaxSplits]
     static constexpr size_t bytes = w_off + (size_t)GMAX * kDecMaxSplits * 4;
+    // The ring kernel's copies (STAGES > 0): per warp, per stage, the K then the V rows of one step,
+    // each lane's 16 bytes at [kv][r][lane]: uint4 [kWarps][STAGES][2][kRows][32], after the above.
+    static constexpr size_t stage_bytes = (size_t)2 * kRows * 32 * 16;  // one warp's step
+    static constexpr size_t ring_off = (bytes + 15) / 16 * 16;
+    static constexpr size_t ring_bytes(int stages) { return (size_t)kWarps * stages * stage_bytes; }
+    // Stages that fit `per_warp` bytes of ring, at least 2.
+    static constexpr int ring_stages(size_t per_warp) {
+        return per_warp / stage_bytes < 2 ? 2 : (int)(per_warp / stage_bytes);
+    }
 };
 
 // Sums each of V values per lane over aligned groups of LPR lanes; returns the group's sum of
@@ -175,8 +184,14 @@ __device__ __forceinline__ float transpose_sum(float (&vals)[V], int lane) {
 
 // GMAX = query heads per CTA (the group, or a block of it when the group is larger). Registers
 // are capped so that two 256-thread CTAs fit an SM, as the grid assumes.
-template <int HD, int GMAX, int THREADS>
+// STAGES = 0: each step's rows load straight into registers, one step ahead (small grids, where
+// the first rows go out before the PDL wait). STAGES >= 2: the ring kernel for grids of several
+// waves (serving batches): each lane cp.asyncs its own 16-byte pieces STAGES - 1 steps ahead into
+// its warp's ring in shared memory and reads back only what it copied itself, so no barrier is
+// needed, and a warp keeps (STAGES - 1) x 2 KB or more in flight instead of one step.
+template <int HD, int GMAX, int THREADS, int STAGES>
 __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(DecodeArgs a) {
+    static_assert(STAGES == 0 || STAGES >= 2, "the ring needs a stage to fill beside the one read");
     using L = DecodeLayout<HD, GMAX, THREADS>;
     constexpr int kLanesPerRow = L::kLanesPerRow, kRowsPerLoad = L::kRowsPerLoad, kRows = L::kRows;
     constexpr int kValues = L::kValues, kReplicas = L::kReplicas, kStepRows = L::kStepRows, kWarps = L::kWarps;
@@ -241,17 +256,43 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
         }
     };
 
+    // The ring: this lane's piece of row r of K (kv 0) or V (kv 1) in stage st of its warp.
+    uint4* ring = reinterpret_cast<uint4*>(smem + L::ring_off) + (size_t)warp * (STAGES > 0 ? STAGES : 1) * 2 * kRows * 32;
+    auto ring_piece = [&](int st, int kv, int r) { return ring + ((st * 2 + kv) * kRows + r) * 32 + lane; };
+    // Copies a step's K and V rows into its stage (rows past c1 or without a block: zeros).
+    auto copy_step = [&](int step) {
+        const int base = step_base(step), st = step % (STAGES > 0 ? STAGES : 1);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const int p = base + r * kRowsPerLoad + rg;
+            const int64_t row = p < c1 ? a.kv.pages.row(slot, p) : -1;
+            const size_t at = row < 0 ? 0 : (size_t)(row * a.n_kv_heads + kvh) * HD + col * 8;
+            ptx::cp_async_16(ring_piece(st, 0, r), a.kv.k + at, row >= 0);
+            ptx::cp_async_16(ring_piece(st, 1, r), a.kv.v + at, row >= 0);
+        }
+    };
+
     uint4 kr[kRows], vrow[kRows];
-    const bool any = step_base(0) < c1;
-    // Every row but this token's is older than the kernel just before: load them before the wait.
-    if (any) {
-        load_rows(kr, a.kv.k, step_base(0), 1);
-        load_rows(vrow, a.kv.v, step_base(0), 1);
-    }
-    pdl_wait();
-    if (any) {
-        load_rows(kr, a.kv.k, step_base(0), 2);
-        load_rows(vrow, a.kv.v, step_base(0), 2);
+    if constexpr (STAGES == 0) {
+        const bool any = step_base(0) < c1;
+        // Every row but this token's is older than the kernel just before: load them before the wait.
+        if (any) {
+            load_rows(kr, a.kv.k, step_base(0), 1);
+            load_rows(vrow, a.kv.v, step_base(0), 1);
+        }
+        pdl_wait();
+        if (any) {
+            load_rows(kr, a.kv.k, step_base(0), 2);
+            load_rows(vrow, a.kv.v, step_base(0), 2);
+        }
+    } else {
+        // A grid of several waves gains nothing from loads before the wait: only its first wave could.
+        pdl_wait();
+#pragma unroll
+        for (int step = 0; step < STAGES - 1; ++step) {
+            if (step_base(step) < c1) copy_step(step);
+            ptx::cp_async_commit();  // empty groups too: one group per step keeps the count exact
+        }
     }
     // From tuning::kDecodeLateTriggerHeadDim on, the next kernel launches only as the CTAs exit.
     if constexpr (HD < tuning::kDecodeLateTriggerHeadDim) pdl_launch_dependents();
@@ -273,6 +314,18 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
 
     for (int step = 0; step_base(step) < c1; ++step) {
         const int base = step_base(step), next = step_base(step + 1);
+        if constexpr (STAGES > 0) {
+            // The stage refilled here was read into registers at the top of the previous step.
+            if (step_base(step + STAGES - 1) < c1) copy_step(step + STAGES - 1);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<STAGES - 1>();  // this step's group has landed
+            const int st = step % STAGES;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                kr[r] = *ring_piece(st, 0, r);
+                vrow[r] = *ring_piece(st, 1, r);
+            }
+        }
         // Scores: this lane's 8 dims of each (head, row), then summed over the row's lanes.
         float vals[kValues];
 #pragma unroll
@@ -287,7 +340,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
                                       util::bf16_lo(k.w) * util::bf16_lo(q.w) + util::bf16_hi(k.w) * util::bf16_hi(q.w);
             }
         }
-        if (next < c1) load_rows(kr, a.kv.k, next, 0);  // K of this step is consumed
+        if (STAGES == 0 && next < c1) load_rows(kr, a.kv.k, next, 0);  // K of this step is consumed
         float s = transpose_sum<kValues, kLanesPerRow>(vals, lane) * a.scale_log2;
         if (base + vr * kRowsPerLoad + rg >= c1) s = -INFINITY;
 
@@ -327,7 +380,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
                 for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(pg, v8[j], acc[g][j]);
             }
         }
-        if (next < c1) load_rows(vrow, a.kv.v, next, 0);
+        if (STAGES == 0 && next < c1) load_rows(vrow, a.kv.v, next, 0);
     }
 
     // The row groups of a warp hold the same dims: add them, then combine the warps.
@@ -377,13 +430,16 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     merge_splits<HD, GMAX, THREADS>(sc, head0, n_g, cut.n, weight, out);
 }
 
-template <int HD, int GMAX, int THREADS>
+// RING_BYTES: 0 for the register kernel, else the ring kernel with that much ring a warp.
+template <int HD, int GMAX, int THREADS, int RING_BYTES>
 inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
     using L = DecodeLayout<HD, GMAX, THREADS>;
-    auto kernel = flash_decode_kernel<HD, GMAX, THREADS>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
+    constexpr int kStages = RING_BYTES ? L::ring_stages(RING_BYTES) : 0;
+    constexpr size_t kBytes = RING_BYTES ? L::ring_off + L::ring_bytes(kStages) : L::bytes;
+    auto kernel = flash_decode_kernel<HD, GMAX, THREADS, kStages>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBytes));
     const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
-    launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
+    launch_pdl(kernel, grid, dim3(THREADS), kBytes, stream, a);
     CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
@@ -393,12 +449,12 @@ inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
 inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : 4; }
 
 // The instance decode_args() sized head_blocks for: both read decode_gmax.
-template <int HD, int THREADS>
+template <int HD, int THREADS, int RING_BYTES>
 inline void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream) {
     switch (decode_gmax(a.group)) {
-        case 1: launch_decode<HD, 1, THREADS>(a, B, stream); break;
-        case 2: launch_decode<HD, 2, THREADS>(a, B, stream); break;
-        default: launch_decode<HD, 4, THREADS>(a, B, stream); break;
+        case 1: launch_decode<HD, 1, THREADS, RING_BYTES>(a, B, stream); break;
+        case 2: launch_decode<HD, 2, THREADS, RING_BYTES>(a, B, stream); break;
+        default: launch_decode<HD, 4, THREADS, RING_BYTES>(a, B, stream); break;
     }
 }
 
@@ -433,8 +489,16 @@ inline DecodeArgs decode_args(const bf16* q, const KvCache& kv, const int* slots
 inline void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaStream_t stream) {
     static_assert(tuning::kDecodeThreads == 128 || tuning::kDecodeThreads == 256,
                   "flash_decode_kernel's register cap and merge assume 128 or 256 threads");
-    if (head_dim == 64) launch_decode_group<64, tuning::kDecodeThreads>(a, B, stream);
-    else launch_decode_group<128, tuning::kDecodeThreads>(a, B, stream);
+    // The ring kernel at batches (it wins from 8 sequences of 8 KV heads on), registers below.
+    const bool ring = (int64_t)B * a.n_kv_heads * a.head_blocks >= tuning::kDecodeRingMinCtas;
+    constexpr int kRing = tuning::kDecodeRingBytesPerWarp;
+    if (head_dim == 64) {
+        if (ring) launch_decode_group<64, tuning::kDecodeThreads, kRing>(a, B, stream);
+        else launch_decode_group<64, tuning::kDecodeThreads, 0>(a, B, stream);
+    } else {
+        if (ring) launch_decode_group<128, tuning::kDecodeThreads, kRing>(a, B, stream);
+        else launch_decode_group<128, tuning::kDecodeThreads, 0>(a, B, stream);
+    }
 }
 
 }  // namespace cuda
