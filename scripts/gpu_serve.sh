@@ -10,7 +10,7 @@
 #            throughput http.json measured (TTFT_RATE_FALLBACK if that phase failed):  ttft.json
 #   hf       8B, HF_PROMPTS (64) requests x 1,024 / 1,024, ours (scheduler) then transformers'
 #            generate_batch on the same requests (HF runs last, after our engine freed the GPU; its
-#            weights are ours, bf16):                                                   hf.json
+#            weights are ours, bf16; HF_LIMIT_S, default 220 s, bounds the phase):      hf.json
 #   soak     benchmarks/bench_serve_soak.py on the 1B shape: 200 streaming clients for SOAK_MIN
 #            (1.5) minutes; no request lost, no error, KV blocks back to zero:            soak.json
 #   profile  benchmarks/bench_serve_step.py: 256 rows at 1,500 tokens of context on the 1B shape,
@@ -91,7 +91,7 @@ fi
 if wanted hf; then
     # Ours holds half the GPU (its KV pool does not need more at 64 rows); HF gets the whole of
     # it once ours is freed.
-    phase hf 220 "$LOG" "${BENCH[@]}" --device "$DEV" --shape "$BIG" "${HF_ARGS[@]}" \
+    phase hf "${HF_LIMIT_S:-220}" "$LOG" "${BENCH[@]}" --device "$DEV" --shape "$BIG" "${HF_ARGS[@]}" \
         --gpu-memory-utilization 0.5 --modes scheduler,hf --json "$OUT/hf.json"
 fi
 

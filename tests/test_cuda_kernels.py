@@ -491,6 +491,66 @@ def test_attention_prefill_long_sequence(ops, gen, head_dim, mma_sync, block_siz
                             block_size=block_size)
 
 
+# Prompt tails after a cached prefix: several short segments of different slots, lengths and start
+# positions in one launch (the rows of a prefill pass), against each segment alone in float64.
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 2), (9, 3), (4, 4)])
+def test_attention_prefill_segments_match_sdpa(ops, rng, gen, n_heads, n_kv_heads, head_dim):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    max_batch, max_seq = 9, 400
+    group = n_heads // n_kv_heads
+    # (slot, start_pos, rows): one row, a full tile, an odd tail at 0 and deep in the cache,
+    # a segment crossing a block boundary, and the last position of the cache.
+    shapes = [(4, 0, 1), (0, 257, 128), (7, 0, 37), (2, 15, 2), (8, 101, 90), (5, 400 - 61, 61),
+              (1, int(rng.integers(0, 200)), int(rng.integers(1, 129)))]
+    k_cache, v_cache = poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim)
+    for slot, start, rows in shapes:
+        k_cache[slot, :start + rows] = randn((start + rows, n_kv_heads, head_dim), gen)
+        v_cache[slot, :start + rows] = randn((start + rows, n_kv_heads, head_dim), gen)
+    paged = PagedCaches(k_cache, v_cache, block_size=16, seed=n_heads + head_dim)
+    segments, row0 = [], 0
+    for slot, start, rows in shapes:
+        segments.append((row0, slot, start, rows))
+        row0 += rows + 3  # rows between segments belong to no segment: their poison must stay
+    q = randn((row0, n_heads, head_dim), gen)
+    out = nan_full((row0, n_heads * head_dim), torch.bfloat16)
+    d_segments = torch.tensor(segments, dtype=torch.int32, device="cuda")
+    ops.attention_prefill_segments(q.data_ptr(), paged.k.data_ptr(), paged.v.data_ptr(), d_segments.data_ptr(),
+                                   len(segments), out.data_ptr(), n_heads, n_kv_heads, head_dim, max_seq,
+                                   **paged.kwargs())
+    torch.cuda.synchronize()
+    for r0, slot, start, rows in segments:
+        total = start + rows
+        qh = q[r0:r0 + rows].transpose(0, 1)
+        k = k_cache[slot, :total].transpose(0, 1).repeat_interleave(group, dim=0)
+        v = v_cache[slot, :total].transpose(0, 1).repeat_interleave(group, dim=0)
+        query_pos = torch.arange(start, total, device="cuda")
+        mask = torch.arange(total, device="cuda")[None, :] <= query_pos[:, None]
+        with sdpa_kernel(SDPBackend.MATH):
+            ref = torch.nn.functional.scaled_dot_product_attention(qh.double(), k.double(), v.double(),
+                                                                   attn_mask=mask)
+        bf = reference_attention(qh, k, v, mask)
+        got = out[r0:r0 + rows].view(rows, n_heads, head_dim).transpose(0, 1)
+        assert_design_tolerance(f"segment slot={slot} start={start} rows={rows}", got, ref, bf)
+        assert torch.isnan(out[r0 + rows:r0 + rows + 3].float()).all(), "rows outside every segment were written"
+
+
+def test_attention_prefill_segments_bad_arguments_raise(ops, gen):
+    q = randn((4, 2, 64), gen)
+    cache = randn((1, 16, 2, 64), gen)
+    out = nan_full((4, 128), torch.bfloat16)
+    past_end = torch.tensor([[0, 0, 14, 4]], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="inside the cache of max_seq=16"):
+        ops.attention_prefill_segments(q.data_ptr(), cache.data_ptr(), cache.data_ptr(), past_end.data_ptr(), 1,
+                                       out.data_ptr(), 2, 2, 64, 16)
+    empty = torch.tensor([[0, 0, 0, 0]], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="rows >= 1"):
+        ops.attention_prefill_segments(q.data_ptr(), cache.data_ptr(), cache.data_ptr(), empty.data_ptr(), 1,
+                                       out.data_ptr(), 2, 2, 64, 16)
+    assert torch.isnan(out.float()).all(), "a rejected call must not touch the output"
+
+
 def test_attention_bad_arguments_raise(ops, gen):
     q = randn((4, 2, 64), gen)
     cache = randn((1, 16, 2, 64), gen)

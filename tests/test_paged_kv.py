@@ -138,6 +138,37 @@ def test_prefill_many_equals_one_prefill_per_sequence(C, backend, weights, rng):
         many.sample(slots[:1], positions[:1] + 1, params, np.zeros(1, np.uint64))
 
 
+def test_prefill_many_mixes_long_and_short_segments(C, backend, weights, rng):
+    """A pass of a prompt longer than a query tile beside short tails after cached prefixes (on the
+    GPU the long one runs alone, the short ones share one launch) leaves the cache as one prefill
+    per sequence does."""
+    max_seq = 400
+    d = CONFIG.engine_dict(max_seq, 4)
+    d.update(kv_block_size=BLOCK)
+    many, single = (C.Engine(backend, d, "f32" if backend == "cpu" else "bf16") for _ in range(2))
+    for e in (many, single):
+        for name, array in weights.items():
+            e.set_weight(name, np.ascontiguousarray(array, dtype=np.float32), "f32")
+    prompts = [rng.integers(0, CONFIG.vocab_size, n).astype(np.int32) for n in (300, 150, 141, 12)]
+    starts = np.array([0, 100, 130, 0], np.int32)
+    slots = np.array([3, 1, 0, 2], np.int32)
+    for e in (many, single):  # the prefixes already in their slots
+        for slot, p, start in zip(slots, prompts, starts):
+            if start:
+                e.prefill(int(slot), p[:start], 0, "none")
+    counts = np.array([len(p) - 1 - s for p, s in zip(prompts, starts)], np.int32)
+    chunks = [p[s:s + n] for p, s, n in zip(prompts, starts, counts)]
+    many.prefill_many(slots, starts, counts, np.concatenate(chunks))
+    for slot, start, chunk in zip(slots, starts, chunks):
+        single.prefill(int(slot), chunk, int(start), "none")
+    last = np.array([p[-1] for p in prompts], np.int32)
+    positions = np.array([len(p) - 1 for p in prompts], np.int32)
+    got, want = many.decode(last, slots, positions), single.decode(last, slots, positions)
+    if backend == "cpu":
+        np.testing.assert_array_equal(got, want)
+    assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
+
+
 def test_prefill_many_errors(C, backend, weights):
     e = engine(C, backend, weights)
     two = np.array([0, 0], np.int32)

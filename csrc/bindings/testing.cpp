@@ -100,6 +100,13 @@ struct PagedKv {
                                  cudaMemcpyDeviceToHost), "PagedKv");
         return (int64_t)*std::max_element(h.begin(), h.end()) + 1;
     }
+    // Table rows [0, n_slots), on the host.
+    std::vector<int32_t> host_rows(int n_slots) const {
+        std::vector<int32_t> rows((size_t)n_slots * kv.pages.blocks_per_seq);
+        CudaOp::check(cudaMemcpy(rows.data(), kv.pages.table, rows.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                      "PagedKv");
+        return rows;
+    }
     // The table row of `slot`, on the host.
     std::vector<int32_t> host_row(int slot) const {
         std::vector<int32_t> row(kv.pages.blocks_per_seq);
@@ -662,6 +669,33 @@ void bind_testing(py::module_& m) {
        "causal prefill of T tokens at positions start_pos.. of cache slot `slot` (their K/V already "
        "in the cache): q bf16 [T, Hq, hd], out bf16 [T, Hq * hd]. mma_sync=True runs the pre-Hopper "
        "kernel whatever the GPU (Hopper runs TMA-fed wgmma otherwise)");
+    testing.def("attention_prefill_segments", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, uintptr_t segments,
+                                                  int64_t n_segments, uintptr_t out, int64_t n_heads, int64_t n_kv_heads,
+                                                  int64_t head_dim, int64_t max_seq, uintptr_t block_table,
+                                                  int64_t block_size, int64_t n_blocks) {
+        CudaOp::check_sizes({{"n_segments", n_segments}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
+                             {"head_dim", head_dim}, {"max_seq", max_seq}});
+        CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
+        const auto* segs = static_cast<const brrr::cuda::PrefillSegment*>(CudaOp::ptr(segments, "segments"));
+        std::vector<brrr::cuda::PrefillSegment> host(n_segments);
+        CudaOp::check(cudaMemcpy(host.data(), segs, host.size() * sizeof(host[0]), cudaMemcpyDeviceToHost),
+                      "testing.attention_prefill_segments");
+        int n_slots = 1;
+        for (const auto& g : host) n_slots = std::max(n_slots, g.slot + 1);
+        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, n_slots);
+        const std::vector<int32_t> tables = paged.host_rows(n_slots);
+        const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
+        auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
+        py::gil_scoped_release release;
+        brrr::cuda::attention_prefill_segments(qp, paged.kv, segs, host.data(), tables.data(), (int)n_segments, op,
+                                               (int)n_heads, (int)n_kv_heads, (int)head_dim, 0);
+        CudaOp::finish("testing.attention_prefill_segments");
+    }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("segments"), py::arg("n_segments"),
+       py::arg("out"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("max_seq"),
+       py::arg("block_table") = 0, py::arg("block_size") = 16, py::arg("n_blocks") = 0,
+       "causal prefill of n segments in one launch: segments int32 [n, 4] on the device, each (row0, slot, "
+       "start_pos, rows), its rows [row0, row0 + rows) of q bf16 [rows, Hq, hd] and out bf16 [rows, Hq * hd] "
+       "the tokens at positions start_pos.. of `slot` (their K/V already in the cache)");
 }
 
 }  // namespace bindings

@@ -41,6 +41,9 @@ struct PrefillArgs {
     int slot, start_pos, T, n_heads, n_kv_heads, group;
     float scale_log2;
     bool heads_fast;  // grid x = head, y = query tile (else x = query tile, y = head)
+    // A batched launch (sm80 kernel only): grid z = segment; each CTA takes q, out, slot,
+    // start_pos and T from its segment, and the query tiles past its T exit. Else null.
+    const PrefillSegment* segments;
 };
 
 // The kernel's arguments, with the grid order the launcher picks (see heads_fast).
@@ -85,6 +88,16 @@ inline void check_kv_cache(const char* op, const KvCache& kv) {
                      "or 128; got " << kv.pages.blocks_per_seq << " blocks of " << kv.pages.block_size);
 }
 
+// Every position in [0, end) of `slot` has a block of the pool (slot_blocks: its row, on the host).
+inline void check_slot_blocks(const char* op, const KvCache& kv, const int32_t* slot_blocks, int slot, int end) {
+    BRRR_CHECK(slot_blocks, op << ": slot_blocks (the slot's table row, on the host) is null");
+    const int B = kv.pages.block_size;
+    for (int b = 0; b < CEIL_DIV(end, B); ++b)
+        BRRR_CHECK(slot_blocks[b] >= 0 && slot_blocks[b] < kv.n_blocks,
+                   op << ": slot " << slot << " has no KV block for positions [" << b * B << ", " << (b + 1) * B
+                      << ") (table entry " << slot_blocks[b] << ", pool of " << kv.n_blocks << ")");
+}
+
 inline bool check_prefill(const char* op, const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot,
                           int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim) {
     const int max_seq = kv.max_seq;
@@ -98,18 +111,13 @@ inline bool check_prefill(const char* op, const bf16* q, const KvCache& kv, cons
     BRRR_CHECK(util::aligned_to(q, 16), op << ": q must be 16-byte aligned");
     BRRR_CHECK(util::aligned_to(out, 4), op << ": out must be 4-byte aligned");
     if (T == 0) return false;
-    BRRR_CHECK(slot_blocks, op << ": slot_blocks (the slot's table row, on the host) is null");
-    const int B = kv.pages.block_size;
-    for (int b = 0; b < CEIL_DIV(start_pos + T, B); ++b)
-        BRRR_CHECK(slot_blocks[b] >= 0 && slot_blocks[b] < kv.n_blocks,
-                   op << ": slot " << slot << " has no KV block for positions [" << b * B << ", " << (b + 1) * B
-                      << ") (table entry " << slot_blocks[b] << ", pool of " << kv.n_blocks << ")");
+    check_slot_blocks(op, kv, slot_blocks, slot, start_pos + T);
     return true;
 }
 
 // The mma.sync prefill on any GPU from sm_80 (attention_prefill_sm80.cu); attention_prefill falls
 // back to it where the sm90 kernel does not run.
-void launch_prefill_mma_sync(const PrefillArgs& a, int head_dim, cudaStream_t stream);
+void launch_prefill_mma_sync(const PrefillArgs& a, dim3 grid, int head_dim, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace brrr

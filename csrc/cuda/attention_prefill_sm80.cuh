@@ -25,7 +25,7 @@ constexpr size_t prefill_smem_bytes() {
 // in registers for the whole KV loop at hd 64; at hd 128 they would not fit beside two m-tiles'
 // accumulators and are re-read from shared memory at every k-step.
 template <int HD, int KV>
-__global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillArgs a) {
+__global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillArgs args) {
     constexpr int WARPS = kPreWarps, MT = kPreTiles;
     constexpr bool QREG = HD == 64;
     constexpr int P = HD + 8;  // padded pitch: ldmatrix rows in distinct bank groups
@@ -35,12 +35,22 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     uint16_t* Ks = Qs + kRows * P;  // [2][KV][P]
     uint16_t* Vs = Ks + 2 * KV * P;
 
+    PrefillArgs a = args;
+    if (a.segments) {  // a batched launch: this CTA's segment
+        const PrefillSegment sg = a.segments[blockIdx.z];
+        a.q += (size_t)sg.row0 * a.n_heads * HD;
+        a.out += (size_t)sg.row0 * a.n_heads * HD;
+        a.slot = sg.slot;
+        a.start_pos = sg.start_pos;
+        a.T = sg.rows;
+    }
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     // The longest query tiles (the last ones) are scheduled first.
     const int q_tile = a.heads_fast ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
     const int hq = a.heads_fast ? blockIdx.x : blockIdx.y, kvh = hq / a.group;
     const int q0 = q_tile * kRows;
+    if (q0 >= a.T) return;  // a batched launch's tiles past a shorter segment
     const int kv_total = a.start_pos + a.T;                 // filled cache positions
     const int kv_end = a.start_pos + min(q0 + kRows, a.T);  // what this tile's last row sees
     const int n_tiles = CEIL_DIV(kv_end, KV);

@@ -37,7 +37,7 @@ void attention_prefill(const bf16* q, const KvCache& kv, const int32_t* slot_blo
     const PrefillArgs a = prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim);
     const int pool_rows = kv.n_blocks * kv.pages.block_size;
     if (!prefill_sm90_ready()) {
-        launch_prefill_mma_sync(a, head_dim, stream);
+        launch_prefill_mma_sync(a, prefill_grid(a), head_dim, stream);
     } else if (head_dim == 64) {
         launch_prefill_sm90<64>(a, slot_blocks, pool_rows, prefill_grid(a), stream);
     } else {

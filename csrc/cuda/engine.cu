@@ -132,7 +132,8 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
 
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaMallocHost(&h_in_, sizeof(int) * 3 * rows_));
+        CUDA_CHECK(cudaMallocHost(&h_in_, sizeof(int) * 3 * rows_ + sizeof(PrefillSegment) * rows_));
+        short_segments_.reserve(rows_);
         CUDA_CHECK(cudaMallocHost(&h_sample_in_, sample_in_bytes_));
         CUDA_CHECK(cudaMallocHost(&h_out_, (sizeof(int) + sizeof(float)) * kMaxDecodeSteps * c.max_batch));
 
@@ -323,10 +324,12 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     split_k_.partials = a.take<float>(split_k_.floats);
     split_k_.n_counters = gemm_split_scratch_counters(sms);
     split_k_.counters = a.take<unsigned>(split_k_.n_counters);
-    d_in_ = a.take<int>(3 * R);
+    static_assert(sizeof(PrefillSegment) == 4 * sizeof(int), "segments are staged after the int rows");
+    d_in_ = a.take<int>(7 * R);
     d_tokens_ = d_in_;
     d_slots_ = d_in_ ? d_in_ + R : nullptr;
     d_positions_ = d_in_ ? d_in_ + 2 * R : nullptr;
+    d_segments_ = d_in_ ? reinterpret_cast<PrefillSegment*>(d_in_ + 3 * R) : nullptr;
 
     // The sampler's inputs as one block, mirrored byte for byte by h_sample_in_.
     const size_t B = c.max_batch;
@@ -596,16 +599,24 @@ void CudaEngine::require_runnable() const {
 
 // ---- entry points -----------------------------------------------------------------------------
 
-void CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots,
-                              const int32_t* positions, int rows) {
+int CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int rows,
+                             const Segment* segments, int n_segments) {
     // The previous upload may still be queued behind a forward pass; h_in_ is its source.
     CUDA_CHECK(cudaEventSynchronize(inputs_uploaded_));
     std::memcpy(h_in_, tokens, sizeof(int) * rows);
     std::memcpy(h_in_ + rows_, slots, sizeof(int) * rows);
     std::memcpy(h_in_ + 2 * rows_, positions, sizeof(int) * rows);
-    CUDA_CHECK(cudaMemcpyAsync(d_in_, h_in_, sizeof(int) * 3 * rows_, cudaMemcpyHostToDevice,
-                               stream_));
+    short_segments_.clear();
+    for (int i = 0; i < n_segments; ++i) {
+        const Segment& g = segments[i];
+        if (g.rows <= tuning::kPrefillShortSegmentRows) short_segments_.push_back({g.row0, g.slot, g.start_pos, g.rows});
+    }
+    if (short_segments_.size() < 2) short_segments_.clear();  // one alone keeps the Hopper kernel
+    std::memcpy(h_in_ + 3 * rows_, short_segments_.data(), sizeof(PrefillSegment) * short_segments_.size());
+    CUDA_CHECK(cudaMemcpyAsync(d_in_, h_in_, sizeof(int) * 3 * rows_ + sizeof(PrefillSegment) * short_segments_.size(),
+                               cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaEventRecord(inputs_uploaded_, stream_));
+    return (int)short_segments_.size();
 }
 
 // ---- tensor parallelism ---------------------------------------------------------------------
@@ -837,9 +848,9 @@ void CudaEngine::prefill(int slot, const int32_t* tokens, int n_tokens, int star
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
         const int T = std::min(chunk, n_tokens - c0);
         for (int t = 0; t < T; ++t) row_positions[t] = start_pos + c0 + t;
-        stage_inputs(tokens + c0, row_slots.data(), row_positions.data(), T);
         const Segment segment{slot, start_pos + c0, 0, T};
-        forward_prefill_layers(&segment, 1, T);
+        const int n_short = stage_inputs(tokens + c0, row_slots.data(), row_positions.data(), T, &segment, 1);
+        forward_prefill_layers(&segment, 1, T, n_short);
         if (all_logits) {
             for (int r = 0; r < T; r += logit_rows_) {
                 const int rows = std::min(logit_rows_, T - r);
@@ -888,8 +899,9 @@ void CudaEngine::prefill_many(const int32_t* slots, const int32_t* starts, const
     const int32_t* pass_tokens = tokens;
     int rows = 0;
     auto run_pass = [&] {
-        stage_inputs(pass_tokens, row_slots.data(), row_positions.data(), rows);
-        forward_prefill_layers(segments.data(), (int)segments.size(), rows);
+        const int n_short = stage_inputs(pass_tokens, row_slots.data(), row_positions.data(), rows,
+                                         segments.data(), (int)segments.size());
+        forward_prefill_layers(segments.data(), (int)segments.size(), rows, n_short);
         pass_tokens += rows;
         rows = 0;
         segments.clear();

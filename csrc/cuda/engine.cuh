@@ -171,8 +171,10 @@ private:
         int rows;
         const Segment* segments;  // prefill only: n_segments covering rows [0, rows) in order
         int n_segments;
-        static Pass decode(int B) { return {Decode, B, nullptr, 0}; }
-        static Pass prefill(const Segment* s, int n, int rows) { return {Prefill, rows, s, n}; }
+        // prefill only: how many of them are short_segments_, staged in d_segments_ for one launch
+        int n_short;
+        static Pass decode(int B) { return {Decode, B, nullptr, 0, 0}; }
+        static Pass prefill(const Segment* s, int n, int rows, int n_short) { return {Prefill, rows, s, n, n_short}; }
     };
     // Embedding and every layer; leaves the residual in x_. Enqueues only, so decode's pass can
     // be captured into a graph.
@@ -180,7 +182,7 @@ private:
     // Decode of B sequences from d_tokens_/d_slots_/d_positions_ rows [0, B); logits_ [B, V].
     void forward_decode(int B);
     // Layers over prompt segments (inputs rows [0, rows)); leaves the residual in x_.
-    void forward_prefill_layers(const Segment* segments, int n_segments, int rows);
+    void forward_prefill_layers(const Segment* segments, int n_segments, int rows, int n_short);
     // Final norm and LM head of x_ rows [row, row + rows) into logits_ rows [0, rows). A
     // tensor-parallel rank computes its Vs columns and all-gathers the others: one row straight in
     // place in logits_ (rank r's columns start at r Vs), more through tp_gather_ [tp_size][rows][Vs]
@@ -206,8 +208,11 @@ private:
     // Throws unless every weight is set and a tensor-parallel rank has joined its group (the
     // entry points' first check).
     void require_runnable() const;
-    void stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
-                      int rows);
+    // Uploads a pass's inputs; for a prefill pass also its segments of at most
+    // tuning::kPrefillShortSegmentRows rows, when there are two or more (they share one attention
+    // launch): returns how many were staged (short_segments_, d_segments_).
+    int stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int rows,
+                     const Segment* segments = nullptr, int n_segments = 0);
     // kv_blocks = 0: as many blocks as fill every slot, or as fit under gpu_memory_utilization.
     void size_kv_pool();
     // Uploads the table rows set since the last pass (stream-ordered: passes already enqueued
@@ -297,10 +302,12 @@ private:
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;
-    int* d_in_ = nullptr;  // [3][rows_]: tokens | slots | positions
+    int* d_in_ = nullptr;  // [7][rows_]: tokens | slots | positions | PrefillSegment [rows_]
     int* d_tokens_ = nullptr;
     int* d_slots_ = nullptr;
     int* d_positions_ = nullptr;
+    PrefillSegment* d_segments_ = nullptr;         // a prefill pass's short segments
+    std::vector<PrefillSegment> short_segments_;  // their host copy (capacity rows_ from load)
     SamplingParams* d_sample_params_ = nullptr;   // [max_batch]
     uint64_t* d_steps_ = nullptr;                 // [max_batch]
     int* d_sample_slots_ = nullptr;               // [max_batch]

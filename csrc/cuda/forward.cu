@@ -150,14 +150,28 @@ void CudaEngine::forward_layers(const Pass& pass) {
                      profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, 2));
             flash_decode(q_, kv, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, max_splits_, s);
         } else {
-            // per segment: causal over its slot's cache [0, start_pos + t] for its row t
+            // per segment: causal over its slot's cache [0, start_pos + t] for its row t; the short
+            // ones (pass.n_short, staged with the inputs) all in one launch
             for (int i = 0; i < pass.n_segments; ++i) {
                 const Segment& g = pass.segments[i];
+                if (pass.n_short && g.rows <= tuning::kPrefillShortSegmentRows) continue;
                 prof_.op("attention_prefill", OpClass::Attention,
                          profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, 2));
                 const size_t row0 = (size_t)g.row0 * c.q_dim();
                 attention_prefill(q_ + row0, kv, block_tables_.data() + (size_t)g.slot * c.blocks_per_seq(), g.slot,
                                   g.start_pos, g.rows, att_ + row0, Hq, Hkv, hd, s);
+            }
+            if (pass.n_short) {
+                profile::Cost cost;
+                for (int i = 0; i < pass.n_short; ++i) {
+                    const PrefillSegment& g = short_segments_[i];
+                    const profile::Cost one = profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, 2);
+                    cost.flops += one.flops;
+                    cost.bytes += one.bytes;
+                }
+                prof_.op("attention_prefill_segments", OpClass::Attention, cost);
+                attention_prefill_segments(q_, kv, d_segments_, short_segments_.data(), block_tables_.data(),
+                                           pass.n_short, att_, Hq, Hkv, hd, s);
             }
         }
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), w_bytes(w.wo), 2, 8));
@@ -177,8 +191,8 @@ void CudaEngine::forward_decode(int B) {
     forward_lm_head(0, B);  // over all B rows
 }
 
-void CudaEngine::forward_prefill_layers(const Segment* segments, int n_segments, int rows) {
-    forward_layers(Pass::prefill(segments, n_segments, rows));
+void CudaEngine::forward_prefill_layers(const Segment* segments, int n_segments, int rows, int n_short) {
+    forward_layers(Pass::prefill(segments, n_segments, rows, n_short));
     prof_.end();
 }
 

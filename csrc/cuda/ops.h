@@ -165,6 +165,16 @@ void flash_decode(const bf16* q, const KvCache& kv, const int* slots, const int*
 // On Hopper TMA-fed wgmma, elsewhere mma.sync; the _mma_sync entry runs the latter on any GPU.
 void attention_prefill(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
 void attention_prefill_mma_sync(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot, int start_pos, int T, bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
+// One segment of a batched prefill: q / out rows [row0, row0 + rows) are the tokens of slot `slot`
+// at positions start_pos...
+struct PrefillSegment {
+    int32_t row0, slot, start_pos, rows;
+};
+// Causal prefill of n segments in one launch (mma.sync, any GPU from sm_80), each as
+// attention_prefill over its own rows of q [rows, Hq, hd] and out: for prompt tails too short to
+// fill the GPU one launch each. segments: the device copy; host_segments the same on the host and
+// host_tables the block table [max_batch][blocks_per_seq] on the host, both for the checks.
+void attention_prefill_segments(const bf16* q, const KvCache& kv, const PrefillSegment* segments, const PrefillSegment* host_segments, const int32_t* host_tables, int n_segments, bf16* out, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
 
 // ---- sampling.cu: one token per sequence on the device, no host round trip --------------------
 // logits [B, V]; history [max_batch, max_seq] of each slot's tokens, used up to positions[b].

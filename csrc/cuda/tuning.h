@@ -42,8 +42,12 @@ constexpr int kDecodeRingBytesPerWarp = 6 * 1024;
 constexpr int kDecodeRingMinCtas = 64;
 
 // ---- prefill attention (attention_prefill_sm80.cu, attention_prefill_sm90.cu) -----------------
-// No knob: the tiles (kPreRows = 128 queries a CTA) follow from the mma / wgmma
-// fragment shapes and shared memory; they are constants of attention_common.cuh.
+// The tiles (kPreRows = 128 queries a CTA) follow from the mma / wgmma fragment shapes and shared
+// memory; they are constants of attention_common.cuh.
+// Prompt segments of at most this many rows (one query tile) share one attention launch when a
+// prefill pass has two or more (attention_prefill_segments, the mma.sync kernel): alone each is a
+// launch of n_heads CTAs, latency-bound (the tails after a cached prefix).
+constexpr int kPrefillShortSegmentRows = 128;
 
 // ---- GEMM (gemm_sm80.cu, gemm_sm90.cu) and the matmul dispatch (matmul.cu) --------------------
 // Largest M that matmul_bf16 sends to the GEMV; from M = 17 on the GEMM is as fast or faster.
