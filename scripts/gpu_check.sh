@@ -152,7 +152,7 @@ EOF
         --shape "${COMPARE_SHAPES:-llama3.2-1b}" --device cuda ${COMPARE_ARGS:--b 1 -p 128,2048 -n 128 --repeats 3 --no-split} \
         --budget-s "${COMPARE_S:-200}" --out-dir "$OUT"
     if wanted labs; then
-        for lab in gemm flash_decode attention_prefill gemv; do
+        for lab in gemm flash_decode attention_prefill gemv sampling; do
             phase "lab-$lab" 240 "$OUT/bench.log" env OUT="$OUT/labs/$lab" bash "benchmarks/lab/run_${lab}_lab.sh"
         done
     fi

@@ -12,7 +12,8 @@
 #            generate_batch on the same requests (HF runs last, after our engine freed the GPU; its
 #            weights are ours, bf16; HF_LIMIT_S, default 220 s, bounds the phase):      hf.json
 #   soak     benchmarks/bench_serve_soak.py on the 1B shape: 200 streaming clients for SOAK_MIN
-#            (1.5) minutes; no request lost, no error, KV blocks back to zero:            soak.json
+#            (1.5) minutes, within SOAK_LIMIT_S (170) s; no request lost, no error, KV blocks back
+#            to zero:                                                                 soak.json
 #   profile  benchmarks/bench_serve_step.py: 256 rows at 1,500 tokens of context on the 1B shape,
 #            host vs engine time of a scheduler step (1 and 16 decode rounds), cProfile of the
 #            host part, the engine profiler over decode steps:                        profile/
@@ -96,7 +97,7 @@ if wanted hf; then
 fi
 
 if wanted soak; then
-    phase soak 170 "$LOG" python3 benchmarks/bench_serve_soak.py --device "$DEV" "${SOAK_ARGS[@]}" \
+    phase soak "${SOAK_LIMIT_S:-170}" "$LOG" python3 benchmarks/bench_serve_soak.py --device "$DEV" "${SOAK_ARGS[@]}" \
         --out "$OUT/soak.json"
 fi
 

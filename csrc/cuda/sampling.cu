@@ -17,8 +17,10 @@
 // reaches a target" — and that needs no sort. Non-negative floats order like their bit patterns,
 // so a radix select over the 32-bit keys of w finds the stopping key in three histogram passes
 // (11 + 11 + 10 bits, the histogram in shared memory), and one ordered pass over the tokens with
-// exactly that key finds the index among ties. A kept set is always a prefix of the heaviest-first
-// order, stored as a Cut (key, idx): token i is kept iff key_i > key, or key_i == key and i <= idx.
+// exactly that key finds the index among ties. A bin's tokens share their exponent, so its mass is
+// kept as integer sums of mantissas (exact, and 32-bit shared atomics are native). A kept set is
+// always a prefix of the heaviest-first order, stored as a Cut (key, idx): token i is kept iff
+// key_i > key, or key_i == key and i <= idx.
 //
 // With a SampleFeedBack the sampler also closes the loop of engine.decode_steps on the device: the
 // token just sampled becomes the next decode's input and the row moves one position on, in the
@@ -28,8 +30,8 @@
 //
 // Bitwise agreement with the CPU: the build uses fast math, so the arithmetic that decides which
 // token wins is spelled out in IEEE-rounded intrinsics, exp is taken in double and rounded to
-// float (what glibc's expf returns), and masses are summed in double as on the CPU. Only the
-// summation order differs, which moves a boundary by ~1e-16 relative.
+// float (what glibc's expf returns), and masses are summed in double as on the CPU (a bin's mass
+// exactly). Only the summation order differs, which moves a boundary by ~1e-16 relative.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
@@ -68,8 +70,11 @@ __device__ __forceinline__ Cut shorter(Cut a, Cut b) {
 __device__ __forceinline__ uint32_t key_of(float w) { return __float_as_uint(w); }
 
 struct Shared {
-    double mass[kMaxBins];
+    // The walk's histogram. A bin's weights share their exponent, so its mass is kept exactly as
+    // integer sums of their mantissas' high 11 and low 12 bits (bin_mass): 32-bit shared atomics
+    // are native, where a double's is a compare-and-swap loop (twice the time of the walk).
     int count[kMaxBins];
+    unsigned mant_hi[kMaxBins], mant_lo[kMaxBins];
     double warp_d[kWarps];
     float warp_f[kWarps];
     int warp_i[kWarps];
@@ -175,6 +180,17 @@ __device__ double block_log_sum_exp(Lse v, Shared& sh) {
 
 // ---- the heaviest-first walk ------------------------------------------------------------------
 
+// The mass of a bin whose keys start with key_bits (the walk's prefix and the bin's digit): every
+// weight in it has the exponent field E of those bits, so the sum of (2^23 + mantissa) x
+// 2^(E - 150) (normal) or mantissa x 2^-149 (subnormal) over its `count` weights is exact in double
+// (at most 2^20 x 2^24 before the scaling). NaN weights (E = 255) give NaN, as summing them would.
+__device__ double bin_mass(uint32_t key_bits, int count, unsigned hi, unsigned lo) {
+    const int E = (int)((key_bits >> 23) & 0xFFu);
+    if (E == 0xFF) return count ? (double)NAN : 0.0;
+    const double mantissas = (double)hi * 4096.0 + (double)lo + (E ? (double)count * 8388608.0 : 0.0);
+    return ldexp(mantissas, max(E, 1) - 150);
+}
+
 __device__ double mass_of(const float* w, int V, Cut c, Shared& sh) {
     double sum = 0;
     for (int i = threadIdx.x; i < V; i += kThreads) {
@@ -237,8 +253,8 @@ __device__ Walk walk_heaviest_first(const float* w, int V, Cut within, bool unit
     for (int pass = 0; pass < kPasses; ++pass) {
         const int shift = kDigitShift[pass], n_bins = 1 << kDigitBits[pass];
         for (int d = threadIdx.x; d < n_bins; d += kThreads) {
-            sh.mass[d] = 0.0;
             sh.count[d] = 0;
+            sh.mant_hi[d] = sh.mant_lo[d] = 0u;
         }
         if (threadIdx.x == 0) {
             sh.choice_pos = INT_MAX;
@@ -246,12 +262,14 @@ __device__ Walk walk_heaviest_first(const float* w, int V, Cut within, bool unit
         }
         __syncthreads();
         for (int i = threadIdx.x; i < V; i += kThreads) {
-            const float wi = w[i];
-            const uint32_t k = key_of(wi);
+            const uint32_t k = key_of(w[i]);
             if ((k & prefix_mask) != prefix || !in_cut(k, i, within)) continue;
             const int d = (int)((k >> shift) & (uint32_t)(n_bins - 1));
             atomicAdd(&sh.count[d], 1);
-            if (!unit) atomicAdd(&sh.mass[d], (double)wi);
+            if (!unit) {  // a count walk needs no masses
+                atomicAdd(&sh.mant_hi[d], (k & 0x7FFFFFu) >> 12);
+                atomicAdd(&sh.mant_lo[d], k & 0xFFFu);
+            }
         }
         __syncthreads();
 
@@ -263,7 +281,8 @@ __device__ Walk walk_heaviest_first(const float* w, int V, Cut within, bool unit
             if (pos < n_bins) {
                 const int d = n_bins - 1 - pos;
                 own_count[s] = sh.count[d];
-                own[s] = unit ? (double)own_count[s] : sh.mass[d];
+                const uint32_t bits = prefix | ((uint32_t)d << shift);
+                own[s] = unit ? (double)own_count[s] : bin_mass(bits, own_count[s], sh.mant_hi[d], sh.mant_lo[d]);
                 if (own_count[s] > 0) atomicMax(&sh.lo_pos, pos);
             }
         }
@@ -289,7 +308,8 @@ __device__ Walk walk_heaviest_first(const float* w, int V, Cut within, bool unit
             pos = sh.lo_pos;
             for (int p = 0; p < pos; ++p) {  // everything above the lowest bin is walked past
                 const int d = n_bins - 1 - p;
-                above += unit ? (double)sh.count[d] : sh.mass[d];
+                const uint32_t bits = prefix | ((uint32_t)d << shift);
+                above += unit ? (double)sh.count[d] : bin_mass(bits, sh.count[d], sh.mant_hi[d], sh.mant_lo[d]);
             }
         }
         pos = max(pos, 0);  // lo_pos is -1 only for an empty cut, which the callers never pass
@@ -549,6 +569,8 @@ void sample_tokens(const float* logits, const int* history, const int* slots, in
                    cudaStream_t stream) {
     BRRR_CHECK(B >= 0 && V > 0 && max_seq > 0,
                "sample_tokens: bad sizes B=" << B << " V=" << V << " max_seq=" << max_seq);
+    BRRR_CHECK(V <= (1 << 20),
+               "sample_tokens: vocab_size " << V << " exceeds 1,048,576 (the histogram's 32-bit mantissa sums)");
     BRRR_CHECK(!feed_back.tokens || feed_back.positions,
                "sample_tokens: a feed-back needs the decode's positions as well as its tokens");
     if (B == 0) return;
