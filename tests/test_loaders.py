@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 
@@ -837,16 +838,19 @@ def test_projection_biases_are_refused_not_ignored(tmp_path, rng):
         load_model(path)
 
 
-def test_a_damaged_lm_head_name_is_an_error_not_a_tied_model(tmp_path, rng):
+# A changed byte anywhere in the name: its tail, its prefix (the fuzzer's "lm_]ead.weight"), or
+# one that leaves nothing of "lm_head" (the head's shape gives it away).
+@pytest.mark.parametrize("damaged", ["lm_head.weigh,", "lm_]ead.weight", "l{_head.weight", "xx"])
+def test_a_damaged_lm_head_name_is_an_error_not_a_tied_model(tmp_path, rng, damaged):
     """Without lm_head.weight a checkpoint reads as tied; with the head under a damaged name (a
     changed byte of the JSON header) it must not."""
     config = tiny_config()
     tensors = random_tensors(config, rng)
     directory = write_hf_dir(tmp_path / "hf", config, tensors)
     named = {hf_name(k): v for k, v in tensors.items()}
-    named["lm_head.weigh,"] = named.pop("lm_head.weight")
+    named[damaged] = named.pop("lm_head.weight")
     write_safetensors(directory / "model.safetensors", named)
-    with raises_naming(directory / "model.safetensors", match="lm_head.weigh,"):
+    with raises_naming(directory / "model.safetensors", match=re.escape(repr(damaged))):
         load_model(directory)
 
 

@@ -8,6 +8,7 @@ are already in rotate-half order, so nothing is permuted.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import struct
@@ -163,11 +164,15 @@ def load_safetensors(path: str | Path, progress: ProgressFn | None = None) -> Lo
 
     if "output" not in by_canonical:
         # A checkpoint without lm_head.weight is read as tied; one whose head is there under a
-        # damaged name must not be.
+        # damaged name (a changed byte of the header) must not be: a tensor the head's shape, or
+        # a name one or two characters from its, is that head.
+        head_shape = [hf.get("vocab_size"), hf.get("hidden_size")]
         for st, name in ignored:
-            if name.startswith("lm_head"):
-                raise ModelFileError(st.path, f"no tensor 'lm_head.weight' but one named {name!r}: "
-                                              f"the header is damaged (re-download the file)")
+            near = difflib.SequenceMatcher(None, name, "lm_head.weight").ratio() >= 0.85
+            if name.startswith("lm_head") or near or list(st.entries[name][1]) == head_shape:
+                raise ModelFileError(st.path, f"no tensor 'lm_head.weight' but one named {name!r} "
+                                              f"(shape {list(st.entries[name][1])}): the header is "
+                                              f"damaged (re-download the file)")
     try:
         config = _config(hf, config_path, "output" not in by_canonical, directory)
     except ModelFileError:
