@@ -110,16 +110,11 @@ def test_bad_pool_config_raises(C, backend):
             C.Engine(backend, {**d, key: value}, "f32" if backend == "cpu" else "bf16")
 
 
-def test_prefill_many_equals_one_prefill_per_sequence(C, backend, weights, rng):
-    """Three sequences' chunks in one pass (one continuing a prompt already in its slot) leave the
-    cache as three prefill calls do: the next decode's logits agree (bit for bit on the CPU, whose
-    f32 rows are batch invariant; within the bf16 rule on the GPU)."""
-    prompts = [rng.integers(0, CONFIG.vocab_size, n).astype(np.int32) for n in (9, 70, 33)]
-    slots = np.array([2, 0, 1], np.int32)
-    many, single = engine(C, backend, weights), engine(C, backend, weights)
-    for e in (many, single):  # sequence 1 has its first 20 tokens in the cache already
-        e.prefill(0, prompts[1][:20], 0, "none")
-    starts = np.array([0, 20, 0], np.int32)
+def check_prefill_many(backend, many, single, prompts, starts, slots):
+    """Prefills prompt p[start:-1] of each sequence into `many` in one prefill_many call and into
+    `single` one prefill per sequence, then decodes each prompt's last token on both: the logits
+    agree (bit for bit on the CPU, whose f32 rows are batch invariant; within the bf16 rule on the
+    GPU). Returns the decode's (tokens, positions)."""
     counts = np.array([len(p) - 1 - s for p, s in zip(prompts, starts)], np.int32)
     chunks = [p[s:s + n] for p, s, n in zip(prompts, starts, counts)]
     many.prefill_many(slots, starts, counts, np.concatenate(chunks))
@@ -131,6 +126,19 @@ def test_prefill_many_equals_one_prefill_per_sequence(C, backend, weights, rng):
     if backend == "cpu":
         np.testing.assert_array_equal(got, want)
     assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
+    return last, positions
+
+
+def test_prefill_many_equals_one_prefill_per_sequence(C, backend, weights, rng):
+    """Three sequences' chunks in one pass (one continuing a prompt already in its slot) leave the
+    cache as three prefill calls do: the next decode's logits agree (bit for bit on the CPU, whose
+    f32 rows are batch invariant; within the bf16 rule on the GPU)."""
+    prompts = [rng.integers(0, CONFIG.vocab_size, n).astype(np.int32) for n in (9, 70, 33)]
+    slots = np.array([2, 0, 1], np.int32)
+    many, single = engine(C, backend, weights), engine(C, backend, weights)
+    for e in (many, single):  # sequence 1 has its first 20 tokens in the cache already
+        e.prefill(0, prompts[1][:20], 0, "none")
+    last, positions = check_prefill_many(backend, many, single, prompts, np.array([0, 20, 0], np.int32), slots)
     params = np.zeros(1, C.sampling_params_dtype)
     params["top_p"], params["repetition_penalty"] = 1.0, 1.0
     many.prefill_many(slots[:1], positions[:1], np.ones(1, np.int32), last[:1])
@@ -156,17 +164,7 @@ def test_prefill_many_mixes_long_and_short_segments(C, backend, weights, rng):
         for slot, p, start in zip(slots, prompts, starts):
             if start:
                 e.prefill(int(slot), p[:start], 0, "none")
-    counts = np.array([len(p) - 1 - s for p, s in zip(prompts, starts)], np.int32)
-    chunks = [p[s:s + n] for p, s, n in zip(prompts, starts, counts)]
-    many.prefill_many(slots, starts, counts, np.concatenate(chunks))
-    for slot, start, chunk in zip(slots, starts, chunks):
-        single.prefill(int(slot), chunk, int(start), "none")
-    last = np.array([p[-1] for p in prompts], np.int32)
-    positions = np.array([len(p) - 1 for p in prompts], np.int32)
-    got, want = many.decode(last, slots, positions), single.decode(last, slots, positions)
-    if backend == "cpu":
-        np.testing.assert_array_equal(got, want)
-    assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
+    check_prefill_many(backend, many, single, prompts, starts, slots)
 
 
 def test_prefill_many_errors(C, backend, weights):

@@ -61,15 +61,9 @@ int main() {
     CUDA_CHECK(cudaMemcpy(d_slots, slots.data(), kMaxB * sizeof(int), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_positions, positions.data(), kMaxB * sizeof(int), cudaMemcpyHostToDevice));
 
+    // (temperature, top_k, top_p, min_p, repetition_penalty), seed 12345
     auto params = [](float t, int k, float top_p, float min_p, float penalty) {
-        brrr::SamplingParams p;
-        p.temperature = t;
-        p.top_k = k;
-        p.top_p = top_p;
-        p.min_p = min_p;
-        p.repetition_penalty = penalty;
-        p.seed = 12345;
-        return p;
+        return brrr::SamplingParams{t, k, top_p, min_p, penalty, 12345};
     };
     const Case cases[] = {
         {"greedy", params(0.f, 0, 1.f, 0.f, 1.f)},
