@@ -184,11 +184,12 @@ __device__ __forceinline__ float transpose_sum(float (&vals)[V], int lane) {
 
 // GMAX = query heads per CTA (the group, or a block of it when the group is larger). Registers
 // are capped so that two 256-thread CTAs fit an SM, as the grid assumes.
-// STAGES = 0: each step's rows load straight into registers, one step ahead (small grids, where
-// the first rows go out before the PDL wait). STAGES >= 2: the ring kernel for grids of several
-// waves (serving batches): each lane cp.asyncs its own 16-byte pieces STAGES - 1 steps ahead into
-// its warp's ring in shared memory and reads back only what it copied itself, so no barrier is
-// needed, and a warp keeps (STAGES - 1) x 2 KB or more in flight instead of one step.
+// STAGES = 0: each step's rows load straight into registers, one step ahead (small batches, where
+// the first rows go out before the PDL wait). STAGES >= 2: the ring kernel (batches, from
+// tuning::kDecodeRingMinCtas one-split CTAs on): each lane cp.asyncs its 16-byte pieces
+// STAGES - 1 steps ahead into its warp's ring in shared memory and reads back only what it copied
+// itself, so no barrier is needed, and a warp keeps (STAGES - 1) x 2 KB or more in flight instead
+// of one step.
 template <int HD, int GMAX, int THREADS, int STAGES>
 __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(DecodeArgs a) {
     static_assert(STAGES == 0 || STAGES >= 2, "the ring needs a stage to fill beside the one read");
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
             load_rows(vrow, a.kv.v, step_base(0), 2);
         }
     } else {
-        // A grid of several waves gains nothing from loads before the wait: only its first wave could.
+        // The copies start after the wait: at batches the attention is long beside the kernel before.
         pdl_wait();
 #pragma unroll
         for (int step = 0; step < STAGES - 1; ++step) {
