@@ -257,12 +257,14 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
         }
     };
 
-    // The ring: this lane's piece of row r of K (kv 0) or V (kv 1) in stage st of its warp.
-    uint4* ring = reinterpret_cast<uint4*>(smem + L::ring_off) + (size_t)warp * (STAGES > 0 ? STAGES : 1) * 2 * kRows * 32;
+    // The ring: this lane's piece of row r of K (kv 0) or V (kv 1) in stage st of its warp (the
+    // register kernel never touches it; one stage keeps its indexing well-formed).
+    constexpr int kRingStages = STAGES > 0 ? STAGES : 1;
+    uint4* ring = reinterpret_cast<uint4*>(smem + L::ring_off) + (size_t)warp * kRingStages * 2 * kRows * 32;
     auto ring_piece = [&](int st, int kv, int r) { return ring + ((st * 2 + kv) * kRows + r) * 32 + lane; };
     // Copies a step's K and V rows into its stage (rows past c1 or without a block: zeros).
     auto copy_step = [&](int step) {
-        const int base = step_base(step), st = step % (STAGES > 0 ? STAGES : 1);
+        const int base = step_base(step), st = step % kRingStages;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             const int p = base + r * kRowsPerLoad + rg;

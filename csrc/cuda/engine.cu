@@ -609,7 +609,7 @@ int CudaEngine::stage_inputs(const int32_t* tokens, const int32_t* slots, const 
     short_segments_.clear();
     for (int i = 0; i < n_segments; ++i) {
         const Segment& g = segments[i];
-        if (g.rows <= tuning::kPrefillShortSegmentRows) short_segments_.push_back({g.row0, g.slot, g.start_pos, g.rows});
+        if (g.is_short()) short_segments_.push_back({g.row0, g.slot, g.start_pos, g.rows});
     }
     if (short_segments_.size() < 2) short_segments_.clear();  // one alone keeps the Hopper kernel
     std::memcpy(h_in_ + 3 * rows_, short_segments_.data(), sizeof(PrefillSegment) * short_segments_.size());

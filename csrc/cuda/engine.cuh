@@ -164,6 +164,9 @@ private:
     // per segment), so prompts of several sequences share the pass's matmuls.
     struct Segment {
         int slot, start_pos, row0, rows;
+        // At most tuning::kPrefillShortSegmentRows rows: shares the pass's batched attention launch
+        // (stage_inputs stages these, forward_layers skips them in its per-segment launches).
+        bool is_short() const;
     };
     struct Pass {
         enum Attention { Decode, Prefill };

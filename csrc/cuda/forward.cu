@@ -119,11 +119,21 @@ void CudaEngine::row_parallel_matmul(const Matrix& W, const bf16* in, int rows) 
     prof_.end();
 }
 
+bool CudaEngine::Segment::is_short() const { return rows <= tuning::kPrefillShortSegmentRows; }
+
 void CudaEngine::forward_layers(const Pass& pass) {
     const Config& c = cfg_;
     const int D = c.dim, H = c.hidden_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = c.head_dim;
     const int M = pass.rows;
     cudaStream_t s = stream_;
+    // The batched attention launch of the pass's short segments costs the same in every layer.
+    profile::Cost short_cost;
+    for (int i = 0; i < pass.n_short; ++i) {
+        const PrefillSegment& g = short_segments_[i];
+        const profile::Cost one = profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, 2);
+        short_cost.flops += one.flops;
+        short_cost.bytes += one.bytes;
+    }
 
     prof_.op("embed", OpClass::Copy, profile::elementwise_cost(0, 6.0 * M * D + 4.0 * M));
     // This engine's vocabulary rows (all of them on one GPU); a tensor-parallel rank's table
@@ -154,7 +164,7 @@ void CudaEngine::forward_layers(const Pass& pass) {
             // ones (pass.n_short, staged with the inputs) all in one launch
             for (int i = 0; i < pass.n_segments; ++i) {
                 const Segment& g = pass.segments[i];
-                if (pass.n_short && g.rows <= tuning::kPrefillShortSegmentRows) continue;
+                if (pass.n_short && g.is_short()) continue;
                 prof_.op("attention_prefill", OpClass::Attention,
                          profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, 2));
                 const size_t row0 = (size_t)g.row0 * c.q_dim();
@@ -162,14 +172,7 @@ void CudaEngine::forward_layers(const Pass& pass) {
                                   g.start_pos, g.rows, att_ + row0, Hq, Hkv, hd, s);
             }
             if (pass.n_short) {
-                profile::Cost cost;
-                for (int i = 0; i < pass.n_short; ++i) {
-                    const PrefillSegment& g = short_segments_[i];
-                    const profile::Cost one = profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, 2);
-                    cost.flops += one.flops;
-                    cost.bytes += one.bytes;
-                }
-                prof_.op("attention_prefill_segments", OpClass::Attention, cost);
+                prof_.op("attention_prefill_segments", OpClass::Attention, short_cost);
                 attention_prefill_segments(q_, kv, d_segments_, short_segments_.data(), block_tables_.data(),
                                            pass.n_short, att_, Hq, Hkv, hd, s);
             }
