@@ -26,6 +26,9 @@ void Config::validate() const {
                                << kv_blocks);
     BRRR_CHECK(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1,
                "config.gpu_memory_utilization must be in (0, 1], got " << gpu_memory_utilization);
+    const int kv_type = static_cast<int>(kv_cache_dtype);
+    BRRR_CHECK(kv_type == 0 || kv_type == 1,
+               "config.kv_cache_dtype must be 0 (auto) or 1 (fp8 e4m3), got " << kv_type);
     BRRR_CHECK(n_heads % n_kv_heads == 0, "config.n_heads (" << n_heads
                << ") must be a multiple of config.n_kv_heads (" << n_kv_heads << ")");
     BRRR_CHECK(head_dim % 2 == 0, "config.head_dim must be even for RoPE, got " << head_dim);

@@ -23,6 +23,12 @@ namespace brrr {
 
 enum class RopeType : int { Default = 0, Llama3 = 1, Linear = 2 };
 
+// What the KV cache stores. Auto: the backend's activation type (bf16 on CUDA, fp32 on the CPU).
+// Fp8E4m3: OCP e4m3 with a unit scale (vLLM's uncalibrated "fp8"): each k and v element is
+// rounded to nearest-even, saturating at +-448; half the bytes of bf16 for every position read.
+// The CUDA engine stores the bytes; the CPU engine stores the same rounded values as fp32.
+enum class KvCacheDtype : int { Auto = 0, Fp8E4m3 = 1 };
+
 struct Config {
     int dim = 0;          // model width
     int hidden_dim = 0;   // MLP width
@@ -40,6 +46,7 @@ struct Config {
     int kv_block_size = 16;              // a power of two in [16, 128]
     int kv_blocks = 0;
     float gpu_memory_utilization = 0.9f;  // CUDA: the share of device memory the engine may hold
+    KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto;
     float norm_eps = 1e-5f;
     float rope_theta = 10000.f;
     RopeType rope_type = RopeType::Default;

@@ -29,15 +29,23 @@ class PagedCaches:
             pool.view(self.n_blocks, *self._block_shape)[self.table.long().flatten()] = \
                 padded.view(used, *self._block_shape)
 
+    def to_fp8(self):
+        """The pools as e4m3 bytes, the fp8 KV cache (values round to nearest even, NaN stays NaN);
+        gather() widens them back to bf16, exactly."""
+        self.k, self.v = self.k.to(torch.float8_e4m3fn), self.v.to(torch.float8_e4m3fn)
+        return self
+
     def kwargs(self):
         """The block-table arguments of the testing ops."""
-        return dict(block_table=self.table.data_ptr(), block_size=self.block_size, n_blocks=self.n_blocks)
+        return dict(block_table=self.table.data_ptr(), block_size=self.block_size, n_blocks=self.n_blocks,
+                    kv_fp8=self.k.dtype == torch.float8_e4m3fn)
 
     def gather(self):
         """(k, v) as contiguous caches [max_batch, max_seq, Hkv, hd]."""
         max_batch = self.table.shape[0]
         out = []
         for pool in (self.k, self.v):
+            pool = pool.to(torch.bfloat16) if pool.dtype == torch.float8_e4m3fn else pool
             blocks = pool.view(self.n_blocks, *self._block_shape)[self.table.long().flatten()]
             out.append(blocks.view(max_batch, -1, *self._block_shape[1:])[:, :self.max_seq])
         return out

@@ -50,8 +50,8 @@ def bf16_rounded(tensors: dict) -> dict:
     return {name: torch.from_numpy(a).to(torch.bfloat16).float().numpy() for name, a in tensors.items()}
 
 
-def make_engine(C, config, tensors=None, max_seq=64, max_batch=1, graphs=True):
-    engine = C.Engine("cuda", config.engine_dict(max_seq, max_batch), "bf16", 0)
+def make_engine(C, config, tensors=None, max_seq=64, max_batch=1, graphs=True, kv_cache_dtype="auto"):
+    engine = C.Engine("cuda", dict(config.engine_dict(max_seq, max_batch), kv_cache_dtype=kv_cache_dtype), "bf16", 0)
     engine.use_cuda_graphs = graphs
     if tensors is not None:
         for name, array in tensors.items():
@@ -67,11 +67,11 @@ def rel_err(x, ref):
 class Oracles:
     """The fp32 oracle (CPU) and the PyTorch-bf16 run (GPU) of one model, fed the same calls."""
 
-    def __init__(self, config, tensors):
+    def __init__(self, config, tensors, kv_dtype=None):
         from llama_brrr.reference import ReferenceLlama
         weights = bf16_rounded(tensors)
-        self.fp32 = ReferenceLlama(config, weights, dtype=torch.float32, device="cpu")
-        self.bf16 = ReferenceLlama(config, weights, dtype=torch.bfloat16, device="cuda")
+        self.fp32 = ReferenceLlama(config, weights, dtype=torch.float32, device="cpu", kv_dtype=kv_dtype)
+        self.bf16 = ReferenceLlama(config, weights, dtype=torch.bfloat16, device="cuda", kv_dtype=kv_dtype)
 
     def forward(self, tokens, start_pos):
         a = self.fp32.forward(list(map(int, tokens)), start_pos=start_pos)[0].cpu().numpy()
@@ -143,6 +143,33 @@ def test_decode_after_prefill_follows_the_bf16_rule(C, rng, make_weights, name):
         oracle.append(a[-1])
         torch_bf16.append(b[-1])
     assert_bf16_rule(np.array(ours), np.array(oracle), np.array(torch_bf16), f"{name} decode")
+
+
+@pytest.mark.parametrize("name", ["gqa-untied-hd64", "tied-llama3-hd128"])
+def test_fp8_kv_cache_follows_the_bf16_rule_against_an_fp8_oracle(C, rng, make_weights, name):
+    """kv_cache_dtype fp8_e4m3: prefill (every row) and decode (CUDA graphs) against the oracles
+    whose caches round k and v to e4m3 the same way; the bf16 engine is farther from that oracle
+    than the fp8 engine is, so the option is not ignored."""
+    config = CONFIGS[name]
+    tensors = make_weights(config, rng)
+    engine = make_engine(C, config, tensors, max_seq=64, max_batch=2, kv_cache_dtype="fp8_e4m3")
+    plain = make_engine(C, config, tensors, max_seq=64, max_batch=2)
+    assert engine.config["kv_cache_dtype"] == "fp8_e4m3" and plain.config["kv_cache_dtype"] == "auto"
+    oracles = Oracles(config, tensors, kv_dtype=torch.float8_e4m3fn)
+    prompt = rng.integers(0, config.vocab_size, size=37).astype(np.int32)
+    ours, bf16_kv = [engine.prefill(1, prompt, 0, "all")], [plain.prefill(1, prompt, 0, "all")]
+    a, b = oracles.forward(prompt, 0)
+    oracle, torch_bf16 = [a], [b]
+    for step, token in enumerate(rng.integers(0, config.vocab_size, size=8)):
+        args = (np.array([token], np.int32), np.array([1], np.int32), np.array([37 + step], np.int32), True)
+        ours.append(engine.decode(*args))
+        bf16_kv.append(plain.decode(*args))
+        a, b = oracles.forward([token], 37 + step)
+        oracle.append(a)
+        torch_bf16.append(b)
+    ours, bf16_kv, oracle, torch_bf16 = map(np.concatenate, (ours, bf16_kv, oracle, torch_bf16))
+    assert_bf16_rule(ours, oracle, torch_bf16, f"{name} with an fp8 KV cache")
+    assert rel_err(bf16_kv, oracle) > rel_err(ours, oracle), f"{name}: the fp8 cache made no difference"
 
 
 # ---- batching and graphs ------------------------------------------------------------------------

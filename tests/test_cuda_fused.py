@@ -133,9 +133,10 @@ def rope_case(C, rng, gen, M, n_heads, n_kv_heads, head_dim, max_seq, max_batch,
                 max_seq=max_seq, max_batch=max_batch, M=M)
 
 
-def run_rope(ops, case, rows=None, split=None):
+def run_rope(ops, case, rows=None, split=None, kv_fp8=False):
     """Runs RopeKV for the given rows of the case (all by default), with split-K scratch `split`
-    (a SplitScratch) if given; returns (q_out, k, v)."""
+    (a SplitScratch) if given, into bf16 caches or (kv_fp8) e4m3 ones; returns (q_out, k, v), the
+    caches in bf16."""
     rows = list(range(case["M"])) if rows is None else rows
     M = len(rows)
     c = case
@@ -145,6 +146,8 @@ def run_rope(ops, case, rows=None, split=None):
     q_out = nan_full((M, c["n_heads"], c["head_dim"]), torch.bfloat16)
     cache_shape = (c["max_batch"], c["max_seq"], c["n_kv_heads"], c["head_dim"])
     paged = PagedCaches(nan_full(cache_shape, torch.bfloat16), nan_full(cache_shape, torch.bfloat16))
+    if kv_fp8:
+        paged.to_fp8()
     xn = nan_full((M, c["K"]), torch.bfloat16)
     staging = nan_full((M, c["N"]), torch.float32)
     ops.rmsnorm_matmul_bf16(ptr(x), ptr(c["w"]), EPS, ptr(c["W"]), M, c["N"], c["K"], ROPE_KV,
@@ -201,6 +204,32 @@ def check_rope_kv(C, ops, rng, gen, M, n_heads, n_kv_heads, head_dim, K):
                             torch.cat([r.flatten() for r in ref]), torch.cat([b.flatten() for b in bf]))
     for cache in (k_cache, v_cache):
         assert torch.isnan(cache[~written.cuda()]).all(), f"{name}: wrote a cache entry of another token"
+
+
+# The fp8 KV cache: each k and v element the GEMV, the GEMM's fused epilogue or rope_kv_append
+# (hd 32) stores is its fp32 result rounded to e4m3, where the bf16 cache gets it rounded to bf16
+# (which the tests above hold to the oracle). So the e4m3 entry is the bf16 entry rounded to e4m3,
+# but for double rounding: an fp32 value just off an e4m3 midpoint that bf16 rounds onto it may tie
+# the other way, one e4m3 step off, and rarely. q is the same bf16 either way.
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim,K", [(32, 8, 64, 2048), (4, 2, 128, 200), (4, 2, 32, 96)])
+@pytest.mark.parametrize("M", [1, 19, 300])
+def test_rmsnorm_matmul_rope_kv_into_an_fp8_cache(C, ops, rng, gen, M, n_heads, n_kv_heads, head_dim, K):
+    case = rope_case(C, rng, gen, M, n_heads, n_kv_heads, head_dim, max_seq=max(40, M + 5), max_batch=3, K=K)
+    q_bf16, k_bf16, v_bf16 = run_rope(ops, case)
+    q_out, k_cache, v_cache = run_rope(ops, case, kv_fp8=True)
+    name = f"RopeKV into e4m3 M={M} heads={n_heads}/{n_kv_heads} hd={head_dim} K={K}"
+    assert torch.equal(q_out, q_bf16), f"{name}: q changed with the cache's type"
+    written = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device="cuda")
+    written[torch.from_numpy(case["slots"]).long(), torch.from_numpy(case["positions"]).long()] = True
+    got = torch.cat([k_cache[written], v_cache[written]]).double()
+    want = torch.cat([k_bf16[written], v_bf16[written]]).to(torch.float8_e4m3fn).double()
+    # one e4m3 step: 2^-3 of a normal value's magnitude, 2^-9 among the subnormals
+    step = torch.maximum(want.abs() * 2**-3, torch.full_like(want, 2**-9))
+    assert torch.isfinite(got).all(), f"{name}: non-finite cache entries"
+    assert ((got - want).abs() <= step).all(), f"{name}: an entry is more than one e4m3 step from the bf16 entry's"
+    assert (got == want).double().mean() >= 0.95, f"{name}: fewer than 95% of the entries are the bf16 entry rounded"
+    for cache in (k_cache, v_cache):
+        assert torch.isnan(cache[~written]).all(), f"{name}: wrote a cache entry of another token"
 
 
 def test_fused_gemv_rows_do_not_depend_on_the_batch(C, ops, rng, gen):

@@ -335,16 +335,28 @@ def poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim):
             nan_full((max_batch, max_seq, n_kv_heads, head_dim), torch.bfloat16))
 
 
+def paged_caches(k_cache, v_cache, kv_fp8, **kwargs):
+    """PagedCaches of the two caches; kv_fp8: first rounds them in place to e4m3 values (so the
+    references see what the kernel reads) and stores the pools as e4m3 bytes."""
+    if not kv_fp8:
+        return PagedCaches(k_cache, v_cache, **kwargs)
+    for cache in (k_cache, v_cache):
+        cache.copy_(cache.to(torch.float8_e4m3fn).to(torch.bfloat16))
+    return PagedCaches(k_cache, v_cache, **kwargs).to_fp8()
+
+
 DECODE_HEADS = [(4, 4), (8, 4), (9, 3), (16, 4), (16, 1)]  # GQA groups 1, 2, 3, 4 and 16 (four head blocks)
 
 
 # The caches are paged (paged_kv.PagedCaches: shuffled blocks, NaN everywhere the table does not
 # send the kernel); max_seq = 1000 is not a multiple of either block size.
+# kv_fp8: the caches hold e4m3 (the fp8 KV cache); the references get the same values in bf16.
+@pytest.mark.parametrize("kv_fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("block_size", [16, 128])
 @pytest.mark.parametrize("max_splits", [1, 16])
 @pytest.mark.parametrize("n_heads,n_kv_heads", DECODE_HEADS, ids=[f"{h}q{kv}kv" for h, kv in DECODE_HEADS])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads, max_splits, block_size):
+def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads, max_splits, block_size, kv_fp8):
     lengths = [1, 37, 129, 1000]  # one chunk, two (the second one row), several
     B, max_batch, max_seq = len(lengths), 5, 1000
     group = n_heads // n_kv_heads
@@ -353,7 +365,7 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
     for slot, length in zip(slots, lengths):  # only [0, length) of each used slot is valid
         k_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
         v_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
-    paged = PagedCaches(k_cache, v_cache, block_size=block_size, seed=head_dim + n_heads)
+    paged = paged_caches(k_cache, v_cache, kv_fp8, block_size=block_size, seed=head_dim + n_heads)
     q = randn((B, n_heads, head_dim), gen)
     d_slots = torch.tensor(slots, dtype=torch.int32, device="cuda")
     d_positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int32, device="cuda")
@@ -387,9 +399,10 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
 SERVING_HEADS = [(32, 8), (16, 1), (9, 3)]
 
 
+@pytest.mark.parametrize("kv_fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("n_heads,n_kv_heads", SERVING_HEADS, ids=[f"{h}q{kv}kv" for h, kv in SERVING_HEADS])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_flash_decode_serving_batch_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads):
+def test_flash_decode_serving_batch_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads, kv_fp8):
     group = n_heads // n_kv_heads
     heads_per_cta = 1 if group <= 1 else 2 if group <= 2 else 4  # decode_gmax
     head_blocks = -(-group // heads_per_cta)
@@ -403,7 +416,7 @@ def test_flash_decode_serving_batch_matches_torch(ops, rng, gen, head_dim, n_hea
     for slot, length in zip(slots, lengths):
         k_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
         v_cache[slot, :length] = randn((length, n_kv_heads, head_dim), gen)
-    paged = PagedCaches(k_cache, v_cache, block_size=block_size, seed=head_dim + n_heads + B)
+    paged = paged_caches(k_cache, v_cache, kv_fp8, block_size=block_size, seed=head_dim + n_heads + B)
     q = randn((B, n_heads, head_dim), gen)
     d_slots = torch.tensor(slots, dtype=torch.int32, device="cuda")
     d_positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int32, device="cuda")
@@ -427,7 +440,7 @@ def test_flash_decode_serving_batch_matches_torch(ops, rng, gen, head_dim, n_hea
 
 
 def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, max_seq=None, mma_sync=False,
-                            block_size=16):
+                            block_size=16, kv_fp8=False):
     """max_seq defaults to room past the filled positions, whose poison the kernel must not read
     (nor that of the rest of their last block: the pool is paged_kv.PagedCaches)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -439,7 +452,7 @@ def check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_po
     k_cache, v_cache = poisoned_cache(max_batch, max_seq, n_kv_heads, head_dim)
     k_cache[slot, :total] = randn((total, n_kv_heads, head_dim), gen)
     v_cache[slot, :total] = randn((total, n_kv_heads, head_dim), gen)
-    paged = PagedCaches(k_cache, v_cache, block_size=block_size, seed=T + start_pos)
+    paged = paged_caches(k_cache, v_cache, kv_fp8, block_size=block_size, seed=T + start_pos)
     q = randn((T, n_heads, head_dim), gen)
     out = nan_full((T, n_heads * head_dim), torch.bfloat16)
     ops.attention_prefill(q.data_ptr(), paged.k.data_ptr(), paged.v.data_ptr(), slot, start_pos, T,
@@ -469,6 +482,18 @@ def test_attention_prefill_matches_sdpa(ops, gen, n_heads, n_kv_heads, head_dim,
     check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, mma_sync=mma_sync)
 
 
+# An e4m3 cache: both entry points (attention_prefill routes it to the mma.sync kernel, which
+# widens its tiles in shared memory); every block size, a long sequence among the shapes.
+@pytest.mark.parametrize("mma_sync", [False, True])
+@pytest.mark.parametrize("T,start_pos,block_size", [(1, 0, 16), (17, 45, 32), (300, 130, 16), (1100, 70, 128)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 2), (9, 3)])
+def test_attention_prefill_fp8_cache_matches_sdpa(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos,
+                                                   block_size, mma_sync):
+    check_attention_prefill(ops, gen, n_heads, n_kv_heads, head_dim, T, start_pos, mma_sync=mma_sync,
+                            block_size=block_size, kv_fp8=True)
+
+
 @pytest.mark.parametrize("mma_sync", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_attention_prefill_kv_larger_than_l2(ops, gen, head_dim, mma_sync):
@@ -493,9 +518,10 @@ def test_attention_prefill_long_sequence(ops, gen, head_dim, mma_sync, block_siz
 
 # Prompt tails after a cached prefix: several short segments of different slots, lengths and start
 # positions in one launch (the rows of a prefill pass), against each segment alone in float64.
+@pytest.mark.parametrize("kv_fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 2), (9, 3), (4, 4)])
-def test_attention_prefill_segments_match_sdpa(ops, rng, gen, n_heads, n_kv_heads, head_dim):
+def test_attention_prefill_segments_match_sdpa(ops, rng, gen, n_heads, n_kv_heads, head_dim, kv_fp8):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     max_batch, max_seq = 9, 400
@@ -508,7 +534,7 @@ def test_attention_prefill_segments_match_sdpa(ops, rng, gen, n_heads, n_kv_head
     for slot, start, rows in shapes:
         k_cache[slot, :start + rows] = randn((start + rows, n_kv_heads, head_dim), gen)
         v_cache[slot, :start + rows] = randn((start + rows, n_kv_heads, head_dim), gen)
-    paged = PagedCaches(k_cache, v_cache, block_size=16, seed=n_heads + head_dim)
+    paged = paged_caches(k_cache, v_cache, kv_fp8, block_size=16, seed=n_heads + head_dim)
     segments, row0 = [], 0
     for slot, start, rows in shapes:
         segments.append((row0, slot, start, rows))

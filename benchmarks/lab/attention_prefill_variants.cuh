@@ -507,8 +507,8 @@ void launch_mma_sync_path(const bf16* q, const KvCache& kv, const int32_t* slot_
     PrefillArgs a = brrr::cuda::prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim);
     if (FORCE_TILES_FAST) a.heads_fast = false;
     const dim3 grid = brrr::cuda::prefill_grid(a);
-    if (head_dim == 64) brrr::cuda::launch_prefill<64, 64>(a, grid, stream);
-    else brrr::cuda::launch_prefill<128, KV128>(a, grid, stream);
+    if (head_dim == 64) brrr::cuda::launch_prefill<64, 64, false>(a, grid, stream);
+    else brrr::cuda::launch_prefill<128, KV128, false>(a, grid, stream);
 }
 
 }  // namespace lab

@@ -152,6 +152,14 @@ void bind_cpu_ops(py::module_& m) {
         return y;
     }, py::arg("h13"), py::arg("out") = py::none(), "silu(gate) * up on gate|up rows");
 
+    ops.def("round_to_e4m3", [](const py::object& x) {
+        auto xa = checked_array<float>(x, "x", {-1}, "float32 array of shape (n,)");
+        py::array_t<float> y(xa.shape(0));
+        std::copy(xa.data(), xa.data() + xa.shape(0), y.mutable_data());
+        brrr::cpu::round_to_e4m3(y.mutable_data(), (size_t)xa.shape(0));
+        return y;
+    }, py::arg("x"), "x rounded to the nearest e4m3 value (ties to even, saturating at +-448)");
+
     ops.def("sample_row", [](const py::object& logits, const py::object& history, float temperature,
                              int top_k, float top_p, float min_p, float repetition_penalty,
                              uint64_t seed, uint64_t step) {

@@ -106,6 +106,12 @@ brrr::Config config_from_dict(const py::dict& d) {
         if (d.contains("kv_blocks")) c.kv_blocks = as_int("kv_blocks");
         if (d.contains("gpu_memory_utilization"))
             c.gpu_memory_utilization = d["gpu_memory_utilization"].cast<float>();
+        if (d.contains("kv_cache_dtype")) {
+            const std::string kv_type = d["kv_cache_dtype"].cast<std::string>();
+            if (kv_type == "auto") c.kv_cache_dtype = brrr::KvCacheDtype::Auto;
+            else if (kv_type == "fp8_e4m3") c.kv_cache_dtype = brrr::KvCacheDtype::Fp8E4m3;
+            else bad_argument("config['kv_cache_dtype'] must be 'auto' or 'fp8_e4m3', got '" + kv_type + "'");
+        }
         // A tensor-parallel rank's (llama_brrr/tp/shard.py, local_config); absent: one engine.
         if (d.contains("tp_rank")) c.tp_rank = as_int("tp_rank");
         if (d.contains("tp_size")) c.tp_size = as_int("tp_size");
@@ -143,6 +149,7 @@ py::dict config_to_dict(const brrr::Config& c) {
     d["kv_block_size"] = c.kv_block_size;
     d["kv_blocks"] = c.kv_blocks;
     d["gpu_memory_utilization"] = c.gpu_memory_utilization;
+    d["kv_cache_dtype"] = c.kv_cache_dtype == brrr::KvCacheDtype::Fp8E4m3 ? "fp8_e4m3" : "auto";
     d["tp_rank"] = c.tp_rank;
     d["tp_size"] = c.tp_size;
     return d;

@@ -57,16 +57,18 @@ struct CudaOp {
 // rows and a device block table [slots][ceil(max_seq / block_size)]. block_table = 0 asks for the
 // identity layout over caches shaped [slots, max_seq, Hkv, hd] (max_seq a multiple of
 // block_size), which this object allocates for the call; `slots` then is one past the largest slot.
+// fp8: the caches hold e4m3 bytes (a torch.float8_e4m3fn tensor), else bf16.
 struct PagedKv {
     brrr::cuda::KvCache kv;
     int32_t* owned = nullptr;
     PagedKv(uintptr_t k_cache, uintptr_t v_cache, int64_t max_seq, uintptr_t block_table, int64_t block_size,
-            int64_t n_blocks, int64_t slots) {
+            int64_t n_blocks, int64_t slots, bool fp8 = false) {
         CudaOp::check_sizes({{"max_seq", max_seq}, {"block_size", block_size}, {"n_blocks", n_blocks}});
         if (block_size < 16 || block_size > 128 || (block_size & (block_size - 1)))
             bad_argument("block_size must be 16, 32, 64 or 128, got " + std::to_string(block_size));
-        kv.k = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(k_cache, "k_cache"));
-        kv.v = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(v_cache, "v_cache"));
+        kv.k = CudaOp::ptr(k_cache, "k_cache");
+        kv.v = CudaOp::ptr(v_cache, "v_cache");
+        kv.fp8 = fp8;
         kv.max_seq = (int)max_seq;
         const int bps = (int)CEIL_DIV(max_seq, block_size);
         kv.pages = {nullptr, bps, (int)block_size};
@@ -261,10 +263,10 @@ void bind_testing(py::module_& m) {
                                       uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache,
                                       uintptr_t v_cache, int64_t M, int64_t n_heads,
                                       int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t block_table,
-                                      int64_t block_size, int64_t n_blocks) {
+                                      int64_t block_size, int64_t n_blocks, bool kv_fp8) {
         CudaOp::check_sizes({{"M", M}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
                              {"head_dim", head_dim}, {"max_seq", max_seq}});
-        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M));
+        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
         py::gil_scoped_release release;
         brrr::cuda::rope_kv_append(
             static_cast<const float*>(CudaOp::ptr(qkv, "qkv")), static_cast<const int*>(CudaOp::ptr(positions, "positions")),
@@ -275,7 +277,7 @@ void bind_testing(py::module_& m) {
     }, py::arg("qkv"), py::arg("positions"), py::arg("slots"), py::arg("inv_freq"), py::arg("q_out"),
        py::arg("k_cache"), py::arg("v_cache"), py::arg("M"), py::arg("n_heads"),
        py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("max_seq"), py::arg("block_table") = 0,
-       py::arg("block_size") = 16, py::arg("n_blocks") = 0,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "rotate-half RoPE of q and k from qkv f32 [M, (Hq+2Hkv)*hd]; q_out bf16 [M, Hq, hd]; k, v "
        "into the paged caches (PagedKv: by default [max_batch, max_seq, Hkv, hd]) at (slots[m], positions[m])");
 
@@ -399,13 +401,13 @@ void bind_testing(py::module_& m) {
                                   uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
                                   int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t x,
                                   uintptr_t x_f32, uintptr_t norm_w, double eps, uintptr_t scratch,
-                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks) {
+                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8) {
         brrr::cuda::EpilogueArgs args =
             CudaQuantMatmul::args("gemv_quant", type, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
                                   slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
         std::optional<PagedKv> paged;
         if (epilogue == 4) {
-            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M));
+            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
             args.rope.kv = paged->kv;
         }
         const void* wp = CudaOp::ptr(W, "W");
@@ -433,7 +435,7 @@ void bind_testing(py::module_& m) {
        py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
        py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("x") = 0, py::arg("x_f32") = 0,
        py::arg("norm_w") = 0, py::arg("eps") = 0.0, py::arg("scratch") = 0, py::arg("block_table") = 0,
-       py::arg("block_size") = 16, py::arg("n_blocks") = 0,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "decode GEMV on quantized weights (M <= 16): y = xq . dequant(W).T with the epilogue (as "
        "rmsnorm_matmul_bf16's); W = qlayout tiles (quant_ops.gpu_repack), xq = ActBlocks [M, K / 32]; "
        "or (xq = 0) gemv_quant_in on bf16 rows x or fp32 rows x_f32 normalized by norm_w, eps");
@@ -442,13 +444,13 @@ void bind_testing(py::module_& m) {
                                       int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
                                       uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
                                       int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t block_table,
-                                      int64_t block_size, int64_t n_blocks) {
+                                      int64_t block_size, int64_t n_blocks, bool kv_fp8) {
         brrr::cuda::EpilogueArgs args =
             CudaQuantMatmul::args("gemv_quant_mma", type, M, N, K, epilogue, out, out_f32, residual, ld_out,
                                   positions, slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
         std::optional<PagedKv> paged;
         if (epilogue == 4) {
-            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M));
+            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
             args.rope.kv = paged->kv;
         }
         const void* wp = CudaOp::ptr(W, "W");
@@ -462,7 +464,7 @@ void bind_testing(py::module_& m) {
        py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0, py::arg("q_out") = 0,
        py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
        py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0, py::arg("block_size") = 16,
-       py::arg("n_blocks") = 0,
+       py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "decode GEMV on quantized weights on the tensor cores (M <= 64): y = x . bf16(dequant(W)).T with the "
        "epilogue (as gemv_quant's); W = qlayout tiles (quant_ops.gpu_repack), x = bf16 rows [M, K]");
     testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {
@@ -568,7 +570,7 @@ void bind_testing(py::module_& m) {
                                            uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
                                            int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                                            const py::object& split, uintptr_t block_table, int64_t block_size,
-                                           int64_t n_blocks) {
+                                           int64_t n_blocks, bool kv_fp8) {
         CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"ld_out", ld_out}, {"n_heads", n_heads},
                              {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
         if (epilogue < 0 || epilogue > 4)
@@ -589,7 +591,7 @@ void bind_testing(py::module_& m) {
         args.split = CudaMatmul::split_scratch(split);
         std::optional<PagedKv> paged;
         if (epilogue == 4) {
-            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M));
+            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
             args.rope.kv = paged->kv;
         }
         const auto* xp = static_cast<const float*>(CudaOp::ptr(x, "x"));
@@ -606,7 +608,7 @@ void bind_testing(py::module_& m) {
        py::arg("inv_freq") = 0, py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0,
        py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0,
        py::arg("split") = py::none(), py::arg("block_table") = 0, py::arg("block_size") = 16,
-       py::arg("n_blocks") = 0,
+       py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "y = bf16(rmsnorm(x) * norm_w) @ W.T with the epilogue (4 RopeKV: q -> q_out, k/v -> caches "
        "at (slots[m], positions[m])); x f32 [M, K]; M > 16 uses xn bf16 [M, K] (and out_f32 [M, N] "
        "for RopeKV) as scratch");
@@ -620,7 +622,7 @@ void bind_testing(py::module_& m) {
     testing.def("flash_decode", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slots,
                                     uintptr_t positions, uintptr_t out, uintptr_t scratch, int64_t B,
                                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                    int64_t max_splits, uintptr_t block_table, int64_t block_size, int64_t n_blocks) {
+                                    int64_t max_splits, uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8) {
         CudaOp::check_sizes({{"B", B}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
                              {"head_dim", head_dim}, {"max_seq", max_seq}, {"max_splits", max_splits}});
         CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
@@ -630,7 +632,7 @@ void bind_testing(py::module_& m) {
         if (q % 16 || k_cache % 16 || v_cache % 16)
             bad_argument("q, k_cache and v_cache must be 16-byte aligned (rows are read 16 bytes a lane)");
         const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
-        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, B));
+        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, B), kv_fp8);
         const int* sp = static_cast<const int*>(CudaOp::ptr(slots, "slots"));
         const int* pp = static_cast<const int*>(CudaOp::ptr(positions, "positions"));
         auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
@@ -641,20 +643,20 @@ void bind_testing(py::module_& m) {
     }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("positions"),
        py::arg("out"), py::arg("scratch"), py::arg("B"), py::arg("n_heads"), py::arg("n_kv_heads"),
        py::arg("head_dim"), py::arg("max_seq"), py::arg("max_splits"), py::arg("block_table") = 0,
-       py::arg("block_size") = 16, py::arg("n_blocks") = 0,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "one query per sequence: q bf16 [B, Hq, hd] over the paged caches (PagedKv: by default [max_batch, max_seq, Hkv, hd]) "
        "positions [0, positions[b]] of slot slots[b] (int32 device arrays); out bf16 [B, Hq * hd]");
     testing.def("attention_prefill", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, int64_t slot,
                                          int64_t start_pos, int64_t T, uintptr_t out, int64_t n_heads,
                                          int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, bool mma_sync,
-                                         uintptr_t block_table, int64_t block_size, int64_t n_blocks) {
+                                         uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8) {
         CudaOp::check_sizes({{"slot", slot}, {"start_pos", start_pos}, {"T", T}, {"n_heads", n_heads},
                              {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim}, {"max_seq", max_seq}});
         CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
         if (start_pos + T > max_seq)
             bad_argument("start_pos + T = " + std::to_string(start_pos + T) + " exceeds max_seq = " + std::to_string(max_seq));
         const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
-        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, slot + 1);
+        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, slot + 1, kv_fp8);
         const std::vector<int32_t> row = paged.host_row((int)slot);
         auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
         py::gil_scoped_release release;
@@ -665,14 +667,14 @@ void bind_testing(py::module_& m) {
     }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slot"), py::arg("start_pos"),
        py::arg("T"), py::arg("out"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("head_dim"),
        py::arg("max_seq"), py::arg("mma_sync") = false, py::arg("block_table") = 0, py::arg("block_size") = 16,
-       py::arg("n_blocks") = 0,
+       py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "causal prefill of T tokens at positions start_pos.. of cache slot `slot` (their K/V already "
        "in the cache): q bf16 [T, Hq, hd], out bf16 [T, Hq * hd]. mma_sync=True runs the pre-Hopper "
        "kernel whatever the GPU (Hopper runs TMA-fed wgmma otherwise)");
     testing.def("attention_prefill_segments", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, uintptr_t segments,
                                                   int64_t n_segments, uintptr_t out, int64_t n_heads, int64_t n_kv_heads,
                                                   int64_t head_dim, int64_t max_seq, uintptr_t block_table,
-                                                  int64_t block_size, int64_t n_blocks) {
+                                                  int64_t block_size, int64_t n_blocks, bool kv_fp8) {
         CudaOp::check_sizes({{"n_segments", n_segments}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
                              {"head_dim", head_dim}, {"max_seq", max_seq}});
         CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
@@ -682,7 +684,7 @@ void bind_testing(py::module_& m) {
                       "testing.attention_prefill_segments");
         int n_slots = 1;
         for (const auto& g : host) n_slots = std::max(n_slots, g.slot + 1);
-        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, n_slots);
+        const PagedKv paged(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, n_slots, kv_fp8);
         const std::vector<int32_t> tables = paged.host_rows(n_slots);
         const auto* qp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(q, "q"));
         auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
@@ -692,7 +694,7 @@ void bind_testing(py::module_& m) {
         CudaOp::finish("testing.attention_prefill_segments");
     }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("segments"), py::arg("n_segments"),
        py::arg("out"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("max_seq"),
-       py::arg("block_table") = 0, py::arg("block_size") = 16, py::arg("n_blocks") = 0,
+       py::arg("block_table") = 0, py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "causal prefill of n segments in one launch: segments int32 [n, 4] on the device, each (row0, slot, "
        "start_pos, rows), its rows [row0, row0 + rows) of q bf16 [rows, Hq, hd] and out bf16 [rows, Hq * hd] "
        "the tokens at positions start_pos.. of `slot` (their K/V already in the cache)");

@@ -483,6 +483,10 @@ void CpuEngine::forward(int M, const int32_t* tokens, const int32_t* slots,
             const size_t at = (size_t)pages.row(slots[m], positions[m]) * kv_dim;
             std::memcpy(k_cache + at, qkv + (size_t)m * qkv_dim + q_dim, kv_dim * sizeof(float));
             std::memcpy(v_cache + at, qkv + (size_t)m * qkv_dim + q_dim + kv_dim, kv_dim * sizeof(float));
+            if (c.kv_cache_dtype == KvCacheDtype::Fp8E4m3) {
+                round_to_e4m3(k_cache + at, kv_dim);
+                round_to_e4m3(v_cache + at, kv_dim);
+            }
         }
         // causal GQA attention over the cache
         prof_.op("attention", profile::OpClass::Attention, attention_cost);

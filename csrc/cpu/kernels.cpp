@@ -207,6 +207,24 @@ void attention(const float* q, int q_stride, const float* k_cache, const float* 
     }
 }
 
+// ---- e4m3 rounding ------------------------------------------------------------------------------
+// 3 mantissa bits: a normal value in [2^e, 2^(e+1)) is a multiple of 2^(e-3); below the smallest
+// normal, 2^-6, the subnormals are multiples of 2^-9. nearbyint rounds half to even.
+void round_to_e4m3(float* x, size_t n) {
+    constexpr float kMax = 448.f;
+    for (size_t i = 0; i < n; ++i) {
+        const float a = std::fabs(x[i]);
+        if (!(a < kMax)) {  // past the largest finite value, or NaN
+            if (!std::isnan(a)) x[i] = std::copysign(kMax, x[i]);
+            continue;
+        }
+        int e;
+        std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1): the quantum is 2^(e - 4)
+        const int quantum = std::max(e - 4, -9);
+        x[i] = std::copysign(std::min(kMax, std::ldexp(std::nearbyint(std::ldexp(a, -quantum)), quantum)), x[i]);
+    }
+}
+
 // ---- SwiGLU -------------------------------------------------------------------------------------
 void swiglu(const float* h13, float* out, int M, int H) {
 #pragma omp parallel for schedule(static) if (M >= kParallelRows)

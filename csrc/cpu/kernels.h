@@ -43,5 +43,9 @@ void attention(const float* q, int q_stride, const float* k_cache, const float* 
 // out[m, j] = silu(h13[m, j]) * h13[m, H + j]; h13 [M, 2H] = gate|up, out [M, H].
 void swiglu(const float* h13, float* out, int M, int H);
 
+// x[i] rounded in place to the nearest e4m3 value (ties to even, saturating at +-448, NaN kept):
+// what the CUDA engine's fp8 KV cache stores (model.h, KvCacheDtype::Fp8E4m3).
+void round_to_e4m3(float* x, size_t n);
+
 }  // namespace cpu
 }  // namespace brrr

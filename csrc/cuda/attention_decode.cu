@@ -1,18 +1,19 @@
 // attention_decode.cu — flash_decode: causal attention of one new token per sequence over its
-// bf16 KV cache, fp32 softmax statistics. Memory-bound: the KV bytes are the cost.
+// KV cache (bf16, or e4m3 bytes: half the bytes), fp32 softmax statistics. Memory-bound: the KV
+// bytes are the cost.
 //
 //   q [B, Hq, hd] bf16; one layer's paged cache kv (ops.h KvCache: k, v [n_blocks * block_size]
-//   [Hkv][hd] bf16, position p of slot s at row kv.pages.row(s, p)); out [B, Hq * hd] bf16.
+//   [Hkv][hd] bf16 or e4m3, position p of slot s at row kv.pages.row(s, p)); out [B, Hq * hd] bf16.
 //   Sequence b sees cache positions [0, positions[b]] of slot slots[b].
 //   GQA: query head h reads KV head h / (Hq / Hkv). Scores are scaled by log2(e) / sqrt(hd).
 //
 // Grid (split, KV head x head block, sequence), one launch. A CTA owns one chunk of ONE KV head's
 // positions and serves every query head of that group from it, so each K/V byte is read once per
 // token, not once per query head. Inside a CTA each warp owns its own rows: it loads them straight
-// into registers (16 bytes a lane, hd / 8 lanes to a row), scores them for every head of the
-// group, sums each dot product over the row's lanes with a transposing butterfly and keeps its own
-// online softmax; the warps are combined once, at the end, through shared memory. No shared-memory
-// tile and no CTA barrier per step.
+// into registers (8 elements a lane, hd / 8 lanes to a row; e4m3 widened to bf16 there, exactly),
+// scores them for every head of the group, sums each dot product over the row's lanes with a
+// transposing butterfly and keeps its own online softmax; the warps are combined once, at the
+// end, through shared memory. No shared-memory tile and no CTA barrier per step.
 // Splits: positions live on the device (CUDA-graph replay), so the grid is fixed from the shapes
 // (tuning::kDecodeCtasPerSm CTAs per SM, one wave) and each CTA decides on the device how many
 // splits its sequence needs: chunks of at least tuning::kDecodeMinChunk positions, so a short

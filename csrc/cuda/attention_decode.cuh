@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/attention_common.cuh"
 #include "cuda/check.cuh"
@@ -128,7 +129,8 @@ __device__ void merge_splits(const DecodeScratch& sc, int head0, int n_g, int n_
 // products (8 dims each) are summed over the row's lanes by a transposing butterfly (each
 // exchange halves the values a lane holds, so GMAX x kRows sums cost GMAX x kRows - 1 shuffles),
 // after which lane c of a row group holds the score of (head, row) number c / kReplicas.
-template <int HD, int GMAX, int THREADS>
+// PIECE: the bytes of a lane's 8 elements of a row, 16 (bf16) or 8 (e4m3).
+template <int HD, int GMAX, int THREADS, int PIECE = 16>
 struct DecodeLayout {
     static constexpr int kWarps = THREADS / 32;
     static constexpr int kLanesPerRow = HD / 8;             // 8 or 16
@@ -144,8 +146,8 @@ struct DecodeLayout {
     static constexpr size_t w_off = acc_off + (size_t)kWarps * GMAX * HD * 4;  // f32 [GMAX][kDecMaxSplits]
     static constexpr size_t bytes = w_off + (size_t)GMAX * kDecMaxSplits * 4;
     // The ring kernel's copies (STAGES > 0): per warp, per stage, the K then the V rows of one step,
-    // each lane's 16 bytes at [kv][r][lane]: uint4 [kWarps][STAGES][2][kRows][32], after the above.
-    static constexpr size_t stage_bytes = (size_t)2 * kRows * 32 * 16;  // one warp's step
+    // each lane's piece at [kv][r][lane]: [kWarps][STAGES][2][kRows][32] pieces, after the above.
+    static constexpr size_t stage_bytes = (size_t)2 * kRows * 32 * PIECE;  // one warp's step
     static constexpr size_t ring_off = (bytes + 15) / 16 * 16;
     static constexpr size_t ring_bytes(int stages) { return (size_t)kWarps * stages * stage_bytes; }
     // Stages that fit `per_warp` bytes of ring, at least 2.
@@ -186,14 +188,18 @@ __device__ __forceinline__ float transpose_sum(float (&vals)[V], int lane) {
 // are capped so that two 256-thread CTAs fit an SM, as the grid assumes.
 // STAGES = 0: each step's rows load straight into registers, one step ahead (small batches, where
 // the first rows go out before the PDL wait). STAGES >= 2: the ring kernel (batches, from
-// tuning::kDecodeRingMinCtas one-split CTAs on): each lane cp.asyncs its 16-byte pieces
-// STAGES - 1 steps ahead into its warp's ring in shared memory and reads back only what it copied
-// itself, so no barrier is needed, and a warp keeps (STAGES - 1) x 2 KB or more in flight instead
-// of one step.
-template <int HD, int GMAX, int THREADS, int STAGES>
+// tuning::kDecodeRingMinCtas one-split CTAs on): each lane cp.asyncs its pieces STAGES - 1 steps
+// ahead into its warp's ring in shared memory and reads back only what it copied itself, so no
+// barrier is needed, and a warp keeps (STAGES - 1) x 2 KB or more in flight instead of one step.
+// Piece: a lane's 8 elements of a row, uint4 of bf16 or uint2 of e4m3 (kv.fp8), widened to bf16
+// (exactly) as a step reads them, so one body of arithmetic serves both.
+template <int HD, int GMAX, int THREADS, int STAGES, typename Piece>
 __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(DecodeArgs a) {
     static_assert(STAGES == 0 || STAGES >= 2, "the ring needs a stage to fill beside the one read");
-    using L = DecodeLayout<HD, GMAX, THREADS>;
+    static_assert(sizeof(Piece) == 16 || sizeof(Piece) == 8, "8 elements of bf16 or e4m3");
+    constexpr int kElemBytes = sizeof(Piece) / 8;
+    using Elem = std::conditional_t<kElemBytes == 1, uint8_t, uint16_t>;
+    using L = DecodeLayout<HD, GMAX, THREADS, sizeof(Piece)>;
     constexpr int kLanesPerRow = L::kLanesPerRow, kRowsPerLoad = L::kRowsPerLoad, kRows = L::kRows;
     constexpr int kValues = L::kValues, kReplicas = L::kReplicas, kStepRows = L::kStepRows, kWarps = L::kWarps;
     constexpr unsigned kAll = 0xffffffffu;
@@ -242,25 +248,25 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     // Rows of a step into registers; rows at or past c1, or without a block (the host checks
     // coverage, so only a broken table), are zeros. which: 0 every row, 1 every row but `last`, 2
     // only `last`.
-    auto load_rows = [&](uint4 (&dst)[kRows], const bf16* cache, int base, int which) {
+    auto load_rows = [&](Piece (&dst)[kRows], const void* cache, int base, int which) {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             const int p = base + r * kRowsPerLoad + rg;
             if (p >= c1) {
-                if (which != 2) dst[r] = make_uint4(0, 0, 0, 0);
+                if (which != 2) dst[r] = Piece{};
                 continue;
             }
             if ((which == 1 && p == last) || (which == 2 && p != last)) continue;
             const int64_t row = a.kv.pages.row(slot, p);
-            dst[r] = row < 0 ? make_uint4(0, 0, 0, 0)
-                             : __ldcg(reinterpret_cast<const uint4*>(cache + (row * a.n_kv_heads + kvh) * HD) + col);
+            const Elem* row_elems = static_cast<const Elem*>(cache) + (row * a.n_kv_heads + kvh) * HD;
+            dst[r] = row < 0 ? Piece{} : __ldcg(reinterpret_cast<const Piece*>(row_elems) + col);
         }
     };
 
     // The ring: this lane's piece of row r of K (kv 0) or V (kv 1) in stage st of its warp (the
     // register kernel never touches it; one stage keeps its indexing well-formed).
     constexpr int kRingStages = STAGES > 0 ? STAGES : 1;
-    uint4* ring = reinterpret_cast<uint4*>(smem + L::ring_off) + (size_t)warp * kRingStages * 2 * kRows * 32;
+    Piece* ring = reinterpret_cast<Piece*>(smem + L::ring_off) + (size_t)warp * kRingStages * 2 * kRows * 32;
     auto ring_piece = [&](int st, int kv, int r) { return ring + ((st * 2 + kv) * kRows + r) * 32 + lane; };
     // Copies a step's K and V rows into its stage (rows past c1 or without a block: zeros).
     auto copy_step = [&](int step) {
@@ -269,13 +275,20 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
         for (int r = 0; r < kRows; ++r) {
             const int p = base + r * kRowsPerLoad + rg;
             const int64_t row = p < c1 ? a.kv.pages.row(slot, p) : -1;
-            const size_t at = row < 0 ? 0 : (size_t)(row * a.n_kv_heads + kvh) * HD + col * 8;
-            ptx::cp_async_16(ring_piece(st, 0, r), a.kv.k + at, row >= 0);
-            ptx::cp_async_16(ring_piece(st, 1, r), a.kv.v + at, row >= 0);
+            const size_t at = row < 0 ? 0 : ((size_t)(row * a.n_kv_heads + kvh) * HD + col * 8) * kElemBytes;
+            const unsigned char* k = static_cast<const unsigned char*>(a.kv.k) + at;
+            const unsigned char* v = static_cast<const unsigned char*>(a.kv.v) + at;
+            if constexpr (sizeof(Piece) == 16) {
+                ptx::cp_async_16(ring_piece(st, 0, r), k, row >= 0);
+                ptx::cp_async_16(ring_piece(st, 1, r), v, row >= 0);
+            } else {
+                ptx::cp_async_8(ring_piece(st, 0, r), k, row >= 0);
+                ptx::cp_async_8(ring_piece(st, 1, r), v, row >= 0);
+            }
         }
     };
 
-    uint4 kr[kRows], vrow[kRows];
+    Piece kr[kRows], vrow[kRows];
     if constexpr (STAGES == 0) {
         const bool any = step_base(0) < c1;
         // Every row but this token's is older than the kernel just before: load them before the wait.
@@ -336,7 +349,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
             const uint4 q = q8[g];
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
-                const uint4 k = kr[r];
+                const uint4 k = util::kv8_to_bf16x8(kr[r]);  // unrolled: widened once per row
                 vals[g * kRows + r] = util::bf16_lo(k.x) * util::bf16_lo(q.x) + util::bf16_hi(k.x) * util::bf16_hi(q.x) +
                                       util::bf16_lo(k.y) * util::bf16_lo(q.y) + util::bf16_hi(k.y) * util::bf16_hi(q.y) +
                                       util::bf16_lo(k.z) * util::bf16_lo(q.z) + util::bf16_hi(k.z) * util::bf16_hi(q.z) +
@@ -373,7 +386,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-            const uint4 v = vrow[r];
+            const uint4 v = util::kv8_to_bf16x8(vrow[r]);
             const float v8[8] = {util::bf16_lo(v.x), util::bf16_hi(v.x), util::bf16_lo(v.y), util::bf16_hi(v.y),
                                  util::bf16_lo(v.z), util::bf16_hi(v.z), util::bf16_lo(v.w), util::bf16_hi(v.w)};
 #pragma unroll
@@ -434,12 +447,13 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
 }
 
 // RING_BYTES: 0 for the register kernel, else the ring kernel with that much ring a warp.
-template <int HD, int GMAX, int THREADS, int RING_BYTES>
+// Piece: uint4 for a bf16 cache, uint2 for e4m3.
+template <int HD, int GMAX, int THREADS, int RING_BYTES, typename Piece>
 inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
-    using L = DecodeLayout<HD, GMAX, THREADS>;
+    using L = DecodeLayout<HD, GMAX, THREADS, sizeof(Piece)>;
     constexpr int kStages = RING_BYTES ? L::ring_stages(RING_BYTES) : 0;
     constexpr size_t kBytes = RING_BYTES ? L::ring_off + L::ring_bytes(kStages) : L::bytes;
-    auto kernel = flash_decode_kernel<HD, GMAX, THREADS, kStages>;
+    auto kernel = flash_decode_kernel<HD, GMAX, THREADS, kStages, Piece>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBytes));
     const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
     launch_pdl(kernel, grid, dim3(THREADS), kBytes, stream, a);
@@ -452,13 +466,20 @@ inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
 inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : 4; }
 
 // The instance decode_args() sized head_blocks for: both read decode_gmax.
-template <int HD, int THREADS, int RING_BYTES>
+template <int HD, int THREADS, int RING_BYTES, typename Piece = uint4>
 inline void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream) {
     switch (decode_gmax(a.group)) {
-        case 1: launch_decode<HD, 1, THREADS, RING_BYTES>(a, B, stream); break;
-        case 2: launch_decode<HD, 2, THREADS, RING_BYTES>(a, B, stream); break;
-        default: launch_decode<HD, 4, THREADS, RING_BYTES>(a, B, stream); break;
+        case 1: launch_decode<HD, 1, THREADS, RING_BYTES, Piece>(a, B, stream); break;
+        case 2: launch_decode<HD, 2, THREADS, RING_BYTES, Piece>(a, B, stream); break;
+        default: launch_decode<HD, 4, THREADS, RING_BYTES, Piece>(a, B, stream); break;
     }
+}
+
+// The instance for the cache's element: uint4 pieces of bf16, or uint2 of e4m3.
+template <int HD, int THREADS, int RING_BYTES>
+inline void launch_decode_cache(const DecodeArgs& a, int B, cudaStream_t stream) {
+    if (a.kv.fp8) launch_decode_group<HD, THREADS, RING_BYTES, uint2>(a, B, stream);
+    else launch_decode_group<HD, THREADS, RING_BYTES, uint4>(a, B, stream);
 }
 
 // Splits from shapes only (positions are on the device): tuning::kDecodeCtasPerSm CTAs per SM at
@@ -496,11 +517,11 @@ inline void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaSt
     const bool ring = (int64_t)B * a.n_kv_heads * a.head_blocks >= tuning::kDecodeRingMinCtas;
     constexpr int kRing = tuning::kDecodeRingBytesPerWarp;
     if (head_dim == 64) {
-        if (ring) launch_decode_group<64, tuning::kDecodeThreads, kRing>(a, B, stream);
-        else launch_decode_group<64, tuning::kDecodeThreads, 0>(a, B, stream);
+        if (ring) launch_decode_cache<64, tuning::kDecodeThreads, kRing>(a, B, stream);
+        else launch_decode_cache<64, tuning::kDecodeThreads, 0>(a, B, stream);
     } else {
-        if (ring) launch_decode_group<128, tuning::kDecodeThreads, kRing>(a, B, stream);
-        else launch_decode_group<128, tuning::kDecodeThreads, 0>(a, B, stream);
+        if (ring) launch_decode_cache<128, tuning::kDecodeThreads, kRing>(a, B, stream);
+        else launch_decode_cache<128, tuning::kDecodeThreads, 0>(a, B, stream);
     }
 }
 

@@ -15,7 +15,9 @@
 // memory (ldmatrix) feeds four mma.sync m16n8k16 instead of two: with one m-tile per warp shared
 // memory, not the tensor cores, binds. K/V tiles of 64 positions (32 at hd 128 where a CTA may not
 // have 104 KB) are double-buffered in shared memory by cp.async; P goes from the S accumulators
-// to the A operand of the second mma in registers (the two layouts coincide).
+// to the A operand of the second mma in registers (the two layouts coincide). An e4m3 cache
+// (kv.fp8) is copied as bytes into a staging area and widened into the same bf16 tiles by the
+// threads that copied them, so the MMAs are the same; attention_prefill sends such caches here.
 // Invariants: T x T scores never exist. Tiles above the diagonal are never loaded, a warp skips the
 // tiles wholly above its own rows, and the softmax scale is applied in the exponent's FFMA.
 // Kernel: attention_prefill_sm80.cuh. Measured alternatives: docs/kernels/attention.md.
@@ -24,11 +26,21 @@
 namespace brrr {
 namespace cuda {
 
+namespace {
+
+template <bool FP8>
+void launch_for_cache(const PrefillArgs& a, dim3 grid, int head_dim, cudaStream_t stream) {
+    const bool kv64_fits = prefill_smem_bytes<128, 64, FP8>() <= (size_t)device_facts().smem_optin;
+    if (head_dim == 64) launch_prefill<64, 64, FP8>(a, grid, stream);
+    else if (kv64_fits) launch_prefill<128, 64, FP8>(a, grid, stream);
+    else launch_prefill<128, 32, FP8>(a, grid, stream);
+}
+
+}  // namespace
+
 void launch_prefill_mma_sync(const PrefillArgs& a, dim3 grid, int head_dim, cudaStream_t stream) {
-    const bool kv64_fits = prefill_smem_bytes<128, 64>() <= (size_t)device_facts().smem_optin;
-    if (head_dim == 64) launch_prefill<64, 64>(a, grid, stream);
-    else if (kv64_fits) launch_prefill<128, 64>(a, grid, stream);
-    else launch_prefill<128, 32>(a, grid, stream);
+    if (a.kv.fp8) launch_for_cache<true>(a, grid, head_dim, stream);
+    else launch_for_cache<false>(a, grid, head_dim, stream);
 }
 
 void attention_prefill_mma_sync(const bf16* q, const KvCache& kv, const int32_t* slot_blocks, int slot,

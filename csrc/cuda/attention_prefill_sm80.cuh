@@ -15,16 +15,19 @@ namespace brrr {
 namespace cuda {
 
 // KV positions per tile: 64, or 32 at hd 128 where the 104 KB of 64 exceed what a CTA may have
-// (sm_86/89: 99 KB).
-template <int HD, int KV>
+// (sm_86/89: 99 KB). An e4m3 cache (FP8) adds the tiles' bytes as copied, [2][K, V][KV][HD].
+template <int HD, int KV, bool FP8>
 constexpr size_t prefill_smem_bytes() {
-    return (size_t)(kPreRows + 4 * KV) * (HD + 8) * sizeof(uint16_t);
+    return (size_t)(kPreRows + 4 * KV) * (HD + 8) * sizeof(uint16_t) + (FP8 ? (size_t)4 * KV * HD : 0);
 }
 
 // WARPS warps of MT 16-row m-tiles each (4 x 2, 128 queries per CTA). QREG: the Q fragments stay
 // in registers for the whole KV loop at hd 64; at hd 128 they would not fit beside two m-tiles'
 // accumulators and are re-read from shared memory at every k-step.
-template <int HD, int KV>
+// FP8: the cache holds e4m3. A tile's bytes are copied as they are into a staging area; once
+// they have landed each thread widens the 16-byte pieces it copied itself into the bf16 tile
+// (exactly: every e4m3 value is a bf16 value), so no barrier is added and the MMAs run unchanged.
+template <int HD, int KV, bool FP8>
 __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillArgs args) {
     constexpr int WARPS = kPreWarps, MT = kPreTiles;
     constexpr bool QREG = HD == 64;
@@ -34,6 +37,8 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     uint16_t* Qs = ptx::dynamic_smem<uint16_t>();
     uint16_t* Ks = Qs + kRows * P;  // [2][KV][P]
     uint16_t* Vs = Ks + 2 * KV * P;
+    uint8_t* K8 = reinterpret_cast<uint8_t*>(Vs + 2 * KV * P);  // FP8: [2][KV][HD]
+    uint8_t* V8 = K8 + 2 * KV * HD;
 
     PrefillArgs a = args;
     if (a.segments) {  // a batched launch: this CTA's segment
@@ -56,14 +61,28 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     const int n_tiles = CEIL_DIV(kv_end, KV);
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
-    const uint16_t* kbits = reinterpret_cast<const uint16_t*>(a.kv.k);
-    const uint16_t* vbits = reinterpret_cast<const uint16_t*>(a.kv.v);
+    const uint16_t* kbits = static_cast<const uint16_t*>(a.kv.k);
+    const uint16_t* vbits = static_cast<const uint16_t*>(a.kv.v);
     for (int c = tid; c < kRows * HD / 8; c += kThreads) {
         const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
         const bool ok = q0 + r < a.T;
         ptx::cp_async_16(Qs + r * P + col, qbits + ((size_t)(ok ? q0 + r : 0) * a.n_heads + hq) * HD + col, ok);
     }
+    // FP8: 16 elements a piece, into the staging area; widen_kv then fills the bf16 tile.
+    constexpr int kPiece = FP8 ? 16 : 8;
     auto load_kv = [&](int stage, int p0) {
+        if constexpr (FP8) {
+            for (int c = tid; c < KV * HD / kPiece; c += kThreads) {
+                const int r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
+                const int p = p0 + r;
+                const int64_t row = p < kv_total ? a.kv.pages.row(a.slot, p) : -1;
+                const bool ok = row >= 0;
+                const size_t off = ((size_t)(ok ? row : 0) * a.n_kv_heads + kvh) * HD + col;
+                ptx::cp_async_16(K8 + (stage * KV + r) * HD + col, static_cast<const uint8_t*>(a.kv.k) + off, ok);
+                ptx::cp_async_16(V8 + (stage * KV + r) * HD + col, static_cast<const uint8_t*>(a.kv.v) + off, ok);
+            }
+            return;
+        }
         uint16_t* Kst = Ks + stage * KV * P;
         uint16_t* Vst = Vs + stage * KV * P;
         for (int c = tid; c < KV * HD / 8; c += kThreads) {
@@ -74,6 +93,23 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
             const size_t off = ((size_t)(ok ? row : 0) * a.n_kv_heads + kvh) * HD + col;
             ptx::cp_async_16(Kst + r * P + col, kbits + off, ok);
             ptx::cp_async_16(Vst + r * P + col, vbits + off, ok);
+        }
+    };
+    auto widen_kv = [&](int stage) {
+        for (int c = tid; c < KV * HD / kPiece; c += kThreads) {
+            const int r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
+            const uint8_t* src[2] = {K8 + (stage * KV + r) * HD + col, V8 + (stage * KV + r) * HD + col};
+            uint16_t* dst[2] = {Ks + (stage * KV + r) * P + col, Vs + (stage * KV + r) * P + col};
+#pragma unroll
+            for (int kv = 0; kv < 2; ++kv) {
+                const uint4 bytes = *reinterpret_cast<const uint4*>(src[kv]);
+                const uint32_t w[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+                uint32_t out[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) out[j] = util::e4m3x2_to_bf16x2((uint16_t)(w[j / 2] >> (16 * (j % 2))));
+                reinterpret_cast<uint4*>(dst[kv])[0] = make_uint4(out[0], out[1], out[2], out[3]);
+                reinterpret_cast<uint4*>(dst[kv])[1] = make_uint4(out[4], out[5], out[6], out[7]);
+            }
         }
     };
     load_kv(0, 0);
@@ -111,6 +147,7 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
         } else {
             ptx::cp_async_wait<0>();
         }
+        if constexpr (FP8) widen_kv(stage);  // this thread's own pieces, landed by its wait
         __syncthreads();
         if (QREG && kt == 0) {
 #pragma unroll
@@ -244,10 +281,10 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     }
 }
 
-template <int HD, int KV>
+template <int HD, int KV, bool FP8>
 void launch_prefill(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
-    auto kernel = attention_prefill_kernel<HD, KV>;
-    constexpr size_t smem = prefill_smem_bytes<HD, KV>();
+    auto kernel = attention_prefill_kernel<HD, KV, FP8>;
+    constexpr size_t smem = prefill_smem_bytes<HD, KV, FP8>();
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<grid, kPreThreads, smem, stream>>>(a);
     CUDA_CHECK_LAUNCH("attention_prefill_kernel");

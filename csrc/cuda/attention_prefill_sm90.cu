@@ -36,7 +36,8 @@ void attention_prefill(const bf16* q, const KvCache& kv, const int32_t* slot_blo
         return;
     const PrefillArgs a = prefill_args(q, kv, slot, start_pos, T, out, n_heads, n_kv_heads, head_dim);
     const int pool_rows = kv.n_blocks * kv.pages.block_size;
-    if (!prefill_sm90_ready()) {
+    // The TMA kernel reads bf16 tiles; an e4m3 cache takes the mma.sync kernel, which widens its tiles.
+    if (!prefill_sm90_ready() || kv.fp8) {
         launch_prefill_mma_sync(a, prefill_grid(a), head_dim, stream);
     } else if (head_dim == 64) {
         launch_prefill_sm90<64>(a, slot_blocks, pool_rows, prefill_grid(a), stream);

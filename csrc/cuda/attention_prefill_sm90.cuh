@@ -293,8 +293,10 @@ void launch_prefill_sm90(const PrefillArgs& a, const int32_t* slot_blocks, int p
     const CUtensorMap q_map = hopper::make_tensor_map_sw128(a.q, a.T, a.n_heads * HD, kPreRows, op);
     const CUtensorMap k_map = hopper::make_tensor_map_sw128(a.kv.k, pool_rows, kv_row, bs, op);
     const CUtensorMap v_map = hopper::make_tensor_map_sw128(a.kv.v, pool_rows, kv_row, bs, op);
-    const CUtensorMap k_tail = hopper::make_tensor_map_sw128(a.kv.k + tail_offset, tail_rows, kv_row, bs, op);
-    const CUtensorMap v_tail = hopper::make_tensor_map_sw128(a.kv.v + tail_offset, tail_rows, kv_row, bs, op);
+    const bf16* k = static_cast<const bf16*>(a.kv.k);  // a bf16 cache: attention_prefill routes e4m3 elsewhere
+    const bf16* v = static_cast<const bf16*>(a.kv.v);
+    const CUtensorMap k_tail = hopper::make_tensor_map_sw128(k + tail_offset, tail_rows, kv_row, bs, op);
+    const CUtensorMap v_tail = hopper::make_tensor_map_sw128(v + tail_offset, tail_rows, kv_row, bs, op);
     auto kernel = attention_prefill_sm90_kernel<HD>;
     constexpr size_t smem = Sm90Layout<HD>::bytes;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

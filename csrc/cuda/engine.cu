@@ -172,7 +172,7 @@ void CudaEngine::size_kv_pool() {
     const int64_t table_entries = (int64_t)c.max_batch * c.blocks_per_seq();
     // Bytes of one block: k and v, every layer. Sizes in double first: an absurd max_seq_len must
     // not wrap into a small number.
-    const double block_bytes = 2.0 * c.n_layers * c.kv_block_size * c.kv_dim() * sizeof(bf16);
+    const double block_bytes = 2.0 * c.n_layers * c.kv_block_size * c.kv_dim() * kv_elem_bytes();
     const double want = c.kv_blocks > 0 ? (double)c.kv_blocks : (double)table_entries;
     if (table_entries >= (int64_t)1 << 31 || !(want * block_bytes < 1e18)) {
         brrr::Message os;
@@ -282,9 +282,9 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     }
     *weights_bytes = a.offset;
 
-    kv_layer_elems_ = (size_t)c.kv_blocks * c.kv_block_size * c.kv_dim();
-    k_cache_ = a.take<bf16>(kv_layer_elems_ * c.n_layers);
-    v_cache_ = a.take<bf16>(kv_layer_elems_ * c.n_layers);
+    kv_layer_bytes_ = (size_t)c.kv_blocks * c.kv_block_size * c.kv_dim() * kv_elem_bytes();
+    k_cache_ = a.take<unsigned char>(kv_layer_bytes_ * c.n_layers);
+    v_cache_ = a.take<unsigned char>(kv_layer_bytes_ * c.n_layers);
     d_block_tables_ = a.take<int32_t>((size_t)c.max_batch * c.blocks_per_seq());
     history_ = a.take<int>((size_t)c.max_batch * c.max_seq_len);
     *kv_bytes = a.offset - *weights_bytes;

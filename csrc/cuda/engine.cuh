@@ -224,11 +224,12 @@ private:
     // Layer l's cache as the kernels take it.
     KvCache layer_kv(int l) const {
         KvCache kv;
-        kv.k = k_cache_ + (size_t)l * kv_layer_elems_;
-        kv.v = v_cache_ + (size_t)l * kv_layer_elems_;
+        kv.k = k_cache_ + (size_t)l * kv_layer_bytes_;
+        kv.v = v_cache_ + (size_t)l * kv_layer_bytes_;
         kv.pages = {d_block_tables_, cfg_.blocks_per_seq(), cfg_.kv_block_size};
         kv.n_blocks = cfg_.kv_blocks;
         kv.max_seq = cfg_.max_seq_len;
+        kv.fp8 = cfg_.kv_cache_dtype == KvCacheDtype::Fp8E4m3;
         return kv;
     }
     void run_decode(int B);
@@ -281,9 +282,11 @@ private:
     Matrix output_;                   // likewise; the same storage as tok_embeddings_ when tied
     bf16* norm_ = nullptr;            // [D]
     std::vector<LayerWeights> layers_;  // [n_layers]
-    bf16* k_cache_ = nullptr;         // [n_layers][kv_blocks * kv_block_size][Hkv][hd]
-    bf16* v_cache_ = nullptr;         // [n_layers][kv_blocks * kv_block_size][Hkv][hd]
-    size_t kv_layer_elems_ = 0;       // kv_blocks * kv_block_size * Hkv * hd
+    // [n_layers][kv_blocks * kv_block_size][Hkv][hd] of bf16, or of e4m3 (cfg_.kv_cache_dtype)
+    unsigned char* k_cache_ = nullptr;
+    unsigned char* v_cache_ = nullptr;
+    size_t kv_layer_bytes_ = 0;       // kv_blocks * kv_block_size * Hkv * hd * kv_elem_bytes()
+    int kv_elem_bytes() const { return cfg_.kv_cache_dtype == KvCacheDtype::Fp8E4m3 ? 1 : 2; }
     int32_t* d_block_tables_ = nullptr;  // [max_batch][blocks_per_seq]
     BlockTables block_tables_;           // the host copy, checked against every call
     int tables_dirty_lo_ = 0, tables_dirty_hi_ = 0;  // slots [lo, hi) changed since the last upload

@@ -130,7 +130,7 @@ void CudaEngine::forward_layers(const Pass& pass) {
     profile::Cost short_cost;
     for (int i = 0; i < pass.n_short; ++i) {
         const PrefillSegment& g = short_segments_[i];
-        const profile::Cost one = profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, 2);
+        const profile::Cost one = profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, kv_elem_bytes());
         short_cost.flops += one.flops;
         short_cost.bytes += one.bytes;
     }
@@ -157,7 +157,7 @@ void CudaEngine::forward_layers(const Pass& pass) {
         if (pass.attention == Pass::Decode) {
             // one query row per sequence over its own slot's cache [0, positions[b]]
             prof_.op("flash_decode", OpClass::Attention,
-                     profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, 2));
+                     profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, kv_elem_bytes()));
             flash_decode(q_, kv, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, max_splits_, s);
         } else {
             // per segment: causal over its slot's cache [0, start_pos + t] for its row t; the short
@@ -166,7 +166,7 @@ void CudaEngine::forward_layers(const Pass& pass) {
                 const Segment& g = pass.segments[i];
                 if (pass.n_short && g.is_short()) continue;
                 prof_.op("attention_prefill", OpClass::Attention,
-                         profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, 2));
+                         profile::attention_prefill_cost(g.rows, g.start_pos, Hq, Hkv, hd, kv_elem_bytes()));
                 const size_t row0 = (size_t)g.row0 * c.q_dim();
                 attention_prefill(q_ + row0, kv, block_tables_.data() + (size_t)g.slot * c.blocks_per_seq(), g.slot,
                                   g.start_pos, g.rows, att_ + row0, Hq, Hkv, hd, s);

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -46,6 +48,29 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     const uint32_t l = __bfloat16_as_ushort(__float2bfloat16_rn(lo));
     const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(hi));
     return l | (h << 16);
+}
+
+// e4m3, the fp8 KV cache's element: rounded from fp32 to nearest even, saturating at +-448 (NaN
+// stays NaN); two values low byte first.
+__device__ __forceinline__ uint8_t to_e4m3(float x) { return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3); }
+__device__ __forceinline__ uint16_t pack_e4m3x2(float lo, float hi) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+// Two e4m3 values widened to fp32, exactly: every e4m3 value is an fp16 (and a bf16) value.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3);
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+// Two e4m3 values as a bf16x2 word (low first), exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
+    const float2 f = e4m3x2_to_float2(v);
+    return pack_bf16x2(f.x, f.y);
+}
+// Eight KV elements as eight bf16 (a uint4), dims in order: bf16 as they are, e4m3 widened.
+__device__ __forceinline__ uint4 kv8_to_bf16x8(const uint4& v) { return v; }
+__device__ __forceinline__ uint4 kv8_to_bf16x8(const uint2& v) {
+    return make_uint4(e4m3x2_to_bf16x2((uint16_t)v.x), e4m3x2_to_bf16x2((uint16_t)(v.x >> 16)),
+                      e4m3x2_to_bf16x2((uint16_t)v.y), e4m3x2_to_bf16x2((uint16_t)(v.y >> 16)));
 }
 
 // acc + dot(w, x) over the eight bf16 pairs of two 16-byte vectors.
@@ -157,7 +182,7 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, RopeAngle a, boo
 
 // Dims i .. i + NP - 1 and their partners i + hd/2 .. of head `head` of row m (token `pos` of
 // cache slot `slot`): x0[j] is dim i + j, x1[j] its partner, a[j] its angle (unused for v heads).
-// NP = 2 writes bf16 pairs (i even). A position the cache cannot hold writes no cache entry and
+// NP = 2 writes pairs (i even). A position the cache cannot hold writes no cache entry and
 // leaves q as NaN, so the mistake cannot pass unseen.
 template <int NP>
 __device__ __forceinline__ void store_rope_kv_dims(const RopeKVArgs& r, int m, int pos, int slot, int head, int i,
@@ -176,16 +201,27 @@ __device__ __forceinline__ void store_rope_kv_dims(const RopeKVArgs& r, int m, i
             rope_rotate(x0[j], x1[j], a[j], pos_ok, y0[j], y1[j]);
         }
     }
+    const int half = r.head_dim / 2;
     bf16* dst;
     if (is_q) {
         dst = r.q_out + ((size_t)m * r.n_heads + head) * r.head_dim;
     } else {
         const bool is_k = rope_rotates(r, head);
-        bf16* cache = is_k ? r.kv.k : r.kv.v;
         const int kv_head = head - r.n_heads - (is_k ? 0 : r.n_kv_heads);
-        dst = cache + ((size_t)cache_row * r.n_kv_heads + kv_head) * r.head_dim;
+        const size_t at = ((size_t)cache_row * r.n_kv_heads + kv_head) * r.head_dim;
+        if (r.kv.fp8) {
+            uint8_t* dst8 = static_cast<uint8_t*>(is_k ? r.kv.k : r.kv.v) + at;
+            if (NP == 2) {
+                *reinterpret_cast<uint16_t*>(dst8 + i) = pack_e4m3x2(y0[0], y0[NP - 1]);
+                *reinterpret_cast<uint16_t*>(dst8 + i + half) = pack_e4m3x2(y1[0], y1[NP - 1]);
+            } else {
+                dst8[i] = to_e4m3(y0[0]);
+                dst8[i + half] = to_e4m3(y1[0]);
+            }
+            return;
+        }
+        dst = static_cast<bf16*>(is_k ? r.kv.k : r.kv.v) + at;
     }
-    const int half = r.head_dim / 2;
     if (NP == 2) {
         *reinterpret_cast<uint32_t*>(dst + i) = pack_bf16x2(y0[0], y0[NP - 1]);
         *reinterpret_cast<uint32_t*>(dst + i + half) = pack_bf16x2(y1[0], y1[NP - 1]);

@@ -28,14 +28,18 @@ enum class Epilogue : int {
 };
 // Where the RopeKV epilogue (and rope_kv_append) put a token's q, k and v. Rotate-half pairing:
 // dim i with i + hd/2, angle positions[m] * inv_freq[i].
-// One layer's paged KV cache (model.h, KvPages): k and v [n_blocks * block_size][Hkv][hd] bf16;
-// position p of slot s is row pages.row(s, p), the table on the device; a slot holds max_seq.
+// One layer's paged KV cache (model.h, KvPages): k and v [n_blocks * block_size][Hkv][hd] of bf16,
+// or of e4m3 bytes when fp8 (model.h KvCacheDtype::Fp8E4m3: unit scale, written round-to-nearest-
+// even and saturating, widened exactly where read); position p of slot s is row pages.row(s, p),
+// the table on the device; a slot holds max_seq.
 struct KvCache {
-    bf16* k = nullptr;
-    bf16* v = nullptr;
+    void* k = nullptr;
+    void* v = nullptr;
     KvPages pages;
     int n_blocks = 0;  // in the pool
     int max_seq = 0;
+    bool fp8 = false;
+    BRRR_HOST_DEVICE int elem_bytes() const { return fp8 ? 1 : 2; }
 };
 struct RopeKVArgs {
     const int* positions = nullptr;   // [M] position of row m in its sequence

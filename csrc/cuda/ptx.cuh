@@ -57,6 +57,13 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, boo
                  "l"(src), "r"(src_bytes)
                  : "memory");
 }
+// The same for 8 bytes (the pieces of fp8 KV rows); .ca is the one cache mode an 8-byte copy takes.
+__device__ __forceinline__ void cp_async_8(void* smem_dst, const void* src, bool valid) {
+    const int src_bytes = valid ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(smem_dst)),
+                 "l"(src), "r"(src_bytes)
+                 : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `Pending` of this thread's committed groups are still in flight.
 template <int Pending>

@@ -3,7 +3,8 @@
 //
 //   qkv      [M, (Hq + 2 Hkv) * hd] f32   row m = token at positions[m] of sequence slot slots[m]
 //   q_out    [M, Hq, hd] bf16
-//   kv       this layer's paged cache (ops.h KvCache): k, v [n_blocks * block_size][Hkv][hd] bf16
+//   kv       this layer's paged cache (ops.h KvCache): k, v [n_blocks * block_size][Hkv][hd] bf16,
+//            or e4m3 (kv.fp8: rounded to nearest even, saturating)
 //   angle(m, i) = positions[m] * inv_freq[i]      (fp32 product, as the PyTorch reference does)
 //
 // Grid (M, Hq + 2 Hkv): one block per (row, head), hd/2 threads, one rotation pair per thread;
