@@ -222,11 +222,24 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
                             "the whole context, on CUDA fewer when memory is short)")
     group.add_argument("--no-prefix-caching", action="store_true",
                        help="requests sharing a prompt prefix do not share its KV blocks")
+    group.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
+                       help="KV element type: auto (the compute dtype) or fp8 (e4m3, unit scale: "
+                            "half the bytes of bf16, twice the blocks in the same memory; default "
+                            "auto)")
 
 
 def kv_cache_kwargs(args: argparse.Namespace) -> dict:
     return dict(kv_block_size=args.kv_block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                kv_blocks=args.kv_blocks, enable_prefix_caching=not args.no_prefix_caching)
+                kv_blocks=args.kv_blocks, enable_prefix_caching=not args.no_prefix_caching,
+                kv_cache_dtype=args.kv_cache_dtype)
+
+
+def kv_pool_description(llm) -> str:
+    """The KV pool as the startup line gives it: "KV pool of N blocks of B", with " in fp8_e4m3"
+    when the cache does not hold the compute dtype."""
+    kv_cache_dtype = llm.engine.config.get("kv_cache_dtype", "auto")
+    element = "" if kv_cache_dtype == "auto" else f" in {kv_cache_dtype}"
+    return f"KV pool of {llm.block_manager.n_blocks} blocks of {llm.block_manager.block_size}{element}"
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -253,9 +266,8 @@ def run_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or Path(llm.source).name
     print(f"llama-brrr: serving {llm.source} as {name!r} on http://{args.host}:{args.port}/v1 "
           f"({llm.device}, {engine.scheduler.max_num_seqs} sequences, "
-          f"{engine.scheduler.max_num_batched_tokens} tokens per step, KV pool of "
-          f"{llm.block_manager.n_blocks} blocks of {llm.block_manager.block_size}, prefix caching "
-          f"{'on' if llm.enable_prefix_caching else 'off'})", file=sys.stderr)
+          f"{engine.scheduler.max_num_batched_tokens} tokens per step, {kv_pool_description(llm)}, "
+          f"prefix caching {'on' if llm.enable_prefix_caching else 'off'})", file=sys.stderr)
     run_server(engine, name, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

@@ -118,15 +118,18 @@ class ModelConfig:
 
     def engine_dict(self, max_seq_len: int, max_batch: int, kv_block_size: int | None = None,
                     kv_blocks: int | None = None,
-                    gpu_memory_utilization: float | None = None) -> dict:
+                    gpu_memory_utilization: float | None = None,
+                    kv_cache_dtype: str | None = None) -> dict:
         """The flat dict the C++ engine's constructor takes. The paged KV cache's keys are left
         out when None (the engine's defaults: blocks of 16 positions, a pool sized for every slot
-        to hold max_seq_len, 0.9 of the GPU's memory); kv_blocks=0 also means the default."""
+        to hold max_seq_len, 0.9 of the GPU's memory, elements of the compute dtype);
+        kv_blocks=0 also means the default. kv_cache_dtype is "auto" or "fp8_e4m3"."""
         paged = {key: value for key, value in (
             ("kv_block_size", None if kv_block_size is None else int(kv_block_size)),
             ("kv_blocks", None if kv_blocks is None else int(kv_blocks)),
             ("gpu_memory_utilization",
-             None if gpu_memory_utilization is None else float(gpu_memory_utilization)))
+             None if gpu_memory_utilization is None else float(gpu_memory_utilization)),
+            ("kv_cache_dtype", kv_cache_dtype))
             if value is not None}
         rs = self.rope_scaling or {}
         rope_type = rs.get("rope_type", "default")

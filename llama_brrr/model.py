@@ -45,6 +45,8 @@ _DTYPE_ALIASES = {
     "bf16": "bf16", "bfloat16": "bf16",
     "f16": "f16", "float16": "f16", "fp16": "f16", "half": "f16",
 }
+# kv_cache_dtype spellings -> the engine's names; "fp8" is vLLM's spelling of e4m3.
+_KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
 _DEFAULT_CONTEXT_CAP = 4096
 _DEFAULT_MAX_BATCH = {"cpu": 8, "cuda": 64}
 _RANDOM_INIT_STD = 0.02
@@ -167,7 +169,8 @@ class Llama:
                         n_threads: int = 0, progress: bool = True,
                         quant: str | None = None, kv_block_size: int = 16,
                         gpu_memory_utilization: float = 0.9, kv_blocks: int | None = None,
-                        enable_prefix_caching: bool = True, tensor_parallel: int = 1) -> "Llama":
+                        enable_prefix_caching: bool = True, tensor_parallel: int = 1,
+                        kv_cache_dtype: str = "auto") -> "Llama":
         """Loads a model onto `device`.
 
         path: a model file or directory, None / "default" for the default model (fetched when
@@ -185,6 +188,13 @@ class Llama:
         device's memory the engine may hold, which sizes the pool; the pool's block count (None:
         enough for every slot to hold max_seq_len, on CUDA fewer when memory is short); whether
         requests sharing a prompt prefix share its blocks.
+        kv_cache_dtype: "auto" (the default) keeps keys and values in the compute dtype (bf16 on
+        cuda, f32 on cpu); "fp8" (or "fp8_e4m3", as vLLM's kv_cache_dtype="fp8") stores them as
+        OCP e4m3 with unit scale, rounded to nearest (ties to even) when appended: half the bytes
+        of bf16, so the same memory holds twice the blocks and each decode step reads half the KV
+        bytes. Values beyond +-448 saturate and magnitudes under 2^-6 lose relative precision
+        (subnormals). The CPU engine keeps the rounded values in fp32, so it computes what the
+        CUDA cache holds but saves no memory.
         tensor_parallel: GPUs to split the model over (needs a CUDA device; ranks on cuda:k ..
         cuda:k+N-1 for device='cuda:k'): one worker process per GPU loads only its shards of the
         file; this process keeps the tokenizer and config. See docs/tensor_parallel.md.
@@ -208,7 +218,8 @@ class Llama:
         max_batch = _parse_max_batch(max_batch, backend)
         file_types = {name: loaded.tensors.file_type(name) for name in config.tensor_shapes()}
         plan = quantization.plan(config, quant, file_types, backend)
-        kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
+        kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching,
+                       kv_cache_dtype)
         size = _parse_tensor_parallel(tensor_parallel, config, backend, device_index, file_types)
         if size > 1:
             loaded.tensors = None  # drops this process's map of the file: the ranks read their shards
@@ -233,7 +244,8 @@ class Llama:
                max_batch: int | None = None, n_threads: int = 0,
                quant: str | None = None, kv_block_size: int = 16,
                gpu_memory_utilization: float = 0.9, kv_blocks: int | None = None,
-               enable_prefix_caching: bool = True, tensor_parallel: int = 1) -> "Llama":
+               enable_prefix_caching: bool = True, tensor_parallel: int = 1,
+               kv_cache_dtype: str = "auto") -> "Llama":
         """A model with random weights (N(0, 0.02); norms 1 + N(0, 0.02)), drawn by the engine.
 
         quant: a block format or recipe ("q4_k_m", "q8_0", ...) stores the matrices quantized: each
@@ -242,8 +254,8 @@ class Llama:
         shape_name_or_config: a name from config.SHAPES (e.g. "llama3.2-1b") or a ModelConfig.
         Its tokenizer is RandomModelTokenizer (byte-level) when vocab_size >= 259; with a smaller
         vocabulary there is none and prompts must be token-id lists.
-        kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching: as in
-        from_pretrained.
+        kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching, kv_cache_dtype:
+        as in from_pretrained.
         tensor_parallel: GPUs to split the model over, as in from_pretrained. Each rank draws its
         own shapes from `seed` (llama_brrr/tp/worker.py): every rank's shard of a split matrix
         holds the same values, so the weights differ from the one-GPU draw of that seed.
@@ -264,7 +276,8 @@ class Llama:
         plan = quantization.plan(config, quant, None, backend)
         max_seq_len = _parse_max_seq_len(max_seq_len, config)
         max_batch = _parse_max_batch(max_batch, backend)
-        kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
+        kv = _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching,
+                       kv_cache_dtype)
         size = _parse_tensor_parallel(tensor_parallel, config, backend, device_index, None)
         if size > 1:
             engine = _tensor_parallel_engine(size, dict(kind="random", seed=seed), config, backend, device_index,
@@ -789,8 +802,10 @@ def _tensor_parallel_engine(size: int, source: dict, config: ModelConfig, backen
         max_seq_len=max_seq_len, max_batch=max_batch, kv=kv, n_threads=n_threads, quant=quant), size)
 
 
-def _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching) -> dict:
-    """The paged KV cache's engine_dict arguments, each checked."""
+def _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching,
+              kv_cache_dtype) -> dict:
+    """The paged KV cache's engine_dict arguments, each checked; kv_cache_dtype in the engine's
+    spelling ("auto" or "fp8_e4m3")."""
     if not _is_int(kv_block_size) or kv_block_size not in (16, 32, 64, 128):
         raise ValueError(f"kv_block_size must be 16, 32, 64 or 128 (positions per KV block), got "
                          f"{kv_block_size!r}")
@@ -805,8 +820,15 @@ def _parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_ca
     if not isinstance(enable_prefix_caching, (bool, np.bool_)):
         raise ArgumentTypeError(f"enable_prefix_caching must be True or False, got "
                                 f"{enable_prefix_caching!r}")
+    allowed = ", ".join(map(repr, _KV_CACHE_DTYPES))
+    if not isinstance(kv_cache_dtype, str):
+        raise ArgumentTypeError(f"kv_cache_dtype must be a str, one of {allowed}; got {kv_cache_dtype!r}")
+    if kv_cache_dtype not in _KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {allowed} (\"fp8\" means \"fp8_e4m3\"), got "
+                         f"{kv_cache_dtype!r}")
     return {"kv_block_size": int(kv_block_size), "kv_blocks": 0 if kv_blocks is None else int(kv_blocks),
-            "gpu_memory_utilization": float(gpu_memory_utilization)}
+            "gpu_memory_utilization": float(gpu_memory_utilization),
+            "kv_cache_dtype": _KV_CACHE_DTYPES[kv_cache_dtype]}
 
 
 def _parse_tensor_parallel(tensor_parallel, config: ModelConfig, backend: str, device_index: int,

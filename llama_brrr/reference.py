@@ -6,9 +6,14 @@ statistics in fp32, RoPE angles and cos/sin in fp32 (then cast to the compute dt
 fp32. So ReferenceLlama(dtype=torch.bfloat16) is "the same computation done by torch in bf16"
 that docs/design.md's bf16 tolerance rule compares against.
 
+kv_dtype=torch.float8_e4m3fn rounds every key (after RoPE) and value through e4m3 before it enters
+the cache and the attention: "the same computation with an e4m3 KV cache", the oracle of the
+engines' kv_cache_dtype="fp8". None (the default) keeps them in the compute dtype.
+
     ref = ReferenceLlama(config, tensors)            # tensors: name -> numpy / torch array
     logits = ref.forward([1, 2, 3])                  # [1, 3, vocab], fills the KV cache
     logits = ref.forward([4], start_pos=3)           # next token, reusing the cache
+    fp8_kv = ReferenceLlama(config, tensors, kv_dtype=torch.float8_e4m3fn)
 """
 
 from __future__ import annotations
@@ -60,8 +65,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class ReferenceLlama:
     def __init__(self, config: ModelConfig, tensors: dict, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", kv_dtype: torch.dtype | None = None):
+        if kv_dtype not in (None, torch.float8_e4m3fn):
+            raise ValueError(f"ReferenceLlama: kv_dtype must be None (the compute dtype) or "
+                             f"torch.float8_e4m3fn, got {kv_dtype!r}")
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        self.kv_dtype = kv_dtype
         self.w = {}
         for name, shape in config.tensor_shapes().items():
             if name not in tensors:
@@ -78,6 +87,10 @@ class ReferenceLlama:
         """Forgets the KV cache."""
         self.cache: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.config.n_layers
         self.cache_len = 0
+
+    def _kv_rounded(self, t: torch.Tensor) -> torch.Tensor:
+        """t as the KV cache holds it: through kv_dtype and back to the compute dtype."""
+        return t if self.kv_dtype is None else t.to(self.kv_dtype).to(self.dtype)
 
     def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -115,7 +128,8 @@ class ReferenceLlama:
             k = (h @ self.w[p + "wk"].T).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
             v = (h @ self.w[p + "wv"].T).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            k = self._kv_rounded(k * cos + _rotate_half(k) * sin)
+            v = self._kv_rounded(v)
             if start_pos > 0:
                 k = torch.cat((self.cache[i][0][:, :, :start_pos], k), dim=2)
                 v = torch.cat((self.cache[i][1][:, :, :start_pos], v), dim=2)

@@ -23,11 +23,13 @@ TIMING_KEYS = {"prompt_tokens", "generated_tokens", "ttft_s", "prefill_s", "deco
                "prefill_tok_s", "decode_tok_s"}
 
 
-def make_tiny(max_batch=8, max_seq_len=None, weight_seed=0, dtype="f32", **overrides) -> Llama:
+def make_tiny(max_batch=8, max_seq_len=None, weight_seed=0, dtype="f32", kv_cache_dtype="auto",
+              **overrides) -> Llama:
     config = ModelConfig(**dict(TINY, **overrides))
     # One thread: tiny matrices gain nothing from more, and a busy CI box punishes spinning teams.
     llm = Llama.random(config, seed=weight_seed, device="cpu", max_batch=max_batch,
-                       max_seq_len=max_seq_len, dtype=dtype, n_threads=1)
+                       max_seq_len=max_seq_len, dtype=dtype, n_threads=1,
+                       kv_cache_dtype=kv_cache_dtype)
     rng = np.random.default_rng(weight_seed + 1000)
     head = rng.normal(0.0, 1.0, (config.vocab_size, config.dim)).astype(np.float32)
     llm.engine.set_weight("output", head, "f32")
@@ -83,6 +85,19 @@ def test_bf16_weights_on_cpu_generate_their_own_argmax(rng):
     out = llm.generate(prompt, max_tokens=10, ignore_eos=True)[0]
     assert len(out.token_ids) == 10
     assert_greedy(out.token_ids, logits_along(llm, prompt, out.token_ids))
+
+
+@pytest.mark.parametrize("spelling", ["fp8", "fp8_e4m3"])
+def test_fp8_kv_cache_generates_its_own_argmax(rng, spelling):
+    llm = make_tiny(kv_cache_dtype=spelling)
+    assert llm.engine.config["kv_cache_dtype"] == "fp8_e4m3"
+    assert make_tiny().engine.config["kv_cache_dtype"] == "auto"
+    for prompt in random_prompts(rng, [1, 9]):
+        out = llm.generate(prompt, max_tokens=12, ignore_eos=True)[0]
+        assert len(out.token_ids) == 12
+        # Prefill and decode compute a key's fp32 value with different noise, so one lying at an
+        # e4m3 tie may round either way: a logit moves by up to ~1e-2 then.
+        assert_greedy(out.token_ids, logits_along(llm, prompt, out.token_ids), tol=5e-2)
 
 
 def test_greedy_matches_reference_llama(llm, rng):

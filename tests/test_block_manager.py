@@ -342,6 +342,11 @@ def test_bad_kv_arguments():
                             (dict(kv_blocks=0), "kv_blocks must be None"),
                             (dict(gpu_memory_utilization=0.0), "gpu_memory_utilization"),
                             (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization"),
-                            (dict(enable_prefix_caching=1), "enable_prefix_caching")]:
+                            (dict(enable_prefix_caching=1), "enable_prefix_caching"),
+                            (dict(kv_cache_dtype="fp16"),
+                             "kv_cache_dtype must be one of 'auto', 'fp8', 'fp8_e4m3'.*got 'fp16'"),
+                            (dict(kv_cache_dtype="FP8"), "kv_cache_dtype must be one of"),
+                            (dict(kv_cache_dtype=8), "kv_cache_dtype must be a str.*got 8"),
+                            (dict(kv_cache_dtype=None), "kv_cache_dtype must be a str.*got None")]:
         with pytest.raises(ValueError, match=pattern):
             make_tiny(**kwargs)

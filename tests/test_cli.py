@@ -168,6 +168,8 @@ def test_chat_keeps_history_and_ends_at_eof(tiny_gguf):
     (("generate", "x" * 80, "--max-seq-len", "16"), "max_seq_len=16"),
     (("generate", "hi", "--max-new-tokens", "many"), "invalid int value"),
     (("frobnicate",), "invalid choice"),
+    (("serve", "--kv-cache-dtype", "fp16"), "--kv-cache-dtype: invalid choice: 'fp16'"),
+    (("bench", "serve", "--kv-cache-dtype", "fp8_e5m2"), "--kv-cache-dtype: invalid choice"),
 ])
 def test_errors_exit_2_with_a_message_and_no_traceback(tiny_gguf, args, message):
     args = list(args)
@@ -279,3 +281,56 @@ def test_profile_without_out_says_how_to_get_files(tiny_gguf):
                      "--threads", 1)
     assert result.returncode == 0, result.stderr
     assert "no files written: add --out DIR" in result.stderr
+
+
+# ---- the KV cache options reach the model -------------------------------------------------------
+
+def spy_on_loading(monkeypatch) -> list:
+    """Every Llama the command then loads (Llama.from_pretrained and Llama.random), in order."""
+    loaded = []
+    for name in ("from_pretrained", "random"):
+        def spy(*args, _load=getattr(Llama, name), **kwargs):
+            llm = _load(*args, **kwargs)
+            loaded.append(llm)
+            return llm
+        monkeypatch.setattr(Llama, name, spy)
+    return loaded
+
+
+@pytest.mark.parametrize("option, kv_cache_dtype, pool", [
+    ([], "auto", r"KV pool of \d+ blocks of 32, prefix"),
+    (["--kv-cache-dtype", "fp8"], "fp8_e4m3", r"KV pool of \d+ blocks of 32 in fp8_e4m3, prefix"),
+])
+def test_serve_passes_the_kv_cache_options(tiny_gguf, monkeypatch, capsys, option, kv_cache_dtype, pool):
+    from llama_brrr import cli
+    from llama_brrr.serving import server
+
+    served = {}
+
+    def serve_nothing(engine, name, **kwargs):
+        served["config"] = engine.llm.engine.config
+        engine.close()
+
+    loaded = spy_on_loading(monkeypatch)
+    monkeypatch.setattr(server, "run_server", serve_nothing)
+    assert cli.main(["serve", "--model", str(tiny_gguf), "--device", "cpu", "--threads", "1",
+                     "--kv-block-size", "32", *option]) == 0
+    assert len(loaded) == 1
+    assert served["config"]["kv_cache_dtype"] == kv_cache_dtype
+    assert served["config"]["kv_block_size"] == 32
+    assert re.search(pool, capsys.readouterr().err)
+
+
+def test_bench_serve_passes_kv_cache_dtype(tiny_gguf, monkeypatch, tmp_path):
+    import json
+
+    from llama_brrr import cli
+
+    loaded = spy_on_loading(monkeypatch)
+    out = tmp_path / "serve.json"
+    assert cli.main(["bench", "serve", "--model", str(tiny_gguf), "--device", "cpu", "--threads", "1",
+                     "--kv-cache-dtype", "fp8", "--modes", "scheduler", "--repeats", "1",
+                     "--num-prompts", "2", "--input-len", "4", "--output-len", "2",
+                     "--json", str(out)]) == 0
+    assert [llm.engine.config["kv_cache_dtype"] for llm in loaded] == ["fp8_e4m3"]
+    assert json.loads(out.read_text())["options"]["kv_cache_dtype"] == "fp8"

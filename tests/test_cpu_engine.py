@@ -1,12 +1,13 @@
 """The whole CPU engine (_C.Engine("cpu", ...)) against llama_brrr.reference.ReferenceLlama on tiny
-random models: prefill, decode after prefill, batched decode, chunked prompts, bf16 weights,
-sampling through the engine, and every argument error the bindings promise to name.
+random models: prefill, decode after prefill, batched decode, chunked prompts, bf16 weights, the fp8
+(e4m3) KV cache, sampling through the engine, and every argument error the bindings promise to name.
 
 Weights are drawn so activations and logits are O(1) (conftest.random_weights): with the usual
 N(0, 0.02) the logits of a tiny model are ~1e-3 and a 1e-3 tolerance would prove nothing.
 """
 
 import dataclasses
+import math
 
 import ml_dtypes
 import numpy as np
@@ -37,8 +38,9 @@ CONFIGS = {
 
 
 def build_engine(C, config, tensors, dtype="f32", max_seq_len=320, max_batch=4, n_threads=0,
-                 as_dtype=None):
-    engine = C.Engine("cpu", config.engine_dict(max_seq_len, max_batch), dtype, 0, n_threads)
+                 as_dtype=None, kv_cache_dtype=None):
+    engine = C.Engine("cpu", config.engine_dict(max_seq_len, max_batch, kv_cache_dtype=kv_cache_dtype),
+                      dtype, 0, n_threads)
     for name, array in tensors.items():
         if as_dtype == "bf16":
             engine.set_weight(name, array.astype(ml_dtypes.bfloat16).view(np.uint16), "bf16")
@@ -201,6 +203,79 @@ def test_bf16_engine_within_twice_torch_bf16_error(C, rng, model, feed):
     bound = rel_error(torch_bf16, oracle)
     assert bound > 0
     assert rel_error(ours, oracle) <= 2 * bound, (rel_error(ours, oracle), bound)
+
+
+# ---- the fp8 (e4m3) KV cache against the oracle that rounds its KV the same way -----------------
+
+# A key or value whose fp32 value lies within ~1e-5 (relative) of an e4m3 rounding boundary may round
+# one way in the engine and the other in the oracle, both correctly: their float noise differs by
+# ~1e-6. That one e4m3 step (6-12%) moves the logits by up to ~1e-2, past FP32_TOL, in a few percent
+# of random cases. So the comparison runs on inputs whose every key and value is farther than this
+# from a boundary in the oracle, where both must round alike.
+E4M3_TIE_MARGIN = 3e-5
+
+
+def e4m3_tie_margin(t: torch.Tensor) -> float:
+    """The smallest distance of an element of t from an e4m3 rounding boundary (a midpoint between
+    neighbouring e4m3 values), relative to the element's magnitude (to 2^-6, the smallest normal,
+    below it)."""
+    scale = t.detach().abs().double().clamp(min=2.0**-6)
+    spacing = torch.exp2(torch.floor(torch.log2(scale)) - 3)  # 3 mantissa bits
+    steps = t.detach().abs().double() / spacing
+    distance = ((steps - steps.floor()) - 0.5).abs() * spacing
+    return float((distance / scale).min()) if t.numel() else math.inf
+
+
+class TieMarginReference(ReferenceLlama):
+    """ReferenceLlama that records how near a rounding boundary its rounded keys and values came."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tie_margin = math.inf
+
+    def _kv_rounded(self, t):
+        self.tie_margin = min(self.tie_margin, e4m3_tie_margin(t))
+        return super()._kv_rounded(t)
+
+
+def run_prefill_then_decode(engine, prompt, steps, slot=1):
+    """The prompt's logits (every row) then one row per decoded token, fed one at a time."""
+    rows = [engine.prefill(slot, prompt, 0, "all")]
+    for i, token in enumerate(steps):
+        rows.append(engine.decode(np.array([token], np.int32), np.array([slot], np.int32),
+                                  np.array([len(prompt) + i], np.int32)))
+    return np.concatenate(rows)
+
+
+def fp8_case_clear_of_ties(rng, config, tensors, n_prompt=12, n_decode=4, tries=300):
+    """A prompt, tokens to decode after it, and the fp8-KV oracle's logits for them (prefill rows, then
+    one row per decode step through its cache), drawn until no key or value of the oracle lies within
+    E4M3_TIE_MARGIN of a rounding boundary."""
+    for _ in range(tries):
+        prompt, steps = tokens(rng, config, n_prompt), tokens(rng, config, n_decode)
+        oracle = TieMarginReference(config, tensors, kv_dtype=torch.float8_e4m3fn)
+        rows = [oracle.forward(prompt.tolist())[0]]
+        rows += [oracle.forward([int(t)], start_pos=n_prompt + i)[0] for i, t in enumerate(steps)]
+        if oracle.tie_margin >= E4M3_TIE_MARGIN:
+            return prompt, steps, torch.cat(rows).numpy()
+    pytest.fail(f"no draw of {tries} kept every key and value {E4M3_TIE_MARGIN} from an e4m3 tie")
+
+
+def test_fp8_kv_cache_matches_the_oracle_that_rounds_its_kv(C, rng, model):
+    config, tensors = model
+    prompt, steps, oracle = fp8_case_clear_of_ties(rng, config, tensors)
+    fp8 = build_engine(C, config, tensors, kv_cache_dtype="fp8_e4m3")
+    assert fp8.config["kv_cache_dtype"] == "fp8_e4m3"
+    ours = run_prefill_then_decode(fp8, prompt, steps)
+    error = np.abs(ours - oracle).max()
+    assert error < FP32_TOL, f"prefill and decode vs the fp8-KV oracle: {error}"
+    # The option is not ignored: the default cache gives other logits, the oracle that keeps its
+    # KV in fp32 is farther from this engine than the one that rounds it.
+    default = build_engine(C, config, tensors)
+    assert default.config["kv_cache_dtype"] == "auto"
+    assert np.abs(ours - run_prefill_then_decode(default, prompt, steps)).max() > 10 * FP32_TOL
+    unrounded = ReferenceLlama(config, tensors).forward(prompt.tolist() + steps.tolist())[0].numpy()
+    assert np.abs(ours - unrounded).max() > 10 * max(error, FP32_TOL)
 
 
 # ---- sampling through the engine ----------------------------------------------------------------
@@ -368,6 +443,9 @@ def test_bad_configs_and_backends(C):
         C.Engine("cpu", good, "f16")
     with pytest.raises(ValueError, match=r"n_threads must be >= 0"):
         C.Engine("cpu", good, "f32", 0, -1)
+    with pytest.raises(ValueError, match=r"kv_cache_dtype'\] must be 'auto' or 'fp8_e4m3', got 'fp8'"):
+        C.Engine("cpu", dict(good, kv_cache_dtype="fp8"), "f32")  # the engine takes only its own spelling
+    assert C.Engine("cpu", good, "f32").config["kv_cache_dtype"] == "auto"
     if not C.cuda_compiled():
         with pytest.raises(RuntimeError, match=r"no CUDA support"):
             C.Engine("cuda", good, "bf16")

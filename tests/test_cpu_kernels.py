@@ -257,6 +257,59 @@ def test_swiglu_extreme_gates(C, rng):
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-30)
 
 
+# ---- e4m3 rounding (the fp8 KV cache) ---------------------------------------------------------
+
+def e4m3_grid() -> torch.Tensor:
+    """Every finite non-negative e4m3 value, ascending (bytes 0x00..0x7e; 0x7f is NaN)."""
+    return torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+
+
+def assert_rounds_like_torch(C, x: np.ndarray):
+    ours = C.cpu_ops.round_to_e4m3(x)
+    want = torch.from_numpy(x).to(torch.float8_e4m3fn).float().numpy()
+    assert ours.dtype == np.float32 and ours.shape == x.shape
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(x))
+    finite = ~np.isnan(x)
+    mismatch = np.flatnonzero(ours[finite].view(np.uint32) != want[finite].view(np.uint32))
+    assert mismatch.size == 0, [(float(x[finite][i]), float(ours[finite][i]), float(want[finite][i]))
+                                for i in mismatch[:8]]
+
+
+def test_round_to_e4m3_equals_torch_on_random_magnitudes(C, rng):
+    n = 200_000
+    magnitude = np.exp2(rng.uniform(-12.0, math.log2(600.0), n))
+    x = (magnitude * rng.choice([-1.0, 1.0], n)).astype(np.float32)
+    assert_rounds_like_torch(C, x)
+
+
+def test_round_to_e4m3_ties_go_to_even_and_large_values_saturate(C):
+    grid = e4m3_grid()
+    midpoints = ((grid[:-1] + grid[1:]) / 2).numpy()  # every one exact in fp32
+    beside = np.concatenate([np.nextafter(midpoints, np.float32(-np.inf)),
+                             np.nextafter(midpoints, np.float32(np.inf))])
+    special = np.array([0.0, -0.0, 2.0**-10, 1.5 * 2.0**-9, 2.5 * 2.0**-9, 2.0**-9, 2.0**-6,
+                        448.0, 460.0, 464.0, 480.0, 1e6, np.inf, np.finfo(np.float32).max,
+                        np.finfo(np.float32).tiny], np.float32)
+    positive = np.concatenate([midpoints, beside, grid.numpy(), special]).astype(np.float32)
+    x = np.concatenate([positive, -positive])
+    assert_rounds_like_torch(C, x)
+    out = C.cpu_ops.round_to_e4m3(np.array([2.0**-10, 1.5 * 2.0**-9, 2.5 * 2.0**-9, 464.0, -1e6],
+                                           np.float32))
+    np.testing.assert_array_equal(out, [0.0, 2.0**-8, 2.0**-8, 448.0, -448.0])
+    assert np.signbit(C.cpu_ops.round_to_e4m3(np.array([-0.0, -2.0**-11], np.float32))).all()
+
+
+def test_round_to_e4m3_keeps_nan_and_leaves_its_input_alone(C):
+    x = np.array([np.nan, -np.nan, 1.1, np.nan], np.float32)
+    before = x.copy()
+    out = C.cpu_ops.round_to_e4m3(x)
+    assert np.isnan(out[[0, 1, 3]]).all() and out[2] == 1.125
+    np.testing.assert_array_equal(x.view(np.uint32), before.view(np.uint32))
+    assert C.cpu_ops.round_to_e4m3(np.zeros(0, np.float32)).shape == (0,)
+    with pytest.raises(ValueError, match="float32"):
+        C.cpu_ops.round_to_e4m3(np.zeros((2, 2), np.float32))
+
+
 # ---- sampling ---------------------------------------------------------------------------------
 
 def reference_filter(logits, history, temperature, top_k, top_p, min_p, penalty):

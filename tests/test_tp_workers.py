@@ -77,6 +77,17 @@ def test_one_rank_answers_like_the_engine_in_this_process(C, rng, weights):
         tp.generate([1, 2], max_tokens=2)
 
 
+def test_the_ranks_get_the_kv_cache_dtype(C, rng, weights):
+    engine = C.Engine("cpu", CONFIG.engine_dict(32, 2, kv_cache_dtype="fp8_e4m3"), "f32", 0, 1, {})
+    for name, array in weights.items():
+        engine.set_weight(name, array, "f32")
+    tokens = rng.integers(0, CONFIG.vocab_size, 11).astype(np.int32)
+    with from_arrays(CONFIG, weights, 1, device="cpu", max_seq_len=32, max_batch=2,
+                     kv_cache_dtype="fp8") as tp:
+        assert tp.engine.config["kv_cache_dtype"] == "fp8_e4m3"
+        np.testing.assert_array_equal(tp.forward(tokens.tolist()), engine.prefill(0, tokens, 0, "all"))
+
+
 def test_a_rank_exception_is_raised_with_its_type_and_rank_and_the_group_goes_on(weights):
     tp = from_arrays(CONFIG, weights, 2, device="cpu", max_seq_len=32, max_batch=2,
                      collectives=False)

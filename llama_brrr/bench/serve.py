@@ -51,6 +51,7 @@ class ServeOptions:
     gpu_memory_utilization: float = 0.9
     kv_blocks: int | None = None
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # or "fp8": Llama.from_pretrained(kv_cache_dtype=...)
     num_prompts: int = 32
     input_len: int = 64
     shared_prefix: int = 0  # random prompts: the first shared_prefix tokens are the same in all
@@ -374,7 +375,7 @@ def run(opts: ServeOptions, on_progress=None) -> dict:
     kwargs = dict(device=opts.device, dtype=opts.dtype, max_batch=opts.max_num_seqs,
                   n_threads=opts.threads, quant=opts.quant, kv_block_size=opts.kv_block_size,
                   gpu_memory_utilization=opts.gpu_memory_utilization, kv_blocks=opts.kv_blocks,
-                  enable_prefix_caching=opts.enable_prefix_caching,
+                  enable_prefix_caching=opts.enable_prefix_caching, kv_cache_dtype=opts.kv_cache_dtype,
                   **({"tensor_parallel": opts.tensor_parallel} if opts.tensor_parallel != 1 else {}))
     if opts.model:
         llm = Llama.from_pretrained(opts.model, progress=False, **kwargs)

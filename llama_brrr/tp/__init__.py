@@ -66,7 +66,7 @@ def from_arrays(config, arrays: dict, tensor_parallel: int, *, device: str = "cu
                 max_batch: int | None = None, quant: str | None = None,
                 kv_block_size: int = 16, gpu_memory_utilization: float = 0.9,
                 kv_blocks: int | None = None, enable_prefix_caching: bool = True,
-                collectives: bool = True):
+                kv_cache_dtype: str = "auto", collectives: bool = True):
     """A Llama of `config` over tensor_parallel ranks holding the full float `arrays` (canonical
     names -> arrays; every rank receives them all and keeps its shards): the same weights a
     one-GPU engine can be given, so the two runs can be compared. collectives=False (with
@@ -83,7 +83,8 @@ def from_arrays(config, arrays: dict, tensor_parallel: int, *, device: str = "cu
     engine_dtype = m._parse_dtype(dtype, backend)
     max_seq_len = m._parse_max_seq_len(max_seq_len, config)
     max_batch = m._parse_max_batch(max_batch, backend)
-    kv = m._parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching)
+    kv = m._parse_kv(kv_block_size, gpu_memory_utilization, kv_blocks, enable_prefix_caching,
+                     kv_cache_dtype)
     missing = sorted(set(config.tensor_shapes()) - set(arrays))
     if missing:
         raise ValueError(f"arrays lacks tensor(s) {', '.join(missing[:5])}")
