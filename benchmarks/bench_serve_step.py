@@ -105,7 +105,7 @@ def build(args):
         allocator = BlockManager(engine, args.rows, max_seq_len)
     else:
         llm = Llama.random(args.shape, device=args.device, max_batch=args.rows, max_seq_len=max_seq_len,
-                           gpu_memory_utilization=args.gpu_memory_utilization)
+                           gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype)
         engine = TimedEngine(llm.engine)
         allocator = llm.block_manager  # the model's own (one per engine), its calls timed too
         allocator.engine = engine
@@ -169,6 +169,7 @@ def main() -> int:
     parser.add_argument("--shape", default="llama3.2-1b", help="random shape for --engine real")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="for --engine real")
     parser.add_argument("--rows", type=int, default=256, help="running sequences (256)")
     parser.add_argument("--context", type=int, default=1500, help="prompt tokens of each (1500)")
     parser.add_argument("--steps", type=int, default=64, help="timed steps per --decode-steps value")

@@ -394,8 +394,8 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
 
 
 # Serving batches: enough sequences that one split per (sequence, head block) fills the GPU several
-# times over, where launch_flash_decode takes the cp.async ring kernel (from
-# tuning::kDecodeRingMinCtas one-split CTAs on; 8 per SM here clear that with room).
+# times over, where launch_flash_decode takes the tensor-core kernel (from
+# tuning::kDecodeMmaMinCtas one-split CTAs on; 8 per SM here clear that with room).
 SERVING_HEADS = [(32, 8), (16, 1), (9, 3)]
 
 

@@ -110,6 +110,19 @@ def test_batched_quantized_decode_rows_equal_each_row_alone(C, rng):
         positions += 1
 
 
+# flash_decode takes its tensor-core kernel from tuning::kDecodeMmaMinCtas one-split CTAs (a
+# sequence's head block of one KV head each) on and its CUDA-core kernel below. They sum in another
+# order and the MMA rounds P to bf16, so rows of batches on the two sides agree within the batch
+# rule, not to 1e-6.
+MMA_MIN_CTAS = 64
+
+
+def same_decode_attention(config, *batches) -> bool:
+    group = config.n_heads // config.n_kv_heads
+    head_blocks = -(-group // (1 if group <= 1 else 2 if group <= 2 else 4))  # decode_gmax
+    return len({B * config.n_kv_heads * head_blocks >= MMA_MIN_CTAS for B in batches}) == 1
+
+
 # Batch sizes past 16 rows: one gemv_quant_mma call of 4 (17) or 8 (33, 64) n8 tiles per matrix
 # of one type; a mixed w13 (two types, staged in the 16-row gate_up_) in even chunks of at most 16
 # (17: 8 + 9; 33: 11 x 3; 64: 16 x 4), with the row counts of the last chunk odd where M is.
@@ -124,9 +137,10 @@ def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
     the KV append, logits). Mixed types add the multi-part paths: fp32 staging of wqkv in one call
     per part, and the w13 in chunks of at most 16 rows, each with its inputs and destinations moved
     by the chunk's first row, reusing the gate_up scratch. The rule of the batch test above per
-    row: equal to the same row beside a stranger up to flash_decode's split merge, within the
-    engine bound of the row alone (int8 gemv_quant) and of the f32 CPU engine on the dequantized
-    blocks."""
+    row: equal to the same row beside a stranger up to flash_decode's split merge (within the
+    engine bound where the batch takes flash_decode's other kernel: same_decode_attention), within
+    the engine bound of the row alone (int8 gemv_quant) and of the f32 CPU engine on the
+    dequantized blocks."""
     config = quant_config()
     types = types_for(config, MIXED if spec == "mixed" else spec)
     weights = random_weights(config, rng)
@@ -152,7 +166,10 @@ def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
             pair = paired.decode(np.array([tokens[i], 7], np.int32), np.array([slots[i], stranger], np.int32),
                                  np.array([positions[i], step], np.int32))[0]
             single = alone.decode(tokens[i:i + 1], slots[i:i + 1], positions[i:i + 1])[0]
-            assert np.abs(together[i] - pair).max() <= 1e-6 * np.abs(pair).max(), (B, spec, step, i)
+            if same_decode_attention(config, B, 2):
+                assert np.abs(together[i] - pair).max() <= 1e-6 * np.abs(pair).max(), (B, spec, step, i)
+            else:
+                assert rel_dev(together[i], pair) < LOGIT_REL_BOUND, (B, spec, step, i)
             assert rel_dev(together[i], single) < LOGIT_REL_BOUND, (B, spec, step, i)
             assert rel_dev(together[i], want[i]) < LOGIT_REL_BOUND, (B, spec, step, i)
         positions += 1

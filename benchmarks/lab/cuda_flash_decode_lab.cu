@@ -8,13 +8,13 @@
 // (the kernel's THREADS; tuning.h's kDecodeMinChunk and kDecodeThreads), or in the splits a
 // sequence may take where the shapes alone would give it one (16-18: at large batches the grid
 // already fills the GPU, so decode_args() gives every (sequence, KV head) one CTA over its whole
-// context), or in the kernel (19, 20, 23, 24: the register kernel or the cp.async ring kernel at
-// any batch, the ring with 6, 4 or 8 KB a warp; launch_flash_decode takes the ring from
-// tuning::kDecodeRingMinCtas one-split CTAs on). The serving mode skips the chunk variants (02-05),
+// context), or in the kernel (19, 25, 26: the register kernel, or the tensor-core kernel with 2 or
+// 4 stages, at any batch; launch_flash_decode takes the tensor-core kernel from
+// tuning::kDecodeMmaMinCtas one-split CTAs on). The serving mode skips the chunk variants (02-05),
 // which change nothing once a sequence has one split. 01 is what ships (decode_args() and
-// launch_flash_decode's choice). Variants that are gone with the code they measured (06, 08-11: first K/V rows
-// after the PDL wait, the trigger at every head dim, the shared-memory tile kernel) are in
-// docs/kernels/attention.md.
+// launch_flash_decode's choice). Variants that are gone with the code they measured (06, 08-11:
+// first K/V rows after the PDL wait, the trigger at every head dim, the shared-memory tile kernel;
+// 20-24: the cp.async ring kernel) are in docs/kernels/attention.md.
 //
 // The cache is paged (ops.h KvCache): the lab lays each slot out contiguously, [max_batch][max_seq]
 // [Hkv][hd] with max_seq rounded up to a multiple of the block size, and gives the kernel the
@@ -26,9 +26,12 @@
 //        csrc/cuda/attention_decode.cu -o fd_lab
 //   ./fd_lab check    every variant on odd lengths, batches and GQA groups; exit 1 on a failure
 //   ./fd_lab bench    Llama-3.2-1B and Llama-3-8B heads at contexts 128..16384, JSON lines on stdout
-//   ./fd_lab batch    the same heads at batches 2 to 256 of 1024 / 1536 positions each (serving)
+//   ./fd_lab batch    the same heads at batches 2 to 256 of 1024 / 1536 positions each (serving);
+//                     $LAB_VARIANTS picks variants by number (e.g. LAB_VARIANTS=01,20,25)
 //   --block-size N    after either: the KV block size (16, 32, 64 or 128; default 16)
+//   --fp8             after either: an e4m3 cache (kv.fp8; the reference reads the same values)
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -55,8 +58,8 @@ struct Variant {
     int min_chunk;  // 0: the shipped value
     int threads;    // 0: the shipped value, else 128
     int splits;     // 0: decode_args()'s, else at least this many (within max_splits)
-    int ring;       // 0: launch_flash_decode's choice; -1 the register kernel; else the ring kernel
-                    // with this many bytes of ring a warp (256 threads)
+    int kernel;     // 0: launch_flash_decode's choice; -1 the register kernel at any batch; 2-4 the
+                    // tensor-core kernel (128 threads) with that many stages at any batch
 };
 
 const Variant kVariants[] = {
@@ -70,10 +73,21 @@ const Variant kVariants[] = {
     {"17_splits4", 0, 0, 4, 0},
     {"18_splits8", 0, 0, 8, 0},
     {"19_registers", 0, 0, 0, -1},
-    {"20_ring6k", 0, 0, 0, 6 * 1024},
-    {"23_ring4k", 0, 0, 0, 4 * 1024},
-    {"24_ring8k", 0, 0, 0, 8 * 1024},
+    {"25_mma_2stages", 0, 0, 0, 2},
+    {"26_mma_4stages", 0, 0, 0, 4},
 };
+
+// --fp8: the caches hold e4m3 (the host keeps their values as bf16, exactly).
+bool g_fp8 = false;
+
+// $LAB_VARIANTS (comma-separated name prefixes, e.g. "01,20,25"): the variants batch mode times; all
+// when unset.
+bool selected(const Variant& v) {
+    const char* env = std::getenv("LAB_VARIANTS");
+    if (!env || !*env) return true;
+    const std::string list = std::string(",") + env + ",";
+    return list.find(std::string(",") + std::string(v.name).substr(0, 2) + ",") != std::string::npos;
+}
 
 DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
     if (v.min_chunk) a.min_chunk = v.min_chunk;
@@ -81,21 +95,24 @@ DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
     return a;
 }
 
-// flash_decode's launch with the variant's CTA size.
+// The variant's kernel: the register kernel at any batch (256 or, 07, 128 threads), the
+// tensor-core kernel with its stages at any batch, or launch_flash_decode's choice.
+template <int HD, int STAGES>
+void launch_mma(const DecodeArgs& a, int B, cudaStream_t s) {
+    if (g_fp8) launch_decode_mma_group<HD, 128, STAGES, true>(a, B, s);
+    else launch_decode_mma_group<HD, 128, STAGES, false>(a, B, s);
+}
 template <int HD>
-void launch_ring(const Variant& v, const DecodeArgs& a, int B, cudaStream_t s) {
-    switch (v.ring) {
-        case -1: launch_decode_group<HD, 256, 0>(a, B, s); break;
-        case 4 * 1024: launch_decode_group<HD, 256, 4 * 1024>(a, B, s); break;
-        case 6 * 1024: launch_decode_group<HD, 256, 6 * 1024>(a, B, s); break;
-        default: launch_decode_group<HD, 256, 8 * 1024>(a, B, s); break;
-    }
+void launch_hd(const Variant& v, const DecodeArgs& a, int B, cudaStream_t s) {
+    if (v.kernel == 2) launch_mma<HD, 2>(a, B, s);
+    else if (v.kernel == 4) launch_mma<HD, 4>(a, B, s);
+    else if (v.kernel == -1) launch_decode_registers<HD, 256>(a, B, s);
+    else launch_decode_registers<HD, 128>(a, B, s);
 }
 void launch_variant(const Variant& v, const DecodeArgs& a, int B, int head_dim, cudaStream_t s) {
-    if (v.ring) head_dim == 64 ? launch_ring<64>(v, a, B, s) : launch_ring<128>(v, a, B, s);
-    else if (v.threads == 0) launch_flash_decode(a, B, head_dim, s);
-    else if (head_dim == 64) launch_decode_group<64, 128, 0>(a, B, s);
-    else launch_decode_group<128, 128, 0>(a, B, s);
+    if (v.kernel == 0 && v.threads == 0) launch_flash_decode(a, B, head_dim, s);
+    else if (head_dim == 64) launch_hd<64>(v, a, B, s);
+    else launch_hd<128>(v, a, B, s);
 }
 
 template <class T>
@@ -104,6 +121,13 @@ T* device_copy(const std::vector<T>& h) {
     CUDA_CHECK(cudaMalloc(&d, h.size() * sizeof(T)));
     CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     return d;
+}
+
+
+uint16_t round_to_e4m3_bits(uint16_t bf16_bits) {
+    const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(bf16_to_f32(bf16_bits), __NV_SATFINITE, __NV_E4M3);
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(b, __NV_E4M3);
+    return f32_to_bf16(__half2float(__half(h)));
 }
 
 // One decode problem: B sequences in distinct cache slots, each with its own length.
@@ -138,8 +162,19 @@ struct Problem {
         std::vector<int> pos(B());
         for (int b = 0; b < B(); ++b) pos[b] = lengths[b] - 1;
         dq = reinterpret_cast<bf16*>(device_copy(q));
-        dk = reinterpret_cast<bf16*>(device_copy(k));
-        dv = reinterpret_cast<bf16*>(device_copy(v));
+        if (g_fp8) {
+            std::vector<uint8_t> k8(k.size()), v8(v.size());
+            for (size_t i = 0; i < k.size(); ++i) {
+                k[i] = round_to_e4m3_bits(k[i]), v[i] = round_to_e4m3_bits(v[i]);
+                k8[i] = __nv_cvt_float_to_fp8(bf16_to_f32(k[i]), __NV_SATFINITE, __NV_E4M3);
+                v8[i] = __nv_cvt_float_to_fp8(bf16_to_f32(v[i]), __NV_SATFINITE, __NV_E4M3);
+            }
+            dk = reinterpret_cast<bf16*>(device_copy(k8));
+            dv = reinterpret_cast<bf16*>(device_copy(v8));
+        } else {
+            dk = reinterpret_cast<bf16*>(device_copy(k));
+            dv = reinterpret_cast<bf16*>(device_copy(v));
+        }
         dslots = device_copy(slots);
         dpos = device_copy(pos);
         std::vector<int32_t> table((size_t)max_batch * blocks_per_seq());
@@ -162,6 +197,7 @@ struct Problem {
         c.pages = {dtable, blocks_per_seq(), block_size};
         c.n_blocks = max_batch * blocks_per_seq();
         c.max_seq = max_seq;
+        c.fp8 = g_fp8;
         return c;
     }
     // flash_decode's arguments, with the checks flash_decode makes on the cache.
@@ -336,7 +372,7 @@ int bench(int block_size) {
             pr.lengths = {ctx};
             pr.slots = {0};
             pr.build(rng);
-            const double kv_bytes = 2.0 * ctx * sh.Hkv * sh.hd * 2;
+            const double kv_bytes = 2.0 * ctx * sh.Hkv * sh.hd * (g_fp8 ? 1 : 2);
             for (const Variant& v : kVariants) {
                 if (v.splits) continue;  // a lone sequence is split 33 ways already
                 const Timing t = time_variant(v, pr, weights, wbytes, s);
@@ -370,9 +406,9 @@ int bench_batch(int block_size) {
                 pr.lengths.assign(B, ctx);
                 for (int b = 0; b < B; ++b) pr.slots.push_back(b);
                 pr.build(rng);
-                const double kv_bytes = 2.0 * B * ctx * sh.Hkv * sh.hd * 2;
+                const double kv_bytes = 2.0 * B * ctx * sh.Hkv * sh.hd * (g_fp8 ? 1 : 2);
                 for (const Variant& v : kVariants) {
-                    if (v.min_chunk) continue;
+                    if (v.min_chunk || !selected(v)) continue;
                     const DecodeArgs a = variant_args(v, pr.args());
                     const double us = graph_replay_us(s, 16, [&](int) { launch_variant(v, a, B, sh.hd, s); }) / 16;
                     std::printf("{\"shape\": \"%s\", \"batch\": %d, \"context\": %d, \"variant\": \"%s\", "
@@ -392,6 +428,7 @@ int bench_batch(int block_size) {
 int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
     int block_size = 16;
+    if (argc > 2 && std::string(argv[argc - 1]) == "--fp8") lab::g_fp8 = true, --argc;
     bool args_ok = argc == 2;
     if (argc == 4 && std::string(argv[2]) == "--block-size") {
         char* end = nullptr;
@@ -402,12 +439,13 @@ int main(int argc, char** argv) {
     }
     try {
         if (args_ok && mode == "check") return lab::check(block_size);
-        if (args_ok && mode == "bench") return lab::bench(block_size);
+        // bench's QKV stand-in writes bf16 rows into the cache: batch mode only for e4m3.
+        if (args_ok && mode == "bench" && !lab::g_fp8) return lab::bench(block_size);
         if (args_ok && mode == "batch") return lab::bench_batch(block_size);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;
     }
-    std::fprintf(stderr, "usage: %s check|bench|batch [--block-size 16|32|64|128]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s check|bench|batch [--block-size 16|32|64|128] [--fp8]\n", argv[0]);
     return 2;
 }

@@ -22,14 +22,16 @@
 // counts itself in with one acq_rel atomic on its (sequence, head block) counter, and the last to
 // arrive merges them (merge_splits: the first splits' acc values load while a warp per head
 // computes the split weights, one L2 round trip) and re-arms the counter.
-// Two ways to bring the rows in, one kernel template (STAGES):
-//   - registers (small batches): each lane loads its next step's rows straight into registers,
-//     the first rows before the PDL wait, so a short context's loads overlap the kernel before;
-//   - a cp.async ring (from tuning::kDecodeRingMinCtas one-split CTAs on, serving batches): each
-//     lane copies its own 16-byte pieces STAGES - 1 steps ahead into its warp's ring in shared
-//     memory (tuning::kDecodeRingBytesPerWarp) and reads back only what it copied, so no barrier
-//     is needed. One step ahead in registers keeps about 2 KB a warp in flight; the ring several
-//     times that, which is what long CTAs at full occupancy need to reach the copy rate.
+// Two kernels, one grid and one end (finish_cta), picked by the launcher from the shapes:
+//   - registers (small batches, flash_decode_kernel): as above; each lane loads its next step's
+//     rows straight into registers, the first rows before the PDL wait, so a short context's loads
+//     overlap the kernel before;
+//   - tensor cores (from tuning::kDecodeMmaMinCtas one-split CTAs on, serving batches,
+//     flash_decode_mma_kernel): a warp takes 16 positions a step through a cp.async ring of K/V
+//     tiles in shared memory, S = Q K^T and P V on mma.sync with the group's heads as the A rows
+//     (fp16 operands for an e4m3 cache, which widens to fp16 in one instruction a pair). At serving
+//     batches the CUDA-core kernel's per-position work (dot products, butterflies, shuffles) binds
+//     beside the copy rate already in bf16, and an e4m3 cache halves only the bytes.
 // Invariants: scratch per sequence is [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq
 // x max_splits x hd]; the counters are zero before the first call and every call leaves them zero.
 // Launched with PDL: before its wait a CTA reads positions and slots and loads its first rows, all

@@ -1,7 +1,8 @@
-// attention_decode.cuh — flash_decode's kernel and its launch (attention_decode.cu has the design):
-// the launch arguments, the scratch layout, the split cut, the merge, and the kernel template
-// flash_decode_kernel<HD, GMAX, THREADS>. A header so that the lab (benchmarks/lab/
-// cuda_flash_decode_lab.cu) runs the production kernel.
+// attention_decode.cuh — flash_decode's kernels and their launch (attention_decode.cu has the
+// design): the launch arguments, the scratch layout, the split cut, the merge, the CTA's end
+// (finish_cta), and the kernel templates flash_decode_kernel (CUDA cores, small batches) and
+// flash_decode_mma_kernel (tensor cores, serving batches). A header so that the lab
+// (benchmarks/lab/cuda_flash_decode_lab.cu) runs the production kernels.
 #pragma once
 
 #include <algorithm>
@@ -129,8 +130,7 @@ __device__ void merge_splits(const DecodeScratch& sc, int head0, int n_g, int n_
 // products (8 dims each) are summed over the row's lanes by a transposing butterfly (each
 // exchange halves the values a lane holds, so GMAX x kRows sums cost GMAX x kRows - 1 shuffles),
 // after which lane c of a row group holds the score of (head, row) number c / kReplicas.
-// PIECE: the bytes of a lane's 8 elements of a row, 16 (bf16) or 8 (e4m3).
-template <int HD, int GMAX, int THREADS, int PIECE = 16>
+template <int HD, int GMAX, int THREADS>
 struct DecodeLayout {
     static constexpr int kWarps = THREADS / 32;
     static constexpr int kLanesPerRow = HD / 8;             // 8 or 16
@@ -145,15 +145,8 @@ struct DecodeLayout {
     static constexpr size_t acc_off = l_off + kWarps * GMAX * 4;             // f32 [kWarps][GMAX][HD]
     static constexpr size_t w_off = acc_off + (size_t)kWarps * GMAX * HD * 4;  // f32 [GMAX][kDecMaxSplits]
     static constexpr size_t bytes = w_off + (size_t)GMAX * kDecMaxSplits * 4;
-    // The ring kernel's copies (STAGES > 0): per warp, per stage, the K then the V rows of one step,
-    // each lane's piece at [kv][r][lane]: [kWarps][STAGES][2][kRows][32] pieces, after the above.
-    static constexpr size_t stage_bytes = (size_t)2 * kRows * 32 * PIECE;  // one warp's step
-    static constexpr size_t ring_off = (bytes + 15) / 16 * 16;
-    static constexpr size_t ring_bytes(int stages) { return (size_t)kWarps * stages * stage_bytes; }
-    // Stages that fit `per_warp` bytes of ring, at least 2.
-    static constexpr int ring_stages(size_t per_warp) {
-        return per_warp / stage_bytes < 2 ? 2 : (int)(per_warp / stage_bytes);
-    }
+    // The tensor-core kernel's per-warp tiles (DecodeMmaLayout) start here.
+    static constexpr size_t tiles_off = (bytes + 15) / 16 * 16;
 };
 
 // Sums each of V values per lane over aligned groups of LPR lanes; returns the group's sum of
@@ -184,22 +177,60 @@ __device__ __forceinline__ float transpose_sum(float (&vals)[V], int lane) {
     return s;
 }
 
+// A CTA's end, once each warp has left its (max, sum, acc) of every head in shared memory
+// (DecodeLayout's m, l and acc; a warp without rows leaves m = -inf): the warps' partials are
+// combined; one split writes its output, several write their partials to scratch and the last to
+// arrive merges them.
+template <int HD, int GMAX, int THREADS>
+__device__ void finish_cta(const DecodeArgs& a, const DecodeScratch& sc, const DecodeCut& cut, int split, int head0,
+                           int n_g, bf16* out, unsigned char* smem) {
+    using L = DecodeLayout<HD, GMAX, THREADS>;
+    constexpr int kWarps = L::kWarps;
+    const float* warp_m = reinterpret_cast<const float*>(smem + L::m_off);
+    const float* warp_l = reinterpret_cast<const float*>(smem + L::l_off);
+    const float* warp_acc = reinterpret_cast<const float*>(smem + L::acc_off);
+    float* weight = reinterpret_cast<float*>(smem + L::w_off);
+    const int tid = threadIdx.x;
+    __syncthreads();
+
+    // Warp w weighs 2^(m_w - M); a warp without rows has m = -inf and weighs 0 (warp 0 always has one).
+    for (int i = tid; i < n_g * HD; i += THREADS) {
+        const int g = i / HD, d = i % HD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_m[w * GMAX + g]);
+        float l = 0.f, o = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float e = exp2f(warp_m[w * GMAX + g] - m);
+            l += e * warp_l[w * GMAX + g];
+            o += e * warp_acc[(w * GMAX + g) * HD + d];
+        }
+        if (cut.n == 1) {
+            out[(size_t)g * HD + d] = __float2bfloat16_rn(o / l);
+        } else {
+            sc.acc(head0 + g, split)[d] = o;
+            if (d == 0) sc.ml(head0 + g, split)[0] = m, sc.ml(head0 + g, split)[1] = l;
+        }
+    }
+    if (cut.n == 1) return;
+    const auto cta_barrier = [] { __syncthreads(); };
+    if (!util::arrived_last(sc.counter(blockIdx.y), cut.n, tid == 0, /*release=*/true, cta_barrier)) return;
+    merge_splits<HD, GMAX, THREADS>(sc, head0, n_g, cut.n, weight, out);
+}
+
 // GMAX = query heads per CTA (the group, or a block of it when the group is larger). Registers
 // are capped so that two 256-thread CTAs fit an SM, as the grid assumes.
-// STAGES = 0: each step's rows load straight into registers, one step ahead (small batches, where
-// the first rows go out before the PDL wait). STAGES >= 2: the ring kernel (batches, from
-// tuning::kDecodeRingMinCtas one-split CTAs on): each lane cp.asyncs its pieces STAGES - 1 steps
-// ahead into its warp's ring in shared memory and reads back only what it copied itself, so no
-// barrier is needed, and a warp keeps (STAGES - 1) x 2 KB or more in flight instead of one step.
+// Each step's rows load straight into registers, one step ahead; the first rows go out before the
+// PDL wait, so a short context's loads overlap the kernel before (small batches; serving batches
+// take flash_decode_mma_kernel).
 // Piece: a lane's 8 elements of a row, uint4 of bf16 or uint2 of e4m3 (kv.fp8), widened to bf16
 // (exactly) as a step reads them, so one body of arithmetic serves both.
-template <int HD, int GMAX, int THREADS, int STAGES, typename Piece>
+template <int HD, int GMAX, int THREADS, typename Piece>
 __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(DecodeArgs a) {
-    static_assert(STAGES == 0 || STAGES >= 2, "the ring needs a stage to fill beside the one read");
     static_assert(sizeof(Piece) == 16 || sizeof(Piece) == 8, "8 elements of bf16 or e4m3");
-    constexpr int kElemBytes = sizeof(Piece) / 8;
-    using Elem = std::conditional_t<kElemBytes == 1, uint8_t, uint16_t>;
-    using L = DecodeLayout<HD, GMAX, THREADS, sizeof(Piece)>;
+    using Elem = std::conditional_t<sizeof(Piece) == 8, uint8_t, uint16_t>;
+    using L = DecodeLayout<HD, GMAX, THREADS>;
     constexpr int kLanesPerRow = L::kLanesPerRow, kRowsPerLoad = L::kRowsPerLoad, kRows = L::kRows;
     constexpr int kValues = L::kValues, kReplicas = L::kReplicas, kStepRows = L::kStepRows, kWarps = L::kWarps;
     constexpr unsigned kAll = 0xffffffffu;
@@ -208,7 +239,6 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     float* warp_m = reinterpret_cast<float*>(smem + L::m_off);
     float* warp_l = reinterpret_cast<float*>(smem + L::l_off);
     float* warp_acc = reinterpret_cast<float*>(smem + L::acc_off);
-    float* weight = reinterpret_cast<float*>(smem + L::w_off);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int split = blockIdx.x, b = blockIdx.z;
@@ -263,52 +293,17 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
         }
     };
 
-    // The ring: this lane's piece of row r of K (kv 0) or V (kv 1) in stage st of its warp (the
-    // register kernel never touches it; one stage keeps its indexing well-formed).
-    constexpr int kRingStages = STAGES > 0 ? STAGES : 1;
-    Piece* ring = reinterpret_cast<Piece*>(smem + L::ring_off) + (size_t)warp * kRingStages * 2 * kRows * 32;
-    auto ring_piece = [&](int st, int kv, int r) { return ring + ((st * 2 + kv) * kRows + r) * 32 + lane; };
-    // Copies a step's K and V rows into its stage (rows past c1 or without a block: zeros).
-    auto copy_step = [&](int step) {
-        const int base = step_base(step), st = step % kRingStages;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            const int p = base + r * kRowsPerLoad + rg;
-            const int64_t row = p < c1 ? a.kv.pages.row(slot, p) : -1;
-            const size_t at = row < 0 ? 0 : ((size_t)(row * a.n_kv_heads + kvh) * HD + col * 8) * kElemBytes;
-            const unsigned char* k = static_cast<const unsigned char*>(a.kv.k) + at;
-            const unsigned char* v = static_cast<const unsigned char*>(a.kv.v) + at;
-            if constexpr (sizeof(Piece) == 16) {
-                ptx::cp_async_16(ring_piece(st, 0, r), k, row >= 0);
-                ptx::cp_async_16(ring_piece(st, 1, r), v, row >= 0);
-            } else {
-                ptx::cp_async_8(ring_piece(st, 0, r), k, row >= 0);
-                ptx::cp_async_8(ring_piece(st, 1, r), v, row >= 0);
-            }
-        }
-    };
-
     Piece kr[kRows], vrow[kRows];
-    if constexpr (STAGES == 0) {
-        const bool any = step_base(0) < c1;
-        // Every row but this token's is older than the kernel just before: load them before the wait.
-        if (any) {
-            load_rows(kr, a.kv.k, step_base(0), 1);
-            load_rows(vrow, a.kv.v, step_base(0), 1);
-        }
-        pdl_wait();
-        if (any) {
-            load_rows(kr, a.kv.k, step_base(0), 2);
-            load_rows(vrow, a.kv.v, step_base(0), 2);
-        }
-    } else {
-        // The copies start after the wait: at batches the attention is long beside the kernel before.
-        pdl_wait();
-#pragma unroll
-        for (int step = 0; step < STAGES - 1; ++step) {
-            if (step_base(step) < c1) copy_step(step);
-            ptx::cp_async_commit();  // empty groups too: one group per step keeps the count exact
-        }
+    const bool any = step_base(0) < c1;
+    // Every row but this token's is older than the kernel just before: load them before the wait.
+    if (any) {
+        load_rows(kr, a.kv.k, step_base(0), 1);
+        load_rows(vrow, a.kv.v, step_base(0), 1);
+    }
+    pdl_wait();
+    if (any) {
+        load_rows(kr, a.kv.k, step_base(0), 2);
+        load_rows(vrow, a.kv.v, step_base(0), 2);
     }
     // From tuning::kDecodeLateTriggerHeadDim on, the next kernel launches only as the CTAs exit.
     if constexpr (HD < tuning::kDecodeLateTriggerHeadDim) pdl_launch_dependents();
@@ -330,18 +325,6 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
 
     for (int step = 0; step_base(step) < c1; ++step) {
         const int base = step_base(step), next = step_base(step + 1);
-        if constexpr (STAGES > 0) {
-            // The stage refilled here was read into registers at the top of the previous step.
-            if (step_base(step + STAGES - 1) < c1) copy_step(step + STAGES - 1);
-            ptx::cp_async_commit();
-            ptx::cp_async_wait<STAGES - 1>();  // this step's group has landed
-            const int st = step % STAGES;
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                kr[r] = *ring_piece(st, 0, r);
-                vrow[r] = *ring_piece(st, 1, r);
-            }
-        }
         // Scores: this lane's 8 dims of each (head, row), then summed over the row's lanes.
         float vals[kValues];
 #pragma unroll
@@ -356,7 +339,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
                                       util::bf16_lo(k.w) * util::bf16_lo(q.w) + util::bf16_hi(k.w) * util::bf16_hi(q.w);
             }
         }
-        if (STAGES == 0 && next < c1) load_rows(kr, a.kv.k, next, 0);  // K of this step is consumed
+        if (next < c1) load_rows(kr, a.kv.k, next, 0);  // K of this step is consumed
         float s = transpose_sum<kValues, kLanesPerRow>(vals, lane) * a.scale_log2;
         if (base + vr * kRowsPerLoad + rg >= c1) s = -INFINITY;
 
@@ -396,7 +379,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
                 for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(pg, v8[j], acc[g][j]);
             }
         }
-        if (STAGES == 0 && next < c1) load_rows(vrow, a.kv.v, next, 0);
+        if (next < c1) load_rows(vrow, a.kv.v, next, 0);
     }
 
     // The row groups of a warp hold the same dims: add them, then combine the warps.
@@ -418,46 +401,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
             warp_l[warp * GMAX + vg] = run_sum;
         }
     }
-    __syncthreads();
-
-    // Warp w weighs 2^(m_w - M); a warp without rows has m = -inf and weighs 0 (warp 0 always has one).
-    for (int i = tid; i < n_g * HD; i += THREADS) {
-        const int g = i / HD, d = i % HD;
-        float m = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_m[w * GMAX + g]);
-        float l = 0.f, o = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float e = exp2f(warp_m[w * GMAX + g] - m);
-            l += e * warp_l[w * GMAX + g];
-            o += e * warp_acc[(w * GMAX + g) * HD + d];
-        }
-        if (cut.n == 1) {
-            out[(size_t)g * HD + d] = __float2bfloat16_rn(o / l);
-        } else {
-            sc.acc(head0 + g, split)[d] = o;
-            if (d == 0) sc.ml(head0 + g, split)[0] = m, sc.ml(head0 + g, split)[1] = l;
-        }
-    }
-    if (cut.n == 1) return;
-    const auto cta_barrier = [] { __syncthreads(); };
-    if (!util::arrived_last(sc.counter(blockIdx.y), cut.n, tid == 0, /*release=*/true, cta_barrier)) return;
-    merge_splits<HD, GMAX, THREADS>(sc, head0, n_g, cut.n, weight, out);
-}
-
-// RING_BYTES: 0 for the register kernel, else the ring kernel with that much ring a warp.
-// Piece: uint4 for a bf16 cache, uint2 for e4m3.
-template <int HD, int GMAX, int THREADS, int RING_BYTES, typename Piece>
-inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
-    using L = DecodeLayout<HD, GMAX, THREADS, sizeof(Piece)>;
-    constexpr int kStages = RING_BYTES ? L::ring_stages(RING_BYTES) : 0;
-    constexpr size_t kBytes = RING_BYTES ? L::ring_off + L::ring_bytes(kStages) : L::bytes;
-    auto kernel = flash_decode_kernel<HD, GMAX, THREADS, kStages, Piece>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBytes));
-    const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
-    launch_pdl(kernel, grid, dim3(THREADS), kBytes, stream, a);
-    CUDA_CHECK_LAUNCH("flash_decode_kernel");
+    finish_cta<HD, GMAX, THREADS>(a, sc, cut, split, head0, n_g, out, smem);
 }
 
 // Query heads per decode CTA: the GQA group rounded up to a kernel instance, at most 4 (a larger
@@ -465,21 +409,265 @@ inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
 // at 8 a lane's accumulators and q alone would take 96 of the 128 registers it may have.
 inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : 4; }
 
-// The instance decode_args() sized head_blocks for: both read decode_gmax.
-template <int HD, int THREADS, int RING_BYTES, typename Piece = uint4>
-inline void launch_decode_group(const DecodeArgs& a, int B, cudaStream_t stream) {
+// The tensor-core kernel (serving batches): a warp takes 16 positions a step and computes
+// S = Q K^T and O += P V with mma.sync m16n8k16, the group's query heads as the A rows (GMAX of
+// the 16 used; Q's other rows are zeros and their results are dropped). K and V tiles come
+// through a per-warp cp.async ring of STAGES steps. An e4m3 cache is copied as bytes and each lane
+// widens the pieces it copied into the warp's fp16 tile before the warp reads it with ldmatrix:
+// one conversion instruction a pair, exact, where bf16 would take four; so with FP8 the MMAs run
+// on fp16 (q widened from bf16: exact below fp16's 65504, inf past it; P in fp16 has more bits than
+// in bf16). The online softmax is the prefill kernel's (a row lives in a quad of lanes); the end is
+// finish_cta's. Per warp and step: [2][16][HD + 8] bf16 per stage (bf16 cache), or [2][16][HD]
+// bytes per stage plus one [2][16][HD + 8] fp16 tile (e4m3), after DecodeLayout's bytes.
+template <int HD, bool FP8>
+struct DecodeMmaLayout {
+    static constexpr int kPitch = HD + 8;  // bf16 tile rows: ldmatrix rows in distinct bank groups
+    static constexpr size_t tile_bytes = (size_t)2 * 16 * kPitch * 2;   // K then V, 16-bit elements
+    static constexpr size_t copy_bytes = FP8 ? (size_t)2 * 16 * HD : tile_bytes;  // one stage as copied
+    static constexpr size_t warp_bytes(int stages) { return stages * copy_bytes + (FP8 ? tile_bytes : 0); }
+};
+
+template <int HD, int GMAX, int THREADS, int STAGES, bool FP8>
+__global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a) {
+    static_assert(STAGES >= 2 && GMAX <= 8, "a stage to fill beside the one read; head rows g < 8 of the A tile");
+    using L = DecodeLayout<HD, GMAX, THREADS>;
+    using M = DecodeMmaLayout<HD, FP8>;
+    constexpr int kWarps = L::kWarps, P = M::kPitch;
+    constexpr int kPiece = FP8 ? 16 : 8;              // elements a 16-byte copy brings
+    constexpr int kPieces = 16 * HD / kPiece / 32;    // per lane, per tile (K or V)
+
+    unsigned char* smem = ptx::dynamic_smem<unsigned char>();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int split = blockIdx.x, b = blockIdx.z;
+    const int kvh = blockIdx.y / a.head_blocks, hb = blockIdx.y % a.head_blocks;
+    const int n_g = min(GMAX, a.group - hb * GMAX);
+    const int head0 = kvh * a.group + hb * GMAX;
+
+    const int pos = __ldcg(a.positions + b);
+    const int len = pos < 0 ? 0 : min(pos + 1, a.kv.max_seq);
+    const DecodeCut cut(len, a.min_chunk, a.n_splits);
+    if (split >= cut.n) {
+        pdl_wait();
+        return;
+    }
+    const int c0 = split * cut.per, c1 = min(len, c0 + cut.per);
+    const DecodeScratch sc(a, b, HD);
+    bf16* out = a.out + ((size_t)b * a.n_heads + head0) * HD;
+    if (c0 >= c1) {  // an empty sequence (position < 0): one split, zeros out
+        pdl_wait();
+        pdl_launch_dependents();
+        for (int i = tid; i < n_g * HD; i += THREADS) out[i] = __float2bfloat16_rn(0.f);
+        return;
+    }
+
+    const int slot = __ldcg(a.slots + b);
+    auto step_base = [&](int step) { return c0 + (step * kWarps + warp) * 16; };
+    unsigned char* ring = smem + L::tiles_off + (size_t)warp * M::warp_bytes(STAGES);
+    uint16_t* tile = reinterpret_cast<uint16_t*>(FP8 ? ring + STAGES * M::copy_bytes : nullptr);  // FP8 only
+    const size_t elem = FP8 ? 1 : 2;
+    // Copies the K and V rows of a step into stage st: lane-strided 16-byte pieces; rows past c1
+    // or without a block are zeros (their scores are masked).
+    auto copy_step = [&](int step) {
+        const int base = step_base(step), st = step % STAGES;
+        unsigned char* dst = ring + st * M::copy_bytes;
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) {
+            const int c = lane + 32 * i, r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
+            const int p = base + r;
+            const int64_t row = p < c1 ? a.kv.pages.row(slot, p) : -1;
+            const size_t at = row < 0 ? 0 : ((size_t)(row * a.n_kv_heads + kvh) * HD + col) * elem;
+            // stage layout: FP8 [K|V][16][HD] bytes; bf16 the tile itself, [K|V][16][P]
+            const size_t kv_stride = FP8 ? (size_t)16 * HD : (size_t)16 * P * 2;
+            const size_t off = FP8 ? (size_t)r * HD + col : ((size_t)r * P + col) * 2;
+            ptx::cp_async_16(dst + off, static_cast<const unsigned char*>(a.kv.k) + at, row >= 0);
+            ptx::cp_async_16(dst + kv_stride + off, static_cast<const unsigned char*>(a.kv.v) + at, row >= 0);
+        }
+    };
+    // FP8: this lane's pieces of stage st widened into the warp's fp16 tile.
+    auto widen_step = [&](int step) {
+        const unsigned char* src = ring + (step % STAGES) * M::copy_bytes;
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) {
+            const int c = lane + 32 * i, r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
+#pragma unroll
+            for (int kv = 0; kv < 2; ++kv) {
+                const uint4 bytes = *reinterpret_cast<const uint4*>(src + kv * 16 * HD + r * HD + col);
+                uint4* dst = reinterpret_cast<uint4*>(tile + (kv * 16 + r) * P + col);
+                dst[0] = make_uint4(util::e4m3x2_to_f16x2((uint16_t)bytes.x), util::e4m3x2_to_f16x2((uint16_t)(bytes.x >> 16)),
+                                    util::e4m3x2_to_f16x2((uint16_t)bytes.y), util::e4m3x2_to_f16x2((uint16_t)(bytes.y >> 16)));
+                dst[1] = make_uint4(util::e4m3x2_to_f16x2((uint16_t)bytes.z), util::e4m3x2_to_f16x2((uint16_t)(bytes.z >> 16)),
+                                    util::e4m3x2_to_f16x2((uint16_t)bytes.w), util::e4m3x2_to_f16x2((uint16_t)(bytes.w >> 16)));
+            }
+        }
+    };
+
+    // The copies start after the wait: at batches the attention is long beside the kernel before.
+    pdl_wait();
+#pragma unroll
+    for (int step = 0; step < STAGES - 1; ++step) {
+        if (step_base(step) < c1) copy_step(step);
+        ptx::cp_async_commit();
+    }
+    if constexpr (HD < tuning::kDecodeLateTriggerHeadDim) pdl_launch_dependents();
+
+    // The MMA's operand type: bf16, or fp16 for an e4m3 cache.
+    auto mma = [](float d[4], const uint32_t a4[4], const uint32_t b2[2]) {
+        if constexpr (FP8) ptx::mma_f16_16816(d, a4, b2);
+        else ptx::mma_bf16_16816(d, a4, b2);
+    };
+    auto pack = [](float lo, float hi) { return FP8 ? util::pack_f16x2(lo, hi) : util::pack_bf16x2(lo, hi); };
+    // Q as the A operand of each 16-dim k-step: row g is head g (zeros past n_g), rows g + 8 zeros.
+    uint32_t qa[HD / 16][4];
+    const uint32_t* qrow = reinterpret_cast<const uint32_t*>(a.q + ((size_t)b * a.n_heads + head0 + g) * HD);
+    auto q_pair = [&](int d) {
+        const uint32_t w = qrow[d / 2];
+        return FP8 ? pack(util::bf16_lo(w), util::bf16_hi(w)) : w;
+    };
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks) {
+        qa[ks][0] = g < n_g ? q_pair(ks * 16 + 2 * t4) : 0u;
+        qa[ks][2] = g < n_g ? q_pair(ks * 16 + 8 + 2 * t4) : 0u;
+        qa[ks][1] = qa[ks][3] = 0u;
+    }
+
+    float row_max = -INFINITY, row_sum = 0.f;  // head g's, in log2 units; the sum is this lane's share
+    float o[HD / 8][4];
+#pragma unroll
+    for (int f = 0; f < HD / 8; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.f;
+
+    for (int step = 0; step_base(step) < c1; ++step) {
+        const int base = step_base(step);
+        __syncwarp();  // every lane is done with the stage (and tile) refilled below
+        if (step_base(step + STAGES - 1) < c1) copy_step(step + STAGES - 1);
+        ptx::cp_async_commit();
+        ptx::cp_async_wait<STAGES - 1>();  // this lane's pieces of this step have landed
+        const uint16_t* Kt;
+        if constexpr (FP8) {
+            widen_step(step);
+            Kt = tile;
+        } else {
+            Kt = reinterpret_cast<const uint16_t*>(ring + (step % STAGES) * M::copy_bytes);
+        }
+        __syncwarp();  // and every other lane's
+        const uint16_t* Vt = Kt + 16 * P;
+
+        // S = Q K^T: positions 0-7 (n-tile 0) and 8-15 (n-tile 1) of the step.
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            uint32_t r[4];
+            ptx::ldmatrix_x4(r, Kt + ((lane >> 4) * 8 + (lane & 7)) * P + ks * 16 + ((lane >> 3) & 1) * 8);
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mma(s[0], qa[ks], b0);
+            mma(s[1], qa[ks], b1);
+        }
+        // Online softmax of row g over the step's positions (past c1: -inf), as the prefill kernel.
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (base + j * 8 + 2 * t4 + e >= c1) s[j][e] = -INFINITY;
+                mx = fmaxf(mx, s[j][e]);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float new_max = fmaxf(row_max, mx * a.scale_log2);  // finite: position `base` is < c1
+        const float alpha = exp2f(row_max - new_max);
+        row_max = new_max;
+        float p[2][2];
+        float step_sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) step_sum += p[j][e] = exp2f(fmaf(s[j][e], a.scale_log2, -new_max));
+        row_sum = row_sum * alpha + step_sum;
+#pragma unroll
+        for (int f = 0; f < HD / 8; ++f) o[f][0] *= alpha, o[f][1] *= alpha;
+
+        // O += P V: P's row g as the A operand (the S layout is the A layout), V through ldmatrix.trans.
+        const uint32_t pa[4] = {pack(p[0][0], p[0][1]), 0u, pack(p[1][0], p[1][1]), 0u};
+#pragma unroll
+        for (int i = 0; i < HD / 16; ++i) {
+            uint32_t r[4];
+            ptx::ldmatrix_x4_trans(r, Vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * P + i * 16 + (lane >> 4) * 8);
+            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mma(o[2 * i], pa, b0);
+            mma(o[2 * i + 1], pa, b1);
+        }
+    }
+
+    // The warp's state into DecodeLayout's slots: row g's sum over its quad, acc columns 2 t4, + 1.
+    row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
+    row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
+    float* warp_m = reinterpret_cast<float*>(smem + L::m_off);
+    float* warp_l = reinterpret_cast<float*>(smem + L::l_off);
+    float* warp_acc = reinterpret_cast<float*>(smem + L::acc_off);
+    if (g < GMAX) {
+#pragma unroll
+        for (int f = 0; f < HD / 8; ++f)
+            *reinterpret_cast<float2*>(warp_acc + (warp * GMAX + g) * HD + f * 8 + 2 * t4) = make_float2(o[f][0], o[f][1]);
+        if (t4 == 0) warp_m[warp * GMAX + g] = row_max, warp_l[warp * GMAX + g] = row_sum;
+    }
+    finish_cta<HD, GMAX, THREADS>(a, sc, cut, split, head0, n_g, out, smem);
+}
+
+template <int HD, int GMAX, int THREADS, int STAGES, bool FP8>
+inline void launch_decode_mma(const DecodeArgs& a, int B, cudaStream_t stream) {
+    using L = DecodeLayout<HD, GMAX, THREADS>;
+    constexpr size_t kBytes = L::tiles_off + (size_t)L::kWarps * DecodeMmaLayout<HD, FP8>::warp_bytes(STAGES);
+    auto kernel = flash_decode_mma_kernel<HD, GMAX, THREADS, STAGES, FP8>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBytes));
+    const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
+    launch_pdl(kernel, grid, dim3(THREADS), kBytes, stream, a);
+    CUDA_CHECK_LAUNCH("flash_decode_mma_kernel");
+}
+
+// The tensor-core kernel for the GQA group (decode_gmax heads a CTA, as decode_args() sized
+// head_blocks).
+template <int HD, int THREADS, int STAGES, bool FP8>
+inline void launch_decode_mma_group(const DecodeArgs& a, int B, cudaStream_t stream) {
     switch (decode_gmax(a.group)) {
-        case 1: launch_decode<HD, 1, THREADS, RING_BYTES, Piece>(a, B, stream); break;
-        case 2: launch_decode<HD, 2, THREADS, RING_BYTES, Piece>(a, B, stream); break;
-        default: launch_decode<HD, 4, THREADS, RING_BYTES, Piece>(a, B, stream); break;
+        case 1: launch_decode_mma<HD, 1, THREADS, STAGES, FP8>(a, B, stream); break;
+        case 2: launch_decode_mma<HD, 2, THREADS, STAGES, FP8>(a, B, stream); break;
+        default: launch_decode_mma<HD, 4, THREADS, STAGES, FP8>(a, B, stream); break;
     }
 }
 
-// The instance for the cache's element: uint4 pieces of bf16, or uint2 of e4m3.
-template <int HD, int THREADS, int RING_BYTES>
-inline void launch_decode_cache(const DecodeArgs& a, int B, cudaStream_t stream) {
-    if (a.kv.fp8) launch_decode_group<HD, THREADS, RING_BYTES, uint2>(a, B, stream);
-    else launch_decode_group<HD, THREADS, RING_BYTES, uint4>(a, B, stream);
+// The register kernel. Piece: uint4 for a bf16 cache, uint2 for e4m3.
+template <int HD, int GMAX, int THREADS, typename Piece>
+inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
+    using L = DecodeLayout<HD, GMAX, THREADS>;
+    auto kernel = flash_decode_kernel<HD, GMAX, THREADS, Piece>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
+    const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
+    launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
+    CUDA_CHECK_LAUNCH("flash_decode_kernel");
+}
+
+// The register kernel for the GQA group (the instance decode_args() sized head_blocks for: both
+// read decode_gmax) and the cache's element.
+template <int HD, int THREADS>
+inline void launch_decode_registers(const DecodeArgs& a, int B, cudaStream_t stream) {
+    const int gmax = decode_gmax(a.group);
+    if (a.kv.fp8) {
+        if (gmax == 1) launch_decode<HD, 1, THREADS, uint2>(a, B, stream);
+        else if (gmax == 2) launch_decode<HD, 2, THREADS, uint2>(a, B, stream);
+        else launch_decode<HD, 4, THREADS, uint2>(a, B, stream);
+    } else {
+        if (gmax == 1) launch_decode<HD, 1, THREADS, uint4>(a, B, stream);
+        else if (gmax == 2) launch_decode<HD, 2, THREADS, uint4>(a, B, stream);
+        else launch_decode<HD, 4, THREADS, uint4>(a, B, stream);
+    }
+}
+
+// The tensor-core kernel's stages: what tuning::kDecodeMmaBytesPerWarp holds of this cache's
+// copies, 2 to 4.
+template <int HD, bool FP8>
+constexpr int decode_mma_stages() {
+    constexpr size_t n = tuning::kDecodeMmaBytesPerWarp / DecodeMmaLayout<HD, FP8>::copy_bytes;
+    return n < 2 ? 2 : n > 4 ? 4 : (int)n;
 }
 
 // Splits from shapes only (positions are on the device): tuning::kDecodeCtasPerSm CTAs per SM at
@@ -513,15 +701,17 @@ inline DecodeArgs decode_args(const bf16* q, const KvCache& kv, const int* slots
 inline void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaStream_t stream) {
     static_assert(tuning::kDecodeThreads == 128 || tuning::kDecodeThreads == 256,
                   "flash_decode_kernel's register cap and merge assume 128 or 256 threads");
-    // The ring kernel at batches (it wins from 8 sequences of 8 KV heads on), registers below.
-    const bool ring = (int64_t)B * a.n_kv_heads * a.head_blocks >= tuning::kDecodeRingMinCtas;
-    constexpr int kRing = tuning::kDecodeRingBytesPerWarp;
-    if (head_dim == 64) {
-        if (ring) launch_decode_cache<64, tuning::kDecodeThreads, kRing>(a, B, stream);
-        else launch_decode_cache<64, tuning::kDecodeThreads, 0>(a, B, stream);
+    constexpr int kT = tuning::kDecodeThreads, kMmaT = tuning::kDecodeMmaThreads;
+    // Tensor cores at serving batches (from 8 sequences of 8 KV heads on), registers below.
+    if ((int64_t)B * a.n_kv_heads * a.head_blocks < tuning::kDecodeMmaMinCtas) {
+        if (head_dim == 64) launch_decode_registers<64, kT>(a, B, stream);
+        else launch_decode_registers<128, kT>(a, B, stream);
+    } else if (head_dim == 64) {
+        if (a.kv.fp8) launch_decode_mma_group<64, kMmaT, decode_mma_stages<64, true>(), true>(a, B, stream);
+        else launch_decode_mma_group<64, kMmaT, decode_mma_stages<64, false>(), false>(a, B, stream);
     } else {
-        if (ring) launch_decode_cache<128, tuning::kDecodeThreads, kRing>(a, B, stream);
-        else launch_decode_cache<128, tuning::kDecodeThreads, 0>(a, B, stream);
+        if (a.kv.fp8) launch_decode_mma_group<128, kMmaT, decode_mma_stages<128, true>(), true>(a, B, stream);
+        else launch_decode_mma_group<128, kMmaT, decode_mma_stages<128, false>(), false>(a, B, stream);
     }
 }
 

@@ -61,6 +61,16 @@ __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t v) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3);
     return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
+// Two e4m3 values as an f16x2 word (low first), exactly: one conversion instruction.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+// Two floats rounded to fp16 (nearest even), low half first.
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
 // Two e4m3 values as a bf16x2 word (low first), exactly.
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
     const float2 f = e4m3x2_to_float2(v);

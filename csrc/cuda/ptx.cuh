@@ -57,13 +57,6 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, boo
                  "l"(src), "r"(src_bytes)
                  : "memory");
 }
-// The same for 8 bytes (the pieces of fp8 KV rows); .ca is the one cache mode an 8-byte copy takes.
-__device__ __forceinline__ void cp_async_8(void* smem_dst, const void* src, bool valid) {
-    const int src_bytes = valid ? 8 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(smem_dst)),
-                 "l"(src), "r"(src_bytes)
-                 : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `Pending` of this thread's committed groups are still in flight.
 template <int Pending>
@@ -82,10 +75,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* sme
                  : "r"(smem_addr(smem_row)));
 }
 
-// d += A * B for one 16x8x16 tile (layouts above).
+// d += A * B for one 16x8x16 tile (layouts above), bf16 or fp16 operands.
 __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_f16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));

@@ -34,12 +34,13 @@ constexpr int kDecodeCtasPerSm = 2;
 // once their first rows are asked for: the late launch measured faster at hd 128 (Llama-3-8B) and
 // slower at hd 64 (Llama-3.2-1B); why is open (docs/kernels/attention.md).
 constexpr int kDecodeLateTriggerHeadDim = 128;
-// flash_decode's ring kernel (batches): shared memory a warp's cp.async ring may take, which sets
-// its stages (more bytes in flight per warp, against fewer CTAs per SM: at 12 KB the hd-128 CTA no
-// longer fits an SM twice), and the CTAs of one split per (sequence, head block) from which the
-// ring kernel replaces the register one (the ring lost at batch 1 from 1,024 positions on).
-constexpr int kDecodeRingBytesPerWarp = 6 * 1024;
-constexpr int kDecodeRingMinCtas = 64;
+// flash_decode's tensor-core kernel (serving batches): the CTAs of one split per (sequence, head
+// block) from which it replaces the register kernel, its threads, and the shared memory a warp's
+// cp.async ring of K/V tiles may take (its stages: 2 to 4 tiles of 16 positions; 2, 3 and 4 stages
+// measured alike).
+constexpr int kDecodeMmaMinCtas = 64;
+constexpr int kDecodeMmaThreads = 128;
+constexpr int kDecodeMmaBytesPerWarp = 12 * 1024;
 
 // ---- prefill attention (attention_prefill_sm80.cu, attention_prefill_sm90.cu) -----------------
 // The tiles (kPreRows = 128 queries a CTA) follow from the mma / wgmma fragment shapes and shared
