@@ -62,6 +62,7 @@ struct DecodeScratch {
 // none empty. Every CTA of the sequence computes the same cut from the same len.
 struct DecodeCut {
     int n, per;
+    DecodeCut() = default;
     __device__ DecodeCut(int len, int min_chunk, int n_splits) {
         n = max(1, min(CEIL_DIV(len, min_chunk), n_splits));
         per = max(kDecChunkUnit, CEIL_DIV(CEIL_DIV(len, n), kDecChunkUnit) * kDecChunkUnit);
@@ -177,20 +178,58 @@ __device__ __forceinline__ float transpose_sum(float (&vals)[V], int lane) {
     return s;
 }
 
+// What a CTA of either kernel owns (the grid: split, KV head x head block, sequence): positions
+// [c0, c1) of sequence b (len positions) for the n_g query heads from head0, and where their
+// output goes.
+struct DecodeCta {
+    int split, b, kvh, n_g, head0, len, c0, c1;
+    DecodeCut cut;
+    bf16* out;  // head0's [HD] row of sequence b, then the others of the block
+};
+
+// Fills c; false when the CTA has no positions (a split past its sequence's cut, or an empty
+// sequence, whose output it has zeroed), having done its part of the PDL chain.
+template <int HD, int GMAX, int THREADS>
+__device__ bool start_cta(const DecodeArgs& a, DecodeCta& c) {
+    c.split = blockIdx.x, c.b = blockIdx.z;
+    c.kvh = blockIdx.y / a.head_blocks;
+    const int hb = blockIdx.y % a.head_blocks;
+    c.n_g = min(GMAX, a.group - hb * GMAX);
+    c.head0 = c.kvh * a.group + hb * GMAX;
+    const int pos = __ldcg(a.positions + c.b);
+    const int len = c.len = pos < 0 ? 0 : min(pos + 1, a.kv.max_seq);
+    c.cut = DecodeCut(len, a.min_chunk, a.n_splits);
+    if (c.split >= c.cut.n) {
+        pdl_wait();
+        return false;
+    }
+    c.c0 = c.split * c.cut.per, c.c1 = min(len, c.c0 + c.cut.per);
+    c.out = a.out + ((size_t)c.b * a.n_heads + c.head0) * HD;
+    if (c.c0 >= c.c1) {  // an empty sequence (position < 0): one split, zeros out
+        pdl_wait();
+        pdl_launch_dependents();
+        for (int i = threadIdx.x; i < c.n_g * HD; i += THREADS) c.out[i] = __float2bfloat16_rn(0.f);
+        return false;
+    }
+    return true;
+}
+
 // A CTA's end, once each warp has left its (max, sum, acc) of every head in shared memory
 // (DecodeLayout's m, l and acc; a warp without rows leaves m = -inf): the warps' partials are
 // combined; one split writes its output, several write their partials to scratch and the last to
 // arrive merges them.
 template <int HD, int GMAX, int THREADS>
-__device__ void finish_cta(const DecodeArgs& a, const DecodeScratch& sc, const DecodeCut& cut, int split, int head0,
-                           int n_g, bf16* out, unsigned char* smem) {
+__device__ void finish_cta(const DecodeArgs& a, const DecodeCta& c, unsigned char* smem) {
     using L = DecodeLayout<HD, GMAX, THREADS>;
     constexpr int kWarps = L::kWarps;
     const float* warp_m = reinterpret_cast<const float*>(smem + L::m_off);
     const float* warp_l = reinterpret_cast<const float*>(smem + L::l_off);
     const float* warp_acc = reinterpret_cast<const float*>(smem + L::acc_off);
     float* weight = reinterpret_cast<float*>(smem + L::w_off);
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, n_g = c.n_g, head0 = c.head0, split = c.split;
+    const DecodeCut& cut = c.cut;
+    const DecodeScratch sc(a, c.b, HD);
+    bf16* out = c.out;
     __syncthreads();
 
     // Warp w weighs 2^(m_w - M); a warp without rows has m = -inf and weighs 0 (warp 0 always has one).
@@ -241,28 +280,9 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
     float* warp_acc = reinterpret_cast<float*>(smem + L::acc_off);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int split = blockIdx.x, b = blockIdx.z;
-    const int kvh = blockIdx.y / a.head_blocks, hb = blockIdx.y % a.head_blocks;
-    const int n_g = min(GMAX, a.group - hb * GMAX);
-    const int head0 = kvh * a.group + hb * GMAX;
-
-    const int pos = __ldcg(a.positions + b);
-    const int len = pos < 0 ? 0 : min(pos + 1, a.kv.max_seq);
-    const DecodeCut cut(len, a.min_chunk, a.n_splits);
-    if (split >= cut.n) {
-        pdl_wait();
-        return;
-    }
-    const int c0 = split * cut.per, c1 = min(len, c0 + cut.per);
-    const DecodeScratch sc(a, b, HD);
-    bf16* out = a.out + ((size_t)b * a.n_heads + head0) * HD;
-
-    if (c0 >= c1) {  // an empty sequence (position < 0): one split, zeros out
-        pdl_wait();
-        pdl_launch_dependents();
-        for (int i = tid; i < n_g * HD; i += THREADS) out[i] = __float2bfloat16_rn(0.f);
-        return;
-    }
+    DecodeCta cta;
+    if (!start_cta<HD, GMAX, THREADS>(a, cta)) return;
+    const int b = cta.b, kvh = cta.kvh, n_g = cta.n_g, head0 = cta.head0, len = cta.len, c0 = cta.c0, c1 = cta.c1;
 
     // This lane: row group rg (which of a load's rows), dims [col * 8, col * 8 + 8); after the
     // butterfly it holds the score of head vg, row vr.
@@ -401,7 +421,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
             warp_l[warp * GMAX + vg] = run_sum;
         }
     }
-    finish_cta<HD, GMAX, THREADS>(a, sc, cut, split, head0, n_g, out, smem);
+    finish_cta<HD, GMAX, THREADS>(a, cta, smem);
 }
 
 // Query heads per decode CTA: the GQA group rounded up to a kernel instance, at most 4 (a larger
@@ -439,27 +459,9 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
     unsigned char* smem = ptx::dynamic_smem<unsigned char>();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int split = blockIdx.x, b = blockIdx.z;
-    const int kvh = blockIdx.y / a.head_blocks, hb = blockIdx.y % a.head_blocks;
-    const int n_g = min(GMAX, a.group - hb * GMAX);
-    const int head0 = kvh * a.group + hb * GMAX;
-
-    const int pos = __ldcg(a.positions + b);
-    const int len = pos < 0 ? 0 : min(pos + 1, a.kv.max_seq);
-    const DecodeCut cut(len, a.min_chunk, a.n_splits);
-    if (split >= cut.n) {
-        pdl_wait();
-        return;
-    }
-    const int c0 = split * cut.per, c1 = min(len, c0 + cut.per);
-    const DecodeScratch sc(a, b, HD);
-    bf16* out = a.out + ((size_t)b * a.n_heads + head0) * HD;
-    if (c0 >= c1) {  // an empty sequence (position < 0): one split, zeros out
-        pdl_wait();
-        pdl_launch_dependents();
-        for (int i = tid; i < n_g * HD; i += THREADS) out[i] = __float2bfloat16_rn(0.f);
-        return;
-    }
+    DecodeCta cta;
+    if (!start_cta<HD, GMAX, THREADS>(a, cta)) return;
+    const int b = cta.b, kvh = cta.kvh, n_g = cta.n_g, head0 = cta.head0, c0 = cta.c0, c1 = cta.c1;
 
     const int slot = __ldcg(a.slots + b);
     auto step_base = [&](int step) { return c0 + (step * kWarps + warp) * 16; };
@@ -491,14 +493,9 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
         for (int i = 0; i < kPieces; ++i) {
             const int c = lane + 32 * i, r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
 #pragma unroll
-            for (int kv = 0; kv < 2; ++kv) {
-                const uint4 bytes = *reinterpret_cast<const uint4*>(src + kv * 16 * HD + r * HD + col);
-                uint4* dst = reinterpret_cast<uint4*>(tile + (kv * 16 + r) * P + col);
-                dst[0] = make_uint4(util::e4m3x2_to_f16x2((uint16_t)bytes.x), util::e4m3x2_to_f16x2((uint16_t)(bytes.x >> 16)),
-                                    util::e4m3x2_to_f16x2((uint16_t)bytes.y), util::e4m3x2_to_f16x2((uint16_t)(bytes.y >> 16)));
-                dst[1] = make_uint4(util::e4m3x2_to_f16x2((uint16_t)bytes.z), util::e4m3x2_to_f16x2((uint16_t)(bytes.z >> 16)),
-                                    util::e4m3x2_to_f16x2((uint16_t)bytes.w), util::e4m3x2_to_f16x2((uint16_t)(bytes.w >> 16)));
-            }
+            for (int kv = 0; kv < 2; ++kv)
+                util::widen_e4m3x16<true>(*reinterpret_cast<const uint4*>(src + kv * 16 * HD + r * HD + col),
+                                          reinterpret_cast<uint4*>(tile + (kv * 16 + r) * P + col));
         }
     };
 
@@ -610,7 +607,7 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
             *reinterpret_cast<float2*>(warp_acc + (warp * GMAX + g) * HD + f * 8 + 2 * t4) = make_float2(o[f][0], o[f][1]);
         if (t4 == 0) warp_m[warp * GMAX + g] = row_max, warp_l[warp * GMAX + g] = row_sum;
     }
-    finish_cta<HD, GMAX, THREADS>(a, sc, cut, split, head0, n_g, out, smem);
+    finish_cta<HD, GMAX, THREADS>(a, cta, smem);
 }
 
 template <int HD, int GMAX, int THREADS, int STAGES, bool FP8>

@@ -101,15 +101,8 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
             const uint8_t* src[2] = {K8 + (stage * KV + r) * HD + col, V8 + (stage * KV + r) * HD + col};
             uint16_t* dst[2] = {Ks + (stage * KV + r) * P + col, Vs + (stage * KV + r) * P + col};
 #pragma unroll
-            for (int kv = 0; kv < 2; ++kv) {
-                const uint4 bytes = *reinterpret_cast<const uint4*>(src[kv]);
-                const uint32_t w[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
-                uint32_t out[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) out[j] = util::e4m3x2_to_bf16x2((uint16_t)(w[j / 2] >> (16 * (j % 2))));
-                reinterpret_cast<uint4*>(dst[kv])[0] = make_uint4(out[0], out[1], out[2], out[3]);
-                reinterpret_cast<uint4*>(dst[kv])[1] = make_uint4(out[4], out[5], out[6], out[7]);
-            }
+            for (int kv = 0; kv < 2; ++kv)
+                util::widen_e4m3x16<false>(*reinterpret_cast<const uint4*>(src[kv]), reinterpret_cast<uint4*>(dst[kv]));
         }
     };
     load_kv(0, 0);
