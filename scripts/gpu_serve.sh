@@ -20,6 +20,7 @@
 #   summary.txt  the verdicts against the targets, printed last.
 # SMOKE=1 runs every phase on the CPU with tiny workloads (smollm2-135m shape, the soak's tiny
 # model): the check of this script end to end before GPU time is spent on it.
+# KV_CACHE_DTYPE=fp8: the bench serve phases (http, ttft, hf) with an e4m3 KV cache (default auto).
 #   OUT=/path/to/out [PHASES="http ttft"] [TOTAL_S=540] [SMOKE=1] bash scripts/gpu_serve.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -39,7 +40,7 @@ if compgen -G ".whl/*.whl" > /dev/null && ! python3 -c "import fastapi, uvicorn"
     export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
 export TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-BENCH=(python3 -m llama_brrr bench serve --repeats 1)
+BENCH=(python3 -m llama_brrr bench serve --repeats 1 --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}")
 
 if [[ "$SMOKE" == 1 ]]; then
     DEV=cpu; SMALL=smollm2-135m; BIG=smollm2-135m
