@@ -290,6 +290,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def run_bench_serve(args: argparse.Namespace) -> int:
     from .bench import report
     from .bench.serve import ServeOptions, run, table
+    from .cli import kv_cache_kwargs
 
     if args.model and args.shape:
         raise ValueError("give --model or --shape, not both")
@@ -297,10 +298,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         shape=args.shape or (None if args.model else "smollm2-135m"), model=args.model,
         device=args.device, dtype=args.dtype, quant=args.quant, threads=args.threads,
         tensor_parallel=args.tensor_parallel, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        decode_steps=args.decode_steps, kv_block_size=args.kv_block_size,
-        gpu_memory_utilization=args.gpu_memory_utilization, kv_blocks=args.kv_blocks,
-        enable_prefix_caching=not args.no_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
-        shared_prefix=args.shared_prefix,
+        decode_steps=args.decode_steps, **kv_cache_kwargs(args), shared_prefix=args.shared_prefix,
         num_prompts=args.num_prompts, input_len=args.input_len,
         output_len=args.output_len, dataset=args.dataset, request_rate=args.request_rate,
         max_concurrency=args.max_concurrency, seed=args.seed, repeats=args.repeats,

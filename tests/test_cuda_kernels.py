@@ -399,15 +399,20 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
 SERVING_HEADS = [(32, 8), (16, 1), (9, 3)]
 
 
+def decode_head_blocks(n_heads, n_kv_heads):
+    """The CTAs of one split a (sequence, KV head) takes in flash_decode: its GQA group over
+    decode_gmax heads a CTA."""
+    group = n_heads // n_kv_heads
+    return -(-group // (1 if group <= 1 else 2 if group <= 2 else 4))
+
+
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("n_heads,n_kv_heads", SERVING_HEADS, ids=[f"{h}q{kv}kv" for h, kv in SERVING_HEADS])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_flash_decode_serving_batch_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads, kv_fp8):
     group = n_heads // n_kv_heads
-    heads_per_cta = 1 if group <= 1 else 2 if group <= 2 else 4  # decode_gmax
-    head_blocks = -(-group // heads_per_cta)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    B = -(-8 * sms // (n_kv_heads * head_blocks)) + 3
+    B = -(-8 * sms // (n_kv_heads * decode_head_blocks(n_heads, n_kv_heads))) + 3
     max_seq, block_size, max_splits = 389, 16, 16
     # Lengths of every residue around the steps a warp covers; 1 and max_seq among them.
     lengths = [1, max_seq] + [int(n) for n in rng.integers(1, max_seq + 1, size=B - 2)]

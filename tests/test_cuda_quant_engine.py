@@ -17,6 +17,7 @@ import pytest
 
 from llama_brrr import quant
 
+from test_cuda_kernels import decode_head_blocks
 from test_quant_engine import KEPT, LOGIT_REL_BOUND, MIXED, quant_config, random_weights, rel_dev, types_for
 
 pytestmark = pytest.mark.cuda
@@ -118,8 +119,7 @@ MMA_MIN_CTAS = 64
 
 
 def same_decode_attention(config, *batches) -> bool:
-    group = config.n_heads // config.n_kv_heads
-    head_blocks = -(-group // (1 if group <= 1 else 2 if group <= 2 else 4))  # decode_gmax
+    head_blocks = decode_head_blocks(config.n_heads, config.n_kv_heads)
     return len({B * config.n_kv_heads * head_blocks >= MMA_MIN_CTAS for B in batches}) == 1
 
 
