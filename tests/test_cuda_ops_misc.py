@@ -116,21 +116,32 @@ def rmsnorm_oracle(x, w, eps):
 
 
 @pytest.mark.parametrize("M,D", [(1, 64), (3, 577), (5, 4096), (2, 8), (4, 3)])
-@pytest.mark.parametrize("with_residual", [False, True])
-def test_rmsnorm_residual(ops, gen, M, D, with_residual):
+@pytest.mark.parametrize("residual_kind", [None, torch.float32, torch.bfloat16])
+def test_rmsnorm_residual(ops, gen, M, D, residual_kind):
+    """With a bf16 residual (rmsnorm_add_bf16: a tensor-parallel prefill's summed parts) the add
+    widens it exactly and adds in fp32."""
     eps = 1e-5
     x = cuda_randn((M, D), gen, scale=3.0)
-    residual = cuda_randn((M, D), gen) if with_residual else None
+    residual = cuda_randn((M, D), gen, dtype=residual_kind) if residual_kind else None
     w = (1 + cuda_randn((D,), gen, scale=0.1)).to(torch.bfloat16)
-    x_expected = x + residual if with_residual else x.clone()
+    x_expected = x + residual.float() if residual_kind else x.clone()
     y = nan_like((M, D), torch.bfloat16)
-    ops.rmsnorm_residual(ptr(x), ptr(residual) if with_residual else 0, ptr(w), ptr(y), M, D, eps)
+    ops.rmsnorm_residual(ptr(x), ptr(residual) if residual_kind else 0, ptr(w), ptr(y), M, D, eps,
+                         residual_kind == torch.bfloat16)
     assert torch.equal(x, x_expected), "x must become x + residual exactly (and stay put without one)"
     ref = rmsnorm_oracle(x_expected, w, eps)
     # one rounding to bf16 at the end, on top of fp32 statistics
     err = (y.double() - ref).abs()
     assert not torch.isnan(y).any()
     assert (err <= bf16_ulp(ref) * 0.5 + 4e-6 * ref.abs() + 1e-30).all(), float(err.max())
+
+
+def test_rmsnorm_residual_bf16_needs_a_residual(ops, gen):
+    x = cuda_randn((1, 8), gen)
+    w = torch.ones(8, dtype=torch.bfloat16, device="cuda")
+    y = nan_like((1, 8), torch.bfloat16)
+    with pytest.raises(ValueError, match="residual"):
+        ops.rmsnorm_residual(ptr(x), 0, ptr(w), ptr(y), 1, 8, 1e-5, True)
 
 
 def test_rmsnorm_residual_unaligned_rows_take_the_scalar_path(ops, gen):

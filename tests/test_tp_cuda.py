@@ -445,32 +445,36 @@ def test_one_shot_all_reduce_refuses_what_it_cannot_take_and_the_group_goes_on(C
         np.testing.assert_array_equal(tp.engine.all_reduce(values, "oneshot")[0], values[0] + values[1])
 
 
-def test_a_long_prefill_takes_nccl_and_decode_the_one_shot_kernel(C, rng, make_weights):
-    need_gpus(2)
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_long_prefill_takes_nccl_and_decode_the_one_shot_kernel(C, rng, make_weights, size):
+    need_gpus(size)
     # wide enough that a prefill chunk of 1024+ rows (4 MB of fp32 residual) passes the switch point
     config = ModelConfig(dim=1024, hidden_dim=2048, n_layers=2, n_heads=8, n_kv_heads=4, head_dim=128,
                          vocab_size=1001, name="wide")
     weights = bf16_rounded(make_weights(config, rng))
     single = one_gpu_engine(C, config, weights, max_seq=2048, max_batch=1)
     oracles = Oracles(config, weights)
-    with from_arrays(config, weights, 2, max_seq_len=2048, max_batch=1) as tp:
-        info = open_one_shot(tp, 2)
+    with from_arrays(config, weights, size, max_seq_len=2048, max_batch=1) as tp:
+        info = open_one_shot(tp, size)
         switch_rows = info["oneshot_max_bytes"] // (4 * config.dim)
-        # a whole chunk, then one just past the switch point (last, so that the decode steps after
-        # it fit the context)
+        # a whole chunk, then one just past the switch point whose rows the ranks do not divide
+        # (last, so that the decode steps after it fit the context)
         for n in (2048, switch_rows + 37):
             assert switch_rows < n <= 2048
             tokens = rng.integers(0, config.vocab_size, n).astype(np.int32)
             tp.engine.profile_enabled = True
-            ours = tp.engine.prefill(0, tokens, 0, "last")
+            ours = tp.engine.prefill(0, tokens, 0, "all")  # every row: each rank's share of x gathered
             names = {record[0] for record in tp.engine.profile_records()}
             tp.engine.profile_enabled = False
-            # past the switch point the bf16 parts cross the links and add_partials takes their sum
-            assert {"all_reduce", "add_partials"} <= names, (n, names)
-            one = single.prefill(0, tokens, 0, "last")
+            # past the switch point the bf16 parts cross the links, split by rows: each rank adds
+            # and normalizes its share, the normalized rows (after the last layer x's rows) are
+            # gathered
+            assert {"reduce_scatter", "add_rmsnorm", "all_gather_normed", "add_partials",
+                    "all_gather_x"} <= names, (n, names)
+            one = single.prefill(0, tokens, 0, "all")
             oracle, torch_bf16 = oracles.forward(tokens.tolist(), 0)
-            assert_bf16_rule(ours, oracle[-1:], torch_bf16[-1:], f"TP 2 prefill of {n} rows through NCCL")
-            assert rel_err(ours, one) <= 2 * rel_err(torch_bf16[-1:], oracle[-1:])
+            assert_bf16_rule(ours, oracle, torch_bf16, f"TP {size} prefill of {n} rows through NCCL")
+            assert rel_err(ours, one) <= 2 * rel_err(torch_bf16, oracle)
         tp.engine.profile_enabled = True
         step = np.array([tokens[-1]], np.int32)
         decoded = [tp.engine.decode(step, np.array([0], np.int32), np.array([n + i], np.int32), True)
@@ -481,5 +485,5 @@ def test_a_long_prefill_takes_nccl_and_decode_the_one_shot_kernel(C, rng, make_w
         for i, logits in enumerate(decoded):
             want = single.decode(step, np.array([0], np.int32), np.array([n + i], np.int32), True)
             oracle, torch_bf16 = oracles.forward(tokens.tolist() + [step[0]] * (i + 1), 0)
-            assert_bf16_rule(logits, oracle[-1:], torch_bf16[-1:], f"TP 2 decode {i} through the one-shot kernel")
+            assert_bf16_rule(logits, oracle[-1:], torch_bf16[-1:], f"TP {size} decode {i} through the one-shot kernel")
             assert rel_err(logits, want) <= 2 * rel_err(torch_bf16[-1:], oracle[-1:])

@@ -246,18 +246,25 @@ void bind_testing(py::module_& m) {
        "also history[slots[m], positions[m]] = tokens[m]");
 
     testing.def("rmsnorm_residual", [](uintptr_t x, uintptr_t residual, uintptr_t w, uintptr_t y,
-                                        int64_t M, int64_t D, float eps) {
+                                        int64_t M, int64_t D, float eps, bool residual_bf16) {
         CudaOp::check_sizes({{"M", M}, {"D", D}});
         if (!(eps > 0)) bad_argument("eps must be > 0, got " + std::to_string(eps));
+        if (residual_bf16 && !residual) bad_argument("residual_bf16 needs a residual");
         py::gil_scoped_release release;
-        brrr::cuda::rmsnorm_residual(static_cast<float*>(CudaOp::ptr(x, "x")),
-                                     residual ? reinterpret_cast<const float*>(residual) : nullptr,
-                                     static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(w, "w")),
-                                     static_cast<brrr::cuda::bf16*>(CudaOp::ptr(y, "y")), (int)M, (int)D, eps, 0);
+        float* xp = static_cast<float*>(CudaOp::ptr(x, "x"));
+        const auto* wp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(w, "w"));
+        auto* yp = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(y, "y"));
+        if (residual_bf16)
+            brrr::cuda::rmsnorm_add_bf16(xp, reinterpret_cast<const brrr::cuda::bf16*>(residual), wp, yp, (int)M,
+                                         (int)D, eps, 0);
+        else
+            brrr::cuda::rmsnorm_residual(xp, residual ? reinterpret_cast<const float*>(residual) : nullptr, wp, yp,
+                                         (int)M, (int)D, eps, 0);
         CudaOp::finish("testing.rmsnorm_residual");
     }, py::arg("x"), py::arg("residual"), py::arg("w"), py::arg("y"), py::arg("M"), py::arg("D"),
-       py::arg("eps"),
-       "x += residual (residual = 0: none); y = bf16(x * rsqrt(mean(x^2) + eps) * w); x f32 [M, D]");
+       py::arg("eps"), py::arg("residual_bf16") = false,
+       "x += residual (residual = 0: none; fp32, or bf16 with residual_bf16: rmsnorm_add_bf16); "
+       "y = bf16(x * rsqrt(mean(x^2) + eps) * w); x f32 [M, D]");
 
     testing.def("rope_kv_append", [](uintptr_t qkv, uintptr_t positions, uintptr_t slots,
                                       uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache,

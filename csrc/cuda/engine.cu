@@ -290,8 +290,11 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     *kv_bytes = a.offset - *weights_bytes;
 
     inv_freq_ = a.take<float>(c.head_dim / 2);
-    x_ = a.take<float>(R * D);
-    xn_ = a.take<bf16>(R * D);
+    // x_, xn_ and tp_partial_ hold whole shares of rows for a tensor-parallel prefill's
+    // reduce-scatter and all-gathers (row_parallel_matmul): rows_ rounded up to tp_size.
+    const size_t R_shares = (size_t)CEIL_DIV(rows_, c.tp_size) * c.tp_size;
+    x_ = a.take<float>(R_shares * D);
+    xn_ = a.take<bf16>(R_shares * D);
     qkv_ = a.take<float>(R * c.qkv_dim());
     q_ = a.take<bf16>(R * c.q_dim());
     att_ = a.take<bf16>(R * c.q_dim());
@@ -300,7 +303,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     const size_t Vs = c.vocab_shard();
     logits_ = a.take<float>(std::max((size_t)logit_rows_ * V, (size_t)c.tp_size * Vs));
     tp_gather_ = c.tp_size > 1 ? a.take<float>((size_t)c.tp_size * logit_rows_ * Vs) : nullptr;
-    tp_partial_ = c.tp_size > 1 ? a.take<bf16>(R * D) : nullptr;
+    tp_partial_ = c.tp_size > 1 ? a.take<bf16>(R_shares * D) : nullptr;
     // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and one layer
     // matrix's worth of bf16 for prefill (the largest with a quantized part).
     xq_ = nullptr;

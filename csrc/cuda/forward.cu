@@ -96,7 +96,7 @@ EpilogueArgs epilogue_rows_from(const EpilogueArgs& a, Epilogue ep, int N, int r
 
 }  // namespace
 
-void CudaEngine::row_parallel_matmul(const Matrix& W, const bf16* in, int rows) {
+const bf16* CudaEngine::row_parallel_matmul(const Matrix& W, const bf16* in, int rows, const bf16* next_norm) {
     if (!tp_comm_ || !all_reduce_takes_nccl(rows)) {
         // One GPU adds its product into x_. In a one-shot group rank 0 adds, the others store theirs
         // in x_, and the fp32 sum of x_ over the ranks is the residual plus every rank's part.
@@ -104,19 +104,52 @@ void CudaEngine::row_parallel_matmul(const Matrix& W, const bf16* in, int rows) 
         matmul(W, nullptr, nullptr, in, rows, add ? Epilogue::AddResidual : Epilogue::StoreF32,
                add ? add_to(x_, split_k_) : store_f32(x_, split_k_));
         if (tp_comm_) all_reduce_x(rows);
-        return;
+        return nullptr;
     }
-    // Past the one-shot capacity (prefill chunks) the ranks' bf16 parts cross the links: each rank
-    // stores its part in tp_partial_, NCCL sums them and add_bf16_into_f32 adds the sum into x_
-    // (half the bytes of fp32, and the residual is never rounded).
-    const size_t count = (size_t)rows * cfg_.dim;
+    // Past the one-shot capacity the ranks' bf16 parts cross the links (half the bytes of fp32; the
+    // residual is never rounded): each rank stores its part in tp_partial_.
+    const size_t D = cfg_.dim;
     matmul(W, nullptr, nullptr, in, rows, Epilogue::StoreBf16, store_bf16(tp_partial_, split_k_));
-    prof_.op("all_reduce", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * count));
-    nccl::all_reduce_sum(tp_partial_, tp_partial_, count, tp_comm_, stream_);
-    prof_.op("add_partials", OpClass::Elementwise,
-             profile::elementwise_cost(count, (2.0 * sizeof(float) + sizeof(bf16)) * count));
-    add_bf16_into_f32(tp_partial_, x_, count, stream_);
+    if (rows < tuning::kTpRowSplitMinRows) {
+        // NCCL sums the parts on every rank and add_bf16_into_f32 adds the sum into x_.
+        const size_t count = (size_t)rows * D;
+        prof_.op("all_reduce", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * count));
+        nccl::all_reduce_sum(tp_partial_, tp_partial_, count, tp_comm_, stream_);
+        prof_.op("add_partials", OpClass::Elementwise,
+                 profile::elementwise_cost(count, (2.0 * sizeof(float) + sizeof(bf16)) * count));
+        add_bf16_into_f32(tp_partial_, x_, count, stream_);
+        prof_.end();
+        return nullptr;
+    }
+    // Prefill chunks: rows split over the ranks. A reduce-scatter leaves rank r the summed parts of
+    // its share of rows only; it adds them into its rows of x_ and normalizes those rows for the
+    // next matmul in one pass (rmsnorm_add_bf16); an all-gather of the bf16 rows
+    // gives every rank the whole normalized input. The same bytes cross the links as in one
+    // all-reduce, and each rank's fp32 passes over the residual cover 1 / N of the rows. x_ stays
+    // current on rank r's rows only, so the matmul after takes the returned rows; after the last
+    // layer (next_norm null) the fp32 rows are gathered instead, for the LM head.
+    const int N = tp_size_, share = CEIL_DIV(rows, N);  // the last rank's share may run past rows
+    const int row0 = tp_rank_ * share, mine = std::max(0, std::min(rows, row0 + share) - row0);
+    const size_t share_count = (size_t)share * D;
+    prof_.op("reduce_scatter", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * N * share_count));
+    nccl::reduce_scatter_sum(tp_partial_, tp_partial_ + row0 * D, share_count, tp_comm_, stream_);
+    float* x_mine = x_ + row0 * D;
+    const bf16* sum_mine = tp_partial_ + row0 * D;
+    if (next_norm) {
+        prof_.op("add_rmsnorm", OpClass::Elementwise,
+                 profile::elementwise_cost(5.0 * mine * D, (2.0 * sizeof(float) + 2.0 * sizeof(bf16)) * mine * D));
+        rmsnorm_add_bf16(x_mine, sum_mine, next_norm, xn_ + row0 * D, mine, cfg_.dim, cfg_.norm_eps, stream_);
+        prof_.op("all_gather_normed", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * N * share_count));
+        nccl::all_gather_bytes(xn_ + row0 * D, xn_, sizeof(bf16) * share_count, tp_comm_, stream_);
+    } else {
+        prof_.op("add_partials", OpClass::Elementwise,
+                 profile::elementwise_cost((double)mine * D, (2.0 * sizeof(float) + sizeof(bf16)) * mine * D));
+        if (mine > 0) add_bf16_into_f32(sum_mine, x_mine, (size_t)mine * D, stream_);
+        prof_.op("all_gather_x", OpClass::Copy, profile::copy_cost(2.0 * sizeof(float) * N * share_count));
+        nccl::all_gather_bytes(x_mine, x_, sizeof(float) * share_count, tp_comm_, stream_);
+    }
     prof_.end();
+    return next_norm ? xn_ : nullptr;
 }
 
 bool CudaEngine::Segment::is_short() const { return rows <= tuning::kPrefillShortSegmentRows; }
@@ -147,13 +180,17 @@ void CudaEngine::forward_layers(const Pass& pass) {
                     c.vocab_size, vocab_offset, table_rows, token_history(), s);
     // tensor parallelism: each rank embedded the tokens of its rows, zeros for the others'
     if (tp_comm_) all_reduce_x(M);
+    // The next matmul's input when the row-parallel step before it normalized the rows already
+    // (a tensor-parallel prefill: row_parallel_matmul); else null, and the matmul normalizes x_.
+    const bf16* normed = nullptr;
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = layers_[l];
         const KvCache kv = layer_kv(l);
+        const bf16* next_attn_norm = l + 1 < c.n_layers ? layers_[l + 1].attn_norm : nullptr;
         // attention block
         prof_.op("wqkv", OpClass::Matmul, profile::matmul_cost(M, c.qkv_dim(), D, w_bytes(w.wqkv), 4, 2));
-        matmul(w.wqkv, x_, w.attn_norm, nullptr, M, Epilogue::RopeKV,
-               rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kv, qkv_, split_k_));
+        matmul_normed(w.wqkv, w.attn_norm, normed, M, Epilogue::RopeKV,
+                      rope_into(c, d_positions_, d_slots_, inv_freq_, q_, kv, qkv_, split_k_));
         if (pass.attention == Pass::Decode) {
             // one query row per sequence over its own slot's cache [0, positions[b]]
             prof_.op("flash_decode", OpClass::Attention,
@@ -179,13 +216,13 @@ void CudaEngine::forward_layers(const Pass& pass) {
         }
         prof_.op("wo", OpClass::Matmul, profile::matmul_cost(M, D, c.q_dim(), w_bytes(w.wo), 2, 8));
         // the residual plus wo's product (tensor parallelism: every rank's part)
-        row_parallel_matmul(w.wo, att_, M);
+        normed = row_parallel_matmul(w.wo, att_, M, w.ffn_norm);
         // MLP block
         prof_.op("w13", OpClass::Matmul, profile::matmul_cost(M, 2 * H, D, w_bytes(w.w13), 4, 1));
-        matmul(w.w13, x_, w.ffn_norm, nullptr, M, Epilogue::SwiGLU, store_bf16(hb_, split_k_));
+        matmul_normed(w.w13, w.ffn_norm, normed, M, Epilogue::SwiGLU, store_bf16(hb_, split_k_));
         prof_.op("w2", OpClass::Matmul, profile::matmul_cost(M, D, H, w_bytes(w.w2), 2, 8));
         // the residual plus w2's product (tensor parallelism: every rank's part)
-        row_parallel_matmul(w.w2, hb_, M);
+        normed = row_parallel_matmul(w.w2, hb_, M, next_attn_norm);
     }
 }
 
@@ -223,6 +260,14 @@ void CudaEngine::forward_lm_head(int row, int rows) {
         }
     }
     prof_.end();
+}
+
+// A matmul whose input is rmsnorm(x_) * norm_w: `normed` when those rows are ready, else x_ normalized
+// on the way in.
+void CudaEngine::matmul_normed(const Matrix& W, const bf16* norm_w, const bf16* normed, int M, Epilogue ep,
+                               const EpilogueArgs& args) {
+    if (normed) matmul(W, nullptr, nullptr, normed, M, ep, args);
+    else matmul(W, x_, norm_w, nullptr, M, ep, args);
 }
 
 // The one place a matmul meets the storage of its weights (see engine.cuh, CudaEngine::matmul).

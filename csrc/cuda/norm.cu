@@ -1,6 +1,8 @@
 // norm.cu — RMSNorm on the fp32 residual stream, with an optional residual add fused in front.
 //
-//   x[m, :] += residual[m, :]                       (only when residual != nullptr; x updated in place)
+//   x[m, :] += residual[m, :]                       (only when residual != nullptr; x updated in place;
+//                                                    residual fp32, or bf16: a tensor-parallel prefill's
+//                                                    summed partial products, widened exactly)
 //   y[m, :]  = bf16(x[m, :] * rsqrt(mean(x[m, :]^2) + eps) * w)     x [M, D] f32, w [D] bf16, y [M, D] bf16
 //
 // One block per row. Statistics stay in fp32 and y is rounded to bf16 once, at the end. When D is a
@@ -47,14 +49,32 @@ __device__ float block_sum(float v) {
     return warp_sums[0];
 }
 
-__global__ void rmsnorm_vec8_kernel(float* __restrict__ x, const float* __restrict__ residual,
+// Eight residual values at element 8 i, as two float4.
+__device__ __forceinline__ void load8(const float* r, int i, float4& a, float4& b) {
+    const float4* r4 = reinterpret_cast<const float4*>(r);
+    a = r4[2 * i];
+    b = r4[2 * i + 1];
+}
+__device__ __forceinline__ void load8(const bf16* r, int i, float4& a, float4& b) {
+    const uint4 raw = reinterpret_cast<const uint4*>(r)[i];
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 p0 = __bfloat1622float2(h[0]), p1 = __bfloat1622float2(h[1]);
+    const float2 p2 = __bfloat1622float2(h[2]), p3 = __bfloat1622float2(h[3]);
+    a = make_float4(p0.x, p0.y, p1.x, p1.y);
+    b = make_float4(p2.x, p2.y, p3.x, p3.y);
+}
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+
+template <typename Residual>
+__global__ void rmsnorm_vec8_kernel(float* __restrict__ x, const Residual* __restrict__ residual,
                                     const bf16* __restrict__ w, bf16* __restrict__ y, int D,
                                     float eps) {
     pdl_wait();  // launched with PDL: x comes from the kernel before
     pdl_launch_dependents();
     const size_t row = (size_t)blockIdx.x * D;
     float4* x4 = reinterpret_cast<float4*>(x + row);
-    const float4* r4 = residual ? reinterpret_cast<const float4*>(residual + row) : nullptr;
+    const Residual* r = residual ? residual + row : nullptr;
     const uint4* w8 = reinterpret_cast<const uint4*>(w);
     uint4* y8 = reinterpret_cast<uint4*>(y + row);
     const int n_vec = D / 8;
@@ -62,8 +82,9 @@ __global__ void rmsnorm_vec8_kernel(float* __restrict__ x, const float* __restri
     float sum_sq = 0.f;
     for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
         float4 a = x4[2 * i], b = x4[2 * i + 1];
-        if (r4) {
-            float4 ra = r4[2 * i], rb = r4[2 * i + 1];
+        if (r) {
+            float4 ra, rb;
+            load8(r, i, ra, rb);
             a.x += ra.x; a.y += ra.y; a.z += ra.z; a.w += ra.w;
             b.x += rb.x; b.y += rb.y; b.z += rb.z; b.w += rb.w;
             x4[2 * i] = a;
@@ -90,7 +111,8 @@ __global__ void rmsnorm_vec8_kernel(float* __restrict__ x, const float* __restri
     }
 }
 
-__global__ void rmsnorm_scalar_kernel(float* __restrict__ x, const float* __restrict__ residual,
+template <typename Residual>
+__global__ void rmsnorm_scalar_kernel(float* __restrict__ x, const Residual* __restrict__ residual,
                                       const bf16* __restrict__ w, bf16* __restrict__ y, int D,
                                       float eps) {
     pdl_wait();  // launched with PDL: x comes from the kernel before
@@ -100,7 +122,7 @@ __global__ void rmsnorm_scalar_kernel(float* __restrict__ x, const float* __rest
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float v = x[row + i];
         if (residual) {
-            v += residual[row + i];
+            v += to_float(residual[row + i]);
             x[row + i] = v;
         }
         sum_sq += v * v;
@@ -112,22 +134,35 @@ __global__ void rmsnorm_scalar_kernel(float* __restrict__ x, const float* __rest
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-}  // namespace
-
-void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D,
-                      float eps, cudaStream_t stream) {
-    BRRR_CHECK(M >= 0 && D > 0, "rmsnorm_residual: bad sizes M=" << M << " D=" << D);
-    BRRR_CHECK(eps > 0.f, "rmsnorm_residual: eps must be > 0, got " << eps);
+template <typename Residual>
+void launch_rmsnorm(const char* op, float* x, const Residual* residual, const bf16* w, bf16* y, int M, int D,
+                    float eps, cudaStream_t stream) {
+    BRRR_CHECK(M >= 0 && D > 0, op << ": bad sizes M=" << M << " D=" << D);
+    BRRR_CHECK(eps > 0.f, op << ": eps must be > 0, got " << eps);
     if (M == 0) return;
     const bool vec = D % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
                      (residual == nullptr || aligned16(residual));
     if (vec) {
-        launch_pdl(rmsnorm_vec8_kernel, dim3(M), dim3(threads_for(D / 8)), 0, stream, x, residual, w, y, D, eps);
+        launch_pdl(rmsnorm_vec8_kernel<Residual>, dim3(M), dim3(threads_for(D / 8)), 0, stream, x, residual, w, y,
+                   D, eps);
         CUDA_CHECK_LAUNCH("rmsnorm_vec8_kernel");
     } else {
-        launch_pdl(rmsnorm_scalar_kernel, dim3(M), dim3(threads_for(D)), 0, stream, x, residual, w, y, D, eps);
+        launch_pdl(rmsnorm_scalar_kernel<Residual>, dim3(M), dim3(threads_for(D)), 0, stream, x, residual, w, y, D,
+                   eps);
         CUDA_CHECK_LAUNCH("rmsnorm_scalar_kernel");
     }
+}
+
+}  // namespace
+
+void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D, float eps,
+                      cudaStream_t stream) {
+    launch_rmsnorm("rmsnorm_residual", x, residual, w, y, M, D, eps, stream);
+}
+
+void rmsnorm_add_bf16(float* x, const bf16* residual, const bf16* w, bf16* y, int M, int D, float eps,
+                      cudaStream_t stream) {
+    launch_rmsnorm("rmsnorm_add_bf16", x, residual, w, y, M, D, eps, stream);
 }
 
 }  // namespace cuda

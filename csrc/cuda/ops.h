@@ -89,6 +89,8 @@ void check_vocab_shard(const char* op, int V, int vocab_offset, int vocab_rows);
 void embed(const int* tokens, const bf16* table, float* x, int M, int D, int V, int vocab_offset, int vocab_rows, const TokenHistory& record, cudaStream_t stream);
 // x += residual (when residual != nullptr), then y = x * rsqrt(mean(x^2) + eps) * w; x [M, D] fp32.
 void rmsnorm_residual(float* x, const float* residual, const bf16* w, bf16* y, int M, int D, float eps, cudaStream_t stream);
+// rmsnorm_residual with a bf16 residual, widened exactly before the add (a tensor-parallel prefill's summed partial products).
+void rmsnorm_add_bf16(float* x, const bf16* residual, const bf16* w, bf16* y, int M, int D, float eps, cudaStream_t stream);
 
 // ---- gemv.cu: decode, M <= 16 rows, memory-bound: every weight byte streamed once ------------
 // Who does a GEMV's arithmetic: Auto takes the CUDA cores below tuning::kGemvTensorCoreMinRows rows and the tensor cores from there.

@@ -97,6 +97,13 @@ constexpr size_t kAllReduceOneShotMaxPeerBytes = 4 * 1024 * 1024;
 inline size_t all_reduce_oneshot_max_bytes(int ranks) {
     return kAllReduceOneShotMaxPeerBytes / (size_t)(ranks > 1 ? ranks - 1 : 1) / 16 * 16;
 }
+// NCCL-sized row-parallel steps from this many rows on split the rows over the ranks
+// (reduce-scatter, add + RMSNorm of a rank's share, all-gather: CudaEngine::row_parallel_matmul):
+// the same bytes on the links as one all-reduce, and 1 / N of the fp32 passes over the residual
+// per rank. Below it (decode batches in a group without the one-shot kernel) one all-reduce is one
+// collective's latency instead of two. A prefill chunk's rows are well past it; the exact switch
+// point is not measured.
+constexpr int kTpRowSplitMinRows = 256;
 // CTAs and threads of the one-shot kernel, the same for every message: the barrier's invariant
 // needs each element handled by the same CTA index on every rank and in every call (allreduce.cu).
 // More CTAs spread a large message's loads over more SMs; each pays its own flag round trip.
