@@ -23,7 +23,8 @@ T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 export LLAMA_BRRR_CUDA=1 LLAMA_BRRR_CUDA_ARCHS=${LLAMA_BRRR_CUDA_ARCHS:-90a}
 VARIANT=/tmp/tpab_allreduce
-rm -rf "$VARIANT" && mkdir -p "$VARIANT" && git ls-files -z | xargs -0 cp --parents -t "$VARIANT" &&
+rm -rf "$VARIANT" && mkdir -p "$VARIANT" &&
+    tar -C "$ROOT" --exclude=./build --exclude=./.whl --exclude=./.git -cf - . | tar -C "$VARIANT" -xf - &&
     sed -i 's/constexpr int kTpRowSplitMinRows = [0-9]*;/constexpr int kTpRowSplitMinRows = 1 << 30;/' \
         "$VARIANT/csrc/cuda/tuning.h" &&
     grep -q "kTpRowSplitMinRows = 1 << 30" "$VARIANT/csrc/cuda/tuning.h" || { echo "the variant did not take"; exit 1; }
