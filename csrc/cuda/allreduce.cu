@@ -11,16 +11,24 @@
 // flag, then reads every rank's half over NVLink / PCIe P2P and writes the sum. Small messages pay
 // one launch and one flag round trip instead of NCCL's protocol steps.
 //
-// add_bf16_into_f32: x[i] += float(partial[i]). Messages past the one-shot capacity (prefill
-// chunks) go through NCCL in bf16: each rank's wo / w2 GEMM stores its partial product in bf16
-// (the rounding any bf16 GEMM output has), NCCL sums the partials, and this kernel adds the sum
-// into the fp32 residual stream that every rank holds alike. Half the bytes of an fp32 all-reduce
-// cross the links; the residual itself is never rounded.
+// Prefill chunks (past the one-shot capacity) cross the links as bf16: each rank's wo / w2 GEMM
+// stores its partial product in bf16 (the rounding any bf16 GEMM output has), half the bytes of
+// the fp32 residual, which itself is never rounded. Two ways to sum them:
+//   - all_reduce_rows (a 2-rank group, opened with rows_ x dim bf16 halves and
+//     tuning::kAllReduceRowsBlocks CTAs): the same buffer, flags and barrier as the one-shot
+//     kernel, by rows. CTA b copies rows b, b + blocks, ... of its part into its half, meets the
+//     peers' CTAs b, then for each of those rows sums every rank's part in fp32 in rank order, adds
+//     the sum into x and, when given norm weights, writes y = bf16(rmsnorm(x) * w) for the next
+//     matmul: the sum, the add and the RMSNorm pass in one kernel, each rank reading its peer's part
+//     once over the links (at N ranks (N - 1) x the part, where a ring moves 2 (N - 1) / N x: equal
+//     at 2, which is why larger groups take NCCL).
+//   - NCCL's bf16 all-reduce, then add_bf16_into_f32 (x[i] += float(partial[i])) or rmsnorm_add_bf16.
 //
 // Invariants:
-//   - Pairing. CTA b of every rank copies and later reads the same elements (a fixed grid of
-//     tuning::kAllReduceOneShotBlocks CTAs, element e in CTA (e / threads) mod blocks), and waits
-//     only for the flags of the peers' CTAs b: a flag says exactly "my part of this round is in".
+//   - Pairing. CTA b of every rank copies and later reads the same elements (a fixed grid of the
+//     group's blocks, the same on every rank: element e in CTA (e / threads) mod blocks, row m in
+//     CTA m mod blocks), and waits only for the flags of the peers' CTAs b: a flag says exactly
+//     "my part of this round is in".
 //   - Rounds. Flags are never reset: CTA b's round counter lives in device memory (a graph replay
 //     advances it like an eager call) and every rank makes the same calls in the same order, so
 //     the peers' CTAs b count the same rounds; a wait is "flag >= round" in wrapping arithmetic.
@@ -35,7 +43,7 @@
 //     16 bytes each through L2 (ld.global.cg), never a stale L1 line.
 //   - PDL: pdl_wait before anything (in is the previous kernel's output, the counters the previous
 //     call's), then trigger, as the decode chain's rule says (launch.cuh). The fixed grid is far
-//     below one CTA per SM, so every CTA is resident while it spins.
+//     within the GPU's resident CTAs (tuning.h), so every CTA is resident while it spins.
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,8 +63,8 @@ namespace cuda {
 
 namespace {
 
-constexpr int kBlocks = tuning::kAllReduceOneShotBlocks;
 constexpr int kThreads = tuning::kAllReduceOneShotThreads;
+constexpr int kRowThreads = tuning::kAllReduceRowsThreads;
 constexpr int kMaxRanks = AllReducePeers::kMaxRanks;
 constexpr size_t kAlign = 256;
 
@@ -72,6 +80,22 @@ __device__ __forceinline__ unsigned load_acquire_sys(const unsigned* p) {
     return v;
 }
 
+// The barrier of round `round` for CTA blockIdx.x, after its copy into its half: publish it to the
+// peers' CTAs of the same index, wait for theirs. Every thread of the CTA calls it.
+template <int N>
+__device__ __forceinline__ void meet_peers(const AllReducePeers& p, unsigned round) {
+    const int b = blockIdx.x, t = threadIdx.x;
+    __syncthreads();
+    if (t == 0) p.counters[b] = round;  // every thread read it before the barrier above
+    if (t < N && t != p.rank) {
+        store_release_sys(p.signals[t] + b * kMaxRanks + p.rank, round);
+        const unsigned* flag = p.signals[p.rank] + b * kMaxRanks + t;
+        while (static_cast<int>(load_acquire_sys(flag) - round) < 0) {
+        }
+    }
+    __syncthreads();
+}
+
 template <int N>
 __global__ void __launch_bounds__(kThreads) all_reduce_oneshot_kernel(const float4* in, float4* out, int n4,
                                                                      AllReducePeers p) {
@@ -84,15 +108,7 @@ __global__ void __launch_bounds__(kThreads) all_reduce_oneshot_kernel(const floa
 
     float4* mine = reinterpret_cast<float4*>(p.data[p.rank] + half);
     for (int e = b * blockDim.x + t; e < n4; e += stride) mine[e] = in[e];
-    __syncthreads();
-    if (t == 0) p.counters[b] = round;  // every thread read it before the barrier above
-    if (t < N && t != p.rank) {
-        store_release_sys(p.signals[t] + b * kMaxRanks + p.rank, round);
-        const unsigned* flag = p.signals[p.rank] + b * kMaxRanks + t;
-        while (static_cast<int>(load_acquire_sys(flag) - round) < 0) {
-        }
-    }
-    __syncthreads();
+    meet_peers<N>(p, round);
 
     const float4* src[N];
 #pragma unroll
@@ -110,6 +126,69 @@ __global__ void __launch_bounds__(kThreads) all_reduce_oneshot_kernel(const floa
             s.w += v[r].w;
         }
         out[e] = s;
+    }
+}
+
+// Eight bf16 values as floats, added into s.
+__device__ __forceinline__ void add_bf16x8(const uint4& v, float (&s)[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        s[2 * j] += util::bf16_lo(w[j]);
+        s[2 * j + 1] += util::bf16_hi(w[j]);
+    }
+}
+
+// Rows of D values (D % 8 == 0), 8 a thread per step: part and y bf16, x fp32; w null: no norm.
+template <int N>
+__global__ void __launch_bounds__(kRowThreads) all_reduce_rows_kernel(const uint4* part, float4* x, const uint4* w,
+                                                                     uint4* y, int rows, int D, float eps,
+                                                                     AllReducePeers p) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int b = blockIdx.x, t = threadIdx.x, n8 = D / 8;
+    const unsigned round = p.counters[b] + 1u;
+    const size_t half = (round & 1u) * p.half_floats;
+
+    uint4* mine = reinterpret_cast<uint4*>(p.data[p.rank] + half);
+    for (int m = b; m < rows; m += gridDim.x)
+        for (int i = t; i < n8; i += blockDim.x) mine[(size_t)m * n8 + i] = part[(size_t)m * n8 + i];
+    meet_peers<N>(p, round);
+
+    const uint4* src[N];
+#pragma unroll
+    for (int r = 0; r < N; ++r) src[r] = reinterpret_cast<const uint4*>(p.data[r] + half);
+    for (int m = b; m < rows; m += gridDim.x) {
+        const size_t row8 = (size_t)m * n8;
+        float4* xr = x + 2 * row8;
+        float sum_sq = 0.f;
+        for (int i = t; i < n8; i += blockDim.x) {
+            uint4 v[N];
+#pragma unroll
+            for (int r = 0; r < N; ++r) v[r] = __ldcg(src[r] + row8 + i);
+            float s[8] = {};
+#pragma unroll
+            for (int r = 0; r < N; ++r) add_bf16x8(v[r], s);
+            float4 lo = xr[2 * i], hi = xr[2 * i + 1];
+            lo.x += s[0], lo.y += s[1], lo.z += s[2], lo.w += s[3];
+            hi.x += s[4], hi.y += s[5], hi.z += s[6], hi.w += s[7];
+            xr[2 * i] = lo;
+            xr[2 * i + 1] = hi;
+            sum_sq += lo.x * lo.x + lo.y * lo.y + lo.z * lo.z + lo.w * lo.w;
+            sum_sq += hi.x * hi.x + hi.y * hi.y + hi.z * hi.z + hi.w * hi.w;
+        }
+        if (!w) continue;
+        const float rstd = rsqrtf(util::block_sum(sum_sq) / (float)D + eps);
+        for (int i = t; i < n8; i += blockDim.x) {  // this thread's own x values, just written
+            const float4 lo = xr[2 * i], hi = xr[2 * i + 1];
+            const uint4 g = w[i];
+            uint4 out;
+            out.x = util::pack_bf16x2(lo.x * rstd * util::bf16_lo(g.x), lo.y * rstd * util::bf16_hi(g.x));
+            out.y = util::pack_bf16x2(lo.z * rstd * util::bf16_lo(g.y), lo.w * rstd * util::bf16_hi(g.y));
+            out.z = util::pack_bf16x2(hi.x * rstd * util::bf16_lo(g.z), hi.y * rstd * util::bf16_hi(g.z));
+            out.w = util::pack_bf16x2(hi.z * rstd * util::bf16_lo(g.w), hi.w * rstd * util::bf16_hi(g.w));
+            y[row8 + i] = out;
+        }
     }
 }
 
@@ -187,13 +266,38 @@ void all_reduce_oneshot(const float* in, float* out, size_t count, const AllRedu
     const float4* in4 = reinterpret_cast<const float4*>(in);
     float4* out4 = reinterpret_cast<float4*>(out);
     switch (peers.size) {
-        case 2: launch_pdl(all_reduce_oneshot_kernel<2>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 3: launch_pdl(all_reduce_oneshot_kernel<3>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 4: launch_pdl(all_reduce_oneshot_kernel<4>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 5: launch_pdl(all_reduce_oneshot_kernel<5>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 6: launch_pdl(all_reduce_oneshot_kernel<6>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 7: launch_pdl(all_reduce_oneshot_kernel<7>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        default: launch_pdl(all_reduce_oneshot_kernel<8>, kBlocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 2: launch_pdl(all_reduce_oneshot_kernel<2>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 3: launch_pdl(all_reduce_oneshot_kernel<3>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 4: launch_pdl(all_reduce_oneshot_kernel<4>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 5: launch_pdl(all_reduce_oneshot_kernel<5>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 6: launch_pdl(all_reduce_oneshot_kernel<6>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        case 7: launch_pdl(all_reduce_oneshot_kernel<7>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+        default: launch_pdl(all_reduce_oneshot_kernel<8>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+void all_reduce_rows(const bf16* part, float* x, const bf16* norm_w, bf16* y, int rows, int D, float eps,
+                     const AllReducePeers& peers, cudaStream_t stream) {
+    BRRR_CHECK(peers.size >= 2 && peers.size <= kMaxRanks && peers.rank >= 0 && peers.rank < peers.size,
+               "all_reduce_rows: rank " << peers.rank << " of " << peers.size << " (2 to " << kMaxRanks << " ranks)");
+    BRRR_CHECK(rows >= 0 && D > 0 && D % 8 == 0 && (size_t)rows * D <= 2 * peers.half_floats,
+               "all_reduce_rows: " << rows << " rows of " << D << " values: D must be a multiple of 8 and the rows "
+                                   << "at most the group's capacity of " << 2 * peers.half_floats << " bf16 values");
+    BRRR_CHECK(util::aligned_to(part, 16) && util::aligned_to(x, 16) && util::aligned_to(norm_w, 16) &&
+                   util::aligned_to(y, 16),
+               "all_reduce_rows: part, x, norm_w and y must be 16-byte aligned");
+    BRRR_CHECK(!norm_w || (y && eps > 0.f), "all_reduce_rows: a norm needs y and eps > 0");
+    if (rows == 0) return;
+    const uint4* p8 = reinterpret_cast<const uint4*>(part);
+    float4* x4 = reinterpret_cast<float4*>(x);
+    const uint4* w8 = reinterpret_cast<const uint4*>(norm_w);
+    uint4* y8 = reinterpret_cast<uint4*>(y);
+    switch (peers.size) {
+        case 2: launch_pdl(all_reduce_rows_kernel<2>, peers.blocks, kRowThreads, 0, stream, p8, x4, w8, y8, rows, D, eps, peers); break;
+        case 3: launch_pdl(all_reduce_rows_kernel<3>, peers.blocks, kRowThreads, 0, stream, p8, x4, w8, y8, rows, D, eps, peers); break;
+        case 4: launch_pdl(all_reduce_rows_kernel<4>, peers.blocks, kRowThreads, 0, stream, p8, x4, w8, y8, rows, D, eps, peers); break;
+        default: BRRR_FAIL("all_reduce_rows: " << peers.size << " ranks: the kernel takes 2 to 4");
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -213,17 +317,18 @@ void add_bf16_into_f32(const bf16* partial, float* x, size_t count, cudaStream_t
 
 // ---- OneShotAllReduce ---------------------------------------------------------------------------
 
-std::string OneShotAllReduce::open(nccl::Comm comm, int rank, int size, size_t capacity_bytes,
+std::string OneShotAllReduce::open(nccl::Comm comm, int rank, int size, size_t capacity_bytes, int blocks,
                                    cudaStream_t stream) {
     close();
     if (size < 2 || size > kMaxRanks)
         return std::to_string(size) + " ranks: the one-shot kernel takes 2 to " + std::to_string(kMaxRanks);
-    BRRR_CHECK(rank >= 0 && rank < size && capacity_bytes > 0,
-               "one-shot all-reduce: rank " << rank << " of " << size << ", capacity " << capacity_bytes);
+    BRRR_CHECK(rank >= 0 && rank < size && capacity_bytes > 0 && blocks > 0,
+               "one-shot all-reduce: rank " << rank << " of " << size << ", capacity " << capacity_bytes
+                                            << ", blocks " << blocks);
     // [flags: blocks x kMaxRanks][counters: blocks][data: 2 halves], each piece 256-byte aligned
     const size_t half_floats = align_up(capacity_bytes) / sizeof(float);
-    const size_t signals_bytes = align_up(sizeof(unsigned) * kBlocks * kMaxRanks);
-    const size_t counters_bytes = align_up(sizeof(unsigned) * kBlocks);
+    const size_t signals_bytes = align_up(sizeof(unsigned) * blocks * kMaxRanks);
+    const size_t counters_bytes = align_up(sizeof(unsigned) * blocks);
     own_bytes_ = signals_bytes + counters_bytes + 2 * half_floats * sizeof(float);
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
@@ -309,6 +414,7 @@ std::string OneShotAllReduce::open(nccl::Comm comm, int rank, int size, size_t c
     peers_.rank = rank;
     peers_.size = size;
     peers_.half_floats = half_floats;
+    peers_.blocks = blocks;
     for (int r = 0; r < size; ++r) {
         char* base = r == rank ? own_ : static_cast<char*>(opened_[r]);
         peers_.signals[r] = reinterpret_cast<unsigned*>(base);
@@ -348,6 +454,12 @@ void OneShotAllReduce::leave(nccl::Comm comm, cudaStream_t stream) {
 void OneShotAllReduce::run(const float* in, float* out, size_t count, cudaStream_t stream) const {
     BRRR_CHECK(ready(), "the one-shot all-reduce is not open");
     all_reduce_oneshot(in, out, count, peers_, stream);
+}
+
+void OneShotAllReduce::run_rows(const bf16* part, float* x, const bf16* norm_w, bf16* y, int rows, int D, float eps,
+                                cudaStream_t stream) const {
+    BRRR_CHECK(ready(), "the one-shot all-reduce is not open");
+    all_reduce_rows(part, x, norm_w, y, rows, D, eps, peers_, stream);
 }
 
 // Only the half the next call writes: a peer may still be reading the other one (the previous

@@ -22,12 +22,13 @@ public:
     OneShotAllReduce(const OneShotAllReduce&) = delete;
     OneShotAllReduce& operator=(const OneShotAllReduce&) = delete;
 
-    // Collective over `comm` (every rank calls it with the same capacity, on its engine's device
-    // and stream): allocates this rank's buffer for messages of up to `capacity_bytes`, exchanges
+    // Collective over `comm` (every rank calls it with the same capacity and blocks, on its
+    // engine's device and stream): allocates this rank's buffer for messages of up to
+    // `capacity_bytes`, whose kernels launch `blocks` CTAs (their flags), exchanges
     // the IPC handles and host identities, opens the peers' buffers. Returns "" when the kernel
     // may run, else why it may not (the same words on every rank), holding nothing then. Throws
     // brrr::Error when a CUDA or NCCL call fails outright.
-    std::string open(nccl::Comm comm, int rank, int size, size_t capacity_bytes, cudaStream_t stream);
+    std::string open(nccl::Comm comm, int rank, int size, size_t capacity_bytes, int blocks, cudaStream_t stream);
     // Closes the peers' buffers in this process (once this rank's kernels are done).
     void close_peers() noexcept;
     // close_peers, then frees this rank's buffer. CUDA leaves freeing an exported buffer before
@@ -43,6 +44,9 @@ public:
     size_t capacity_bytes() const { return peers_.half_floats * sizeof(float); }
     // all_reduce_oneshot (ops.h) on this group: count floats, at most capacity_bytes().
     void run(const float* in, float* out, size_t count, cudaStream_t stream) const;
+    // all_reduce_rows (ops.h) on this group: rows x D bf16 parts, at most capacity_bytes().
+    void run_rows(const bf16* part, float* x, const bf16* norm_w, bf16* y, int rows, int D, float eps,
+                  cudaStream_t stream) const;
     // NaN into the half of this rank's data region that the next call uses, so a test sees any
     // element read before it was written. Synchronizes `stream`.
     void poison(cudaStream_t stream) const;

@@ -290,11 +290,8 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     *kv_bytes = a.offset - *weights_bytes;
 
     inv_freq_ = a.take<float>(c.head_dim / 2);
-    // x_, xn_ and tp_partial_ hold whole shares of rows for a tensor-parallel prefill's
-    // reduce-scatter and all-gathers (row_parallel_matmul): rows_ rounded up to tp_size.
-    const size_t R_shares = (size_t)CEIL_DIV(rows_, c.tp_size) * c.tp_size;
-    x_ = a.take<float>(R_shares * D);
-    xn_ = a.take<bf16>(R_shares * D);
+    x_ = a.take<float>(R * D);
+    xn_ = a.take<bf16>(R * D);
     qkv_ = a.take<float>(R * c.qkv_dim());
     q_ = a.take<bf16>(R * c.q_dim());
     att_ = a.take<bf16>(R * c.q_dim());
@@ -303,7 +300,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     const size_t Vs = c.vocab_shard();
     logits_ = a.take<float>(std::max((size_t)logit_rows_ * V, (size_t)c.tp_size * Vs));
     tp_gather_ = c.tp_size > 1 ? a.take<float>((size_t)c.tp_size * logit_rows_ * Vs) : nullptr;
-    tp_partial_ = c.tp_size > 1 ? a.take<bf16>(R_shares * D) : nullptr;
+    tp_partial_ = c.tp_size > 1 ? a.take<bf16>(R * D) : nullptr;
     // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and one layer
     // matrix's worth of bf16 for prefill (the largest with a quantized part).
     xq_ = nullptr;
@@ -364,6 +361,7 @@ void CudaEngine::release() noexcept {
     prof_.stop();
     prof_clock_.release();
     tp_oneshot_.close();
+    tp_rows_.close();
     nccl::destroy(tp_comm_);
     tp_comm_ = nullptr;
     if (inputs_uploaded_) cudaEventDestroy(inputs_uploaded_), inputs_uploaded_ = nullptr;
@@ -642,7 +640,12 @@ void CudaEngine::init_tensor_parallel(const nccl::UniqueId& id, int rank, int si
     if (size > 1) {
         const size_t largest = sizeof(float) * (size_t)rows_ * cfg_.dim;
         tp_oneshot_why_not_ = tp_oneshot_.open(tp_comm_, rank, size,
-                                               std::min(largest, tuning::all_reduce_oneshot_max_bytes(size)), stream_);
+                                               std::min(largest, tuning::all_reduce_oneshot_max_bytes(size)),
+                                               tuning::kAllReduceOneShotBlocks, stream_);
+        // Where it cannot open (no P2P: the one-shot group above did not either), NCCL sums the parts.
+        if (size <= tuning::kAllReduceRowsMaxRanks && cfg_.dim % 8 == 0)
+            tp_rows_.open(tp_comm_, rank, size, sizeof(bf16) * (size_t)rows_ * cfg_.dim, tuning::kAllReduceRowsBlocks,
+                          stream_);
     }
     // Graphs captured so far hold no all-reduce: capture again.
     for (cudaGraphExec_t& g : decode_graphs_)
@@ -682,6 +685,7 @@ void CudaEngine::all_reduce_x(int rows) {
 void CudaEngine::leave_one_shot() {
     if (!tp_oneshot_.ready()) return;
     activate();
+    tp_rows_.leave(tp_comm_, stream_);
     tp_oneshot_.leave(tp_comm_, stream_);
     tp_oneshot_why_not_ = "the group was left (leave_tensor_parallel)";
 }
@@ -750,7 +754,8 @@ double CudaEngine::all_reduce_bench(size_t bytes, const std::string& method, int
     OneShotAllReduce own_group;
     const OneShotAllReduce* group = &tp_oneshot_;
     if (oneshot && bytes > tp_oneshot_.capacity_bytes()) {
-        const std::string why = own_group.open(tp_comm_, tp_rank_, tp_size_, bytes, stream_);
+        const std::string why =
+            own_group.open(tp_comm_, tp_rank_, tp_size_, bytes, tuning::kAllReduceOneShotBlocks, stream_);
         BRRR_CHECK(why.empty(), "all_reduce_bench: a one-shot group of " << bytes << " bytes: " << why);
         group = &own_group;
     }

@@ -256,11 +256,10 @@ private:
     void replay_profiled(int B);
     // A row-parallel matmul (wo, w2): `rows` rows of `in` ([rows, W.cols] bf16) times W added into
     // the residual stream x_; under tensor parallelism the residual plus every rank's part, on every
-    // rank (the one-shot kernel on fp32, or NCCL on bf16 parts past its capacity). From
-    // tuning::kTpRowSplitMinRows NCCL rows on, each rank adds the sum into its share of x_'s rows
-    // only and returns xn_: rmsnorm(x_) * next_norm of all rows, the next matmul's input (with
-    // next_norm null, after the last layer, x_'s rows are gathered whole and it returns null).
-    // Otherwise null: x_ holds every row.
+    // rank (the one-shot kernel on fp32 up to its capacity; past it the bf16 parts, summed by the
+    // rows kernel of a 2-rank group or by NCCL). Past the GEMV's rows (prefill) the sum's add also
+    // normalizes x_ with next_norm (when given) into xn_ and returns xn_, the next matmul's input;
+    // otherwise null.
     const bf16* row_parallel_matmul(const Matrix& W, const bf16* in, int rows, const bf16* next_norm);
     // matmul of rmsnorm(x_) * norm_w: the rows at `normed` where row_parallel_matmul made them.
     void matmul_normed(const Matrix& W, const bf16* norm_w, const bf16* normed, int M, Epilogue ep,
@@ -299,15 +298,15 @@ private:
     int tables_dirty_lo_ = 0, tables_dirty_hi_ = 0;  // slots [lo, hi) changed since the last upload
     int* history_ = nullptr;          // [max_batch][max_seq]
     float* inv_freq_ = nullptr;       // [hd / 2]
-    float* x_ = nullptr;              // [rows_ rounded up to tp_size, D] residual stream
-    bf16* xn_ = nullptr;              // [rows_ rounded up to tp_size, D] normed input of a matmul
+    float* x_ = nullptr;              // [rows_, D] residual stream
+    bf16* xn_ = nullptr;              // [rows_, D] normed input of a matmul
     float* qkv_ = nullptr;            // [rows_, qkv_dim]
     bf16* q_ = nullptr;               // [rows_, Hq hd] rotated queries
     bf16* att_ = nullptr;             // [rows_, Hq hd] attention output
     bf16* hb_ = nullptr;              // [rows_, H] SwiGLU output
     float* logits_ = nullptr;         // [logit_rows_, V] (at least tp_size x Vs)
     float* tp_gather_ = nullptr;      // tensor parallelism: [tp_size][logit_rows_][Vs]
-    bf16* tp_partial_ = nullptr;      // tensor parallelism: [rows_ rounded up to tp_size, dim] a rank's bf16 part of wo / w2
+    bf16* tp_partial_ = nullptr;      // tensor parallelism: [rows_, dim] a rank's bf16 part of wo / w2
     quant::ActBlock* xq_ = nullptr;   // [tuning::kGemvMaxRows, max K / 32] activations of a quantized GEMV
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
     bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (prefill)
@@ -356,6 +355,9 @@ private:
     // capacity, min(tuning::all_reduce_oneshot_max_bytes(N), rows_ x dim floats), take it.
     OneShotAllReduce tp_oneshot_;
     std::string tp_oneshot_why_not_;
+    // The same kind of group for prefill chunks' bf16 parts (all_reduce_rows), open in 2-rank
+    // groups where the one-shot group is, with rows_ x dim bf16 halves; else NCCL sums them.
+    OneShotAllReduce tp_rows_;
     // Checks the method name of all_reduce_values / all_reduce_bench: true for "oneshot".
     bool all_reduce_method(const std::string& method) const;
     std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B

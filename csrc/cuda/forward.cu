@@ -106,50 +106,28 @@ const bf16* CudaEngine::row_parallel_matmul(const Matrix& W, const bf16* in, int
         if (tp_comm_) all_reduce_x(rows);
         return nullptr;
     }
-    // Past the one-shot capacity the ranks' bf16 parts cross the links (half the bytes of fp32; the
-    // residual is never rounded): each rank stores its part in tp_partial_.
-    const size_t D = cfg_.dim;
+    // Past the one-shot capacity (prefill chunks) the ranks' bf16 parts cross the links: each rank
+    // stores its part in tp_partial_, and the sum is added into x_. Where the next matmul would
+    // normalize x_ into xn_ first anyway (the GEMM's rows), the add does it instead: one pass over
+    // the fp32 residual fewer, the same values.
+    const size_t D = cfg_.dim, count = rows * D;
+    const bf16* norm = rows > tuning::kGemvMaxRows ? next_norm : nullptr;
     matmul(W, nullptr, nullptr, in, rows, Epilogue::StoreBf16, store_bf16(tp_partial_, split_k_));
-    if (rows < tuning::kTpRowSplitMinRows) {
-        // NCCL sums the parts on every rank and add_bf16_into_f32 adds the sum into x_.
-        const size_t count = (size_t)rows * D;
+    const double residual_bytes = (2.0 * sizeof(float) + sizeof(bf16) + (norm ? sizeof(bf16) : 0)) * count;
+    if (tp_rows_.ready()) {
+        // a 2-rank group: sum, add and RMSNorm in one kernel over the peer's part (allreduce.cu)
+        prof_.op("all_reduce_rows", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * count + residual_bytes));
+        tp_rows_.run_rows(tp_partial_, x_, norm, xn_, rows, cfg_.dim, cfg_.norm_eps, stream_);
+    } else {
         prof_.op("all_reduce", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * count));
         nccl::all_reduce_sum(tp_partial_, tp_partial_, count, tp_comm_, stream_);
-        prof_.op("add_partials", OpClass::Elementwise,
-                 profile::elementwise_cost(count, (2.0 * sizeof(float) + sizeof(bf16)) * count));
-        add_bf16_into_f32(tp_partial_, x_, count, stream_);
-        prof_.end();
-        return nullptr;
-    }
-    // Prefill chunks: rows split over the ranks. A reduce-scatter leaves rank r the summed parts of
-    // its share of rows only; it adds them into its rows of x_ and normalizes those rows for the
-    // next matmul in one pass (rmsnorm_add_bf16); an all-gather of the bf16 rows
-    // gives every rank the whole normalized input. The same bytes cross the links as in one
-    // all-reduce, and each rank's fp32 passes over the residual cover 1 / N of the rows. x_ stays
-    // current on rank r's rows only, so the matmul after takes the returned rows; after the last
-    // layer (next_norm null) the fp32 rows are gathered instead, for the LM head.
-    const int N = tp_size_, share = CEIL_DIV(rows, N);  // the last rank's share may run past rows
-    const int row0 = tp_rank_ * share, mine = std::max(0, std::min(rows, row0 + share) - row0);
-    const size_t share_count = (size_t)share * D;
-    prof_.op("reduce_scatter", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * N * share_count));
-    nccl::reduce_scatter_sum(tp_partial_, tp_partial_ + row0 * D, share_count, tp_comm_, stream_);
-    float* x_mine = x_ + row0 * D;
-    const bf16* sum_mine = tp_partial_ + row0 * D;
-    if (next_norm) {
-        prof_.op("add_rmsnorm", OpClass::Elementwise,
-                 profile::elementwise_cost(5.0 * mine * D, (2.0 * sizeof(float) + 2.0 * sizeof(bf16)) * mine * D));
-        rmsnorm_add_bf16(x_mine, sum_mine, next_norm, xn_ + row0 * D, mine, cfg_.dim, cfg_.norm_eps, stream_);
-        prof_.op("all_gather_normed", OpClass::Copy, profile::copy_cost(2.0 * sizeof(bf16) * N * share_count));
-        nccl::all_gather_bytes(xn_ + row0 * D, xn_, sizeof(bf16) * share_count, tp_comm_, stream_);
-    } else {
-        prof_.op("add_partials", OpClass::Elementwise,
-                 profile::elementwise_cost((double)mine * D, (2.0 * sizeof(float) + sizeof(bf16)) * mine * D));
-        if (mine > 0) add_bf16_into_f32(sum_mine, x_mine, (size_t)mine * D, stream_);
-        prof_.op("all_gather_x", OpClass::Copy, profile::copy_cost(2.0 * sizeof(float) * N * share_count));
-        nccl::all_gather_bytes(x_mine, x_, sizeof(float) * share_count, tp_comm_, stream_);
+        prof_.op(norm ? "add_rmsnorm" : "add_partials", OpClass::Elementwise,
+                 profile::elementwise_cost(norm ? 5.0 * count : (double)count, residual_bytes));
+        if (norm) rmsnorm_add_bf16(x_, tp_partial_, norm, xn_, rows, cfg_.dim, cfg_.norm_eps, stream_);
+        else add_bf16_into_f32(tp_partial_, x_, count, stream_);
     }
     prof_.end();
-    return next_norm ? xn_ : nullptr;
+    return norm ? xn_ : nullptr;
 }
 
 bool CudaEngine::Segment::is_short() const { return rows <= tuning::kPrefillShortSegmentRows; }

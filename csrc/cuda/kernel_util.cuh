@@ -119,6 +119,24 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
 }
+// Sum over the block (a whole number of warps); every thread gets the result. All threads must
+// call it; it ends with a barrier, so a loop may call it again at once.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int n_warps = (blockDim.x + 31) >> 5;
+        v = warp_sum(lane < n_warps ? warp_sums[lane] : 0.f);
+        if (lane == 0) warp_sums[0] = v;
+    }
+    __syncthreads();
+    const float total = warp_sums[0];
+    __syncthreads();
+    return total;
+}
 
 // Split-K style merges (flash_decode's splits, the GEMM's split-K tiles): each of `splits` groups
 // of threads writes its partial to global memory, then counts itself in; the last to arrive reads

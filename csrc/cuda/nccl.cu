@@ -24,7 +24,6 @@ struct Api {
     int (*comm_init_rank)(Comm*, int, UniqueId, int) = nullptr;
     int (*all_reduce)(const void*, void*, size_t, int, int, Comm, cudaStream_t) = nullptr;
     int (*all_gather)(const void*, void*, size_t, int, Comm, cudaStream_t) = nullptr;
-    int (*reduce_scatter)(const void*, void*, size_t, int, int, Comm, cudaStream_t) = nullptr;
     int (*comm_destroy)(Comm) = nullptr;
     const char* (*error_string)(int) = nullptr;
 };
@@ -75,7 +74,6 @@ void load(const std::string& library) {
     resolve(handle, "ncclCommInitRank", &next.comm_init_rank);
     resolve(handle, "ncclAllReduce", &next.all_reduce);
     resolve(handle, "ncclAllGather", &next.all_gather);
-    resolve(handle, "ncclReduceScatter", &next.reduce_scatter);
     resolve(handle, "ncclCommDestroy", &next.comm_destroy);
     resolve(handle, "ncclGetErrorString", &next.error_string);
     a = next;
@@ -105,11 +103,6 @@ void all_reduce_sum(const __nv_bfloat16* in, __nv_bfloat16* out, size_t count, C
 
 void all_gather_bytes(const void* in, void* out, size_t bytes, Comm comm, cudaStream_t stream) {
     check(loaded().all_gather(in, out, bytes, kInt8, comm, stream), "ncclAllGather");
-}
-
-void reduce_scatter_sum(const __nv_bfloat16* in, __nv_bfloat16* out, size_t count, Comm comm,
-                        cudaStream_t stream) {
-    check(loaded().reduce_scatter(in, out, count, kBfloat16, kSum, comm, stream), "ncclReduceScatter (bf16)");
 }
 
 void destroy(Comm comm) noexcept {

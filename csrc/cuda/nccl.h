@@ -36,9 +36,6 @@ void all_reduce_sum(const __nv_bfloat16* in, __nv_bfloat16* out, size_t count, C
 // Rank r's `bytes` bytes at `in` (device memory) land at out + r * bytes on every rank, ordered on
 // `stream`; out holds size * bytes.
 void all_gather_bytes(const void* in, void* out, size_t bytes, Comm comm, cudaStream_t stream);
-// Block r of the sum over the ranks of size x `count` bf16 values at `in` lands at `out` on rank r
-// (NCCL adds in fp32 and rounds each step's sum to bf16); in place when out == in + r * count.
-void reduce_scatter_sum(const __nv_bfloat16* in, __nv_bfloat16* out, size_t count, Comm comm, cudaStream_t stream);
 // Frees the communicator (noexcept: engines call it while releasing).
 void destroy(Comm comm) noexcept;
 

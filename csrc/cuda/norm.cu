@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "cuda/check.cuh"
+#include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
 
@@ -26,28 +27,6 @@ constexpr int kMaxThreads = 1024;
 
 // Threads for `chunks` units of work: a whole number of warps, at most one unit short of enough.
 int threads_for(int chunks) { return std::min(kMaxThreads, std::max(32, CEIL_DIV(chunks, 32) * 32)); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-// Sum over the block; every thread gets the result. Called once per kernel.
-__device__ float block_sum(float v) {
-    __shared__ float warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        const int n_warps = (blockDim.x + 31) >> 5;
-        v = lane < n_warps ? warp_sums[lane] : 0.f;
-        v = warp_sum(v);
-        if (lane == 0) warp_sums[0] = v;
-    }
-    __syncthreads();
-    return warp_sums[0];
-}
 
 // Eight residual values at element 8 i, as two float4.
 __device__ __forceinline__ void load8(const float* r, int i, float4& a, float4& b) {
@@ -93,7 +72,7 @@ __global__ void rmsnorm_vec8_kernel(float* __restrict__ x, const Residual* __res
         sum_sq += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
         sum_sq += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
     }
-    const float rstd = rsqrtf(block_sum(sum_sq) / (float)D + eps);
+    const float rstd = rsqrtf(util::block_sum(sum_sq) / (float)D + eps);
 
     for (int i = threadIdx.x; i < n_vec; i += blockDim.x) {
         const float4 a = x4[2 * i], b = x4[2 * i + 1];
@@ -127,7 +106,7 @@ __global__ void rmsnorm_scalar_kernel(float* __restrict__ x, const Residual* __r
         }
         sum_sq += v * v;
     }
-    const float rstd = rsqrtf(block_sum(sum_sq) / (float)D + eps);
+    const float rstd = rsqrtf(util::block_sum(sum_sq) / (float)D + eps);
     for (int i = threadIdx.x; i < D; i += blockDim.x)
         y[row + i] = __float2bfloat16_rn(x[row + i] * rstd * __bfloat162float(w[i]));
 }

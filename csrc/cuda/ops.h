@@ -195,17 +195,19 @@ struct SampleFeedBack {
 void sample_tokens(const float* logits, const int* history, const int* slots, int* positions, const SampleParamsDev* params, uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back, cudaStream_t stream);
 
 // ---- allreduce.cu: the one-shot all-reduce of tensor parallelism over CUDA IPC (one host) -----
-// Every rank's IPC buffer as the kernel sees it (allreduce.h opens them): data[r] rank r's two data halves of half_floats each, signals[r] its flags [kAllReduceOneShotBlocks][kMaxRanks], counters this rank's round per CTA.
+// Every rank's IPC buffer as the kernels see it (allreduce.h opens them): data[r] rank r's two data halves of half_floats each, signals[r] its flags [blocks][kMaxRanks], counters this rank's round per CTA; the group's kernels launch `blocks` CTAs.
 struct AllReducePeers {
     static constexpr int kMaxRanks = 8;
     float* data[kMaxRanks] = {};
     unsigned* signals[kMaxRanks] = {};
     unsigned* counters = nullptr;
     size_t half_floats = 0;
-    int rank = 0, size = 0;
+    int rank = 0, size = 0, blocks = 0;
 };
 // out[i] = rank 0's in[i] + rank 1's in[i] + ... in rank order (bit-identical on every rank); count % 4 == 0, count <= half_floats, in and out 16-byte aligned (in == out allowed); every rank calls it with the same count; PDL.
 void all_reduce_oneshot(const float* in, float* out, size_t count, const AllReducePeers& peers, cudaStream_t stream);
+// x[m] += sum over the ranks of part[m] (bf16 [rows, D], fp32 sums in rank order, bit-identical on every rank), then y[m] = bf16(rmsnorm(x[m]) * norm_w) unless norm_w is null; D % 8 == 0, rows x D <= 2 x half_floats, 16-byte aligned, 2 to 4 ranks, the same rows on every rank; PDL.
+void all_reduce_rows(const bf16* part, float* x, const bf16* norm_w, bf16* y, int rows, int D, float eps, const AllReducePeers& peers, cudaStream_t stream);
 // x[i] += float(partial[i]) (the residual stream takes the ranks' summed bf16 partials of wo / w2 after an NCCL all-reduce); count % 4 == 0, both pointers 16-byte aligned; PDL.
 void add_bf16_into_f32(const bf16* partial, float* x, size_t count, cudaStream_t stream);
 

@@ -97,18 +97,21 @@ constexpr size_t kAllReduceOneShotMaxPeerBytes = 4 * 1024 * 1024;
 inline size_t all_reduce_oneshot_max_bytes(int ranks) {
     return kAllReduceOneShotMaxPeerBytes / (size_t)(ranks > 1 ? ranks - 1 : 1) / 16 * 16;
 }
-// NCCL-sized row-parallel steps from this many rows on split the rows over the ranks
-// (reduce-scatter, add + RMSNorm of a rank's share, all-gather: CudaEngine::row_parallel_matmul):
-// the same bytes on the links as one all-reduce, and 1 / N of the fp32 passes over the residual
-// per rank. Below it (decode batches in a group without the one-shot kernel) one all-reduce is one
-// collective's latency instead of two. A prefill chunk's rows are well past it; the exact switch
-// point is not measured.
-constexpr int kTpRowSplitMinRows = 256;
 // CTAs and threads of the one-shot kernel, the same for every message: the barrier's invariant
 // needs each element handled by the same CTA index on every rank and in every call (allreduce.cu).
 // More CTAs spread a large message's loads over more SMs; each pays its own flag round trip.
 constexpr int kAllReduceOneShotBlocks = 32;
 constexpr int kAllReduceOneShotThreads = 512;
+// The rows kernel of a 2-rank group's prefill chunks (all_reduce_rows: sum, add and RMSNorm of
+// rows_ x dim bf16 parts, reading the peer's part over the links): a fixed grid as above, but
+// a bandwidth-bound pass over tens of MB, so about one CTA per SM of an H100 (132), each a row
+// at a time. Every CTA must be resident while it spins at the barrier: 128 CTAs of 512 threads
+// fit one wave of any GPU of 64 SMs or more.
+constexpr int kAllReduceRowsBlocks = 128;
+constexpr int kAllReduceRowsThreads = 512;
+// Largest group that sums prefill parts with the rows kernel: each rank reads (N - 1) x the part
+// over its links, where NCCL's ring moves 2 (N - 1) / N x (equal at 2 ranks).
+constexpr int kAllReduceRowsMaxRanks = 2;
 
 // ---- the runtime switch (launch.cuh) -------------------------------------------------------------
 // LLAMA_BRRR_PDL=0 launches the decode chain's kernels plainly instead of with programmatic
