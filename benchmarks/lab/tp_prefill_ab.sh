@@ -5,7 +5,7 @@
 # A variant is a copy of this tree changed one way, NAME=SPEC in $VARIANTS:
 #   sed:FILE:EXPR   the sed expression EXPR applied to FILE (the change must take, or the run stops)
 #   tar:PATH        a tarball unpacked over the copy (say, another commit's csrc/: `git archive`)
-#   VARIANTS="nccl=sed:csrc/cuda/tuning.h:s/kAllReduceRowsMaxRanks = 2/kAllReduceRowsMaxRanks = 1/" \
+#   VARIANTS="nccl=sed:csrc/cuda/tuning.h:s/RowsMaxRanks[[:space:]]=[[:space:]]2;/RowsMaxRanks=1;/" \
 #       OUT=/tmp/ab bash benchmarks/lab/tp_prefill_ab.sh
 # $OUT gets prefill_*.json, bench.log, table.txt and the build logs. The measurements are in
 # docs/kernels/allreduce.md.
