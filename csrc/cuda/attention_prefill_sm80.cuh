@@ -61,8 +61,6 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     const int n_tiles = CEIL_DIV(kv_end, KV);
 
     const uint16_t* qbits = reinterpret_cast<const uint16_t*>(a.q);
-    const uint16_t* kbits = static_cast<const uint16_t*>(a.kv.k);
-    const uint16_t* vbits = static_cast<const uint16_t*>(a.kv.v);
     for (int c = tid; c < kRows * HD / 8; c += kThreads) {
         const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
         const bool ok = q0 + r < a.T;
@@ -70,29 +68,23 @@ __global__ void __launch_bounds__(kPreThreads) attention_prefill_kernel(PrefillA
     }
     // FP8: 16 elements a piece, into the staging area; widen_kv then fills the bf16 tile.
     constexpr int kPiece = FP8 ? 16 : 8;
+    // Row r of stage `stage` of the K or V tile a piece is copied to: the bf16 tile itself, or FP8's
+    // staging area (unpadded rows of HD bytes).
+    auto kv_dst = [&](bool is_v, int stage, int r, int col) -> void* {
+        if constexpr (FP8) return (is_v ? V8 : K8) + (stage * KV + r) * HD + col;
+        return (is_v ? Vs : Ks) + (stage * KV + r) * P + col;
+    };
     auto load_kv = [&](int stage, int p0) {
-        if constexpr (FP8) {
-            for (int c = tid; c < KV * HD / kPiece; c += kThreads) {
-                const int r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
-                const int p = p0 + r;
-                const int64_t row = p < kv_total ? a.kv.pages.row(a.slot, p) : -1;
-                const bool ok = row >= 0;
-                const size_t off = ((size_t)(ok ? row : 0) * a.n_kv_heads + kvh) * HD + col;
-                ptx::cp_async_16(K8 + (stage * KV + r) * HD + col, static_cast<const uint8_t*>(a.kv.k) + off, ok);
-                ptx::cp_async_16(V8 + (stage * KV + r) * HD + col, static_cast<const uint8_t*>(a.kv.v) + off, ok);
-            }
-            return;
-        }
-        uint16_t* Kst = Ks + stage * KV * P;
-        uint16_t* Vst = Vs + stage * KV * P;
-        for (int c = tid; c < KV * HD / 8; c += kThreads) {
-            const int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+        const char* kbase = static_cast<const char*>(a.kv.k);
+        const char* vbase = static_cast<const char*>(a.kv.v);
+        for (int c = tid; c < KV * HD / kPiece; c += kThreads) {
+            const int r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
             const int p = p0 + r;
             const int64_t row = p < kv_total ? a.kv.pages.row(a.slot, p) : -1;
             const bool ok = row >= 0;  // else zeros (cp.async's zero fill), which masked positions meet
-            const size_t off = ((size_t)(ok ? row : 0) * a.n_kv_heads + kvh) * HD + col;
-            ptx::cp_async_16(Kst + r * P + col, kbits + off, ok);
-            ptx::cp_async_16(Vst + r * P + col, vbits + off, ok);
+            const size_t off = (((size_t)(ok ? row : 0) * a.n_kv_heads + kvh) * HD + col) * (16 / kPiece);
+            ptx::cp_async_16(kv_dst(false, stage, r, col), kbase + off, ok);
+            ptx::cp_async_16(kv_dst(true, stage, r, col), vbase + off, ok);
         }
     };
     auto widen_kv = [&](int stage) {

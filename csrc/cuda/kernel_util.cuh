@@ -76,25 +76,27 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
     const float2 f = e4m3x2_to_float2(v);
     return pack_bf16x2(f.x, f.y);
 }
+// Four e4m3 bytes (one word) widened, in order, to four bf16 or (F16) fp16 values (two words), exactly.
+template <bool F16>
+__device__ __forceinline__ uint2 widen_e4m3x4(uint32_t w) {
+    const uint16_t lo = (uint16_t)w, hi = (uint16_t)(w >> 16);
+    return F16 ? make_uint2(e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi))
+               : make_uint2(e4m3x2_to_bf16x2(lo), e4m3x2_to_bf16x2(hi));
+}
 // Sixteen e4m3 bytes widened, in order, to sixteen bf16 or (F16) fp16 values at dst (two uint4),
 // exactly: how the attention kernels turn a 16-byte copy of an e4m3 cache into an MMA tile.
 template <bool F16>
 __device__ __forceinline__ void widen_e4m3x16(const uint4& bytes, uint4* dst) {
-    const uint32_t w[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
-    uint32_t out[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const uint16_t pair = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
-        out[j] = F16 ? e4m3x2_to_f16x2(pair) : e4m3x2_to_bf16x2(pair);
-    }
-    dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
-    dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+    const uint2 a = widen_e4m3x4<F16>(bytes.x), b = widen_e4m3x4<F16>(bytes.y);
+    const uint2 c = widen_e4m3x4<F16>(bytes.z), d = widen_e4m3x4<F16>(bytes.w);
+    dst[0] = make_uint4(a.x, a.y, b.x, b.y);
+    dst[1] = make_uint4(c.x, c.y, d.x, d.y);
 }
 // Eight KV elements as eight bf16 (a uint4), dims in order: bf16 as they are, e4m3 widened.
 __device__ __forceinline__ uint4 kv8_to_bf16x8(const uint4& v) { return v; }
 __device__ __forceinline__ uint4 kv8_to_bf16x8(const uint2& v) {
-    return make_uint4(e4m3x2_to_bf16x2((uint16_t)v.x), e4m3x2_to_bf16x2((uint16_t)(v.x >> 16)),
-                      e4m3x2_to_bf16x2((uint16_t)v.y), e4m3x2_to_bf16x2((uint16_t)(v.y >> 16)));
+    const uint2 a = widen_e4m3x4<false>(v.x), b = widen_e4m3x4<false>(v.y);
+    return make_uint4(a.x, a.y, b.x, b.y);
 }
 
 // acc + dot(w, x) over the eight bf16 pairs of two 16-byte vectors.

@@ -39,7 +39,6 @@ struct KvCache {
     int n_blocks = 0;  // in the pool
     int max_seq = 0;
     bool fp8 = false;
-    BRRR_HOST_DEVICE int elem_bytes() const { return fp8 ? 1 : 2; }
 };
 struct RopeKVArgs {
     const int* positions = nullptr;   // [M] position of row m in its sequence
