@@ -5,6 +5,8 @@
 # A variant is a copy of this tree changed one way, NAME=SPEC in $VARIANTS:
 #   sed:FILE:EXPR   the sed expression EXPR applied to FILE (the change must take, or the run stops)
 #   tar:PATH        a tarball unpacked over the copy (say, another commit's csrc/: `git archive`)
+#   patch:PATH      a patch (-p1) applied to the copy (benchmarks/lab/variants/*.patch; each names
+#                   the tree it applies to)
 #   VARIANTS="nccl=sed:csrc/cuda/tuning.h:s/RowsMaxRanks[[:space:]]=[[:space:]]2;/RowsMaxRanks=1;/" \
 #       OUT=/tmp/ab bash benchmarks/lab/tp_prefill_ab.sh
 # $OUT gets prefill_*.json, bench.log, table.txt and the build logs. The measurements are in
@@ -36,6 +38,7 @@ for spec in ${VARIANTS:-}; do
             cp "$d/$file" "$d/$file.orig" && sed -i "$expr" "$d/$file" && ! cmp -s "$d/$file" "$d/$file.orig" ||
                 { echo "variant $name: '$expr' changed nothing in $file"; exit 1; } ;;
         tar:*) tar -C "$d" -xf "${how#tar:}" || { echo "variant $name: cannot unpack ${how#tar:}"; exit 1; } ;;
+        patch:*) (cd "$d" && patch -s -p1 < "$ROOT/${how#patch:}") || { echo "variant $name: ${how#patch:} does not apply"; exit 1; } ;;
         *) echo "variant $name: unknown spec '$how'"; exit 1 ;;
     esac
     names+=("$name")
