@@ -13,7 +13,8 @@
 // End:        logits = rmsnorm(x) * norm · output^T
 // Tensor parallelism: wo and w2 give each rank a partial sum, all-reduced into x after each (and
 // the embedding, each rank's vocabulary rows, after it); the LM head gives each rank its logit
-// columns, all-gathered (forward_lm_head).
+// columns, all-gathered (forward_lm_head). A prefill chunk's sum is added together with the next
+// RMSNorm, and the matmul after takes those rows (row_parallel_matmul, matmul_normed).
 // At decode (B <= 16 rows) each matmul line is one GEMV kernel and the kernels overlap through
 // programmatic dependent launch (launch.cuh); larger row counts take the tensor-core GEMM, with the
 // norm and RoPE as separate kernels behind the same calls.
@@ -108,8 +109,8 @@ const bf16* CudaEngine::row_parallel_matmul(const Matrix& W, const bf16* in, int
     }
     // Past the one-shot capacity (prefill chunks) the ranks' bf16 parts cross the links: each rank
     // stores its part in tp_partial_, and the sum is added into x_. Where the next matmul would
-    // normalize x_ into xn_ first anyway (the GEMM's rows), the add does it instead: one pass over
-    // the fp32 residual fewer, the same values.
+    // normalize x_ into bf16 xn_ first anyway (past the GEMV's rows), the add does it instead: one
+    // pass over the fp32 residual fewer, the same values.
     const size_t D = cfg_.dim, count = rows * D;
     const bf16* norm = rows > tuning::kGemvMaxRows ? next_norm : nullptr;
     matmul(W, nullptr, nullptr, in, rows, Epilogue::StoreBf16, store_bf16(tp_partial_, split_k_));
