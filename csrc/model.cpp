@@ -128,7 +128,7 @@ void check_prefill_args(const Config& c, int slot, const int32_t* tokens, int n_
 }
 
 void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* slots,
-                       const int32_t* positions, int batch, int n_steps) {
+                       const int32_t* positions, int batch, int n_steps, int fed_rows) {
     check_batch(c, batch);
     BRRR_CHECK_ARG(n_steps >= 1 && n_steps <= kMaxDecodeSteps,
                    "n_steps must be in [1, " << kMaxDecodeSteps << "], got " << n_steps);
@@ -139,7 +139,19 @@ void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* sl
                        << c.max_seq_len - positions[i] << " of the " << n_steps
                        << " steps asked for (max_seq_len is " << c.max_seq_len << ")");
     BRRR_CHECK_ARG(tokens, "null tokens pointer");
-    check_tokens(c, tokens, batch);
+    for (int i = 0; i < batch; ++i) {
+        if (tokens[i] >= 0) {
+            BRRR_CHECK_ARG(tokens[i] < c.vocab_size, "tokens[" << i << "] = token id " << tokens[i]
+                           << " is out of range for vocab_size " << c.vocab_size);
+            continue;
+        }
+        BRRR_CHECK_ARG(fed_rows > 0, "tokens[" << i << "] = " << tokens[i] << " continues a row of the "
+                       "previous decode_launch, but there is none to continue (only decode_launch "
+                       "takes negative tokens, after a decode_launch and before decode_discard)");
+        BRRR_CHECK_ARG(-1 - (int64_t)tokens[i] < fed_rows,
+                       "tokens[" << i << "] = " << tokens[i] << " continues row " << -1 - (int64_t)tokens[i]
+                       << " of the previous decode_launch, which had " << fed_rows << " rows");
+    }
 }
 
 void check_sample_args(const Config& c, const int32_t* slots, const int32_t* positions, int batch) {
@@ -267,6 +279,45 @@ std::vector<int64_t> weight_shape(const Config& c, const std::string& name) {
     }
     BRRR_CHECK_ARG(false, "unknown weight name '" << name << "'; expected tok_embeddings, norm, output or "
               "layers.<i>.{attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3}");
+}
+
+// ---- Engine: the host form of decode_launch / decode_wait -----------------------------------
+
+void Engine::decode_launch(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                           const SamplingParams* params, const uint64_t* steps, int batch, int n_steps) {
+    BRRR_CHECK((int)host_pending_.size() < kMaxPendingDecodes,
+               "decode_launch: " << host_pending_.size() << " launches are pending already (at most "
+               << kMaxPendingDecodes << "); decode_wait for the oldest first");
+    check_decode_args(config(), tokens, slots, positions, batch, n_steps, (int)host_fed_.size());
+    std::vector<int32_t> fed(tokens, tokens + batch);
+    for (int i = 0; i < batch; ++i)
+        if (fed[i] < 0) fed[i] = host_fed_[-1 - (int64_t)fed[i]];
+    HostDecode d;
+    d.n_steps = n_steps;
+    d.batch = batch;
+    d.tokens.resize((size_t)n_steps * batch);
+    d.logprobs.resize((size_t)n_steps * batch);
+    decode_steps(fed.data(), slots, positions, params, steps, batch, n_steps, d.tokens.data(), d.logprobs.data());
+    host_fed_.assign(d.tokens.end() - batch, d.tokens.end());
+    host_pending_.push_back(std::move(d));
+}
+
+void Engine::decode_wait(int32_t* out_tokens, float* out_logprobs) {
+    BRRR_CHECK(!host_pending_.empty(), "decode_wait: no decode_launch is pending");
+    HostDecode d = std::move(host_pending_.front());
+    host_pending_.erase(host_pending_.begin());
+    std::copy(d.tokens.begin(), d.tokens.end(), out_tokens);
+    std::copy(d.logprobs.begin(), d.logprobs.end(), out_logprobs);
+}
+
+void Engine::decode_discard() {
+    host_pending_.clear();
+    host_fed_.clear();
+}
+
+std::pair<int, int> Engine::decode_pending_shape() const {
+    if (host_pending_.empty()) return {0, 0};
+    return {host_pending_.front().n_steps, host_pending_.front().batch};
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {

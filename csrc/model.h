@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -145,9 +146,11 @@ std::string sampling_params_problem(const SamplingParams& p);
 //            max_seq_len, every token in [0, vocab_size)
 void check_prefill_args(const Config& c, int slot, const int32_t* tokens, int n_tokens, int start_pos);
 //   decode (n_steps = 1) and decode_steps: batch in [1, max_batch], n_steps in [1, kMaxDecodeSteps],
-//            each slot valid and at most once, positions[i] + n_steps - 1 < max_seq_len, tokens valid
+//            each slot valid and at most once, positions[i] + n_steps - 1 < max_seq_len, tokens valid;
+//            decode_launch also takes tokens[i] < 0 as "row -1 - tokens[i] of the newest launch",
+//            valid below fed_rows (that launch's batch; 0 when there is none to continue)
 void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* slots,
-                       const int32_t* positions, int batch, int n_steps);
+                       const int32_t* positions, int batch, int n_steps, int fed_rows = 0);
 //   sample:  batch, slots and positions as for decode
 void check_sample_args(const Config& c, const int32_t* slots, const int32_t* positions, int batch);
 //   prefill_many: n_seqs in [1, max_batch], slots valid and distinct, each sequence as for prefill
@@ -158,6 +161,8 @@ void check_history_args(const Config& c, int slot, int start_pos, const int32_t*
 
 // Most rounds one decode_steps call runs (the depth of the CUDA engine's on-device token ring).
 constexpr int kMaxDecodeSteps = 64;
+// Most decode_launch calls whose results are not yet taken: the one running and the next.
+constexpr int kMaxPendingDecodes = 2;
 
 // Counter-based RNG shared by both backends: the same (seed, step) gives the same uniform in
 // [0, 1) on CPU and GPU, so sampled runs are reproducible and independent of batch layout.
@@ -252,6 +257,37 @@ public:
             }
         }
     }
+
+    // decode_steps in two halves, so a caller can prepare launch k + 1 while launch k runs and
+    // read k's tokens while k + 1 runs. decode_launch enqueues the rounds and returns; decode_wait
+    // takes the oldest pending launch's tokens and log-probabilities ([n_steps, batch] of that
+    // launch, decode_pending_shape). At most kMaxPendingDecodes launches are pending.
+    // tokens[i] < 0 continues row j = -1 - tokens[i] of the newest launch (pending or taken): row
+    // i feeds the token that row j sampled in that launch's last round, which the host need not
+    // have seen. Between launches prefill_many, set_block_table and set_history may run (they
+    // queue behind the pending rounds); decode, sample and decode_steps wait for none, so the
+    // bindings refuse them while launches are pending. decode_discard forgets the pending
+    // launches and what could be continued (after an error, or to abandon the rows). These
+    // defaults run the rounds at once through decode_steps (a host backend has nothing to
+    // overlap); the CUDA engine enqueues them and returns.
+    virtual void decode_launch(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                               const SamplingParams* params, const uint64_t* steps, int batch, int n_steps);
+    virtual void decode_wait(int32_t* out_tokens, float* out_logprobs);
+    virtual void decode_discard();
+    virtual int decode_pending() const { return (int)host_pending_.size(); }
+    // {n_steps, batch} of the oldest pending launch ({0, 0} when none is pending).
+    virtual std::pair<int, int> decode_pending_shape() const;
+
+private:
+    // The defaults' state: each pending launch's results, and the newest launch's last-round
+    // tokens (what a negative token continues).
+    struct HostDecode {
+        int n_steps = 0, batch = 0;
+        std::vector<int32_t> tokens;  // [n_steps, batch]
+        std::vector<float> logprobs;  // [n_steps, batch]
+    };
+    std::vector<HostDecode> host_pending_;  // oldest first
+    std::vector<int32_t> host_fed_;          // [batch of the newest launch]
 };
 
 }  // namespace brrr

@@ -34,6 +34,12 @@
 //        csrc/cpu/sampling.h
 //     .decode_steps(tokens, slots, positions, params, step, n_steps) -> (tokens, logprobs)
 //        n_steps (<= 64) rounds of decode + sample, each [n_steps, B]
+//     .decode_launch(tokens, slots, positions, params, step, n_steps)   the same, without waiting
+//        (at most 2 pending); tokens[i] = -1 - j continues row j of the previous launch
+//     .decode_wait() -> (tokens, logprobs)   the oldest pending launch's results
+//     .decode_discard()                      forgets the pending launches
+//     .decode_pending                        how many are pending; decode, sample and
+//        decode_steps are refused while any is
 //     .use_cuda_graphs (read/write)          cuda backend: replay one decode graph per batch size
 //     .set_block_table(slot, blocks[int32 n]) the paged KV cache: the slot's blocks in position order
 //     .set_history(slot, start_pos, tokens[int32 n])   repetition-penalty memory of shared positions
@@ -222,6 +228,14 @@ brrr::DType weight_array_dtype(const py::array& a, const std::string& dtype, con
 }
 
 // The rows of a decode call: tokens, slots and positions, int32 arrays of one length B.
+// decode, sample and decode_steps read or overwrite what a pending decode_launch is still
+// writing, and wait for nothing: they are refused until its results are taken.
+void require_no_pending_decode(const PyEngine& self, const char* call) {
+    const int n = self.impl->decode_pending();
+    BRRR_CHECK(n == 0, call << ": " << n << " decode_launch call(s) are pending; take their results "
+                       "with decode_wait (or drop them with decode_discard) first");
+}
+
 struct BatchRows {
     py::array_t<int32_t> tokens, slots, positions;
     py::ssize_t B;
@@ -391,6 +405,7 @@ void bind_engine(py::module_& m) {
         }
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
+            require_no_pending_decode(self, "decode");
             const double t0 = brrr::profile::now();
             self.impl->decode(t, s, p, saturate_int(B), out);
             self.record_call("decode", brrr::profile::Phase::Decode, t0);
@@ -414,6 +429,7 @@ void bind_engine(py::module_& m) {
         const uint64_t* steps = st.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
+            require_no_pending_decode(self, "sample");
             const double t0 = brrr::profile::now();
             self.impl->sample(s, p, rp, steps, saturate_int(B), tok_out, lp_out);
             self.record_call("sample", brrr::profile::Phase::Sample, t0);
@@ -441,6 +457,7 @@ void bind_engine(py::module_& m) {
         const uint64_t* steps = st.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
+            require_no_pending_decode(self, "decode_steps");
             const double t0 = brrr::profile::now();
             self.impl->decode_steps(t, s, p, rp, steps, saturate_int(B), rounds, tok_out, lp_out);
             self.record_call("decode_steps", brrr::profile::Phase::Decode, t0);
@@ -450,6 +467,61 @@ void bind_engine(py::module_& m) {
        py::arg("n_steps"),
        "n_steps rounds of decode + sample, each round's tokens fed back as the next round's inputs "
        "(on the device for CUDA); returns (tokens, logprobs), each of shape (n_steps, B)");
+
+    engine_cls.def("decode_launch", [](PyEngine& self, const py::object& tokens, const py::object& slots,
+                                       const py::object& positions, const py::object& params,
+                                       const py::object& step, int64_t n_steps) {
+        const BatchRows rows(tokens, slots, positions);
+        const py::ssize_t B = rows.B;
+        auto sampling = sampling_rows(params, B);
+        auto st = checked_array<uint64_t>(step, "step", {B}, "uint64 array of shape (B,)");
+        const int32_t *t = rows.tokens.data(), *s = rows.slots.data(), *p = rows.positions.data();
+        const brrr::SamplingParams* rp = rows_of(sampling);
+        const uint64_t* steps = st.data();
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
+            self.impl->decode_launch(t, s, p, rp, steps, saturate_int(B), saturate_int(n_steps));
+            self.record_call("decode_launch", brrr::profile::Phase::Decode, t0);
+        });
+    }, py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("params"), py::arg("step"),
+       py::arg("n_steps"),
+       "decode_steps without waiting: enqueues the rounds and returns; decode_wait() takes the "
+       "results. tokens[i] = -1 - j continues row j of the previous launch (the token it sampled "
+       "last, which the caller need not have read)");
+
+    engine_cls.def("decode_wait", [](PyEngine& self) {
+        std::vector<int32_t> tok;
+        std::vector<float> lp;
+        std::pair<int, int> shape;
+        without_gil([&] {
+            std::lock_guard<std::mutex> lock(self.mutex);
+            const double t0 = brrr::profile::now();
+            shape = self.impl->decode_pending_shape();
+            BRRR_CHECK(shape.first > 0, "decode_wait: no decode_launch is pending");
+            tok.resize((size_t)shape.first * shape.second);
+            lp.resize(tok.size());
+            self.impl->decode_wait(tok.data(), lp.data());
+            self.record_call("decode_wait", brrr::profile::Phase::Decode, t0);
+        });
+        py::array_t<int32_t> out_tokens({(py::ssize_t)shape.first, (py::ssize_t)shape.second});
+        py::array_t<float> out_logprobs({(py::ssize_t)shape.first, (py::ssize_t)shape.second});
+        std::copy(tok.begin(), tok.end(), out_tokens.mutable_data());
+        std::copy(lp.begin(), lp.end(), out_logprobs.mutable_data());
+        return py::make_tuple(out_tokens, out_logprobs);
+    }, "the oldest pending decode_launch's (tokens, logprobs), each of shape (n_steps, B); "
+       "blocks until its rounds are done");
+
+    engine_cls.def("decode_discard", [](PyEngine& self) {
+        std::lock_guard<std::mutex> lock(self.mutex);
+        self.impl->decode_discard();
+    }, "forgets every pending decode_launch (their rounds still run) and the rows a negative token "
+       "could continue");
+
+    engine_cls.def_property_readonly("decode_pending", [](PyEngine& self) {
+        std::lock_guard<std::mutex> lock(self.mutex);
+        return self.impl->decode_pending();
+    }, "decode_launch calls whose results decode_wait has not taken yet");
 
     engine_cls.def_property(
         "use_cuda_graphs",

@@ -132,10 +132,14 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
 
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&sample_inputs_uploaded_, cudaEventDisableTiming));
+        for (cudaEvent_t& e : out_copied_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         CUDA_CHECK(cudaMallocHost(&h_in_, sizeof(int) * 3 * rows_ + sizeof(PrefillSegment) * rows_));
         short_segments_.reserve(rows_);
+        pending_.reserve(kMaxPendingDecodes);
         CUDA_CHECK(cudaMallocHost(&h_sample_in_, sample_in_bytes_));
-        CUDA_CHECK(cudaMallocHost(&h_out_, (sizeof(int) + sizeof(float)) * kMaxDecodeSteps * c.max_batch));
+        out_buffer_bytes_ = (sizeof(int) + sizeof(float)) * kMaxDecodeSteps * c.max_batch;
+        CUDA_CHECK(cudaMallocHost(&h_out_, out_buffer_bytes_ * kMaxPendingDecodes));
 
         // Deterministic contents: get_weight before set_weight reads zeros, attention never
         // meets uninitialized bits, and the history says "never written" (-1) everywhere.
@@ -342,6 +346,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     // The token ring of decode_steps (sample() uses its first row): tokens, then logprobs.
     d_out_tokens_ = a.take<int>(2 * kMaxDecodeSteps * B);
     d_out_logprobs_ = d_out_tokens_ ? reinterpret_cast<float*>(d_out_tokens_ + kMaxDecodeSteps * B) : nullptr;
+    d_fed_tokens_ = a.take<int>(B);
     *other_bytes = a.offset - *weights_bytes - *kv_bytes;
 }
 
@@ -365,6 +370,10 @@ void CudaEngine::release() noexcept {
     nccl::destroy(tp_comm_);
     tp_comm_ = nullptr;
     if (inputs_uploaded_) cudaEventDestroy(inputs_uploaded_), inputs_uploaded_ = nullptr;
+    if (sample_inputs_uploaded_) cudaEventDestroy(sample_inputs_uploaded_), sample_inputs_uploaded_ = nullptr;
+    for (cudaEvent_t& e : out_copied_)
+        if (e) cudaEventDestroy(e), e = nullptr;
+    pending_.clear();
     if (stream_) cudaStreamDestroy(stream_), stream_ = nullptr;
     if (h_in_) cudaFreeHost(h_in_), h_in_ = nullptr;
     if (h_sample_in_) cudaFreeHost(h_sample_in_), h_sample_in_ = nullptr;
@@ -1098,6 +1107,8 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
                "sample: batch " << batch << " does not match the " << logits_valid_rows_
                                 << " row(s) of logits of the latest prefill/decode");
     BRRR_CHECK(params && steps && tokens, "sample: null params, steps or tokens pointer");
+    BRRR_CHECK(pending_.empty(), "sample: " << pending_.size() << " decode_launch call(s) are pending; "
+                                 "decode_wait for them first");
     activate();
     prof_.set_phase(profile::Phase::Sample);
     upload_sample_inputs(slots, positions, params, steps, batch);
@@ -1119,17 +1130,43 @@ void CudaEngine::sample(const int32_t* slots, const int32_t* positions,
 void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch,
                               int n_steps, int32_t* out_tokens, float* out_logprobs) {
-    check_decode_args(cfg_, tokens, slots, positions, batch, n_steps);
+    BRRR_CHECK(out_tokens && out_logprobs, "decode_steps: null output pointer");
+    BRRR_CHECK(pending_.empty(), "decode_steps: " << pending_.size() << " decode_launch call(s) are "
+                                 "pending; decode_wait for them first");
+    enqueue_decode(tokens, slots, positions, params, steps, batch, n_steps, false);
+    decode_wait(out_tokens, out_logprobs);
+}
+
+// decode_steps without the wait: the host returns as soon as the rounds are enqueued, and the
+// tokens land in a pinned buffer of their own, so launch k + 1 can be enqueued before launch k's
+// tokens are read.
+void CudaEngine::decode_launch(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                               const SamplingParams* params, const uint64_t* steps, int batch, int n_steps) {
+    BRRR_CHECK((int)pending_.size() < kMaxPendingDecodes,
+               "decode_launch: " << pending_.size() << " launches are pending already (at most "
+               << kMaxPendingDecodes << "); decode_wait for the oldest first");
+    enqueue_decode(tokens, slots, positions, params, steps, batch, n_steps, true);
+}
+
+void CudaEngine::enqueue_decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                                const SamplingParams* params, const uint64_t* steps, int batch,
+                                int n_steps, bool continuable) {
+    const char* call = continuable ? "decode_launch" : "decode_steps";
+    check_decode_args(cfg_, tokens, slots, positions, batch, n_steps, continuable ? fed_rows_ : 0);
     for (int i = 0; i < batch; ++i)
-        block_tables_.check_covered(slots[i], 0, positions[i] + n_steps, "decode_steps");
-    BRRR_CHECK(params && steps && out_tokens && out_logprobs,
-               "decode_steps: null params, steps or output pointer");
+        block_tables_.check_covered(slots[i], 0, positions[i] + n_steps, call);
+    BRRR_CHECK(params && steps, call << ": null params or steps pointer");
     require_runnable();
     activate();
     upload_block_tables();
 
     logits_valid_rows_ = 0;
     stage_inputs(tokens, slots, positions, batch);
+    if (std::any_of(tokens, tokens + batch, [](int32_t t) { return t < 0; })) {
+        prof_.op("continue_rows", profile::OpClass::Copy, profile::copy_cost(8.0 * batch));
+        continue_decode_rows(d_tokens_, d_fed_tokens_, batch, stream_);
+        prof_.end();
+    }
     upload_sample_inputs(slots, positions, params, steps, batch);
     for (int s = 0; s < n_steps; ++s) {
         steps_ahead_ = s;
@@ -1152,12 +1189,43 @@ void CudaEngine::decode_steps(const int32_t* tokens, const int32_t* slots, const
     steps_ahead_ = 0;
     logits_valid_rows_ = batch;
     const size_t n = (size_t)n_steps * batch;
-    CUDA_CHECK(cudaMemcpyAsync(h_out_, d_out_tokens_, sizeof(int) * n, cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(h_out_ + sizeof(int) * n, d_out_logprobs_, sizeof(float) * n,
+    if (continuable) {
+        CUDA_CHECK(cudaMemcpyAsync(d_fed_tokens_, d_out_tokens_ + n - batch, sizeof(int) * batch,
+                                   cudaMemcpyDeviceToDevice, stream_));
+        fed_rows_ = batch;
+    }
+    // The buffer the other pending launch (if any) does not hold.
+    const int buffer = pending_.empty() ? 0 : 1 - pending_.back().buffer;
+    char* host = h_out_ + buffer * out_buffer_bytes_;
+    CUDA_CHECK(cudaMemcpyAsync(host, d_out_tokens_, sizeof(int) * n, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(host + sizeof(int) * n, d_out_logprobs_, sizeof(float) * n,
                                cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::memcpy(out_tokens, h_out_, sizeof(int) * n);
-    std::memcpy(out_logprobs, h_out_ + sizeof(int) * n, sizeof(float) * n);
+    CUDA_CHECK(cudaEventRecord(out_copied_[buffer], stream_));
+    pending_.push_back({n_steps, batch, buffer});
+}
+
+void CudaEngine::decode_wait(int32_t* out_tokens, float* out_logprobs) {
+    BRRR_CHECK(!pending_.empty(), "decode_wait: no decode_launch is pending");
+    const PendingDecode p = pending_.front();
+    pending_.erase(pending_.begin());
+    activate();
+    CUDA_CHECK(cudaEventSynchronize(out_copied_[p.buffer]));
+    const size_t n = (size_t)p.n_steps * p.batch;
+    const char* host = h_out_ + p.buffer * out_buffer_bytes_;
+    std::memcpy(out_tokens, host, sizeof(int) * n);
+    std::memcpy(out_logprobs, host + sizeof(int) * n, sizeof(float) * n);
+}
+
+// The rounds already enqueued still run; their copies land in buffers the next launches reuse in
+// stream order, after them.
+void CudaEngine::decode_discard() {
+    pending_.clear();
+    fed_rows_ = 0;
+}
+
+std::pair<int, int> CudaEngine::decode_pending_shape() const {
+    if (pending_.empty()) return {0, 0};
+    return {pending_.front().n_steps, pending_.front().batch};
 }
 
 void CudaEngine::enqueue_sample(int B, int round, bool feed_back) {
@@ -1172,10 +1240,11 @@ void CudaEngine::enqueue_sample(int B, int round, bool feed_back) {
                   d_out_logprobs_ + (size_t)round * B, fb, stream_);
 }
 
-// Packs the sampler's inputs into the pinned mirror of the device block and uploads it (every
-// caller waits for its stream before returning, so the mirror is free again).
+// Packs the sampler's inputs into the pinned mirror of the device block and uploads it.
 void CudaEngine::upload_sample_inputs(const int32_t* slots, const int32_t* positions,
                                       const SamplingParams* params, const uint64_t* steps, int batch) {
+    // The previous upload may still be queued behind a decode_launch's rounds; the mirror is its source.
+    CUDA_CHECK(cudaEventSynchronize(sample_inputs_uploaded_));
     char* base = h_sample_in_;
     auto mirror = [&](const void* device_ptr) {
         return base + (static_cast<const char*>(device_ptr) - reinterpret_cast<const char*>(d_sample_params_));
@@ -1193,6 +1262,7 @@ void CudaEngine::upload_sample_inputs(const int32_t* slots, const int32_t* posit
     prof_.op("sample_inputs", profile::OpClass::Copy, profile::copy_cost((double)sample_in_bytes_));
     CUDA_CHECK(cudaMemcpyAsync(d_sample_params_, h_sample_in_, sample_in_bytes_,
                                cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(sample_inputs_uploaded_, stream_));
     prof_.end();
 }
 

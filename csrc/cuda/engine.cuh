@@ -127,6 +127,12 @@ public:
     void decode_steps(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
                       const SamplingParams* params, const uint64_t* steps, int batch, int n_steps,
                       int32_t* out_tokens, float* out_logprobs) override;
+    void decode_launch(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                       const SamplingParams* params, const uint64_t* steps, int batch, int n_steps) override;
+    void decode_wait(int32_t* out_tokens, float* out_logprobs) override;
+    void decode_discard() override;
+    int decode_pending() const override { return (int)pending_.size(); }
+    std::pair<int, int> decode_pending_shape() const override;
 
     void set_use_graphs(bool on) { use_graphs_ = on; }
     // Joins the tensor-parallel group (engine_cuda.h, cuda_init_tensor_parallel).
@@ -234,6 +240,12 @@ private:
     }
     void run_decode(int B);
     void forward_decode_eager(int B);
+    // decode_steps and decode_launch: enqueues the rounds and the copy of their tokens to the
+    // host, and records the launch as pending; continuable: a decode_launch (decode_steps' rows
+    // are not continued).
+    void enqueue_decode(const int32_t* tokens, const int32_t* slots, const int32_t* positions,
+                        const SamplingParams* params, const uint64_t* steps, int batch, int n_steps,
+                        bool continuable);
     // Packs the sampler's inputs into h_sample_in_ and uploads them (d_sample_params_ ...).
     void upload_sample_inputs(const int32_t* slots, const int32_t* positions,
                               const SamplingParams* params, const uint64_t* steps, int batch);
@@ -326,15 +338,27 @@ private:
     int* d_sample_positions_ = nullptr;           // [max_batch]
     int* d_out_tokens_ = nullptr;                 // [kMaxDecodeSteps][max_batch], followed by
     float* d_out_logprobs_ = nullptr;             // [kMaxDecodeSteps][max_batch]
+    int* d_fed_tokens_ = nullptr;                 // [max_batch]: the newest launch's last round
     size_t sample_in_bytes_ = 0;
 
     // Pinned host mirrors of the input/output blocks, so copies are truly asynchronous.
     int* h_in_ = nullptr;
     char* h_sample_in_ = nullptr;  // same layout as the device block starting at d_sample_params_
-    char* h_out_ = nullptr;        // tokens then logprobs, like d_out_tokens_
+    // kMaxPendingDecodes buffers of out_buffer_bytes_, each tokens then logprobs like d_out_tokens_.
+    char* h_out_ = nullptr;
+    size_t out_buffer_bytes_ = 0;
+    // A launch whose tokens are on their way to h_out_ buffer `buffer` (out_copied_[buffer] fires
+    // when they are there), oldest first.
+    struct PendingDecode {
+        int n_steps, batch, buffer;
+    };
+    std::vector<PendingDecode> pending_;
+    cudaEvent_t out_copied_[kMaxPendingDecodes] = {};
+    int fed_rows_ = 0;  // rows of the newest decode_launch a negative token may continue (0: none)
     int steps_ahead_ = 0;          // decode_steps: rounds run past the positions in h_in_
-    // Recorded after each input upload: h_in_ may be rewritten once it has fired.
+    // Recorded after each input upload: h_in_ (h_sample_in_) may be rewritten once it has fired.
     cudaEvent_t inputs_uploaded_ = nullptr;
+    cudaEvent_t sample_inputs_uploaded_ = nullptr;
 
     // Which canonical tensors have been written (by name index in weight_names order).
     std::vector<std::string> names_;

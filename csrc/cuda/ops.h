@@ -192,6 +192,8 @@ struct SampleFeedBack {
     int* positions = nullptr;
 };
 void sample_tokens(const float* logits, const int* history, const int* slots, int* positions, const SampleParamsDev* params, uint64_t* steps, int B, int V, int max_seq, void* scratch, int* out_tokens, float* out_logprobs, const SampleFeedBack& feed_back, cudaStream_t stream);
+// decode_launch's continued rows: tokens[b] < 0 becomes fed[-1 - tokens[b]] (fed: the previous launch's last-round tokens).
+void continue_decode_rows(int* tokens, const int* fed, int B, cudaStream_t stream);
 
 // ---- allreduce.cu: the one-shot all-reduce of tensor parallelism over CUDA IPC (one host) -----
 // Every rank's IPC buffer as the kernels see it (allreduce.h opens them): data[r] rank r's two data halves of half_floats each, signals[r] its flags [blocks][kMaxRanks], counters this rank's round per CTA; the group's kernels launch `blocks` CTAs.

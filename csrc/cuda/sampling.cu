@@ -26,7 +26,10 @@
 // token just sampled becomes the next decode's input and the row moves one position on, in the
 // sampling kernel's last step rather than a launch of its own (a few microseconds a token at
 // batch 1, where the GPU has nothing else to do). Choosing greedy tokens in the LM head's tail
-// instead was tried and lost (docs/kernels/sampling.md).
+// instead was tried and lost (docs/kernels/sampling.md). Across engine.decode_launch calls the
+// loop closes the same way: a row given as token -1 - j takes the token row j of the previous
+// launch sampled last (continue_rows_kernel), so the host launches the next rounds before it has
+// read the last ones.
 //
 // Bitwise agreement with the CPU: the build uses fast math, so the arithmetic that decides which
 // token wins is spelled out in IEEE-rounded intrinsics, exp is taken in double and rounded to
@@ -556,7 +559,22 @@ __global__ void __launch_bounds__(kThreads)
 
 size_t seen_bytes(int V) { return (size_t)((V + 31) / 32) * sizeof(unsigned); }
 
+// tokens[b] < 0: row b continues row -1 - tokens[b] of the previous launch, whose last-round
+// tokens are fed[]; other rows keep the token the host gave.
+__global__ void continue_rows_kernel(int* tokens, const int* fed, int B) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b < B && tokens[b] < 0) tokens[b] = fed[-1 - tokens[b]];
+}
+
 }  // namespace
+
+void continue_decode_rows(int* tokens, const int* fed, int B, cudaStream_t stream) {
+    BRRR_CHECK(B >= 0, "continue_decode_rows: bad batch " << B);
+    if (B == 0) return;
+    constexpr int kRowsPerBlock = 256;
+    continue_rows_kernel<<<CEIL_DIV(B, kRowsPerBlock), kRowsPerBlock, 0, stream>>>(tokens, fed, B);
+    CUDA_CHECK_LAUNCH("continue_rows_kernel");
+}
 
 size_t sample_scratch_bytes(int B, int V) {
     BRRR_CHECK(B >= 0 && V > 0, "sample_scratch_bytes: bad sizes B=" << B << " V=" << V);
