@@ -38,7 +38,7 @@ from .errors import ArgumentTypeError, NonFiniteLogitsError
 from .sampling import SamplingParams, _has_surrogate
 from .serving.request import Request, RequestOutput
 from .serving.block_manager import BlockManager
-from .serving.scheduler import Scheduler, decode_room, decode_rows
+from .serving.scheduler import Scheduler, decode_room, launch_rows
 
 _DTYPE_ALIASES = {
     "f32": "f32", "float32": "f32", "fp32": "f32",
@@ -593,13 +593,15 @@ class Llama:
 
     def make_scheduler(self, max_num_seqs: int | None = None,
                        max_num_batched_tokens: int | None = None, prefill_chunk: int | None = None,
-                       decode_steps: int | None = None) -> Scheduler:
+                       decode_steps: int | None = None, pipeline: bool | None = None) -> Scheduler:
         """A continuous-batching scheduler over this model's engine (see serving/scheduler.py).
 
         max_num_seqs: sequences running at once (<= max_batch, the engine's KV slots; default all).
         max_num_batched_tokens: tokens one step processes at most (decode rows + prompt chunks).
         prefill_chunk: prompt tokens per prefill chunk (default: the budget less max_num_seqs).
         decode_steps: decode rounds per engine call once no request waits (default DECODE_CHUNK).
+        pipeline: launch each step's decode before reading the previous step's tokens (default: on
+            CUDA; see serving/scheduler.py).
         """
         if self._engine is None:
             raise RuntimeError("this Llama was closed (close() or the end of its `with` block); "
@@ -614,7 +616,7 @@ class Llama:
             decode_steps = self.DECODE_CHUNK["cuda" if self.device.startswith("cuda") else "cpu"]
         return Scheduler(self._engine, max_seq_len=self.max_seq_len, max_num_seqs=int(max_num_seqs),
                          max_num_batched_tokens=max_num_batched_tokens, prefill_chunk=prefill_chunk,
-                         decode_steps=decode_steps, allocator=self.block_manager)
+                         decode_steps=decode_steps, allocator=self.block_manager, pipeline=pipeline)
 
     def _run(self, requests: list["Request"]) -> Iterator[tuple["Request", str]]:
         """Runs the requests through the scheduler; yields (request, new visible text) per step in
@@ -680,9 +682,9 @@ class Llama:
         while active:
             room = decode_room(active, self.max_seq_len)
             n_steps = max(1, min(room, chunk if all(r.token_ids for r in active) else 1))
-            token_rows, logprob_rows = decode_rows(engine, active, n_steps)
+            burst = launch_rows(engine, active, n_steps, pipelined=False)
             now = time.perf_counter()
-            for r, tokens_i, logprobs_i in zip(active, token_rows, logprob_rows):
+            for r, tokens_i, logprobs_i in zip(active, burst.tokens, burst.logprobs):
                 for token, logprob in zip(tokens_i, logprobs_i):
                     if not math.isfinite(logprob):
                         raise NonFiniteLogitsError(f"generation step {len(r.token_ids)} of sequence "

@@ -275,15 +275,17 @@ def reference():
     return make_tiny()
 
 
+@pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("budget,decode_steps", [(24, 1), (512, 4)])
-def test_preemption_finishes_everything_like_alone(reference, rng, budget, decode_steps):
+def test_preemption_finishes_everything_like_alone(reference, rng, budget, decode_steps, pipeline):
     prompts = [tokens(rng, n) for n in [40, 63, 7, 30, 55, 12, 20, 3, 45]]
     params = [SamplingParams(max_tokens=40, ignore_eos=True),
               SamplingParams(max_tokens=35, ignore_eos=True, temperature=0.8, seed=3,
                              repetition_penalty=1.2, stop=["\x05"])]
     expected = [reference.generate(p, params[i % 2])[0] for i, p in enumerate(prompts)]
     small = make_tiny(kv_blocks=10)  # 4 slots of 8 blocks would need 32
-    scheduler = small.make_scheduler(max_num_batched_tokens=budget, decode_steps=decode_steps)
+    scheduler = small.make_scheduler(max_num_batched_tokens=budget, decode_steps=decode_steps,
+                                     pipeline=pipeline)
     requests = []
     for i, p in enumerate(prompts):
         r = small._make_request(None, p, params[i % 2])
@@ -303,6 +305,7 @@ def test_preemption_finishes_everything_like_alone(reference, rng, budget, decod
     assert usage["preemptions"] > 0 and sum(r.preemptions for r in requests) == usage["preemptions"]
     assert (usage["running"], usage["waiting"], usage["slots_used"], usage["kv_blocks_used"]) == \
         (0, 0, 0, 0)
+    assert small.engine.decode_pending == 0
 
 
 def test_a_request_too_large_for_the_pool_is_refused(rng):

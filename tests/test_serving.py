@@ -62,12 +62,13 @@ def run_all(scheduler, requests, max_steps=10_000):
 
 # ---- greedy equality and the step loop ---------------------------------------------------------
 
+@pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("budget,decode_steps", [(16, 1), (9, 3), (512, 1)])
-def test_more_requests_than_slots_equal_each_alone(llm, rng, budget, decode_steps):
+def test_more_requests_than_slots_equal_each_alone(llm, rng, budget, decode_steps, pipeline):
     prompts = prompts_of(rng, [1, 40, 7, 2, 63, 15, 30, 3, 11])
     expected = [alone(llm, p).token_ids for p in prompts]
     scheduler = llm.make_scheduler(max_num_seqs=3, max_num_batched_tokens=budget,
-                                   decode_steps=decode_steps)
+                                   decode_steps=decode_steps, pipeline=pipeline)
     requests = [request(llm, p, index=i) for i, p in enumerate(prompts)]
     run_all(scheduler, requests)
     assert [r.token_ids for r in requests] == expected
@@ -76,6 +77,64 @@ def test_more_requests_than_slots_equal_each_alone(llm, rng, budget, decode_step
     assert (usage["running"], usage["waiting"], usage["slots_used"], usage["kv_blocks_used"],
             usage["kv_positions_used"]) == (0, 0, 0, 0, 0)
     assert usage["kv_blocks_free"] == usage["kv_blocks_total"] == 4 * 8  # 4 slots x 128 / 16
+    assert llm.engine.decode_pending == 0 and not scheduler.in_flight
+
+
+def test_pipelined_steps_drop_the_tokens_of_rows_that_stopped_unannounced(llm, rng):
+    """Pipelined, each launch continues rows before the previous launch is read, so a row that
+    a stop id or stop string ends mid-burst has already been launched again: those tokens must be
+    dropped, and every request end exactly as alone (unpipelined) with every slot and block back."""
+    prompts = prompts_of(rng, [4, 9, 2, 17, 6, 11, 3])
+    probe = SamplingParams(max_tokens=14, ignore_eos=True)
+    params = []
+    for i, p in enumerate(prompts):
+        seen = alone(llm, p, probe)
+        if i % 3 == 0:  # a stop id somewhere inside a burst
+            params.append(SamplingParams(max_tokens=14, ignore_eos=True, stop_token_ids=[seen.token_ids[5 + i % 4]]))
+        elif i % 3 == 1:  # a stop string: the text of one of its tokens
+            params.append(SamplingParams(max_tokens=14, ignore_eos=True,
+                                         stop=[llm.tokenizer.decode([seen.token_ids[4 + i % 5]]) or "\x05"]))
+        else:
+            params.append(SamplingParams(max_tokens=3 + i, ignore_eos=True, temperature=0.9, seed=i))
+    expected = [alone(llm, p, q) for p, q in zip(prompts, params)]
+    scheduler = llm.make_scheduler(max_num_seqs=3, decode_steps=4, pipeline=True)
+    requests = [request(llm, p, q, index=i) for i, (p, q) in enumerate(zip(prompts, params))]
+    run_all(scheduler, requests)
+    for r, e in zip(requests, expected):
+        out = r.output()
+        assert (out.token_ids, out.text, out.finish_reason) == (e.token_ids, e.text, e.finish_reason)
+    assert any(e.finish_reason == "stop" for e in expected)
+    usage = scheduler.usage()
+    assert (usage["running"], usage["slots_used"], usage["kv_blocks_used"]) == (0, 0, 0)
+    assert llm.engine.decode_pending == 0 and not scheduler.in_flight
+
+
+def test_pipelined_abort_with_a_launch_in_flight(llm, rng):
+    a, b = prompts_of(rng, [5, 8])
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    scheduler = llm.make_scheduler(max_num_seqs=2, pipeline=True)
+    left, kept = request(llm, a, params), request(llm, b, params)
+    scheduler.add(left)
+    scheduler.add(kept)
+    for _ in range(4):
+        scheduler.step()
+    assert scheduler.in_flight and left.ahead == 1
+    assert scheduler.abort(left)
+    assert left.slot is None and llm.engine.decode_pending == 1  # `kept` still has a launch in flight
+    n_left = len(left.token_ids)
+    run_all(scheduler, [])
+    assert len(left.token_ids) == n_left  # its launched tokens were dropped
+    assert kept.token_ids == alone(llm, b, params).token_ids
+    assert llm.engine.decode_pending == 0 and scheduler.usage()["slots_used"] == 0
+    # aborting the last running request forgets the launch at once
+    last = request(llm, a, params)
+    scheduler.add(last)
+    scheduler.step()
+    scheduler.step()
+    assert llm.engine.decode_pending == 1
+    scheduler.abort(last)
+    assert llm.engine.decode_pending == 0 and not scheduler.in_flight
+    assert llm.forward([1, 2, 3]).shape[-1] == TINY["vocab_size"]  # the engine serves direct calls again
 
 
 def test_generate_goes_through_the_scheduler_in_input_order(llm, rng):

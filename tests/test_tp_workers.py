@@ -66,6 +66,11 @@ def test_one_rank_answers_like_the_engine_in_this_process(C, rng, weights):
         a = tp.generate([tokens, tokens[:4]], max_tokens=9, temperature=0.8, seed=5)
         b = ours.generate([tokens, tokens[:4]], max_tokens=9, temperature=0.8, seed=5)
         assert [o.token_ids for o in a] == [o.token_ids for o in b]
+        # pipelined (CUDA's default): the ranks' decode_launch / decode_wait, rows continued by them
+        tp._scheduler = tp.make_scheduler(pipeline=True)
+        c = tp.generate([tokens, tokens[:4]], max_tokens=9, temperature=0.8, seed=5)
+        assert [o.token_ids for o in c] == [o.token_ids for o in b]
+        assert tp.engine.decode_pending == 0
         assert "".join(tp.stream("hi", max_tokens=4, temperature=0)) == \
                "".join(ours.stream("hi", max_tokens=4, temperature=0))
         for name in ("layers.1.wk", "tok_embeddings", "norm"):

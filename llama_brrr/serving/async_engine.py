@@ -109,11 +109,12 @@ class AsyncLlama:
 
     def __init__(self, llm, *, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, prefill_chunk: int | None = None,
-                 decode_steps: int | None = None, owns_model: bool = False):
+                 decode_steps: int | None = None, pipeline: bool | None = None, owns_model: bool = False):
         self.llm = llm
         self.scheduler = llm.make_scheduler(max_num_seqs=max_num_seqs,
                                             max_num_batched_tokens=max_num_batched_tokens,
-                                            prefill_chunk=prefill_chunk, decode_steps=decode_steps)
+                                            prefill_chunk=prefill_chunk, decode_steps=decode_steps,
+                                            pipeline=pipeline)
         if llm._busy:
             from ..model import _BUSY_MESSAGE
             raise RuntimeError(_BUSY_MESSAGE)

@@ -48,7 +48,9 @@ class Request:
     Scheduler state: `slot` (None until admitted), `prefilled` (tokens already in the KV cache,
     counted from position 0, shared prefix blocks included; the last prompt token is fed by the
     first decode step, so prefill covers prompt[:-1], `prefill_target` tokens), `next_token` /
-    `position` (what the next decode step feeds, and where).
+    `position` (what the next decode step feeds, and where, counting accepted tokens only),
+    `ahead` (decode rounds launched whose tokens the scheduler has not read yet) and `flight_row`
+    (the request's row in the newest launch, which the next launch continues on the device).
     """
 
     def __init__(self, prompt_text, prompt_ids: list[int], params: SamplingParams, seed: int,
@@ -76,6 +78,8 @@ class Request:
         self.preemptions = 0
         self.position = 0
         self.next_token = 0
+        self.ahead = 0
+        self.flight_row = -1
         # Positions the slot's KV blocks cover (the block manager keeps it), so a decode step
         # needs no call to learn that a row's blocks already hold its next tokens.
         self.kv_end = 0
@@ -96,6 +100,7 @@ class Request:
         client sees only a delay."""
         self.slot = None
         self.prefilled = 0
+        self.ahead = 0  # the rounds in flight are dropped when they arrive
         if self.token_ids:
             self.prefill_target = len(self.prompt_ids) + len(self.token_ids) - 1
         self.preemptions += 1

@@ -6,12 +6,26 @@ Each call to Scheduler.step() is one engine step:
   2. prefill: the prompts of admitted requests go into their slots in chunks, under the step's token
      budget (max_num_batched_tokens) after the decoding rows are counted, so a long prompt is spread
      over several steps while the running sequences keep getting their tokens;
-  3. decode: one engine.decode_steps call over every sequence whose prompt is in its slot (a
-     sequence that just finished its prefill joins in the same step, feeding its last prompt token),
-     n_steps rounds of decode + sample (1 while any request waits for its first token or its prefill,
-     so admission and time to first token never wait behind a burst);
-  4. retire: finished sequences (stop rules: request.Request.accept) give their KV space back at
-     once, so a waiting request takes it in the next step.
+  3. decode: one engine launch over every sequence whose prompt is in its slot (a sequence that
+     just finished its prefill joins in the same step, feeding its last prompt token), n_steps
+     rounds of decode + sample (1 while any request waits for its first token or its prefill, so
+     admission and time to first token never wait behind a burst);
+  4. read: the tokens of the previous step's launch go through the stop rules
+     (request.Request.accept) and become the step's events;
+  5. retire: finished sequences give their KV space back at once, so a waiting request takes it
+     in the next step.
+
+Pipelined (the CUDA default): step 3 enqueues its rounds with engine.decode_launch and returns at
+once, and step 4 reads the launch of the step before, so the host's Python (stop rules,
+detokenization, events, the next step's admission and block reservation) runs while the GPU
+decodes instead of between its launches. A launch cannot know which of the rows it continues
+finished in the launch before: it assumes none did (the length rule is known ahead and applied;
+only a stop id or string ends a row unannounced), feeds each continued row the token the previous
+launch sampled last without reading it (a negative token: decode_launch), and the tokens of a row
+that had finished by then are dropped when they arrive, as are those of a row preempted or aborted
+since its launch. `ahead` counts a row's rounds in flight: positions, RNG steps, room and block
+reservations are those of the row with every launched token accepted. Unpipelined (CPU, or
+pipeline=False), step 3 runs engine.decode_steps and step 4 reads that same launch.
 
 Chunk boundaries are fixed multiples of `prefill_chunk` from the start of each prompt, whatever else
 runs in the step: a prompt's KV cache (hence its tokens) does not depend on the other requests. The
@@ -38,7 +52,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,25 +80,61 @@ class Event:
         return self.request.finished
 
 
+def row_room(r: Request, max_seq_len: int) -> int:
+    """Decode rounds `r` can still use beyond those in flight: its max_tokens and the context."""
+    generated = len(r.token_ids) + r.ahead
+    return min(r.params.max_tokens - generated, max_seq_len - len(r.prompt_ids) - generated + 1)
+
+
 def decode_room(rows: list[Request], max_seq_len: int) -> int:
-    """Decode rounds every row can still use: its max_tokens and the context bound it."""
-    return min(min(r.params.max_tokens - len(r.token_ids),
-                   max_seq_len - len(r.prompt_ids) - len(r.token_ids) + 1) for r in rows)
+    """Decode rounds every row can still use."""
+    return min(row_room(r, max_seq_len) for r in rows)
 
 
-def decode_rows(engine, rows: list[Request], n_steps: int) -> tuple[list[list[int]], list[list[float]]]:
-    """n_steps rounds of decode + sample for `rows` from each one's next_token and position; per
-    row its tokens and log-probabilities as Python lists ([n_steps, B] -> [B, n_steps]): the
-    per-token loops after this call are the host's share of every decode step, so they touch no
-    numpy scalars."""
-    new_tokens, logprobs = engine.decode_steps(
-        np.array([r.next_token for r in rows], dtype=np.int32),
-        np.array([r.slot for r in rows], dtype=np.int32),
-        np.array([r.position for r in rows], dtype=np.int32),
-        engine_rows([r.engine_row for r in rows]),
-        np.array([len(r.token_ids) for r in rows], dtype=np.uint64),
-        n_steps)
-    return new_tokens.T.tolist(), logprobs.T.tolist()
+@dataclass
+class Burst:
+    """One engine launch: its rows as launched (slot and preemption count, to recognize a row
+    that left since), its rounds, and its results once read ([B, n_steps] Python lists)."""
+
+    rows: list[Request]
+    slots: list[int]
+    epochs: list[int]
+    n_steps: int
+    t_launch: float
+    tokens: list[list[int]] | None = field(default=None, repr=False)
+    logprobs: list[list[float]] | None = field(default=None, repr=False)
+
+
+def launch_rows(engine, rows: list[Request], n_steps: int, pipelined: bool) -> Burst:
+    """n_steps rounds of decode + sample for `rows`, each from its next token and position with
+    its rounds in flight counted as accepted; a row with rounds in flight feeds the token its row
+    in the newest launch sampled last, on the device (-1 - row). Pipelined: enqueued only
+    (engine.decode_launch); else run now (decode_steps) and the results kept in the Burst, as
+    Python lists: the per-token loops after this are the host's share of every decode step, so
+    they touch no numpy scalars."""
+    args = (np.array([-1 - r.flight_row if r.ahead else r.next_token for r in rows], dtype=np.int32),
+            np.array([r.slot for r in rows], dtype=np.int32),
+            np.array([r.position + r.ahead for r in rows], dtype=np.int32),
+            engine_rows([r.engine_row for r in rows]),
+            np.array([len(r.token_ids) + r.ahead for r in rows], dtype=np.uint64),
+            n_steps)
+    burst = Burst(rows, [r.slot for r in rows], [r.preemptions for r in rows], n_steps, time.perf_counter())
+    if pipelined:
+        engine.decode_launch(*args)
+        for i, r in enumerate(rows):
+            r.ahead += n_steps
+            r.flight_row = i
+    else:
+        new_tokens, logprobs = engine.decode_steps(*args)
+        burst.tokens, burst.logprobs = new_tokens.T.tolist(), logprobs.T.tolist()
+    return burst
+
+
+def read_burst(engine, burst: Burst) -> None:
+    """The results of a pipelined launch (the oldest pending one), into the Burst."""
+    if burst.tokens is None:
+        new_tokens, logprobs = engine.decode_wait()
+        burst.tokens, burst.logprobs = new_tokens.T.tolist(), logprobs.T.tolist()
 
 
 class Scheduler:
@@ -92,8 +142,12 @@ class Scheduler:
 
     def __init__(self, engine, *, max_seq_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int | None = None, prefill_chunk: int | None = None,
-                 decode_steps: int = 1, allocator=None):
+                 decode_steps: int = 1, allocator=None, pipeline: bool | None = None):
         backend = getattr(engine, "backend", "cpu")
+        if pipeline is None:  # a host engine runs its launches at once: nothing to overlap
+            pipeline = backend == "cuda"
+        if pipeline and not hasattr(engine, "decode_launch"):
+            raise ValueError("pipeline=True needs an engine with decode_launch / decode_wait")
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(DEFAULT_TOKEN_BUDGET.get(backend, 512), 2 * max_num_seqs)
         for name, value in (("max_num_seqs", max_num_seqs), ("decode_steps", decode_steps),
@@ -121,8 +175,11 @@ class Scheduler:
         self.decode_steps = int(decode_steps)
         self.allocator = (allocator if allocator is not None
                           else BlockManager(engine, max_num_seqs, max_seq_len))
+        self.pipeline = bool(pipeline)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is the youngest
+        self.in_flight: deque[Burst] = deque()  # launched, results not read yet (oldest first)
+        self._decode_span_end = 0.0
         self.steps = 0
         self.preemptions = 0
 
@@ -136,7 +193,7 @@ class Scheduler:
         self.waiting.append(request)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.in_flight)
 
     def abort(self, request: Request) -> bool:
         """Takes `request` out now (its slot is free for the next step); False if it was not here."""
@@ -150,6 +207,7 @@ class Scheduler:
         if not request.finished:
             request.finish_reason = "abort"
             request.t_done = time.perf_counter()
+        self._drop_flight_if_idle()
         return True
 
     def fail_all(self, error: BaseException) -> list[Request]:
@@ -160,6 +218,7 @@ class Scheduler:
             self.allocator.free(r)
         self.running.clear()
         self.waiting.clear()
+        self._drop_flight_if_idle()
         for r in failed:
             if not r.finished:
                 r.error = error
@@ -176,12 +235,27 @@ class Scheduler:
         self.steps += 1
         self._admit()
         budget = self.max_num_batched_tokens
-        decoding = [r for r in self.running if r.prefilled == r.prefill_target]
+        # A row whose launched rounds reach its max_tokens or the context needs no more: the
+        # length rule ends it when they are read.
+        decoding = [r for r in self.running
+                    if r.prefilled == r.prefill_target and row_room(r, self.max_seq_len) > 0]
         budget -= len(decoding)
         budget = self._prefill(budget, decoding)
-        events = self._decode(decoding) if decoding else []
+        launched = self._launch(decoding) if decoding else None
+        events = []
+        # Every launch but this step's (pipelined: it runs while this loop reads the one before).
+        while self.in_flight and (self.in_flight[0] is not launched or not self.pipeline):
+            events.extend(self._read(self.in_flight.popleft()))
         self._retire()
+        self._drop_flight_if_idle()
         return events
+
+    def _drop_flight_if_idle(self) -> None:
+        """With nothing running, launches still in flight hold only rows that have left (finished
+        by a stop id, aborted): forgotten, so the engine has nothing pending for its next user."""
+        if self.in_flight and not self.running:
+            self.in_flight.clear()
+            self.engine.decode_discard()
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
@@ -291,36 +365,53 @@ class Scheduler:
         return any(start <= r.prefilled and start + n >= end and sequence_ids(q)[:end] == ids[:end]
                    for q, _, start, n in pending)
 
-    def _decode(self, decoding: list[Request]) -> list[Event]:
+    def _launch(self, decoding: list[Request]) -> Burst | None:
         decoding[:] = [r for r in decoding if r.slot is not None]  # preempted by a prefill chunk
         if not decoding:
-            return []
+            return None
         for r in decoding:
-            if not r.token_ids:
+            if not r.token_ids and not r.ahead:
                 r.next_token = r.prompt_ids[-1]
                 r.position = len(r.prompt_ids) - 1
         # Bursts of decode_steps rounds only when nobody waits for a first token or a prefill.
         pending = bool(self.waiting) and len(self.running) < self.max_num_seqs
-        pending = pending or len(decoding) < len(self.running) or not all(r.token_ids for r in decoding)
+        pending = pending or any(r.prefilled < r.prefill_target for r in self.running)
+        pending = pending or not all(r.token_ids for r in decoding)
         n_steps = 1 if pending else self.decode_steps
         n_steps = max(1, min(decode_room(decoding, self.max_seq_len), n_steps))
         for r in list(decoding):  # oldest first: the youngest are preempted for them
-            # A decoding row has written positions [0, position): its blocks may already cover
-            # the burst (kv_end, kept by the block manager), as they do for 15 steps in 16.
-            if r.slot is None or r.position + n_steps <= r.kv_end:
+            # A decoding row has written positions [0, position) and has `ahead` more in flight:
+            # its blocks may already cover the burst (kv_end, kept by the block manager), as they
+            # do for 15 steps in 16.
+            if r.slot is None or r.position + r.ahead + n_steps <= r.kv_end:
                 continue
-            if n_steps > 1 and not self.allocator.reserve(r, n_steps):
+            if n_steps > 1 and not self.allocator.reserve(r, r.ahead + n_steps):
                 n_steps = 1  # a shorter burst before anyone is preempted
-            self._reserve(r, n_steps)
+            self._reserve(r, r.ahead + n_steps)
         decoding[:] = [r for r in decoding if r.slot is not None]
         if not decoding:
-            return []
-        t_decode = profiler.mark()
-        token_rows, logprob_rows = decode_rows(self.engine, decoding, n_steps)
+            return None
+        burst = launch_rows(self.engine, decoding, n_steps, self.pipeline)
+        self.in_flight.append(burst)
+        return burst
+
+    def _read(self, burst: Burst) -> list[Event]:
+        """A launch's tokens through each row's stop rules; rows that left since the launch
+        (finished, preempted, aborted) are skipped."""
+        read_burst(self.engine, burst)
         now = time.perf_counter()
+        # The decode span runs from the launch, or from the end of the previous one, so
+        # overlapping launches do not count the same wall time twice.
+        t_decode = max(burst.t_launch, self._decode_span_end)
         events, accepted = [], 0
         block = self.allocator.block_size
-        for r, tokens_i, logprobs_i in zip(decoding, token_rows, logprob_rows):
+        n_launched = burst.n_steps
+        for r, slot, epoch, tokens_i, logprobs_i in zip(burst.rows, burst.slots, burst.epochs,
+                                                        burst.tokens, burst.logprobs):
+            if r.slot != slot or r.preemptions != epoch or r.finished:
+                continue
+            if self.pipeline:
+                r.ahead -= n_launched
             first_block = r.position // block
             # The sampler's log-softmax of the chosen token is NaN or inf exactly when the step's
             # logits are not all finite. One sum tests the row (it is finite when every value is,
@@ -356,6 +447,7 @@ class Scheduler:
             if r.position // block != first_block:
                 self.allocator.written(r)
             events.append(Event(r, tokens_i[:taken], text))
+        self._decode_span_end = time.perf_counter()
         profiler.record_span("decode", "decode", t_decode, accepted)
         return events
 

@@ -158,6 +158,21 @@ class TensorParallelEngine:
     def decode_steps(self, *args, **kwargs):
         return self._call("decode_steps", args, kwargs)
 
+    def decode_launch(self, *args, **kwargs):
+        return self._call("decode_launch", args, kwargs)
+
+    def decode_wait(self):
+        return self._call("decode_wait", (), {})
+
+    def decode_discard(self) -> None:
+        """Forgets the ranks' pending launches; nothing to forget once the ranks are stopped."""
+        if self._closed_because is None:
+            self._call("decode_discard", (), {})
+
+    @property
+    def decode_pending(self) -> int:
+        return self._broadcast(("get", "decode_pending"))[0]
+
     def sample(self, *args, **kwargs):
         return self._call("sample", args, kwargs)
 
