@@ -11,9 +11,11 @@ scheduler does), then every step is a decode step of all rows. For each --decode
 script times --steps scheduler steps of k rounds each and splits each one into the time inside
 engine calls (decode_steps: launch, the device's work, the copy of the tokens back; the call is
 synchronous) and the rest, the host's Python (admission, block reservation, per-token stop rules and
-detokenization, block registration), which the device does not overlap. With the real engine it
-then runs the steps again under llama_brrr.profile() (per-kernel device time: profiler.py) and writes
-the report. The stub engine measures the host share without a model: its decode_steps returns
+detokenization, block registration), which the device does not overlap. Each k runs unpipelined
+and pipelined (--pipeline): pipelined, the time inside engine calls is mostly decode_wait, the host
+waiting for the GPU, and the rest is the host's share the GPU did not overlap. With the real engine
+it then runs the steps again under llama_brrr.profile() (per-kernel device time: profiler.py) and
+writes the report. The stub engine measures the host share without a model: its decode_steps returns
 random tokens at once. The JSON (and --out DIR/step.json) has every number.
 """
 
@@ -53,6 +55,23 @@ class StubEngine:
         rows = len(tokens)
         return (self.rng.integers(3, self.vocab, size=(n_steps, rows), dtype=np.int32),
                 np.full((n_steps, rows), -1.5, dtype=np.float32))
+
+    # the pipelined scheduler's calls: the launch's results are made at once and handed back later
+    pending: list = []
+
+    def decode_launch(self, tokens, slots, positions, params, counts, n_steps):
+        self.pending = self.pending + [self.decode_steps(tokens, slots, positions, params, counts, n_steps)]
+
+    def decode_wait(self):
+        first, self.pending = self.pending[0], self.pending[1:]
+        return first
+
+    def decode_discard(self):
+        self.pending = []
+
+    @property
+    def decode_pending(self):
+        return len(self.pending)
 
     def prefill_many(self, slots, starts, lengths, ids):
         pass
@@ -174,6 +193,8 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=1500, help="prompt tokens of each (1500)")
     parser.add_argument("--steps", type=int, default=64, help="timed steps per --decode-steps value")
     parser.add_argument("--decode-steps", default="1,16", help="rounds per step to time (1,16)")
+    parser.add_argument("--pipeline", choices=("off", "on", "both"), default="both",
+                        help="time the scheduler unpipelined, pipelined or both (both)")
     parser.add_argument("--profile-steps", type=int, default=16,
                         help="decode steps (k=1) under the engine profiler; 0: none (real engine only)")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -194,9 +215,10 @@ def main() -> int:
     out = args.out
     if out:
         out.mkdir(parents=True, exist_ok=True)
-    for k in args.decode_steps:
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.pipeline]
+    for k, pipelined in [(k, p) for k in args.decode_steps for p in modes]:
         scheduler = Scheduler(engine, max_seq_len=max_seq_len, max_num_seqs=args.rows,
-                              decode_steps=k, allocator=allocator)
+                              decode_steps=k, allocator=allocator, pipeline=pipelined)
         args.seed += 1  # prompts of their own: no prefix-cache hits from the previous run
         requests = make_requests(llm, args, max_seq_len, check=args.engine == "real")
         t0 = time.perf_counter()
@@ -208,13 +230,14 @@ def main() -> int:
         run.update(fill_steps=fill_steps, fill_s=fill_s, prefill_tok_s=args.rows * args.context / fill_s,
                    tokens_per_step=run["rows"] * k,
                    host_us_per_token=run["host_us_per_step"] / (run["rows"] * k))
-        result["runs"][f"decode_steps={k}"] = run
-        print(f"k={k:>2}: {run['rows']} rows, step {run['step_ms_median']:.3f} ms median "
+        run["pipelined"] = pipelined
+        result["runs"][f"decode_steps={k}" + (",pipelined" if pipelined else "")] = run
+        print(f"k={k:>2}{' pipelined' if pipelined else ''}: {run['rows']} rows, step {run['step_ms_median']:.3f} ms median "
               f"({run['step_ms_mean']:.3f} mean), engine {run['engine_ms_per_step']:.3f} ms, host "
               f"{run['host_us_per_step']:.0f} us ({100 * run['host_share']:.1f}%), "
               f"{run['host_us_per_token']:.2f} us/token; usage() {run['usage_us_per_step']:.0f} us; "
               f"fill {fill_s:.1f} s ({run['prefill_tok_s']:,.0f} prompt tok/s)", flush=True)
-        if k == 1 and args.cprofile:
+        if k == 1 and args.cprofile and pipelined == modes[-1]:
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(args.cprofile):
@@ -224,7 +247,7 @@ def main() -> int:
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
             result["cprofile_top"] = text.getvalue()
             print(text.getvalue())
-        if k == 1 and args.engine == "real" and args.profile_steps:
+        if k == 1 and args.engine == "real" and args.profile_steps and pipelined == modes[-1]:
             with profile() as prof:
                 prof.attach(llm)
                 for _ in range(args.profile_steps):

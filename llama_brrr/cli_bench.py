@@ -264,6 +264,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-step token budget (default 512 cpu, 8192 cuda)")
     engine.add_argument("--decode-steps", type=int, default=None,
                         help="decode rounds per engine call while nobody waits (1 cpu, 16 cuda)")
+    engine.add_argument("--no-pipeline", dest="pipeline", action="store_const", const=False, default=None,
+                        help="read each step's tokens before the next launch (the default on cuda "
+                             "launches step k + 1 before reading step k)")
     from .cli import add_kv_cache_arguments
 
     add_kv_cache_arguments(parser)
@@ -298,7 +301,8 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         shape=args.shape or (None if args.model else "smollm2-135m"), model=args.model,
         device=args.device, dtype=args.dtype, quant=args.quant, threads=args.threads,
         tensor_parallel=args.tensor_parallel, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        decode_steps=args.decode_steps, **kv_cache_kwargs(args), shared_prefix=args.shared_prefix,
+        decode_steps=args.decode_steps, pipeline=args.pipeline, **kv_cache_kwargs(args),
+        shared_prefix=args.shared_prefix,
         num_prompts=args.num_prompts, input_len=args.input_len,
         output_len=args.output_len, dataset=args.dataset, request_rate=args.request_rate,
         max_concurrency=args.max_concurrency, seed=args.seed, repeats=args.repeats,

@@ -47,6 +47,7 @@ class ServeOptions:
     max_num_seqs: int | None = None  # None: the engine's default max_batch (8 cpu, 64 cuda)
     max_num_batched_tokens: int | None = None
     decode_steps: int | None = None
+    pipeline: bool | None = None  # None: the scheduler's default (on for CUDA)
     kv_block_size: int = 16
     gpu_memory_utilization: float = 0.9
     kv_blocks: int | None = None
@@ -447,7 +448,7 @@ def run(opts: ServeOptions, on_progress=None) -> dict:
                 # requests (a shared prefix), never from the previous repeat's identical prompts.
                 llm.block_manager.clear_prefix_cache()
                 engine = AsyncLlama(llm, max_num_batched_tokens=opts.max_num_batched_tokens,
-                                    decode_steps=opts.decode_steps)
+                                    decode_steps=opts.decode_steps, pipeline=opts.pipeline)
                 before = engine.scheduler.usage()
                 try:
                     if mode == "scheduler":
