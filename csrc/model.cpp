@@ -140,8 +140,8 @@ void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* sl
                        << " steps asked for (max_seq_len is " << c.max_seq_len << ")");
     BRRR_CHECK_ARG(tokens, "null tokens pointer");
     for (int i = 0; i < batch; ++i) {
-        if (tokens[i] >= 0) {
-            BRRR_CHECK_ARG(tokens[i] < c.vocab_size, "tokens[" << i << "] = token id " << tokens[i]
+        if (tokens[i] >= 0 || fed_rows < 0) {
+            BRRR_CHECK_ARG(tokens[i] >= 0 && tokens[i] < c.vocab_size, "tokens[" << i << "] = token id " << tokens[i]
                            << " is out of range for vocab_size " << c.vocab_size);
             continue;
         }

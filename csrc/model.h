@@ -147,10 +147,10 @@ std::string sampling_params_problem(const SamplingParams& p);
 void check_prefill_args(const Config& c, int slot, const int32_t* tokens, int n_tokens, int start_pos);
 //   decode (n_steps = 1) and decode_steps: batch in [1, max_batch], n_steps in [1, kMaxDecodeSteps],
 //            each slot valid and at most once, positions[i] + n_steps - 1 < max_seq_len, tokens valid;
-//            decode_launch also takes tokens[i] < 0 as "row -1 - tokens[i] of the newest launch",
-//            valid below fed_rows (that launch's batch; 0 when there is none to continue)
+//            decode_launch (fed_rows >= 0) also takes tokens[i] < 0 as "row -1 - tokens[i] of the
+//            newest launch", valid below fed_rows (that launch's batch; 0 when there is none)
 void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* slots,
-                       const int32_t* positions, int batch, int n_steps, int fed_rows = 0);
+                       const int32_t* positions, int batch, int n_steps, int fed_rows = -1);
 //   sample:  batch, slots and positions as for decode
 void check_sample_args(const Config& c, const int32_t* slots, const int32_t* positions, int batch);
 //   prefill_many: n_seqs in [1, max_batch], slots valid and distinct, each sequence as for prefill

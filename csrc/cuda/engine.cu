@@ -1152,7 +1152,7 @@ void CudaEngine::enqueue_decode(const int32_t* tokens, const int32_t* slots, con
                                 const SamplingParams* params, const uint64_t* steps, int batch,
                                 int n_steps, bool continuable) {
     const char* call = continuable ? "decode_launch" : "decode_steps";
-    check_decode_args(cfg_, tokens, slots, positions, batch, n_steps, continuable ? fed_rows_ : 0);
+    check_decode_args(cfg_, tokens, slots, positions, batch, n_steps, continuable ? fed_rows_ : -1);
     for (int i = 0; i < batch; ++i)
         block_tables_.check_covered(slots[i], 0, positions[i] + n_steps, call);
     BRRR_CHECK(params && steps, call << ": null params or steps pointer");
