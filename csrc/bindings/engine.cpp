@@ -247,6 +247,18 @@ struct BatchRows {
     }
 };
 
+// decode_steps' and decode_launch's arguments, checked: the rows, their sampling records and the
+// RNG steps.
+struct DecodeArgs : BatchRows {
+    py::array sampling;
+    py::array_t<uint64_t> steps;
+    DecodeArgs(const py::object& tok, const py::object& sl, const py::object& pos, const py::object& params,
+               const py::object& step)
+        : BatchRows(tok, sl, pos), sampling(sampling_rows(params, B)),
+          steps(checked_array<uint64_t>(step, "step", {B}, "uint64 array of shape (B,)")) {}
+    const brrr::SamplingParams* params() const { return rows_of(sampling); }
+};
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
@@ -440,11 +452,8 @@ void bind_engine(py::module_& m) {
     engine_cls.def("decode_steps", [](PyEngine& self, const py::object& tokens, const py::object& slots,
                                       const py::object& positions, const py::object& params,
                                       const py::object& step, int64_t n_steps) {
-        const BatchRows rows(tokens, slots, positions);
-        const py::ssize_t B = rows.B;
-        auto sampling = sampling_rows(params, B);
-        auto st = checked_array<uint64_t>(step, "step", {B}, "uint64 array of shape (B,)");
-        const int32_t *t = rows.tokens.data(), *s = rows.slots.data(), *p = rows.positions.data();
+        const DecodeArgs args(tokens, slots, positions, params, step);
+        const py::ssize_t B = args.B;
         const int rounds = saturate_int(n_steps);
         // Sized for the rounds asked, at most kMaxDecodeSteps: the engine refuses more (and fewer
         // than one) before it writes anything.
@@ -453,13 +462,12 @@ void bind_engine(py::module_& m) {
         py::array_t<float> out_logprobs({out_rows, B});
         int32_t* tok_out = out_tokens.mutable_data();
         float* lp_out = out_logprobs.mutable_data();
-        const brrr::SamplingParams* rp = rows_of(sampling);
-        const uint64_t* steps = st.data();
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
             require_no_pending_decode(self, "decode_steps");
             const double t0 = brrr::profile::now();
-            self.impl->decode_steps(t, s, p, rp, steps, saturate_int(B), rounds, tok_out, lp_out);
+            self.impl->decode_steps(args.tokens.data(), args.slots.data(), args.positions.data(), args.params(),
+                                    args.steps.data(), saturate_int(B), rounds, tok_out, lp_out);
             self.record_call("decode_steps", brrr::profile::Phase::Decode, t0);
         });
         return py::make_tuple(out_tokens, out_logprobs);
@@ -471,17 +479,12 @@ void bind_engine(py::module_& m) {
     engine_cls.def("decode_launch", [](PyEngine& self, const py::object& tokens, const py::object& slots,
                                        const py::object& positions, const py::object& params,
                                        const py::object& step, int64_t n_steps) {
-        const BatchRows rows(tokens, slots, positions);
-        const py::ssize_t B = rows.B;
-        auto sampling = sampling_rows(params, B);
-        auto st = checked_array<uint64_t>(step, "step", {B}, "uint64 array of shape (B,)");
-        const int32_t *t = rows.tokens.data(), *s = rows.slots.data(), *p = rows.positions.data();
-        const brrr::SamplingParams* rp = rows_of(sampling);
-        const uint64_t* steps = st.data();
+        const DecodeArgs args(tokens, slots, positions, params, step);
         without_gil([&] {
             std::lock_guard<std::mutex> lock(self.mutex);
             const double t0 = brrr::profile::now();
-            self.impl->decode_launch(t, s, p, rp, steps, saturate_int(B), saturate_int(n_steps));
+            self.impl->decode_launch(args.tokens.data(), args.slots.data(), args.positions.data(), args.params(),
+                                     args.steps.data(), saturate_int(args.B), saturate_int(n_steps));
             self.record_call("decode_launch", brrr::profile::Phase::Decode, t0);
         });
     }, py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("params"), py::arg("step"),
