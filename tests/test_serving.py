@@ -262,12 +262,13 @@ def test_bad_scheduler_arguments(llm, kwargs, pattern):
 
 # ---- AsyncLlama ---------------------------------------------------------------------------------
 
-@pytest.fixture
-def engine():
+@pytest.fixture(params=[False, True], ids=["unpipelined", "pipelined"])
+def engine(request):
     llm = make_tiny()
-    engine = AsyncLlama(llm, max_num_batched_tokens=16)
+    engine = AsyncLlama(llm, max_num_batched_tokens=16, pipeline=request.param)
     yield engine
     engine.close()
+    assert llm.engine.decode_pending == 0
 
 
 async def collect(engine, prompt, params=GREEDY, request_id=None):
@@ -391,7 +392,8 @@ def test_async_bad_requests(engine):
 
 
 class FailingEngine:
-    """A _C.Engine stand-in whose decode_steps raises once, when armed."""
+    """A _C.Engine stand-in whose decode_steps, or (pipelined) decode_wait, raises once when
+    armed: the latter with launches still pending in the real engine."""
 
     def __init__(self, real):
         self.real = real
@@ -400,11 +402,18 @@ class FailingEngine:
     def __getattr__(self, name):
         return getattr(self.real, name)
 
-    def decode_steps(self, *args):
+    def fault(self):
         if self.armed:
             self.armed = False
             raise RuntimeError("injected engine fault")
+
+    def decode_steps(self, *args):
+        self.fault()
         return self.real.decode_steps(*args)
+
+    def decode_wait(self):
+        self.fault()
+        return self.real.decode_wait()
 
 
 def test_an_engine_fault_reaches_every_request_and_the_engine_goes_on(engine, rng):
@@ -481,6 +490,12 @@ class SlowEngine(FailingEngine):
 
         time.sleep(0.005)
         return self.real.decode_steps(*args)
+
+    def decode_wait(self):
+        import time
+
+        time.sleep(0.005)
+        return self.real.decode_wait()
 
 
 def test_close_ends_waiting_requests_and_frees_the_model(rng):
