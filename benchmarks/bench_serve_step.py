@@ -50,24 +50,21 @@ class StubEngine:
         self.config = {"kv_block_size": block_size, "kv_blocks": blocks}
         self.vocab = vocab
         self.rng = np.random.default_rng(0)
+        self.pending: list = []  # the pipelined scheduler's launches, results made at once
 
     def decode_steps(self, tokens, slots, positions, params, counts, n_steps):
         rows = len(tokens)
         return (self.rng.integers(3, self.vocab, size=(n_steps, rows), dtype=np.int32),
                 np.full((n_steps, rows), -1.5, dtype=np.float32))
 
-    # the pipelined scheduler's calls: the launch's results are made at once and handed back later
-    pending: list = []
-
     def decode_launch(self, tokens, slots, positions, params, counts, n_steps):
-        self.pending = self.pending + [self.decode_steps(tokens, slots, positions, params, counts, n_steps)]
+        self.pending.append(self.decode_steps(tokens, slots, positions, params, counts, n_steps))
 
     def decode_wait(self):
-        first, self.pending = self.pending[0], self.pending[1:]
-        return first
+        return self.pending.pop(0)
 
     def decode_discard(self):
-        self.pending = []
+        self.pending.clear()
 
     @property
     def decode_pending(self):
