@@ -267,6 +267,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--no-pipeline", dest="pipeline", action="store_const", const=False, default=None,
                         help="read each step's tokens before the next launch (the default on cuda "
                              "launches step k + 1 before reading step k)")
+    engine.add_argument("--pipeline", dest="pipeline", action="store_const", const=True,
+                        help="launch step k + 1 before reading step k (the default on cuda; "
+                             "on cpu nothing overlaps)")
     from .cli import add_kv_cache_arguments
 
     add_kv_cache_arguments(parser)

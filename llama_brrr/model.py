@@ -601,8 +601,7 @@ class Llama:
         prefill_chunk: prompt tokens per prefill chunk (default: the budget less max_num_seqs).
         decode_steps: decode rounds per engine call once no request waits (default DECODE_CHUNK).
         pipeline: launch each step's decode before reading the previous step's tokens (default: on
-            CUDA with one GPU; see serving/scheduler.py). Tensor-parallel groups default to off:
-            the ranks run it (tests/test_tp_workers.py), but it has not been measured on GPUs.
+            CUDA, one GPU or a tensor-parallel group; see serving/scheduler.py).
         """
         if self._engine is None:
             raise RuntimeError("this Llama was closed (close() or the end of its `with` block); "
@@ -615,8 +614,6 @@ class Llama:
                              f"more), got {max_num_seqs!r}")
         if decode_steps is None:
             decode_steps = self.DECODE_CHUNK["cuda" if self.device.startswith("cuda") else "cpu"]
-        if pipeline is None and self.tensor_parallel > 1:
-            pipeline = False
         return Scheduler(self._engine, max_seq_len=self.max_seq_len, max_num_seqs=int(max_num_seqs),
                          max_num_batched_tokens=max_num_batched_tokens, prefill_chunk=prefill_chunk,
                          decode_steps=decode_steps, allocator=self.block_manager, pipeline=pipeline)

@@ -7,17 +7,20 @@
 #   tp<N>_prefill2048.json  8B shape, one 2048-token prefill, TP N
 #   tp4_70b.json     70B shape at TP 4 (random bf16 weights, 35 GB a GPU), batch 1 and 64
 #   all_reduce_tp<N>.json   all-reduce latency inside a graph, NCCL and the one-shot kernel
+#   serve_tp<N>.json, serve_tp<N>_steps.json  1B shape, bench serve (offline scheduler), 256
+#                    requests x 512 in / 256 out at 128 slots, TP N > 1, pipelined steps
+#                    (the default) and step by step (--no-pipeline)
 #   bench.log        every benchmark's table
 #   summary.txt      the table printed last
 # TPS lists the group sizes (default: 1 2 and, on 4+ GPUs, 4). PHASES picks what runs after the
-# build, in this order: tests decode prefill 70b allreduce
+# build, in this order: tests decode prefill 70b allreduce serve
 #   OUT=/path/to/out [PHASES="decode 70b"] [TOTAL_S=540] bash scripts/gpu_tp.sh
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 TOTAL_S=${TOTAL_S:-540}
-PHASES=${PHASES:-tests decode prefill 70b allreduce}
+PHASES=${PHASES:-tests decode prefill 70b allreduce serve}
 
 source "$ROOT/scripts/lib_phases.sh"  # makes $OUT, starts the clock (START) and SUMMARY
 
@@ -57,6 +60,16 @@ if phase build 300 "$OUT/build.log" python3 setup.py build_ext --inplace; then
         for n in $TPS; do
             (( n > 1 )) && phase "allreduce-tp$n" 90 "$OUT/bench.log" python3 benchmarks/bench_all_reduce.py \
                 --tensor-parallel "$n" --out "$OUT/all_reduce_tp$n.json"
+        done
+    fi
+    if wanted serve; then
+        SERVE=(python3 -m llama_brrr bench serve --device cuda --shape llama3.2-1b --modes scheduler --repeats 1
+               --num-prompts 256 --input-len 512 --output-len 256 --max-num-seqs 128)
+        for n in $TPS; do
+            (( n > 1 )) || continue
+            phase "serve-tp$n" 120 "$OUT/bench.log" "${SERVE[@]}" --tensor-parallel "$n" --pipeline --json "$OUT/serve_tp$n.json"
+            phase "steps-tp$n" 120 "$OUT/bench.log" "${SERVE[@]}" --tensor-parallel "$n" --no-pipeline \
+                --json "$OUT/serve_tp${n}_steps.json"
         done
     fi
 fi

@@ -334,3 +334,16 @@ def test_bench_serve_passes_kv_cache_dtype(tiny_gguf, monkeypatch, tmp_path):
                      "--json", str(out)]) == 0
     assert [llm.engine.config["kv_cache_dtype"] for llm in loaded] == ["fp8_e4m3"]
     assert json.loads(out.read_text())["options"]["kv_cache_dtype"] == "fp8"
+
+
+@pytest.mark.parametrize("flag,pipeline", [((), None), (("--pipeline",), True), (("--no-pipeline",), False)])
+def test_bench_serve_passes_the_pipeline_choice(tiny_gguf, tmp_path, flag, pipeline):
+    import json
+
+    from llama_brrr import cli
+
+    out = tmp_path / "serve.json"
+    assert cli.main(["bench", "serve", "--model", str(tiny_gguf), "--device", "cpu", "--threads", "1",
+                     "--modes", "scheduler", "--repeats", "1", "--num-prompts", "2", "--input-len", "4",
+                     "--output-len", "2", *flag, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["options"]["pipeline"] is pipeline

@@ -150,6 +150,15 @@ def test_greedy_tokens_equal_one_gpu(C, rng, make_weights, size, name):
                                                         ignore_eos=True)]
         agreed = [greedy_until_near_tie(single, p, a, b) for p, a, b in zip(prompts, ours, theirs)]
         assert sum(agreed) >= 16, agreed  # most of the tokens, not a vacuous pass
+        # pipelined steps (each step's decode launched on the ranks before the last one is read):
+        # the same tokens as step by step, and nothing left in flight afterwards
+        tp._scheduler = tp.make_scheduler(pipeline=False)
+        stepped = [o.token_ids for o in tp.generate(prompts, max_tokens=32, temperature=0, ignore_eos=True)]
+        tp._scheduler = tp.make_scheduler(pipeline=True)
+        pipelined = [o.token_ids for o in tp.generate(prompts, max_tokens=32, temperature=0, ignore_eos=True)]
+        assert pipelined == stepped
+        assert tp.engine.decode_pending == 0
+        assert tp.make_scheduler().pipeline  # a GPU group's default, as one GPU's
         # sampling too: same seeds, same logits on every rank -> one answer
         sampled = tp.generate(prompts, max_tokens=16, temperature=0.9, top_p=0.95, seed=3)
         again = tp.generate(prompts, max_tokens=16, temperature=0.9, top_p=0.95, seed=3)
