@@ -345,7 +345,9 @@ def paged_caches(k_cache, v_cache, kv_fp8, **kwargs):
     return PagedCaches(k_cache, v_cache, **kwargs).to_fp8()
 
 
-DECODE_HEADS = [(4, 4), (8, 4), (9, 3), (16, 4), (16, 1)]  # GQA groups 1, 2, 3, 4 and 16 (four head blocks)
+# GQA groups 1, 2, 3, 4 and 16 (four head blocks); 32 / 8 at the 4 sequences below is 32 CTAs a
+# split, where an e4m3 cache takes the tensor-core kernel, split (tuning::kDecodeMmaMinCtasFp8)
+DECODE_HEADS = [(4, 4), (8, 4), (9, 3), (16, 4), (16, 1), (32, 8)]
 
 
 # The caches are paged (paged_kv.PagedCaches: shuffled blocks, NaN everywhere the table does not

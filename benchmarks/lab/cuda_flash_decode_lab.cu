@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_decode_fp8_tile.cuh"
 #include "cuda/attention_decode.cuh"
 #include "lab_timing.cuh"
 
@@ -59,7 +60,9 @@ struct Variant {
     int threads;    // 0: the shipped value, else 128
     int splits;     // 0: decode_args()'s, else at least this many (within max_splits)
     int kernel;     // 0: launch_flash_decode's choice; -1 the register kernel at any batch; 2-4 the
-                    // tensor-core kernel (128 threads) with that many stages at any batch
+                    // tensor-core kernel (128 threads) with that many stages at any batch; 5 (--fp8
+                    // only) the tensor-core kernel's earlier e4m3 form at any batch
+                    // (attention_decode_fp8_tile.cuh)
 };
 
 const Variant kVariants[] = {
@@ -75,6 +78,7 @@ const Variant kVariants[] = {
     {"19_registers", 0, 0, 0, -1},
     {"25_mma_2stages", 0, 0, 0, 2},
     {"26_mma_4stages", 0, 0, 0, 4},
+    {"27_fp8_smem_tile", 0, 0, 0, 5},
 };
 
 // --fp8: the caches hold e4m3 (the host keeps their values as bf16, exactly).
@@ -83,6 +87,7 @@ bool g_fp8 = false;
 // $LAB_VARIANTS (comma-separated name prefixes, e.g. "01,20,25"): the variants batch mode times; all
 // when unset.
 bool selected(const Variant& v) {
+    if (v.kernel == 5 && !g_fp8) return false;  // an e4m3 kernel only
     const char* env = std::getenv("LAB_VARIANTS");
     if (!env || !*env) return true;
     const std::string list = std::string(",") + env + ",";
@@ -106,6 +111,7 @@ template <int HD>
 void launch_hd(const Variant& v, const DecodeArgs& a, int B, cudaStream_t s) {
     if (v.kernel == 2) launch_mma<HD, 2>(a, B, s);
     else if (v.kernel == 4) launch_mma<HD, 4>(a, B, s);
+    else if (v.kernel == 5) lab_fp8_tile::launch_group<HD>(a, B, s);
     else if (v.kernel == -1) launch_decode_registers<HD, 256>(a, B, s);
     else launch_decode_registers<HD, 128>(a, B, s);
 }
@@ -287,7 +293,8 @@ int check(int block_size) {
             pr.lengths = lengths;
             for (int b = 0; b < pr.B(); ++b) pr.slots.push_back((b * 3 + 1) % pr.max_batch);
             pr.build(rng);
-            for (const Variant& v : kVariants) fails += check_one(v, pr), runs += 2;
+            for (const Variant& v : kVariants)
+                if (v.kernel != 5 || g_fp8) fails += check_one(v, pr), runs += 2;
             pr.free();
         }
     std::printf("check: %d calls, %d failures (KV blocks of %d)\n", runs, fails, block_size);
@@ -374,7 +381,7 @@ int bench(int block_size) {
             pr.build(rng);
             const double kv_bytes = 2.0 * ctx * sh.Hkv * sh.hd * (g_fp8 ? 1 : 2);
             for (const Variant& v : kVariants) {
-                if (v.splits) continue;  // a lone sequence is split 33 ways already
+                if (v.splits || v.kernel == 5) continue;  // split 33 ways already; bf16 only here
                 const Timing t = time_variant(v, pr, weights, wbytes, s);
                 std::printf("{\"shape\": \"%s\", \"context\": %d, \"variant\": \"%s\", \"chain_us\": %.3f, "
                             "\"isolated_us\": %.3f, \"stand_in_us\": %.3f, \"kv_bytes\": %.0f, "

@@ -6,10 +6,13 @@
 # BLOCK_SIZE=N (16, 32, 64 or 128; default 16): the KV block size of the lab's identity block table.
 # BATCH=1: also the serving shapes (batches 16 to 256 of 1024 / 1536 positions; the forced-split
 # variants 16-18): batch.jsonl, batch_table.txt.
+# FP8=1: an e4m3 cache: check, then the serving shapes only (batch mode; variant 27 is the earlier
+# e4m3 form of the tensor-core kernel).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/flash_decode_lab}
 BLOCK=(--block-size "${BLOCK_SIZE:-16}")
+[[ "${FP8:-0}" == 1 ]] && BLOCK+=(--fp8)
 mkdir -p "$OUT"
 BIN=/tmp/flash_decode_lab.bin
 if ! nvcc -O3 -std=c++17 --use_fast_math -lineinfo --expt-relaxed-constexpr -Icsrc -DBRRR_WITH_CUDA \
@@ -39,10 +42,12 @@ for key in dict.fromkeys(tuple(r[k] for k in keys) for r in rows):
         f"{cells[v][main]:>10.2f} ({cells[v][side]:>7.2f})" for v in variants))
 PY
 }
-timeout 240 "$BIN" bench "${BLOCK[@]}" > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
-table "$OUT/bench.jsonl" "us per layer added to a graphed chain behind a QKV stand-in (isolated us per call in brackets)" \
-    shape,context chain_us isolated_us | tee "$OUT/table.txt"
-if [[ "${BATCH:-0}" == 1 ]]; then
+if [[ "${FP8:-0}" != 1 ]]; then
+    timeout 240 "$BIN" bench "${BLOCK[@]}" > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || { cat "$OUT/bench.err"; exit 1; }
+    table "$OUT/bench.jsonl" "us per layer added to a graphed chain behind a QKV stand-in (isolated us per call in brackets)" \
+        shape,context chain_us isolated_us | tee "$OUT/table.txt"
+fi
+if [[ "${BATCH:-0}" == 1 || "${FP8:-0}" == 1 ]]; then
     timeout 300 "$BIN" batch "${BLOCK[@]}" > "$OUT/batch.jsonl" 2> "$OUT/batch.err" || { cat "$OUT/batch.err"; exit 1; }
     table "$OUT/batch.jsonl" "us per call, 16 calls back to back in a graph (KV GB/s read in brackets)" \
         shape,batch,context isolated_us GBps | tee "$OUT/batch_table.txt"

@@ -26,12 +26,14 @@
 //   - registers (small batches, flash_decode_kernel): as above; each lane loads its next step's
 //     rows straight into registers, the first rows before the PDL wait, so a short context's loads
 //     overlap the kernel before;
-//   - tensor cores (from tuning::kDecodeMmaMinCtas one-split CTAs on, serving batches,
-//     flash_decode_mma_kernel): a warp takes 16 positions a step through a cp.async ring of K/V
-//     tiles in shared memory, S = Q K^T and P V on mma.sync with the group's heads as the A rows
-//     (fp16 operands for an e4m3 cache, which widens to fp16 in one instruction a pair). At serving
-//     batches the CUDA-core kernel's per-position work (dot products, butterflies, shuffles) binds
-//     beside the copy rate already in bf16, and an e4m3 cache halves only the bytes.
+//   - tensor cores (serving batches, flash_decode_mma_kernel; from tuning::kDecodeMmaMinCtas
+//     one-split CTAs on, kDecodeMmaMinCtasFp8 with an e4m3 cache): a warp takes 16 positions a
+//     step through a cp.async ring of K/V tiles in shared memory, S = Q K^T and P V on mma.sync
+//     with the group's heads as the A rows (an e4m3 cache stays bytes in shared memory; ldmatrix
+//     reads them and each lane widens its fragments to fp16 in registers, one instruction a pair,
+//     for fp16 MMAs). At serving batches the CUDA-core kernel's per-position work (dot products,
+//     butterflies, shuffles) binds beside the copy rate already in bf16, and an e4m3 cache halves
+//     only the bytes.
 // Invariants: scratch per sequence is [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq
 // x max_splits x hd]; the counters are zero before the first call and every call leaves them zero.
 // Launched with PDL: before its wait a CTA reads positions and slots and loads its first rows, all

@@ -432,19 +432,26 @@ inline int decode_gmax(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : 4; 
 // The tensor-core kernel (serving batches): a warp takes 16 positions a step and computes
 // S = Q K^T and O += P V with mma.sync m16n8k16, the group's query heads as the A rows (GMAX of
 // the 16 used; Q's other rows are zeros and their results are dropped). K and V tiles come
-// through a per-warp cp.async ring of STAGES steps. An e4m3 cache is copied as bytes and each lane
-// widens the pieces it copied into the warp's fp16 tile before the warp reads it with ldmatrix:
-// one conversion instruction a pair, exact, where bf16 would take four; so with FP8 the MMAs run
-// on fp16 (q widened from bf16: exact below fp16's 65504, inf past it; P in fp16 has more bits than
-// in bf16). The online softmax is the prefill kernel's (a row lives in a quad of lanes); the end is
-// finish_cta's. Per warp and step: [2][16][HD + 8] bf16 per stage (bf16 cache), or [2][16][HD]
-// bytes per stage plus one [2][16][HD + 8] fp16 tile (e4m3), after DecodeLayout's bytes.
+// through a per-warp cp.async ring of STAGES steps, [K|V][16][pitch] a stage. The online softmax
+// is the prefill kernel's (a row lives in a quad of lanes); the end is finish_cta's.
+// An e4m3 cache stays bytes in shared memory: ldmatrix reads them as if they were 16-bit pairs
+// and each lane widens its word to fp16 in registers (one conversion instruction a pair, exact),
+// so the MMAs run on fp16 (q widened from bf16: exact below fp16's 65504, inf past it; P in fp16
+// has more bits than in bf16). The fragments that come out are permutations of the bf16 ones:
+//   K (ldmatrix): lane (g, t4) holds dims 4 t4 .. 4 t4 + 3 of position g of a 16-dim block, taken
+//     as k = 2 t4, 2 t4 + 1 (b0) and 2 t4 + 8, 2 t4 + 9 (b1); Q's A fragment is loaded in the same
+//     order, and a dot product does not depend on the order of its dims;
+//   V (ldmatrix.trans): lane (g, t4) holds dims 2 g, 2 g + 1 of positions 2 t4, 2 t4 + 1; one byte
+//     permute makes the even dim's pair the B fragment of one n8 tile and the odd dim's of
+//     another, so output column n of a block's tile (even, odd) is dim 2 n (+ 1), undone where
+//     the warp stores its acc.
+// Shared-memory rows are padded by 8 elements (bf16) or 16 bytes (e4m3), so the 8 rows of each
+// ldmatrix fall in distinct bank groups.
 template <int HD, bool FP8>
 struct DecodeMmaLayout {
-    static constexpr int kPitch = HD + 8;  // bf16 tile rows: ldmatrix rows in distinct bank groups
-    static constexpr size_t tile_bytes = (size_t)2 * 16 * kPitch * 2;   // K then V, 16-bit elements
-    static constexpr size_t copy_bytes = FP8 ? (size_t)2 * 16 * HD : tile_bytes;  // one stage as copied
-    static constexpr size_t warp_bytes(int stages) { return stages * copy_bytes + (FP8 ? tile_bytes : 0); }
+    static constexpr int kPitchBytes = FP8 ? HD + 16 : (HD + 8) * 2;
+    static constexpr size_t copy_bytes = (size_t)2 * 16 * kPitchBytes;  // one stage: K then V
+    static constexpr size_t warp_bytes(int stages) { return stages * copy_bytes; }
 };
 
 template <int HD, int GMAX, int THREADS, int STAGES, bool FP8>
@@ -452,9 +459,10 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
     static_assert(STAGES >= 2 && GMAX <= 8, "a stage to fill beside the one read; head rows g < 8 of the A tile");
     using L = DecodeLayout<HD, GMAX, THREADS>;
     using M = DecodeMmaLayout<HD, FP8>;
-    constexpr int kWarps = L::kWarps, P = M::kPitch;
+    constexpr int kWarps = L::kWarps, PB = M::kPitchBytes;
     constexpr int kPiece = FP8 ? 16 : 8;              // elements a 16-byte copy brings
     constexpr int kPieces = 16 * HD / kPiece / 32;    // per lane, per tile (K or V)
+    constexpr size_t kElem = FP8 ? 1 : 2;
 
     unsigned char* smem = ptx::dynamic_smem<unsigned char>();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -466,36 +474,20 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
     const int slot = __ldcg(a.slots + b);
     auto step_base = [&](int step) { return c0 + (step * kWarps + warp) * 16; };
     unsigned char* ring = smem + L::tiles_off + (size_t)warp * M::warp_bytes(STAGES);
-    uint16_t* tile = reinterpret_cast<uint16_t*>(FP8 ? ring + STAGES * M::copy_bytes : nullptr);  // FP8 only
-    const size_t elem = FP8 ? 1 : 2;
     // Copies the K and V rows of a step into stage st: lane-strided 16-byte pieces; rows past c1
     // or without a block are zeros (their scores are masked).
     auto copy_step = [&](int step) {
-        const int base = step_base(step), st = step % STAGES;
-        unsigned char* dst = ring + st * M::copy_bytes;
+        const int base = step_base(step);
+        unsigned char* dst = ring + (step % STAGES) * M::copy_bytes;
 #pragma unroll
         for (int i = 0; i < kPieces; ++i) {
             const int c = lane + 32 * i, r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
             const int p = base + r;
             const int64_t row = p < c1 ? a.kv.pages.row(slot, p) : -1;
-            const size_t at = row < 0 ? 0 : ((size_t)(row * a.n_kv_heads + kvh) * HD + col) * elem;
-            // stage layout: FP8 [K|V][16][HD] bytes; bf16 the tile itself, [K|V][16][P]
-            const size_t kv_stride = FP8 ? (size_t)16 * HD : (size_t)16 * P * 2;
-            const size_t off = FP8 ? (size_t)r * HD + col : ((size_t)r * P + col) * 2;
+            const size_t at = row < 0 ? 0 : ((size_t)(row * a.n_kv_heads + kvh) * HD + col) * kElem;
+            const size_t off = (size_t)r * PB + col * kElem;
             ptx::cp_async_16(dst + off, static_cast<const unsigned char*>(a.kv.k) + at, row >= 0);
-            ptx::cp_async_16(dst + kv_stride + off, static_cast<const unsigned char*>(a.kv.v) + at, row >= 0);
-        }
-    };
-    // FP8: this lane's pieces of stage st widened into the warp's fp16 tile.
-    auto widen_step = [&](int step) {
-        const unsigned char* src = ring + (step % STAGES) * M::copy_bytes;
-#pragma unroll
-        for (int i = 0; i < kPieces; ++i) {
-            const int c = lane + 32 * i, r = c / (HD / kPiece), col = (c % (HD / kPiece)) * kPiece;
-#pragma unroll
-            for (int kv = 0; kv < 2; ++kv)
-                util::widen_e4m3x16<true>(*reinterpret_cast<const uint4*>(src + kv * 16 * HD + r * HD + col),
-                                          reinterpret_cast<uint4*>(tile + (kv * 16 + r) * P + col));
+            ptx::cp_async_16(dst + 16 * PB + off, static_cast<const unsigned char*>(a.kv.v) + at, row >= 0);
         }
     };
 
@@ -515,6 +507,8 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
     };
     auto pack = [](float lo, float hi) { return FP8 ? util::pack_f16x2(lo, hi) : util::pack_bf16x2(lo, hi); };
     // Q as the A operand of each 16-dim k-step: row g is head g (zeros past n_g), rows g + 8 zeros.
+    // a0 holds k = 2 t4, 2 t4 + 1 and a2 k = 2 t4 + 8, + 9: dims in that order for a bf16 cache,
+    // dims 4 t4, 4 t4 + 1 and 4 t4 + 2, + 3 for e4m3 (the K fragment's order, above).
     uint32_t qa[HD / 16][4];
     const uint32_t* qrow = reinterpret_cast<const uint32_t*>(a.q + ((size_t)b * a.n_heads + head0 + g) * HD);
     auto q_pair = [&](int d) {
@@ -523,41 +517,57 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
     };
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ++ks) {
-        qa[ks][0] = g < n_g ? q_pair(ks * 16 + 2 * t4) : 0u;
-        qa[ks][2] = g < n_g ? q_pair(ks * 16 + 8 + 2 * t4) : 0u;
+        const int d0 = ks * 16 + (FP8 ? 4 * t4 : 2 * t4), d2 = d0 + (FP8 ? 2 : 8);
+        qa[ks][0] = g < n_g ? q_pair(d0) : 0u;
+        qa[ks][2] = g < n_g ? q_pair(d2) : 0u;
         qa[ks][1] = qa[ks][3] = 0u;
     }
 
     float row_max = -INFINITY, row_sum = 0.f;  // head g's, in log2 units; the sum is this lane's share
+    // O's n8 tiles: bf16, tile f is dims 8 f .. 8 f + 7; e4m3, tiles 2 j and 2 j + 1 are the even
+    // and odd dims of 16-dim block j
     float o[HD / 8][4];
 #pragma unroll
     for (int f = 0; f < HD / 8; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.f;
+    // This lane's ldmatrix row: matrices 0-3 are (positions 0-7, block 0), (8-15, 0), (0-7, 1),
+    // (8-15, 1) of a pair of 16-dim blocks (bf16: of a 16-dim k-step's two 8-dim halves).
+    const int lm_row = (lane >> 3 & 1) * 8 + (lane & 7), lm_col = (lane >> 4) * 16;
 
     for (int step = 0; step_base(step) < c1; ++step) {
         const int base = step_base(step);
-        __syncwarp();  // every lane is done with the stage (and tile) refilled below
+        __syncwarp();  // every lane is done with the stage refilled below
         if (step_base(step + STAGES - 1) < c1) copy_step(step + STAGES - 1);
         ptx::cp_async_commit();
         ptx::cp_async_wait<STAGES - 1>();  // this lane's pieces of this step have landed
-        const uint16_t* Kt;
-        if constexpr (FP8) {
-            widen_step(step);
-            Kt = tile;
-        } else {
-            Kt = reinterpret_cast<const uint16_t*>(ring + (step % STAGES) * M::copy_bytes);
-        }
-        __syncwarp();  // and every other lane's
-        const uint16_t* Vt = Kt + 16 * P;
+        __syncwarp();                      // and every other lane's
+        const unsigned char* Kt = ring + (step % STAGES) * M::copy_bytes;
+        const unsigned char* Vt = Kt + 16 * PB;
 
         // S = Q K^T: positions 0-7 (n-tile 0) and 8-15 (n-tile 1) of the step.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        if constexpr (FP8) {
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-            uint32_t r[4];
-            ptx::ldmatrix_x4(r, Kt + ((lane >> 4) * 8 + (lane & 7)) * P + ks * 16 + ((lane >> 3) & 1) * 8);
-            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mma(s[0], qa[ks], b0);
-            mma(s[1], qa[ks], b1);
+            for (int j = 0; j < HD / 32; ++j) {
+                uint32_t r[4];
+                ptx::ldmatrix_x4(r, Kt + lm_row * PB + j * 32 + lm_col);
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    const uint2 w = util::widen_e4m3x4<true>(r[m]);
+                    const uint32_t b2[2] = {w.x, w.y};
+                    mma(s[m & 1], qa[2 * j + (m >> 1)], b2);
+                }
+            }
+        } else {
+            const uint16_t* K16 = reinterpret_cast<const uint16_t*>(Kt);
+            constexpr int P = PB / 2;
+#pragma unroll
+            for (int ks = 0; ks < HD / 16; ++ks) {
+                uint32_t r[4];
+                ptx::ldmatrix_x4(r, K16 + ((lane >> 4) * 8 + (lane & 7)) * P + ks * 16 + ((lane >> 3) & 1) * 8);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma(s[0], qa[ks], b0);
+                mma(s[1], qa[ks], b1);
+            }
         }
         // Online softmax of row g over the step's positions (past c1: -inf), as the prefill kernel.
         float mx = -INFINITY;
@@ -585,26 +595,54 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
 
         // O += P V: P's row g as the A operand (the S layout is the A layout), V through ldmatrix.trans.
         const uint32_t pa[4] = {pack(p[0][0], p[0][1]), 0u, pack(p[1][0], p[1][1]), 0u};
+        if constexpr (FP8) {
 #pragma unroll
-        for (int i = 0; i < HD / 16; ++i) {
-            uint32_t r[4];
-            ptx::ldmatrix_x4_trans(r, Vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * P + i * 16 + (lane >> 4) * 8);
-            const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mma(o[2 * i], pa, b0);
-            mma(o[2 * i + 1], pa, b1);
+            for (int j = 0; j < HD / 32; ++j) {
+                uint32_t r[4];
+                ptx::ldmatrix_x4_trans(r, Vt + lm_row * PB + j * 32 + lm_col);
+#pragma unroll
+                for (int blk = 0; blk < 2; ++blk) {
+                    // bytes (even dim, odd dim) of positions 2 t4 and 2 t4 + 1, as (even, even, odd, odd)
+                    const uint2 lo = util::widen_e4m3x4<true>(__byte_perm(r[2 * blk], 0, 0x3120));
+                    const uint2 hi = util::widen_e4m3x4<true>(__byte_perm(r[2 * blk + 1], 0, 0x3120));
+                    const uint32_t even[2] = {lo.x, hi.x}, odd[2] = {lo.y, hi.y};
+                    mma(o[4 * j + 2 * blk], pa, even);
+                    mma(o[4 * j + 2 * blk + 1], pa, odd);
+                }
+            }
+        } else {
+            const uint16_t* V16 = reinterpret_cast<const uint16_t*>(Vt);
+            constexpr int P = PB / 2;
+#pragma unroll
+            for (int i = 0; i < HD / 16; ++i) {
+                uint32_t r[4];
+                ptx::ldmatrix_x4_trans(r, V16 + ((lane & 7) + ((lane >> 3) & 1) * 8) * P + i * 16 + (lane >> 4) * 8);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma(o[2 * i], pa, b0);
+                mma(o[2 * i + 1], pa, b1);
+            }
         }
     }
 
-    // The warp's state into DecodeLayout's slots: row g's sum over its quad, acc columns 2 t4, + 1.
+    // The warp's state into DecodeLayout's slots: row g's sum over its quad, its acc columns.
     row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
     row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
     float* warp_m = reinterpret_cast<float*>(smem + L::m_off);
     float* warp_l = reinterpret_cast<float*>(smem + L::l_off);
     float* warp_acc = reinterpret_cast<float*>(smem + L::acc_off);
     if (g < GMAX) {
+        float* acc = warp_acc + (warp * GMAX + g) * HD;
+        if constexpr (FP8) {
+            // tiles 2 j (even dims) and 2 j + 1 (odd): columns 2 t4, 2 t4 + 1 are dims 4 t4 (+ 1), 4 t4 + 2 (+ 1)
 #pragma unroll
-        for (int f = 0; f < HD / 8; ++f)
-            *reinterpret_cast<float2*>(warp_acc + (warp * GMAX + g) * HD + f * 8 + 2 * t4) = make_float2(o[f][0], o[f][1]);
+            for (int j = 0; j < HD / 16; ++j)
+                *reinterpret_cast<float4*>(acc + j * 16 + 4 * t4) =
+                    make_float4(o[2 * j][0], o[2 * j + 1][0], o[2 * j][1], o[2 * j + 1][1]);
+        } else {
+#pragma unroll
+            for (int f = 0; f < HD / 8; ++f)
+                *reinterpret_cast<float2*>(acc + f * 8 + 2 * t4) = make_float2(o[f][0], o[f][1]);
+        }
         if (t4 == 0) warp_m[warp * GMAX + g] = row_max, warp_l[warp * GMAX + g] = row_sum;
     }
     finish_cta<HD, GMAX, THREADS>(a, cta, smem);
@@ -699,8 +737,10 @@ inline void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaSt
     static_assert(tuning::kDecodeThreads == 128 || tuning::kDecodeThreads == 256,
                   "flash_decode_kernel's register cap and merge assume 128 or 256 threads");
     constexpr int kT = tuning::kDecodeThreads, kMmaT = tuning::kDecodeMmaThreads;
-    // Tensor cores at serving batches (from 8 sequences of 8 KV heads on), registers below.
-    if ((int64_t)B * a.n_kv_heads * a.head_blocks < tuning::kDecodeMmaMinCtas) {
+    // Tensor cores at serving batches (from 8 sequences of 8 KV heads on, 4 with an e4m3 cache),
+    // registers below.
+    const int mma_min_ctas = a.kv.fp8 ? tuning::kDecodeMmaMinCtasFp8 : tuning::kDecodeMmaMinCtas;
+    if ((int64_t)B * a.n_kv_heads * a.head_blocks < mma_min_ctas) {
         if (head_dim == 64) launch_decode_registers<64, kT>(a, B, stream);
         else launch_decode_registers<128, kT>(a, B, stream);
     } else if (head_dim == 64) {

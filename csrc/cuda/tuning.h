@@ -39,6 +39,10 @@ constexpr int kDecodeLateTriggerHeadDim = 128;
 // cp.async ring of K/V tiles may take (its stages: 2 to 4 tiles of 16 positions; 2, 3 and 4 stages
 // measured alike).
 constexpr int kDecodeMmaMinCtas = 64;
+// The same for an e4m3 cache, whose tensor-core kernel widens the bytes in registers: at 4
+// sequences of 8 KV heads it beat the register kernel by 1.29-1.58x (both shapes), at 2 by
+// 0.98-1.20x (docs/kernels/attention.md).
+constexpr int kDecodeMmaMinCtasFp8 = 32;
 constexpr int kDecodeMmaThreads = 128;
 constexpr int kDecodeMmaBytesPerWarp = 12 * 1024;
 
