@@ -133,32 +133,10 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_tile_kernel(DecodeAr
             mma(s[0], qa[ks], b0);
             mma(s[1], qa[ks], b1);
         }
-        // Online softmax of row g over the step's positions (past c1: -inf), as the prefill kernel.
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                if (base + j * 8 + 2 * t4 + e >= c1) s[j][e] = -INFINITY;
-                mx = fmaxf(mx, s[j][e]);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max, mx * a.scale_log2);  // finite: position `base` is < c1
-        const float alpha = exp2f(row_max - new_max);
-        row_max = new_max;
-        float p[2][2];
-        float step_sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) step_sum += p[j][e] = exp2f(fmaf(s[j][e], a.scale_log2, -new_max));
-        row_sum = row_sum * alpha + step_sum;
-#pragma unroll
-        for (int f = 0; f < HD / 8; ++f) o[f][0] *= alpha, o[f][1] *= alpha;
+        uint32_t pa[4];
+        decode_softmax_step<HD, FP8>(s, base, c1, t4, a.scale_log2, row_max, row_sum, o, pa);
 
-        // O += P V: P's row g as the A operand (the S layout is the A layout), V through ldmatrix.trans.
-        const uint32_t pa[4] = {pack(p[0][0], p[0][1]), 0u, pack(p[1][0], p[1][1]), 0u};
+        // O += P V: P's row g as the A operand, V through ldmatrix.trans.
 #pragma unroll
         for (int i = 0; i < HD / 16; ++i) {
             uint32_t r[4];

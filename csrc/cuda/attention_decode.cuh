@@ -454,6 +454,43 @@ struct DecodeMmaLayout {
     static constexpr size_t warp_bytes(int stages) { return stages * copy_bytes; }
 };
 
+// One warp-step of the tensor-core kernel's online softmax (the prefill kernel's; a head row lives
+// in a quad of lanes): the step's scores s (S fragments, positions base + 8 j + 2 t4 + e of head
+// row g; those from c1 on masked) update row_max and this lane's share of row_sum (log2 units),
+// rescale the acc tiles o, and come out as P's A fragment pa (the S layout is the A layout), fp16
+// (F16) or bf16.
+template <int HD, bool F16>
+__device__ __forceinline__ void decode_softmax_step(float (&s)[2][4], int base, int c1, int t4, float scale_log2,
+                                                    float& row_max, float& row_sum, float (&o)[HD / 8][4],
+                                                    uint32_t (&pa)[4]) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            if (base + j * 8 + 2 * t4 + e >= c1) s[j][e] = -INFINITY;
+            mx = fmaxf(mx, s[j][e]);
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float new_max = fmaxf(row_max, mx * scale_log2);  // finite: position `base` is < c1
+    const float alpha = exp2f(row_max - new_max);
+    row_max = new_max;
+    float p[2][2];
+    float step_sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) step_sum += p[j][e] = exp2f(fmaf(s[j][e], scale_log2, -new_max));
+    row_sum = row_sum * alpha + step_sum;
+#pragma unroll
+    for (int f = 0; f < HD / 8; ++f) o[f][0] *= alpha, o[f][1] *= alpha;
+    auto pack = [](float lo, float hi) { return F16 ? util::pack_f16x2(lo, hi) : util::pack_bf16x2(lo, hi); };
+    pa[0] = pack(p[0][0], p[0][1]);
+    pa[2] = pack(p[1][0], p[1][1]);
+    pa[1] = pa[3] = 0u;
+}
+
 template <int HD, int GMAX, int THREADS, int STAGES, bool FP8>
 __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a) {
     static_assert(STAGES >= 2 && GMAX <= 8, "a stage to fill beside the one read; head rows g < 8 of the A tile");
@@ -505,7 +542,6 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
         if constexpr (FP8) ptx::mma_f16_16816(d, a4, b2);
         else ptx::mma_bf16_16816(d, a4, b2);
     };
-    auto pack = [](float lo, float hi) { return FP8 ? util::pack_f16x2(lo, hi) : util::pack_bf16x2(lo, hi); };
     // Q as the A operand of each 16-dim k-step: row g is head g (zeros past n_g), rows g + 8 zeros.
     // a0 holds k = 2 t4, 2 t4 + 1 and a2 k = 2 t4 + 8, + 9: dims in that order for a bf16 cache,
     // dims 4 t4, 4 t4 + 1 and 4 t4 + 2, + 3 for e4m3 (the K fragment's order, above).
@@ -513,7 +549,7 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
     const uint32_t* qrow = reinterpret_cast<const uint32_t*>(a.q + ((size_t)b * a.n_heads + head0 + g) * HD);
     auto q_pair = [&](int d) {
         const uint32_t w = qrow[d / 2];
-        return FP8 ? pack(util::bf16_lo(w), util::bf16_hi(w)) : w;
+        return FP8 ? util::pack_f16x2(util::bf16_lo(w), util::bf16_hi(w)) : w;
     };
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ++ks) {
@@ -569,32 +605,10 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
                 mma(s[1], qa[ks], b1);
             }
         }
-        // Online softmax of row g over the step's positions (past c1: -inf), as the prefill kernel.
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                if (base + j * 8 + 2 * t4 + e >= c1) s[j][e] = -INFINITY;
-                mx = fmaxf(mx, s[j][e]);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max, mx * a.scale_log2);  // finite: position `base` is < c1
-        const float alpha = exp2f(row_max - new_max);
-        row_max = new_max;
-        float p[2][2];
-        float step_sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) step_sum += p[j][e] = exp2f(fmaf(s[j][e], a.scale_log2, -new_max));
-        row_sum = row_sum * alpha + step_sum;
-#pragma unroll
-        for (int f = 0; f < HD / 8; ++f) o[f][0] *= alpha, o[f][1] *= alpha;
+        uint32_t pa[4];
+        decode_softmax_step<HD, FP8>(s, base, c1, t4, a.scale_log2, row_max, row_sum, o, pa);
 
-        // O += P V: P's row g as the A operand (the S layout is the A layout), V through ldmatrix.trans.
-        const uint32_t pa[4] = {pack(p[0][0], p[0][1]), 0u, pack(p[1][0], p[1][1]), 0u};
+        // O += P V: P's row g as the A operand, V through ldmatrix.trans.
         if constexpr (FP8) {
 #pragma unroll
             for (int j = 0; j < HD / 32; ++j) {
