@@ -86,11 +86,14 @@ void check_slot(const Config& c, int slot, const std::string& what) {
                         << " KV slots (0.." << c.max_batch - 1 << ")");
 }
 
+void check_token(const Config& c, const int32_t* tokens, int i) {
+    BRRR_CHECK_ARG(tokens[i] >= 0 && tokens[i] < c.vocab_size,
+                   "tokens[" << i << "] = token id " << tokens[i] << " is out of range for vocab_size "
+                             << c.vocab_size);
+}
+
 void check_tokens(const Config& c, const int32_t* tokens, int n) {
-    for (int i = 0; i < n; ++i)
-        BRRR_CHECK_ARG(tokens[i] >= 0 && tokens[i] < c.vocab_size,
-                       "tokens[" << i << "] = token id " << tokens[i] << " is out of range for vocab_size "
-                                 << c.vocab_size);
+    for (int i = 0; i < n; ++i) check_token(c, tokens, i);
 }
 
 void check_batch(const Config& c, int batch) {
@@ -141,8 +144,7 @@ void check_decode_args(const Config& c, const int32_t* tokens, const int32_t* sl
     BRRR_CHECK_ARG(tokens, "null tokens pointer");
     for (int i = 0; i < batch; ++i) {
         if (tokens[i] >= 0 || fed_rows < 0) {
-            BRRR_CHECK_ARG(tokens[i] >= 0 && tokens[i] < c.vocab_size, "tokens[" << i << "] = token id " << tokens[i]
-                           << " is out of range for vocab_size " << c.vocab_size);
+            check_token(c, tokens, i);
             continue;
         }
         BRRR_CHECK_ARG(fed_rows > 0, "tokens[" << i << "] = " << tokens[i] << " continues a row of the "
