@@ -328,46 +328,17 @@ __global__ void quantize_act_bf16_kernel(const bf16* __restrict__ x, ActBlock* _
     quantize_block(__bfloat162float(x[(size_t)b * 32 + lane]), xq + b, lane);
 }
 
-// rstd of one row as gemv.cu's row_rstd with 256 threads (thread t sums the float4s t, t + 256,
-// ...; the 8 warps' sums are added in order), computed by `threads` = 128 or 256 threads: with 128,
-// each plays threads t and t + 128. Explicit _rn operations: the fused GEMV prologue and the
-// standalone kernel produce the same bits. Ends with rstd[m] written and a barrier.
-constexpr int kNormVirtualThreads = 256;
-template <int MR>
-__device__ void rows_rstd(const float* __restrict__ x, int M, int K, float eps, float* rstd) {
-    __shared__ float warp_sums[MR][kNormVirtualThreads / 32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (int m = 0; m < M; ++m) {
-        const float4* row = reinterpret_cast<const float4*>(x + (size_t)m * K);
-        for (int v = 0; v < kNormVirtualThreads / (int)blockDim.x; ++v) {
-            float sum = 0.f;
-            // unrolled so that several loads are in flight; the order of the sum is unchanged
-#pragma unroll 4
-            for (int i = threadIdx.x + v * blockDim.x; i < K / 4; i += kNormVirtualThreads) {
-                const float4 q = row[i];
-                sum = __fadd_rn(sum, __fadd_rn(__fadd_rn(__fmul_rn(q.x, q.x), __fmul_rn(q.y, q.y)),
-                                               __fadd_rn(__fmul_rn(q.z, q.z), __fmul_rn(q.w, q.w))));
-            }
-            sum = util::warp_sum(sum);
-            if (lane == 0) warp_sums[m][warp + v * nwarps] = sum;
-        }
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < M) {
-        float total = 0.f;
-#pragma unroll
-        for (int w = 0; w < kNormVirtualThreads / 32; ++w) total = __fadd_rn(total, warp_sums[threadIdx.x][w]);
-        rstd[threadIdx.x] = rsqrtf(__fdiv_rn(total, (float)K) + eps);
-    }
-    __syncthreads();
-}
-// One ActBlock by one thread from its 32 values: quantize_block's arithmetic (the max and the
-// integer sums do not depend on order), so the same bits. The GEMV prologue uses it: a warp per
-// block leaves a 4-warp CTA ~100 serial shuffle rounds on a 14336-value row, a thread per block 4.
-__device__ __forceinline__ void quantize_block_thread(const float* v, ActBlock* out) {
+// One ActBlock's codes from its 32 values v(0) .. v(31) by one thread: quantize_block's arithmetic
+// (the max and the integer sums do not depend on order), so the same bits. Returns the scale d and
+// writes the codes to qs; s0 / s1 = the integer sums of the two halves. The GEMV prologue uses it:
+// a warp per block leaves a 4-warp CTA ~100 serial shuffle rounds on a 14336-value row, a thread
+// per block 4. `v` is called with constant indices (unrolled), so bf16 words need not be widened
+// into 32 registers first.
+template <typename Values>
+__device__ __forceinline__ float quantize_codes_thread(Values v, int8_t* qs, int& s0, int& s1) {
     float amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v(i)));
     const float d = __fdiv_rn(amax, 127.f);
     const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
     uint32_t words[8];
@@ -377,60 +348,109 @@ __device__ __forceinline__ void quantize_block_thread(const float* v, ActBlock* 
         uint32_t word = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const int q = (int)roundf(__fmul_rn(v[4 * w + j], id));
+            const int q = (int)roundf(__fmul_rn(v(4 * w + j), id));
             s[w >> 2] += q;
             word |= (uint32_t)(q & 0xFF) << (8 * j);
         }
         words[w] = word;
     }
-    *reinterpret_cast<float4*>(out) = make_float4(d, d, __fmul_rn(d, (float)s[0]), __fmul_rn(d, (float)s[1]));
-    reinterpret_cast<uint4*>(out->qs)[0] = make_uint4(words[0], words[1], words[2], words[3]);
-    reinterpret_cast<uint4*>(out->qs)[1] = make_uint4(words[4], words[5], words[6], words[7]);
+    reinterpret_cast<uint4*>(qs)[0] = make_uint4(words[0], words[1], words[2], words[3]);
+    reinterpret_cast<uint4*>(qs)[1] = make_uint4(words[4], words[5], words[6], words[7]);
+    s0 = s[0];
+    s1 = s[1];
+    return d;
 }
-// Row m's ActBlocks from rmsnorm(x) * norm_w in fp32 (normalized_x8's product order), or from bf16
-// rows; one thread per block.
-__device__ __forceinline__ void quantize_norm_row(const float* __restrict__ row, const bf16* __restrict__ norm_w,
-                                                  float r, ActBlock* out, int K) {
+__device__ __forceinline__ void set_header(ActBlock* out, float d, float s0, float s1) {
+    *reinterpret_cast<float4*>(out) = make_float4(d, d, __fmul_rn(d, s0), __fmul_rn(d, s1));
+}
+
+// Normalized inputs, rmsnorm(x) * norm_w, in one pass over x. A block's codes do not depend on
+// the row's rstd: quantizing v = x * w under the scale amax(v) / 127 gives, in real arithmetic,
+// the codes of rstd * v under rstd * amax(v) / 127. So each thread quantizes its blocks of x * w
+// and keeps each block's sum of x^2 (in value order) while the row's other blocks load; then one
+// warp per row adds the blocks' sums (lane l takes blocks l, l + 32, ..., then a butterfly: a
+// fixed order whatever the CTA size, so the fused GEMV prologue and the standalone kernel agree
+// bit for bit) and every block's scale is multiplied by the row's rstd. Against quantizing
+// rstd * x * w the scales differ by fp32 roundings and a code on a rounding boundary may move by
+// one. One read of x and of norm_w, where a separate sum-of-squares pass read x twice.
+// Pass 1: row's blocks -> codes, header {d, d, s0, s1} (integer sums, exact in fp32), ss[b].
+__device__ __forceinline__ void quantize_norm_blocks(const float* __restrict__ row, const bf16* __restrict__ norm_w,
+                                                     ActBlock* out, float* ss, int K) {
     for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
-        float v[32];
+        float v[32], sq = 0.f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const float4 q = reinterpret_cast<const float4*>(row + 32 * b)[i];
             const uint2 w = reinterpret_cast<const uint2*>(norm_w + 32 * b)[i];
-            v[4 * i + 0] = __fmul_rn(__fmul_rn(q.x, r), util::bf16_lo(w.x));
-            v[4 * i + 1] = __fmul_rn(__fmul_rn(q.y, r), util::bf16_hi(w.x));
-            v[4 * i + 2] = __fmul_rn(__fmul_rn(q.z, r), util::bf16_lo(w.y));
-            v[4 * i + 3] = __fmul_rn(__fmul_rn(q.w, r), util::bf16_hi(w.y));
+            v[4 * i + 0] = __fmul_rn(q.x, util::bf16_lo(w.x));
+            v[4 * i + 1] = __fmul_rn(q.y, util::bf16_hi(w.x));
+            v[4 * i + 2] = __fmul_rn(q.z, util::bf16_lo(w.y));
+            v[4 * i + 3] = __fmul_rn(q.w, util::bf16_hi(w.y));
+            sq = __fadd_rn(sq, __fmul_rn(q.x, q.x));
+            sq = __fadd_rn(sq, __fmul_rn(q.y, q.y));
+            sq = __fadd_rn(sq, __fmul_rn(q.z, q.z));
+            sq = __fadd_rn(sq, __fmul_rn(q.w, q.w));
         }
-        quantize_block_thread(v, out + b);
+        int s0, s1;
+        const float d = quantize_codes_thread([&](int i) { return v[i]; }, out[b].qs, s0, s1);
+        *reinterpret_cast<float4*>(out + b) = make_float4(d, d, (float)s0, (float)s1);
+        ss[b] = sq;
     }
 }
+// Pass 2, after a barrier over pass 1 of M rows (x_stride blocks apart): rstd per row, then every
+// header scaled. Ends with a barrier.
+template <int MR>
+__device__ void scale_norm_blocks(ActBlock* xs, const float* ss, int M, int K, float eps, int x_stride) {
+    __shared__ float rstd[MR];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp < M) {
+        const float* row_ss = ss + (size_t)warp * x_stride;
+        float sum = 0.f;
+        for (int b = lane; b < K / 32; b += 32) sum = __fadd_rn(sum, row_ss[b]);
+        sum = util::warp_sum(sum);
+        if (lane == 0) rstd[warp] = rsqrtf(__fdiv_rn(sum, (float)K) + eps);
+    }
+    __syncthreads();
+    for (int m = 0; m < M; ++m) {
+        for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
+            ActBlock* blk = xs + (size_t)m * x_stride + b;
+            const float4 h = *reinterpret_cast<const float4*>(blk);
+            set_header(blk, __fmul_rn(h.x, rstd[m]), h.z, h.w);
+        }
+    }
+    __syncthreads();
+}
+// Row's ActBlocks from bf16 values, one thread per block. (Two blocks' loads in flight a step
+// cost the GEMV ~20 registers: the first weight loads are live across this prologue.)
 __device__ __forceinline__ void quantize_bf16_row(const bf16* __restrict__ row, ActBlock* out, int K) {
     for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
-        float v[32];
+        uint4 q[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint4 q = reinterpret_cast<const uint4*>(row + 32 * b)[i];
-            v[8 * i + 0] = util::bf16_lo(q.x), v[8 * i + 1] = util::bf16_hi(q.x);
-            v[8 * i + 2] = util::bf16_lo(q.y), v[8 * i + 3] = util::bf16_hi(q.y);
-            v[8 * i + 4] = util::bf16_lo(q.z), v[8 * i + 5] = util::bf16_hi(q.z);
-            v[8 * i + 6] = util::bf16_lo(q.w), v[8 * i + 7] = util::bf16_hi(q.w);
-        }
-        quantize_block_thread(v, out + b);
+        for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const uint4*>(row + 32 * b)[i];
+        const auto value = [&](int i) {  // value i: half i % 2 of word i / 2
+            const uint4 r = q[i >> 3];
+            const int j = (i >> 1) & 3;
+            const uint32_t word = j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
+            return i & 1 ? util::bf16_hi(word) : util::bf16_lo(word);
+        };
+        int s0, s1;
+        const float d = quantize_codes_thread(value, out[b].qs, s0, s1);
+        set_header(out + b, d, (float)s0, (float)s1);
     }
 }
 
-// One CTA per row.
-constexpr int kNormThreads = kNormVirtualThreads;
+// One CTA per row; dynamic shared memory: the row's K / 32 block sums of squares.
+constexpr int kNormThreads = 256;
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_quantize_act_kernel(const float* __restrict__ x, const bf16* __restrict__ norm_w, float eps,
                                 ActBlock* __restrict__ xq, int K) {
-    __shared__ float rstd[1];
+    extern __shared__ float block_ss[];  // [K / 32]
     pdl_wait();
     pdl_launch_dependents();
-    const float* row = x + (size_t)blockIdx.x * K;
-    rows_rstd<1>(row, 1, K, eps, rstd);
-    quantize_norm_row(row, norm_w, rstd[0], xq + (size_t)blockIdx.x * (K / 32), K);
+    ActBlock* out = xq + (size_t)blockIdx.x * (K / 32);
+    quantize_norm_blocks(x + (size_t)blockIdx.x * K, norm_w, out, block_ss, K);
+    __syncthreads();
+    scale_norm_blocks<1>(out, block_ss, 1, K, eps, K / 32);
 }
 
 // Where the kernel's activations come from: ActBlocks made by an earlier kernel, or rows it
@@ -547,9 +567,11 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
     const ActBlock* xb = a.x;
     if constexpr (IN != XIn::Blocks) {
         if constexpr (IN == XIn::Norm) {
-            __shared__ float rstd[MR];
-            rows_rstd<MR>(a.x_f32, M, a.K, a.eps, rstd);
-            for (int m = 0; m < M; ++m) quantize_norm_row(a.x_f32 + (size_t)m * a.K, a.norm_w, rstd[m], xs + m * x_stride, a.K);
+            float* ss = reinterpret_cast<float*>(xs + M * x_stride);  // [M][K / 32] blocks' sums of x^2
+            for (int m = 0; m < M; ++m)
+                quantize_norm_blocks(a.x_f32 + (size_t)m * a.K, a.norm_w, xs + m * x_stride, ss + m * x_stride, a.K);
+            __syncthreads();
+            scale_norm_blocks<MR>(xs, ss, M, a.K, a.eps, x_stride);
         } else {
             for (int m = 0; m < M; ++m) quantize_bf16_row(a.x_bf16 + (size_t)m * a.K, xs + m * x_stride, a.K);
         }
@@ -623,7 +645,7 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
         // walks the same number of units (rounds), so the last round is full: capping the grid at
         // the resident CTAs alone left a second, partly empty round wherever the units are a
         // little more than the resident warps (4096-row wo / w2 on 2-4 thousand).
-        smem = (size_t)M * (a.K / 32) * sizeof(ActBlock);
+        smem = (size_t)M * (a.K / 32) * (sizeof(ActBlock) + (IN == XIn::Norm ? sizeof(float) : 0));
         const int resident_warps = resident_ctas(kernel, smem) * kWarps;
         const int rounds = std::max(1, CEIL_DIV(a.n_units, resident_warps));
         blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), kWarps);
@@ -967,7 +989,8 @@ void rmsnorm_quantize_act(const float* x, const bf16* norm_w, float eps, ActBloc
                    "rmsnorm_quantize_act: x and xq must be 16-byte aligned, norm_w 8-byte aligned");
     BRRR_CHECK_ARG(eps > 0.f, "rmsnorm_quantize_act: eps must be > 0, got " << eps);
     if (M == 0) return;
-    launch_pdl(rmsnorm_quantize_act_kernel, dim3(M), dim3(kNormThreads), 0, stream, x, norm_w, eps, xq, K);
+    launch_pdl(rmsnorm_quantize_act_kernel, dim3(M), dim3(kNormThreads), (size_t)(K / 32) * sizeof(float), stream, x,
+               norm_w, eps, xq, K);
     CUDA_CHECK_LAUNCH("rmsnorm_quantize_act_kernel");
 }
 
