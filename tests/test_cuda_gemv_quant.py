@@ -329,12 +329,14 @@ def test_gemv_quant_bad_arguments_raise(C, ops, rng):
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0", "q4_1"])
-def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, ops, rng, gen, name):
+@pytest.mark.parametrize("long_rows", [False, True])
+def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, ops, rng, gen, name, long_rows):
     """gemv_quant_in on bf16 rows or on fp32 rows to RMS-normalize: at M <= 2 the kernel quantizes
     them itself (prologue), above that through the scratch; either way the result equals, bit for
     bit, gemv_quant on the ActBlocks quantize_act_bf16 / rmsnorm_quantize_act make. Every epilogue
-    path is shared, so StoreF32 stands for all; K includes a partial last tile for 32-blocks."""
-    K = 4096 + (96 if TYPES[name][1] == 32 else 256)
+    path is shared, so StoreF32 stands for all; K includes a partial last tile for 32-blocks, and
+    w2's 14336 (3.5 blocks a prologue thread)."""
+    K = 14336 if long_rows else 4096 + (96 if TYPES[name][1] == 32 else 256)
     W = Weights(C, name, 45, K, rng)
     for M in (1, 2, 3, 16):
         x = random_x(rng, M, K)
