@@ -102,7 +102,7 @@ void rmsnorm_matmul_bf16(const float* x, const bf16* norm_w, float eps, const bf
 // Activations of a quantized matmul are quant::ActBlock rows [M, K / 32] (the CPU engine's int8 blocks, same rounding).
 // xq = the ActBlocks of x [M, K] bf16 (K % 32 == 0).
 void quantize_act_bf16(const bf16* x, quant::ActBlock* xq, int M, int K, cudaStream_t stream);
-// xq = the ActBlocks of rmsnorm(x) * norm_w computed in fp32 (never rounded to bf16), x [M, K] fp32.
+// xq = the ActBlocks of rmsnorm(x) * norm_w in fp32 (never rounded to bf16), x [M, K] fp32: the codes of x * norm_w with each block's scale times the row's rstd (equal up to fp32 rounding).
 void rmsnorm_quantize_act(const float* x, const bf16* norm_w, float eps, quant::ActBlock* xq, int M, int K, cudaStream_t stream);
 // y = xq . dequant(W)^T, M <= 16, W [N, K] of `type` in qlayout tiles; int8 dot products, fp32 scales and sums; every Epilogue, pairs as gemv_bf16 (SwiGLU rows j, N/2 + j; RopeKV dims i, i + hd/2 of a head); rows batch-invariant bit for bit.
 void gemv_quant(int type, const void* W, const quant::ActBlock* xq, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
