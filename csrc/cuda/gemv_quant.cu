@@ -420,8 +420,9 @@ __device__ void scale_norm_blocks(ActBlock* xs, const float* ss, int M, int K, f
     }
     __syncthreads();
 }
-// Row's ActBlocks from bf16 values, one thread per block. (Two blocks' loads in flight a step
-// cost the GEMV ~20 registers: the first weight loads are live across this prologue.)
+// Row's ActBlocks from bf16 values, one thread per block, one block's loads at a time: the first
+// weight loads are live across this prologue, so more loads in flight cost the GEMV registers
+// (staging the row by cp.async instead lost: docs/kernels/gemv.md).
 __device__ __forceinline__ void quantize_bf16_row(const bf16* __restrict__ row, ActBlock* out, int K) {
     for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
         uint4 q[4];
