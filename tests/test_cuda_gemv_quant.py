@@ -230,26 +230,20 @@ def rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch):
     return inv_freq, (n_heads + 2 * n_kv_heads) * head_dim
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k"])
-@pytest.mark.parametrize("M", [1, 5])
-def test_gemv_quant_rope_kv(C, ops, rng, name, M):
-    """RopeKV against rope_oracle of the kernel's own StoreF32 q|k|v (bit-equal sums): bf16
-    rounding of the rotated value plus the fp32 cos / sin slack; other cache entries untouched."""
-    n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 4, 2, 64, 512, 40, 3
-    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
-    W = Weights(C, name, N, K, rng)
-    xq = gpu_act(ops, random_x(rng, M, K))
-    qkv = gemv(ops, W, xq, M)
+def check_rope_kv(rng, run, qkv, inv_freq, n_heads, n_kv_heads, head_dim, max_seq, max_batch, what):
+    """run(**rope destinations) against rope_oracle of qkv [M, N], the same rows' StoreF32 q|k|v
+    (bit-equal sums): bf16 rounding of the rotated value plus the fp32 cos / sin slack; other cache
+    entries untouched."""
+    M = qkv.shape[0]
     slots = torch.from_numpy(rng.integers(0, max_batch, size=M).astype(np.int32)).cuda()
     positions = torch.from_numpy(np.concatenate([[max_seq - 1], rng.choice(max_seq - 1, M - 1, replace=False)])
                                  .astype(np.int32)).cuda()
     q_out = nan_full((M, n_heads, head_dim), torch.bfloat16)
     shape = (max_batch, max_seq, n_kv_heads, head_dim)
     paged = PagedCaches(nan_full(shape, torch.bfloat16), nan_full(shape, torch.bfloat16))
-    ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, ROPE_KV, positions=positions.data_ptr(),
-                   slots=slots.data_ptr(), inv_freq=inv_freq.data_ptr(), q_out=q_out.data_ptr(),
-                   k_cache=paged.k.data_ptr(), v_cache=paged.v.data_ptr(), n_heads=n_heads, n_kv_heads=n_kv_heads,
-                   head_dim=head_dim, max_seq=max_seq, **paged.kwargs())
+    run(positions=positions.data_ptr(), slots=slots.data_ptr(), inv_freq=inv_freq.data_ptr(), q_out=q_out.data_ptr(),
+        k_cache=paged.k.data_ptr(), v_cache=paged.v.data_ptr(), n_heads=n_heads, n_kv_heads=n_kv_heads,
+        head_dim=head_dim, max_seq=max_seq, **paged.kwargs())
     torch.cuda.synchronize()
     k_cache, v_cache = paged.gather()
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
@@ -263,9 +257,108 @@ def test_gemv_quant_rope_kv(C, ops, rng, name, M):
             ref = rope_oracle(v, p, inv_freq) if rotate else v.double().cpu()
             slack = rope_slack(v) if rotate else 0.0
             tol = 2.0 ** -8 * ref.abs() + slack + 1e-30
-            assert ((got.double().cpu() - ref).abs() <= tol).all(), f"{name} M={M} row {m}: RopeKV differs"
+            assert ((got.double().cpu() - ref).abs() <= tol).all(), f"{what} row {m}: RopeKV differs"
     for cache in (k_cache, v_cache):
         assert torch.isnan(cache[~written]).all(), "wrote a cache entry of another token"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k"])
+@pytest.mark.parametrize("M", [1, 5])
+def test_gemv_quant_rope_kv(C, ops, rng, name, M):
+    heads = dict(n_heads=4, n_kv_heads=2, head_dim=64, max_seq=40, max_batch=3)
+    K = 512
+    inv_freq, N = rope_problem(C, heads["n_heads"], heads["n_kv_heads"], heads["head_dim"], K, heads["max_seq"],
+                               heads["max_batch"])
+    W = Weights(C, name, N, K, rng)
+    xq = gpu_act(ops, random_x(rng, M, K))
+    qkv = gemv(ops, W, xq, M)
+    run = lambda **rope: ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), M, N, K, ROPE_KV,  # noqa: E731
+                                        **rope)
+    check_rope_kv(rng, run, qkv, inv_freq, what=f"{name} M={M}", **heads)
+
+
+PAIRS = [("q4_k", "q6_k"), ("q5_k", "q6_k")]
+
+
+def pair_call(ops, W0, W1, M, epilogue, **kw):
+    """testing.gemv_quant on the matrix W0 | W1 (two types, one launch)."""
+    return ops.gemv_quant(W0.type_id, W0.packed.data_ptr(), kw.pop("xq", 0), M, W0.N + W1.N, W0.K, epilogue,
+                          type1=W1.type_id, W1=W1.packed.data_ptr(), rows0=W0.N, **kw)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+@pytest.mark.parametrize("M", [1, 2])
+def test_gemv_quant_pair_rows_are_each_part_alone(C, ops, rng, gen, pair, M):
+    """A matrix of two types in one launch (gemv_quant_pair): every output bit for bit what
+    gemv_quant_in gives on its own part, on ActBlocks, on bf16 rows and on fp32 rows to normalize
+    (the fused prologues); odd part sizes, w2's K = 14336 among them."""
+    for (N0, N1), K in [((77, 45), 4096 + 256), ((5, 131), 14336)]:
+        W0, W1 = Weights(C, pair[0], N0, K, rng), Weights(C, pair[1], N1, K, rng)
+        x = random_x(rng, M, K)
+        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
+        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        xq = gpu_act(ops, x)  # held: a freed tensor's memory would be reused by the outputs below
+        inputs = {"ActBlocks": dict(xq=xq.data_ptr()), "bf16 rows": dict(x=x.data_ptr()),
+                  "normalized fp32 rows": dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)}
+        for what, given in inputs.items():
+            want = []
+            for W in (W0, W1):
+                y = nan_full((M, W.N), torch.float32)
+                ops.gemv_quant(W.type_id, W.packed.data_ptr(), given.get("xq", 0), M, W.N, K, STORE_F32,
+                               out_f32=y.data_ptr(), **{k: v for k, v in given.items() if k != "xq"})
+                want.append(y)
+            y = nan_full((M + 1, N0 + N1), torch.float32)
+            pair_call(ops, W0, W1, M, STORE_F32, out_f32=y.data_ptr(), **given)
+            torch.cuda.synchronize()
+            assert torch.isnan(y[M]).all(), "the kernel wrote past its M rows"
+            assert torch.equal(y[:M], torch.cat(want, dim=1)), f"{pair} M={M} N={N0}+{N1} K={K}: {what}"
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_gemv_quant_pair_rope_kv(C, ops, rng, gen, pair):
+    """RopeKV over q | k of one type and v of another (Q4_K_M's wqkv), normalized fp32 input: the
+    rotated q, k and the v cache rows against rope_oracle of the parts' own StoreF32 sums."""
+    heads = dict(n_heads=4, n_kv_heads=2, head_dim=64, max_seq=40, max_batch=3)
+    K, hd = 512, heads["head_dim"]
+    inv_freq, N = rope_problem(C, heads["n_heads"], heads["n_kv_heads"], hd, K, heads["max_seq"], heads["max_batch"])
+    N1 = heads["n_kv_heads"] * hd
+    W0, W1 = Weights(C, pair[0], N - N1, K, rng), Weights(C, pair[1], N1, K, rng)
+    xf = torch.randn((1, K), generator=gen, device="cuda") * 2.0
+    w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+    given = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
+    qkv = nan_full((1, N), torch.float32)
+    pair_call(ops, W0, W1, 1, STORE_F32, out_f32=qkv.data_ptr(), **given)
+    run = lambda **rope: pair_call(ops, W0, W1, 1, ROPE_KV, **given, **rope)  # noqa: E731
+    check_rope_kv(rng, run, qkv, inv_freq, what=str(pair), **heads)
+
+
+def test_gemv_quant_pair_bad_arguments_raise(C, ops, rng):
+    W0, W1 = Weights(C, "q4_k", 128, 256, rng), Weights(C, "q6_k", 64, 256, rng)
+    Wq4 = Weights(C, "q4_0", 64, 256, rng)
+    xq = gpu_act(ops, random_x(rng, 3, 256))
+    y = nan_full((3, 192), torch.float32)
+    bad = (ValueError, RuntimeError)
+    with pytest.raises(bad, match="do not run as one launch"):
+        pair_call(ops, W0, Wq4, 1, STORE_F32, xq=xq.data_ptr(), out_f32=y.data_ptr())
+    with pytest.raises(bad, match="M=3"):
+        pair_call(ops, W0, W1, 3, STORE_F32, xq=xq.data_ptr(), out_f32=y.data_ptr())
+    with pytest.raises(bad, match="SwiGLU"):
+        pair_call(ops, W0, W1, 1, SWIGLU, xq=xq.data_ptr(), out=y.data_ptr())
+    # RopeKV on 1 q, 1 k and 1 v head of 64 (192 rows) with the parts split inside the k head
+    inv_freq, _ = rope_problem(C, 1, 1, 64, 256, 16, 1)
+    cache = nan_full((1, 16, 1, 64), torch.bfloat16)
+    q_out = nan_full((1, 1, 64), torch.bfloat16)
+    zero = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(bad, match="not whole heads"):
+        ops.gemv_quant(12, W0.packed.data_ptr(), xq.data_ptr(), 1, 192, 256, ROPE_KV, type1=14,
+                       W1=W1.packed.data_ptr(), rows0=96, positions=zero.data_ptr(), slots=zero.data_ptr(),
+                       inv_freq=inv_freq.data_ptr(), q_out=q_out.data_ptr(), k_cache=cache.data_ptr(),
+                       v_cache=cache.data_ptr(), n_heads=1, n_kv_heads=1, head_dim=64, max_seq=16)
+    assert torch.isnan(y).all() and torch.isnan(cache.float()).all() and torch.isnan(q_out.float()).all(), \
+        "a rejected call must not touch the output"
+    assert ops.gemv_quant_fuses_pair(12, 14, STORE_F32) and ops.gemv_quant_fuses_pair(13, 14, ROPE_KV)
+    assert not ops.gemv_quant_fuses_pair(8, 14, STORE_F32), "Q8_0 maps 16 pieces to a tile"
+    assert not ops.gemv_quant_fuses_pair(14, 12, STORE_F32) and not ops.gemv_quant_fuses_pair(12, 14, SWIGLU)
 
 
 @pytest.mark.parametrize("name", list(TYPES))

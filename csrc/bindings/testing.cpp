@@ -408,17 +408,31 @@ void bind_testing(py::module_& m) {
                                   uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads,
                                   int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t x,
                                   uintptr_t x_f32, uintptr_t norm_w, double eps, uintptr_t scratch,
-                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8) {
+                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8,
+                                  int64_t type1, uintptr_t W1, int64_t rows0) {
         brrr::cuda::EpilogueArgs args =
             CudaQuantMatmul::args("gemv_quant", type, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
                                   slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
+        CudaOp::check_sizes({{"type1", type1}, {"rows0", rows0}});
         std::optional<PagedKv> paged;
         if (epilogue == 4) {
             paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
             args.rope.kv = paged->kv;
         }
         const void* wp = CudaOp::ptr(W, "W");
-        if (x == 0 && x_f32 == 0) {
+        if (type1 != 0) {  // a matrix of two types: rows [0, rows0) in W, the rest of type1 in W1
+            brrr::cuda::QuantGemvInput in;
+            in.xq = reinterpret_cast<const brrr::quant::ActBlock*>(xq);
+            in.x = reinterpret_cast<const brrr::cuda::bf16*>(x);
+            in.x_f32 = reinterpret_cast<const float*>(x_f32);
+            in.norm_w = reinterpret_cast<const brrr::cuda::bf16*>(norm_w);
+            in.eps = (float)eps;
+            in.scratch = reinterpret_cast<brrr::quant::ActBlock*>(scratch);
+            const void* w1p = CudaOp::ptr(W1, "W1");
+            py::gil_scoped_release release;
+            brrr::cuda::gemv_quant_pair((int)type, wp, (int)rows0, (int)type1, w1p, in, (int)M, (int)N, (int)K,
+                                        static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
+        } else if (x == 0 && x_f32 == 0) {
             const auto* xp = static_cast<const brrr::quant::ActBlock*>(CudaOp::ptr(xq, "xq"));
             py::gil_scoped_release release;
             brrr::cuda::gemv_quant((int)type, wp, xp, (int)M, (int)N, (int)K,
@@ -442,10 +456,16 @@ void bind_testing(py::module_& m) {
        py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
        py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("x") = 0, py::arg("x_f32") = 0,
        py::arg("norm_w") = 0, py::arg("eps") = 0.0, py::arg("scratch") = 0, py::arg("block_table") = 0,
-       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false, py::arg("type1") = 0,
+       py::arg("W1") = 0, py::arg("rows0") = 0,
        "decode GEMV on quantized weights (M <= 16): y = xq . dequant(W).T with the epilogue (as "
        "rmsnorm_matmul_bf16's); W = qlayout tiles (quant_ops.gpu_repack), xq = ActBlocks [M, K / 32]; "
-       "or (xq = 0) gemv_quant_in on bf16 rows x or fp32 rows x_f32 normalized by norm_w, eps");
+       "or (xq = 0) gemv_quant_in on bf16 rows x or fp32 rows x_f32 normalized by norm_w, eps; "
+       "type1 != 0: gemv_quant_pair, rows [0, rows0) of type `type` in W and the rest of type1 in W1");
+    testing.def("gemv_quant_fuses_pair", [](int64_t type0, int64_t type1, int64_t epilogue) {
+        return brrr::cuda::gemv_quant_fuses_pair((int)type0, (int)type1, static_cast<brrr::cuda::Epilogue>(epilogue));
+    }, py::arg("type0"), py::arg("type1"), py::arg("epilogue"),
+       "whether a matrix of parts of type0 then type1 runs as one gemv_quant launch (type1, W1, rows0)");
     testing.def("gemv_quant_mma", [](int64_t type, uintptr_t W, uintptr_t x, int64_t M, int64_t N, int64_t K,
                                       int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                       int64_t ld_out, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,

@@ -46,7 +46,8 @@ namespace cuda {
 // A weight matrix [rows, cols] inside the arena, as one or more row ranges ("parts"), each in one
 // storage type: bf16 rows, or the tiles of qlayout.h for a GGML block type. A fused matrix
 // (wqkv, w13) whose pieces share a type is one part, run by one fused kernel; pieces of different
-// types (a Q6_K wv beside Q4_K wq, wk) are parts run one after the other (forward.cu, matmul).
+// types (a Q6_K wv beside Q4_K wq, wk) are parts run one after the other, or as one launch where
+// gemv_quant_pair takes the pair (forward.cu, matmul_parts).
 struct MatrixPart {
     int type = 0;           // 0: bf16; else the GGML type id of the tiles
     void* data = nullptr;   // bf16 [rows, cols], or qlayout::matrix_bytes(type, rows, cols) bytes

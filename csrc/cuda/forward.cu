@@ -317,8 +317,9 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
 // M <= 64 rows on a matrix with quantized parts (at most 16 where a part is bf16 or a SwiGLU is
 // staged in gate_up_: CudaEngine::matmul chunks those). One row: gemv_quant_in, which quantizes
 // (and normalizes) its input row itself (int8 dp4a). From tuning::kGemvQuantMmaMinRows rows:
-// gemv_quant_mma on bf16 rows (normalized into xn_ first). Several parts: the input is prepared
-// once (ActBlocks in xq_, or bf16 rows), each part stores fp32 into its columns of a staging
+// gemv_quant_mma on bf16 rows (normalized into xn_ first). Several parts: one row of a K-quant
+// mix (gemv_quant_fuses_pair) runs as one gemv_quant_pair with the epilogue fused; otherwise the
+// input is prepared once (ActBlocks in xq_, or bf16 rows), each part stores fp32 into its columns of a staging
 // buffer (qkv_ for RopeKV, gate_up_ for SwiGLU, else the destination itself) and the epilogue
 // runs after.
 void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
@@ -330,22 +331,25 @@ void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* n
         rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, cfg_.norm_eps, s);
         x_bf16 = xn_;
     }
+    // the int8 kernel quantizes (and normalizes) its input rows itself; more rows go through xq_
+    QuantGemvInput in;
+    if (norm_w) {
+        in.x_f32 = x_f32;
+        in.norm_w = norm_w;
+        in.eps = cfg_.norm_eps;
+    } else {
+        in.x = x_bf16;
+    }
+    in.scratch = xq_;
     if (W.n_parts == 1) {
-        if (tensor_cores) {
-            gemv_quant_mma(W.parts[0].type, W.parts[0].data, x_bf16, M, N, K, ep, args, s);
-            return;
-        }
-        // the kernel quantizes (and normalizes) its input rows itself; more rows go through xq_
-        QuantGemvInput in;
-        if (norm_w) {
-            in.x_f32 = x_f32;
-            in.norm_w = norm_w;
-            in.eps = cfg_.norm_eps;
-        } else {
-            in.x = x_bf16;
-        }
-        in.scratch = xq_;
-        gemv_quant_in(W.parts[0].type, W.parts[0].data, in, M, N, K, ep, args, s);
+        if (tensor_cores) gemv_quant_mma(W.parts[0].type, W.parts[0].data, x_bf16, M, N, K, ep, args, s);
+        else gemv_quant_in(W.parts[0].type, W.parts[0].data, in, M, N, K, ep, args, s);
+        return;
+    }
+    const MatrixPart &p0 = W.parts[0], &p1 = W.parts[1];
+    if (!tensor_cores && W.n_parts == 2 && gemv_quant_fuses_pair(p0.type, p1.type, ep)) {
+        // a K-quant mix (a Q6_K wv beside Q4_K wq | wk): both parts in one launch
+        gemv_quant_pair(p0.type, p0.data, p0.rows, p1.type, p1.data, in, M, N, K, ep, args, s);
         return;
     }
     bool any_bf16 = false;

@@ -34,6 +34,11 @@
 //     wave of CTAs whose warps walk the same number of output rows each, so the input is
 //     quantized a few hundred times, not once per 4 rows, and no warp's last round runs alone;
 //     the first rows' weight loads are in flight meanwhile.
+//   * A matrix of two types (gemv_quant_pair: a K-quant file's Q6_K wv beside Q4_K / Q5_K wq | wk)
+//     runs as one launch: units past the first part's read the second part's tiles with that
+//     type's decode, branching once per chunk (uniform per warp; a unit's rows lie in one part).
+//     One prologue and one epilogue serve both parts, where part by part took a quantizer, two
+//     GEMVs into fp32 staging and rope_kv_append.
 //   * Launched with PDL (launch.cuh): it lets the next kernel launch before its own wait and issues
 //     the first pieces' loads before that wait (weights never depend on the kernel before).
 // Invariants: a lane's pieces and their sums run in a fixed order and the lanes meet in a
@@ -45,6 +50,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu/quant.h"
 #include "cuda/check.cuh"
@@ -459,15 +465,22 @@ __global__ void __launch_bounds__(kNormThreads)
 enum class XIn { Blocks, Bf16, Norm };
 constexpr int kFusedRows = 2;
 
-struct QArgs {
+// One part of W: rows [row0, ...) of the matrix in one type's tiles.
+struct QPart {
     const uint8_t* W;
-    const uint8_t* tail;  // Q6_K: the [N, T] fp16 d array
+    const uint8_t* tail;  // Q6_K: the part's [rows, T] fp16 d array
+    size_t row_stride;    // bytes
+    int row0;
+};
+
+struct QArgs {
+    QPart part[2];        // part[1]: units from unit1 on, in a matrix of two types (else unused)
+    int unit1;
     const ActBlock* x;    // [M, K / 32] (XIn::Blocks)
     const bf16* x_bf16;   // [M, K] (XIn::Bf16)
     const float* x_f32;   // [M, K] (XIn::Norm), normalized with norm_w and eps
     const bf16* norm_w;
     float eps;
-    size_t row_stride;    // bytes
     int T;                // tiles per row
     int n_pieces;         // pieces per row (Q8_0: K / 16, the others K / 32)
     int n_units, half_n, K;
@@ -481,10 +494,12 @@ struct QArgs {
 // issued before chunk c's arithmetic, so the warp's loads stay in flight while it computes (the
 // buffers alternate through a loop unrolled by two, so each is named statically). XIn::Bf16 / Norm
 // first quantize the M rows into shared memory ActBlocks (the same functions as the standalone
-// quantizers, so the same bits).
-template <QType T, int MR, Pairing P, int U, XIn IN>
+// quantizers, so the same bits). T1 != T: a matrix of two types (part[1], type T1, from unit
+// unit1 on); a unit's rows lie in one part, so each chunk branches once, uniformly per warp, to
+// one type's load and arithmetic, and a unit's sums are those of the one-type kernel on its part.
+template <QType T, QType T1, int MR, Pairing P, int U, XIn IN>
 __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
-    using F = Q<T>;
+    static_assert(Q<T>::kPieces == Q<T1>::kPieces, "the parts' pieces map onto the lanes alike");
     constexpr int R = P != Pairing::None ? 2 : 1;  // W rows streamed together
     extern __shared__ __align__(16) unsigned char smem_raw[];
     ActBlock* xs = reinterpret_cast<ActBlock*>(smem_raw);  // [M][K / 32] (fused inputs)
@@ -492,22 +507,33 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
     const int n_pieces = a.n_pieces;
     const int steps = CEIL_DIV(n_pieces, 32 * U);  // chunks per unit
     const int stride = gridDim.x * kWarps;
-    const int pi = lane % F::kPieces;  // every piece this lane takes (p = lane + 32 j)
+    const int pi = lane % Q<T>::kPieces;  // every piece this lane takes (p = lane + 32 j)
+    // Calls f(type tag, part) for the part holding `unit`.
+    auto with_part = [&](int unit, auto&& f) {
+        if constexpr (T1 != T) {
+            if (unit >= a.unit1) return f(std::integral_constant<QType, T1>{}, a.part[1]);
+        }
+        return f(std::integral_constant<QType, T>{}, a.part[0]);
+    };
 
     auto load = [&](Raw(&w)[R][U], int unit, int step) {
         const int2 rr = unit_rows<P>(unit, a.half_n);
-        const int row_id[2] = {rr.x, rr.y};
+        with_part(unit, [&](auto type, const QPart& part) {
+            using F = Q<decltype(type)::value>;
+            const int row0 = T1 != T ? part.row0 : 0;  // one type: the whole matrix
+            const int row_id[2] = {rr.x - row0, rr.y - row0};
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int p = lane + 32 * (U * step + u);
-            if (p < n_pieces) {
-                const int t = p / F::kPieces;
+            for (int u = 0; u < U; ++u) {
+                const int p = lane + 32 * (U * step + u);
+                if (p < n_pieces) {
+                    const int t = p / F::kPieces;
 #pragma unroll
-                for (int r = 0; r < R; ++r)
-                    w[r][u] = F::load(a.W + (size_t)row_id[r] * a.row_stride + (size_t)t * F::kTileBytes,
-                                      a.tail + ((size_t)row_id[r] * a.T + t) * 2, pi);
+                    for (int r = 0; r < R; ++r)
+                        w[r][u] = F::load(part.W + (size_t)row_id[r] * part.row_stride + (size_t)t * F::kTileBytes,
+                                          part.tail + ((size_t)row_id[r] * a.T + t) * 2, pi);
+                }
             }
-        }
+        });
     };
     float acc[MR][R];
     auto clear = [&]() {
@@ -516,23 +542,26 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
     };
-    auto consume = [&](const Raw(&w)[R][U], int step, const ActBlock* xb, int x_stride) {
+    auto consume = [&](const Raw(&w)[R][U], int unit, int step, const ActBlock* xb, int x_stride) {
+        with_part(unit, [&](auto type, const QPart&) {
+            using F = Q<decltype(type)::value>;
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int p = lane + 32 * (U * step + u);
-            if (p < n_pieces) {
-                const int t = p / F::kPieces;
+            for (int u = 0; u < U; ++u) {
+                const int p = lane + 32 * (U * step + u);
+                if (p < n_pieces) {
+                    const int t = p / F::kPieces;
 #pragma unroll
-                for (int m = 0; m < MR; ++m) {
-                    if (m < M) {
-                        XPiece v;
-                        F::x(xb + (size_t)m * x_stride, t, pi, v);
+                    for (int m = 0; m < MR; ++m) {
+                        if (m < M) {
+                            XPiece v;
+                            F::x(xb + (size_t)m * x_stride, t, pi, v);
 #pragma unroll
-                        for (int r = 0; r < R; ++r) acc[m][r] = F::dot(w[r][u], v, pi, acc[m][r]);
+                            for (int r = 0; r < R; ++r) acc[m][r] = F::dot(w[r][u], v, pi, acc[m][r]);
+                        }
                     }
                 }
             }
-        }
+        });
     };
     // The unit's sums meet in a butterfly; every lane then holds every sum and lane m stores row m.
     auto finish = [&](int unit) {
@@ -592,14 +621,14 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
         int next_unit = unit, next_step = step;
         advance(next_unit, next_step);
         if (next_unit < a.n_units) load(wb, next_unit, next_step);
-        consume(wa, step, xb, x_stride);
+        consume(wa, unit, step, xb, x_stride);
         if (next_step == 0) finish(unit);
         unit = next_unit, step = next_step;
         if (unit >= a.n_units) break;
 
         advance(next_unit, next_step);
         if (next_unit < a.n_units) load(wa, next_unit, next_step);
-        consume(wb, step, xb, x_stride);
+        consume(wb, unit, step, xb, x_stride);
         if (next_step == 0) finish(unit);
         unit = next_unit, step = next_step;
     }
@@ -631,13 +660,13 @@ int resident_ctas(Kernel kernel, size_t smem) {
     return result;
 }
 
-template <QType T, int MR, Pairing P, XIn IN>
+template <QType T, QType T1, int MR, Pairing P, XIn IN>
 void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     // Pieces per lane and row in a chunk (two chunks in registers): at M <= 2 a K = 4096 row is
     // one or two chunks; fewer where the accumulators take the registers. Two buffers of twice
     // this depth cost occupancy and lost (docs/kernels/gemv.md).
     constexpr int U = MR <= 2 ? (P == Pairing::None ? 4 : 2) : (P == Pairing::None ? 2 : 1);
-    const auto kernel = gemv_quant_kernel<T, MR, P, U, IN>;
+    const auto kernel = gemv_quant_kernel<T, T1, MR, P, U, IN>;
     int blocks = CEIL_DIV(a.n_units, kWarps);
     size_t smem = 0;
     if (IN != XIn::Blocks) {
@@ -655,32 +684,36 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("gemv_quant_kernel");
 }
 
-template <QType T, Pairing P, XIn IN>
+// A matrix of two types runs at M <= kFusedRows (the launcher refuses more) and has no SwiGLU
+// pairing (gate and up rows would lie in different parts), so those are not instantiated.
+template <QType T, QType T1, Pairing P, XIn IN>
 void launch_rows(const QArgs& a, int M, cudaStream_t stream) {
-    if (M == 1) launch_gemv<T, 1, P, IN>(a, M, stream);
-    else if (M == 2) launch_gemv<T, 2, P, IN>(a, M, stream);
-    else if constexpr (IN == XIn::Blocks) {
-        if (M <= 4) launch_gemv<T, 4, P, IN>(a, M, stream);
-        else if (M <= 8) launch_gemv<T, 8, P, IN>(a, M, stream);
-        else launch_gemv<T, 16, P, IN>(a, M, stream);
+    if (M == 1) launch_gemv<T, T1, 1, P, IN>(a, M, stream);
+    else if (M == 2) launch_gemv<T, T1, 2, P, IN>(a, M, stream);
+    else if constexpr (IN == XIn::Blocks && T1 == T) {
+        if (M <= 4) launch_gemv<T, T1, 4, P, IN>(a, M, stream);
+        else if (M <= 8) launch_gemv<T, T1, 8, P, IN>(a, M, stream);
+        else launch_gemv<T, T1, 16, P, IN>(a, M, stream);
     }
 }
 
-template <QType T, XIn IN>
+template <QType T, QType T1, XIn IN>
 void launch_pairing(const QArgs& a, int M, Pairing pairing, cudaStream_t stream) {
     switch (pairing) {
-        case Pairing::None: return launch_rows<T, Pairing::None, IN>(a, M, stream);
-        case Pairing::SwiGLU: return launch_rows<T, Pairing::SwiGLU, IN>(a, M, stream);
-        case Pairing::Rope: return launch_rows<T, Pairing::Rope, IN>(a, M, stream);
+        case Pairing::None: return launch_rows<T, T1, Pairing::None, IN>(a, M, stream);
+        case Pairing::SwiGLU:
+            if constexpr (T1 == T) return launch_rows<T, T1, Pairing::SwiGLU, IN>(a, M, stream);
+            return;
+        case Pairing::Rope: return launch_rows<T, T1, Pairing::Rope, IN>(a, M, stream);
     }
 }
 
-template <QType T>
+template <QType T, QType T1 = T>
 void launch_type(const QArgs& a, int M, Pairing pairing, XIn in, cudaStream_t stream) {
     switch (in) {
-        case XIn::Blocks: return launch_pairing<T, XIn::Blocks>(a, M, pairing, stream);
-        case XIn::Bf16: return launch_pairing<T, XIn::Bf16>(a, M, pairing, stream);
-        case XIn::Norm: return launch_pairing<T, XIn::Norm>(a, M, pairing, stream);
+        case XIn::Blocks: return launch_pairing<T, T1, XIn::Blocks>(a, M, pairing, stream);
+        case XIn::Bf16: return launch_pairing<T, T1, XIn::Bf16>(a, M, pairing, stream);
+        case XIn::Norm: return launch_pairing<T, T1, XIn::Norm>(a, M, pairing, stream);
     }
 }
 
@@ -871,29 +904,66 @@ template <QType T> struct EmbedFn {
 
 namespace {
 
-// The shared launcher: checks, the argument block, and the kernel for (type, M, pairing, input).
-void launch_gemv_quant(const char* op, int type, const void* W, const QuantGemvInput& in, int M, int N, int K,
-                       Epilogue ep, const EpilogueArgs& args_in, cudaStream_t stream) {
-    check_type(op, type, K, "K");
+// The matrices of two types that run as one launch: K-quant mixes (llama.cpp's Q4_K_M / Q5_K_M
+// give some layers' wv a Q6_K beside Q4_K / Q5_K wq | wk). Both types map 8 pieces of 32 values
+// to a tile; other pairs run part by part (the engine asks gemv_quant_fuses_pair).
+bool fusable_pair(int type0, int type1) {
+    return type1 == (int)QType::Q6_K && (type0 == (int)QType::Q4_K || type0 == (int)QType::Q5_K);
+}
+
+// One part of a launch as the caller gives it: rows of one type.
+struct PartIn {
+    int type;
+    const void* W;
+    int rows;
+};
+
+// The shared launcher: checks, the argument block, and the kernel for (types, M, pairing, input).
+void launch_gemv_quant(const char* op, const PartIn* parts, int n_parts, const QuantGemvInput& in, int M, int N,
+                       int K, Epilogue ep, const EpilogueArgs& args_in, cudaStream_t stream) {
+    for (int i = 0; i < n_parts; ++i) {
+        check_type(op, parts[i].type, K, "K");
+        BRRR_CHECK_ARG(parts[i].W != nullptr, op << ": W must be a device pointer, got null");
+        BRRR_CHECK_ARG(util::aligned_to(parts[i].W, 16), op << ": W (qlayout tiles) must be 16-byte aligned");
+    }
     BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, op << ": M=" << M << " rows; the kernel takes 1 to " << kMaxRows);
-    BRRR_CHECK_ARG(W != nullptr, op << ": W must be a device pointer, got null");
-    BRRR_CHECK_ARG(util::aligned_to(W, 16), op << ": W (qlayout tiles) must be 16-byte aligned");
     const int n_inputs = (in.xq != nullptr) + (in.x != nullptr) + (in.x_f32 != nullptr);
     BRRR_CHECK_ARG(n_inputs == 1, op << ": give exactly one input (xq, x or x_f32), got " << n_inputs);
     BRRR_CHECK_ARG(!in.x_f32 || (in.norm_w != nullptr && in.eps > 0.f),
                    op << ": a normalized input needs norm_w and eps > 0");
+    int unit1 = 0;  // the first unit of part 1
+    if (n_parts == 2) {
+        const int rows0 = parts[0].rows, hd = args_in.rope.head_dim;
+        BRRR_CHECK_ARG(fusable_pair(parts[0].type, parts[1].type),
+                       op << ": parts of types " << parts[0].type << " and " << parts[1].type
+                          << " do not run as one launch (gemv_quant_fuses_pair); run each part alone");
+        BRRR_CHECK_ARG(ep != Epilogue::SwiGLU, op << ": a SwiGLU pairs rows of both parts; run each part alone");
+        BRRR_CHECK_ARG(M <= kFusedRows, op << ": M=" << M << "; a matrix of two types takes 1 to " << kFusedRows
+                                           << " rows");
+        BRRR_CHECK_ARG(rows0 >= 1 && rows0 < N && rows0 + parts[1].rows == N,
+                       op << ": parts of " << rows0 << " and " << parts[1].rows << " rows do not make N=" << N);
+        BRRR_CHECK_ARG(ep != Epilogue::RopeKV || (hd > 0 && rows0 % hd == 0),
+                       op << ": the first part's " << rows0 << " rows are not whole heads of " << hd);
+        unit1 = ep == Epilogue::RopeKV ? rows0 / 2 : rows0;
+    }
     EpilogueArgs args = args_in;
     const void* any_x = in.xq ? (const void*)in.xq : in.x ? (const void*)in.x : (const void*)in.x_f32;
-    const int width = util::check_matmul(op, reinterpret_cast<const bf16*>(any_x), reinterpret_cast<const bf16*>(W), M,
-                                         N, K, ep, args, /*allow_rope=*/true);
+    const int width = util::check_matmul(op, reinterpret_cast<const bf16*>(any_x),
+                                         reinterpret_cast<const bf16*>(parts[0].W), M, N, K, ep, args,
+                                         /*allow_rope=*/true);
     QArgs a{};
-    a.W = static_cast<const uint8_t*>(W);
-    a.tail = a.W + qlayout::tail_offset(type, N, K);
-    a.row_stride = qlayout::row_stride(type, K);
-    a.T = (int)qlayout::tiles_per_row(K);
-    a.n_pieces = type == (int)QType::Q8_0 ? K / 16 : K / 32;
-    a.n_units = width;
     a.half_n = ep == Epilogue::RopeKV ? args.rope.head_dim / 2 : N / 2;
+    a.unit1 = n_parts == 2 ? unit1 : width;
+    for (int i = 0, row0 = 0; i < n_parts; row0 += parts[i].rows, ++i) {
+        QPart& p = a.part[i];
+        p.W = static_cast<const uint8_t*>(parts[i].W);
+        p.tail = p.W + qlayout::tail_offset(parts[i].type, parts[i].rows, K);
+        p.row_stride = qlayout::row_stride(parts[i].type, K);
+        p.row0 = row0;
+    }
+    a.T = (int)qlayout::tiles_per_row(K);
+    a.n_pieces = parts[0].type == (int)QType::Q8_0 ? K / 16 : K / 32;
+    a.n_units = width;
     a.K = K;
     a.ep = ep;
     a.out = args;
@@ -918,7 +988,9 @@ void launch_gemv_quant(const char* op, int type, const void* W, const QuantGemvI
         a.x = in.scratch;
     }
     const Pairing pairing = util::pairing_of(ep);
-    by_type<GemvFn>(type, a, M, pairing, x_in, stream);
+    if (n_parts == 1) by_type<GemvFn>(parts[0].type, a, M, pairing, x_in, stream);
+    else if (parts[0].type == (int)QType::Q4_K) launch_type<QType::Q4_K, QType::Q6_K>(a, M, pairing, x_in, stream);
+    else launch_type<QType::Q5_K, QType::Q6_K>(a, M, pairing, x_in, stream);
 }
 
 }  // namespace
@@ -928,12 +1000,24 @@ void gemv_quant(int type, const void* W, const ActBlock* xq, int M, int N, int K
     BRRR_CHECK_ARG(xq != nullptr, "gemv_quant: xq must be a device pointer, got null");
     QuantGemvInput in;
     in.xq = xq;
-    launch_gemv_quant("gemv_quant", type, W, in, M, N, K, ep, args, stream);
+    const PartIn part{type, W, N};
+    launch_gemv_quant("gemv_quant", &part, 1, in, M, N, K, ep, args, stream);
 }
 
 void gemv_quant_in(int type, const void* W, const QuantGemvInput& in, int M, int N, int K, Epilogue ep,
                    const EpilogueArgs& args, cudaStream_t stream) {
-    launch_gemv_quant("gemv_quant_in", type, W, in, M, N, K, ep, args, stream);
+    const PartIn part{type, W, N};
+    launch_gemv_quant("gemv_quant_in", &part, 1, in, M, N, K, ep, args, stream);
+}
+
+bool gemv_quant_fuses_pair(int type0, int type1, Epilogue ep) {
+    return fusable_pair(type0, type1) && ep != Epilogue::SwiGLU;
+}
+
+void gemv_quant_pair(int type0, const void* W0, int rows0, int type1, const void* W1, const QuantGemvInput& in, int M,
+                     int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream) {
+    const PartIn parts[2] = {{type0, W0, rows0}, {type1, W1, N - rows0}};
+    launch_gemv_quant("gemv_quant_pair", parts, 2, in, M, N, K, ep, args, stream);
 }
 
 void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream) {

@@ -117,6 +117,10 @@ struct QuantGemvInput {
 };
 // gemv_quant on any input: M <= 2 unquantized rows are quantized by the kernel itself (no extra launch, the same bits as the standalone quantizers), more go through quantize_act_bf16 / rmsnorm_quantize_act into in.scratch first.
 void gemv_quant_in(int type, const void* W, const QuantGemvInput& in, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// Whether a matrix of two quantized parts (rows of type0, then rows of type1) runs as one gemv_quant_pair: K-quant mixes (Q4_K or Q5_K beside Q6_K, as Q4_K_M / Q5_K_M files give wq | wk and wv), every Epilogue but SwiGLU.
+bool gemv_quant_fuses_pair(int type0, int type1, Epilogue ep);
+// gemv_quant_in over such a matrix in one launch, M <= 2: rows [0, rows0) of type0 in W0, [rows0, N) of type1 in W1 (RopeKV: whole heads each); each row's result is bit for bit that of gemv_quant_in on its part.
+void gemv_quant_pair(int type0, const void* W0, int rows0, int type1, const void* W1, const QuantGemvInput& in, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 // out [N, ld_out] bf16 = rows [0, N) of dequant(W) rounded to bf16 (prefill feeds it to gemm_bf16).
 void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream);
 // out [N, K] fp32 = dequant(W), exactly the CPU dequantizer's values.
