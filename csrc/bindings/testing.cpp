@@ -420,14 +420,14 @@ void bind_testing(py::module_& m) {
             args.rope.kv = paged->kv;
         }
         const void* wp = CudaOp::ptr(W, "W");
+        brrr::cuda::QuantGemvInput in;
+        in.xq = reinterpret_cast<const brrr::quant::ActBlock*>(xq);
+        in.x = reinterpret_cast<const brrr::cuda::bf16*>(x);
+        in.x_f32 = reinterpret_cast<const float*>(x_f32);
+        in.norm_w = reinterpret_cast<const brrr::cuda::bf16*>(norm_w);
+        in.eps = (float)eps;
+        in.scratch = reinterpret_cast<brrr::quant::ActBlock*>(scratch);
         if (type1 != 0) {  // a matrix of two types: rows [0, rows0) in W, the rest of type1 in W1
-            brrr::cuda::QuantGemvInput in;
-            in.xq = reinterpret_cast<const brrr::quant::ActBlock*>(xq);
-            in.x = reinterpret_cast<const brrr::cuda::bf16*>(x);
-            in.x_f32 = reinterpret_cast<const float*>(x_f32);
-            in.norm_w = reinterpret_cast<const brrr::cuda::bf16*>(norm_w);
-            in.eps = (float)eps;
-            in.scratch = reinterpret_cast<brrr::quant::ActBlock*>(scratch);
             const void* w1p = CudaOp::ptr(W1, "W1");
             py::gil_scoped_release release;
             brrr::cuda::gemv_quant_pair((int)type, wp, (int)rows0, (int)type1, w1p, in, (int)M, (int)N, (int)K,
@@ -438,13 +438,6 @@ void bind_testing(py::module_& m) {
             brrr::cuda::gemv_quant((int)type, wp, xp, (int)M, (int)N, (int)K,
                                    static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
         } else {  // gemv_quant_in: the kernel (or the scratch path) quantizes the rows itself
-            brrr::cuda::QuantGemvInput in;
-            in.xq = reinterpret_cast<const brrr::quant::ActBlock*>(xq);
-            in.x = reinterpret_cast<const brrr::cuda::bf16*>(x);
-            in.x_f32 = reinterpret_cast<const float*>(x_f32);
-            in.norm_w = reinterpret_cast<const brrr::cuda::bf16*>(norm_w);
-            in.eps = (float)eps;
-            in.scratch = reinterpret_cast<brrr::quant::ActBlock*>(scratch);
             py::gil_scoped_release release;
             brrr::cuda::gemv_quant_in((int)type, wp, in, (int)M, (int)N, (int)K,
                                       static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
