@@ -31,7 +31,7 @@
 //     of the CTA reads the same blocks); or, at M <= 2 (gemv_quant_in), bf16 rows or fp32 rows to
 //     RMS-normalize that each CTA quantizes into shared memory first, one thread per 32-value
 //     block, with the standalone quantizers' arithmetic (so the same bits). Such a grid is one
-//     wave of CTAs whose warps walk the same number of output rows each, so the input is
+//     wave of 8-warp CTAs whose warps walk the same number of output rows each, so the input is
 //     quantized a few hundred times, not once per 4 rows, and no warp's last round runs alone;
 //     the first rows' weight loads are in flight meanwhile.
 //   * A matrix of two types (gemv_quant_pair: a K-quant file's Q6_K wv beside Q4_K / Q5_K wq | wk)
@@ -69,8 +69,13 @@ using quant::ActBlock;
 using quant::QType;
 
 constexpr int kMaxRows = 16;  // largest M (the contract in ops.h)
-constexpr int kWarps = 4;     // units per CTA: many small CTAs fill the SMs evenly
-constexpr int kThreads = kWarps * 32;
+constexpr int kWarps = 4;     // units per CTA of an ActBlock-input grid: many small CTAs fill the SMs evenly
+// Units per CTA of a fused-input grid (one wave, every CTA quantizing the whole input): larger CTAs
+// quantize it fewer times (fewer L2 reads of x) and with fewer blocks a thread.
+constexpr int kFusedWarps = 8;
+// Warps of gemv_quant_kernel's CTA: a two-type matrix keeps the small CTA (its instances need more
+// than 128 registers, so a large CTA would cost resident warps).
+constexpr int cta_warps(bool fused, bool one_type) { return fused && one_type ? kFusedWarps : kWarps; }
 
 using util::Pairing;
 using util::unit_rows;
@@ -498,7 +503,8 @@ struct QArgs {
 // unit1 on); a unit's rows lie in one part, so each chunk branches once, uniformly per warp, to
 // one type's load and arithmetic, and a unit's sums are those of the one-type kernel on its part.
 template <QType T, QType T1, int MR, Pairing P, int U, XIn IN>
-__global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
+__global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) gemv_quant_kernel(QArgs a, int M) {
+    constexpr int kCtaWarps = cta_warps(IN != XIn::Blocks, T1 == T);
     static_assert(Q<T>::kPieces == Q<T1>::kPieces, "the parts' pieces map onto the lanes alike");
     constexpr int R = P != Pairing::None ? 2 : 1;  // W rows streamed together
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -506,7 +512,7 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
     const int lane = threadIdx.x & 31;
     const int n_pieces = a.n_pieces;
     const int steps = CEIL_DIV(n_pieces, 32 * U);  // chunks per unit
-    const int stride = gridDim.x * kWarps;
+    const int stride = gridDim.x * kCtaWarps;
     const int pi = lane % Q<T>::kPieces;  // every piece this lane takes (p = lane + 32 j)
     // Calls f(type tag, part) for the part holding `unit`.
     auto with_part = [&](int unit, auto&& f) {
@@ -586,7 +592,7 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
     };
 
     Raw wa[R][U], wb[R][U];
-    int unit = blockIdx.x * kWarps + (threadIdx.x >> 5), step = 0;
+    int unit = blockIdx.x * kCtaWarps + (threadIdx.x >> 5), step = 0;
     pdl_launch_dependents();
     // The first chunk loads before the wait, in a branch of their own (as gemv.cu: issued
     // unconditionally, ptxas sinks them past griddepcontrol.wait to their first use).
@@ -637,7 +643,7 @@ __global__ void __launch_bounds__(kThreads) gemv_quant_kernel(QArgs a, int M) {
 // CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit on the GPU at once,
 // remembered per (kernel, device, smem): decode asks about the same few launches every step.
 template <typename Kernel>
-int resident_ctas(Kernel kernel, size_t smem) {
+int resident_ctas(Kernel kernel, int threads, size_t smem) {
     struct Entry {
         const void* kernel;
         int dev;
@@ -653,7 +659,7 @@ int resident_ctas(Kernel kernel, size_t smem) {
     for (const Entry& e : seen)
         if (e.kernel == key && e.dev == dev && e.smem == smem) return e.result;
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
     const int result = std::max(1, per_sm) * device_facts().sm_count;
     seen[next] = Entry{key, dev, smem, result};
     next = (next + 1) % kEntries;
@@ -667,7 +673,8 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     // this depth cost occupancy and lost (docs/kernels/gemv.md).
     constexpr int U = MR <= 2 ? (P == Pairing::None ? 4 : 2) : (P == Pairing::None ? 2 : 1);
     const auto kernel = gemv_quant_kernel<T, T1, MR, P, U, IN>;
-    int blocks = CEIL_DIV(a.n_units, kWarps);
+    constexpr int warps = cta_warps(IN != XIn::Blocks, T1 == T);
+    int blocks = CEIL_DIV(a.n_units, warps);
     size_t smem = 0;
     if (IN != XIn::Blocks) {
         // Every CTA quantizes the whole input once: one wave of CTAs, each walking several units,
@@ -676,11 +683,11 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
         // the resident CTAs alone left a second, partly empty round wherever the units are a
         // little more than the resident warps (4096-row wo / w2 on 2-4 thousand).
         smem = (size_t)M * (a.K / 32) * (sizeof(ActBlock) + (IN == XIn::Norm ? sizeof(float) : 0));
-        const int resident_warps = resident_ctas(kernel, smem) * kWarps;
+        const int resident_warps = resident_ctas(kernel, 32 * warps, smem) * warps;
         const int rounds = std::max(1, CEIL_DIV(a.n_units, resident_warps));
-        blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), kWarps);
+        blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), warps);
     }
-    launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a, M);
+    launch_pdl(kernel, dim3(blocks), dim3(32 * warps), smem, stream, a, M);
     CUDA_CHECK_LAUNCH("gemv_quant_kernel");
 }
 
