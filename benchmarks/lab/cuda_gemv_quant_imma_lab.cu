@@ -1,0 +1,372 @@
+// cuda_gemv_quant_imma_lab.cu — lab: the Q4_K decode GEMV for M = 2..16 rows on integer tensor
+// cores, the alternative to gemv_quant_mma's bf16-dequantized weights (docs/kernels/gemv.md,
+// "Quantized GEMV on tensor cores"; the measured table is there).
+//
+// y[m, n] = sum_k xq[m, k] * dequant(W)[n, k], W [N, K] in qlayout's Q4_K tiles (the block as
+// stored: fp16 d, dmin, 12 packed scale bytes, 128 qs bytes), x [M, K / 32] int8 ActBlocks (the
+// CPU engine's activations: 32 codes, scale d, scaled half sums), y fp32 [M, N].
+// The trick: one mma.sync m16n8k32 s8 x s8 -> s32 covers exactly one 32-value sub-block of 16 W
+// rows against 8 x rows, so sum_i c_i q_i is exact in int32 and the sub-block's scale and min
+// apply once per accumulator afterwards:
+//   acc[n, m] += (d sc_j)[n] * dx[m, b] * isum  -  (dmin m_j)[n] * (dsum0 + dsum1)[m, b]
+// W is never rounded (the bf16-dequant form rounds it to bf16). A permutation of the 32 k-slots of
+// a sub-block, the same for W and x, leaves isum unchanged: lane t takes values 8t .. 8t + 7, which
+// are 8 consecutive qs bytes (one 8-byte load per row and sub-block pair) and 8 consecutive
+// ActBlock codes (one 8-byte load per x row and sub-block).
+// CTA: 16 * MT W rows (MT = 1, 2, 4); its 8 warps split K by 256-value tiles, one tile's loads in
+// registers at a time, then add their partial sums in shared memory in warp order.
+// Check: every output against a float64 reference of the file's fp32 weights (every W row, or
+// every (N / 4096)-th on the large matrices), outputs poisoned with NaN first, an odd N = 100.
+// Timing: per call between two CUDA events (a floor of several us: the 14 KB case takes 7.6), each
+// call on another copy of W (more than 150 MB of copies, so nothing is served from L2), median of
+// 50, beside a same-size copy kernel (reads W, writes as much) timed the same way.
+// It has no engine variant beside it: gemv_quant_mma lives in a .cu of the engine; compare with its
+// figures in gemv.md, measured by torch.profiler kernel durations (no event floor).
+//   bash benchmarks/lab/run_gemv_quant_imma_lab.sh     # Hopper GPU, about 15 s
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        cudaError_t e_ = (x);                                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+struct ActBlock {
+    float d[2];
+    float dsum[2];
+    int8_t qs[32];
+};
+constexpr int kTileBytes = 144;
+
+__device__ __forceinline__ uint2 ld_stream_8(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_nc_16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+__host__ __device__ inline void scale_min_k4(int j, uint32_t S0, uint32_t S1, uint32_t S2, int& sc, int& m) {
+    if (j < 4) {
+        sc = (S0 >> (8 * j)) & 63;
+        m = (S1 >> (8 * j)) & 63;
+    } else {
+        const int s = 8 * (j - 4);
+        sc = ((S2 >> s) & 0xF) | (((S0 >> s) >> 6 & 3) << 4);
+        m = ((S2 >> s) >> 4 & 0xF) | (((S1 >> s) >> 6 & 3) << 4);
+    }
+}
+__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+template <int MT, int NT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) q4k_imma(const uint8_t* __restrict__ W, const ActBlock* __restrict__ x,
+                                                       float* __restrict__ y, int M, int N, int K) {
+    const int T = K / 256, nb = K / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row_base = blockIdx.x * 16 * MT;
+    const size_t row_stride = (size_t)T * kTileBytes;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+
+    for (int tile = warp; tile < T; tile += WARPS) {
+        uint4 hdr[MT][2];
+        uint2 q[MT][2][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = min(row_base + mt * 16 + g + 8 * r, N - 1);  // rows past N: a real row, never stored
+                const uint8_t* p = W + (size_t)row * row_stride + (size_t)tile * kTileBytes;
+                hdr[mt][r] = ld_nc_16(p);
+#pragma unroll
+                for (int qq = 0; qq < 4; ++qq) q[mt][r][qq] = ld_stream_8(p + 16 + 32 * qq + 8 * t);
+            }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int qq = j >> 1, sh = 4 * (j & 1), b = tile * 8 + j;
+            uint32_t b0[NT], b1[NT];
+            float dx[NT][2], sx[NT][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int m = nt * 8 + g;
+                uint2 v = make_uint2(0u, 0u);
+                if (m < M) v = *reinterpret_cast<const uint2*>(x[(size_t)m * nb + b].qs + 8 * t);
+                b0[nt] = v.x;
+                b1[nt] = v.y;
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int mc = nt * 8 + 2 * t + c;
+                    float4 h = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (mc < M) h = *reinterpret_cast<const float4*>(&x[(size_t)mc * nb + b]);
+                    dx[nt][c] = h.x;
+                    sx[nt][c] = h.z + h.w;
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float s[2], bm[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    int sc, mn;
+                    scale_min_k4(j, hdr[mt][r].y, hdr[mt][r].z, hdr[mt][r].w, sc, mn);
+                    s[r] = f16_bits(hdr[mt][r].x & 0xFFFF) * (float)sc;
+                    bm[r] = f16_bits(hdr[mt][r].x >> 16) * (float)mn;
+                }
+                const uint32_t a0 = (q[mt][0][qq].x >> sh) & 0x0F0F0F0Fu, a1 = (q[mt][1][qq].x >> sh) & 0x0F0F0F0Fu;
+                const uint32_t a2 = (q[mt][0][qq].y >> sh) & 0x0F0F0F0Fu, a3 = (q[mt][1][qq].y >> sh) & 0x0F0F0F0Fu;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int c[4];
+                    mma_s8(c, a0, a1, a2, a3, b0[nt], b1[nt]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e >> 1, col = e & 1;
+                        acc[mt][nt][e] = fmaf(s[r] * dx[nt][col], (float)c[e], acc[mt][nt][e]);
+                        acc[mt][nt][e] = fmaf(-bm[r], sx[nt][col], acc[mt][nt][e]);
+                    }
+                }
+            }
+        }
+    }
+    constexpr int kVals = MT * NT * 4;
+    __shared__ float red[WARPS][kVals][32];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[warp][(mt * NT + nt) * 4 + e][lane] = acc[mt][nt][e];
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kVals * 32; idx += WARPS * 32) {
+        const int i = idx / 32, ln = idx % 32;
+        float sum = 0.f;
+        for (int w = 0; w < WARPS; ++w) sum += red[w][i][ln];
+        const int e = i % 4, nt = (i / 4) % NT, mt = i / (4 * NT);
+        const int row = row_base + mt * 16 + (ln >> 2) + 8 * (e >> 1), m = nt * 8 + 2 * (ln & 3) + (e & 1);
+        if (row < N && m < M) y[(size_t)m * N + row] = sum;
+    }
+}
+
+__global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
+}
+
+// ---- host ------------------------------------------------------------------------------------
+static float half_to_float(uint16_t h) {
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
+}
+static uint16_t float_to_half(float f) {
+    __half_raw r = __half_raw(__float2half(f));
+    return r.x;
+}
+static float w_value(const uint8_t* tile, int v) {  // value v of a Q4_K tile, fp32 as quant_formats.cpp
+    uint16_t d16, m16;
+    memcpy(&d16, tile, 2);
+    memcpy(&m16, tile + 2, 2);
+    uint32_t S[3];
+    memcpy(S, tile + 4, 12);
+    const int j = v / 32, i = v % 32;
+    int sc, mn;
+    scale_min_k4(j, S[0], S[1], S[2], sc, mn);
+    const float d = half_to_float(d16) * (float)sc, m = half_to_float(m16) * (float)mn;
+    const int q = (tile[16 + 32 * (j / 2) + i] >> (4 * (j & 1))) & 15;
+    const volatile float dq = d * (float)q;
+    return dq - m;
+}
+
+struct Case {
+    const char* name;
+    int N, K;
+};
+
+// Each timed call reads another copy of W (copies cover > 150 MB, three times L2), so no call
+// finds its weights in L2; the median of `reps` calls, each between two events.
+template <int MT, int NT, int WARPS>
+void run_kernel(uint8_t* const* dW, int copies, const ActBlock* dx, float* dy, int M, int N, int K, int reps, float* out_us) {
+    const int blocks = (N + 16 * MT - 1) / (16 * MT);
+    q4k_imma<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[0], dx, dy, M, N, K);
+    CK(cudaGetLastError());
+    if (!reps) return;
+    std::vector<float> ts;
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int r = 0; r < reps; ++r) {
+        CK(cudaEventRecord(a));
+        q4k_imma<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        ts.push_back(ms * 1000.f);
+    }
+    std::sort(ts.begin(), ts.end());
+    *out_us = ts[ts.size() / 2];
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+}
+
+static float copy_us(uint8_t* const* src, int copies, uint8_t* dst, size_t bytes, int reps) {
+    const size_t n = bytes / 16;
+    std::vector<float> ts;
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int r = 0; r < reps + 3; ++r) {
+        CK(cudaEventRecord(a));
+        copy_kernel<<<132 * 8, 256>>>(reinterpret_cast<const uint4*>(src[r % copies]), reinterpret_cast<uint4*>(dst), n);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (r >= 3) ts.push_back(ms * 1000.f);
+    }
+    std::sort(ts.begin(), ts.end());
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return ts[ts.size() / 2];
+}
+
+int main(int argc, char** argv) {
+    const int reps = argc > 1 ? atoi(argv[1]) : 50;
+    std::mt19937 rng(1234);
+    Case cases[] = {{"odd", 100, 512}, {"wqkv", 6144, 4096}, {"wo", 4096, 4096},
+                    {"w13", 28672, 4096}, {"w2", 4096, 14336}, {"lm_head", 128256, 4096}};
+    int Ms[] = {2, 8, 16};
+    const int mts[] = {1, 2, 4};  // W row tiles of 16 per CTA
+    printf("proj N K M variant us copy_us of_copy max_rel_err\n");
+    bool all_ok = true;
+    for (const Case& cs : cases) {
+        const int N = cs.N, K = cs.K, T = K / 256;
+        const size_t wbytes = (size_t)N * T * kTileBytes;
+        std::vector<uint8_t> hW(wbytes);
+        std::uniform_int_distribution<int> byte(0, 255);
+        std::uniform_real_distribution<float> dd(0.0005f, 0.004f);
+        for (size_t r = 0; r < (size_t)N * T; ++r) {
+            uint8_t* tile = &hW[r * kTileBytes];
+            const uint16_t d16 = float_to_half(dd(rng)), m16 = float_to_half(dd(rng));
+            memcpy(tile, &d16, 2);
+            memcpy(tile + 2, &m16, 2);
+            for (int i = 4; i < kTileBytes; ++i) tile[i] = (uint8_t)byte(rng);
+        }
+        const int Mmax = 16;
+        std::vector<ActBlock> hx((size_t)Mmax * K / 32);
+        std::uniform_int_distribution<int> code(-127, 127);
+        std::uniform_real_distribution<float> xd(0.005f, 0.05f);
+        for (ActBlock& blk : hx) {
+            const float d = xd(rng);
+            int s0 = 0, s1 = 0;
+            for (int i = 0; i < 32; ++i) {
+                blk.qs[i] = (int8_t)code(rng);
+                (i < 16 ? s0 : s1) += blk.qs[i];
+            }
+            blk.d[0] = blk.d[1] = d;
+            blk.dsum[0] = d * (float)s0;
+            blk.dsum[1] = d * (float)s1;
+        }
+        // reference over all 16 x rows, double, for every row_step-th W row (and the last)
+        const int row_step = std::max(1, N / 4096);
+        auto checked = [&](int n) { return n % row_step == 0 || n == N - 1; };
+        std::vector<double> ref((size_t)Mmax * N), mag((size_t)Mmax * N);
+        std::vector<float> wrow(K);
+        for (int n = 0; n < N; ++n) {
+            if (!checked(n)) continue;
+            for (int k = 0; k < K; ++k) wrow[k] = w_value(&hW[((size_t)n * T + k / 256) * kTileBytes], k % 256);
+            for (int m = 0; m < Mmax; ++m) {
+                double s = 0, a = 0;
+                for (int b = 0; b < K / 32; ++b) {
+                    const ActBlock& blk = hx[(size_t)m * (K / 32) + b];
+                    for (int i = 0; i < 32; ++i) {
+                        const double v = (double)blk.d[0] * blk.qs[i] * wrow[32 * b + i];
+                        s += v;
+                        a += fabs(v);
+                    }
+                }
+                ref[(size_t)m * N + n] = s;
+                mag[(size_t)m * N + n] = a;
+            }
+        }
+        const int copies = (int)std::min<size_t>(256, std::max<size_t>(1, (150u << 20) / wbytes + 1));
+        std::vector<uint8_t*> dW(copies);
+        uint8_t* dcopy;
+        ActBlock* dx;
+        float* dy;
+        for (uint8_t*& w : dW) {
+            CK(cudaMalloc(&w, wbytes));
+            CK(cudaMemcpy(w, hW.data(), wbytes, cudaMemcpyHostToDevice));
+        }
+        CK(cudaMalloc(&dcopy, wbytes));
+        CK(cudaMalloc(&dx, hx.size() * sizeof(ActBlock)));
+        CK(cudaMalloc(&dy, (size_t)Mmax * N * sizeof(float)));
+        CK(cudaMemcpy(dx, hx.data(), hx.size() * sizeof(ActBlock), cudaMemcpyHostToDevice));
+        const float cus = copy_us(dW.data(), copies, dcopy, wbytes, reps);
+        // a layout or fragment mistake is O(1) off; fp32 sums of 2 K / 32 scaled terms stay within this
+        const double tol = (2.0 * K / 32 + 16) * std::ldexp(1.0, -23);
+        std::vector<float> hy((size_t)Mmax * N);
+        for (int M : Ms) {
+            for (const int MT : mts) {
+                float us = 0.f;
+                CK(cudaMemset(dy, 0xFF, (size_t)Mmax * N * sizeof(float)));  // poison: NaN
+                const bool n2 = M > 8;
+                for (int r : {0, reps}) {
+                    if (MT == 1) n2 ? run_kernel<1, 2, 8>(dW.data(), copies, dx, dy, M, N, K, r, &us) : run_kernel<1, 1, 8>(dW.data(), copies, dx, dy, M, N, K, r, &us);
+                    if (MT == 2) n2 ? run_kernel<2, 2, 8>(dW.data(), copies, dx, dy, M, N, K, r, &us) : run_kernel<2, 1, 8>(dW.data(), copies, dx, dy, M, N, K, r, &us);
+                    if (MT == 4) n2 ? run_kernel<4, 2, 8>(dW.data(), copies, dx, dy, M, N, K, r, &us) : run_kernel<4, 1, 8>(dW.data(), copies, dx, dy, M, N, K, r, &us);
+                    CK(cudaDeviceSynchronize());
+                    if (r == 0) CK(cudaMemcpy(hy.data(), dy, (size_t)M * N * sizeof(float), cudaMemcpyDeviceToHost));
+                    if (!reps) break;
+                }
+                double worst = 0;
+                bool ok = true;
+                for (int m = 0; m < M; ++m)
+                    for (int n = 0; n < N; ++n) {
+                        if (!checked(n)) continue;
+                        const double got = hy[(size_t)m * N + n], want = ref[(size_t)m * N + n];
+                        const double err = std::isfinite(got) ? fabs(got - want) / (mag[(size_t)m * N + n] + 1e-30) : 1e30;
+                        worst = std::max(worst, err);
+                        if (!(err <= tol)) ok = false;
+                    }
+                all_ok &= ok;
+                printf("%s %d %d %d mt%d %.2f %.2f %.0f%% %.2e%s\n", cs.name, N, K, M, MT, us, cus,
+                       us > 0 ? 100.0 * cus / us : 0.0, worst, ok ? "" : " FAIL");
+                fflush(stdout);
+            }
+        }
+        for (uint8_t* w : dW) CK(cudaFree(w));
+        CK(cudaFree(dcopy));
+        CK(cudaFree(dx));
+        CK(cudaFree(dy));
+    }
+    printf(all_ok ? "ALL OK\n" : "SOME FAILED\n");
+    return all_ok ? 0 : 2;
+}
