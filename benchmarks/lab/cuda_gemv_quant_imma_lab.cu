@@ -23,6 +23,7 @@
 // It has no engine variant beside it: gemv_quant_mma lives in a .cu of the engine; compare with its
 // figures in gemv.md, measured by torch.profiler kernel durations (no event floor).
 //   bash benchmarks/lab/run_gemv_quant_imma_lab.sh     # Hopper GPU, about 15 s
+// (the run measured kept scale_min_k4 in this file; it now takes qlayout.h's, the same function)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -34,6 +35,10 @@
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "cuda/qlayout.h"
+
+using brrr::qlayout::scale_min_k4;
 
 #define CK(x)                                                                              \
     do {                                                                                   \
@@ -67,16 +72,6 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-__host__ __device__ inline void scale_min_k4(int j, uint32_t S0, uint32_t S1, uint32_t S2, int& sc, int& m) {
-    if (j < 4) {
-        sc = (S0 >> (8 * j)) & 63;
-        m = (S1 >> (8 * j)) & 63;
-    } else {
-        const int s = 8 * (j - 4);
-        sc = ((S2 >> s) & 0xF) | (((S0 >> s) >> 6 & 3) << 4);
-        m = ((S2 >> s) >> 4 & 0xF) | (((S1 >> s) >> 6 & 3) << 4);
-    }
 }
 __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 

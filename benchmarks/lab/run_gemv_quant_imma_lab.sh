@@ -7,6 +7,6 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/imma_lab}
 mkdir -p "$OUT"
 BIN=$(mktemp -d)/imma_lab
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" benchmarks/lab/cuda_gemv_quant_imma_lab.cu \
+nvcc -O3 -std=c++17 -Icsrc -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" benchmarks/lab/cuda_gemv_quant_imma_lab.cu \
     > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 2; }
 timeout 150 "$BIN" 50 | tee "$OUT/table.txt"

@@ -102,19 +102,7 @@ __device__ __forceinline__ uint4 q5_bits(uint32_t qh, int v0) {
     const uint32_t b = qh >> v0;
     return make_uint4(spread4(b & 15), spread4((b >> 4) & 15), spread4((b >> 8) & 15), spread4((b >> 12) & 15));
 }
-// ggml's get_scale_min_k4 on the 12 scale bytes as words S0 = bytes 0-3, S1 = 4-7, S2 = 8-11.
-__device__ __forceinline__ void scale_min_k4(int j, uint32_t S0, uint32_t S1, uint32_t S2, int& sc, int& m) {
-    if (j < 4) {
-        sc = (S0 >> (8 * j)) & 63;
-        m = (S1 >> (8 * j)) & 63;
-    } else {
-        const int s = 8 * (j - 4);
-        sc = ((S2 >> s) & 0xF) | (((S0 >> s) >> 6 & 3) << 4);
-        m = ((S2 >> s) >> 4 & 0xF) | (((S1 >> s) >> 6 & 3) << 4);
-    }
-}
-
-// scale_min_k4 of sub-blocks 2g and 2g + 1 at once, without a branch: scales in bytes 0 / 1 of
+// qlayout::scale_min_k4 of sub-blocks 2g and 2g + 1 at once, without a branch: scales in bytes 0 / 1 of
 // `sc`, mins in bytes 0 / 1 of `m`. Both pairs sit at the same 16-bit offset of their words
 // (bytes 2g, 2g + 1 of S0 / S1 for g < 2; bytes 2g - 4, 2g - 3 of S2 with the top bits of S0 / S1
 // for g >= 2). A lane's g never changes (its pieces are always piece lane % 8 of a tile), so the
@@ -739,7 +727,7 @@ __device__ __forceinline__ void dequant8(const uint8_t* t, float d6, int e, floa
         const int s = e >> 5, l = e & 31;
         const uint4 h = *reinterpret_cast<const uint4*>(t);
         int sc, mn;
-        scale_min_k4(s, h.y, h.z, h.w, sc, mn);
+        qlayout::scale_min_k4(s, h.y, h.z, h.w, sc, mn);
         const float d = __fmul_rn(f16_bits(h.x & 0xFFFF), (float)sc), m = __fmul_rn(f16_bits(h.x >> 16), (float)mn);
         const int qs_at = T == QType::Q5_K ? 48 : 16;
         const uint2 qs = load8(t + qs_at + 32 * (s >> 1) + l);

@@ -260,18 +260,10 @@ struct QK45 {
         r.qh = kQ5 ? __ldg(reinterpret_cast<const uint4*>(t + 16) + (lt & 1)) : make_uint4(0u, 0u, 0u, 0u);
         return r;
     }
-    // ggml's get_scale_min_k4 for sub-block s.
+    // sub-block s's scale and min
     __device__ static Affine coef_sub(const Raw& r, int s) {
-        const uint32_t S0 = r.hdr.y, S1 = r.hdr.z, S2 = r.hdr.w;
         int sc, m;
-        if (s < 4) {
-            sc = (S0 >> (8 * s)) & 63;
-            m = (S1 >> (8 * s)) & 63;
-        } else {
-            const int b = 8 * (s - 4);
-            sc = ((S2 >> b) & 0xF) | (((S0 >> b) >> 6 & 3) << 4);
-            m = ((S2 >> b) >> 4 & 0xF) | (((S1 >> b) >> 6 & 3) << 4);
-        }
+        qlayout::scale_min_k4(s, r.hdr.y, r.hdr.z, r.hdr.w, sc, m);
         const float D = __fmul_rn(f16_bits(r.hdr.x & 0xFFFFu), (float)sc);
         const float Mn = __fmul_rn(f16_bits(r.hdr.x >> 16), (float)m);
         return affine(D, 0, -Mn);

@@ -24,6 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common.h"
+
 namespace brrr {
 namespace qlayout {
 
@@ -51,6 +53,19 @@ constexpr size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 constexpr size_t tail_offset(int type, int64_t N, int64_t K) { return (size_t)N * row_stride(type, K); }
 constexpr size_t matrix_bytes(int type, int64_t N, int64_t K) {
     return align16(tail_offset(type, N, K) + (has_tail(type) ? (size_t)N * tiles_per_row(K) * 2 : 0));
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K tile (ggml's get_scale_min_k4),
+// from its 12 packed scale bytes read as little-endian words S0 = bytes 0-3, S1 = 4-7, S2 = 8-11.
+BRRR_HOST_DEVICE inline void scale_min_k4(int j, uint32_t S0, uint32_t S1, uint32_t S2, int& sc, int& m) {
+    if (j < 4) {
+        sc = (S0 >> (8 * j)) & 63;
+        m = (S1 >> (8 * j)) & 63;
+    } else {
+        const int s = 8 * (j - 4);
+        sc = ((S2 >> s) & 0xF) | (((S0 >> s) >> 6 & 3) << 4);
+        m = ((S2 >> s) >> 4 & 0xF) | (((S1 >> s) >> 6 & 3) << 4);
+    }
 }
 
 // Host: rows [first_row, first_row + n_rows) of a matrix of N rows from GGUF blocks (row-major,
