@@ -17,12 +17,15 @@
 // registers at a time, then add their partial sums in shared memory in warp order.
 // Check: every output against a float64 reference of the file's fp32 weights (every W row, or
 // every (N / 4096)-th on the large matrices), outputs poisoned with NaN first, an odd N = 100.
-// Timing: per call between two CUDA events (a floor of several us: the 14 KB case takes 7.6), each
-// call on another copy of W (more than 150 MB of copies, so nothing is served from L2), median of
-// 50, beside a same-size copy kernel (reads W, writes as much) timed the same way.
+// Timing: per call between two CUDA events (a floor of several us, printed last as an empty
+// kernel's time), each call on another copy of W (more than 150 MB of copies, so nothing is served
+// from L2), median of 50, beside a same-size copy kernel (reads W, writes as much) timed the same way.
+// EPI_SWEEP=1 also times, at 8 and 16 rows, the kernel without the min term (EPI 1) and with the
+// integer sums alone (EPI 2): timing-only forms (wrong results) that say what the per-accumulator
+// scale epilogue costs.
 // It has no engine variant beside it: gemv_quant_mma lives in a .cu of the engine; compare with its
 // figures in gemv.md, measured by torch.profiler kernel durations (no event floor).
-//   bash benchmarks/lab/run_gemv_quant_imma_lab.sh     # Hopper GPU, about 15 s
+//   [EPI_SWEEP=1] bash benchmarks/lab/run_gemv_quant_imma_lab.sh     # Hopper GPU, 15-30 s
 // (the run measured kept scale_min_k4 in this file; it now takes qlayout.h's, the same function)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -75,7 +78,7 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
 }
 __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
-template <int MT, int NT, int WARPS>
+template <int MT, int NT, int WARPS, int EPI = 0>
 __global__ void __launch_bounds__(WARPS * 32) q4k_imma(const uint8_t* __restrict__ W, const ActBlock* __restrict__ x,
                                                        float* __restrict__ y, int M, int N, int K) {
     const int T = K / 256, nb = K / 32;
@@ -144,8 +147,14 @@ __global__ void __launch_bounds__(WARPS * 32) q4k_imma(const uint8_t* __restrict
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int r = e >> 1, col = e & 1;
-                        acc[mt][nt][e] = fmaf(s[r] * dx[nt][col], (float)c[e], acc[mt][nt][e]);
-                        acc[mt][nt][e] = fmaf(-bm[r], sx[nt][col], acc[mt][nt][e]);
+                        if (EPI == 0) {
+                            acc[mt][nt][e] = fmaf(s[r] * dx[nt][col], (float)c[e], acc[mt][nt][e]);
+                            acc[mt][nt][e] = fmaf(-bm[r], sx[nt][col], acc[mt][nt][e]);
+                        } else if (EPI == 1) {  // timing only (EPI_SWEEP): no min term
+                            acc[mt][nt][e] = fmaf(s[r] * dx[nt][col], (float)c[e], acc[mt][nt][e]);
+                        } else {  // timing only (EPI_SWEEP): the integer sums alone
+                            acc[mt][nt][e] += (float)c[e];
+                        }
                     }
                 }
             }
@@ -170,6 +179,7 @@ __global__ void __launch_bounds__(WARPS * 32) q4k_imma(const uint8_t* __restrict
     }
 }
 
+__global__ void empty_kernel() {}
 __global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
 }
@@ -206,10 +216,10 @@ struct Case {
 
 // Each timed call reads another copy of W (copies cover > 150 MB, three times L2), so no call
 // finds its weights in L2; the median of `reps` calls, each between two events.
-template <int MT, int NT, int WARPS>
+template <int MT, int NT, int WARPS, int EPI = 0>
 void run_kernel(uint8_t* const* dW, int copies, const ActBlock* dx, float* dy, int M, int N, int K, int reps, float* out_us) {
     const int blocks = (N + 16 * MT - 1) / (16 * MT);
-    q4k_imma<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[0], dx, dy, M, N, K);
+    q4k_imma<MT, NT, WARPS, EPI><<<blocks, WARPS * 32>>>(dW[0], dx, dy, M, N, K);
     CK(cudaGetLastError());
     if (!reps) return;
     std::vector<float> ts;
@@ -218,7 +228,7 @@ void run_kernel(uint8_t* const* dW, int copies, const ActBlock* dx, float* dy, i
     CK(cudaEventCreate(&b));
     for (int r = 0; r < reps; ++r) {
         CK(cudaEventRecord(a));
-        q4k_imma<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
+        q4k_imma<MT, NT, WARPS, EPI><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
         float ms;
@@ -357,10 +367,43 @@ int main(int argc, char** argv) {
                 fflush(stdout);
             }
         }
+        if (getenv("EPI_SWEEP") && cs.N >= 4096) {
+            for (int M : {8, 16})
+                for (int MT : {2, 4}) {
+                    float u1 = 0.f, u2 = 0.f;
+                    const bool n2 = M > 8;
+                    if (MT == 2) {
+                        n2 ? run_kernel<2, 2, 8, 1>(dW.data(), copies, dx, dy, M, N, K, reps, &u1) : run_kernel<2, 1, 8, 1>(dW.data(), copies, dx, dy, M, N, K, reps, &u1);
+                        n2 ? run_kernel<2, 2, 8, 2>(dW.data(), copies, dx, dy, M, N, K, reps, &u2) : run_kernel<2, 1, 8, 2>(dW.data(), copies, dx, dy, M, N, K, reps, &u2);
+                    } else {
+                        n2 ? run_kernel<4, 2, 8, 1>(dW.data(), copies, dx, dy, M, N, K, reps, &u1) : run_kernel<4, 1, 8, 1>(dW.data(), copies, dx, dy, M, N, K, reps, &u1);
+                        n2 ? run_kernel<4, 2, 8, 2>(dW.data(), copies, dx, dy, M, N, K, reps, &u2) : run_kernel<4, 1, 8, 2>(dW.data(), copies, dx, dy, M, N, K, reps, &u2);
+                    }
+                    printf("epi %s %d %d %d mt%d no_min %.2f int_only %.2f\n", cs.name, N, K, M, MT, u1, u2);
+                    fflush(stdout);
+                }
+        }
         for (uint8_t* w : dW) CK(cudaFree(w));
         CK(cudaFree(dcopy));
         CK(cudaFree(dx));
         CK(cudaFree(dy));
+    }
+    {  // the floor of the timing method: an empty kernel between two events
+        std::vector<float> ts;
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        for (int r = 0; r < 53; ++r) {
+            CK(cudaEventRecord(a));
+            empty_kernel<<<1, 32>>>();
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            if (r >= 3) ts.push_back(ms * 1000.f);
+        }
+        std::sort(ts.begin(), ts.end());
+        printf("empty kernel %.2f us\n", ts[ts.size() / 2]);
     }
     printf(all_ok ? "ALL OK\n" : "SOME FAILED\n");
     return all_ok ? 0 : 2;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_gemv_quant_imma_lab.sh — builds cuda_gemv_quant_imma_lab.cu for sm_90a, checks and times it
 # (the program does both; exit 2 if any output is off). Output in $OUT: build.log, table.txt
-#   OUT=/tmp/imma bash benchmarks/lab/run_gemv_quant_imma_lab.sh     # Hopper GPU, about 15 s
+#   OUT=/tmp/imma [EPI_SWEEP=1] bash benchmarks/lab/run_gemv_quant_imma_lab.sh     # Hopper GPU, 15-30 s
+# (EPI_SWEEP=1: the epilogue-cost rows too, see the program's banner)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/imma_lab}
