@@ -453,3 +453,33 @@ def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, op
         assert torch.isnan(y[M]).all() and torch.equal(y[:M], want), f"{name} M={M}: normalized fp32 rows"
     with pytest.raises(ValueError, match="need the ActBlock scratch"):
         ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, 3, W.N, K, STORE_F32, out_f32=y.data_ptr(), x=x.data_ptr())
+
+
+@pytest.mark.parametrize("name", ["q6_k", "q4_k", "q8_0"])
+def test_gemv_quant_in_on_a_vocabulary_sized_matrix_takes_either_path_to_the_same_bits(C, ops, rng, gen, name):
+    """At M <= 2 a matrix of more than tuning::kGemvQuantFusedMaxUnits rows (an LM head: here
+    Llama-3's vocabulary plus one row) goes through the scratch when one is given (the standalone
+    quantizer and the ActBlock grid), else through the kernel's own prologue; both equal, bit for
+    bit, gemv_quant on the standalone quantizers' ActBlocks, and the result is checked against the
+    float64 reference on a sample of rows (the whole matrix would take minutes on the host)."""
+    K = 256
+    W = Weights(C, name, 128257, K, rng)
+    for M in (1, 2):
+        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
+        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+        ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
+        want = gemv(ops, W, xq, M)
+        for scratch in (torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda"), None):
+            y = nan_full((M + 1, W.N), torch.float32)
+            ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, W.N, K, STORE_F32, out_f32=y.data_ptr(),
+                           x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS,
+                           scratch=0 if scratch is None else scratch.data_ptr())
+            torch.cuda.synchronize()
+            path = "fused prologue" if scratch is None else "scratch"
+            assert torch.isnan(y[M]).all() and torch.equal(y[:M], want), f"{name} M={M}: {path}"
+        rows = torch.from_numpy(np.unique(rng.integers(0, W.N, size=512))).cuda()
+        xd = dequant_act(xq.cpu().numpy())
+        ref = torch.from_numpy(xd).cuda() @ torch.from_numpy(W.deq.astype(np.float64)).cuda()[rows].T
+        bound = 64 * U32 * (torch.from_numpy(np.abs(xd)).cuda() @ W.A[rows].T)
+        assert ((want[:, rows].double() - ref).abs() <= bound).all(), f"{name} M={M}: against float64"

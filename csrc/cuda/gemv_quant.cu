@@ -33,7 +33,10 @@
 //     block, with the standalone quantizers' arithmetic (so the same bits). Such a grid is one
 //     wave of 8-warp CTAs whose warps walk the same number of output rows each, so the input is
 //     quantized a few hundred times, not once per 4 rows, and no warp's last round runs alone;
-//     the first rows' weight loads are in flight meanwhile.
+//     the first rows' weight loads are in flight meanwhile. A vocabulary-sized matrix (past
+//     tuning::kGemvQuantFusedMaxUnits units, some 60 rounds a warp) is the exception: the
+//     standalone quantizer and the ActBlock grid of many small CTAs, which the hardware balances,
+//     stream it faster than one wave on a fixed walk does.
 //   * A matrix of two types (gemv_quant_pair: a K-quant file's Q6_K wv beside Q4_K / Q5_K wq | wk)
 //     runs as one launch: units past the first part's read the second part's tiles with that
 //     type's decode, branching once per chunk (uniform per warp; a unit's rows lie in one part).
@@ -59,6 +62,7 @@
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 #include "cuda/qlayout.h"
+#include "cuda/tuning.h"
 
 namespace brrr {
 namespace cuda {
@@ -966,16 +970,17 @@ void launch_gemv_quant(const char* op, const PartIn* parts, int n_parts, const Q
     if (in.xq) {
         BRRR_CHECK_ARG(util::aligned_to(in.xq, 16), op << ": xq (ActBlocks) must be 16-byte aligned");
         a.x = in.xq;
-    } else if (M <= kFusedRows && (in.x ? util::aligned_to(in.x, 16)
-                                        : util::aligned_to(in.x_f32, 16) && util::aligned_to(in.norm_w, 8))) {
-        // (the prologue reads whole blocks with vector loads; other alignments take the scratch)
+    } else if (M <= kFusedRows && (a.n_units <= tuning::kGemvQuantFusedMaxUnits || !in.scratch) &&
+               (in.x ? util::aligned_to(in.x, 16) : util::aligned_to(in.x_f32, 16) && util::aligned_to(in.norm_w, 8))) {
+        // (the prologue reads whole blocks with vector loads; other alignments take the scratch, and
+        // so does a vocabulary-sized matrix where one is given: tuning::kGemvQuantFusedMaxUnits)
         x_in = in.x ? XIn::Bf16 : XIn::Norm;
         a.x_bf16 = in.x;
         a.x_f32 = in.x_f32;
         a.norm_w = in.norm_w;
         a.eps = in.eps;
     } else {
-        // More rows than the kernel quantizes itself: the standalone quantizer into the scratch.
+        // More rows than the kernel quantizes itself, or a long walk: the standalone quantizer into the scratch.
         BRRR_CHECK_ARG(in.scratch != nullptr, op << ": M=" << M << " rows of unquantized input (more than "
                                                  << kFusedRows << ", or not 16-byte aligned) need the ActBlock scratch");
         if (in.x) quantize_act_bf16(in.x, in.scratch, M, K, stream);

@@ -67,6 +67,12 @@ constexpr int kGemvQuantMmaMaxRows = 64;
 // parts: a bf16 part goes through gemv_bf16 (16 rows), a w13 of two types is staged through the
 // 16-row gate_up_. A matrix of one quantized type takes the kernel's 64 (kGemvQuantMmaMaxRows).
 constexpr int kGemvQuantPassRows = 16;
+// gemv_quant_in at M <= 2: a matrix of at most this many output units (rows; SwiGLU / RopeKV pairs)
+// runs as one wave of CTAs that quantize the input themselves and walk the units; a larger one (a
+// vocabulary-sized LM head: 61 rounds a warp) takes the standalone quantizer and the ActBlock grid of
+// many small CTAs, which the hardware balances. H100, Q4_K_M batch 1: 8B 0.973x a step of 8 layers
+// (the LM head 22 us faster), 1B 0.995x; docs/kernels/gemv.md has the table.
+constexpr int kGemvQuantFusedMaxUnits = 32768;
 // Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV in even
 // passes (of at most kGemvQuantPassRows rows where the matrix has several parts), each re-reading the quantized weights (Q4_K: 0.56
 // bytes a weight); more rows dequantize the matrix into bf16 scratch for the GEMM, which reads the
