@@ -180,14 +180,7 @@ __global__ void __launch_bounds__(kRowThreads) all_reduce_rows_kernel(const uint
         if (!w) continue;
         const float rstd = rsqrtf(util::block_sum(sum_sq) / (float)D + eps);
         for (int i = t; i < n8; i += blockDim.x) {  // this thread's own x values, just written
-            const float4 lo = xr[2 * i], hi = xr[2 * i + 1];
-            const uint4 g = w[i];
-            uint4 out;
-            out.x = util::pack_bf16x2(lo.x * rstd * util::bf16_lo(g.x), lo.y * rstd * util::bf16_hi(g.x));
-            out.y = util::pack_bf16x2(lo.z * rstd * util::bf16_lo(g.y), lo.w * rstd * util::bf16_hi(g.y));
-            out.z = util::pack_bf16x2(hi.x * rstd * util::bf16_lo(g.z), hi.y * rstd * util::bf16_hi(g.z));
-            out.w = util::pack_bf16x2(hi.z * rstd * util::bf16_lo(g.w), hi.w * rstd * util::bf16_hi(g.w));
-            y[row8 + i] = out;
+            y[row8 + i] = util::rmsnorm_bf16x8(xr[2 * i], xr[2 * i + 1], rstd, w[i]);
         }
     }
 }

@@ -112,13 +112,7 @@ __device__ __forceinline__ uint4 normalized_x8(const GemvArgs& a, int m, int k, 
     const float4* x4 = reinterpret_cast<const float4*>(x_f32 + (size_t)m * a.K + k);
     const float4 lo = x4[0], hi = x4[1];
     const uint4 wp = *reinterpret_cast<const uint4*>(norm_w + k);
-    const float r = rstd[m];
-    uint4 out;
-    out.x = util::pack_bf16x2(lo.x * r * util::bf16_lo(wp.x), lo.y * r * util::bf16_hi(wp.x));
-    out.y = util::pack_bf16x2(lo.z * r * util::bf16_lo(wp.y), lo.w * r * util::bf16_hi(wp.y));
-    out.z = util::pack_bf16x2(hi.x * r * util::bf16_lo(wp.z), hi.y * r * util::bf16_hi(wp.z));
-    out.w = util::pack_bf16x2(hi.z * r * util::bf16_lo(wp.w), hi.w * r * util::bf16_hi(wp.w));
-    return out;
+    return util::rmsnorm_bf16x8(lo, hi, rstd[m], wp);
 }
 
 // This thread's share of a cp.async copy of `bytes` (a multiple of 16) into shared memory.

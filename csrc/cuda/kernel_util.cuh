@@ -50,6 +50,17 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return l | (h << 16);
 }
 
+// Eight fp32 values (lo, then hi) normalized and weighted as bf16(x * rstd * w), w eight bf16
+// weights: the rounding of rmsnorm_residual, which every fused RMSNorm must reproduce bit for bit.
+__device__ __forceinline__ uint4 rmsnorm_bf16x8(float4 lo, float4 hi, float rstd, uint4 w) {
+    uint4 out;
+    out.x = pack_bf16x2(lo.x * rstd * bf16_lo(w.x), lo.y * rstd * bf16_hi(w.x));
+    out.y = pack_bf16x2(lo.z * rstd * bf16_lo(w.y), lo.w * rstd * bf16_hi(w.y));
+    out.z = pack_bf16x2(hi.x * rstd * bf16_lo(w.z), hi.y * rstd * bf16_hi(w.z));
+    out.w = pack_bf16x2(hi.z * rstd * bf16_lo(w.w), hi.w * rstd * bf16_hi(w.w));
+    return out;
+}
+
 // e4m3, the fp8 KV cache's element: rounded from fp32 to nearest even, saturating at +-448 (NaN
 // stays NaN); two values low byte first.
 __device__ __forceinline__ uint8_t to_e4m3(float x) { return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3); }
