@@ -214,6 +214,28 @@ struct Case {
     int N, K;
 };
 
+// The median of `reps` timings of launch(r) (after `warmup` untimed ones), each between two events.
+template <typename Launch>
+float median_event_us(int warmup, int reps, Launch launch) {
+    std::vector<float> ts;
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int r = 0; r < warmup + reps; ++r) {
+        CK(cudaEventRecord(a));
+        launch(r);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (r >= warmup) ts.push_back(ms * 1000.f);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+}
+
 // Each timed call reads another copy of W (copies cover > 150 MB, three times L2), so no call
 // finds its weights in L2; the median of `reps` calls, each between two events.
 template <int MT, int NT, int WARPS, int EPI = 0>
@@ -222,44 +244,16 @@ void run_kernel(uint8_t* const* dW, int copies, const ActBlock* dx, float* dy, i
     q4k_imma<MT, NT, WARPS, EPI><<<blocks, WARPS * 32>>>(dW[0], dx, dy, M, N, K);
     CK(cudaGetLastError());
     if (!reps) return;
-    std::vector<float> ts;
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int r = 0; r < reps; ++r) {
-        CK(cudaEventRecord(a));
+    *out_us = median_event_us(0, reps, [&](int r) {
         q4k_imma<MT, NT, WARPS, EPI><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        ts.push_back(ms * 1000.f);
-    }
-    std::sort(ts.begin(), ts.end());
-    *out_us = ts[ts.size() / 2];
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
+    });
 }
 
 static float copy_us(uint8_t* const* src, int copies, uint8_t* dst, size_t bytes, int reps) {
     const size_t n = bytes / 16;
-    std::vector<float> ts;
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int r = 0; r < reps + 3; ++r) {
-        CK(cudaEventRecord(a));
+    return median_event_us(3, reps, [&](int r) {
         copy_kernel<<<132 * 8, 256>>>(reinterpret_cast<const uint4*>(src[r % copies]), reinterpret_cast<uint4*>(dst), n);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= 3) ts.push_back(ms * 1000.f);
-    }
-    std::sort(ts.begin(), ts.end());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    return ts[ts.size() / 2];
+    });
 }
 
 int main(int argc, char** argv) {
@@ -388,23 +382,8 @@ int main(int argc, char** argv) {
         CK(cudaFree(dx));
         CK(cudaFree(dy));
     }
-    {  // the floor of the timing method: an empty kernel between two events
-        std::vector<float> ts;
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        for (int r = 0; r < 53; ++r) {
-            CK(cudaEventRecord(a));
-            empty_kernel<<<1, 32>>>();
-            CK(cudaEventRecord(b));
-            CK(cudaEventSynchronize(b));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, a, b));
-            if (r >= 3) ts.push_back(ms * 1000.f);
-        }
-        std::sort(ts.begin(), ts.end());
-        printf("empty kernel %.2f us\n", ts[ts.size() / 2]);
-    }
+    // the floor of the timing method: an empty kernel between two events
+    printf("empty kernel %.2f us\n", median_event_us(3, 50, [](int) { empty_kernel<<<1, 32>>>(); }));
     printf(all_ok ? "ALL OK\n" : "SOME FAILED\n");
     return all_ok ? 0 : 2;
 }
