@@ -284,7 +284,12 @@ static uint16_t float_to_half(float f) {
     __half_raw r = __half_raw(__float2half(f));
     return r.x;
 }
-static float w_value(const uint8_t* tile, int v) {  // value v of a Q4_K tile, fp32 as quant_formats.cpp
+// Value v of a Q4_K tile as code c, scale D = d sc_j and min Mn = dmin m_j (fp32, as quant_formats.cpp).
+struct TileValue {
+    int c;
+    float D, Mn;
+};
+static TileValue tile_value(const uint8_t* tile, int v) {
     uint16_t d16, m16;
     memcpy(&d16, tile, 2);
     memcpy(&m16, tile + 2, 2);
@@ -293,27 +298,20 @@ static float w_value(const uint8_t* tile, int v) {  // value v of a Q4_K tile, f
     const int j = v / 32, i = v % 32;
     int sc, mn;
     scale_min_k4(j, S[0], S[1], S[2], sc, mn);
-    const float d = half_to_float(d16) * (float)sc, m = half_to_float(m16) * (float)mn;
-    const int q = (tile[16 + 32 * (j / 2) + i] >> (4 * (j & 1))) & 15;
-    const volatile float dq = d * (float)q;
-    return dq - m;
+    return {(tile[16 + 32 * (j / 2) + i] >> (4 * (j & 1))) & 15, half_to_float(d16) * (float)sc,
+            half_to_float(m16) * (float)mn};
 }
-
-// Value v of a Q4_K tile as variant 2 decodes it: c D - Mn with D, Mn rounded to bf16 and the
-// result rounded once to bf16 (the FMA's exact c D - Mn is exact in double).
+static float w_value(const uint8_t* tile, int v) {  // the fp32 value, as quant_formats.cpp computes it
+    const TileValue t = tile_value(tile, v);
+    const volatile float dq = t.D * (float)t.c;
+    return dq - t.Mn;
+}
+// As variant 2 decodes it: c D - Mn with D, Mn rounded to bf16 and the result rounded once to
+// bf16 (the FMA's exact c D - Mn is exact in double).
 static float w_value_bf16x2(const uint8_t* tile, int v) {
-    uint16_t d16, m16;
-    memcpy(&d16, tile, 2);
-    memcpy(&m16, tile + 2, 2);
-    uint32_t S[3];
-    memcpy(S, tile + 4, 12);
-    const int j = v / 32, i = v % 32;
-    int sc, mn;
-    scale_min_k4(j, S[0], S[1], S[2], sc, mn);
-    const double D = __bfloat162float(__float2bfloat16_rn(half_to_float(d16) * (float)sc));
-    const double Mn = __bfloat162float(__float2bfloat16_rn(half_to_float(m16) * (float)mn));
-    const int q = (tile[16 + 32 * (j / 2) + i] >> (4 * (j & 1))) & 15;
-    return __bfloat162float(__double2bfloat16(q * D - Mn));
+    const TileValue t = tile_value(tile, v);
+    const double D = __bfloat162float(__float2bfloat16_rn(t.D)), Mn = __bfloat162float(__float2bfloat16_rn(t.Mn));
+    return __bfloat162float(__double2bfloat16(t.c * D - Mn));
 }
 
 struct Case {
