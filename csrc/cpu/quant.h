@@ -56,6 +56,17 @@ struct BlockQ4_K {        // x = d * sc[s] * q - dmin * m[s]; q 4 bit
     uint8_t scales[12];   // sc[8], m[8] as 6-bit values packed (ggml's get_scale_min_k4)
     uint8_t qs[128];      // per 64 values: 32 bytes, low nibbles first 32, high nibbles next 32
 };
+// ggml's get_scale_min_k4: the 6-bit scale d and min m of sub-block j (0..7) of a Q4_K / Q5_K
+// block from its 12 packed scale bytes q (cuda/qlayout.h has the same on 32-bit words).
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
 struct BlockQ5_K {        // as Q4_K with a fifth bit from qh
     uint16_t d, dmin;
     uint8_t scales[12];

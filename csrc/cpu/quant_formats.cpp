@@ -103,17 +103,6 @@ uint16_t f32_to_f16_bits(float f) {
 
 namespace {
 
-// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes.
-inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
-    }
-}
-
 void dequant_q8_0(const BlockQ8_0* b, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, y += 32) {
         const float d = f16_to_f32(b[i].d);

@@ -53,16 +53,6 @@ struct ChunkScales {  // w_i = s[h] * c_i + b[h] for i in half h (0: values 0-15
 };
 static_assert(sizeof(ChunkScales) == 16, "ChunkScales is one 16-byte vector");
 
-inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
-    }
-}
-
 // Each Traits: Block, kChunks per block, block_scales(block, out[kChunks]) and
 // codes(block, chunk, out[32]) with sum_i codes_i * q_i = the chunk's integer dot (the scalar
 // path; signed codes allowed there). Scales are decoded once per block, not per chunk.

@@ -248,16 +248,6 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
     return scale;
 }
 
-void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
-    }
-}
-
 // Q4_K and Q5_K share everything but nmax (15 / 31), the scale search (rmin, steps) and packing.
 // Fills scales[12], d, dmin and L[256] (values in [0, nmax]).
 void k4_scales_and_levels(const float* x, int nmax, float rmin, int nstep, uint8_t* scales_out,
