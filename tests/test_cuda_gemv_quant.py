@@ -478,8 +478,9 @@ def test_gemv_quant_in_on_a_vocabulary_sized_matrix_takes_either_path_to_the_sam
             torch.cuda.synchronize()
             path = "fused prologue" if scratch is None else "scratch"
             assert torch.isnan(y[M]).all() and torch.equal(y[:M], want), f"{name} M={M}: {path}"
-        rows = torch.from_numpy(np.unique(rng.integers(0, W.N, size=512))).cuda()
+        rows_np = np.unique(rng.integers(0, W.N, size=512))
+        rows = torch.from_numpy(rows_np).cuda()
         xd = dequant_act(xq.cpu().numpy())
-        ref = torch.from_numpy(xd).cuda() @ torch.from_numpy(W.deq.astype(np.float64)).cuda()[rows].T
+        ref = torch.from_numpy(xd).cuda() @ torch.from_numpy(W.deq[rows_np].astype(np.float64)).cuda().T
         bound = 64 * U32 * (torch.from_numpy(np.abs(xd)).cuda() @ W.A[rows].T)
         assert ((want[:, rows].double() - ref).abs() <= bound).all(), f"{name} M={M}: against float64"
