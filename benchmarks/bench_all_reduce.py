@@ -1,5 +1,6 @@
 """All-reduce latency of tensor parallelism inside a CUDA graph: NCCL against the one-shot IPC
-kernel (csrc/cuda/allreduce.cu), at the sizes where the switch point between them is decided.
+kernel and its low-latency form (csrc/cuda/allreduce.cu), at the sizes where the switch points
+between them are decided.
 
     python benchmarks/bench_all_reduce.py --tensor-parallel 2 \
         --out benchmarks/results/h100-sxm/all_reduce_tp2.json
@@ -12,7 +13,9 @@ the values stay finite) into one CUDA graph and times `--repeats` replays with e
 whole measurement runs `--rounds` times: the JSON keeps every round, the table the median round and
 the spread. 16 KB is one batch-1 decode message of the 8B shape (4096 fp32). Sizes above the
 engine's one-shot capacity (tuning::all_reduce_oneshot_max_bytes) run the one-shot kernel on a group
-opened for that size, so the crossover can be measured on both sides of the current switch point.
+opened for that size, so the crossover can be measured on both sides of the current switch point;
+the low-latency form ("ll") runs up to its own capacity (tuning::kAllReduceLLMaxBytes), the rows past
+it say so.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import sys
 from pathlib import Path
 
 SIZES = {"16KB": 16 << 10, "64KB": 64 << 10, "256KB": 256 << 10, "1MB": 1 << 20, "4MB": 4 << 20}
-METHODS = ("nccl", "oneshot")
+METHODS = ("nccl", "oneshot", "ll")
 
 
 def gpu_name() -> str:
@@ -86,8 +89,10 @@ def main(argv=None) -> int:
         for label, nbytes in sizes.items():
             for method in METHODS:
                 row = {"size": label, "bytes": nbytes, "method": method}
-                if method == "oneshot" and not info["oneshot"]:
+                if method != "nccl" and not info["oneshot"]:
                     row["skipped"] = info["why_not"]
+                elif method == "ll" and nbytes > info["ll_max_bytes"]:
+                    row["skipped"] = f"past the low-latency capacity of {info['ll_max_bytes']} bytes"
                 else:
                     row.update(summarize([engine.all_reduce_bench(nbytes, method, args.iters,
                                                                   args.repeats)

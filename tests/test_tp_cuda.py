@@ -408,6 +408,8 @@ def test_one_shot_all_reduce_is_the_rank_order_fp32_sum_on_every_rank(C, rng, si
         info = open_one_shot(tp, size)
         # every residual message of this engine (up to 64 rows of dim) fits the one-shot path
         assert info["oneshot_max_bytes"] >= 4 * 64 * config.dim
+        ll_rows = info["ll_max_bytes"] // (4 * config.dim)
+        assert ll_rows >= 1, info  # a batch-1 decode message takes the low-latency form
         for rows in (1, 3, 17, 64):  # odd row counts, and the engine's largest message
             count = rows * config.dim
             for _ in range(3):  # consecutive calls alternate the double-buffered halves
@@ -420,6 +422,10 @@ def test_one_shot_all_reduce_is_the_rank_order_fp32_sum_on_every_rank(C, rng, si
                     in_rank_order = in_rank_order + v  # float32 adds, IEEE round to nearest
                 for r in range(size):  # bit-identical on every rank: the ranks sample alike
                     np.testing.assert_array_equal(ours[r], in_rank_order, err_msg=f"rank {r}, {rows} rows")
+                if rows <= ll_rows:  # the low-latency form, sharing the rounds: the same bits
+                    ll = tp.engine.all_reduce(values, "ll")
+                    for r in range(size):
+                        np.testing.assert_array_equal(ll[r], in_rank_order, err_msg=f"ll rank {r}, {rows} rows")
                 exact = np.sum(np.stack(values).astype(np.float64), axis=0)
                 bound = size * np.finfo(np.float32).eps * np.sum(np.abs(np.stack(values)), axis=0,
                                                                   dtype=np.float64)
@@ -439,6 +445,8 @@ def test_one_shot_all_reduce_refuses_what_it_cannot_take_and_the_group_goes_on(C
             tp.engine.all_reduce([np.ones(too_many, np.float32)] * 2, "oneshot")
         with pytest.raises(ValueError, match="multiple of 4"):
             tp.engine.all_reduce([np.ones(6, np.float32)] * 2, "oneshot")
+        with pytest.raises(ValueError, match="low-latency capacity"):
+            tp.engine.all_reduce([np.ones(info["ll_max_bytes"] // 4 + 4, np.float32)] * 2, "ll")
         with pytest.raises(ValueError, match="method"):
             tp.engine.all_reduce([np.ones(8, np.float32)] * 2, "ring")
         with pytest.raises(ValueError, match="multiple of 16"):
@@ -446,9 +454,13 @@ def test_one_shot_all_reduce_refuses_what_it_cannot_take_and_the_group_goes_on(C
         assert tp.engine.alive
         values = [rng.standard_normal(8).astype(np.float32) for _ in range(2)]
         np.testing.assert_array_equal(tp.engine.all_reduce(values, "oneshot")[1], values[0] + values[1])
-        # the benchmark: positive figures for both methods, in the engine's group and beyond it
+        # the benchmark: positive figures for every method, in the engine's group and beyond it
         for nbytes in (16384, 2 * info["oneshot_max_bytes"]):
-            for method in ("oneshot", "nccl"):
+            for method in ("oneshot", "nccl", "ll"):
+                if method == "ll" and nbytes > info["ll_max_bytes"]:
+                    with pytest.raises(ValueError, match="low-latency capacity"):
+                        tp.engine.all_reduce_bench(nbytes, method, 5, 3)
+                    continue
                 us = tp.engine.all_reduce_bench(nbytes, method, 5, 3)
                 assert 0 < us < 1e5, (nbytes, method, us)
         np.testing.assert_array_equal(tp.engine.all_reduce(values, "oneshot")[0], values[0] + values[1])
@@ -490,7 +502,8 @@ def test_a_long_prefill_takes_nccl_and_decode_the_one_shot_kernel(C, rng, make_w
                    for i in range(3)]  # eager, captured, replayed
         names = {record[0] for record in tp.engine.profile_records()}
         tp.engine.profile_enabled = False
-        assert "all_reduce_oneshot" in names, names
+        # a decode message (4 KB) is within the low-latency capacity: the LL form of the one-shot kernel
+        assert 4 * config.dim <= info["ll_max_bytes"] and "all_reduce_ll" in names, names
         for i, logits in enumerate(decoded):
             want = single.decode(step, np.array([0], np.int32), np.array([n + i], np.int32), True)
             oracle, torch_bf16 = oracles.forward(tokens.tolist() + [step[0]] * (i + 1), 0)

@@ -44,7 +44,7 @@
 //     .set_block_table(slot, blocks[int32 n]) the paged KV cache: the slot's blocks in position order
 //     .set_history(slot, start_pos, tokens[int32 n])   repetition-penalty memory of shared positions
 //     .init_tensor_parallel(unique_id, rank, size, library="")   cuda backend: join an NCCL group
-//     .all_reduce_info() -> {"oneshot": bool, "oneshot_max_bytes": int, "why_not": str}
+//     .all_reduce_info() -> {"oneshot": bool, "oneshot_max_bytes": int, "ll_max_bytes": int, "why_not": str}
 //     .all_reduce(values[f32 n], method="oneshot") -> [n]   every rank together: the sum of their values
 //     .all_reduce_bench(bytes, method, iters=100, repeats=20) -> median us per all-reduce in a graph
 //     .leave_tensor_parallel()                every rank together on a normal stop: frees the IPC buffers cleanly
@@ -578,6 +578,7 @@ void bind_engine(py::module_& m) {
         py::dict d;
         d["oneshot"] = info.oneshot;
         d["oneshot_max_bytes"] = info.oneshot_max_bytes;
+        d["ll_max_bytes"] = info.ll_max_bytes;
         d["why_not"] = info.why_not;
         return d;
 #else
@@ -585,7 +586,7 @@ void bind_engine(py::module_& m) {
         throw std::runtime_error("this build has no CUDA support: tensor parallelism needs cuda engines");
 #endif
     }, "cuda backend: whether residual all-reduces of up to oneshot_max_bytes take the one-shot IPC "
-       "kernel (else NCCL), and why_not when they cannot");
+       "kernel (else NCCL), those of up to ll_max_bytes its low-latency form, and why_not when they cannot");
     engine_cls.def("all_reduce", [](PyEngine& self, const py::object& values, const std::string& method) {
 #ifdef BRRR_WITH_CUDA
         py::array_t<float> in = checked_array<float>(values, "values", {-1}, "float32 array of shape (n,)");
@@ -604,7 +605,7 @@ void bind_engine(py::module_& m) {
 #endif
     }, py::arg("values"), py::arg("method") = "oneshot",
        "cuda backend, tensor parallel: every rank calls it at once with its own values (float32, a "
-       "multiple of 4); returns the sum over the ranks, by method \"oneshot\" or \"nccl\"");
+       "multiple of 4); returns the sum over the ranks, by method \"oneshot\", \"ll\" or \"nccl\"");
     engine_cls.def("all_reduce_bench", [](PyEngine& self, int64_t bytes, const std::string& method,
                                           int64_t iters, int64_t repeats) {
 #ifdef BRRR_WITH_CUDA
@@ -622,7 +623,7 @@ void bind_engine(py::module_& m) {
 #endif
     }, py::arg("bytes"), py::arg("method"), py::arg("iters") = 100, py::arg("repeats") = 20,
        "cuda backend, tensor parallel: every rank calls it at once; the median microseconds per "
-       "all-reduce of `bytes` (\"oneshot\" or \"nccl\"), `iters` of them captured in one CUDA graph "
+       "all-reduce of `bytes` (\"oneshot\", \"ll\" or \"nccl\"), `iters` of them captured in one CUDA graph "
        "and replayed `repeats` times");
 
     engine_cls.def("leave_tensor_parallel", [](PyEngine& self) {

@@ -11,6 +11,13 @@
 // flag, then reads every rank's half over NVLink / PCIe P2P and writes the sum. Small messages pay
 // one launch and one flag round trip instead of NCCL's protocol steps.
 //
+// Decode messages (up to tuning::kAllReduceLLMaxBytes) take all_reduce_ll, the low-latency form:
+// no barrier, no copy into the own half and no read across the links. Each rank stores its values
+// straight into its slot in every peer's buffer as 16-byte lines {v0, round, v1, round} (a flag
+// beside every value, NCCL's "LL" protocol), then polls its own slots, local memory, until both
+// flags of each line show this round, and sums in rank order. A value is on the links once, in
+// one direction, at twice the bytes.
+//
 // Prefill chunks (past the one-shot capacity) cross the links as bf16: each rank's wo / w2 GEMM
 // stores its partial product in bf16 (the rounding any bf16 GEMM output has), half the bytes of
 // the fp32 residual, which itself is never rounded. Two ways to sum them:
@@ -41,6 +48,15 @@
 //   - Memory order. Copies, then __syncthreads, then st.release.sys of the flags (cumulative over
 //     the CTA's writes); ld.acquire.sys of the peers' flags, then __syncthreads, then the reads,
 //     16 bytes each through L2 (ld.global.cg), never a stale L1 line.
+//   - LL lines. A line is stored and polled as one 16-byte volatile access, and a reader takes a
+//     half {value, round} whose flag reads `round` as holding that round's value. The PTX model
+//     promises atomicity only per 4-byte element of a vector access; the hardware writes an
+//     aligned 16-byte store whole, which NCCL's LL protocol relies on in the same way. Rounds are CTA b's counter, as above (the same grid and element mapping as
+//     the one-shot kernel, whose calls share the counters); a slot line of half k mod 2 was last
+//     written in round k - 2 or earlier, so no stale flag equals the round. The halves' reuse is
+//     safe by the same argument as the one-shot kernel's: a rank in round k has every peer's
+//     round k - 1 lines, stored after that peer's pdl_wait, so every read of round k - 2 is done.
+//     The slots are their own region: no value of the other kernels is ever read as a flag.
 //   - PDL: pdl_wait before anything (in is the previous kernel's output, the counters the previous
 //     call's), then trigger, as the decode chain's rule says (launch.cuh). The fixed grid is far
 //     within the GPU's resident CTAs (tuning.h), so every CTA is resident while it spins.
@@ -127,6 +143,58 @@ __global__ void __launch_bounds__(kThreads) all_reduce_oneshot_kernel(const floa
         }
         out[e] = s;
     }
+}
+
+// One 16-byte line, stored into a peer's memory or polled in one's own, bypassing L1.
+__device__ __forceinline__ void store_line_volatile(uint4* p, uint4 v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ uint4 load_line_volatile(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// Two values a thread per step: line e of this rank's slot in every peer, then the peers' lines e
+// of this rank's slots, summed in rank order (the one-shot kernel's order, so the same bits).
+template <int N>
+__global__ void __launch_bounds__(kThreads) all_reduce_ll_kernel(const float2* in, float2* out, int n2,
+                                                                AllReducePeers p) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int b = blockIdx.x, t = threadIdx.x;
+    const unsigned round = p.counters[b] + 1u;
+    const size_t half = (round & 1u) * (size_t)N * p.ll_lines;  // in lines
+    const int stride = gridDim.x * blockDim.x;
+    for (int e = b * blockDim.x + t; e < n2; e += stride) {
+        const float2 v = in[e];
+        const uint4 line = make_uint4(__float_as_uint(v.x), round, __float_as_uint(v.y), round);
+#pragma unroll
+        for (int r = 0; r < N; ++r)
+            if (r != p.rank) store_line_volatile(p.lines[r] + half + (size_t)p.rank * p.ll_lines + e, line);
+        float2 part[N];
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+            if (r == p.rank) {
+                part[r] = v;
+                continue;
+            }
+            const uint4* src = p.lines[p.rank] + half + (size_t)r * p.ll_lines + e;
+            uint4 got = load_line_volatile(src);
+            while (got.y != round || got.w != round) got = load_line_volatile(src);
+            part[r] = make_float2(__uint_as_float(got.x), __uint_as_float(got.z));
+        }
+        float2 sum = part[0];
+#pragma unroll
+        for (int r = 1; r < N; ++r) sum.x += part[r].x, sum.y += part[r].y;
+        out[e] = sum;
+    }
+    __syncthreads();  // every thread read counters[b] above
+    if (t == 0) p.counters[b] = round;
 }
 
 // Eight bf16 values as floats, added into s.
@@ -270,6 +338,28 @@ void all_reduce_oneshot(const float* in, float* out, size_t count, const AllRedu
     CUDA_CHECK_LAUNCH();
 }
 
+void all_reduce_ll(const float* in, float* out, size_t count, const AllReducePeers& peers, cudaStream_t stream) {
+    BRRR_CHECK(peers.size >= 2 && peers.size <= kMaxRanks && peers.rank >= 0 && peers.rank < peers.size,
+               "all_reduce_ll: rank " << peers.rank << " of " << peers.size << " (2 to " << kMaxRanks << " ranks)");
+    BRRR_CHECK(count % 4 == 0 && count <= 2 * peers.ll_lines,
+               "all_reduce_ll: " << count << " floats, which must be a multiple of 4 and at most "
+                                 << 2 * peers.ll_lines << " (the group's low-latency capacity)");
+    BRRR_CHECK(util::aligned_to(in, 16) && util::aligned_to(out, 16), "all_reduce_ll: in and out must be 16-byte aligned");
+    const int n2 = static_cast<int>(count / 2);
+    const float2* in2 = reinterpret_cast<const float2*>(in);
+    float2* out2 = reinterpret_cast<float2*>(out);
+    switch (peers.size) {
+        case 2: launch_pdl(all_reduce_ll_kernel<2>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
+        case 3: launch_pdl(all_reduce_ll_kernel<3>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
+        case 4: launch_pdl(all_reduce_ll_kernel<4>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
+        case 5: launch_pdl(all_reduce_ll_kernel<5>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
+        case 6: launch_pdl(all_reduce_ll_kernel<6>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
+        case 7: launch_pdl(all_reduce_ll_kernel<7>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
+        default: launch_pdl(all_reduce_ll_kernel<8>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
 void all_reduce_rows(const bf16* part, float* x, const bf16* norm_w, bf16* y, int rows, int D, float eps,
                      const AllReducePeers& peers, cudaStream_t stream) {
     BRRR_CHECK(peers.size >= 2 && peers.size <= kMaxRanks && peers.rank >= 0 && peers.rank < peers.size,
@@ -318,11 +408,14 @@ std::string OneShotAllReduce::open(nccl::Comm comm, int rank, int size, size_t c
     BRRR_CHECK(rank >= 0 && rank < size && capacity_bytes > 0 && blocks > 0,
                "one-shot all-reduce: rank " << rank << " of " << size << ", capacity " << capacity_bytes
                                             << ", blocks " << blocks);
-    // [flags: blocks x kMaxRanks][counters: blocks][data: 2 halves], each piece 256-byte aligned
+    // [flags: blocks x kMaxRanks][counters: blocks][data: 2 halves][LL slots: 2 halves x size
+    // senders x ll_lines], each piece 256-byte aligned
     const size_t half_floats = align_up(capacity_bytes) / sizeof(float);
+    const size_t ll_lines = std::min(capacity_bytes, tuning::kAllReduceLLMaxBytes) / sizeof(float) / 4 * 2;
     const size_t signals_bytes = align_up(sizeof(unsigned) * blocks * kMaxRanks);
     const size_t counters_bytes = align_up(sizeof(unsigned) * blocks);
-    own_bytes_ = signals_bytes + counters_bytes + 2 * half_floats * sizeof(float);
+    const size_t data_bytes = 2 * half_floats * sizeof(float);
+    own_bytes_ = signals_bytes + counters_bytes + data_bytes + 2 * (size_t)size * ll_lines * sizeof(uint4);
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     void* raw = nullptr;
@@ -407,11 +500,13 @@ std::string OneShotAllReduce::open(nccl::Comm comm, int rank, int size, size_t c
     peers_.rank = rank;
     peers_.size = size;
     peers_.half_floats = half_floats;
+    peers_.ll_lines = ll_lines;
     peers_.blocks = blocks;
     for (int r = 0; r < size; ++r) {
         char* base = r == rank ? own_ : static_cast<char*>(opened_[r]);
         peers_.signals[r] = reinterpret_cast<unsigned*>(base);
         peers_.data[r] = reinterpret_cast<float*>(base + signals_bytes + counters_bytes);
+        peers_.lines[r] = reinterpret_cast<uint4*>(base + signals_bytes + counters_bytes + data_bytes);
     }
     peers_.counters = reinterpret_cast<unsigned*>(own_ + signals_bytes);
     return "";
@@ -447,6 +542,11 @@ void OneShotAllReduce::leave(nccl::Comm comm, cudaStream_t stream) {
 void OneShotAllReduce::run(const float* in, float* out, size_t count, cudaStream_t stream) const {
     BRRR_CHECK(ready(), "the one-shot all-reduce is not open");
     all_reduce_oneshot(in, out, count, peers_, stream);
+}
+
+void OneShotAllReduce::run_ll(const float* in, float* out, size_t count, cudaStream_t stream) const {
+    BRRR_CHECK(ready(), "the one-shot all-reduce is not open");
+    all_reduce_ll(in, out, count, peers_, stream);
 }
 
 void OneShotAllReduce::run_rows(const bf16* part, float* x, const bf16* norm_w, bf16* y, int rows, int D, float eps,

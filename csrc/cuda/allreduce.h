@@ -42,8 +42,12 @@ public:
     void leave(nccl::Comm comm, cudaStream_t stream);
     bool ready() const { return own_ != nullptr; }
     size_t capacity_bytes() const { return peers_.half_floats * sizeof(float); }
+    // Largest message of run_ll: min(capacity_bytes(), tuning::kAllReduceLLMaxBytes).
+    size_t ll_capacity_bytes() const { return 2 * peers_.ll_lines * sizeof(float); }
     // all_reduce_oneshot (ops.h) on this group: count floats, at most capacity_bytes().
     void run(const float* in, float* out, size_t count, cudaStream_t stream) const;
+    // all_reduce_ll (ops.h) on this group: count floats, at most ll_capacity_bytes().
+    void run_ll(const float* in, float* out, size_t count, cudaStream_t stream) const;
     // all_reduce_rows (ops.h) on this group: rows x D bf16 parts, at most capacity_bytes().
     void run_rows(const bf16* part, float* x, const bf16* norm_w, bf16* y, int rows, int D, float eps,
                   cudaStream_t stream) const;

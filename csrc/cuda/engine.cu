@@ -672,20 +672,29 @@ void CudaEngine::require_group() const {
 }
 
 // Messages up to the one-shot group's capacity (tuning::all_reduce_oneshot_max_bytes) take its
-// kernel, larger ones (prefill chunks) NCCL; the choice depends only on rows, the same on every rank.
+// kernel, those up to tuning::kAllReduceLLMaxBytes its low-latency form, larger ones (prefill
+// chunks) NCCL; the choice depends only on the size, the same on every rank.
 bool CudaEngine::all_reduce_takes_nccl(int rows) const {
-    return !tp_oneshot_.ready() || sizeof(float) * (size_t)rows * cfg_.dim > tp_oneshot_.capacity_bytes();
+    return residual_all_reduce((size_t)rows * cfg_.dim) == AllReduceMethod::Nccl;
+}
+
+CudaEngine::AllReduceMethod CudaEngine::residual_all_reduce(size_t count) const {
+    if (!tp_oneshot_.ready() || sizeof(float) * count > tp_oneshot_.capacity_bytes()) return AllReduceMethod::Nccl;
+    return sizeof(float) * count <= tp_oneshot_.ll_capacity_bytes() ? AllReduceMethod::LL : AllReduceMethod::OneShot;
 }
 
 void CudaEngine::all_reduce_x(int rows) {
     const size_t count = (size_t)rows * cfg_.dim;
-    const bool oneshot = !all_reduce_takes_nccl(rows);
-    prof_.op(oneshot ? "all_reduce_oneshot" : "all_reduce", profile::OpClass::Copy,
-             profile::copy_cost(2.0 * sizeof(float) * count));
-    if (oneshot)
-        tp_oneshot_.run(x_, x_, count, stream_);
-    else
-        nccl::all_reduce_sum(x_, x_, count, tp_comm_, stream_);
+    const AllReduceMethod method = residual_all_reduce(count);
+    const char* name = method == AllReduceMethod::LL        ? "all_reduce_ll"
+                       : method == AllReduceMethod::OneShot ? "all_reduce_oneshot"
+                                                            : "all_reduce";
+    prof_.op(name, profile::OpClass::Copy, profile::copy_cost(2.0 * sizeof(float) * count));
+    switch (method) {
+        case AllReduceMethod::LL: tp_oneshot_.run_ll(x_, x_, count, stream_); break;
+        case AllReduceMethod::OneShot: tp_oneshot_.run(x_, x_, count, stream_); break;
+        case AllReduceMethod::Nccl: nccl::all_reduce_sum(x_, x_, count, tp_comm_, stream_); break;
+    }
     prof_.end();
 }
 
@@ -699,15 +708,15 @@ void CudaEngine::leave_one_shot() {
     tp_oneshot_why_not_ = "the group was left (leave_tensor_parallel)";
 }
 
-bool CudaEngine::all_reduce_method(const std::string& method) const {
-    BRRR_CHECK_ARG(method == "nccl" || method == "oneshot",
-                   "all-reduce method '" << method << "': use \"nccl\" or \"oneshot\"");
+CudaEngine::AllReduceMethod CudaEngine::all_reduce_method(const std::string& method) const {
+    BRRR_CHECK_ARG(method == "nccl" || method == "oneshot" || method == "ll",
+                   "all-reduce method '" << method << "': use \"nccl\", \"oneshot\" or \"ll\"");
     BRRR_CHECK_ARG(tp_comm_ && tp_size_ > 1,
                    "this engine is not part of a tensor-parallel group of 2 or more ranks "
                    "(init_tensor_parallel): there is nothing to all-reduce with");
     BRRR_CHECK(method == "nccl" || tp_oneshot_.ready(),
                "the one-shot all-reduce is off on this group (" << tp_oneshot_why_not_ << "); use \"nccl\"");
-    return method == "oneshot";
+    return method == "ll" ? AllReduceMethod::LL : method == "oneshot" ? AllReduceMethod::OneShot : AllReduceMethod::Nccl;
 }
 
 namespace {
@@ -725,23 +734,28 @@ struct DeviceScratch {
 }  // namespace
 
 void CudaEngine::all_reduce_values(const float* in, float* out, size_t count, const std::string& method) {
-    const bool oneshot = all_reduce_method(method);
+    const AllReduceMethod how = all_reduce_method(method);
     BRRR_CHECK_ARG(count > 0 && count % 4 == 0,
                    "all_reduce: " << count << " floats; give a positive multiple of 4 (rows x dim)");
-    BRRR_CHECK_ARG(!oneshot || sizeof(float) * count <= tp_oneshot_.capacity_bytes(),
+    BRRR_CHECK_ARG(how != AllReduceMethod::OneShot || sizeof(float) * count <= tp_oneshot_.capacity_bytes(),
                    "all_reduce: " << sizeof(float) * count << " bytes exceed the one-shot group's "
                    << tp_oneshot_.capacity_bytes() << "; larger messages go through \"nccl\"");
+    BRRR_CHECK_ARG(how != AllReduceMethod::LL || sizeof(float) * count <= tp_oneshot_.ll_capacity_bytes(),
+                   "all_reduce: " << sizeof(float) * count << " bytes exceed the low-latency capacity of "
+                   << tp_oneshot_.ll_capacity_bytes() << "; larger messages go through \"oneshot\" or \"nccl\"");
     activate();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const size_t bytes = sizeof(float) * count;
     DeviceScratch src(bytes), dst(bytes);
     CUDA_CHECK(cudaMemcpyAsync(src.p, in, bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemsetAsync(dst.p, 0xFF, bytes, stream_));  // NaN: an element never written shows
-    if (oneshot) {
-        tp_oneshot_.poison(stream_);
-        tp_oneshot_.run(src.f32(), dst.f32(), count, stream_);
-    } else {
-        nccl::all_reduce_sum(src.f32(), dst.f32(), count, tp_comm_, stream_);
+    switch (how) {
+        case AllReduceMethod::LL: tp_oneshot_.run_ll(src.f32(), dst.f32(), count, stream_); break;
+        case AllReduceMethod::OneShot:
+            tp_oneshot_.poison(stream_);
+            tp_oneshot_.run(src.f32(), dst.f32(), count, stream_);
+            break;
+        case AllReduceMethod::Nccl: nccl::all_reduce_sum(src.f32(), dst.f32(), count, tp_comm_, stream_); break;
     }
     CUDA_CHECK(cudaMemcpyAsync(out, dst.p, bytes, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -751,18 +765,21 @@ void CudaEngine::all_reduce_values(const float* in, float* out, size_t count, co
 // finite replay after replay), replayed once to warm up, then timed replay by replay with events.
 // A one-shot message above the engine's group's capacity gets a group of its own for the run.
 double CudaEngine::all_reduce_bench(size_t bytes, const std::string& method, int iters, int repeats) {
-    const bool oneshot = all_reduce_method(method);
+    const AllReduceMethod how = all_reduce_method(method);
     BRRR_CHECK_ARG(bytes >= 16 && bytes % 16 == 0,
                    "all_reduce_bench: " << bytes << " bytes; give a positive multiple of 16");
     BRRR_CHECK_ARG(iters >= 1 && iters <= 10000 && repeats >= 1 && repeats <= 1000,
                    "all_reduce_bench: iters " << iters << " must be in [1, 10000] and repeats "
                    << repeats << " in [1, 1000]");
+    BRRR_CHECK_ARG(how != AllReduceMethod::LL || bytes <= tp_oneshot_.ll_capacity_bytes(),
+                   "all_reduce_bench: " << bytes << " bytes exceed the low-latency capacity of "
+                   << tp_oneshot_.ll_capacity_bytes() << " (tuning::kAllReduceLLMaxBytes)");
     activate();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const size_t count = bytes / sizeof(float);
     OneShotAllReduce own_group;
     const OneShotAllReduce* group = &tp_oneshot_;
-    if (oneshot && bytes > tp_oneshot_.capacity_bytes()) {
+    if (how == AllReduceMethod::OneShot && bytes > tp_oneshot_.capacity_bytes()) {
         const std::string why =
             own_group.open(tp_comm_, tp_rank_, tp_size_, bytes, tuning::kAllReduceOneShotBlocks, stream_);
         BRRR_CHECK(why.empty(), "all_reduce_bench: a one-shot group of " << bytes << " bytes: " << why);
@@ -781,10 +798,11 @@ double CudaEngine::all_reduce_bench(size_t bytes, const std::string& method, int
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
         for (int i = 0; i < iters; ++i) {
-            if (oneshot)
-                group->run(src.f32(), dst.f32(), count, stream_);
-            else
-                nccl::all_reduce_sum(src.f32(), dst.f32(), count, tp_comm_, stream_);
+            switch (how) {
+                case AllReduceMethod::LL: group->run_ll(src.f32(), dst.f32(), count, stream_); break;
+                case AllReduceMethod::OneShot: group->run(src.f32(), dst.f32(), count, stream_); break;
+                case AllReduceMethod::Nccl: nccl::all_reduce_sum(src.f32(), dst.f32(), count, tp_comm_, stream_); break;
+            }
         }
     } catch (...) {
         abandon_capture(stream_);
@@ -1328,7 +1346,8 @@ cuda::CudaEngine& tp_engine(Engine& engine) {
 
 CudaAllReduceInfo cuda_all_reduce_info(Engine& engine) {
     const cuda::CudaEngine& e = tp_engine(engine);
-    return {e.all_reduce_oneshot_ready(), e.all_reduce_oneshot_max_bytes(), e.all_reduce_oneshot_why_not()};
+    return {e.all_reduce_oneshot_ready(), e.all_reduce_oneshot_max_bytes(), e.all_reduce_ll_max_bytes(),
+            e.all_reduce_oneshot_why_not()};
 }
 
 void cuda_all_reduce(Engine& engine, const float* in, float* out, size_t count, const std::string& method) {

@@ -142,9 +142,10 @@ public:
     // whether the one-shot kernel is open, for messages up to how many bytes, else why not.
     bool all_reduce_oneshot_ready() const { return tp_oneshot_.ready(); }
     size_t all_reduce_oneshot_max_bytes() const { return tp_oneshot_.capacity_bytes(); }
+    size_t all_reduce_ll_max_bytes() const { return tp_oneshot_.ready() ? tp_oneshot_.ll_capacity_bytes() : 0; }
     const std::string& all_reduce_oneshot_why_not() const { return tp_oneshot_why_not_; }
     // out = the sum over the ranks of each rank's in (host arrays of count floats) by `method`
-    // ("nccl" | "oneshot"), on device copies whose destinations are NaN-poisoned first.
+    // ("nccl" | "oneshot" | "ll"), on device copies whose destinations are NaN-poisoned first.
     void all_reduce_values(const float* in, float* out, size_t count, const std::string& method);
     // Median microseconds per all-reduce of `bytes`, over `repeats` replays of a graph of `iters`.
     double all_reduce_bench(size_t bytes, const std::string& method, int iters, int repeats);
@@ -383,8 +384,12 @@ private:
     // The same kind of group for prefill chunks' bf16 parts (all_reduce_rows), open in 2-rank
     // groups where the one-shot group is, with rows_ x dim bf16 halves; else NCCL sums them.
     OneShotAllReduce tp_rows_;
-    // Checks the method name of all_reduce_values / all_reduce_bench: true for "oneshot".
-    bool all_reduce_method(const std::string& method) const;
+    // The method of all_reduce_values / all_reduce_bench by name, checked against this group.
+    enum class AllReduceMethod { Nccl, OneShot, LL };
+    AllReduceMethod all_reduce_method(const std::string& method) const;
+    // all_reduce_x's path for `count` floats, the same on every rank: LL up to its capacity, the
+    // one-shot kernel up to its own, NCCL past it.
+    AllReduceMethod residual_all_reduce(size_t count) const;
     std::vector<bool> decode_warmed_;             // [max_batch + 1]: eager run done for this B
     std::vector<cudaGraphExec_t> decode_graphs_;  // [max_batch + 1]
 

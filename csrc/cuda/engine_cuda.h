@@ -49,10 +49,11 @@ void cuda_init_tensor_parallel(Engine& engine, const std::string& unique_id, int
 struct CudaAllReduceInfo {
     bool oneshot = false;
     size_t oneshot_max_bytes = 0;
+    size_t ll_max_bytes = 0;  // residual messages up to this take all_reduce_ll (0: none)
     std::string why_not;
 };
 CudaAllReduceInfo cuda_all_reduce_info(Engine& engine);
-// Every rank calls these together, with the same count / bytes and method ("nccl" | "oneshot"):
+// Every rank calls these together, with the same count / bytes and method ("nccl" | "oneshot" | "ll"):
 // out = the sum over the ranks of their `in` (count floats, host memory, a multiple of 4); and the
 // median microseconds per all-reduce of `bytes` captured `iters` times into one CUDA graph and
 // replayed `repeats` times. brrr::InvalidArgument for a bad method, size or an engine outside a

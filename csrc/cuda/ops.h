@@ -205,12 +205,16 @@ struct AllReducePeers {
     static constexpr int kMaxRanks = 8;
     float* data[kMaxRanks] = {};
     unsigned* signals[kMaxRanks] = {};
+    uint4* lines[kMaxRanks] = {};  // all_reduce_ll's receive slots: [2 halves][size senders][ll_lines]
     unsigned* counters = nullptr;
     size_t half_floats = 0;
+    size_t ll_lines = 0;  // 16-byte lines a sender's slot holds: 2 floats each
     int rank = 0, size = 0, blocks = 0;
 };
 // out[i] = rank 0's in[i] + rank 1's in[i] + ... in rank order (bit-identical on every rank); count % 4 == 0, count <= half_floats, in and out 16-byte aligned (in == out allowed); every rank calls it with the same count; PDL.
 void all_reduce_oneshot(const float* in, float* out, size_t count, const AllReducePeers& peers, cudaStream_t stream);
+// all_reduce_oneshot's result by the low-latency protocol: each rank stores its values, each beside the call's round as a flag, straight into every peer's slot for it, and reads its own slots once their flags show the round (no barrier, one crossing of the links); count % 4 == 0, count <= 2 x ll_lines, in and out 16-byte aligned (in == out allowed); the same calls on every rank as all_reduce_oneshot, with which it shares the rounds; PDL.
+void all_reduce_ll(const float* in, float* out, size_t count, const AllReducePeers& peers, cudaStream_t stream);
 // x[m] += sum over the ranks of part[m] (bf16 [rows, D], fp32 sums in rank order, bit-identical on every rank), then y[m] = bf16(rmsnorm(x[m]) * norm_w) unless norm_w is null; D % 8 == 0, rows x D <= 2 x half_floats, 16-byte aligned, 2 to 4 ranks, the same rows on every rank; PDL.
 void all_reduce_rows(const bf16* part, float* x, const bf16* norm_w, bf16* y, int rows, int D, float eps, const AllReducePeers& peers, cudaStream_t stream);
 // x[i] += float(partial[i]) (the residual stream takes the ranks' summed bf16 partials of wo / w2 after an NCCL all-reduce); count % 4 == 0, both pointers 16-byte aligned; PDL.

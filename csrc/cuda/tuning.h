@@ -112,6 +112,11 @@ inline size_t all_reduce_oneshot_max_bytes(int ranks) {
 // More CTAs spread a large message's loads over more SMs; each pays its own flag round trip.
 constexpr int kAllReduceOneShotBlocks = 32;
 constexpr int kAllReduceOneShotThreads = 512;
+// Largest message (bytes) of all_reduce_ll, the low-latency push form of the one-shot kernel: each
+// value crosses the links beside a 4-byte flag, twice the bytes, so it is for the latency-bound
+// decode messages (16 KB a row at the 8B shape, 32 KB at the 70B). Each rank's receive slots take
+// 2 halves x N senders x 2 x this many bytes.
+constexpr size_t kAllReduceLLMaxBytes = 64 * 1024;
 // The rows kernel of a 2-rank group's prefill chunks (all_reduce_rows: sum, add and RMSNorm of
 // rows_ x dim bf16 parts, reading the peer's part over the links): a fixed grid as above, but
 // a bandwidth-bound pass over tens of MB, so about one CTA per SM of an H100 (132), each a row

@@ -227,12 +227,13 @@ class TensorParallelEngine:
 
     def all_reduce_info(self) -> dict:
         """Whether residual all-reduces of up to "oneshot_max_bytes" take the one-shot IPC kernel
-        ("oneshot"), else "why_not" (every rank decides alike; rank 0's answer)."""
+        ("oneshot"), those of up to "ll_max_bytes" its low-latency form, else "why_not" (every rank
+        decides alike; rank 0's answer)."""
         return self._call("all_reduce_info", (), {})
 
     def all_reduce(self, values: list, method: str = "oneshot") -> list:
         """Rank r all-reduces values[r] (float32, the same length on every rank, a multiple of 4) by
-        `method` ("oneshot" | "nccl"); every rank's result, in rank order."""
+        `method` ("oneshot" | "ll" | "nccl"); every rank's result, in rank order."""
         if len(values) != self.size:
             raise ValueError(f"all_reduce takes one array per rank: {self.size} ranks, got "
                              f"{len(values)} arrays")
