@@ -17,7 +17,7 @@
 // registers at a time, then add their partial sums in shared memory in warp order.
 // Variant 2 ("mma16" rows, q4k_mma_bf16x2): the same CTA shape on bf16 tensor cores against bf16
 // x rows, W decoded two values at a time in bf16x2 arithmetic (about 2 instructions a weight;
-// gemv_quant_mma's exact fp32 decode takes 3-4) at the price of W within about one bf16 ulp of
+// the exact fp32 decode gemv_quant_mma had then took 3-4) at the price of W within about one bf16 ulp of
 // bf16(w); checked against a float64 reference that applies the same roundings. The question it
 // answers: how fast the tensor-core GEMV gets at 2..16 rows once the decode is cheaper.
 // Check: every output against a float64 reference of the file's fp32 weights (every W row, or
@@ -208,8 +208,8 @@ __global__ void __launch_bounds__(WARPS * 32) q4k_imma(const uint8_t* __restrict
 // x as bf16 rows; W decoded two values at a time in bf16x2 registers: one PRMT puts the code bytes
 // of two values under the bf16 exponent of 128 and one LOP3 masks their nibbles (128 + c,
 // exactly), HSUB2 takes the 128 off (c, exactly) and HFMA2 gives c D - Mn with D = bf16(d sc_j),
-// Mn = bf16(dmin m_j): about 2 instructions a weight where gemv_quant_mma's exact fp32 decode
-// takes 3-4, and W within about one bf16 ulp of bf16(w) instead of equal to it (the reference
+// Mn = bf16(dmin m_j): about 2 instructions a weight where the exact fp32 decode gemv_quant_mma
+// had then took 3-4 (it has since taken a split-scale form of this decode), and W within about one bf16 ulp of bf16(w) instead of equal to it (the reference
 // below emulates these roundings). Lane (g, t) takes values 8 t .. 8 t + 7 of a sub-block for rows
 // g and g + 8: pairs (0, 1), (2, 3) fill mma k-slots 2t.., 2t + 8.. of the sub-block's first
 // m16n8k16, pairs (4, 5), (6, 7) those of its second, and x's 16 bytes at the same 8 k are its

@@ -18,7 +18,8 @@ yardstick); "x bf16" = bf16 GEMV time / ours.
 
 --path mma / both adds the tensor-core form (testing.gemv_quant_mma, csrc/cuda/gemv_quant_mma.cu:
 bf16 x rows, not ActBlocks) on the same weights, M and run: its bytes are the tiles plus the bf16
-x and y, checked first against float64 of bf16(CPU-dequantized W) x x within the fp32 bound of
+x and y, checked first against float64 of the weights it decodes (bf16 of the CPU-dequantized W, or
+W within the decode's slack: tests/mma_decode_ref.py) times x within the bound of
 tests/test_cuda_gemv_quant_mma.py; "mma of copy" uses the same-size copy's rate of that row.
 The default (--path dp4a) prints and writes exactly what it did before. With --path mma, --rows
 may go up to 64 (one weight pass serves them all): past 16 the bf16 opponent is the engine's
@@ -42,7 +43,7 @@ import time
 
 LAB = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(LAB))
-for p in (ROOT, os.path.join(ROOT, "benchmarks")):
+for p in (ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "tests")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
@@ -51,6 +52,7 @@ import torch  # noqa: E402
 
 from bench_kernels import (STORE_F32, copies_to_defeat_l2, device_times, random_bf16,  # noqa: E402
                            same_size_copy)
+from mma_decode_ref import decode_slack  # noqa: E402
 
 # name: GGML type id
 TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q4_k": 12, "q5_k": 13, "q6_k": 14}
@@ -62,13 +64,15 @@ BASE_ROWS = 1024  # rows quantized on the CPU, repeated to N
 
 
 def packed_weights(C, name, N, K, rng):
-    """(tiles uint8 [matrix_bytes] on the device, the CPU-dequantized first CHECK_ROWS rows)."""
+    """(tiles uint8 [matrix_bytes] on the device, the CPU-dequantized first CHECK_ROWS rows, their
+    blocks)."""
     R = min(N, BASE_ROWS)
     w = rng.standard_normal((R, K)).astype(np.float32) * rng.uniform(0.005, 0.05, size=(R, 1)).astype(np.float32)
     base = C.quant_ops.quantize(name, w)
     blocks = base[np.arange(N) % R]
     packed = torch.from_numpy(C.quant_ops.gpu_repack(name, blocks, K)).cuda()
-    return packed, C.quant_ops.dequantize(name, base[:min(R, CHECK_ROWS)], K).astype(np.float64)
+    check_blocks = base[:min(R, CHECK_ROWS)]
+    return packed, C.quant_ops.dequantize(name, check_blocks, K).astype(np.float64), check_blocks
 
 
 def act_deq(xq):
@@ -92,15 +96,19 @@ def check(C, name, packed, deq, xq, M, N, K):
         raise SystemExit(f"gemv_quant {name} M={M} {N}x{K}: result off the reference; no timing counts")
 
 
-def check_mma(C, name, packed, deq, x, M, N, K):
-    """Runs gemv_quant_mma once and compares the first rows with float64 of bf16(dequantized W) x x."""
+def check_mma(C, name, packed, deq, blocks, x, M, N, K):
+    """Runs gemv_quant_mma once and compares the first rows with float64 of its decoded weights x x."""
     y = torch.full((M, N), float("nan"), device="cuda")
     C.testing.gemv_quant_mma(TYPES[name], packed.data_ptr(), x.data_ptr(), M, N, K, STORE_F32, out_f32=y.data_ptr())
     rows = deq.shape[0]
-    wb = torch.from_numpy(deq).to(torch.float32).to(torch.bfloat16).double().numpy()
+    slack = decode_slack(name, blocks, deq)
+    if slack is None:
+        wb, slack = torch.from_numpy(deq).to(torch.float32).to(torch.bfloat16).double().numpy(), np.zeros_like(deq)
+    else:
+        wb = deq
     xd = x.double().cpu().numpy()
     ref = xd @ wb.T
-    bound = (K / 128 + 16) * 2.0 ** -22 * (np.abs(xd) @ np.abs(wb).T)
+    bound = (K / 128 + 16) * 2.0 ** -22 * (np.abs(xd) @ (np.abs(wb) + slack).T) + np.abs(xd) @ slack.T
     got = y[:, :rows].double().cpu().numpy()
     if not np.isfinite(y.cpu().numpy()).all() or (np.abs(got - ref) > bound).any():
         raise SystemExit(f"gemv_quant_mma {name} M={M} {N}x{K}: result off the reference; no timing counts")
@@ -130,7 +138,7 @@ def bench(C, names, row_counts, repeats, rng, path="dp4a"):
         bf16_w = None
         torch.cuda.empty_cache()
         for name in names:
-            first, deq = packed_weights(C, name, N, K, rng)
+            first, deq, check_blocks = packed_weights(C, name, N, K, rng)
             weights = [first] + [first.clone() for _ in range(copies_to_defeat_l2(first.numel()) - 1)]
             for M in row_counts:
                 x = random_bf16((M, K))
@@ -158,7 +166,7 @@ def bench(C, names, row_counts, repeats, rng, path="dp4a"):
                                 "speedup_vs_bf16": tb["median_s"] / t["median_s"],
                                 "bytes_ratio_bf16_over_ours": bf16_bytes / moved})
                 if path in ("mma", "both"):
-                    check_mma(C, name, first, deq, x, M, N, K)
+                    check_mma(C, name, first, deq, check_blocks, x, M, N, K)
                     moved_mma = first.numel() + M * K * 2 + M * N * 4
 
                     def run_mma(i):

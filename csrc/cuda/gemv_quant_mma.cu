@@ -1,5 +1,6 @@
 // gemv_quant_mma.cu — decode matmuls of a few rows on quantized weights, on the tensor cores:
-// y[m, n] = sum_k x[m, k] * bf16(dequant(W)[n, k]) for M = 2..64 rows (1 works too), every Epilogue.
+// y[m, n] = sum_k x[m, k] * Wb[n, k] for M = 2..64 rows (1 works too), every Epilogue, Wb the
+// weights decoded to bf16 (within the bound under Numerics of bf16 of the dequantized W).
 //
 //   W: N rows of qlayout tiles (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q6_K's fp16 d in
 //      the tail), 16-byte aligned; x [M, K] bf16 (the engine normalizes into bf16 first, as for the
@@ -10,10 +11,11 @@
 // the per-row work goes to mma.sync m16n8k16 (W as the A operand, x as B), as in gemv.cu's
 // gemv_mma_kernel: the decoded A fragments of a chunk feed NT = 1, 2, 4 or 8 n8 tiles of x rows
 // (M up to 8 NT), so one weight pass serves up to 64 rows and the weight bytes per row fall as
-// 1 / M (Marlin's point for small batches). Numerics: each weight is dequantized in registers to
-// exactly the fp32 value of quant_formats.cpp (d * q - m with its roundings) and then rounded to bf16 for the A
-// fragment, so W carries bf16 rounding on this path, as the bf16 engine's stored weights do;
-// the products and sums are the tensor cores' fp32.
+// 1 / M (Marlin's point for small batches). Numerics: W carries bf16 rounding on this path, as
+// the bf16 engine's stored weights do; the products and sums are the tensor cores' fp32. Each
+// weight w = D (c - off) + a (D the block's or sub-block's scale, a its min or 0) comes out within
+// 2^-8 (1.01 |w| + 2.05 |a|) of the fp32 value of quant_formats.cpp (bf16(w) is within 2^-8 |w|);
+// Q4_0 / Q5_0 give bf16(w) exactly, and so does Q8_0.
 //   * One CTA per 16-row tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
 //     their rotation partners, so C rows g and g + 8 of a lane are the pair); its 8 warps take
 //     every 8th 256-value tile of the rows, U tiles in flight per lane. Lane (g, t), g = lane / 4,
@@ -25,16 +27,20 @@
 //     same x; nothing is staged, no barrier until the end). A dot product does not care which k
 //     meets which, so a lane's chunk feeds the mma slots 2t.. of two mmas, and lane (n, t) loads
 //     x row n at the same 8 k.
-//   * Decoding a code c to the exact fp32 weight costs one PRMT and one FFMA (two FP ops with a
-//     min): PRMT puts the code byte under a fixed exponent, giving the float f = 0.5 + c / 256
-//     (Q8_0: 1 + c / 2^15 with the sign bit flipped), and d * (c - off) = f * (256 d) - (128 +
-//     off) d is one FFMA whose constants and result are exact in fp32 (at most 24 significant
-//     bits: the fp16 d has 11), so no int->float conversion runs. Then F2FP packs two into bf16.
+//   * The decode runs two values at a time in bf16x2 arithmetic, 2 instructions a weight: one
+//     PRMT puts the code bytes (< 128) of two values under the bf16 exponent of 128, where the
+//     ulp is 1 (128 + c, exactly); HSUB2 takes 128 + off off (c - off, exactly); two HFMA2 give
+//     (c - off) D_hi + ((c - off) D_lo + a), the fp32 scale D split as two bf16 D_hi + D_lo
+//     (within 2^-16 D of it; exact for the fp16 d of the 32-value types) and a rounded to bf16.
+//     The bound above is of those four roundings. Q8_0's signed 8-bit codes do not fit a bf16
+//     binade: PRMT puts each under 2^0 after flipping its sign bit (f = 1 + (q + 128) / 2^15),
+//     d q = f * 2^15 d - (2^15 + 128) d is one exact FFMA, and F2FP rounds two to bf16.
 //   * Registers: 4 fp32 accumulators per n8 tile (32 at NT = 8) beside the raw tiles of two rows.
 //     From NT = 4 on one tile per lane is in flight and a tile's chunk loop stays rolled (unrolled,
 //     ptxas interleaves chunks and spills at the 128 registers of 2 CTAs an SM); x fragments are
-//     loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8). No variant spills on sm_90a
-//     (check with -Xptxas -v after a change here); the two that would (RopeKV, NT = 8, Q8_0 /
+//     loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8). Only Q6_K at NT = 8 spills, 8-12
+//     bytes a thread through L1 (sm_90a: no pairing; sm_80: no pairing and SwiGLU; check with
+//     -Xptxas -v after a change here); the two that would spill more (RopeKV, NT = 8, Q8_0 /
 //     Q6_K) run 1 CTA an SM instead (CtasPerSm).
 //   * The 8 warps' partial tiles are added in shared memory in warp order (NT x 4 KB), warp nt
 //     stores n8 tile nt through util::store_* as gemv_mma_kernel. PDL: the first tiles' loads are
@@ -104,43 +110,59 @@ struct QMArgs {
 
 __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
-// w = f * S + C (+ A for the types with a min, a second rounding as quant_formats.cpp).
-struct Affine {
-    float S, C, A;
+// A chunk's weights w = D (c - off) + a: the (sub-)block's fp32 scale and min (0 without one).
+struct Coef {
+    float D, a;
 };
-// A code of k bits at mantissa bits 16.. under exponent 2^-1: f = 0.5 + c / 256, so
-// d * (c - off) = f * 256 d - (128 + off) d.
-__device__ __forceinline__ Affine affine(float d, int off, float a) {
-    return Affine{__fmul_rn(256.f, d), __fmul_rn(-(float)(128 + off), d), a};
+// Coef as bf16x2 broadcasts: D = hi + lo (two bf16), a rounded.
+struct ScaleX2 {
+    uint32_t hi, lo, a;
+};
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 h) { return *reinterpret_cast<const uint32_t*>(&h); }
+__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
+__device__ __forceinline__ ScaleX2 scale_x2(const Coef& k) {
+    const __nv_bfloat162 hi = __float2bfloat162_rn(k.D);
+    const float rest = k.D - __low2float(hi);  // exact: D has at most 19 significant bits
+    return ScaleX2{bf16x2_bits(hi), bf16x2_bits(__float2bfloat162_rn(rest)), bf16x2_bits(__float2bfloat162_rn(k.a))};
+}
+// The bytes `sel` picks of `codes` (two codes < 128) -> the bf16x2 of their two weights.
+template <int kOff>
+__device__ __forceinline__ uint32_t pair_bf16x2(uint32_t codes, uint32_t sel, const ScaleX2& s) {
+    constexpr uint32_t kBias = (0x4300u | kOff) * 0x00010001u;  // bf16x2 of 128 + off
+    const __nv_bfloat162 c = __hsub2(as_bf16x2(__byte_perm(codes, 0x43434343u, sel)), as_bf16x2(kBias));
+    return bf16x2_bits(__hfma2(c, as_bf16x2(s.hi), __hfma2(c, as_bf16x2(s.lo), as_bf16x2(s.a))));
+}
+// 8 codes < 128 (byte b of u0 = value b, of u1 = value 4 + b) -> 4 bf16x2 registers of the
+// weights, r[i] = values 2i, 2i + 1.
+template <int kOff>
+__device__ __forceinline__ void chunk_bf16x2(uint32_t u0, uint32_t u1, const ScaleX2& s, uint32_t r[4]) {
+    static_assert(kOff >= 0 && kOff < 128, "128 + off is a bf16 of the binade [128, 256)");
+    r[0] = pair_bf16x2<kOff>(u0, 0x5140u, s);
+    r[1] = pair_bf16x2<kOff>(u0, 0x5342u, s);
+    r[2] = pair_bf16x2<kOff>(u1, 0x5140u, s);
+    r[3] = pair_bf16x2<kOff>(u1, 0x5342u, s);
 }
 
-// 8 codes (byte b of u0 = value b, of u1 = value 4 + b) -> 4 bf16x2 registers of the values.
-// kQ8: signed int8 codes, placed at bits 8..15 under 2^0 after flipping the sign bit
-// (f = 1 + (q + 128) / 2^15, d q = f * 2^15 d - (2^15 + 128) d); otherwise codes < 128 at bits
-// 16..23 (bit 23 stays 0). Every FFMA result is the exact weight (see the banner).
-template <bool kQ8, bool kMin>
-__device__ __forceinline__ void chunk_bf16(uint32_t u0, uint32_t u1, const Affine& a, uint32_t r[4]) {
+// Q8_0: w = f * S + C, f = 1 + (q + 128) / 2^15 (the code under 2^0 after flipping its sign bit).
+struct AffineQ8 {
+    float S, C;
+};
+// 8 int8 codes -> 4 bf16x2 registers, each the exact fp32 weight rounded.
+__device__ __forceinline__ void chunk_bf16_q8(uint32_t u0, uint32_t u1, const AffineQ8& a, uint32_t r[4]) {
     float v[8];
-    if (kQ8) {
-        u0 ^= 0x80808080u;
-        u1 ^= 0x80808080u;
-    }
+    u0 ^= 0x80808080u;
+    u1 ^= 0x80808080u;
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-        const uint32_t sel = kQ8 ? 0x7604u | (b << 4) : 0x7054u | (b << 8);
-        const uint32_t e = kQ8 ? 0x3F800000u : 0x3F000000u;
-        v[b] = __uint_as_float(__byte_perm(u0, e, sel));
-        v[4 + b] = __uint_as_float(__byte_perm(u1, e, sel));
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        v[i] = fmaf(v[i], a.S, a.C);
-        if (kMin) v[i] = __fadd_rn(v[i], a.A);
+        const uint32_t sel = 0x7604u | (b << 4);
+        v[b] = __uint_as_float(__byte_perm(u0, 0x3F800000u, sel));
+        v[4 + b] = __uint_as_float(__byte_perm(u1, 0x3F800000u, sel));
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-        r[i] = *reinterpret_cast<const uint32_t*>(&h);
+        const __nv_bfloat162 h =
+            __floats2bfloat162_rn(fmaf(v[2 * i], a.S, a.C), fmaf(v[2 * i + 1], a.S, a.C));
+        r[i] = bf16x2_bits(h);
     }
 }
 
@@ -158,16 +180,17 @@ __device__ __forceinline__ uint32_t spread4(uint32_t nib) { return ((nib * 0x002
 
 // Per type: kTileBytes; kPieces per lane and tile, kChunks per piece (kPieces * kChunks = 8);
 // load(tile, tail d, t, kleft) -> Raw (pieces at or past kleft values into the tile stay zero);
-// coef(raw, j, hi) -> Affine of piece j's low / high chunks; words(raw, j, c, u0, u1);
+// coef(raw, j, hi) -> Coef of piece j's low / high chunks (Q8_0: AffineQ8), kOff;
+// words(raw, j, c, u0, u1);
 // kof(t, j, c): the tile-relative k of chunk c of piece j (a multiple of 8).
 template <QType T> struct QM;
 
 // The 32-value nibble types: piece j = block t + 4j of the tile (chunks 0, 2: values 0..15 of
 // the block, low nibbles; 1, 3: values 16..31). Q5: bit v of the block's qh is value v's bit 4.
-template <int kTB, int kQs, int kM, int kQh, int kOff>
+template <int kTB, int kQs, int kM, int kQh, int kZero>
 struct Nibble32 {
     static constexpr int kTileBytes = kTB, kPieces = 2, kChunks = 4;
-    static constexpr bool kQ8 = false, kMin = kM >= 0;
+    static constexpr int kOff = kM >= 0 ? 0 : kZero;  // the code of w = 0 without a min
     struct Raw {
         uint4 q[2];
         uint32_t d[2], m[2], qh[2];
@@ -188,8 +211,8 @@ struct Nibble32 {
         }
         return r;
     }
-    __device__ static Affine coef(const Raw& r, int j, bool) {
-        return affine(f16_bits(r.d[j]), kM >= 0 ? 0 : kOff, kM >= 0 ? f16_bits(r.m[j]) : 0.f);
+    __device__ static Coef coef(const Raw& r, int j, bool) {
+        return Coef{f16_bits(r.d[j]), kM >= 0 ? f16_bits(r.m[j]) : 0.f};
     }
     __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1) {
         nibble_words(r.q[j], c, u0, u1);
@@ -210,7 +233,6 @@ template <> struct QM<QType::Q5_1> : Nibble32<192, 64, 16, 32, 0> {};
 // half t / 2 of the header's word j, picked at load); chunk c = words 2c, 2c + 1.
 template <> struct QM<QType::Q8_0> {
     static constexpr int kTileBytes = 272, kPieces = 4, kChunks = 2;
-    static constexpr bool kQ8 = true, kMin = false;
     struct Raw {
         uint4 q[4];
         uint2 d;  // the fp16 d of pieces 0, 1 (x) and 2, 3 (y): this lane's halves of the header
@@ -225,10 +247,10 @@ template <> struct QM<QType::Q8_0> {
             r.q[j] = 16 * (lt + 4 * j) < kleft ? ptx::ld_stream_16(t + 16 + 16 * (lt + 4 * j)) : make_uint4(0u, 0u, 0u, 0u);
         return r;
     }
-    __device__ static Affine coef(const Raw& r, int j) {
+    __device__ static AffineQ8 coef(const Raw& r, int j) {
         const uint32_t w = j < 2 ? r.d.x : r.d.y;
         const float d = f16_bits(j & 1 ? w >> 16 : w & 0xFFFFu);
-        return Affine{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d), 0.f};
+        return AffineQ8{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d)};
     }
     // j and c may be runtime values (the kernel's loops over them need not unroll): selects,
     // not an indexed register array, which would go to local memory.
@@ -246,7 +268,7 @@ template <> struct QM<QType::Q8_0> {
 template <bool kQ5>
 struct QK45 {
     static constexpr int kTileBytes = kQ5 ? 176 : 144, kPieces = 2, kChunks = 4, kQs = kQ5 ? 48 : 16;
-    static constexpr bool kQ8 = false, kMin = true;
+    static constexpr int kOff = 0;
     struct Raw {
         uint4 q[2];
         uint4 hdr;
@@ -261,12 +283,12 @@ struct QK45 {
         return r;
     }
     // sub-block s's scale and min
-    __device__ static Affine coef_sub(const Raw& r, int s) {
+    __device__ static Coef coef_sub(const Raw& r, int s) {
         int sc, m;
         qlayout::scale_min_k4(s, r.hdr.y, r.hdr.z, r.hdr.w, sc, m);
         const float D = __fmul_rn(f16_bits(r.hdr.x & 0xFFFFu), (float)sc);
         const float Mn = __fmul_rn(f16_bits(r.hdr.x >> 16), (float)m);
-        return affine(D, 0, -Mn);
+        return Coef{D, -Mn};
     }
     __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1, int g) {
         nibble_words(r.q[j], c, u0, u1);
@@ -290,7 +312,7 @@ template <> struct QM<QType::Q5_K> : QK45<true> {};
 // nibbles those of group g1 + 2 (bits 2 g1 + 4); scales[8h + 2g + t % 2]; d from the tail.
 template <> struct QM<QType::Q6_K> {
     static constexpr int kTileBytes = 208, kPieces = 2, kChunks = 4;
-    static constexpr bool kQ8 = false, kMin = false;
+    static constexpr int kOff = 32;
     struct Raw {
         uint4 ql[2], qh[2];
         uint4 sc;
@@ -308,11 +330,11 @@ template <> struct QM<QType::Q6_K> {
         r.d = __ldg(tail_d);
         return r;
     }
-    __device__ static Affine coef(const Raw& r, int j, bool hi, int lt) {
+    __device__ static Coef coef(const Raw& r, int j, bool hi, int lt) {
         const int idx = 8 * j + 2 * ((lt >> 1) + (hi ? 2 : 0)) + (lt & 1);  // < 16
         const uint32_t w = idx < 4 ? r.sc.x : idx < 8 ? r.sc.y : idx < 12 ? r.sc.z : r.sc.w;
         const int sc = (int)(int8_t)(w >> (8 * (idx & 3)));
-        return affine(__fmul_rn(f16_bits(r.d), (float)sc), 32, 0.f);
+        return Coef{__fmul_rn(f16_bits(r.d), (float)sc), 0.f};
     }
     __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1, int lt) {
         nibble_words(r.ql[j], c, u0, u1);
@@ -326,9 +348,10 @@ template <> struct QM<QType::Q6_K> {
     }
 };
 
-// The Affine and code words of chunk c of piece j, per type (the K-quants and Q6_K need the lane's t).
+// The Coef and code words of chunk c of piece j, per type but Q8_0 (the K-quants and Q6_K need the
+// lane's t).
 template <QType T>
-__device__ __forceinline__ void chunk_of(const typename QM<T>::Raw& r, int lt, int j, int c, Affine& a, uint32_t& u0,
+__device__ __forceinline__ void chunk_of(const typename QM<T>::Raw& r, int lt, int j, int c, Coef& a, uint32_t& u0,
                                          uint32_t& u1) {
     using F = QM<T>;
     if constexpr (T == QType::Q4_K || T == QType::Q5_K) {
@@ -338,10 +361,8 @@ __device__ __forceinline__ void chunk_of(const typename QM<T>::Raw& r, int lt, i
     } else if constexpr (T == QType::Q6_K) {
         a = F::coef(r, j, c & 1, lt);
         F::words(r, j, c, u0, u1, lt);
-    } else if constexpr (T == QType::Q8_0) {
-        a = F::coef(r, j);
-        F::words(r, j, c, u0, u1);
     } else {
+        static_assert(T != QType::Q8_0, "Q8_0 decodes by chunk_bf16_q8");
         a = F::coef(r, j, c & 1);
         F::words(r, j, c, u0, u1);
     }
@@ -466,13 +487,19 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_qua
                                         : make_uint4(0u, 0u, 0u, 0u);
                     };
                     load_x(0);
-                    Affine al, ah;
-                    uint32_t l0, l1, h0, h1;
-                    chunk_of<T>(wl[i], lt, j, c, al, l0, l1);
-                    chunk_of<T>(wh[i], lt, j, c, ah, h0, h1);
-                    uint32_t rl[4], rh[4];
-                    chunk_bf16<F::kQ8, F::kMin>(l0, l1, al, rl);
-                    chunk_bf16<F::kQ8, F::kMin>(h0, h1, ah, rh);
+                    uint32_t l0, l1, h0, h1, rl[4], rh[4];
+                    if constexpr (T == QType::Q8_0) {
+                        F::words(wl[i], j, c, l0, l1);
+                        F::words(wh[i], j, c, h0, h1);
+                        chunk_bf16_q8(l0, l1, F::coef(wl[i], j), rl);
+                        chunk_bf16_q8(h0, h1, F::coef(wh[i], j), rh);
+                    } else {
+                        Coef kl, kh;
+                        chunk_of<T>(wl[i], lt, j, c, kl, l0, l1);
+                        chunk_of<T>(wh[i], lt, j, c, kh, h0, h1);
+                        chunk_bf16x2<F::kOff>(l0, l1, scale_x2(kl), rl);
+                        chunk_bf16x2<F::kOff>(h0, h1, scale_x2(kh), rh);
+                    }
                     const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
                     const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
 #pragma unroll
