@@ -67,6 +67,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <type_traits>
 
 #include "cuda/allreduce.h"
 #include "cuda/check.cuh"
@@ -311,6 +312,21 @@ __global__ void add_bf16_into_f32_kernel(const uint2* __restrict__ partial, floa
     }
 }
 
+// Calls launch(std::integral_constant<int, N>{}) for a group of N = 2..kMaxRanks ranks: the
+// kernels are instantiated per group size, so that their loops over the ranks unroll.
+template <typename Launch>
+void with_group_size(int size, Launch&& launch) {
+    switch (size) {
+        case 2: return launch(std::integral_constant<int, 2>{});
+        case 3: return launch(std::integral_constant<int, 3>{});
+        case 4: return launch(std::integral_constant<int, 4>{});
+        case 5: return launch(std::integral_constant<int, 5>{});
+        case 6: return launch(std::integral_constant<int, 6>{});
+        case 7: return launch(std::integral_constant<int, 7>{});
+        default: return launch(std::integral_constant<int, kMaxRanks>{});
+    }
+}
+
 }  // namespace
 
 void all_reduce_oneshot(const float* in, float* out, size_t count, const AllReducePeers& peers,
@@ -326,15 +342,10 @@ void all_reduce_oneshot(const float* in, float* out, size_t count, const AllRedu
     const int n4 = static_cast<int>(count / 4);
     const float4* in4 = reinterpret_cast<const float4*>(in);
     float4* out4 = reinterpret_cast<float4*>(out);
-    switch (peers.size) {
-        case 2: launch_pdl(all_reduce_oneshot_kernel<2>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 3: launch_pdl(all_reduce_oneshot_kernel<3>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 4: launch_pdl(all_reduce_oneshot_kernel<4>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 5: launch_pdl(all_reduce_oneshot_kernel<5>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 6: launch_pdl(all_reduce_oneshot_kernel<6>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        case 7: launch_pdl(all_reduce_oneshot_kernel<7>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-        default: launch_pdl(all_reduce_oneshot_kernel<8>, peers.blocks, kThreads, 0, stream, in4, out4, n4, peers); break;
-    }
+    with_group_size(peers.size, [&](auto n) {
+        launch_pdl(all_reduce_oneshot_kernel<decltype(n)::value>, peers.blocks, kThreads, 0, stream, in4, out4, n4,
+                   peers);
+    });
     CUDA_CHECK_LAUNCH();
 }
 
@@ -348,15 +359,9 @@ void all_reduce_ll(const float* in, float* out, size_t count, const AllReducePee
     const int n2 = static_cast<int>(count / 2);
     const float2* in2 = reinterpret_cast<const float2*>(in);
     float2* out2 = reinterpret_cast<float2*>(out);
-    switch (peers.size) {
-        case 2: launch_pdl(all_reduce_ll_kernel<2>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
-        case 3: launch_pdl(all_reduce_ll_kernel<3>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
-        case 4: launch_pdl(all_reduce_ll_kernel<4>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
-        case 5: launch_pdl(all_reduce_ll_kernel<5>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
-        case 6: launch_pdl(all_reduce_ll_kernel<6>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
-        case 7: launch_pdl(all_reduce_ll_kernel<7>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
-        default: launch_pdl(all_reduce_ll_kernel<8>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers); break;
-    }
+    with_group_size(peers.size, [&](auto n) {
+        launch_pdl(all_reduce_ll_kernel<decltype(n)::value>, peers.blocks, kThreads, 0, stream, in2, out2, n2, peers);
+    });
     CUDA_CHECK_LAUNCH();
 }
 
