@@ -1,6 +1,6 @@
 // gemv_quant_mma.cu — decode matmuls of a few rows on quantized weights, on the tensor cores:
 // y[m, n] = sum_k x[m, k] * Wb[n, k] for M = 2..64 rows (1 works too), every Epilogue, Wb the
-// weights decoded to bf16 (within the bound under Numerics of bf16 of the dequantized W).
+// weights decoded to bf16 (Numerics below: bf16 of the dequantized W, or within a stated bound of W).
 //
 //   W: N rows of qlayout tiles (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q6_K's fp16 d in
 //      the tail), 16-byte aligned; x [M, K] bf16 (the engine normalizes into bf16 first, as for the
