@@ -89,7 +89,7 @@ def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
 
 
 def test_batched_quantized_decode_rows_equal_each_row_alone(C, rng):
-    """Batches of 2+ rows take gemv_quant_mma (weights rounded to bf16, tensor cores), whose rows
+    """Batches of 2+ rows take gemv_quant_mma (weights decoded to bf16, tensor cores), whose rows
     do not depend on the batch: a row of a batch of 3 equals the same row beside a stranger up to
     flash_decode's batch-dependent split merge (1e-6, as test_cuda_engine). Batch 1 takes the int8
     gemv_quant: the same row alone agrees within the engine bound."""
