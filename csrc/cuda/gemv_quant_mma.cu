@@ -18,7 +18,7 @@
 // Q4_0 / Q5_0 give bf16(w) exactly, and so does Q8_0.
 //   * One CTA per 16-row tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
 //     their rotation partners, so C rows g and g + 8 of a lane are the pair); its 8 warps take
-//     every 8th 256-value tile of the rows, U tiles in flight per lane. Lane (g, t), g = lane / 4,
+//     every 8th 256-value tile of the rows, one tile in flight per lane. Lane (g, t), g = lane / 4,
 //     loads rows g and g + 8 and, per tile, the 64 values of "pieces" t, t + 4 (.. t + 12 for
 //     Q8_0) with 16-byte L1-bypassing loads (lanes t = 0..3 read 64 contiguous bytes of a row).
 //   * A piece's 16-byte words give "chunks" of 8 values that are consecutive in k (low nibbles
@@ -35,15 +35,16 @@
 //     The bound above is of those four roundings. Q8_0's signed 8-bit codes do not fit a bf16
 //     binade: PRMT puts each under 2^0 after flipping its sign bit (f = 1 + (q + 128) / 2^15),
 //     d q = f * 2^15 d - (2^15 + 128) d is one exact FFMA, and F2FP rounds two to bf16.
-//   * Registers: 4 fp32 accumulators per n8 tile (32 at NT = 8) beside the raw tiles of two rows.
-//     From NT = 4 on one tile per lane is in flight and a tile's chunk loop stays rolled (unrolled,
-//     ptxas interleaves chunks and spills at the 128 registers of 2 CTAs an SM); x fragments are
-//     loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8). Only Q6_K at NT = 8 spills, 8-12
-//     bytes a thread through L1 (sm_90a: no pairing; sm_80: no pairing and SwiGLU; check with
-//     -Xptxas -v after a change here); the two that would spill more (RopeKV, NT = 8, Q8_0 /
-//     Q6_K) run 1 CTA an SM instead (CtasPerSm).
+//   * Registers: 4 fp32 accumulators per n8 tile (32 at NT = 8) beside the raw tile of two rows.
+//     Up to NT = 2 the 4- and 5-bit types are held to 80 registers for 3 CTAs an SM: more warps,
+//     not more tiles in flight per lane, hide the loads (CtasPerSm). From NT = 4 on a tile's chunk
+//     loop stays rolled (unrolled, ptxas interleaves chunks and spills at the 128 registers of 2
+//     CTAs an SM); x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8).
+//     Spills through L1 (check with -Xptxas -v after a change here): Q6_K at NT = 8, 8-12 bytes
+//     a thread (sm_90a: no pairing; sm_80: no pairing and SwiGLU), and Q5_K's RopeKV at NT = 2,
+//     16 bytes; the two that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (NT x 4 KB), warp nt
-//     stores n8 tile nt through util::store_* as gemv_mma_kernel. PDL: the first tiles' loads are
+//     stores n8 tile nt through util::store_* as gemv_mma_kernel. PDL: the first tile's loads are
 //     issued before the wait (weights never depend on the kernel before).
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order and columns n of an mma
 // never mix, so a row's result does not depend on M or the other rows (batched rows are
@@ -76,14 +77,6 @@ constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles o
 static_assert(kMaxRows == tuning::kGemvQuantMmaMaxRows, "the engine's per-call rows are this kernel's limit");
 constexpr int kWarps = 8;     // K split of one 16-row tile
 constexpr int kThreads = kWarps * 32;
-// 256-value tiles per lane and row loaded together: 2, or 1 for the types whose tile takes 20
-// registers a row (Q8_0, Q6_K; two would spill at 128 registers), and 1 from NT = 4 n8 tiles on,
-// where the accumulators (4 NT registers) take the room.
-template <QType T, int NT>
-struct TilesInFlight {
-    static constexpr int value = T == QType::Q8_0 || T == QType::Q6_K || NT >= 4 ? 1 : 2;
-};
-
 // x fragments (16 bytes of one x row each) per lane loaded together per chunk: the first group is
 // issued before the chunk's decode, the rest between its mma. 2 (1 at NT = 1), and 1 for Q8_0 /
 // Q6_K at NT = 8, whose raw tiles leave the least room beside 32 accumulators.
@@ -375,21 +368,23 @@ __device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
     else return 32 * (lt + 4 * j) < kleft;  // K-quant rows are whole tiles
 }
 
-// CTAs per SM the registers are capped for: 2 (128 registers a thread), except where ptxas spills
-// at 128 with every other lever pulled (U = 1, rolled chunk loops, one x fragment in flight): the
-// RopeKV pairing at NT = 8 of the two types whose tile takes 20 registers a row. There 1 CTA (8
-// warps) an SM, whose latency hiding is the weaker; the engine meets it only with a single-type
-// Q8_0 / Q6_K wqkv at decode batches 33..64.
+// CTAs per SM the registers are capped for: 2 (128 registers a thread), with two exceptions.
+// 3 (80 registers) for the 4- and 5-bit types up to NT = 2 (16 rows): there they fit, and a third
+// CTA's warps hide more of the weight loads' latency than a second tile in flight per lane did;
+// Q8_0 / Q6_K tiles take 20 registers a row and stay at 2. 1 where ptxas spills at 128 with every
+// other lever pulled (rolled chunk loops, one x fragment in flight): the RopeKV pairing at NT = 8
+// of those two types; its latency hiding is the weaker, and the engine meets it only with a
+// single-type Q8_0 / Q6_K wqkv at decode batches 33..64.
 template <QType T, int NT, Pairing P>
 struct CtasPerSm {
-    static constexpr int value = NT >= 8 && P == Pairing::Rope && (T == QType::Q8_0 || T == QType::Q6_K) ? 1 : 2;
+    static constexpr bool kWideTile = T == QType::Q8_0 || T == QType::Q6_K;
+    static constexpr int value = NT >= 8 && P == Pairing::Rope && kWideTile ? 1 : NT <= 2 && !kWideTile ? 3 : 2;
 };
 
 template <QType T, int NT, Pairing P>
 __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_quant_mma_kernel(QMArgs a) {
     using F = QM<T>;
     using Raw = typename F::Raw;
-    constexpr int U = TilesInFlight<T, NT>::value;
     static_assert(NT >= 1 && NT <= kWarps, "warp nt stores n8 tile nt: at most one n8 tile per warp");
     constexpr int XG = XInFlight<T, NT>::value;
     // From NT = 4 on the loop over a tile's chunks stays rolled (and at NT = 8 Q8_0's over pieces,
@@ -422,23 +417,20 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_qua
     const unsigned short* tail_lo = tail + (size_t)(ok_lo ? lo : 0) * n_tiles;
     const unsigned short* tail_hi = tail + (size_t)(ok_hi ? hi : 0) * n_tiles;
 
-    // Tiles warp + 8 (i0 + i) for i < U: rows lo / hi, zero where the tile or row is missing.
-    Raw wl[U], wh[U];
-    auto load = [&](int i0) {
-#pragma unroll
-        for (int i = 0; i < U; ++i) {
-            const int tile = warp + kWarps * (i0 + i);
-            wl[i] = Raw{};
-            wh[i] = Raw{};
-            if (tile < n_tiles) {
-                const int kleft = K - 256 * tile;
-                if (ok_lo) wl[i] = F::load(row_lo + (size_t)tile * F::kTileBytes, tail_lo + tile, lt, kleft);
-                if (ok_hi) wh[i] = F::load(row_hi + (size_t)tile * F::kTileBytes, tail_hi + tile, lt, kleft);
-            }
+    // The warp's i-th tile (warp + 8 i) of rows lo / hi, zero where the tile or the row is missing.
+    Raw wl, wh;
+    auto load = [&](int i) {
+        const int tile = warp + kWarps * i;
+        wl = Raw{};
+        wh = Raw{};
+        if (tile < n_tiles) {
+            const int kleft = K - 256 * tile;
+            if (ok_lo) wl = F::load(row_lo + (size_t)tile * F::kTileBytes, tail_lo + tile, lt, kleft);
+            if (ok_hi) wh = F::load(row_hi + (size_t)tile * F::kTileBytes, tail_hi + tile, lt, kleft);
         }
     };
-    // The first tiles load before the wait, in a branch of their own (as gemv.cu: issued
-    // unconditionally, ptxas sinks them past griddepcontrol.wait to their first use).
+    // The first tile loads before the wait, in a branch of its own (as gemv.cu: issued
+    // unconditionally, ptxas sinks the loads past griddepcontrol.wait to their first use).
     bool preloaded = false;
     if (warp < n_tiles) {
         load(0);
@@ -459,58 +451,54 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_qua
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-    for (int i0 = 0; warp + kWarps * i0 < n_tiles; i0 += U) {
-        if (!preloaded) load(i0);
+    for (int i = 0; warp + kWarps * i < n_tiles; ++i) {
+        if (!preloaded) load(i);
         preloaded = false;
-#pragma unroll
-        for (int i = 0; i < U; ++i) {
-            const int tile = warp + kWarps * (i0 + i);
-            if (tile >= n_tiles) break;
-            const int kleft = K - 256 * tile;
+        const int tile = warp + kWarps * i;
+        const int kleft = K - 256 * tile;
 #pragma unroll(kPieceUnroll)
-            for (int j = 0; j < F::kPieces; ++j) {
-                // mma.sync needs the whole warp: a piece past K for lane 0 is past K for every lane
-                // (skipped together); otherwise a lane's piece past K has zero W and zero x.
-                if (!piece_in_k<T>(0, j, kleft)) continue;
-                const bool in_k = piece_in_k<T>(lt, j, kleft);
+        for (int j = 0; j < F::kPieces; ++j) {
+            // mma.sync needs the whole warp: a piece past K for lane 0 is past K for every lane
+            // (skipped together); otherwise a lane's piece past K has zero W and zero x.
+            if (!piece_in_k<T>(0, j, kleft)) continue;
+            const bool in_k = piece_in_k<T>(lt, j, kleft);
 #pragma unroll(kChunkUnroll)
-                for (int c = 0; c < F::kChunks; ++c) {
-                    const int k = 256 * tile + F::kof(lt, j, c);
-                    // x fragments of n8 tiles n0 .. n0 + XG - 1 (the first group is issued
-                    // before the decode, whose work hides its latency).
-                    uint4 xv[XG];
-                    auto load_x = [&](int n0) {
+            for (int c = 0; c < F::kChunks; ++c) {
+                const int k = 256 * tile + F::kof(lt, j, c);
+                // x fragments of n8 tiles n0 .. n0 + XG - 1 (the first group is issued
+                // before the decode, whose work hides its latency).
+                uint4 xv[XG];
+                auto load_x = [&](int n0) {
 #pragma unroll
-                        for (int q = 0; q < XG; ++q)
-                            xv[q] = 8 * (n0 + q) < x_rows_left && in_k
-                                        ? __ldg(reinterpret_cast<const uint4*>(x_lane + (n0 + q) * x_tile_stride + k))
-                                        : make_uint4(0u, 0u, 0u, 0u);
-                    };
-                    load_x(0);
-                    uint32_t l0, l1, h0, h1, rl[4], rh[4];
-                    if constexpr (T == QType::Q8_0) {
-                        F::words(wl[i], j, c, l0, l1);
-                        F::words(wh[i], j, c, h0, h1);
-                        chunk_bf16_q8(l0, l1, F::coef(wl[i], j), rl);
-                        chunk_bf16_q8(h0, h1, F::coef(wh[i], j), rh);
-                    } else {
-                        Coef kl, kh;
-                        chunk_of<T>(wl[i], lt, j, c, kl, l0, l1);
-                        chunk_of<T>(wh[i], lt, j, c, kh, h0, h1);
-                        chunk_bf16x2<F::kOff>(l0, l1, scale_x2(kl), rl);
-                        chunk_bf16x2<F::kOff>(h0, h1, scale_x2(kh), rh);
-                    }
-                    const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
-                    const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
+                    for (int q = 0; q < XG; ++q)
+                        xv[q] = 8 * (n0 + q) < x_rows_left && in_k
+                                    ? __ldg(reinterpret_cast<const uint4*>(x_lane + (n0 + q) * x_tile_stride + k))
+                                    : make_uint4(0u, 0u, 0u, 0u);
+                };
+                load_x(0);
+                uint32_t l0, l1, h0, h1, rl[4], rh[4];
+                if constexpr (T == QType::Q8_0) {
+                    F::words(wl, j, c, l0, l1);
+                    F::words(wh, j, c, h0, h1);
+                    chunk_bf16_q8(l0, l1, F::coef(wl, j), rl);
+                    chunk_bf16_q8(h0, h1, F::coef(wh, j), rh);
+                } else {
+                    Coef kl, kh;
+                    chunk_of<T>(wl, lt, j, c, kl, l0, l1);
+                    chunk_of<T>(wh, lt, j, c, kh, h0, h1);
+                    chunk_bf16x2<F::kOff>(l0, l1, scale_x2(kl), rl);
+                    chunk_bf16x2<F::kOff>(h0, h1, scale_x2(kh), rh);
+                }
+                const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
+                const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
 #pragma unroll
-                    for (int n0 = 0; n0 < NT; n0 += XG) {
-                        if (n0 > 0) load_x(n0);
+                for (int n0 = 0; n0 < NT; n0 += XG) {
+                    if (n0 > 0) load_x(n0);
 #pragma unroll
-                        for (int q = 0; q < XG; ++q) {
-                            const uint32_t b0[2] = {xv[q].x, xv[q].y}, b1[2] = {xv[q].z, xv[q].w};
-                            ptx::mma_bf16_16816(acc[n0 + q], a0, b0);
-                            ptx::mma_bf16_16816(acc[n0 + q], a1, b1);
-                        }
+                    for (int q = 0; q < XG; ++q) {
+                        const uint32_t b0[2] = {xv[q].x, xv[q].y}, b1[2] = {xv[q].z, xv[q].w};
+                        ptx::mma_bf16_16816(acc[n0 + q], a0, b0);
+                        ptx::mma_bf16_16816(acc[n0 + q], a1, b1);
                     }
                 }
             }
