@@ -77,12 +77,16 @@ constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles o
 static_assert(kMaxRows == tuning::kGemvQuantMmaMaxRows, "the engine's per-call rows are this kernel's limit");
 constexpr int kWarps = 8;     // K split of one 16-row tile
 constexpr int kThreads = kWarps * 32;
+// The types whose raw tile takes 20 registers a row (the others take at most 16): the register
+// budgets below give them less room.
+template <QType T>
+constexpr bool kWideTile = T == QType::Q8_0 || T == QType::Q6_K;
 // x fragments (16 bytes of one x row each) per lane loaded together per chunk: the first group is
 // issued before the chunk's decode, the rest between its mma. 2 (1 at NT = 1), and 1 for Q8_0 /
 // Q6_K at NT = 8, whose raw tiles leave the least room beside 32 accumulators.
 template <QType T, int NT>
 struct XInFlight {
-    static constexpr int value = NT < 2 ? NT : NT >= 8 && (T == QType::Q8_0 || T == QType::Q6_K) ? 1 : 2;
+    static constexpr int value = NT < 2 ? NT : NT >= 8 && kWideTile<T> ? 1 : 2;
 };
 
 using util::Pairing;
@@ -377,8 +381,7 @@ __device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
 // single-type Q8_0 / Q6_K wqkv at decode batches 33..64.
 template <QType T, int NT, Pairing P>
 struct CtasPerSm {
-    static constexpr bool kWideTile = T == QType::Q8_0 || T == QType::Q6_K;
-    static constexpr int value = NT >= 8 && P == Pairing::Rope && kWideTile ? 1 : NT <= 2 && !kWideTile ? 3 : 2;
+    static constexpr int value = NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1 : NT <= 2 && !kWideTile<T> ? 3 : 2;
 };
 
 template <QType T, int NT, Pairing P>
