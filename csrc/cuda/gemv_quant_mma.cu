@@ -373,15 +373,17 @@ __device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
 }
 
 // CTAs per SM the registers are capped for: 2 (128 registers a thread), with two exceptions.
-// 3 (80 registers) for the 4- and 5-bit types up to NT = 2 (16 rows): there they fit, and a third
-// CTA's warps hide more of the weight loads' latency than a second tile in flight per lane did;
-// Q8_0 / Q6_K tiles take 20 registers a row and stay at 2. 1 where ptxas spills at 128 with every
-// other lever pulled (rolled chunk loops, one x fragment in flight): the RopeKV pairing at NT = 8
-// of those two types; its latency hiding is the weaker, and the engine meets it only with a
-// single-type Q8_0 / Q6_K wqkv at decode batches 33..64.
+// 3 (80 registers) for the 4- and 5-bit types up to NT = 2 (16 rows) and for Q8_0 at NT = 1 (8
+// rows): there they fit, and a third CTA's warps hide more of the weight loads' latency than a
+// second tile in flight per lane did. Q6_K at NT = 1 fits 80 too but measured slower there, and
+// the 20-register tiles of both need more room at NT = 2: they stay at 2. 1 where ptxas spills at
+// 128 with every other lever pulled (rolled chunk loops, one x fragment in flight): the RopeKV
+// pairing at NT = 8 of those two types; its latency hiding is the weaker, and the engine meets it
+// only with a single-type Q8_0 / Q6_K wqkv at decode batches 33..64.
 template <QType T, int NT, Pairing P>
 struct CtasPerSm {
-    static constexpr int value = NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1 : NT <= 2 && !kWideTile<T> ? 3 : 2;
+    static constexpr int value = NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1
+                                 : (NT <= 2 && !kWideTile<T>) || (NT == 1 && T == QType::Q8_0) ? 3 : 2;
 };
 
 template <QType T, int NT, Pairing P>
