@@ -24,7 +24,9 @@
 #   e. the files' paths and sizes printed last: llama_brrr can run the same files in the same call
 #
 # Environment: OUT (default ./out); PEER_DIR (/tmp/peer); PEER_SHAPES ("llama3.2-1b llama3-8b";
-# "tiny" = the peer-tiny shape of a CPU dry run); PEER_CUDA (1; 0 = a CPU build, for dry runs);
+# "tiny" = the peer-tiny shape of a CPU dry run); PEER_TYPES ("Q4_K_M Q8_0": the quantized files
+# made); PEER_BENCH (1; 0 = build and files only, for a `llama_brrr compare` that runs llama-bench
+# itself in the same call); PEER_CUDA (1; 0 = a CPU build, for dry runs);
 # PEER_JOBS (nproc); PEER_REPS (5); TOTAL_S (540: every step gets what is left of it);
 # PEER_CONFIGURE_ONLY (0; 1 = stop after cmake's configure, a check of the tree and toolchain);
 # LLAMA_SRC (third_party/llama.cpp); CUBLAS_DIR (a folder with include/cublas_v2.h and
@@ -35,6 +37,8 @@ ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 PEER=${PEER_DIR:-/tmp/peer}
 SHAPES=${PEER_SHAPES:-llama3.2-1b llama3-8b}
+TYPES=${PEER_TYPES:-Q4_K_M Q8_0}
+BENCH=${PEER_BENCH:-1}
 [[ $SHAPES == tiny ]] && SHAPES=peer-tiny
 CUDA=${PEER_CUDA:-1}
 JOBS=${PEER_JOBS:-$(nproc)}
@@ -136,7 +140,9 @@ write_f16() {
         local target=$MODELS/$shape.F16.gguf
         [[ -f $target ]] && continue
         # the 8B F16 is deleted once quantized; its quantized files stand for it
-        [[ -f $MODELS/$shape.Q4_K_M.gguf && -f $MODELS/$shape.Q8_0.gguf ]] && continue
+        local made=1 type
+        for type in $TYPES; do [[ -f $MODELS/$shape.$type.gguf ]] || made=0; done
+        (( made )) && continue
         local t0=$(date +%s)
         python3 -c "
 import sys, pathlib
@@ -237,7 +243,7 @@ have_f16() {  # waits for the writer to finish $1's F16 file; false when it ende
     done
 }
 for shape in $SHAPES; do
-    for type in Q4_K_M Q8_0; do
+    for type in $TYPES; do
         target=$MODELS/$shape.$type.gguf
         [[ -f $target ]] && continue
         have_f16 "$shape" || die "no F16 file of $shape (writer log in peer.log)"
@@ -249,7 +255,8 @@ for shape in $SHAPES; do
     done
     # Only the first shape keeps its F16 file (the reference row); the 8B one is 16 GB of disk.
     [[ $shape != "${SHAPES%% *}" ]] && rm -f "$MODELS/$shape.F16.gguf"
-    for type in Q4_K_M Q8_0 F16; do
+    (( BENCH )) || continue
+    for type in $TYPES F16; do
         model=$MODELS/$shape.$type.gguf
         json=$RESULTS/$shape.$type.json
         [[ -f $model && ! -f $json ]] || continue
