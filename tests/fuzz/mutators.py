@@ -439,22 +439,31 @@ def truncate(data, layout, rng):
 
 def byte_flips(data, layout, rng):
     """A few random bytes of the header region changed (the data region is left alone: a changed
-    weight is a different model, not a damaged file). When every changed byte lies inside one GGUF
-    metadata value, the mutation names that value's field, so a changed token text counts as the
-    tokenizer change it is (LEGITIMATE_FIELDS) and a changed tensor table entry as damage."""
+    weight is a different model, not a damaged file), all in one place: inside one GGUF metadata
+    value, whose field the mutation then names (so a changed token text counts as the tokenizer
+    change it is, LEGITIMATE_FIELDS), or all in the structure (keys, types, lengths, the tensor
+    table: "header:bytes", damage). Mixing the two made a legitimate value change plus a harmless
+    one (a renamed optional key) read as silent damage."""
     end = layout.data_start if layout is not None else min(len(data), 512)
+    gguf = isinstance(layout, GGUFLayout)
+    first = rng.randrange(end)
+    owner = _kv_value_owner(layout, first) if gguf else None
+    changed = [first]
+    for _ in range(rng.randint(1, 4) - 1):
+        if owner is not None:
+            kv = next(kv for kv in layout.kv if kv["key"] == owner)
+            changed.append(rng.randrange(kv["value_start"], kv["end"]))
+            continue
+        for _try in range(100):  # another structure byte (most of a header is metadata values)
+            position = rng.randrange(end)
+            if not gguf or _kv_value_owner(layout, position) is None:
+                changed.append(position)
+                break
     out = bytearray(data)
-    changed = []
-    for _ in range(rng.randint(1, 4)):
-        position = rng.randrange(end)
+    for position in changed:
         out[position] = rng.randrange(256)
-        changed.append(position)
-    owners = {_kv_value_owner(layout, p) for p in changed} if isinstance(layout, GGUFLayout) else {None}
-    fields = sorted(f"kv:{key}:value" for key in owners if key is not None)
-    # Bytes inside one value name that field; inside several legitimate ones, the first of them
-    # (the case stays legitimate); anything touching structure stays "header:bytes".
-    if None not in owners and (len(fields) == 1 or all(is_legitimate(f) for f in fields)):
-        return bytes(out), Mutation(fields[0], f"random bytes at {changed} (in {', '.join(fields)})")
+    if owner is not None:
+        return bytes(out), Mutation(f"kv:{owner}:value", f"random bytes at {changed} (in kv:{owner}:value)")
     return bytes(out), Mutation("header:bytes", f"random bytes at {changed}")
 
 
