@@ -451,8 +451,7 @@ def byte_flips(data, layout, rng):
     changed = [first]
     for _ in range(rng.randint(1, 4) - 1):
         if owner is not None:
-            kv = next(kv for kv in layout.kv if kv["key"] == owner)
-            changed.append(rng.randrange(kv["value_start"], kv["end"]))
+            changed.append(rng.randrange(owner["value_start"], owner["end"]))
             continue
         for _try in range(100):  # another structure byte (most of a header is metadata values)
             position = rng.randrange(end)
@@ -463,15 +462,17 @@ def byte_flips(data, layout, rng):
     for position in changed:
         out[position] = rng.randrange(256)
     if owner is not None:
-        return bytes(out), Mutation(f"kv:{owner}:value", f"random bytes at {changed} (in kv:{owner}:value)")
+        field = f"kv:{owner['key']}:value"
+        return bytes(out), Mutation(field, f"random bytes at {changed} (in {field})")
     return bytes(out), Mutation("header:bytes", f"random bytes at {changed}")
 
 
 def _kv_value_owner(layout, position: int):
-    """The key whose value bytes hold `position`, or None (a key, a type or the tensor table)."""
+    """The metadata entry whose value bytes hold `position`, or None (a key, a type or the tensor
+    table)."""
     for kv in layout.kv:
         if kv["value_start"] <= position < kv["end"]:
-            return kv["key"]
+            return kv
     return None
 
 
