@@ -1,0 +1,29 @@
+"""gemv_quant_mma at 16 rows, plain epilogue, under Nsight Compute: Q6_K w2 and Q4_K w13 of the 8B,
+three launches each on one weight copy (L2 warm: compare trees, not against the copy rate); no
+torch.profiler, which cannot share CUPTI with ncu. Run from a tree's root:
+  ncu --clock-control none --kernel-name regex:gemv_quant_mma_kernel --launch-count 6 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis --section InstructionStats python3 benchmarks/lab/gemv_quant_mma_ncu.py
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+
+root = os.getcwd()
+for p in (os.path.join(root, "benchmarks", "lab"), os.path.join(root, "benchmarks"), root):
+    sys.path.insert(0, p)
+import gpu_gemv_quant_bench as gb  # noqa: E402
+from llama_brrr import _C as C  # noqa: E402
+
+rng = np.random.default_rng(0)
+for name, N, K in (("q6_k", 4096, 14336), ("q4_k", 28672, 4096)):
+    packed, _, _ = gb.packed_weights(C, name, N, K, rng)
+    x = gb.random_bf16((16, K))
+    y = torch.zeros((16, N), device="cuda")
+    for _ in range(3):
+        C.testing.gemv_quant_mma(gb.TYPES[name], packed.data_ptr(), x.data_ptr(), 16, N, K, gb.STORE_F32,
+                                 out_f32=y.data_ptr())
+    torch.cuda.synchronize()
+    print(name, N, K, "ok", flush=True)
