@@ -1,6 +1,7 @@
 """gemv_quant_mma at 16 rows, plain epilogue, under Nsight Compute: Q6_K w2 and Q4_K w13 of the 8B,
 three launches each on one weight copy (L2 warm: compare trees, not against the copy rate); no
-torch.profiler, which cannot share CUPTI with ncu. Run from a tree's root:
+torch.profiler, which cannot share CUPTI with ncu. Imports the extension of its own tree (the bench
+module puts that tree first on sys.path). Run from a tree's root:
   ncu --clock-control none --kernel-name regex:gemv_quant_mma_kernel --launch-count 6 --section SpeedOfLight \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --section MemoryWorkloadAnalysis --section InstructionStats python3 benchmarks/lab/gemv_quant_mma_ncu.py
@@ -11,9 +12,7 @@ import sys
 import numpy as np
 import torch
 
-root = os.getcwd()
-for p in (os.path.join(root, "benchmarks", "lab"), os.path.join(root, "benchmarks"), root):
-    sys.path.insert(0, p)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_gemv_quant_bench as gb  # noqa: E402
 from llama_brrr import _C as C  # noqa: E402
 
