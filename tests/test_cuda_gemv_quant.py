@@ -455,6 +455,51 @@ def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, op
         ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, 3, W.N, K, STORE_F32, out_f32=y.data_ptr(), x=x.data_ptr())
 
 
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k"])
+def test_gemv_quant_in_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, gen, name):
+    """A one-row fused-input grid of many rounds (tuning::kGemvQuantFedMinRounds) with counters
+    takes its units from them; each unit is still summed by one warp in a fixed order, so every
+    epilogue equals, bit for bit, the fixed walk without counters (and StoreF32 equals gemv_quant on
+    the standalone quantizer's ActBlocks). 68,002 rows of K = 256 are more than 4 rounds of the
+    resident warps of any GPU (at most 64 warps an SM) for SwiGLU's 34,001 units too. The counters
+    must be back at zero after each launch, or the next launch would skip units: three launches in
+    a row, each checked."""
+    N, K = 68002, 256
+    W = Weights(C, name, N, K, rng)
+    counters = torch.zeros(ops.gemv_quant_counter_words(), dtype=torch.int32, device="cuda")
+    for M in (1, 2):
+        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
+        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        xb = random_x(rng, M, K)
+        xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+        ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
+        want = gemv(ops, W, xq, M)
+        norm_in = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
+        runs = {  # epilogue: (input, destination dtype and columns, destination keyword)
+            "store_f32": (STORE_F32, norm_in, torch.float32, N, "out_f32"),
+            "swiglu": (SWIGLU, norm_in, torch.bfloat16, N // 2, "out"),
+            "add_residual": (ADD_RESIDUAL, dict(x=xb.data_ptr()), torch.float32, N, "residual"),
+        }
+        residual0 = torch.randn((M + 1, N), generator=gen, device="cuda")
+        for label, (ep, inputs, dtype, cols, key) in runs.items():
+            got = []
+            for fed in (False, True, True, True):
+                y = residual0.clone() if ep == ADD_RESIDUAL else nan_full((M + 1, cols), dtype)
+                ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, N, K, ep, **{key: y.data_ptr()}, **inputs,
+                               counters=counters.data_ptr() if fed else 0)
+                torch.cuda.synchronize()
+                assert int(counters.abs().sum()) == 0, f"{name} M={M} {label}: counters left non-zero"
+                if ep == ADD_RESIDUAL:
+                    assert torch.equal(y[M], residual0[M]), f"{name} M={M} {label}: wrote past its M rows"
+                else:
+                    assert torch.isnan(y[M].float()).all(), f"{name} M={M} {label}: wrote past its M rows"
+                got.append(y[:M])
+            for i, y in enumerate(got[1:]):
+                assert torch.equal(y, got[0]), f"{name} M={M} {label}: fed launch {i + 1} differs from the fixed walk"
+            if ep == STORE_F32:
+                assert torch.equal(got[0], want), f"{name} M={M}: not gemv_quant on the standalone blocks"
+
+
 @pytest.mark.parametrize("name", ["q6_k", "q4_k", "q8_0"])
 def test_gemv_quant_in_on_a_vocabulary_sized_matrix_takes_either_path_to_the_same_bits(C, ops, rng, gen, name):
     """At M <= 2 a matrix of more than tuning::kGemvQuantFusedMaxUnits rows (an LM head: here

@@ -409,7 +409,7 @@ void bind_testing(py::module_& m) {
                                   int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, uintptr_t x,
                                   uintptr_t x_f32, uintptr_t norm_w, double eps, uintptr_t scratch,
                                   uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8,
-                                  int64_t type1, uintptr_t W1, int64_t rows0) {
+                                  int64_t type1, uintptr_t W1, int64_t rows0, uintptr_t counters) {
         brrr::cuda::EpilogueArgs args =
             CudaQuantMatmul::args("gemv_quant", type, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
                                   slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
@@ -427,6 +427,7 @@ void bind_testing(py::module_& m) {
         in.norm_w = reinterpret_cast<const brrr::cuda::bf16*>(norm_w);
         in.eps = (float)eps;
         in.scratch = reinterpret_cast<brrr::quant::ActBlock*>(scratch);
+        in.counters = reinterpret_cast<unsigned*>(counters);
         if (type1 != 0) {  // a matrix of two types: rows [0, rows0) in W, the rest of type1 in W1
             const void* w1p = CudaOp::ptr(W1, "W1");
             py::gil_scoped_release release;
@@ -450,11 +451,14 @@ void bind_testing(py::module_& m) {
        py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("x") = 0, py::arg("x_f32") = 0,
        py::arg("norm_w") = 0, py::arg("eps") = 0.0, py::arg("scratch") = 0, py::arg("block_table") = 0,
        py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false, py::arg("type1") = 0,
-       py::arg("W1") = 0, py::arg("rows0") = 0,
+       py::arg("W1") = 0, py::arg("rows0") = 0, py::arg("counters") = 0,
        "decode GEMV on quantized weights (M <= 16): y = xq . dequant(W).T with the epilogue (as "
        "rmsnorm_matmul_bf16's); W = qlayout tiles (quant_ops.gpu_repack), xq = ActBlocks [M, K / 32]; "
        "or (xq = 0) gemv_quant_in on bf16 rows x or fp32 rows x_f32 normalized by norm_w, eps; "
-       "type1 != 0: gemv_quant_pair, rows [0, rows0) of type `type` in W and the rest of type1 in W1");
+       "type1 != 0: gemv_quant_pair, rows [0, rows0) of type `type` in W and the rest of type1 in W1; "
+       "counters: gemv_quant_counter_words() zeroed int32 words (QuantGemvInput::counters) or 0");
+    testing.def("gemv_quant_counter_words", []() { return brrr::cuda::kGemvQuantCounterWords; },
+                "words of the counters argument of gemv_quant (QuantGemvInput::counters)");
     testing.def("gemv_quant_fuses_pair", [](int64_t type0, int64_t type1, int64_t epilogue) {
         return brrr::cuda::gemv_quant_fuses_pair((int)type0, (int)type1, static_cast<brrr::cuda::Epilogue>(epilogue));
     }, py::arg("type0"), py::arg("type1"), py::arg("epilogue"),

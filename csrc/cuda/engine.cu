@@ -308,12 +308,14 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and one layer
     // matrix's worth of bf16 for prefill (the largest with a quantized part).
     xq_ = nullptr;
+    quant_counters_ = nullptr;
     gate_up_ = nullptr;
     deq_ = nullptr;
     deq_elems_ = 0;
     if (!quant_types_.empty()) {
         const size_t max_k = std::max({D, H, (size_t)c.q_dim()});
         xq_ = a.take<quant::ActBlock>((size_t)tuning::kGemvMaxRows * (max_k / quant::kBlock32));
+        quant_counters_ = a.take<unsigned>(kGemvQuantCounterWords);  // zero with the arena
         gate_up_ = a.take<float>((size_t)tuning::kGemvMaxRows * 2 * H);
         for (const LayerWeights& w : layers_)
             for (const Matrix* m : {&w.wqkv, &w.wo, &w.w13, &w.w2})

@@ -322,6 +322,7 @@ private:
     float* tp_gather_ = nullptr;      // tensor parallelism: [tp_size][logit_rows_][Vs]
     bf16* tp_partial_ = nullptr;      // tensor parallelism: [rows_, dim] a rank's bf16 part of wo / w2
     quant::ActBlock* xq_ = nullptr;   // [tuning::kGemvMaxRows, max K / 32] activations of a quantized GEMV
+    unsigned* quant_counters_ = nullptr;  // [kGemvQuantCounterWords] the one-row quantized GEMV's unit counters
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
     bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (prefill)
     size_t deq_elems_ = 0;

@@ -341,6 +341,7 @@ void CudaEngine::matmul_parts(const Matrix& W, const float* x_f32, const bf16* n
         in.x = x_bf16;
     }
     in.scratch = xq_;
+    in.counters = quant_counters_;
     if (W.n_parts == 1) {
         if (tensor_cores) gemv_quant_mma(W.parts[0].type, W.parts[0].data, x_bf16, M, N, K, ep, args, s);
         else gemv_quant_in(W.parts[0].type, W.parts[0].data, in, M, N, K, ep, args, s);

@@ -33,8 +33,12 @@
 //     block, with the standalone quantizers' arithmetic (so the same bits). Such a grid is one
 //     wave of 8-warp CTAs whose warps walk the same number of output rows each, so the input is
 //     quantized a few hundred times, not once per 4 rows, and no warp's last round runs alone;
-//     the first rows' weight loads are in flight meanwhile. A vocabulary-sized matrix (past
-//     tuning::kGemvQuantFusedMaxUnits units, some 60 rounds a warp) is the exception: the
+//     the first rows' weight loads are in flight meanwhile. A walk of many rounds (the 8B's w13)
+//     ends with its slowest warps, so there the warps take their units past the first from
+//     counters instead (QuantGemvInput::counters: tickets asked for two units ahead, eight
+//     counters in lines of their own, reset by the last CTA out): balanced as the hardware
+//     balances many short CTAs, without quantizing the input once per CTA. A vocabulary-sized
+//     matrix (past tuning::kGemvQuantFusedMaxUnits units, some 60 rounds a warp) is the exception: the
 //     standalone quantizer and the ActBlock grid of many small CTAs, which the hardware balances,
 //     stream it faster than one wave on a fixed walk does.
 //   * A matrix of two types (gemv_quant_pair: a K-quant file's Q6_K wv beside Q4_K / Q5_K wq | wk)
@@ -83,6 +87,15 @@ constexpr int cta_warps(bool fused, bool one_type) { return fused && one_type ? 
 
 using util::Pairing;
 using util::unit_rows;
+
+// QuantGemvInput::counters of a fed grid: a ticket counter per class of warps (warp w takes the
+// units of class w % kTicketClasses), each in a 256-byte line of its own so that the classes' atomics
+// go to different L2 slices, then the count of CTAs done.
+constexpr int kTicketClasses = 8, kCounterStride = 64;
+constexpr int kCtasDoneWord = kTicketClasses * kCounterStride;
+static_assert(kCtasDoneWord < kGemvQuantCounterWords, "QuantGemvInput::counters holds the layout");
+// Tickets lane 0 of a warp holds: the atomic for a unit goes out this many units before the unit.
+constexpr int kTicketsAhead = 2;
 
 __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
@@ -481,13 +494,16 @@ struct QArgs {
     int T;                // tiles per row
     int n_pieces;         // pieces per row (Q8_0: K / 16, the others K / 32)
     int n_units, half_n, K;
+    unsigned* counters;   // non-null: a fed grid (kCounterStride layout above), else a fixed walk
     Epilogue ep;
     EpilogueArgs out;
 };
 
-// One warp per unit at a time (units unit0, unit0 + grid stride, ...); MR accumulator rows (M <= MR
-// real). A warp's work is a sequence of chunks (unit, step): step s of a unit is pieces
-// lane + 32 (U s + u), u < U, of each of its R rows. Two register buffers: chunk c + 1's loads are
+// One warp per unit at a time: its first unit is its index in the grid; after that, units unit0 +
+// grid stride, ... (a fixed walk) or, in a fed grid (a.counters), the next unit of its class that
+// no warp has taken (tickets from the class's counter). MR accumulator rows (M <= MR real). A
+// warp's work is a sequence of chunks (unit, step): step s of a unit is pieces lane + 32 (U s + u),
+// u < U, of each of its R rows. Two register buffers: chunk c + 1's loads are
 // issued before chunk c's arithmetic, so the warp's loads stay in flight while it computes (the
 // buffers alternate through a loop unrolled by two, so each is named statically). XIn::Bf16 / Norm
 // first quantize the M rows into shared memory ActBlocks (the same functions as the standalone
@@ -608,11 +624,30 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
     }
 
     clear();
+    // A fed grid: lane 0 holds the tickets of the warp's next kTicketsAhead units past the first
+    // (ticket t of class c is unit stride + c + kTicketClasses t), asked for kTicketsAhead units
+    // before they start, so that an atomic's round trip under the weight stream stays off the path.
+    const int cls = (blockIdx.x * kCtaWarps + (threadIdx.x >> 5)) % kTicketClasses;
+    unsigned ticket[kTicketsAhead] = {};
+    auto request = [&](unsigned& t) {
+        if (lane == 0) t = atomicAdd(a.counters + cls * kCounterStride, 1u);
+    };
+    if (a.counters) {
+#pragma unroll
+        for (int i = 0; i < kTicketsAhead; ++i) request(ticket[i]);
+    }
     // (unit, step) -> the next chunk, warp-uniform
     auto advance = [&](int& u, int& s) {
         if (++s == steps) {
             s = 0;
-            u += stride;
+            if (a.counters) {
+                u = stride + cls + kTicketClasses * (int)__shfl_sync(0xffffffffu, ticket[0], 0);
+#pragma unroll
+                for (int i = 0; i + 1 < kTicketsAhead; ++i) ticket[i] = ticket[i + 1];
+                if (u < a.n_units) request(ticket[kTicketsAhead - 1]);
+            } else {
+                u += stride;
+            }
         }
     };
     while (unit < a.n_units) {
@@ -629,6 +664,18 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
         consume(wb, unit, step, xb, x_stride);
         if (next_step == 0) finish(unit);
         unit = next_unit, step = next_step;
+    }
+    if (a.counters) {
+        // The last CTA out puts the counters back to 0 for the next launch, which reads them only
+        // after its PDL wait, once this grid has completed. Each lane 0 fences first, so that its
+        // tickets still in flight have landed before its CTA is counted. One count a CTA: a count
+        // a warp, all arriving at the end on one word, serializes for microseconds.
+        if (lane == 0) __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0 && atomicAdd(a.counters + kCtasDoneWord, 1u) == gridDim.x - 1) {
+            for (int c = 0; c < kTicketClasses; ++c) a.counters[c * kCounterStride] = 0;
+            a.counters[kCtasDoneWord] = 0;
+        }
     }
 }
 
@@ -668,6 +715,8 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     constexpr int warps = cta_warps(IN != XIn::Blocks, T1 == T);
     int blocks = CEIL_DIV(a.n_units, warps);
     size_t smem = 0;
+    QArgs args = a;
+    args.counters = nullptr;
     if (IN != XIn::Blocks) {
         // Every CTA quantizes the whole input once: one wave of CTAs, each walking several units,
         // keeps that to a few hundred copies (L2 reads) instead of one per 4 units. Every warp
@@ -675,11 +724,17 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
         // the resident CTAs alone left a second, partly empty round wherever the units are a
         // little more than the resident warps (4096-row wo / w2 on 2-4 thousand).
         smem = (size_t)M * (a.K / 32) * (sizeof(ActBlock) + (IN == XIn::Norm ? sizeof(float) : 0));
-        const int resident_warps = resident_ctas(kernel, 32 * warps, smem) * warps;
-        const int rounds = std::max(1, CEIL_DIV(a.n_units, resident_warps));
+        const int resident = resident_ctas(kernel, 32 * warps, smem);
+        const int rounds = std::max(1, CEIL_DIV(a.n_units, resident * warps));
         blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), warps);
+        // Many rounds: a fixed walk ends with its slowest warps, and each round widens the spread;
+        // fed by the counters, every resident warp takes units until none is left.
+        if (a.counters && rounds >= tuning::kGemvQuantFedMinRounds) {
+            args.counters = a.counters;
+            blocks = resident;
+        }
     }
-    launch_pdl(kernel, dim3(blocks), dim3(32 * warps), smem, stream, a, M);
+    launch_pdl(kernel, dim3(blocks), dim3(32 * warps), smem, stream, args, M);
     CUDA_CHECK_LAUNCH("gemv_quant_kernel");
 }
 
@@ -945,6 +1000,7 @@ void launch_gemv_quant(const char* op, const PartIn* parts, int n_parts, const Q
                        op << ": the first part's " << rows0 << " rows are not whole heads of " << hd);
         unit1 = ep == Epilogue::RopeKV ? rows0 / 2 : rows0;
     }
+    BRRR_CHECK_ARG(util::aligned_to(in.counters, 4), op << ": counters must be 4-byte aligned");
     EpilogueArgs args = args_in;
     const void* any_x = in.xq ? (const void*)in.xq : in.x ? (const void*)in.x : (const void*)in.x_f32;
     const int width = util::check_matmul(op, reinterpret_cast<const bf16*>(any_x),
@@ -964,6 +1020,7 @@ void launch_gemv_quant(const char* op, const PartIn* parts, int n_parts, const Q
     a.n_pieces = parts[0].type == (int)QType::Q8_0 ? K / 16 : K / 32;
     a.n_units = width;
     a.K = K;
+    a.counters = in.counters;
     a.ep = ep;
     a.out = args;
     XIn x_in = XIn::Blocks;

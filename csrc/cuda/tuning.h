@@ -73,6 +73,11 @@ constexpr int kGemvQuantPassRows = 16;
 // many small CTAs, which the hardware balances. H100, Q4_K_M batch 1: 8B 0.973x a step of 8 layers
 // (the LM head 22 us faster), 1B 0.995x; docs/kernels/gemv.md has the table.
 constexpr int kGemvQuantFusedMaxUnits = 32768;
+// A one-row fused-input GEMV whose one wave walks at least this many rounds takes its units from
+// counters (QuantGemvInput::counters) instead of a fixed walk. H100, 8 of the 8B's layers, batch 1,
+// same run: Q4_K_M 0.934x a step (w13 at 7 rounds), Q8_0 level (5 rounds); the 1B's Q4_K_M w13 (4
+// rounds) 1.010x; fed at 2 rounds, wo / w2 / wqkv were slower (docs/kernels/gemv.md).
+constexpr int kGemvQuantFedMinRounds = 4;
 // Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV in even
 // passes (of at most kGemvQuantPassRows rows where the matrix has several parts), each re-reading the quantized weights (Q4_K: 0.56
 // bytes a weight); more rows dequantize the matrix into bf16 scratch for the GEMM, which reads the
