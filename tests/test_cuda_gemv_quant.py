@@ -460,8 +460,9 @@ def test_gemv_quant_in_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, g
     """A one-row fused-input grid of many rounds (tuning::kGemvQuantFedMinRounds) with counters
     takes its units from them; each unit is still summed by one warp in a fixed order, so every
     epilogue equals, bit for bit, the fixed walk without counters (and StoreF32 equals gemv_quant on
-    the standalone quantizer's ActBlocks). 68,002 rows of K = 256 are more than 4 rounds of the
-    resident warps of any GPU (at most 64 warps an SM) for SwiGLU's 34,001 units too. The counters
+    the standalone quantizer's ActBlocks). 68,002 rows of K = 256 are at least 4 rounds of the
+    resident warps (at most 64 an SM) on GPUs of up to 132 SMs for SwiGLU's 34,001 units too (5 on
+    the H100's 132: ceil(34,001 / 8,448)). The counters
     must be back at zero after each launch, or the next launch would skip units: three launches in
     a row, each checked."""
     N, K = 68002, 256
