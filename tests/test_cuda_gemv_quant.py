@@ -315,6 +315,34 @@ def test_gemv_quant_pair_rows_are_each_part_alone(C, ops, rng, gen, pair, M):
 
 
 @pytest.mark.parametrize("pair", PAIRS)
+def test_gemv_quant_pair_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, gen, pair):
+    """The two-type kernel's grid fed by counters (QuantGemvInput::counters, from
+    tuning::kGemvQuantFedMinRounds rounds on): warps then cross the part boundary from unit to
+    unit. 40,000 units are at least 4 rounds of the resident warps (at most 64 an SM) on GPUs of
+    up to 132 SMs; each output equals, bit for bit, the fixed walk without counters, over three
+    fed launches in a row, with the counters back at zero after each."""
+    (N0, N1), K = (30001, 9999), 256
+    W0, W1 = Weights(C, pair[0], N0, K, rng), Weights(C, pair[1], N1, K, rng)
+    counters = torch.zeros(ops.gemv_quant_counter_words(), dtype=torch.int32, device="cuda")
+    for M in (1, 2):
+        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
+        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        given = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
+        got = []
+        for fed in (False, True, True, True):
+            y = nan_full((M + 1, N0 + N1), torch.float32)
+            pair_call(ops, W0, W1, M, STORE_F32, out_f32=y.data_ptr(), counters=counters.data_ptr() if fed else 0,
+                      **given)
+            torch.cuda.synchronize()
+            assert int(counters.abs().sum()) == 0, f"{pair} M={M}: counters left non-zero"
+            assert torch.isnan(y[M]).all(), f"{pair} M={M}: the kernel wrote past its M rows"
+            got.append(y[:M])
+        assert not torch.isnan(got[0]).any(), f"{pair} M={M}: NaN in the fixed walk's output"
+        for i, y in enumerate(got[1:]):
+            assert torch.equal(y, got[0]), f"{pair} M={M}: fed launch {i + 1} differs from the fixed walk"
+
+
+@pytest.mark.parametrize("pair", PAIRS)
 def test_gemv_quant_pair_rope_kv(C, ops, rng, gen, pair):
     """RopeKV over q | k of one type and v of another (Q4_K_M's wqkv), normalized fp32 input: the
     rotated q, k and the v cache rows against rope_oracle of the parts' own StoreF32 sums."""
