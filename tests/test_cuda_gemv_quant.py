@@ -314,13 +314,27 @@ def test_gemv_quant_pair_rows_are_each_part_alone(C, ops, rng, gen, pair, M):
             assert torch.equal(y[:M], torch.cat(want, dim=1)), f"{pair} M={M} N={N0}+{N1} K={K}: {what}"
 
 
+def walk_then_fed(launch, counters, what):
+    """launch(counters) runs a kernel once (counters: a device pointer, or 0 for the fixed walk),
+    checks what it wrote past its rows and returns its output rows. The fixed walk, then three fed
+    launches in a row: each fed result equal to the walk's bit for bit, the counters back at zero
+    after every launch (else the next launch would skip units). Returns the walk's rows."""
+    got = []
+    for fed in (False, True, True, True):
+        got.append(launch(counters.data_ptr() if fed else 0))
+        assert int(counters.abs().sum()) == 0, f"{what}: counters left non-zero"
+    for i, y in enumerate(got[1:]):
+        assert torch.equal(y, got[0]), f"{what}: fed launch {i + 1} differs from the fixed walk"
+    return got[0]
+
+
 @pytest.mark.parametrize("pair", PAIRS)
 def test_gemv_quant_pair_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, gen, pair):
     """The two-type kernel's grid fed by counters (QuantGemvInput::counters, from
     tuning::kGemvQuantFedMinRounds rounds on): warps then cross the part boundary from unit to
     unit. 40,000 units are at least 4 rounds of the resident warps (at most 64 an SM) on GPUs of
     up to 132 SMs; each output equals, bit for bit, the fixed walk without counters, over three
-    fed launches in a row, with the counters back at zero after each."""
+    fed launches in a row (walk_then_fed)."""
     (N0, N1), K = (30001, 9999), 256
     W0, W1 = Weights(C, pair[0], N0, K, rng), Weights(C, pair[1], N1, K, rng)
     counters = torch.zeros(ops.gemv_quant_counter_words(), dtype=torch.int32, device="cuda")
@@ -328,18 +342,15 @@ def test_gemv_quant_pair_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng,
         xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
         w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
         given = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
-        got = []
-        for fed in (False, True, True, True):
+
+        def launch(counters_ptr):
             y = nan_full((M + 1, N0 + N1), torch.float32)
-            pair_call(ops, W0, W1, M, STORE_F32, out_f32=y.data_ptr(), counters=counters.data_ptr() if fed else 0,
-                      **given)
+            pair_call(ops, W0, W1, M, STORE_F32, out_f32=y.data_ptr(), counters=counters_ptr, **given)
             torch.cuda.synchronize()
-            assert int(counters.abs().sum()) == 0, f"{pair} M={M}: counters left non-zero"
             assert torch.isnan(y[M]).all(), f"{pair} M={M}: the kernel wrote past its M rows"
-            got.append(y[:M])
-        assert not torch.isnan(got[0]).any(), f"{pair} M={M}: NaN in the fixed walk's output"
-        for i, y in enumerate(got[1:]):
-            assert torch.equal(y, got[0]), f"{pair} M={M}: fed launch {i + 1} differs from the fixed walk"
+            return y[:M]
+        walked = walk_then_fed(launch, counters, f"{pair} M={M}")
+        assert not torch.isnan(walked).any(), f"{pair} M={M}: NaN in the fixed walk's output"
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -490,9 +501,7 @@ def test_gemv_quant_in_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, g
     epilogue equals, bit for bit, the fixed walk without counters (and StoreF32 equals gemv_quant on
     the standalone quantizer's ActBlocks). 68,002 rows of K = 256 are at least 4 rounds of the
     resident warps (at most 64 an SM) on GPUs of up to 132 SMs for SwiGLU's 34,001 units too (5 on
-    the H100's 132: ceil(34,001 / 8,448)). The counters
-    must be back at zero after each launch, or the next launch would skip units: three launches in
-    a row, each checked."""
+    the H100's 132: ceil(34,001 / 8,448)). Three fed launches in a row (walk_then_fed)."""
     N, K = 68002, 256
     W = Weights(C, name, N, K, rng)
     counters = torch.zeros(ops.gemv_quant_counter_words(), dtype=torch.int32, device="cuda")
@@ -511,22 +520,21 @@ def test_gemv_quant_in_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, g
         }
         residual0 = torch.randn((M + 1, N), generator=gen, device="cuda")
         for label, (ep, inputs, dtype, cols, key) in runs.items():
-            got = []
-            for fed in (False, True, True, True):
+            what = f"{name} M={M} {label}"
+
+            def launch(counters_ptr):
                 y = residual0.clone() if ep == ADD_RESIDUAL else nan_full((M + 1, cols), dtype)
                 ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, N, K, ep, **{key: y.data_ptr()}, **inputs,
-                               counters=counters.data_ptr() if fed else 0)
+                               counters=counters_ptr)
                 torch.cuda.synchronize()
-                assert int(counters.abs().sum()) == 0, f"{name} M={M} {label}: counters left non-zero"
                 if ep == ADD_RESIDUAL:
-                    assert torch.equal(y[M], residual0[M]), f"{name} M={M} {label}: wrote past its M rows"
+                    assert torch.equal(y[M], residual0[M]), f"{what}: wrote past its M rows"
                 else:
-                    assert torch.isnan(y[M].float()).all(), f"{name} M={M} {label}: wrote past its M rows"
-                got.append(y[:M])
-            for i, y in enumerate(got[1:]):
-                assert torch.equal(y, got[0]), f"{name} M={M} {label}: fed launch {i + 1} differs from the fixed walk"
+                    assert torch.isnan(y[M].float()).all(), f"{what}: wrote past its M rows"
+                return y[:M]
+            walked = walk_then_fed(launch, counters, what)
             if ep == STORE_F32:
-                assert torch.equal(got[0], want), f"{name} M={M}: not gemv_quant on the standalone blocks"
+                assert torch.equal(walked, want), f"{name} M={M}: not gemv_quant on the standalone blocks"
 
 
 @pytest.mark.parametrize("name", ["q6_k", "q4_k", "q8_0"])
