@@ -540,10 +540,11 @@ def test_gemv_quant_in_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, g
 @pytest.mark.parametrize("name", ["q6_k", "q4_k", "q8_0"])
 def test_gemv_quant_in_on_a_vocabulary_sized_matrix_takes_either_path_to_the_same_bits(C, ops, rng, gen, name):
     """At M <= 2 a matrix of more than tuning::kGemvQuantFusedMaxUnits rows (an LM head: here
-    Llama-3's vocabulary plus one row) goes through the scratch when one is given (the standalone
-    quantizer and the ActBlock grid), else through the kernel's own prologue; both equal, bit for
-    bit, gemv_quant on the standalone quantizers' ActBlocks, and the result is checked against the
-    float64 reference on a sample of rows (the whole matrix would take minutes on the host)."""
+    Llama-3's vocabulary plus one row) goes through the scratch when one is given and its type has
+    32-value blocks (q8_0: the standalone quantizer and the ActBlock grid), else through the
+    kernel's own prologue (the K-quants always); either way it equals, bit for bit, gemv_quant on
+    the standalone quantizers' ActBlocks, and the result is checked against the float64 reference
+    on a sample of rows (the whole matrix would take minutes on the host)."""
     K = 256
     W = Weights(C, name, 128257, K, rng)
     for M in (1, 2):

@@ -38,9 +38,9 @@
 //     counters instead (QuantGemvInput::counters: tickets asked for two units ahead, eight
 //     counters in lines of their own, reset by the last CTA out): balanced as the hardware
 //     balances many short CTAs, without quantizing the input once per CTA. A vocabulary-sized
-//     matrix (past tuning::kGemvQuantFusedMaxUnits units, some 60 rounds a warp) is the exception: the
-//     standalone quantizer and the ActBlock grid of many small CTAs, which the hardware balances,
-//     stream it faster than one wave on a fixed walk does.
+//     matrix of a 32-value type (past tuning::kGemvQuantFusedMaxUnits units) is the exception: its
+//     cheap decode streams faster through the standalone quantizer and the ActBlock grid of many
+//     small CTAs; a K-quant one (the Q6_K LM head of K-quant files) is fed like the w13.
 //   * A matrix of two types (gemv_quant_pair: a K-quant file's Q6_K wv beside Q4_K / Q5_K wq | wk)
 //     runs as one launch: units past the first part's read the second part's tiles with that
 //     type's decode, branching once per chunk (uniform per warp; a unit's rows lie in one part).
@@ -965,6 +965,16 @@ bool fusable_pair(int type0, int type1) {
     return type1 == (int)QType::Q6_K && (type0 == (int)QType::Q4_K || type0 == (int)QType::Q5_K);
 }
 
+// One row of a vocabulary-sized matrix (past tuning::kGemvQuantFusedMaxUnits units) of a 32-value
+// type is quantized apart, then streamed by the ActBlock grid of many small CTAs: their decode is a
+// few instructions a piece, and the short CTAs outrun the fused grid's walk. A K-quant's decode is
+// long enough that the fed walk, which issues a warp's next unit's loads before this unit's
+// arithmetic, streams it faster.
+bool quantized_apart(int type, int n_units) {
+    const bool k_quant = type == (int)QType::Q4_K || type == (int)QType::Q5_K || type == (int)QType::Q6_K;
+    return n_units > tuning::kGemvQuantFusedMaxUnits && !k_quant;
+}
+
 // One part of a launch as the caller gives it: rows of one type.
 struct PartIn {
     int type;
@@ -1027,10 +1037,10 @@ void launch_gemv_quant(const char* op, const PartIn* parts, int n_parts, const Q
     if (in.xq) {
         BRRR_CHECK_ARG(util::aligned_to(in.xq, 16), op << ": xq (ActBlocks) must be 16-byte aligned");
         a.x = in.xq;
-    } else if (M <= kFusedRows && (a.n_units <= tuning::kGemvQuantFusedMaxUnits || !in.scratch) &&
+    } else if (M <= kFusedRows && (!quantized_apart(parts[0].type, a.n_units) || !in.scratch) &&
                (in.x ? util::aligned_to(in.x, 16) : util::aligned_to(in.x_f32, 16) && util::aligned_to(in.norm_w, 8))) {
         // (the prologue reads whole blocks with vector loads; other alignments take the scratch, and
-        // so does a vocabulary-sized matrix where one is given: tuning::kGemvQuantFusedMaxUnits)
+        // so does a vocabulary-sized matrix of a 32-value type where one is given: quantized_apart)
         x_in = in.x ? XIn::Bf16 : XIn::Norm;
         a.x_bf16 = in.x;
         a.x_f32 = in.x_f32;

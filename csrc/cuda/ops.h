@@ -120,7 +120,7 @@ struct QuantGemvInput {
     unsigned* counters = nullptr;
 };
 constexpr int kGemvQuantCounterWords = 640;
-// gemv_quant on any input: M <= 2 unquantized rows are quantized by the kernel itself (no extra launch, the same bits as the standalone quantizers), more go through quantize_act_bf16 / rmsnorm_quantize_act into in.scratch first, and so do M <= 2 rows of a matrix of more than tuning::kGemvQuantFusedMaxUnits output units when in.scratch is given.
+// gemv_quant on any input: M <= 2 unquantized rows are quantized by the kernel itself (no extra launch, the same bits as the standalone quantizers), more go through quantize_act_bf16 / rmsnorm_quantize_act into in.scratch first, and so do M <= 2 rows of a matrix of a 32-value type with more than tuning::kGemvQuantFusedMaxUnits output units when in.scratch is given.
 void gemv_quant_in(int type, const void* W, const QuantGemvInput& in, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 // Whether a matrix of two quantized parts (rows of type0, then rows of type1) runs as one gemv_quant_pair: K-quant mixes (Q4_K or Q5_K beside Q6_K, as Q4_K_M / Q5_K_M files give wq | wk and wv), every Epilogue but SwiGLU.
 bool gemv_quant_fuses_pair(int type0, int type1, Epilogue ep);

@@ -67,17 +67,19 @@ constexpr int kGemvQuantMmaMaxRows = 64;
 // parts: a bf16 part goes through gemv_bf16 (16 rows), a w13 of two types is staged through the
 // 16-row gate_up_. A matrix of one quantized type takes the kernel's 64 (kGemvQuantMmaMaxRows).
 constexpr int kGemvQuantPassRows = 16;
-// gemv_quant_in at M <= 2: a matrix of at most this many output units (rows; SwiGLU / RopeKV pairs)
-// runs as one wave of CTAs that quantize the input themselves and walk the units; a larger one (a
-// vocabulary-sized LM head: 61 rounds a warp) takes the standalone quantizer and the ActBlock grid of
-// many small CTAs, which the hardware balances. H100, Q4_K_M batch 1: 8B 0.973x a step of 8 layers
-// (the LM head 22 us faster), 1B 0.995x; docs/kernels/gemv.md has the table.
+// gemv_quant_in at M <= 2: a matrix of a 32-value type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with more
+// than this many output units (a vocabulary-sized LM head) takes the standalone quantizer and the
+// ActBlock grid of many small CTAs; every other matrix runs as one wave of CTAs that quantize the
+// input themselves. H100, batch 1, the LM head on the fed grid against the ActBlock grid: Q6_K
+// heads (Q4_K_M) 0.968x a 1B step, 0.989x 8 of the 8B's layers; Q8_0 1.004x / 1.007x (8B / 1B),
+// Q4_0 1.019x, Q4_1 1.017x; docs/kernels/gemv.md has the table.
 constexpr int kGemvQuantFusedMaxUnits = 32768;
 // A one-row fused-input GEMV whose one wave walks at least this many rounds takes its units from
-// counters (QuantGemvInput::counters) instead of a fixed walk. H100, 8 of the 8B's layers, batch 1,
-// same run: Q4_K_M 0.934x a step (w13 at 7 rounds), Q8_0 level (5 rounds); the 1B's Q4_K_M w13 (4
-// rounds) 1.010x; fed at 2 rounds, wo / w2 / wqkv were slower (docs/kernels/gemv.md).
-constexpr int kGemvQuantFedMinRounds = 4;
+// counters (QuantGemvInput::counters) instead of a fixed walk. H100, batch 1, same run: 8 of the
+// 8B's layers Q4_K_M 0.934x a step (w13 at 7 rounds), Q8_0 level (5 rounds); the 1B's Q4_K_M w13
+// walks 4 rounds and was 1.036x fed (633.4 against 610.7 us a step); fed at 2 rounds, wo / w2 /
+// wqkv were slower (docs/kernels/gemv.md).
+constexpr int kGemvQuantFedMinRounds = 5;
 // Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV in even
 // passes (of at most kGemvQuantPassRows rows where the matrix has several parts), each re-reading the quantized weights (Q4_K: 0.56
 // bytes a weight); more rows dequantize the matrix into bf16 scratch for the GEMM, which reads the
