@@ -27,8 +27,12 @@
 # "tiny" = the peer-tiny shape of a CPU dry run); PEER_TYPES ("Q4_K_M Q8_0": the quantized files
 # made); PEER_BENCH (1; 0 = build and files only, for a `llama_brrr compare` that runs llama-bench
 # itself in the same call); PEER_CUDA (1; 0 = a CPU build, for dry runs);
-# PEER_JOBS (nproc); PEER_REPS (5); TOTAL_S (540: every step gets what is left of it);
+# PEER_JOBS (nproc); PEER_REPS (5); TOTAL_S (540: every step gets what is left of it); PEER_BUILD_S
+# (480: the build's own limit);
 # PEER_CONFIGURE_ONLY (0; 1 = stop after cmake's configure, a check of the tree and toolchain);
+# PEER_BUILD_ONLY (0; 1 = stop after the build: scripts/llamacpp_prebuild.sh builds off the GPU
+# machine this way); PEER_PREBUILT (a tarball of scripts/llamacpp_prebuild.sh: its binaries stand
+# in for steps a's configure and build, and the source tree is not needed);
 # LLAMA_SRC (third_party/llama.cpp); CUBLAS_DIR (a folder with include/cublas_v2.h and
 # lib/libcublas.so*, when the CUDA toolkit lacks cuBLAS: found by itself in Python's nvidia wheels).
 set -u -o pipefail
@@ -121,8 +125,18 @@ EOF
 
 say "shapes: $SHAPES; cuda: $CUDA; work dir: $PEER; budget ${TOTAL_S}s"
 df -h "$PEER" /dev/shm 2>/dev/null | tee -a "$LOG"
-[[ -f $SRC/CMakeLists.txt && -f $SRC/BRRR_SOURCE.txt ]] \
-    || die "no llama.cpp tree at $SRC: run scripts/llamacpp_src.sh here and carry third_party/llama.cpp"
+PREBUILT=${PEER_PREBUILT:-}
+if [[ -n $PREBUILT ]]; then
+    [[ -f $PREBUILT ]] || die "no prebuilt llama.cpp at PEER_PREBUILT=$PREBUILT (scripts/llamacpp_prebuild.sh makes it)"
+    mkdir -p "$BUILD" && tar -xJf "$PREBUILT" -C "$BUILD" || die "unpacking $PREBUILT"
+    [[ -x $BUILD/bin/llama-bench && -x $BUILD/bin/llama-quantize ]] || die "$PREBUILT lacks bin/llama-bench or bin/llama-quantize"
+    SRC=$BUILD  # its BRRR_SOURCE.txt records the source the binaries were built from
+    echo prebuilt > "$BUILD/build_seconds.txt"
+    say "llama.cpp prebuilt: $PREBUILT"
+else
+    [[ -f $SRC/CMakeLists.txt && -f $SRC/BRRR_SOURCE.txt ]] \
+        || die "no llama.cpp tree at $SRC: run scripts/llamacpp_src.sh here and carry third_party/llama.cpp"
+fi
 
 # Python: gguf (for the writer) comes as a carried wheel where the image lacks it.
 if ! python3 -c "import gguf" 2>/dev/null; then
@@ -189,6 +203,9 @@ for base in sys.path:
         cmake_args+=(-DCUDA_cublas_LIBRARY="$lib" -DCUDA_cublasLt_LIBRARY="$liblt"
                      -DCMAKE_CUDA_FLAGS="-I$cublas/include")
         export LD_LIBRARY_PATH=$cublas/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        # for a llama-bench run outside this script (llama_brrr compare) where the binary's own
+        # search path does not lead there (a prebuilt one)
+        mkdir -p "$BUILD" && echo "$cublas/lib" > "$BUILD/ld_library_path.txt"
         say "cuBLAS from $cublas"
     fi
     # the driver library, for ggml's virtual-memory pool: the toolkit's stub, else the driver's own
@@ -197,17 +214,30 @@ for base in sys.path:
         libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF; exit}')
         [[ -n $libcuda ]] || libcuda=$(ls /usr/local/nvidia/lib64/libcuda.so* \
             /usr/lib/x86_64-linux-gnu/libcuda.so* /usr/lib64/libcuda.so* 2>/dev/null | head -1)
-        if [[ -n $libcuda ]]; then
-            cmake_args+=(-DCUDA_cuda_driver_LIBRARY="$libcuda")
-        else
-            cmake_args+=(-DGGML_CUDA_NO_VMM=ON)
-            say "no libcuda.so to link: GGML_CUDA_NO_VMM=ON (ggml's legacy memory pool)"
+        if [[ -z $libcuda ]]; then
+            # No driver here (a build off the GPU machine): link against a stub of every CUresult
+            # function cuda.h declares, named libcuda.so.1 as the driver's, which the loader then
+            # finds on the GPU machine; ggml keeps its virtual-memory pool as in a build there.
+            libcuda=$PEER/cuda-stub/libcuda.so
+            mkdir -p "$PEER/cuda-stub"
+            cuda_h=$(ls "$cuda_home"/include/cuda.h "$cuda_home"/targets/*/include/cuda.h \
+                /usr/local/cuda/include/cuda.h 2>/dev/null | head -1)
+            [[ -n $cuda_h ]] || die "no libcuda.so to link and no cuda.h to make a stub from"
+            echo '#include <cuda.h>' | gcc -E -x c -I"$(dirname "$cuda_h")" - \
+                | grep -oE 'CUresult[[:space:]]+(__attribute__\(\(visibility\("default"\)\)\)[[:space:]]+)?cu[A-Za-z0-9_]+[[:space:]]*\(' \
+                | grep -oE 'cu[A-Za-z0-9_]+[[:space:]]*\($' | tr -d '( ' | sort -u \
+                | sed 's/.*/int &(void) { return 0; }/' > "$PEER/cuda-stub/stub.c"
+            [[ -s $PEER/cuda-stub/stub.c ]] || die "no CUresult functions found in $cuda_h for the libcuda stub"
+            gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$libcuda" "$PEER/cuda-stub/stub.c" \
+                || die "no libcuda.so to link, and the stub did not build"
+            say "no libcuda.so here: linking a stub ($(wc -l < "$PEER/cuda-stub/stub.c") functions)"
         fi
+        cmake_args+=(-DCUDA_cuda_driver_LIBRARY="$libcuda")
     fi
 else
     cmake_args+=(-DGGML_CUDA=OFF)
 fi
-if [[ ! -f $BUILD/build.ninja ]]; then
+if [[ -z $PREBUILT && ! -f $BUILD/build.ninja ]]; then
     say "configure: cmake ${cmake_args[*]}"
     limited 120 cmake -S "$SRC" -B "$BUILD" "${cmake_args[@]}" >> "$LOG" 2>&1 || die "cmake configure (see peer.log)"
     echo "${cmake_args[*]}" > "$BUILD/cmake_args.txt"
@@ -223,7 +253,7 @@ if [[ -f $BUILD/build_seconds.txt ]]; then
 else
     t0=$(date +%s)
     say "build: ninja -j$JOBS llama-bench llama-quantize"
-    limited 480 ninja -C "$BUILD" -j"$JOBS" llama-bench llama-quantize >> "$LOGS/build.log" 2>&1
+    limited "${PEER_BUILD_S:-480}" ninja -C "$BUILD" -j"$JOBS" llama-bench llama-quantize >> "$LOGS/build.log" 2>&1
     rc=$?
     # build time over every call that worked on it
     spent=$(( $(cat "$BUILD/build_seconds_so_far.txt" 2>/dev/null || echo 0) + $(date +%s) - t0 ))
@@ -231,6 +261,11 @@ else
     (( rc == 0 )) || die "build (rc $rc after ${spent}s in all; a second call resumes it; log tail in peer.log)"
     echo "$spent" > "$BUILD/build_seconds.txt"
     say "build: ${spent}s"
+fi
+if [[ ${PEER_BUILD_ONLY:-0} == 1 ]]; then
+    stop_writer
+    say "built $BUILD/bin (PEER_BUILD_ONLY=1)"
+    exit 0
 fi
 BIN=$BUILD/bin
 
