@@ -971,8 +971,7 @@ bool fusable_pair(int type0, int type1) {
 // long enough that the fed walk, which issues a warp's next unit's loads before this unit's
 // arithmetic, streams it faster.
 bool quantized_apart(int type, int n_units) {
-    const bool k_quant = type == (int)QType::Q4_K || type == (int)QType::Q5_K || type == (int)QType::Q6_K;
-    return n_units > tuning::kGemvQuantFusedMaxUnits && !k_quant;
+    return n_units > tuning::kGemvQuantFusedMaxUnits && quant::block_elems(static_cast<QType>(type)) == quant::kBlock32;
 }
 
 // One part of a launch as the caller gives it: rows of one type.
