@@ -332,7 +332,7 @@ def walk_then_fed(launch, counters, what):
 def test_gemv_quant_pair_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, gen, pair):
     """The two-type kernel's grid fed by counters (QuantGemvInput::counters, from
     tuning::kGemvQuantFedMinRounds rounds on): warps then cross the part boundary from unit to
-    unit. 40,000 units are at least 4 rounds of the resident warps (at most 64 an SM) on GPUs of
+    unit. 40,000 units are at least 5 rounds of the resident warps (at most 64 an SM) on GPUs of
     up to 132 SMs; each output equals, bit for bit, the fixed walk without counters, over three
     fed launches in a row (walk_then_fed)."""
     (N0, N1), K = (30001, 9999), 256
@@ -499,7 +499,7 @@ def test_gemv_quant_in_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, g
     """A one-row fused-input grid of many rounds (tuning::kGemvQuantFedMinRounds) with counters
     takes its units from them; each unit is still summed by one warp in a fixed order, so every
     epilogue equals, bit for bit, the fixed walk without counters (and StoreF32 equals gemv_quant on
-    the standalone quantizer's ActBlocks). 68,002 rows of K = 256 are at least 4 rounds of the
+    the standalone quantizer's ActBlocks). 68,002 rows of K = 256 are at least 5 rounds of the
     resident warps (at most 64 an SM) on GPUs of up to 132 SMs for SwiGLU's 34,001 units too (5 on
     the H100's 132: ceil(34,001 / 8,448)). Three fed launches in a row (walk_then_fed)."""
     N, K = 68002, 256
