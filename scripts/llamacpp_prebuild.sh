@@ -21,7 +21,9 @@ OUT_FILE=$ROOT/third_party/llamacpp_bin.tar.xz
 mkdir -p "$WORK"
 
 cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-if [[ -z ${CUBLAS_DIR:-} && ! -f $cuda_home/include/cublas_v2.h ]]; then
+# (the toolkit's cuBLAS where gpu_llamacpp_peer.sh looks for it first)
+if [[ -z ${CUBLAS_DIR:-} ]] && ! compgen -G "$cuda_home/include/cublas_v2.h" > /dev/null \
+    && ! compgen -G "$cuda_home/targets/*/include/cublas_v2.h" > /dev/null; then
     python3 -m pip install -q --target "$WORK/pip" "nvidia-cublas>=13,<14"
     export CUBLAS_DIR=$WORK/pip/nvidia/cu13
 fi
