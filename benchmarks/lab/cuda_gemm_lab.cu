@@ -507,7 +507,7 @@ int main(int argc, char** argv) {
     g_sms = prop.multiProcessorCount;
     std::printf("%s, %d SMs, cc %d.%d\n", prop.name, g_sms, prop.major, prop.minor);
     cudaFuncAttributes attr;
-    LAB_CHECK(cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 0>));
+    LAB_CHECK(cudaFuncGetAttributes(&attr, sm90::gemm_sm90_kernel<256, 4, false, 0, false>));
     int sms = 0;
     const bool production_uses_sm90 = gemm_sm90_available(&sms);
     std::printf("sm90 kernel binaryVersion %d; gemm_bf16 takes the sm90 path here: %s\n", attr.binaryVersion,

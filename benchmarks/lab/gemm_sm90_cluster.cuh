@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int CLUSTER = 2;
     static_assert(ROPE_HD == 0 || (!SWIGLU && ROPE_HD % 16 == 0 && BN % (ROPE_HD > 0 ? ROPE_HD : 1) == 0), "tiles of whole heads");
-    using L = Layout<BN, STAGES, !SWIGLU>;
+    using L = Layout<BN, STAGES, !SWIGLU, false>;
     // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512.
     constexpr int kProducerRegs = 40, kConsumerRegs = 232;
     constexpr int kTileCols = SWIGLU ? BN / 2 : BN;  // output columns per tile
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (p.rope_q_tma && col0 + BN <= p.out.rope.n_heads * ROPE_HD) {
                     if (row0 >= p.M) continue;
                     sm90::rope_q_in_place<BN, ROPE_HD>(p, row0 + warp * 16 + (lane >> 2), lane & 3, acc);
-                    sm90::epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
+                    sm90::epilogue_tma<BN, STAGES, false, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
                                                    col0, p.out.rope.n_heads * ROPE_HD, false, staged_boxes, acc);
                     continue;
                 }
@@ -212,10 +212,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (!SWIGLU && ROPE_HD == 0 && p.epilogue_tma) {
                 if (row0 >= p.M) continue;
                 if (p.ep == Epilogue::StoreBf16) {
-                    sm90::epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0, col0,
+                    sm90::epilogue_tma<BN, STAGES, false, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0, col0,
                                                    p.width, false, staged_boxes, acc);
                 } else {
-                    sm90::epilogue_tma<BN, STAGES, false>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
+                    sm90::epilogue_tma<BN, STAGES, false, false>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
                                                     col0, p.width, p.ep == Epilogue::AddResidual, staged_boxes, acc);
                 }
                 continue;
@@ -300,7 +300,7 @@ void launch_cluster(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t s
     const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
     const CUtensorMap out_map = epilogue_map(p, x_map);
     const TileMap tiles = tile_map<BN>(p, group_m / kCluster, 1);
-    const size_t smem = smem_bytes<BN, STAGES>(p);
+    const size_t smem = smem_bytes<BN, STAGES, false>(p);
     const ClusterKernelFn kernel = p.ep == Epilogue::SwiGLU ? gemm_sm90_cluster_kernel<BN, STAGES, true, 0>
                                                             : gemm_sm90_cluster_kernel<BN, STAGES, false, 0>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

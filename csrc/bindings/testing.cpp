@@ -491,6 +491,50 @@ void bind_testing(py::module_& m) {
        py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "decode GEMV on quantized weights on the tensor cores (M <= 64): y = x . bf16(dequant(W)).T with the "
        "epilogue (as gemv_quant's); W = qlayout tiles (quant_ops.gpu_repack), x = bf16 rows [M, K]");
+    testing.def("gemm_quant", [](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
+                                  int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
+                                  int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
+                                  uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
+                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8) {
+        brrr::cuda::EpilogueArgs args =
+            CudaQuantMatmul::args("gemm_quant", 0, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
+                                  slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
+        args.split = CudaMatmul::split_scratch(split);
+        std::optional<PagedKv> paged;
+        if (epilogue == 4) {
+            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
+            args.rope.kv = paged->kv;
+        }
+        if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
+            bad_argument("gemm_quant: parts must list 1 to 3 (type, W, rows) tuples, got " + std::to_string(parts.size()));
+        brrr::cuda::GemmWeightPart ws[brrr::cuda::kMaxWeightParts];
+        int row0 = 0;
+        for (size_t i = 0; i < parts.size(); ++i) {
+            const auto t = parts[i].cast<std::tuple<int64_t, uintptr_t, int64_t>>();
+            CudaOp::check_sizes({{"part rows", std::get<2>(t)}});
+            if (std::get<0>(t) < 0 || std::get<0>(t) > 255)
+                bad_argument("gemm_quant: a part's type must be 0 (bf16) or a GGML type id, got " +
+                             std::to_string(std::get<0>(t)));
+            ws[i] = {(int)std::get<0>(t), CudaOp::ptr(std::get<1>(t), "W"), row0, (int)std::get<2>(t)};
+            row0 += (int)std::get<2>(t);
+        }
+        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+        py::gil_scoped_release release;
+        brrr::cuda::gemm_quant(ws, (int)parts.size(), xp, (int)M, (int)N, (int)K,
+                               static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
+        CudaOp::finish("testing.gemm_quant");
+    }, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
+       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
+       py::arg("split") = py::none(), py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0,
+       py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0,
+       py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
+       "prefill GEMM on quantized weights (Hopper): y = x . bf16(dequant(W)).T with the epilogue; W = parts, "
+       "a list of (type, pointer, rows) in row order (type 0: bf16 [rows, K], else qlayout tiles), x = bf16 "
+       "[M, K]; split as for gemm_bf16");
+    testing.def("gemm_quant_available", []() { return brrr::cuda::gemm_quant_available(); },
+                "whether gemm_quant runs on this device (Hopper, sm_90a image)");
     testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {
         CudaOp::check_sizes({{"M", M}, {"K", K}});
         const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));

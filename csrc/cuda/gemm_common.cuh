@@ -30,9 +30,21 @@ constexpr int kBK = 64;              // k per ring slot: kBK * 2 bytes = one 128
 constexpr int kSplitTileCols = 128;  // split-K work items are 128-column tiles
 }  // namespace sm90
 
+// W as the parts gemm_quant dequantizes tile by tile (gemm_sm90_dequant.cuh); n = 0 for a bf16 W
+// loaded by TMA. Part i holds matrix rows [row0[i], row0[i] + rows[i]).
+struct QuantB {
+    const unsigned char* data[kMaxWeightParts];  // bf16 [rows, K], or qlayout tiles
+    const unsigned char* tail[kMaxWeightParts];  // Q6_K: the fp16 d [rows, tiles a row]; else null
+    int type[kMaxWeightParts];                   // 0 bf16, else the GGML type id
+    int row0[kMaxWeightParts], rows[kMaxWeightParts];
+    int row_bytes[kMaxWeightParts];              // from one row of the part to the next
+    int n;
+};
+
 struct GemmArgs {
     const bf16* x;      // [M, K]
-    const bf16* W;      // [N, K]
+    const bf16* W;      // [N, K] (null where qb.n > 0)
+    QuantB qb;
     int M, N, K;
     int width;          // output columns: N, or H = N / 2 for SwiGLU
     int half_n;         // H: first up row of w13 (SwiGLU only)
@@ -49,10 +61,12 @@ inline bool tma_compatible(const GemmArgs& p) {
 }
 
 // The argument block of one gemm_bf16 call: validated, ld_out resolved, store forms chosen.
-inline GemmArgs gemm_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args) {
+inline GemmArgs gemm_args(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args,
+                          const char* op = "gemm_bf16") {
     GemmArgs p;
+    p.qb = QuantB{};
     p.out = args;
-    p.width = util::check_matmul("gemm_bf16", x, W, M, N, K, ep, p.out, /*allow_rope=*/true);
+    p.width = util::check_matmul(op, x, W, M, N, K, ep, p.out, /*allow_rope=*/true);
     if (ep == Epilogue::RopeKV) p.width = N;  // tiles cover all N columns; pairs form inside a tile
     p.x = x;
     p.W = W;

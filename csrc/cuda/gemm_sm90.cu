@@ -8,11 +8,15 @@
 // also wins near-ties (within kGemmWideTieNum / kGemmWideTieDen), because its tiles re-read x
 // half as often. RopeKV leaves out 192, which does not hold whole heads of 128.
 // With splits > 1 (chosen by matmul.cu's split-K model) the call runs 128-column tiles, the width
-// the split-K scratch is sized for. Ring depth per width is the deepest that fits shared memory
+// the split-K scratch is sized for.
+//   gemm_sm90_quant(p, splits, sm_count): quantized W (p.qb) always takes 128-column tiles: the
+//   producer's raw slots (gemm_sm90_dequant.cuh) hold BN rows each, and at 256 they and a ring
+//   deep enough to hide the dequantization would not fit shared memory together. Ring depth per width is the deepest that fits shared memory
 // beside the epilogue's staging boxes (tuning.h).
 //
 // Invariants: the instances compiled here are exactly those a call can pick (per width: SwiGLU,
-// plain, RopeKV with head_dim 64 and, where BN holds whole heads of 128, 128); the sm_90a image
+// plain, RopeKV with head_dim 64 and, where BN holds whole heads of 128, 128; the same four for
+// quantized W at 128 columns); the sm_90a image
 // is checked once per device (gemm_sm90_available) before any of them is launched.
 #include "cuda/gemm_sm90.cuh"
 
@@ -26,7 +30,7 @@ namespace cuda {
 
 bool gemm_sm90_available(int* sm_count) {
     *sm_count = device_facts().sm_count;
-    return runs_sm90a(sm90::gemm_sm90_kernel<256, tuning::kGemmSm90Stages256, false, 0>);
+    return runs_sm90a(sm90::gemm_sm90_kernel<256, tuning::kGemmSm90Stages256, false, 0, false>);
 }
 
 void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream) {
@@ -52,6 +56,10 @@ void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream)
     } else {
         sm90::launch<128, tuning::kGemmSm90Stages128>(p, sm_count, kGroupM, stream);
     }
+}
+
+void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream) {
+    sm90::launch<128, tuning::kGemmSm90QuantStages, true>(p, sm_count, tuning::kGemmSm90GroupM, stream, splits);
 }
 
 }  // namespace cuda

@@ -21,6 +21,9 @@
 // for a tile's residual over the end of its main loop. SwiGLU loads gate and up rows as two TMA
 // boxes, so each thread holds both. RopeKV tiles hold whole heads: d and d + hd/2 sit in one
 // thread, RoPE and the cache stores happen in registers (q tiles leave through TMA stores).
+// QUANT instances (gemm_quant, 128-column tiles): W is quantized (GemmArgs::qb); a slot carries
+// each W row's raw bytes of the k tile instead of its bf16 tile, copied by all producer threads,
+// and the consumers decode it into a bf16 W tile before their wgmma (gemm_sm90_dequant.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -30,6 +33,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/gemm_common.cuh"
+#include "cuda/gemm_sm90_dequant.cuh"
 #include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/ops.h"
@@ -106,18 +110,28 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
 // Shared memory: the ring's STAGES slots, then (RES: instances whose epilogue may run through TMA:
 // AddResidual, StoreF32, StoreBf16, RopeKV's q tiles) the staging boxes of epilogue_tma (kResBufs per consumer
 // warpgroup, 64 rows x 128 bytes each: two where they fit, so one box fills while TMA reads the
-// other), then the full / empty barriers.
-template <int BN, int STAGES, bool RES>
+// other), then the full / empty barriers. QUANT (gemm_sm90_dequant.cuh): a slot holds the x tile
+// and the raw bytes of BN W rows (kRawRowBytes each), and the bf16 W tiles the consumers decode
+// into (kDeqTiles, used in turn) come after the slots.
+template <int BN, int STAGES, bool RES, bool QUANT>
 struct Layout {
     static constexpr int kABytes = kBM * kBK * 2;
     static constexpr int kBBytes = BN * kBK * 2;
-    static constexpr int kStageBytes = kABytes + kBBytes;
+    static constexpr int kRawBytes = BN * kRawRowBytes;
+    static constexpr int kStageBytes = kABytes + (QUANT ? kRawBytes : kBBytes);
+    static_assert(kStageBytes % 1024 == 0, "every slot's tiles start on a swizzle atom");
+    // Three: the tile a consumer decodes k tile kt into was last read by the wgmma of kt - 3, which
+    // the slower warpgroup has waited out before the named barrier of kt - 1 (with two, the other
+    // warpgroup's wgmma of kt - 2 could still be reading it).
+    static constexpr int kDeqTiles = QUANT ? 3 : 0;
     static constexpr int kResBoxBytes = 64 * 32 * 4;
     static constexpr size_t kBarrierBytes = 2 * STAGES * sizeof(uint64_t);
     // + 1024: the dynamic window is only 16-byte aligned and the swizzle atoms need 1024.
-    static constexpr size_t kFixedBytes = 1024 + (size_t)STAGES * kStageBytes + kBarrierBytes;
+    static constexpr size_t kFixedBytes =
+        1024 + (size_t)STAGES * kStageBytes + (size_t)kDeqTiles * kBBytes + kBarrierBytes;
     static constexpr int kResBufs = !RES ? 0 : kFixedBytes + 2 * kConsumers * kResBoxBytes <= 227 * 1024 ? 2 : 1;
-    static constexpr size_t kResOffset = (size_t)STAGES * kStageBytes;
+    static constexpr size_t kDeqOffset = (size_t)STAGES * kStageBytes;
+    static constexpr size_t kResOffset = kDeqOffset + (size_t)kDeqTiles * kBBytes;
     static constexpr size_t kBarrierOffset = kResOffset + (size_t)kResBufs * kConsumers * kResBoxBytes;
     static constexpr size_t kSmemBytes = 1024 + kBarrierOffset + kBarrierBytes;
     static_assert(kSmemBytes <= 227 * 1024, "stages do not fit in shared memory");
@@ -137,11 +151,11 @@ struct Layout {
 // other staging box. The count must not restart per tile: after a tile with an odd box count (an
 // N tail) the next tile's first box would reuse a staging box TMA may still be reading
 // (tests/test_cuda_kernels.py's short-K test catches it).
-template <int BN, int STAGES, bool BF16>
+template <int BN, int STAGES, bool QUANT, bool BF16>
 __device__ __forceinline__ void epilogue_tma(const CUtensorMap* map, unsigned char* box_smem, int consumer, int ct,
                                              int warp, int lane, int row0, int col0, int width, bool add,
                                              int& boxes, const float (&acc)[BN / 2]) {
-    using L = Layout<BN, STAGES, true>;
+    using L = Layout<BN, STAGES, true, QUANT>;
     constexpr int kBoxCols = BF16 ? 64 : 32;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -189,6 +203,20 @@ __device__ __forceinline__ void epilogue_tma(const CUtensorMap* map, unsigned ch
 struct TileMap {
     int tiles_m, tiles_n, group_m;
     int splits, k_per_split;
+
+    __device__ __forceinline__ void k_range(int work, int k_tiles, int& k_begin, int& k_end) const {
+        k_begin = (work % splits) * k_per_split;
+        k_end = min(k_tiles, k_begin + k_per_split);
+    }
+    __device__ __forceinline__ void coords(int work, int& tm, int& tn) const {
+        work /= splits;
+        const int per_group = group_m * tiles_n;
+        const int first_m = (work / per_group) * group_m;
+        const int rows = min(group_m, tiles_m - first_m);
+        const int in_group = work % per_group;
+        tm = first_m + in_group % rows;
+        tn = in_group / rows;
+    }
 };
 
 // Split-K: the work item of split `split` of tile `tile` has its partial sums in registers. Each
@@ -230,6 +258,52 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
     return true;
 }
 
+// The W rows of tile `tn`: tile row r is W row b_row0 + r of the first box (BN / 2 rows) or
+// b_row1 + r - BN / 2 of the second (SwiGLU: the gate rows, then the matching up rows).
+template <int BN, bool SWIGLU>
+__device__ __forceinline__ int tile_w_row(const GemmArgs& p, int tn, int r) {
+    const int col0 = tn * (SWIGLU ? BN / 2 : BN);
+    const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
+    return r < BN / 2 ? b_row0 + r : b_row1 + r - BN / 2;
+}
+
+// The producer of a QUANT instance (gemm_sm90_dequant.cuh): thread tid of warpgroup 0 copies W
+// row tid of every k tile, and thread 0 the x tile by TMA; the slot's full barrier expects the
+// TMA's arrival and one per thread, made when the thread's copies land.
+template <int BN, int STAGES, bool SWIGLU>
+__device__ __forceinline__ void produce_quant(const GemmArgs& p, const TileMap& tiles, const CUtensorMap* x_map,
+                                              unsigned char* smem, uint64_t* full, uint64_t* empty) {
+    using L = Layout<BN, STAGES, !SWIGLU, true>;
+    const int tid = threadIdx.x;
+    const int k_tiles = CEIL_DIV(p.K, kBK);
+    const int num_work = tiles.tiles_m * tiles.tiles_n * tiles.splits;
+    if (tid == 0) hopper::prefetch_tensor_map(x_map);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
+        int tm, tn, k_begin, k_end;
+        tiles.coords(work, tm, tn);
+        tiles.k_range(work, k_tiles, k_begin, k_end);
+        const int n = tile_w_row<BN, SWIGLU>(p, tn, tid);
+        const WRow w = n < p.N ? locate(p.qb, p.K, n) : WRow{nullptr, nullptr, -1, 0};
+        for (int kt = k_begin; kt < k_end; ++kt) {
+            hopper::mbarrier_wait(empty + stage, phase ^ 1);
+            unsigned char* a = smem + stage * L::kStageBytes;
+            if (tid == 0) {
+                hopper::mbarrier_arrive_expect_tx(full + stage, L::kABytes);
+                hopper::tma_load_2d(a, x_map, kt * kBK, tm * kBM, full + stage);
+            }
+            fetch_row(w, p.K, kt, a + L::kABytes + tid * kRawRowBytes);
+            hopper::mbarrier_arrive_cp_async(full + stage);
+            if (++stage == STAGES) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+    }
+    ptx::cp_async_wait<0>();  // no copy may outlive the CTA
+}
+
 // One CTA: warpgroup 0 is the producer (one thread issues the TMA copies of each k tile into a
 // ring of STAGES slots), warpgroups 1 and 2 consume (each 64 rows x BN columns of wgmma). Slot s
 // has two barriers: full[s] completes when its bytes have landed, empty[s] when every consumer
@@ -241,15 +315,20 @@ __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile
 // holds the same two columns 2t, 2t + 1 of every 8-column accumulator group, so dim d of a head
 // and its rotation partner d + hd/2 sit hd/16 groups apart in one thread's registers: RoPE and
 // the q / KV-cache stores happen there, and the fp32 q|k|v never leaves the chip.
-template <int BN, int STAGES, bool SWIGLU, int ROPE_HD>
+template <int BN, int STAGES, bool SWIGLU, int ROPE_HD, bool QUANT>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                      const __grid_constant__ CUtensorMap out_map, GemmArgs p, TileMap tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(ROPE_HD == 0 || (!SWIGLU && ROPE_HD % 16 == 0 && BN % (ROPE_HD > 0 ? ROPE_HD : 1) == 0), "tiles of whole heads");
-    using L = Layout<BN, STAGES, !SWIGLU>;
-    // 64K registers per SM: producer 128 x 40 + consumers 256 x 232 = 64512.
-    constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+    static_assert(!QUANT || BN == 128, "QUANT: one W row per producer thread, half a row per consumer thread");
+    using L = Layout<BN, STAGES, !SWIGLU, QUANT>;
+    // The launch gives every thread 168 registers (__launch_bounds__), 64512 in all; setmaxnreg
+    // moves them between warpgroups within that sum, and an increase the decreases do not pay
+    // for waits forever: producer 128 x 40 + consumers 256 x 232 = 64512; QUANT's producer
+    // (cp.async addresses) 128 x 56 + consumers 256 x 224 = 64512.
+    constexpr int kProducerRegs = QUANT ? 56 : 40, kConsumerRegs = QUANT ? 224 : 232;
+    static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads, "setmaxnreg would never return");
     constexpr int kTileCols = SWIGLU ? BN / 2 : BN;  // output columns per tile
     unsigned char* raw = ptx::dynamic_smem<unsigned char>();
     unsigned char* smem = raw + ((1024 - (ptx::smem_addr(raw) & 1023)) & 1023);
@@ -258,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warpgroup = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            hopper::mbarrier_init(full + s, 1);
+            hopper::mbarrier_init(full + s, QUANT ? 1 + 128 : 1);  // the TMA arrival (+ each producer thread's copies)
             hopper::mbarrier_init(empty + s, kConsumers * 4);
         }
         hopper::fence_barrier_init();
@@ -269,23 +348,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A work item is a tile, or with split-K one K range of a tile (the split fastest).
     const int num_work = tiles.tiles_m * tiles.tiles_n * tiles.splits;
     const int first_work = blockIdx.x, work_stride = gridDim.x;
-    auto k_range = [&](int work, int& k_begin, int& k_end) {
-        k_begin = (work % tiles.splits) * tiles.k_per_split;
-        k_end = min(k_tiles, k_begin + tiles.k_per_split);
-    };
-    auto tile_coords = [&](int work, int& tm, int& tn) {
-        work /= tiles.splits;
-        const int per_group = tiles.group_m * tiles.tiles_n;
-        const int first_m = (work / per_group) * tiles.group_m;
-        const int rows = min(tiles.group_m, tiles.tiles_m - first_m);
-        const int in_group = work % per_group;
-        tm = first_m + in_group % rows;
-        tn = in_group / rows;
-    };
+    auto k_range = [&](int work, int& k_begin, int& k_end) { tiles.k_range(work, k_tiles, k_begin, k_end); };
+    auto tile_coords = [&](int work, int& tm, int& tn) { tiles.coords(work, tm, tn); };
 
     if (warpgroup == 0) {
         hopper::regs_decrease<kProducerRegs>();
-        if (threadIdx.x == 0) {
+        if constexpr (QUANT) {
+            produce_quant<BN, STAGES, SWIGLU>(p, tiles, &x_map, smem, full, empty);
+        } else if (threadIdx.x == 0) {
             hopper::prefetch_tensor_map(&x_map);
             hopper::prefetch_tensor_map(&w_map);
             // AddResidual by TMA, one K range per tile: the tile's residual boxes are asked of L2
@@ -344,17 +414,33 @@ __global__ void __launch_bounds__(kThreads, 1)
         int stage = 0;
         uint32_t phase = 0;
         int staged_boxes = 0;  // epilogue_tma's boxes so far, over every tile of this warpgroup
+        int deq_tile = 0;      // QUANT: the W tile the next k tile is decoded into
         float acc[BN / 2];
         for (int work = first_work; work < num_work; work += work_stride) {
             int tm, tn, k_begin, k_end;
             tile_coords(work, tm, tn);
             k_range(work, k_begin, k_end);
             const int m0 = tm * kBM, col0 = tn * kTileCols;
+            // QUANT: consumer thread ct decodes half h of tile row r.
+            const int deq_r = (threadIdx.x - 128) >> 1, deq_h = threadIdx.x & 1;
+            WRow deq_w{nullptr, nullptr, -1, 0};
+            if constexpr (QUANT) {
+                const int n = tile_w_row<BN, SWIGLU>(p, tn, deq_r);
+                if (n < p.N) deq_w = locate(p.qb, p.K, n);
+            }
             int prev_stage = 0;
             for (int kt = k_begin; kt < k_end; ++kt) {
                 hopper::mbarrier_wait(full + stage, phase);
                 const unsigned char* a = smem + stage * L::kStageBytes + consumer * 64 * (kBK * 2);
                 const unsigned char* b = smem + stage * L::kStageBytes + L::kABytes;
+                if constexpr (QUANT) {
+                    unsigned char* w_tile = smem + L::kDeqOffset + deq_tile * L::kBBytes;
+                    decode_half(deq_w, p.K, kt, b + deq_r * kRawRowBytes, w_tile, deq_r, deq_h);
+                    hopper::fence_proxy_async_shared();  // the stores, before wgmma reads them
+                    hopper::named_barrier_sync(1, 256);  // every row of the tile is written
+                    b = w_tile;
+                    deq_tile = deq_tile == L::kDeqTiles - 1 ? 0 : deq_tile + 1;
+                }
                 hopper::fence_accumulators(acc);
                 hopper::wgmma_fence();
 #pragma unroll
@@ -388,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (p.rope_q_tma && col0 + BN <= p.out.rope.n_heads * ROPE_HD) {
                     if (row0 >= p.M) continue;
                     rope_q_in_place<BN, ROPE_HD>(p, row0 + warp * 16 + (lane >> 2), lane & 3, acc);
-                    epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
+                    epilogue_tma<BN, STAGES, QUANT, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
                                                    col0, p.out.rope.n_heads * ROPE_HD, false, staged_boxes, acc);
                     continue;
                 }
@@ -396,10 +482,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (!SWIGLU && ROPE_HD == 0 && p.epilogue_tma) {
                 if (row0 >= p.M) continue;
                 if (p.ep == Epilogue::StoreBf16) {
-                    epilogue_tma<BN, STAGES, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0, col0,
+                    epilogue_tma<BN, STAGES, QUANT, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0, col0,
                                                    p.width, false, staged_boxes, acc);
                 } else {
-                    epilogue_tma<BN, STAGES, false>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
+                    epilogue_tma<BN, STAGES, QUANT, false>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
                                                     col0, p.width, p.ep == Epilogue::AddResidual, staged_boxes, acc);
                 }
                 continue;
@@ -453,15 +539,15 @@ using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, TileM
 
 // The instance for p's epilogue. RopeKV has instances for head_dim 64 and 128 where BN holds
 // whole heads (the caller checks rope_fusable first).
-template <int BN, int STAGES>
+template <int BN, int STAGES, bool QUANT>
 KernelFn pick_kernel(const GemmArgs& p) {
-    if (p.ep == Epilogue::SwiGLU) return gemm_sm90_kernel<BN, STAGES, true, 0>;
-    if (p.ep != Epilogue::RopeKV) return gemm_sm90_kernel<BN, STAGES, false, 0>;
+    if (p.ep == Epilogue::SwiGLU) return gemm_sm90_kernel<BN, STAGES, true, 0, QUANT>;
+    if (p.ep != Epilogue::RopeKV) return gemm_sm90_kernel<BN, STAGES, false, 0, QUANT>;
     if constexpr (BN % 128 == 0) {
-        if (p.out.rope.head_dim == 128) return gemm_sm90_kernel<BN, STAGES, false, 128>;
+        if (p.out.rope.head_dim == 128) return gemm_sm90_kernel<BN, STAGES, false, 128, QUANT>;
     }
     if constexpr (BN % 64 == 0) {
-        if (p.out.rope.head_dim == 64) return gemm_sm90_kernel<BN, STAGES, false, 64>;
+        if (p.out.rope.head_dim == 64) return gemm_sm90_kernel<BN, STAGES, false, 64, QUANT>;
     }
     BRRR_CHECK(false, "gemm_bf16: no RopeKV instance for head_dim " << p.out.rope.head_dim << " with tiles of "
                                                                    << BN << " columns");
@@ -496,27 +582,27 @@ TileMap tile_map(const GemmArgs& p, int group_m, int splits) {
                    CEIL_DIV(k_tiles, k_per_split), k_per_split};  // no split left without k tiles
 }
 
-// Dynamic shared memory of pick_kernel<BN, STAGES>(p)'s instance.
-template <int BN, int STAGES>
+// Dynamic shared memory of pick_kernel<BN, STAGES, QUANT>(p)'s instance.
+template <int BN, int STAGES, bool QUANT>
 size_t smem_bytes(const GemmArgs& p) {
     const bool res = p.ep != Epilogue::SwiGLU;  // as pick_kernel's instances
-    return res ? Layout<BN, STAGES, true>::kSmemBytes : Layout<BN, STAGES, false>::kSmemBytes;
+    return res ? Layout<BN, STAGES, true, QUANT>::kSmemBytes : Layout<BN, STAGES, false, QUANT>::kSmemBytes;
 }
 
 // One configuration: BN columns of W per tile, STAGES ring slots; at most `max_ctas` CTAs walk
 // the tiles (0: one CTA per tile); K split `splits` ways (p.out.split must then hold splits slots
-// per tile and a counter per tile).
-template <int BN, int STAGES>
+// per tile and a counter per tile). QUANT: W is p.qb, dequantized by the producer (no W map).
+template <int BN, int STAGES, bool QUANT = false>
 void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, int splits = 1) {
     const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
-    const CUtensorMap w_map = make_tensor_map(p.W, p.N, p.K, BN / 2);
+    const CUtensorMap w_map = QUANT ? x_map : make_tensor_map(p.W, p.N, p.K, BN / 2);
     const CUtensorMap out_map = epilogue_map(p, x_map);
     const TileMap tiles = tile_map<BN>(p, group_m, splits);
     BRRR_CHECK(tiles.splits == 1 || ((size_t)tiles.tiles_m * tiles.tiles_n * tiles.splits * kBM * BN <= p.out.split.floats &&
                                      tiles.tiles_m * tiles.tiles_n <= p.out.split.n_counters),
                "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
-    const size_t smem = smem_bytes<BN, STAGES>(p);
-    const KernelFn kernel = pick_kernel<BN, STAGES>(p);
+    const size_t smem = smem_bytes<BN, STAGES, QUANT>(p);
+    const KernelFn kernel = pick_kernel<BN, STAGES, QUANT>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int num_work = tiles.tiles_m * tiles.tiles_n * tiles.splits;
     const int grid = max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas)) : num_work;

@@ -7,6 +7,9 @@
 //                (gemm_sm80.cu). RopeKV is fused on Hopper for head_dim 64 / 128 with 4-byte
 //                aligned destinations; otherwise q|k|v is staged in args.out_f32 and
 //                rope_kv_append (rope.cu) finishes.
+//   gemm_quant:  the same wgmma GEMM on quantized weights, dequantized tile by tile by its
+//                producer warpgroup (gemm_sm90_dequant.cuh); Hopper only (the engine dequantizes
+//                into bf16 scratch for gemm_bf16 elsewhere).
 //
 // Split-K (Hopper only, and only with the scratch the caller lends in EpilogueArgs::split): when
 // even 128-column tiles leave more than half of the SMs idle (M up to ~128 on the Llama
@@ -20,9 +23,11 @@
 // the split counters are left zero by every call.
 #include <algorithm>
 
+#include "cpu/quant.h"
 #include "cuda/check.cuh"
 #include "cuda/gemm_common.cuh"
 #include "cuda/ops.h"
+#include "cuda/qlayout.h"
 #include "cuda/tuning.h"
 
 namespace brrr {
@@ -62,6 +67,19 @@ int split_count(const GemmArgs& p, int sm_count) {
     return best;
 }
 
+// RopeKV without the fused epilogue: q|k|v staged in args.out_f32 by `store_f32` (the same GEMM
+// with StoreF32), then rope_kv_append.
+template <typename StoreF32>
+void rope_staged(const char* op, const EpilogueArgs& args, int M, cudaStream_t stream, StoreF32 store_f32) {
+    BRRR_CHECK(args.out_f32 != nullptr, op << ": RopeKV here (no fused epilogue for head_dim " << args.rope.head_dim
+                                           << " on this device) stages q|k|v in args.out_f32 [M, N]; got null");
+    EpilogueArgs staged;
+    staged.out_f32 = args.out_f32;
+    staged.split = args.split;
+    store_f32(staged);
+    rope_kv_append(args.out_f32, args.rope, M, stream);
+}
+
 }  // namespace
 
 void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args,
@@ -71,14 +89,9 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
     int sm_count = 0;
     const bool hopper = tma_compatible(p) && gemm_sm90_available(&sm_count);
     if (ep == Epilogue::RopeKV && !(hopper && rope_fusable(p))) {
-        BRRR_CHECK(args.out_f32 != nullptr, "gemm_bf16: RopeKV here (no fused epilogue for head_dim "
-                                                << args.rope.head_dim << " on this device) stages q|k|v in "
-                                                << "args.out_f32 [M, N]; got null");
-        EpilogueArgs staged;
-        staged.out_f32 = args.out_f32;
-        staged.split = args.split;
-        gemm_bf16(x, W, M, N, K, Epilogue::StoreF32, staged, stream);
-        rope_kv_append(args.out_f32, args.rope, M, stream);
+        rope_staged("gemm_bf16", args, M, stream, [&](const EpilogueArgs& staged) {
+            gemm_bf16(x, W, M, N, K, Epilogue::StoreF32, staged, stream);
+        });
         return;
     }
     if (hopper) {
@@ -86,6 +99,63 @@ void gemm_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, c
     } else {
         gemm_sm80(p, stream);
     }
+}
+
+bool gemm_quant_available() {
+    int sm_count = 0;
+    return gemm_sm90_available(&sm_count);
+}
+
+void gemm_quant(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, int N, int K, Epilogue ep,
+                const EpilogueArgs& args, cudaStream_t stream) {
+    BRRR_CHECK(parts != nullptr && n_parts >= 1 && n_parts <= kMaxWeightParts,
+               "gemm_quant: W must come as 1 to " << kMaxWeightParts << " parts, got " << n_parts);
+    BRRR_CHECK(parts[0].data != nullptr, "gemm_quant: part 0 has no data (null)");
+    GemmArgs p = gemm_args(x, static_cast<const bf16*>(parts[0].data), M, N, K, ep, args, "gemm_quant");
+    p.W = nullptr;
+    QuantB& q = p.qb;
+    q.n = n_parts;
+    int next_row = 0;
+    for (int i = 0; i < n_parts; ++i) {
+        const GemmWeightPart& w = parts[i];
+        const int tile = qlayout::tile_bytes(w.type);
+        BRRR_CHECK(w.type == 0 || tile > 0, "gemm_quant: part " << i << " has type " << w.type
+                                                                << ", which has no GPU layout (0 bf16, or Q8_0, Q4_0, "
+                                                                   "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
+        BRRR_CHECK(w.row0 == next_row && w.rows >= 1, "gemm_quant: part " << i << " holds rows [" << w.row0 << ", "
+                                                                          << w.row0 + w.rows << "); the parts must "
+                                                                          << "cover [0, N) in order, from row "
+                                                                          << next_row);
+        BRRR_CHECK(w.data != nullptr && util::aligned_to(w.data, 16),
+                   "gemm_quant: part " << i << "'s data must be a 16-byte aligned device pointer");
+        if (w.type != 0) {
+            const int block = quant::block_elems(static_cast<quant::QType>(w.type));
+            BRRR_CHECK(K % block == 0, "gemm_quant: K=" << K << " is not whole blocks of " << block
+                                                        << " values (part " << i << ", type " << w.type << ")");
+        }
+        q.data[i] = static_cast<const unsigned char*>(w.data);
+        q.type[i] = w.type;
+        q.row0[i] = w.row0;
+        q.rows[i] = w.rows;
+        const size_t row_bytes = w.type == 0 ? (size_t)K * sizeof(bf16) : qlayout::row_stride(w.type, K);
+        q.row_bytes[i] = (int)row_bytes;
+        q.tail[i] = qlayout::has_tail(w.type) ? q.data[i] + qlayout::tail_offset(w.type, w.rows, K) : nullptr;
+        next_row += w.rows;
+    }
+    BRRR_CHECK(next_row == N, "gemm_quant: the parts hold " << next_row << " rows, N=" << N);
+    BRRR_CHECK(K % 8 == 0 && util::aligned_to(x, 16),
+               "gemm_quant: x must be 16-byte aligned and K a multiple of 8 (TMA), got K=" << K);
+    int sm_count = 0;
+    BRRR_CHECK(gemm_sm90_available(&sm_count), "gemm_quant: needs a Hopper GPU (sm_90) and a build with sm_90a; "
+                                               "elsewhere dequantize_bf16 the parts and run gemm_bf16");
+    if (M == 0) return;
+    if (ep == Epilogue::RopeKV && !rope_fusable(p)) {
+        rope_staged("gemm_quant", args, M, stream, [&](const EpilogueArgs& staged) {
+            gemm_quant(parts, n_parts, x, M, N, K, Epilogue::StoreF32, staged, stream);
+        });
+        return;
+    }
+    gemm_sm90_quant(p, split_count(p, sm_count), sm_count, stream);
 }
 
 // split_count keeps tiles x splits <= sm_count and tiles <= sm_count / 2.

@@ -145,6 +145,17 @@ size_t gemm_split_scratch_floats(int sm_count);
 int gemm_split_scratch_counters(int sm_count);
 // The engine's choice by shape: the GEMV up to tuning::kGemvMaxRows rows, gemm_bf16 above.
 void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// One row range of a matrix for gemm_quant: rows [row0, row0 + rows), bf16 [rows, K] (type 0) or qlayout tiles of a GGML type.
+constexpr int kMaxWeightParts = 3;  // as a Matrix of the engine (wq | wk | wv)
+struct GemmWeightPart {
+    int type = 0;
+    const void* data = nullptr;
+    int row0 = 0, rows = 0;
+};
+// Whether gemm_quant runs here: the wgmma GEMM's device and image (gemm_sm90_available).
+bool gemm_quant_available();
+// y = x . bf16(dequant(W))^T, any M (prefill): W [N, K] as 1..3 parts covering rows [0, N) in order, each dequantized tile by tile inside the wgmma GEMM (no bf16 copy of W); every Epilogue, split-K as gemm_bf16; equal bit for bit to gemm_bf16 on dequantize_bf16 of the parts. x 16-byte aligned, K % 8 == 0 (K-quant parts: K % 256 == 0, 32-value ones K % 32 == 0).
+void gemm_quant(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 // The two kernels behind gemm_bf16, on one call's argument block (gemm_common.cuh).
 struct GemmArgs;
 // mma.sync GEMM, any GPU from sm_80, any shape and alignment.
@@ -153,6 +164,8 @@ void gemm_sm80(const GemmArgs& p, cudaStream_t stream);
 bool gemm_sm90_available(int* sm_count);
 // wgmma GEMM with K split `splits` ways (1: none), tile width by the wave model; needs tma_compatible(p).
 void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
+// The same on p.qb's quantized W (128-column tiles, the dequantizing producer).
+void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
 
 // ---- rope.cu: rotate-half RoPE on q and k, k and v appended to the cache ----------------------
 // qkv [M, (Hq + 2 Hkv) * hd] fp32 from the QKV matmul; row m is token `positions[m]` of slot

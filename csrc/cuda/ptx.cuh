@@ -57,6 +57,10 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, boo
                  "l"(src), "r"(src_bytes)
                  : "memory");
 }
+// The same for 4 bytes (4-byte aligned on both sides), through L1.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(smem_dst)), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `Pending` of this thread's committed groups are still in flight.
 template <int Pending>

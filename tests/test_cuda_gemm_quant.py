@@ -1,0 +1,182 @@
+"""The prefill GEMM on quantized weights (gemm_quant: csrc/cuda/gemm_sm90_dequant.cuh feeding the
+wgmma GEMM of gemm_sm90.cuh) through _C.testing, on weights in the CUDA tiles (quant_ops.gpu_repack
+of blocks from our quantizers) and bf16 rows of x.
+
+The consumers dequantize each k tile of W into shared memory exactly as dequantize_bf16 writes W
+to global memory (the CPU's fp32 value rounded to bf16), and the wgmma loop is the bf16 GEMM's. So
+the oracle is bit equality: gemm_quant(W) == gemm_bf16(dequantize_bf16(W)) for every output, on
+odd M, N and K (partial tiles in every direction; 32-value types with K % 64 == 32, where a k tile
+ends half way through; several parts of different types, bf16 among them), for every epilogue
+and with split-K. dequantize_bf16 is checked here against bf16 of the CPU's fp32 values too, and
+the StoreF32 result against float64 of those weights within the bf16 GEMM's fp32 summation bound,
+so that the equality cannot hold for two equally wrong results. Outputs are NaN-poisoned with a
+row past M that must stay NaN. Inputs random per run (seed printed by the rng fixture).
+Hopper only (gemm_quant_available); elsewhere the engine dequantizes into bf16 scratch."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, check_epilogues, check_rope_kv, random_x, rope_problem  # noqa: E402
+from test_cuda_kernels import STORE_F32, SWIGLU, SplitScratch, gen, nan_full, ops  # noqa: E402
+from test_cuda_ops_misc import C  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+__all__ = ["C", "gen", "ops"]  # fixtures used by name
+
+
+@pytest.fixture(autouse=True)
+def hopper(ops):
+    if not ops.gemm_quant_available():
+        pytest.skip("gemm_quant runs on Hopper (sm_90a) only")
+
+
+def shapes_for(block):
+    """(M, N, K): partial tiles of 128 rows and columns; K ending mid-qlayout-tile and (32-value
+    types) mid-k-tile; a long K."""
+    if block == 32:
+        return [(65, 77, 96), (300, 200, 576), (130, 384, 4096 + 256 + 32), (129, 1, 32)]
+    return [(65, 77, 256), (300, 200, 512), (130, 384, 4096 + 256), (129, 1, 256)]
+
+
+class BF16Part:
+    """A bf16 part of a matrix (type 0), as the engine keeps a tensor it did not quantize."""
+
+    def __init__(self, N, K, gen):
+        self.type_id, self.N, self.K = 0, N, K
+        self.packed = (torch.randn((N, K), generator=gen, device="cuda") * 0.02).to(torch.bfloat16)
+        self.wb = self.packed
+
+
+def dequantized(ops, W):
+    """dequantize_bf16 of a quantized part (checked against bf16 of the CPU's values), or a bf16 part."""
+    if W.type_id == 0:
+        return W.packed
+    out = nan_full((W.N, W.K), torch.bfloat16)
+    ops.dequantize_bf16(W.type_id, W.packed.data_ptr(), out.data_ptr(), W.N, W.K)
+    torch.cuda.synchronize()
+    want = torch.from_numpy(W.deq).cuda().to(torch.bfloat16)
+    assert torch.equal(out, want), f"{W.name}: dequantize_bf16 is not bf16 of the CPU's values"
+    return out
+
+
+def x_rows(x):
+    """x [M, K] bf16 in a buffer with a NaN row after it (a read past M would show)."""
+    M, K = x.shape
+    buf = torch.full((M + 1, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    buf[:M] = x
+    return buf[:M]
+
+
+def parts_arg(parts):
+    return [(W.type_id, W.packed.data_ptr(), W.N) for W in parts]
+
+
+def run_pair(ops, parts, x, epilogue=STORE_F32, split=None):
+    """(gemm_quant, gemm_bf16 on the dequantized parts) StoreF32 results [M, N], each with a
+    poisoned row past M that must stay NaN; the dequantized W [N, K]."""
+    M, K = x.shape
+    N = sum(W.N for W in parts)
+    Wb = torch.cat([dequantized(ops, W) for W in parts])
+    kw = {"split": split.arg} if split else {}
+    got, want = nan_full((M + 1, N), torch.float32), nan_full((M + 1, N), torch.float32)
+    ops.gemm_quant(parts_arg(parts), x.data_ptr(), M, N, K, STORE_F32, out_f32=got.data_ptr(), **kw)
+    ops.gemm_bf16(x.data_ptr(), Wb.data_ptr(), M, N, K, STORE_F32, out_f32=want.data_ptr(), **kw)
+    torch.cuda.synchronize()
+    assert torch.isnan(got[M]).all(), "gemm_quant wrote past its M rows"
+    return got[:M], want[:M], Wb
+
+
+def check_equal(what, got, want, Wb, x):
+    assert not torch.isnan(got).any(), f"{what}: NaN in the output"
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()
+        m, n = bad[0].tolist()
+        raise AssertionError(f"{what}: {len(bad)} outputs differ from gemm_bf16 on the dequantized W, e.g. "
+                             f"[{m}, {n}]: {got[m, n].item()!r} vs {want[m, n].item()!r}")
+    xd, Wd = x.double(), Wb.double()
+    bound = (Wb.shape[1] / 16 + 8) * 2.0 ** -22 * (xd.abs() @ Wd.abs().T) + 1e-30
+    assert ((got.double() - xd @ Wd.T).abs() <= bound).all(), f"{what}: off the float64 product"
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_gemm_quant_is_gemm_bf16_on_the_dequantized_weights(C, ops, rng, name):
+    for M, N, K in shapes_for(TYPES[name][1]):
+        W = Weights(C, name, N, K, rng)
+        x = x_rows(random_x(rng, M, K))
+        got, want, Wb = run_pair(ops, [W], x)
+        check_equal(f"{name} M={M} N={N} K={K}", got, want, Wb, x)
+
+
+@pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q8_0", "bf16", "q5_0"), ("q6_k", "q5_k")])
+def test_gemm_quant_parts_of_several_types(C, ops, rng, gen, types):
+    """wq | wk | wv of a Q4_K_M file (Q6_K v), a bf16 part among quantized ones; part boundaries
+    inside a 64-row box and inside a warp's rows."""
+    K = 512
+    sizes = [77, 45, 20][:len(types)]
+    parts = [BF16Part(n, K, gen) if t == "bf16" else Weights(C, t, n, K, rng) for t, n in zip(types, sizes)]
+    for M in (65, 257):
+        x = x_rows(random_x(rng, M, K))
+        got, want, Wb = run_pair(ops, parts, x)
+        check_equal(f"{'|'.join(types)} M={M}", got, want, Wb, x)
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q5_1"])
+def test_gemm_quant_split_k(C, ops, rng, name):
+    """Few tiles and a long K: the split-K walk (each split's k range fetched and decoded on its
+    own), against gemm_bf16 with the same splits; the tile counters left zero."""
+    split = SplitScratch(ops)
+    W = Weights(C, name, 512, 4096, rng)
+    x = x_rows(random_x(rng, 70, 4096))
+    got, want, Wb = run_pair(ops, [W], x, split=split)
+    check_equal(f"{name} split-K", got, want, Wb, x)
+    assert int(split.counters.abs().sum()) == 0, "split-K left a tile counter non-zero"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q4_0"])
+def test_gemm_quant_epilogues(C, ops, rng, gen, name):
+    """StoreBf16, AddResidual (ld_out wider than N) and SwiGLU (gate rows and up rows in one tile)
+    against the StoreF32 result of the same call."""
+    N, K, M = 2 * 200, 576 if TYPES[name][1] == 32 else 512, 193
+    W = Weights(C, name, N, K, rng)
+    x = x_rows(random_x(rng, M, K))
+    y, _, _ = run_pair(ops, [W], x)
+    check_epilogues(lambda ep, **dest: ops.gemm_quant(parts_arg([W]), x.data_ptr(), M, N, K, ep, **dest), y, gen)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("name", ["q4_k", "q6_k"])
+def test_gemm_quant_rope_kv(C, ops, rng, name, head_dim):
+    """The fused RopeKV epilogue (wqkv of a prefill) against rope_oracle of the StoreF32 q|k|v."""
+    heads = dict(n_heads=4, n_kv_heads=2, head_dim=head_dim, max_seq=80, max_batch=3)
+    K, M = 512, 70
+    inv_freq, N = rope_problem(C, heads["n_heads"], heads["n_kv_heads"], head_dim, K, heads["max_seq"],
+                               heads["max_batch"])
+    W = Weights(C, name, N, K, rng)
+    x = x_rows(random_x(rng, M, K))
+    qkv, _, _ = run_pair(ops, [W], x)
+    run = lambda **rope: ops.gemm_quant(parts_arg([W]), x.data_ptr(), M, N, K, ROPE_KV, **rope)  # noqa: E731
+    check_rope_kv(rng, run, qkv, inv_freq, what=f"{name} hd={head_dim}", **heads)
+
+
+def test_gemm_quant_bad_arguments_raise(C, ops, rng):
+    """Refused before any launch, with the problem named; the next good call still runs."""
+    W = Weights(C, "q4_k", 64, 256, rng)
+    x = x_rows(random_x(rng, 65, 256))
+    y = nan_full((65, 64), torch.float32)
+    call = lambda parts, N=64, K=256: ops.gemm_quant(parts, x.data_ptr(), 65, N, K, STORE_F32,  # noqa: E731
+                                                     out_f32=y.data_ptr())
+    with pytest.raises(Exception, match="no GPU layout"):
+        call([(1, W.packed.data_ptr(), 64)])
+    with pytest.raises(Exception, match="hold 60 rows"):
+        call([(12, W.packed.data_ptr(), 60)])
+    with pytest.raises(Exception, match="not whole blocks"):
+        call([(12, W.packed.data_ptr(), 64)], K=128)
+    with pytest.raises(Exception, match="1 to 3"):
+        call([(12, W.packed.data_ptr(), 16)] * 4)
+    with pytest.raises(Exception, match="SwiGLU needs an even N"):
+        ops.gemm_quant([(12, W.packed.data_ptr(), 63)], x.data_ptr(), 65, 63, 256, SWIGLU, out=y.data_ptr())
+    got, want, Wb = run_pair(ops, [W], x)
+    check_equal("after the refusals", got, want, Wb, x)
