@@ -4,6 +4,8 @@
 workload. Medians of --repeats with [min, max]; ratios against the bf16 run of the same process.
 
     python3 benchmarks/bench_quant_gpu.py --shape llama3-8b --quants none,q4_k_m,q8_0 --out results.json
+
+--prefill-only runs prefills alone, of --prompts tokens (default 2048: the prefill target).
 """
 
 import argparse
@@ -24,7 +26,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--prefill-only", action="store_true", help="only prefills, of --prompts tokens")
+    ap.add_argument("--prompts", default="2048", help="--prefill-only: comma-separated prompt lengths")
     args = ap.parse_args()
+    workloads = WORKLOADS
+    if args.prefill_only:
+        workloads = [harness.Workload(1, int(n), 0) for n in args.prompts.split(",")]
     device = args.device
     peak = metrics.peaks(harness.device_name(device))
     result = {"benchmark": "quant_gpu", "shape": args.shape, "device_name": harness.device_name(device),
@@ -34,7 +41,7 @@ def main() -> None:
                            quant=quant)
         types = llm.weight_types or None
         ours = Engine(llm)
-        for w in WORKLOADS:
+        for w in workloads:
             prompts = harness.prompts_for(llm.config, w)
             timed = harness.measure(ours, prompts, w.generate, args.repeats, 1)
             run = {"quant": quant, "weights": llm.weights_summary, "name": w.name, "workload": w.__dict__,

@@ -1,8 +1,9 @@
 """Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, gemv_quant_mma
 from 2 rows: one pass of up to 64 rows for a matrix of one type, passes of up to 16 rows
 (tuning::kGemvQuantPassRows) for one of several parts, even chunks past that up to
-tuning::kGemvQuantChunkMaxRows rows or for an LM head larger than the dequantization scratch,
-dequantized tiles through the bf16 GEMM for longer prompts) against the CPU engine on the same GGUF
+tuning::kGemvQuantChunkMaxRows rows, and for longer prompts gemm_quant on Hopper (the wgmma GEMM
+dequantizing tile by tile) or elsewhere the matrix dequantized into scratch for the bf16 GEMM, an LM
+head larger than that scratch through the GEMV in chunks) against the CPU engine on the same GGUF
 blocks.
 
 Numerics rule (docs/design.md, quantized weights): like the CPU engine's quantized path, each
@@ -182,20 +183,22 @@ def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
         positions += 1
 
 
-@pytest.mark.parametrize("spec", ["mixed", "q4_k"])
+@pytest.mark.parametrize("spec", ["mixed", "q4_k", "k_mix"])
 @pytest.mark.parametrize("vocab_size", [300, 1100])
 def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):
     """Every row's logits of a prompt through a quantized LM head. 23 rows: the layers and the
-    head through the GEMV (even passes of at most 16 rows). 100 rows: the layers through the
-    dequantized GEMM, the head in two calls (logit_rows_ = max_batch = 72, then 28); at vocab 300
-    the head fits the dequantization scratch (the largest layer matrix, w13: 1024 x 256) and its
-    72 rows take the GEMM, at vocab 1100 it does not and goes through the GEMV in even passes of at
-    most 16 rows."""
-    config = quant_config(vocab_size=vocab_size, max_seq_len=128)
-    types = types_for(config, MIXED if spec == "mixed" else spec)
+    head through the GEMV (even passes of at most 16 rows). 100 rows: the layers through
+    gemm_quant on Hopper (on wqkv's parts of two types for k_mix), the head in two calls
+    (logit_rows_ = max_batch = 72, then 28). 300 rows: the layers through the bf16 GEMM on the
+    dequantized scratch (past tuning::kGemmQuantMaxRows), the head 72 rows at a time. Off Hopper
+    every GEMM runs on the scratch: at vocab 300 the head fits it (the largest layer matrix, w13:
+    1024 x 256) and its 72 rows take the GEMM; at vocab 1100 it does not and goes through
+    gemm_quant on Hopper, elsewhere the GEMV in even passes of at most 16 rows."""
+    config = quant_config(vocab_size=vocab_size, max_seq_len=320)
+    types = types_for(config, SPECS.get(spec, spec))
     assert "output" in types
     gpu, cpu_q, cpu_f, _ = engines(C, config, types, random_weights(config, rng), max_batch=72)
-    for slot, T in enumerate((23, 100)):
+    for slot, T in enumerate((23, 100, 300)):
         tokens = rng.integers(0, config.vocab_size, T).astype(np.int32)
         got = gpu.prefill(slot, tokens, 0, "all")
         assert got.shape == (T, vocab_size) and np.isfinite(got).all(), (spec, T)

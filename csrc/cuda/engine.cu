@@ -306,7 +306,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     tp_gather_ = c.tp_size > 1 ? a.take<float>((size_t)c.tp_size * logit_rows_ * Vs) : nullptr;
     tp_partial_ = c.tp_size > 1 ? a.take<bf16>(R * D) : nullptr;
     // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and one layer
-    // matrix's worth of bf16 for prefill (the largest with a quantized part).
+    // matrix's worth of bf16 for long prompts (the largest with a quantized part).
     xq_ = nullptr;
     quant_counters_ = nullptr;
     gate_up_ = nullptr;
@@ -317,6 +317,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
         xq_ = a.take<quant::ActBlock>((size_t)tuning::kGemvMaxRows * (max_k / quant::kBlock32));
         quant_counters_ = a.take<unsigned>(kGemvQuantCounterWords);  // zero with the arena
         gate_up_ = a.take<float>((size_t)tuning::kGemvMaxRows * 2 * H);
+        quant_gemm_ = gemm_quant_available();
         for (const LayerWeights& w : layers_)
             for (const Matrix* m : {&w.wqkv, &w.wo, &w.w13, &w.w2})
                 if (!m->plain_bf16()) deq_elems_ = std::max(deq_elems_, (size_t)m->rows * m->cols);

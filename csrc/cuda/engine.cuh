@@ -203,8 +203,10 @@ private:
     // y = in · W^T through the epilogue, W as stored: `in` is rmsnorm(x_f32) * norm_w when norm_w
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
     // ones run the quantized GEMV per part (matmul_parts, M <= 16), in chunks of at most 16 rows
-    // up to tuning::kGemvQuantChunkMaxRows rows or when the matrix exceeds deq_ (a quantized LM
-    // head), else are dequantized into deq_ and take the bf16 GEMM (prefill).
+    // up to tuning::kGemvQuantChunkMaxRows rows; then on Hopper gemm_quant (dequantizing tile by
+    // tile) up to tuning::kGemmQuantMaxRows rows and for a matrix larger than deq_ (a quantized LM
+    // head); more rows are dequantized into deq_ for the bf16 GEMM (off Hopper every M, an LM head
+    // larger than deq_ chunked through the GEMV).
     void matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                 Epilogue ep, const EpilogueArgs& args);
     void matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
@@ -324,7 +326,8 @@ private:
     quant::ActBlock* xq_ = nullptr;   // [tuning::kGemvMaxRows, max K / 32] activations of a quantized GEMV
     unsigned* quant_counters_ = nullptr;  // [kGemvQuantCounterWords] the one-row quantized GEMV's unit counters
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
-    bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (prefill)
+    bool quant_gemm_ = false;         // gemm_quant runs here (Hopper)
+    bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (long prompts)
     size_t deq_elems_ = 0;
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters

@@ -269,7 +269,8 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     // staged through the 16-row gate_up_).
     const int pass_rows = W.n_parts == 1 ? tuning::kGemvQuantMmaMaxRows : tuning::kGemvQuantPassRows;
     const bool fits_deq = (size_t)N * K <= deq_elems_;
-    if (M <= tuning::kGemvQuantChunkMaxRows || !fits_deq) {
+    const bool fused_gemm = quant_gemm_ && (M <= tuning::kGemmQuantMaxRows || !fits_deq);
+    if (M <= tuning::kGemvQuantChunkMaxRows || (!fused_gemm && !fits_deq)) {
         if (M <= pass_rows) {  // one weight pass for all rows
             matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
             return;
@@ -300,8 +301,21 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         }
         return;
     }
-    // More rows (prompts): the whole matrix as bf16 in deq_, then the bf16 path. Its cost is one
-    // pass over the weights per prompt chunk, shared by up to kPrefillChunk rows.
+    // Short prompts on Hopper (and a quantized LM head larger than deq_): the GEMM dequantizes
+    // each k tile of W as it goes, once per 128-row tile of x (tuning.h says up to which M that
+    // beats the bf16 copy), on rows normalized as rmsnorm_matmul_bf16 normalizes them.
+    if (fused_gemm) {
+        if (norm_w) {
+            rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
+            x_bf16 = xn_;
+        }
+        GemmWeightPart parts[kMaxWeightParts];
+        for (int i = 0; i < W.n_parts; ++i) parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
+        gemm_quant(parts, W.n_parts, x_bf16, M, N, K, ep, args, s);
+        return;
+    }
+    // Longer prompts (and every prompt off Hopper): the whole matrix as bf16 in deq_, then the
+    // bf16 path: one pass writing a bf16 copy and one reading it, shared by all M rows.
     for (int i = 0; i < W.n_parts; ++i) {
         const MatrixPart& p = W.parts[i];
         bf16* dst = deq_ + (size_t)p.row0 * K;

@@ -85,12 +85,20 @@ constexpr int kGemvQuantFedMinRounds = 5;
 // bytes a weight); more rows dequantize the matrix into bf16 scratch for the GEMM, which reads the
 // weights once but writes a bf16 copy and reads it back (4 more bytes a weight) first.
 constexpr int kGemvQuantChunkMaxRows = 64;
+// Quantized matmuls of kGemvQuantChunkMaxRows < M <= this rows run gemm_quant on Hopper (the wgmma
+// GEMM dequantizing each k tile of W in its consumers, once per 128-row tile of x); more rows
+// dequantize the matrix into bf16 scratch once for the bf16 GEMM. One row tile: 0.50-0.70 of the
+// scratch path's time on the 8B matrices; two: a wash (0.70-1.07); from three on the scratch
+// wins (benchmarks/lab/gemm_quant_sweep.py; docs/kernels/gemm.md).
+constexpr int kGemmQuantMaxRows = 128;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
 // mma.sync GEMM: cp.async ring depth (stages in flight hide the global-load latency).
 constexpr int kGemmSm80Stages = 3;
 // wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
 constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
+// wgmma GEMM on quantized W (gemm_quant, 128-column tiles): the ring beside the producer's raw slots.
+constexpr int kGemmSm90QuantStages = 4;
 // wgmma GEMM: tile rows walked before moving one tile column right (L2 reuse of x and W bands).
 constexpr int kGemmSm90GroupM = 8;
 // wgmma GEMM: 256-column tiles win ties within this ratio (num / den) against narrower ones.

@@ -1,0 +1,109 @@
+"""gemm_quant_sweep.py — the two prefill paths on quantized weights, per matrix and row count M:
+gemm_quant (the wgmma GEMM dequantizing each k tile of W in its consumers, once per 128-row tile
+of x) against dequantize_bf16 of every part into scratch then gemm_bf16 (one bf16 copy shared by
+all M rows). Sets tuning::kGemmQuantMaxRows: the largest M where the first is faster.
+
+Llama-3-8B matrices as llama.cpp's Q4_K_M recipe stores them (wqkv: Q4_K q and k, Q6_K v; w13
+and wo Q4_K; w2 Q6_K or Q4_K by layer). Weights: 256 quantized rows of random normals, repeated
+to the matrix's rows (the kernels' time does not depend on the values). Both paths get the
+engine's split-K scratch and StoreBf16. Median of --reps timed calls (CUDA events) after a
+warm-up; one JSON line per (matrix, M), and a table.
+
+  PYTHONPATH=. python3 benchmarks/lab/gemm_quant_sweep.py --json sweep.jsonl
+"""
+import argparse
+import json
+
+import numpy as np
+import torch
+
+from llama_brrr import _C as C
+
+STORE_BF16 = 0
+TYPE_IDS = {"q4_k": 12, "q6_k": 14, "q8_0": 8}
+# name: ([(type, rows), ...], K)
+MATRICES = {
+    "wqkv": ([("q4_k", 5120), ("q6_k", 1024)], 4096),
+    "wo": ([("q4_k", 4096)], 4096),
+    "w13": ([("q4_k", 28672)], 4096),
+    "w2_q6_k": ([("q6_k", 4096)], 14336),
+    "w2_q4_k": ([("q4_k", 4096)], 14336),
+}
+
+
+def part(name, rows, K, rng):
+    w = (rng.standard_normal((256, K)) * 0.02).astype(np.float32)
+    blocks = C.quant_ops.quantize(name, w)
+    tiled = np.ascontiguousarray(np.tile(blocks, (rows // 256, 1)))
+    return torch.from_numpy(C.quant_ops.gpu_repack(name, tiled, K)).cuda()
+
+
+def timed(calls, reps):
+    """Median over reps of the summed GPU time of the calls, each bracketed by its own events:
+    the testing launchers synchronize after every call, and the gaps between calls (which a
+    stream of the engine's launches does not have) are left out."""
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        total = 0.0
+        for fn in calls:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            total += a.elapsed_time(b) * 1e3
+        times.append(total)
+    return float(np.median(times))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="65,128,192,256,320,384,512,1024,2048")
+    ap.add_argument("--matrices", default=",".join(MATRICES))
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    T = C.testing
+    assert T.gemm_quant_available(), "gemm_quant needs a Hopper GPU"
+    rng = np.random.default_rng(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    floats, counters = T.gemm_split_scratch_sizes(sms)
+    partials = torch.empty(floats, dtype=torch.float32, device="cuda")
+    counts = torch.zeros(counters, dtype=torch.int32, device="cuda")
+    split = (partials.data_ptr(), floats, counts.data_ptr(), counters)
+    rows = [int(m) for m in a.rows.split(",")]
+    out = open(a.json, "w") if a.json else None
+    print(f"{'matrix':10s} {'M':>5s} {'fused us':>9s} {'scratch us':>10s} {'ratio':>6s}")
+    for mname in a.matrices.split(","):
+        spec, K = MATRICES[mname]
+        parts = [(TYPE_IDS[t], part(t, n, K, rng), n) for t, n in spec]
+        N = sum(n for _, _, n in parts)
+        deq = torch.empty((N, K), dtype=torch.bfloat16, device="cuda")
+        x_all = torch.randn((max(rows), K), device="cuda").to(torch.bfloat16)
+        y = torch.empty((max(rows), N), dtype=torch.bfloat16, device="cuda")
+        plist = [(t, w.data_ptr(), n) for t, w, n in parts]
+
+        for M in rows:
+            fused = [lambda: T.gemm_quant(plist, x_all.data_ptr(), M, N, K, STORE_BF16, out=y.data_ptr(),
+                                          split=split)]
+            scratch, r0 = [], 0
+            for t, w, n in parts:
+                scratch.append(lambda t=t, w=w, n=n, r0=r0: T.dequantize_bf16(t, w.data_ptr(), deq[r0].data_ptr(),
+                                                                              n, K))
+                r0 += n
+            scratch.append(lambda: T.gemm_bf16(x_all.data_ptr(), deq.data_ptr(), M, N, K, STORE_BF16,
+                                               out=y.data_ptr(), split=split))
+            f, s = timed(fused, a.reps), timed(scratch, a.reps)
+            rec = {"matrix": mname, "M": M, "N": N, "K": K, "fused_us": round(f, 1), "scratch_us": round(s, 1),
+                   "fused_over_scratch": round(f / s, 3), "gpu": torch.cuda.get_device_name()}
+            print(f"{mname:10s} {M:5d} {f:9.1f} {s:10.1f} {f / s:6.2f}", flush=True)
+            if out:
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+
+
+if __name__ == "__main__":
+    main()
