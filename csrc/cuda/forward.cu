@@ -276,8 +276,8 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
             return;
         }
         // Chunks of at most pass_rows rows through the GEMV, each re-reading the weights (tuning.h
-        // says up to which M this beats dequantizing), and so every M of a matrix larger than
-        // deq_: a quantized LM head. The rows are normalized once, as matmul_parts would per
+        // says up to which M this beats dequantizing), and off Hopper every M of a matrix larger
+        // than deq_: a quantized LM head. The rows are normalized once, as matmul_parts would per
         // chunk, and the chunks split M evenly: each then holds at least pass_rows / 2 rows, so
         // all of them take the tensor cores and a row's result does not depend on which chunk it
         // fell in. The chunks reuse the one per-call scratch matmul_parts has on the tensor
