@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, check_epilogues, check_rope_kv, random_x, rope_problem  # noqa: E402
+from test_cuda_gemv_quant_mma import x_rows  # noqa: E402
 from test_cuda_kernels import STORE_F32, SWIGLU, SplitScratch, gen, nan_full, ops  # noqa: E402
 from test_cuda_ops_misc import C  # noqa: E402
 
@@ -60,14 +61,6 @@ def dequantized(ops, W):
     want = torch.from_numpy(W.deq).cuda().to(torch.bfloat16)
     assert torch.equal(out, want), f"{W.name}: dequantize_bf16 is not bf16 of the CPU's values"
     return out
-
-
-def x_rows(x):
-    """x [M, K] bf16 in a buffer with a NaN row after it (a read past M would show)."""
-    M, K = x.shape
-    buf = torch.full((M + 1, K), float("nan"), dtype=torch.bfloat16, device="cuda")
-    buf[:M] = x
-    return buf[:M]
 
 
 def parts_arg(parts):
