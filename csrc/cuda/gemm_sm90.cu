@@ -9,9 +9,9 @@
 // half as often. RopeKV leaves out 192, which does not hold whole heads of 128.
 // With splits > 1 (chosen by matmul.cu's split-K model) the call runs 128-column tiles, the width
 // the split-K scratch is sized for.
-//   gemm_sm90_quant(p, splits, sm_count): quantized W (p.qb) always takes 128-column tiles: the
-//   producer's raw slots (gemm_sm90_dequant.cuh) hold BN rows each, and at 256 they and a ring
-//   deep enough to hide the dequantization would not fit shared memory together. Ring depth per width is the deepest that fits shared memory
+//   gemm_sm90_quant(p, splits, sm_count): quantized W (p.qb) always takes 128-column tiles: a
+//   producer thread copies one W row of a k tile and a consumer thread decodes half of one
+//   (gemm_sm90_dequant.cuh), 128 rows for the 128 and 256 threads. Ring depth per width is the deepest that fits shared memory
 // beside the epilogue's staging boxes (tuning.h).
 //
 // Invariants: the instances compiled here are exactly those a call can pick (per width: SwiGLU,

@@ -164,7 +164,7 @@ void gemm_sm80(const GemmArgs& p, cudaStream_t stream);
 bool gemm_sm90_available(int* sm_count);
 // wgmma GEMM with K split `splits` ways (1: none), tile width by the wave model; needs tma_compatible(p).
 void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
-// The same on p.qb's quantized W (128-column tiles, the dequantizing producer).
+// The same on p.qb's quantized W (128-column tiles, W decoded by the consumers: gemm_sm90_dequant.cuh).
 void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
 
 // ---- rope.cu: rotate-half RoPE on q and k, k and v appended to the cache ----------------------
