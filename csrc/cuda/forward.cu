@@ -270,48 +270,47 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     const int pass_rows = W.n_parts == 1 ? tuning::kGemvQuantMmaMaxRows : tuning::kGemvQuantPassRows;
     const bool fits_deq = (size_t)N * K <= deq_elems_;
     const bool fused_gemm = quant_gemm_ && (M <= tuning::kGemmQuantMaxRows || !fits_deq);
-    if (M <= tuning::kGemvQuantChunkMaxRows || (!fused_gemm && !fits_deq)) {
-        if (M <= pass_rows) {  // one weight pass for all rows
-            matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
+    const bool gemv_chunks = M <= tuning::kGemvQuantChunkMaxRows || (!fused_gemm && !fits_deq);
+    if (gemv_chunks && M <= pass_rows) {  // one weight pass for all rows
+        matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
+        return;
+    }
+    if (gemv_chunks || fused_gemm) {
+        // Both take bf16 rows, normalized here once (as rmsnorm_matmul_bf16 normalizes them).
+        if (norm_w) {
+            rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
+            x_bf16 = xn_;
+        }
+        if (fused_gemm && !gemv_chunks) {
+            // Short prompts on Hopper (and a quantized LM head larger than deq_): the GEMM
+            // dequantizes each k tile of W as it goes, once per 128-row tile of x (tuning.h says
+            // up to which M that beats the bf16 copy).
+            GemmWeightPart parts[kMaxWeightParts];
+            for (int i = 0; i < W.n_parts; ++i)
+                parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
+            gemm_quant(parts, W.n_parts, x_bf16, M, N, K, ep, args, s);
             return;
         }
         // Chunks of at most pass_rows rows through the GEMV, each re-reading the weights (tuning.h
         // says up to which M this beats dequantizing), and off Hopper every M of a matrix larger
-        // than deq_: a quantized LM head. The rows are normalized once, as matmul_parts would per
-        // chunk, and the chunks split M evenly: each then holds at least pass_rows / 2 rows, so
-        // all of them take the tensor cores and a row's result does not depend on which chunk it
-        // fell in. The chunks reuse the one per-call scratch matmul_parts has on the tensor
-        // cores, gate_up_ of a mixed w13 (xq_ serves only the int8 path, the split-K scratch only
-        // the GEMM): safe because they are ordered on one stream, and chunk c + 1's kernels write
-        // it only after their PDL wait, when chunk c's swiglu_f32 has read it and completed.
+        // than deq_: a quantized LM head. The chunks split M evenly: each then holds at least
+        // pass_rows / 2 rows, so all of them take the tensor cores and a row's result does not
+        // depend on which chunk it fell in. The chunks reuse the one per-call scratch matmul_parts
+        // has on the tensor cores, gate_up_ of a mixed w13 (xq_ serves only the int8 path, the
+        // split-K scratch only the GEMM): safe because they are ordered on one stream, and chunk
+        // c + 1's kernels write it only after their PDL wait, when chunk c's swiglu_f32 has read
+        // it and completed.
         static_assert(2 * tuning::kGemvQuantMmaMinRows <= tuning::kGemvQuantPassRows &&
                           tuning::kGemvQuantPassRows <= tuning::kGemvMaxRows &&
                           tuning::kGemvQuantPassRows <= tuning::kGemvQuantMmaMaxRows,
                       "even chunks (at least half a pass) must all reach the tensor-core GEMV, and a pass must "
                       "fit gemv_bf16 (a bf16 part) and gate_up_ (a staged w13)");
-        if (norm_w) {
-            rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
-            x_bf16 = xn_;
-        }
         const int chunks = CEIL_DIV(M, pass_rows);
         for (int c = 0, r = 0; c < chunks; ++c) {
             const int rows = (M - r) / (chunks - c);
             matmul_parts(W, nullptr, nullptr, x_bf16 + (size_t)r * K, rows, ep, epilogue_rows_from(args, ep, N, r));
             r += rows;
         }
-        return;
-    }
-    // Short prompts on Hopper (and a quantized LM head larger than deq_): the GEMM dequantizes
-    // each k tile of W as it goes, once per 128-row tile of x (tuning.h says up to which M that
-    // beats the bf16 copy), on rows normalized as rmsnorm_matmul_bf16 normalizes them.
-    if (fused_gemm) {
-        if (norm_w) {
-            rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
-            x_bf16 = xn_;
-        }
-        GemmWeightPart parts[kMaxWeightParts];
-        for (int i = 0; i < W.n_parts; ++i) parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
-        gemm_quant(parts, W.n_parts, x_bf16, M, N, K, ep, args, s);
         return;
     }
     // Longer prompts (and every prompt off Hopper): the whole matrix as bf16 in deq_, then the

@@ -14,9 +14,9 @@
 //     producer never waits on memory and runs as far ahead as the ring.
 //   * Consumers (both warpgroups, 256 threads): thread ct decodes half a row (row ct / 2, chunks of
 //     8 values 4 (ct % 2) ..) exactly as quant_formats.cpp computes the values (the same fp32
-//     roundings as dequantize_bf16, then bf16 round to nearest) into one of two bf16 W tiles,
-//     16 bytes a chunk at its swizzled place (chunk c of row r at c ^ (r % 8)), then the tile's
-//     wgmma are issued. The decode of k tile kt + 1 runs while the tensor cores multiply k tile
+//     roundings as dequantize_bf16, then bf16 round to nearest) into one of the kDeqTiles bf16 W
+//     tiles (used in turn), 16 bytes a chunk at its swizzled place (chunk c of row r at c ^ (r % 8)),
+//     then the tile's wgmma are issued. The decode of k tile kt + 1 runs while the tensor cores multiply k tile
 //     kt: two warps a scheduler share it, in the issue slots the asynchronous wgmma leaves idle.
 //   Codes become floats without I2F (a quarter of the FP32 rate on sm_90): PRMT puts a code byte
 //   under the bits of 1.5 * 2^23, where the ulp is 1, and one FSUB takes 1.5 * 2^23 + offset off
@@ -31,6 +31,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/quant.h"
 #include "cuda/gemm_common.cuh"
@@ -50,7 +51,8 @@ using quant::QType;
 
 constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: floats in [2^23, 2^24) step by 1
 
-__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+using util::f16_bits;
+using util::spread4;
 
 // Byte k of `codes` as kMagic + byte, a float.
 __device__ __forceinline__ float magic(uint32_t codes, int k) {
@@ -75,8 +77,6 @@ __device__ __forceinline__ uint32_t lds_u16(const unsigned char* p, int i) {
     return reinterpret_cast<const unsigned short*>(p)[i];
 }
 __device__ __forceinline__ uint32_t lds_u32(const unsigned char* p, int i) { return reinterpret_cast<const uint32_t*>(p)[i]; }
-// Bit b of each byte of the 4-bit group nib, moved to bit 4 of byte b (Q5_0 / Q5_1 high bits).
-__device__ __forceinline__ uint32_t spread4(uint32_t nib) { return ((nib * 0x00204081u) & 0x01010101u) << 4; }
 
 // Bytes of the tile before its codes (copied whole for every slice) and code bytes per slice.
 template <QType T>
@@ -189,25 +189,41 @@ __device__ __forceinline__ WRow locate(const QuantB& q, int K, int n) {
     return WRow{q.data[i] + (size_t)row * q.row_bytes[i], q.tail[i], q.type[i], row};
 }
 
+// Calls f(std::integral_constant<int, T>()) for a row of type T (0: bf16, else a GGML type id with
+// a GPU layout), none() for a row past the parts (type -1; the host checked every part's type).
+template <typename F, typename G>
+__device__ __forceinline__ void with_row_type(int type, F f, G none) {
+    using quant::QType;
+    switch (type) {
+        case 0: return f(std::integral_constant<int, 0>());
+        case (int)QType::Q8_0: return f(std::integral_constant<int, (int)QType::Q8_0>());
+        case (int)QType::Q4_0: return f(std::integral_constant<int, (int)QType::Q4_0>());
+        case (int)QType::Q4_1: return f(std::integral_constant<int, (int)QType::Q4_1>());
+        case (int)QType::Q5_0: return f(std::integral_constant<int, (int)QType::Q5_0>());
+        case (int)QType::Q5_1: return f(std::integral_constant<int, (int)QType::Q5_1>());
+        case (int)QType::Q4_K: return f(std::integral_constant<int, (int)QType::Q4_K>());
+        case (int)QType::Q5_K: return f(std::integral_constant<int, (int)QType::Q5_K>());
+        case (int)QType::Q6_K: return f(std::integral_constant<int, (int)QType::Q6_K>());
+        default: return none();
+    }
+}
+
 // Producer: the row's bytes of k tile kt into raw (nothing for a row past the parts).
 __device__ __forceinline__ void fetch_row(const WRow& w, int K, int kt, unsigned char* raw) {
     const int T_row = (int)qlayout::tiles_per_row(K);
-    switch (w.type) {
-        case 0: {  // bf16: the slice's 16-byte chunks up to K (K % 8 == 0)
-            const int chunks = min(8, (K - kBK * kt) / 8);
-            for (int c = 0; c < chunks; ++c) ptx::cp_async_16(raw + 16 * c, w.base + (size_t)kBK * kt * 2 + 16 * c, true);
-            break;
-        }
-        case (int)quant::QType::Q8_0: dq::fetch<quant::QType::Q8_0>(raw, w.base, w.tail, w.row, T_row, kt); break;
-        case (int)quant::QType::Q4_0: dq::fetch<quant::QType::Q4_0>(raw, w.base, w.tail, w.row, T_row, kt); break;
-        case (int)quant::QType::Q4_1: dq::fetch<quant::QType::Q4_1>(raw, w.base, w.tail, w.row, T_row, kt); break;
-        case (int)quant::QType::Q5_0: dq::fetch<quant::QType::Q5_0>(raw, w.base, w.tail, w.row, T_row, kt); break;
-        case (int)quant::QType::Q5_1: dq::fetch<quant::QType::Q5_1>(raw, w.base, w.tail, w.row, T_row, kt); break;
-        case (int)quant::QType::Q4_K: dq::fetch<quant::QType::Q4_K>(raw, w.base, w.tail, w.row, T_row, kt); break;
-        case (int)quant::QType::Q5_K: dq::fetch<quant::QType::Q5_K>(raw, w.base, w.tail, w.row, T_row, kt); break;
-        case (int)quant::QType::Q6_K: dq::fetch<quant::QType::Q6_K>(raw, w.base, w.tail, w.row, T_row, kt); break;
-        default: break;  // past the parts (types are checked by the host)
-    }
+    with_row_type(
+        w.type,
+        [&](auto type) {
+            constexpr int T = decltype(type)::value;
+            if constexpr (T == 0) {  // bf16: the slice's 16-byte chunks up to K (K % 8 == 0)
+                const int chunks = min(8, (K - kBK * kt) / 8);
+                for (int c = 0; c < chunks; ++c)
+                    ptx::cp_async_16(raw + 16 * c, w.base + (size_t)kBK * kt * 2 + 16 * c, true);
+            } else {
+                dq::fetch<(quant::QType)T>(raw, w.base, w.tail, w.row, T_row, kt);
+            }
+        },
+        [] {});
 }
 
 // Chunks c0 .. c0 + 3 of a tile row: type T (0: bf16) decoded from raw, chunks from `valid` on
@@ -234,20 +250,12 @@ __device__ __forceinline__ void decode_half(const WRow& w, int K, int kt, const 
     const int d_half = (int)(((size_t)w.row * qlayout::tiles_per_row(K) + (kt >> 2)) & 1);
     const int valid = min(8, (K - kBK * kt) / 8);  // chunks before K
     unsigned char* dst = b_tile + r * 128;
-    switch (w.type) {
-        case 0: store_half<0>(raw, j, d_half, valid, dst, r, c0); break;
-        case (int)quant::QType::Q8_0: store_half<(int)quant::QType::Q8_0>(raw, j, d_half, valid, dst, r, c0); break;
-        case (int)quant::QType::Q4_0: store_half<(int)quant::QType::Q4_0>(raw, j, d_half, valid, dst, r, c0); break;
-        case (int)quant::QType::Q4_1: store_half<(int)quant::QType::Q4_1>(raw, j, d_half, valid, dst, r, c0); break;
-        case (int)quant::QType::Q5_0: store_half<(int)quant::QType::Q5_0>(raw, j, d_half, valid, dst, r, c0); break;
-        case (int)quant::QType::Q5_1: store_half<(int)quant::QType::Q5_1>(raw, j, d_half, valid, dst, r, c0); break;
-        case (int)quant::QType::Q4_K: store_half<(int)quant::QType::Q4_K>(raw, j, d_half, valid, dst, r, c0); break;
-        case (int)quant::QType::Q5_K: store_half<(int)quant::QType::Q5_K>(raw, j, d_half, valid, dst, r, c0); break;
-        case (int)quant::QType::Q6_K: store_half<(int)quant::QType::Q6_K>(raw, j, d_half, valid, dst, r, c0); break;
-        default:  // past N or the parts: zeros, as TMA fills them
+    with_row_type(
+        w.type, [&](auto type) { store_half<decltype(type)::value>(raw, j, d_half, valid, dst, r, c0); },
+        [&] {  // past N or the parts: zeros, as TMA fills them
 #pragma unroll
             for (int c = 0; c < 4; ++c) *reinterpret_cast<uint4*>(dst + 16 * (c0 + c)) = make_uint4(0u, 0u, 0u, 0u);
-    }
+        });
 }
 
 }  // namespace sm90

@@ -97,7 +97,8 @@ static_assert(kCtasDoneWord < kGemvQuantCounterWords, "QuantGemvInput::counters 
 // Tickets lane 0 of a warp holds: the atomic for a unit goes out this many units before the unit.
 constexpr int kTicketsAhead = 2;
 
-__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+using util::f16_bits;
+using util::spread4;
 
 // sum of 16 products of signed bytes.
 __device__ __forceinline__ int dot16(uint4 c, uint4 x) {
@@ -111,9 +112,6 @@ __device__ __forceinline__ uint4 and_shift(uint4 v, int shift, uint32_t mask) {
 }
 __device__ __forceinline__ uint4 shl4(uint4 v) { return make_uint4(v.x << 4, v.y << 4, v.z << 4, v.w << 4); }
 __device__ __forceinline__ uint4 or4(uint4 a, uint4 b) { return make_uint4(a.x | b.x, a.y | b.y, a.z | b.z, a.w | b.w); }
-// Bits 0..3 of `nib` into bit 4 of bytes 0..3: nib * (1 + 2^7 + 2^14 + 2^21) puts bit k at 8k (the
-// other partial products land on distinct positions, so nothing carries).
-__device__ __forceinline__ uint32_t spread4(uint32_t nib) { return ((nib * 0x00204081u) & 0x01010101u) << 4; }
 // The fifth bits of 16 values v0 .. v0 + 15 of a Q5 block (bit v of qh), as bit 4 of each byte.
 __device__ __forceinline__ uint4 q5_bits(uint32_t qh, int v0) {
     const uint32_t b = qh >> v0;
@@ -906,7 +904,9 @@ __global__ void embed_quant_kernel(const int* __restrict__ tokens, const uint8_t
     }
 }
 
-void check_type(const char* op, int type, int K, const char* kname) {
+}  // namespace
+
+void check_quant_weight(const char* op, int type, int K, const char* kname) {
     BRRR_CHECK_ARG(quant::known_type(type) && qlayout::tile_bytes(type) > 0,
                    op << ": GGML type id " << type << " is not a quantized type this kernel runs "
                       "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
@@ -916,6 +916,8 @@ void check_type(const char* op, int type, int K, const char* kname) {
                                                 << quant::type_name(t) << "'s block of " << elems
                                                 << " values; a row must be whole blocks");
 }
+
+namespace {
 
 template <template <QType> class Fn, typename... Args>
 void by_type(int type, Args&&... args) {
@@ -985,7 +987,7 @@ struct PartIn {
 void launch_gemv_quant(const char* op, const PartIn* parts, int n_parts, const QuantGemvInput& in, int M, int N,
                        int K, Epilogue ep, const EpilogueArgs& args_in, cudaStream_t stream) {
     for (int i = 0; i < n_parts; ++i) {
-        check_type(op, parts[i].type, K, "K");
+        check_quant_weight(op, parts[i].type, K, "K");
         BRRR_CHECK_ARG(parts[i].W != nullptr, op << ": W must be a device pointer, got null");
         BRRR_CHECK_ARG(util::aligned_to(parts[i].W, 16), op << ": W (qlayout tiles) must be 16-byte aligned");
     }
@@ -1087,7 +1089,7 @@ void gemv_quant_pair(int type0, const void* W0, int rows0, int type1, const void
 }
 
 void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream) {
-    check_type("dequantize_bf16", type, K, "K");
+    check_quant_weight("dequantize_bf16", type, K, "K");
     BRRR_CHECK_ARG(N >= 1, "dequantize_bf16: N must be >= 1, got " << N);
     BRRR_CHECK_ARG(W != nullptr && out != nullptr, "dequantize_bf16: W and out must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(W, 16), "dequantize_bf16: W (qlayout tiles) must be 16-byte aligned");
@@ -1097,7 +1099,7 @@ void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_ou
 }
 
 void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStream_t stream) {
-    check_type("dequantize_f32", type, K, "K");
+    check_quant_weight("dequantize_f32", type, K, "K");
     BRRR_CHECK_ARG(N >= 1, "dequantize_f32: N must be >= 1, got " << N);
     BRRR_CHECK_ARG(W != nullptr && out != nullptr, "dequantize_f32: W and out must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(W, 16), "dequantize_f32: W (qlayout tiles) must be 16-byte aligned");
@@ -1106,7 +1108,7 @@ void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStrea
 
 void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, int vocab_offset,
                  int vocab_rows, const TokenHistory& record, cudaStream_t stream) {
-    check_type("embed_quant", type, D, "D");
+    check_quant_weight("embed_quant", type, D, "D");
     BRRR_CHECK_ARG(M >= 0 && V > 0, "embed_quant: bad sizes M=" << M << " D=" << D << " V=" << V);
     check_vocab_shard("embed_quant", V, vocab_offset, vocab_rows);
     BRRR_CHECK_ARG(tokens != nullptr && table != nullptr && x != nullptr,

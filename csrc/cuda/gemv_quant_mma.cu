@@ -105,7 +105,8 @@ struct QMArgs {
     EpilogueArgs out;
 };
 
-__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+using util::f16_bits;
+using util::spread4;
 
 // A chunk's weights w = D (c - off) + a: the (sub-)block's fp32 scale and min (0 without one).
 struct Coef {
@@ -171,9 +172,6 @@ __device__ __forceinline__ void nibble_words(const uint4& q, int c, uint32_t& u0
     u0 = (a >> s) & 0x0F0F0F0Fu;
     u1 = (b >> s) & 0x0F0F0F0Fu;
 }
-// Bits 0..3 of `nib` into bit 4 of bytes 0..3 (gemv_quant.cu's spread4: the partial products of
-// the multiply land on distinct positions, nothing carries).
-__device__ __forceinline__ uint32_t spread4(uint32_t nib) { return ((nib * 0x00204081u) & 0x01010101u) << 4; }
 
 // Per type: kTileBytes; kPieces per lane and tile, kChunks per piece (kPieces * kChunks = 8);
 // load(tile, tail d, t, kleft) -> Raw (pieces at or past kleft values into the tile stay zero);
@@ -542,14 +540,8 @@ void launch_type(const QMArgs& a, Pairing pairing, cudaStream_t stream) {
 
 void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K, Epilogue ep,
                     const EpilogueArgs& args_in, cudaStream_t stream) {
-    BRRR_CHECK_ARG(quant::known_type(type) && qlayout::tile_bytes(type) > 0,
-                   "gemv_quant_mma: GGML type id " << type << " is not a quantized type this kernel runs "
-                       "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
+    check_quant_weight("gemv_quant_mma", type, K, "K");
     const QType t = static_cast<QType>(type);
-    const int elems = quant::block_elems(t);
-    BRRR_CHECK_ARG(K >= 1 && K % elems == 0, "gemv_quant_mma: K=" << K << " is not a positive multiple of "
-                                                 << quant::type_name(t) << "'s block of " << elems
-                                                 << " values; a row must be whole blocks");
     BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, "gemv_quant_mma: M=" << M << " rows; the kernel takes 1 to " << kMaxRows
                                                                  << " (gemv_quant takes M = 1 faster; split more "
                                                                     "rows into calls of at most "

@@ -42,6 +42,12 @@ __device__ __forceinline__ int2 unit_rows(int c, int half_n) {
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 __device__ __forceinline__ float bf16_bits(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+// The fp16 in the low 16 bits of h, as a float (the scales of GGML blocks).
+__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+// Bits 0..3 of `nib` into bit 4 of bytes 0..3 (the fifth bits of Q5 codes): nib * (1 + 2^7 + 2^14 +
+// 2^21) puts bit k at 8k, and the other partial products land on distinct positions, so nothing
+// carries.
+__device__ __forceinline__ uint32_t spread4(uint32_t nib) { return ((nib * 0x00204081u) & 0x01010101u) << 4; }
 
 // Two floats rounded to bf16 (nearest even), low half first: the layout of an mma A fragment.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

@@ -8,7 +8,7 @@
 //                aligned destinations; otherwise q|k|v is staged in args.out_f32 and
 //                rope_kv_append (rope.cu) finishes.
 //   gemm_quant:  the same wgmma GEMM on quantized weights, dequantized tile by tile by its
-//                producer warpgroup (gemm_sm90_dequant.cuh); Hopper only (the engine dequantizes
+//                consumer warpgroups (gemm_sm90_dequant.cuh); Hopper only (the engine dequantizes
 //                into bf16 scratch for gemm_bf16 elsewhere).
 //
 // Split-K (Hopper only, and only with the scratch the caller lends in EpilogueArgs::split): when
@@ -22,8 +22,8 @@
 // Invariants: gemm_split_scratch_* size the scratch so that any split this model picks fits;
 // the split counters are left zero by every call.
 #include <algorithm>
+#include <string>
 
-#include "cpu/quant.h"
 #include "cuda/check.cuh"
 #include "cuda/gemm_common.cuh"
 #include "cuda/ops.h"
@@ -118,21 +118,16 @@ void gemm_quant(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, 
     int next_row = 0;
     for (int i = 0; i < n_parts; ++i) {
         const GemmWeightPart& w = parts[i];
-        const int tile = qlayout::tile_bytes(w.type);
-        BRRR_CHECK(w.type == 0 || tile > 0, "gemm_quant: part " << i << " has type " << w.type
-                                                                << ", which has no GPU layout (0 bf16, or Q8_0, Q4_0, "
-                                                                   "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
+        if (w.type != 0) {  // 0: a bf16 part
+            const std::string op = "gemm_quant (part " + std::to_string(i) + ")";
+            check_quant_weight(op.c_str(), w.type, K, "K");
+        }
         BRRR_CHECK(w.row0 == next_row && w.rows >= 1, "gemm_quant: part " << i << " holds rows [" << w.row0 << ", "
                                                                           << w.row0 + w.rows << "); the parts must "
                                                                           << "cover [0, N) in order, from row "
                                                                           << next_row);
         BRRR_CHECK(w.data != nullptr && util::aligned_to(w.data, 16),
                    "gemm_quant: part " << i << "'s data must be a 16-byte aligned device pointer");
-        if (w.type != 0) {
-            const int block = quant::block_elems(static_cast<quant::QType>(w.type));
-            BRRR_CHECK(K % block == 0, "gemm_quant: K=" << K << " is not whole blocks of " << block
-                                                        << " values (part " << i << ", type " << w.type << ")");
-        }
         q.data[i] = static_cast<const unsigned char*>(w.data);
         q.type[i] = w.type;
         q.row0[i] = w.row0;

@@ -126,6 +126,8 @@ void gemv_quant_in(int type, const void* W, const QuantGemvInput& in, int M, int
 bool gemv_quant_fuses_pair(int type0, int type1, Epilogue ep);
 // gemv_quant_in over such a matrix in one launch, M <= 2: rows [0, rows0) of type0 in W0, [rows0, N) of type1 in W1 (RopeKV: whole heads each); each row's result is bit for bit that of gemv_quant_in on its part.
 void gemv_quant_pair(int type0, const void* W0, int rows0, int type1, const void* W1, const QuantGemvInput& in, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// The check every quantized-weight op makes first: type is a GGML type with a GPU layout and the row length (named kname in the error, e.g. "K") is whole blocks of it; throws brrr::Error naming op otherwise.
+void check_quant_weight(const char* op, int type, int K, const char* kname);
 // out [N, ld_out] bf16 = rows [0, N) of dequant(W) rounded to bf16 (prefill feeds it to gemm_bf16).
 void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream);
 // out [N, K] fp32 = dequant(W), exactly the CPU dequantizer's values.
