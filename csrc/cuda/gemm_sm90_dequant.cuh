@@ -15,9 +15,10 @@
 //   * Consumers (both warpgroups, 256 threads): thread ct decodes half a row (row ct / 2, chunks of
 //     8 values 4 (ct % 2) ..) exactly as quant_formats.cpp computes the values (the same fp32
 //     roundings as dequantize_bf16, then bf16 round to nearest) into one of the kDeqTiles bf16 W
-//     tiles (used in turn), 16 bytes a chunk at its swizzled place (chunk c of row r at c ^ (r % 8)),
-//     then the tile's wgmma are issued. The decode of k tile kt + 1 runs while the tensor cores multiply k tile
-//     kt: two warps a scheduler share it, in the issue slots the asynchronous wgmma leaves idle.
+//     tiles (used in turn), 16 bytes a chunk at its swizzled place (chunk c of row r at
+//     c ^ (r % 8)), then the tile's wgmma are issued. The decode of k tile kt + 1 runs while the
+//     tensor cores multiply k tile kt: two warps a scheduler share it, in the issue slots the
+//     asynchronous wgmma leaves idle.
 //   Codes become floats without I2F (a quarter of the FP32 rate on sm_90): PRMT puts a code byte
 //   under the bits of 1.5 * 2^23, where the ulp is 1, and one FSUB takes 1.5 * 2^23 + offset off
 //   (exact: the result is a small integer). A value then costs about 5 instructions.
