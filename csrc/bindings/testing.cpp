@@ -507,7 +507,8 @@ void bind_testing(py::module_& m) {
             args.rope.kv = paged->kv;
         }
         if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
-            bad_argument("gemm_quant: parts must list 1 to 3 (type, W, rows) tuples, got " + std::to_string(parts.size()));
+            bad_argument("gemm_quant: parts must list 1 to " + std::to_string(brrr::cuda::kMaxWeightParts) +
+                         " (type, W, rows) tuples, got " + std::to_string(parts.size()));
         brrr::cuda::GemmWeightPart ws[brrr::cuda::kMaxWeightParts];
         int row0 = 0;
         for (size_t i = 0; i < parts.size(); ++i) {

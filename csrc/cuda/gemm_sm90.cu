@@ -8,16 +8,16 @@
 // also wins near-ties (within kGemmWideTieNum / kGemmWideTieDen), because its tiles re-read x
 // half as often. RopeKV leaves out 192, which does not hold whole heads of 128.
 // With splits > 1 (chosen by matmul.cu's split-K model) the call runs 128-column tiles, the width
-// the split-K scratch is sized for.
+// the split-K scratch is sized for. Ring depth per width is the deepest that fits shared memory
+// beside the epilogue's staging boxes (tuning.h).
 //   gemm_sm90_quant(p, splits, sm_count): quantized W (p.qb) always takes 128-column tiles: a
 //   producer thread copies one W row of a k tile and a consumer thread decodes half of one
-//   (gemm_sm90_dequant.cuh), 128 rows for the 128 and 256 threads. Ring depth per width is the deepest that fits shared memory
-// beside the epilogue's staging boxes (tuning.h).
+//   (gemm_sm90_dequant.cuh), 128 rows for the 128 and 256 threads.
 //
 // Invariants: the instances compiled here are exactly those a call can pick (per width: SwiGLU,
 // plain, RopeKV with head_dim 64 and, where BN holds whole heads of 128, 128; the same four for
-// quantized W at 128 columns); the sm_90a image
-// is checked once per device (gemm_sm90_available) before any of them is launched.
+// quantized W at 128 columns); the sm_90a image is checked once per device (gemm_sm90_available)
+// before any of them is launched.
 #include "cuda/gemm_sm90.cuh"
 
 #include <algorithm>

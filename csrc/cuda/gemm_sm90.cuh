@@ -348,8 +348,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A work item is a tile, or with split-K one K range of a tile (the split fastest).
     const int num_work = tiles.tiles_m * tiles.tiles_n * tiles.splits;
     const int first_work = blockIdx.x, work_stride = gridDim.x;
-    auto k_range = [&](int work, int& k_begin, int& k_end) { tiles.k_range(work, k_tiles, k_begin, k_end); };
-    auto tile_coords = [&](int work, int& tm, int& tn) { tiles.coords(work, tm, tn); };
 
     if (warpgroup == 0) {
         hopper::regs_decrease<kProducerRegs>();
@@ -373,8 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint32_t phase = 0;
             for (int work = first_work; work < num_work; work += work_stride) {
                 int tm, tn, k_begin, k_end;
-                tile_coords(work, tm, tn);
-                k_range(work, k_begin, k_end);
+                tiles.coords(work, tm, tn);
+                tiles.k_range(work, k_tiles, k_begin, k_end);
                 const int m0 = tm * kBM, col0 = tn * kTileCols;
                 // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
@@ -418,8 +416,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         float acc[BN / 2];
         for (int work = first_work; work < num_work; work += work_stride) {
             int tm, tn, k_begin, k_end;
-            tile_coords(work, tm, tn);
-            k_range(work, k_begin, k_end);
+            tiles.coords(work, tm, tn);
+            tiles.k_range(work, k_tiles, k_begin, k_end);
             const int m0 = tm * kBM, col0 = tn * kTileCols;
             // QUANT: consumer thread ct decodes half h of tile row r.
             const int deq_r = (threadIdx.x - 128) >> 1, deq_h = threadIdx.x & 1;
@@ -591,7 +589,8 @@ size_t smem_bytes(const GemmArgs& p) {
 
 // One configuration: BN columns of W per tile, STAGES ring slots; at most `max_ctas` CTAs walk
 // the tiles (0: one CTA per tile); K split `splits` ways (p.out.split must then hold splits slots
-// per tile and a counter per tile). QUANT: W is p.qb, dequantized by the producer (no W map).
+// per tile and a counter per tile). QUANT: W is p.qb, copied raw by the producer and decoded by
+// the consumers (no W map).
 template <int BN, int STAGES, bool QUANT = false>
 void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, int splits = 1) {
     const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);

@@ -111,6 +111,8 @@ void gemm_quant(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, 
     BRRR_CHECK(parts != nullptr && n_parts >= 1 && n_parts <= kMaxWeightParts,
                "gemm_quant: W must come as 1 to " << kMaxWeightParts << " parts, got " << n_parts);
     BRRR_CHECK(parts[0].data != nullptr, "gemm_quant: part 0 has no data (null)");
+    // gemm_args checks x, M, N, K and the epilogue; part 0's pointer stands in for W there (each
+    // part is checked below), and W itself is replaced by the parts.
     GemmArgs p = gemm_args(x, static_cast<const bf16*>(parts[0].data), M, N, K, ep, args, "gemm_quant");
     p.W = nullptr;
     QuantB& q = p.qb;
