@@ -89,7 +89,7 @@ constexpr int kGemvQuantChunkMaxRows = 64;
 // GEMM dequantizing each k tile of W in its consumers, once per 128-row tile of x); more rows
 // dequantize the matrix into bf16 scratch once for the bf16 GEMM. One row tile: 0.50-0.70 of the
 // scratch path's time on the 8B matrices; two: a wash (0.70-1.07); from three on the scratch
-// wins (benchmarks/lab/gemm_quant_sweep.py; docs/kernels/gemm.md).
+// wins (docs/kernels/gemm.md).
 constexpr int kGemmQuantMaxRows = 128;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
