@@ -48,7 +48,6 @@ class BF16Part:
     def __init__(self, N, K, gen):
         self.type_id, self.N, self.K = 0, N, K
         self.packed = (torch.randn((N, K), generator=gen, device="cuda") * 0.02).to(torch.bfloat16)
-        self.wb = self.packed
 
 
 def dequantized(ops, W):
