@@ -28,6 +28,9 @@ namespace sm90 {
 constexpr int kBM = 128;             // tile rows: two consumer warpgroups of 64
 constexpr int kBK = 64;              // k per ring slot: kBK * 2 bytes = one 128-byte swizzle row
 constexpr int kSplitTileCols = 128;  // split-K work items are 128-column tiles
+// gemm_quant's tile rows: past one 128-row tile, each consumer warpgroup multiplies two 64-row
+// blocks by every W tile it decodes (half the decode per MMA).
+constexpr int quant_tile_rows(int M) { return M > kBM ? 2 * kBM : kBM; }
 }  // namespace sm90
 
 // W as the parts gemm_quant dequantizes tile by tile (gemm_sm90_dequant.cuh); n = 0 for a bf16 W

@@ -12,11 +12,13 @@
 // beside the epilogue's staging boxes (tuning.h).
 //   gemm_sm90_quant(p, splits, sm_count): quantized W (p.qb) always takes 128-column tiles: a
 //   producer thread copies one W row of a k tile and a consumer thread decodes half of one
-//   (gemm_sm90_dequant.cuh), 128 rows for the 128 and 256 threads.
+//   (gemm_sm90_dequant.cuh), 128 rows for the 128 and 256 threads. Past 128 rows of x the tiles
+//   are 256 rows (sm90::quant_tile_rows: each consumer multiplies two 64-row blocks by every W
+//   tile it decodes, so the decode per MMA halves) on a ring one slot shallower.
 //
 // Invariants: the instances compiled here are exactly those a call can pick (per width: SwiGLU,
 // plain, RopeKV with head_dim 64 and, where BN holds whole heads of 128, 128; the same four for
-// quantized W at 128 columns); the sm_90a image is checked once per device (gemm_sm90_available)
+// quantized W at 128 columns, per tile height); the sm_90a image is checked once per device (gemm_sm90_available)
 // before any of them is launched.
 #include "cuda/gemm_sm90.cuh"
 
@@ -59,7 +61,12 @@ void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream)
 }
 
 void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream) {
-    sm90::launch<128, tuning::kGemmSm90QuantStages, true>(p, sm_count, tuning::kGemmSm90GroupM, stream, splits);
+    if (sm90::quant_tile_rows(p.M) > sm90::kBM) {
+        sm90::launch<128, tuning::kGemmSm90QuantStages256, true, 2>(p, sm_count, tuning::kGemmSm90GroupM, stream,
+                                                                     splits);
+    } else {
+        sm90::launch<128, tuning::kGemmSm90QuantStages, true>(p, sm_count, tuning::kGemmSm90GroupM, stream, splits);
+    }
 }
 
 }  // namespace cuda

@@ -24,6 +24,9 @@
 // QUANT instances (gemm_quant, 128-column tiles): W is quantized (GemmArgs::qb); a slot carries
 // each W row's raw bytes of the k tile instead of its bf16 tile, copied by all producer threads,
 // and the consumers decode it into a bf16 W tile before their wgmma (gemm_sm90_dequant.cuh).
+// They come in two heights, MB = 1 or 2 blocks of 64 rows a consumer (128- or 256-row tiles of
+// x): the decode is paid once per W tile, so the taller tile halves it per MMA, for 128 more
+// accumulators a consumer thread and 16 KB more of x a slot.
 #pragma once
 
 #include <cuda.h>
@@ -113,9 +116,9 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
 // other), then the full / empty barriers. QUANT (gemm_sm90_dequant.cuh): a slot holds the x tile
 // and the raw bytes of BN W rows (kRawRowBytes each), and the bf16 W tiles the consumers decode
 // into (kDeqTiles, used in turn) come after the slots.
-template <int BN, int STAGES, bool RES, bool QUANT>
+template <int BN, int STAGES, bool RES, bool QUANT, int MB = 1>
 struct Layout {
-    static constexpr int kABytes = kBM * kBK * 2;
+    static constexpr int kABytes = MB * kBM * kBK * 2;
     static constexpr int kBBytes = BN * kBK * 2;
     static constexpr int kRawBytes = BN * kRawRowBytes;
     static constexpr int kStageBytes = kABytes + (QUANT ? kRawBytes : kBBytes);
@@ -151,11 +154,11 @@ struct Layout {
 // other staging box. The count must not restart per tile: after a tile with an odd box count (an
 // N tail) the next tile's first box would reuse a staging box TMA may still be reading
 // (tests/test_cuda_kernels.py's short-K test catches it).
-template <int BN, int STAGES, bool QUANT, bool BF16>
+template <int BN, int STAGES, bool QUANT, int MB, bool BF16>
 __device__ __forceinline__ void epilogue_tma(const CUtensorMap* map, unsigned char* box_smem, int consumer, int ct,
                                              int warp, int lane, int row0, int col0, int width, bool add,
                                              int& boxes, const float (&acc)[BN / 2]) {
-    using L = Layout<BN, STAGES, true, QUANT>;
+    using L = Layout<BN, STAGES, true, QUANT, MB>;
     constexpr int kBoxCols = BF16 ? 64 : 32;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -223,36 +226,42 @@ struct TileMap {
 // split stores them to its own slot of the scratch; the last split of the tile to arrive (a counter
 // per tile, util::arrived_last) adds all slots in split order into acc and returns true: it runs
 // the epilogue. The order is fixed, so the result does not depend on which split ends last. A slot
-// holds the 256 consumer threads' accumulators, float4-interleaved (thread-fastest), so every
-// access is coalesced and each thread reads back only what its twin wrote. A thread whose rows
-// (first_row and first_row + 8) are all past M moves nothing: at M = 17 most of the tile.
-template <int BN>
+// holds the 256 consumer threads' accumulators (MB blocks of 64 rows each), float4-interleaved
+// (thread-fastest), so every access is coalesced and each thread reads back only what its twin
+// wrote. A thread whose rows in a block (first_row + 64 mb, + 8) are all past M moves nothing for
+// that block: at M = 17 most of the tile.
+template <int BN, int MB>
 __device__ __forceinline__ bool merge_split_partials(const GemmArgs& p, int tile, int split, int splits,
-                                                     int first_row, float (&acc)[BN / 2]) {
+                                                     int first_row, float (&acc)[MB][BN / 2]) {
     const int ct = threadIdx.x - 128;  // consumer thread, 0..255
-    const bool has_rows = first_row < p.M;
-    constexpr int kSlotFloats = kBM * BN;
+    constexpr int kSlotFloats = MB * kBM * BN;
     float* slots = p.out.split.partials + (size_t)tile * splits * kSlotFloats;
     float4* mine = reinterpret_cast<float4*>(slots + (size_t)split * kSlotFloats);
-    if (has_rows) {
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+        if (first_row + 64 * mb >= p.M) continue;
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i)
-            mine[i * 256 + ct] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+            mine[(mb * (BN / 8) + i) * 256 + ct] =
+                make_float4(acc[mb][4 * i], acc[mb][4 * i + 1], acc[mb][4 * i + 2], acc[mb][4 * i + 3]);
     }
     const auto consumers_barrier = [] { hopper::named_barrier_sync(1, 256); };
     int* counter = reinterpret_cast<int*>(p.out.split.counters + tile);
     if (!util::arrived_last(counter, splits, ct == 0, /*release=*/true, consumers_barrier)) return false;
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-    for (int s = 0; has_rows && s < splits; ++s) {
-        const float4* slot = reinterpret_cast<const float4*>(slots + (size_t)s * kSlotFloats);
+    for (int mb = 0; mb < MB; ++mb) {
 #pragma unroll
-        for (int i = 0; i < BN / 8; ++i) {
-            const float4 v = __ldcg(slot + i * 256 + ct);  // L2: other SMs wrote it
-            acc[4 * i] += v.x;
-            acc[4 * i + 1] += v.y;
-            acc[4 * i + 2] += v.z;
-            acc[4 * i + 3] += v.w;
+        for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
+        for (int s = 0; first_row + 64 * mb < p.M && s < splits; ++s) {
+            const float4* slot = reinterpret_cast<const float4*>(slots + (size_t)s * kSlotFloats);
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) {
+                const float4 v = __ldcg(slot + (mb * (BN / 8) + i) * 256 + ct);  // L2: other SMs wrote it
+                acc[mb][4 * i] += v.x;
+                acc[mb][4 * i + 1] += v.y;
+                acc[mb][4 * i + 2] += v.z;
+                acc[mb][4 * i + 3] += v.w;
+            }
         }
     }
     return true;
@@ -268,12 +277,12 @@ __device__ __forceinline__ int tile_w_row(const GemmArgs& p, int tn, int r) {
 }
 
 // The producer of a QUANT instance (gemm_sm90_dequant.cuh): thread tid of warpgroup 0 copies W
-// row tid of every k tile, and thread 0 the x tile by TMA; the slot's full barrier expects the
-// TMA's arrival and one per thread, made when the thread's copies land.
-template <int BN, int STAGES, bool SWIGLU>
+// row tid of every k tile, and thread 0 the x tile (MB x 128 rows) by TMA; the slot's full barrier
+// expects the TMA's arrival and one per thread, made when the thread's copies land.
+template <int BN, int STAGES, bool SWIGLU, int MB>
 __device__ __forceinline__ void produce_quant(const GemmArgs& p, const TileMap& tiles, const CUtensorMap* x_map,
                                               unsigned char* smem, uint64_t* full, uint64_t* empty) {
-    using L = Layout<BN, STAGES, !SWIGLU, true>;
+    using L = Layout<BN, STAGES, !SWIGLU, true, MB>;
     const int tid = threadIdx.x;
     const int k_tiles = CEIL_DIV(p.K, kBK);
     const int num_work = tiles.tiles_m * tiles.tiles_n * tiles.splits;
@@ -291,7 +300,7 @@ __device__ __forceinline__ void produce_quant(const GemmArgs& p, const TileMap& 
             unsigned char* a = smem + stage * L::kStageBytes;
             if (tid == 0) {
                 hopper::mbarrier_arrive_expect_tx(full + stage, L::kABytes);
-                hopper::tma_load_2d(a, x_map, kt * kBK, tm * kBM, full + stage);
+                hopper::tma_load_2d(a, x_map, kt * kBK, tm * MB * kBM, full + stage);
             }
             fetch_row(w, p.K, kt, a + L::kABytes + tid * kRawRowBytes);
             hopper::mbarrier_arrive_cp_async(full + stage);
@@ -315,14 +324,16 @@ __device__ __forceinline__ void produce_quant(const GemmArgs& p, const TileMap& 
 // holds the same two columns 2t, 2t + 1 of every 8-column accumulator group, so dim d of a head
 // and its rotation partner d + hd/2 sit hd/16 groups apart in one thread's registers: RoPE and
 // the q / KV-cache stores happen there, and the fp32 q|k|v never leaves the chip.
-template <int BN, int STAGES, bool SWIGLU, int ROPE_HD, bool QUANT>
+template <int BN, int STAGES, bool SWIGLU, int ROPE_HD, bool QUANT, int MB = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                      const __grid_constant__ CUtensorMap out_map, GemmArgs p, TileMap tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(ROPE_HD == 0 || (!SWIGLU && ROPE_HD % 16 == 0 && BN % (ROPE_HD > 0 ? ROPE_HD : 1) == 0), "tiles of whole heads");
     static_assert(!QUANT || BN == 128, "QUANT: one W row per producer thread, half a row per consumer thread");
-    using L = Layout<BN, STAGES, !SWIGLU, QUANT>;
+    static_assert(MB == 1 || (MB == 2 && QUANT), "two 64-row blocks a consumer only where the W decode is shared");
+    using L = Layout<BN, STAGES, !SWIGLU, QUANT, MB>;
+    constexpr int kTileRows = MB * kBM;
     // The launch gives every thread 168 registers (__launch_bounds__), 64512 in all; setmaxnreg
     // moves them between warpgroups within that sum, and an increase the decreases do not pay
     // for waits forever: producer 128 x 40 + consumers 256 x 232 = 64512; QUANT's producer
@@ -352,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warpgroup == 0) {
         hopper::regs_decrease<kProducerRegs>();
         if constexpr (QUANT) {
-            produce_quant<BN, STAGES, SWIGLU>(p, tiles, &x_map, smem, full, empty);
+            produce_quant<BN, STAGES, SWIGLU, MB>(p, tiles, &x_map, smem, full, empty);
         } else if (threadIdx.x == 0) {
             hopper::prefetch_tensor_map(&x_map);
             hopper::prefetch_tensor_map(&w_map);
@@ -373,7 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 int tm, tn, k_begin, k_end;
                 tiles.coords(work, tm, tn);
                 tiles.k_range(work, k_tiles, k_begin, k_end);
-                const int m0 = tm * kBM, col0 = tn * kTileCols;
+                const int m0 = tm * kTileRows, col0 = tn * kTileCols;
                 // The B tile is two boxes of BN / 2 W rows: the next BN rows, or for SwiGLU the gate
                 // rows col0.. and the matching up rows H + col0.. (rows past N arrive as zeros).
                 const int b_row0 = col0, b_row1 = SWIGLU ? p.half_n + col0 : col0 + BN / 2;
@@ -413,12 +424,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t phase = 0;
         int staged_boxes = 0;  // epilogue_tma's boxes so far, over every tile of this warpgroup
         int deq_tile = 0;      // QUANT: the W tile the next k tile is decoded into
-        float acc[BN / 2];
+        // Block mb holds tile rows (consumer MB + mb) 64 .. + 63: with MB = 2 each decoded W tile
+        // feeds twice the MMAs.
+        float acc[MB][BN / 2];
         for (int work = first_work; work < num_work; work += work_stride) {
             int tm, tn, k_begin, k_end;
             tiles.coords(work, tm, tn);
             tiles.k_range(work, k_tiles, k_begin, k_end);
-            const int m0 = tm * kBM, col0 = tn * kTileCols;
+            const int m0 = tm * kTileRows, col0 = tn * kTileCols;
             // QUANT: consumer thread ct decodes half h of tile row r.
             const int deq_r = (threadIdx.x - 128) >> 1, deq_h = threadIdx.x & 1;
             WRow deq_w{nullptr, nullptr, -1, 0};
@@ -429,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             int prev_stage = 0;
             for (int kt = k_begin; kt < k_end; ++kt) {
                 hopper::mbarrier_wait(full + stage, phase);
-                const unsigned char* a = smem + stage * L::kStageBytes + consumer * 64 * (kBK * 2);
+                const unsigned char* a = smem + stage * L::kStageBytes + consumer * MB * 64 * (kBK * 2);
                 const unsigned char* b = smem + stage * L::kStageBytes + L::kABytes;
                 if constexpr (QUANT) {
                     unsigned char* w_tile = smem + L::kDeqOffset + deq_tile * L::kBBytes;
@@ -439,15 +452,20 @@ __global__ void __launch_bounds__(kThreads, 1)
                     b = w_tile;
                     deq_tile = deq_tile == L::kDeqTiles - 1 ? 0 : deq_tile + 1;
                 }
-                hopper::fence_accumulators(acc);
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) hopper::fence_accumulators(acc[mb]);
                 hopper::wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kBK / 16; ++kk) {
-                    hopper::wgmma_bf16<BN>(acc, hopper::sw128_descriptor(a + 32 * kk),
-                                           hopper::sw128_descriptor(b + 32 * kk), kt > k_begin || kk > 0);
+#pragma unroll
+                    for (int mb = 0; mb < MB; ++mb) {
+                        hopper::wgmma_bf16<BN>(acc[mb], hopper::sw128_descriptor(a + mb * 64 * (kBK * 2) + 32 * kk),
+                                               hopper::sw128_descriptor(b + 32 * kk), kt > k_begin || kk > 0);
+                    }
                 }
                 hopper::wgmma_commit();
-                hopper::fence_accumulators(acc);
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) hopper::fence_accumulators(acc[mb]);
                 // The previous k tile's MMAs have finished reading: hand its slot back.
                 hopper::wgmma_wait<1>();
                 if (kt > k_begin) release(prev_stage);
@@ -458,63 +476,73 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
             hopper::wgmma_wait<0>();
-            hopper::fence_accumulators(acc);
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) hopper::fence_accumulators(acc[mb]);
             release(prev_stage);
             if (tiles.splits > 1 &&
-                !merge_split_partials<BN>(p, tm * tiles.tiles_n + tn, work % tiles.splits, tiles.splits,
-                                          m0 + consumer * 64 + warp * 16 + (lane >> 2), acc))
+                !merge_split_partials<BN, MB>(p, tm * tiles.tiles_n + tn, work % tiles.splits, tiles.splits,
+                                              m0 + consumer * MB * 64 + warp * 16 + (lane >> 2), acc))
                 continue;  // another split of this tile finishes it
 
-            const int row0 = m0 + consumer * 64, ct = threadIdx.x & 127;  // this warpgroup's rows
-            if constexpr (ROPE_HD > 0) {
-                // Tiles of q heads only through TMA (a tile that also holds k heads, as SmolLM2's
-                // 576 q columns leave one, takes the register stores below).
-                if (p.rope_q_tma && col0 + BN <= p.out.rope.n_heads * ROPE_HD) {
+            const int ct = threadIdx.x & 127;
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                const int row0 = m0 + (consumer * MB + mb) * 64;  // this block's rows
+                if constexpr (ROPE_HD > 0) {
+                    // Tiles of q heads only through TMA (a tile that also holds k heads, as SmolLM2's
+                    // 576 q columns leave one, takes the register stores below).
+                    if (p.rope_q_tma && col0 + BN <= p.out.rope.n_heads * ROPE_HD) {
+                        if (row0 >= p.M) continue;
+                        rope_q_in_place<BN, ROPE_HD>(p, row0 + warp * 16 + (lane >> 2), lane & 3, acc[mb]);
+                        epilogue_tma<BN, STAGES, QUANT, MB, true>(&out_map, smem + L::kResOffset, consumer, ct, warp,
+                                                                  lane, row0, col0, p.out.rope.n_heads * ROPE_HD,
+                                                                  false, staged_boxes, acc[mb]);
+                        continue;
+                    }
+                }
+                if (!SWIGLU && ROPE_HD == 0 && p.epilogue_tma) {
                     if (row0 >= p.M) continue;
-                    rope_q_in_place<BN, ROPE_HD>(p, row0 + warp * 16 + (lane >> 2), lane & 3, acc);
-                    epilogue_tma<BN, STAGES, QUANT, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
-                                                   col0, p.out.rope.n_heads * ROPE_HD, false, staged_boxes, acc);
+                    if (p.ep == Epilogue::StoreBf16) {
+                        epilogue_tma<BN, STAGES, QUANT, MB, true>(&out_map, smem + L::kResOffset, consumer, ct, warp,
+                                                                  lane, row0, col0, p.width, false, staged_boxes,
+                                                                  acc[mb]);
+                    } else {
+                        epilogue_tma<BN, STAGES, QUANT, MB, false>(&out_map, smem + L::kResOffset, consumer, ct, warp,
+                                                                   lane, row0, col0, p.width,
+                                                                   p.ep == Epilogue::AddResidual, staged_boxes,
+                                                                   acc[mb]);
+                    }
                     continue;
                 }
-            }
-            if (!SWIGLU && ROPE_HD == 0 && p.epilogue_tma) {
-                if (row0 >= p.M) continue;
-                if (p.ep == Epilogue::StoreBf16) {
-                    epilogue_tma<BN, STAGES, QUANT, true>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0, col0,
-                                                   p.width, false, staged_boxes, acc);
-                } else {
-                    epilogue_tma<BN, STAGES, QUANT, false>(&out_map, smem + L::kResOffset, consumer, ct, warp, lane, row0,
-                                                    col0, p.width, p.ep == Epilogue::AddResidual, staged_boxes, acc);
-                }
-                continue;
-            }
-            const int g = lane >> 2, t = lane & 3;
+                const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = m0 + consumer * 64 + warp * 16 + g + 8 * h;
-                if constexpr (SWIGLU) {
-                    // Gate column c sits in accumulator group c / 8, its up column BN / 16 groups later.
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row0 + warp * 16 + g + 8 * h;
+                    if constexpr (SWIGLU) {
+                        // Gate column c sits in accumulator group c / 8, its up column BN / 16 groups later.
 #pragma unroll
-                    for (int i = 0; i < BN / 16; ++i) {
-                        const float* gate = acc + 4 * i + 2 * h;
-                        const float* up = acc + 4 * (i + BN / 16) + 2 * h;
-                        store_swiglu_pair(p, row, col0 + 8 * i + 2 * t, gate[0], up[0], gate[1], up[1]);
-                    }
-                } else if constexpr (ROPE_HD > 0) {
-                    store_rope_row<BN, ROPE_HD>(p, row, col0 / ROPE_HD, t, acc + 2 * h);
-                } else if (p.ep == Epilogue::AddResidual) {
-                    // Eight groups per batch: all BN / 8 at once would spill at BN = 256.
+                        for (int i = 0; i < BN / 16; ++i) {
+                            const float* gate = acc[mb] + 4 * i + 2 * h;
+                            const float* up = acc[mb] + 4 * (i + BN / 16) + 2 * h;
+                            store_swiglu_pair(p, row, col0 + 8 * i + 2 * t, gate[0], up[0], gate[1], up[1]);
+                        }
+                    } else if constexpr (ROPE_HD > 0) {
+                        store_rope_row<BN, ROPE_HD>(p, row, col0 / ROPE_HD, t, acc[mb] + 2 * h);
+                    } else if (p.ep == Epilogue::AddResidual) {
+                        // Eight groups per batch: all BN / 8 at once would spill at BN = 256.
 #pragma unroll
-                    for (int i0 = 0; i0 < BN / 8; i0 += 8) {
-                        float2 y[8];
+                        for (int i0 = 0; i0 < BN / 8; i0 += 8) {
+                            float2 y[8];
 #pragma unroll
-                        for (int j = 0; j < 8; ++j) y[j] = make_float2(acc[4 * (i0 + j) + 2 * h], acc[4 * (i0 + j) + 2 * h + 1]);
-                        add_residual_pairs(p, row, col0 + 8 * i0 + 2 * t, y);
-                    }
-                } else {
+                            for (int j = 0; j < 8; ++j)
+                                y[j] = make_float2(acc[mb][4 * (i0 + j) + 2 * h], acc[mb][4 * (i0 + j) + 2 * h + 1]);
+                            add_residual_pairs(p, row, col0 + 8 * i0 + 2 * t, y);
+                        }
+                    } else {
 #pragma unroll
-                    for (int i = 0; i < BN / 8; ++i) {
-                        store_pair(p, row, col0 + 8 * i + 2 * t, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+                        for (int i = 0; i < BN / 8; ++i) {
+                            store_pair(p, row, col0 + 8 * i + 2 * t, acc[mb][4 * i + 2 * h], acc[mb][4 * i + 2 * h + 1]);
+                        }
                     }
                 }
             }
@@ -537,15 +565,15 @@ using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, TileM
 
 // The instance for p's epilogue. RopeKV has instances for head_dim 64 and 128 where BN holds
 // whole heads (the caller checks rope_fusable first).
-template <int BN, int STAGES, bool QUANT>
+template <int BN, int STAGES, bool QUANT, int MB>
 KernelFn pick_kernel(const GemmArgs& p) {
-    if (p.ep == Epilogue::SwiGLU) return gemm_sm90_kernel<BN, STAGES, true, 0, QUANT>;
-    if (p.ep != Epilogue::RopeKV) return gemm_sm90_kernel<BN, STAGES, false, 0, QUANT>;
+    if (p.ep == Epilogue::SwiGLU) return gemm_sm90_kernel<BN, STAGES, true, 0, QUANT, MB>;
+    if (p.ep != Epilogue::RopeKV) return gemm_sm90_kernel<BN, STAGES, false, 0, QUANT, MB>;
     if constexpr (BN % 128 == 0) {
-        if (p.out.rope.head_dim == 128) return gemm_sm90_kernel<BN, STAGES, false, 128, QUANT>;
+        if (p.out.rope.head_dim == 128) return gemm_sm90_kernel<BN, STAGES, false, 128, QUANT, MB>;
     }
     if constexpr (BN % 64 == 0) {
-        if (p.out.rope.head_dim == 64) return gemm_sm90_kernel<BN, STAGES, false, 64, QUANT>;
+        if (p.out.rope.head_dim == 64) return gemm_sm90_kernel<BN, STAGES, false, 64, QUANT, MB>;
     }
     BRRR_CHECK(false, "gemm_bf16: no RopeKV instance for head_dim " << p.out.rope.head_dim << " with tiles of "
                                                                    << BN << " columns");
@@ -571,37 +599,39 @@ inline CUtensorMap epilogue_map(const GemmArgs& p, const CUtensorMap& unused) {
     return unused;
 }
 
-// The tiles of p for BN-column tiles walked in groups of group_m tile rows, K split `splits` ways.
+// The tiles of p for tile_rows x BN tiles walked in groups of group_m tile rows, K split `splits` ways.
 template <int BN>
-TileMap tile_map(const GemmArgs& p, int group_m, int splits) {
+TileMap tile_map(const GemmArgs& p, int tile_rows, int group_m, int splits) {
     const int k_tiles = CEIL_DIV(p.K, kBK);
     const int k_per_split = CEIL_DIV(k_tiles, splits);
-    return TileMap{CEIL_DIV(p.M, kBM), CEIL_DIV(p.width, p.ep == Epilogue::SwiGLU ? BN / 2 : BN), std::max(1, group_m),
-                   CEIL_DIV(k_tiles, k_per_split), k_per_split};  // no split left without k tiles
+    return TileMap{CEIL_DIV(p.M, tile_rows), CEIL_DIV(p.width, p.ep == Epilogue::SwiGLU ? BN / 2 : BN),
+                   std::max(1, group_m), CEIL_DIV(k_tiles, k_per_split), k_per_split};  // no split left without k tiles
 }
 
-// Dynamic shared memory of pick_kernel<BN, STAGES, QUANT>(p)'s instance.
-template <int BN, int STAGES, bool QUANT>
+// Dynamic shared memory of pick_kernel<BN, STAGES, QUANT, MB>(p)'s instance.
+template <int BN, int STAGES, bool QUANT, int MB>
 size_t smem_bytes(const GemmArgs& p) {
     const bool res = p.ep != Epilogue::SwiGLU;  // as pick_kernel's instances
-    return res ? Layout<BN, STAGES, true, QUANT>::kSmemBytes : Layout<BN, STAGES, false, QUANT>::kSmemBytes;
+    return res ? Layout<BN, STAGES, true, QUANT, MB>::kSmemBytes : Layout<BN, STAGES, false, QUANT, MB>::kSmemBytes;
 }
 
-// One configuration: BN columns of W per tile, STAGES ring slots; at most `max_ctas` CTAs walk
-// the tiles (0: one CTA per tile); K split `splits` ways (p.out.split must then hold splits slots
-// per tile and a counter per tile). QUANT: W is p.qb, copied raw by the producer and decoded by
-// the consumers (no W map).
-template <int BN, int STAGES, bool QUANT = false>
+// One configuration: MB x 128 rows and BN columns of W per tile, STAGES ring slots; at most
+// `max_ctas` CTAs walk the tiles (0: one CTA per tile); K split `splits` ways (p.out.split must
+// then hold splits slots per tile and a counter per tile). QUANT: W is p.qb, copied raw by the
+// producer and decoded by the consumers (no W map).
+template <int BN, int STAGES, bool QUANT = false, int MB = 1>
 void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, int splits = 1) {
-    const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kBM);
+    constexpr int kTileRows = MB * kBM;
+    const CUtensorMap x_map = make_tensor_map(p.x, p.M, p.K, kTileRows);
     const CUtensorMap w_map = QUANT ? x_map : make_tensor_map(p.W, p.N, p.K, BN / 2);
     const CUtensorMap out_map = epilogue_map(p, x_map);
-    const TileMap tiles = tile_map<BN>(p, group_m, splits);
-    BRRR_CHECK(tiles.splits == 1 || ((size_t)tiles.tiles_m * tiles.tiles_n * tiles.splits * kBM * BN <= p.out.split.floats &&
-                                     tiles.tiles_m * tiles.tiles_n <= p.out.split.n_counters),
+    const TileMap tiles = tile_map<BN>(p, kTileRows, group_m, splits);
+    BRRR_CHECK(tiles.splits == 1 ||
+                   ((size_t)tiles.tiles_m * tiles.tiles_n * tiles.splits * kTileRows * BN <= p.out.split.floats &&
+                    tiles.tiles_m * tiles.tiles_n <= p.out.split.n_counters),
                "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
-    const size_t smem = smem_bytes<BN, STAGES, QUANT>(p);
-    const KernelFn kernel = pick_kernel<BN, STAGES, QUANT>(p);
+    const size_t smem = smem_bytes<BN, STAGES, QUANT, MB>(p);
+    const KernelFn kernel = pick_kernel<BN, STAGES, QUANT, MB>(p);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int num_work = tiles.tiles_m * tiles.tiles_n * tiles.splits;
     const int grid = max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas)) : num_work;

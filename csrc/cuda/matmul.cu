@@ -35,8 +35,8 @@ namespace cuda {
 
 namespace {
 
-// Bytes of x and W one k slice of a 128 x 128 split-K tile streams: (128 + 128) rows x 64 bf16.
-constexpr long long kSliceBytes = (long long)(sm90::kBM + sm90::kSplitTileCols) * sm90::kBK * 2;
+// Bytes of x and W one k slice of a tile_rows x 128 split-K tile streams: (tile_rows + 128) rows x 64 bf16.
+long long slice_bytes(int tile_rows) { return (long long)(tile_rows + sm90::kSplitTileCols) * sm90::kBK * 2; }
 
 // The fused RopeKV epilogue: head_dim 64 or 128 (tiles of whole heads), and destinations that
 // take 4-byte bf16 pairs. Anything else stages q|k|v in fp32 and runs rope_kv_append.
@@ -46,22 +46,22 @@ bool rope_fusable(const GemmArgs& p) {
            util::aligned_to(r.kv.k, 4) && util::aligned_to(r.kv.v, 4);
 }
 
-// The split count of p by the byte model above; 1 (no split) without scratch.
-int split_count(const GemmArgs& p, int sm_count) {
+// The split count of p for tiles of tile_rows rows by the byte model above; 1 (no split) without scratch.
+int split_count(const GemmArgs& p, int sm_count, int tile_rows = sm90::kBM) {
     const SplitKScratch& sc = p.out.split;
     if (sc.partials == nullptr || sc.counters == nullptr) return 1;
     const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;
-    const long long tiles = (long long)CEIL_DIV(p.M, sm90::kBM) * CEIL_DIV(p.width, sm90::kSplitTileCols / out_per_col);
+    const long long tiles = (long long)CEIL_DIV(p.M, tile_rows) * CEIL_DIV(p.width, sm90::kSplitTileCols / out_per_col);
     const int k_tiles = CEIL_DIV(p.K, sm90::kBK);
     if (2 * tiles > sm_count || tiles > sc.n_counters) return 1;
-    const long long rows = std::min(sm90::kBM, CEIL_DIV(p.M, 8) * 8);  // of the fullest tile
+    const long long rows = std::min<long long>(tile_rows, CEIL_DIV(p.M, 8) * 8);  // of the fullest tile
     auto bytes = [&](long long splits) {
         const long long partials = splits > 1 ? (splits + 1) * rows * sm90::kSplitTileCols * 4 : 0;
-        return CEIL_DIV(k_tiles, splits) * kSliceBytes + partials;
+        return CEIL_DIV(k_tiles, splits) * slice_bytes(tile_rows) + partials;
     };
     int best = 1;
     for (int splits = 2; splits <= k_tiles && tiles * splits <= sm_count; ++splits) {
-        if ((size_t)(tiles * splits) * sm90::kBM * sm90::kSplitTileCols > sc.floats) break;
+        if ((size_t)(tiles * splits) * tile_rows * sm90::kSplitTileCols > sc.floats) break;
         if (bytes(splits) < bytes(best)) best = splits;
     }
     return best;
@@ -152,11 +152,12 @@ void gemm_quant(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, 
         });
         return;
     }
-    gemm_sm90_quant(p, split_count(p, sm_count), sm_count, stream);
+    gemm_sm90_quant(p, split_count(p, sm_count, sm90::quant_tile_rows(M)), sm_count, stream);
 }
 
-// split_count keeps tiles x splits <= sm_count and tiles <= sm_count / 2.
-size_t gemm_split_scratch_floats(int sm_count) { return (size_t)sm_count * sm90::kBM * sm90::kSplitTileCols; }
+// split_count keeps tiles x splits <= sm_count and tiles <= sm_count / 2; tiles of gemm_quant's
+// 256 rows (sm90::quant_tile_rows) take twice the floats of a 128-row one.
+size_t gemm_split_scratch_floats(int sm_count) { return (size_t)sm_count * 2 * sm90::kBM * sm90::kSplitTileCols; }
 int gemm_split_scratch_counters(int sm_count) { return std::max(1, sm_count / 2); }
 
 void matmul_bf16(const bf16* x, const bf16* W, int M, int N, int K, Epilogue ep,
