@@ -318,6 +318,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
         quant_counters_ = a.take<unsigned>(kGemvQuantCounterWords);  // zero with the arena
         gate_up_ = a.take<float>((size_t)tuning::kGemvMaxRows * 2 * H);
         quant_gemm_ = gemm_quant_available();
+        l2_bytes_ = (size_t)device_facts().l2_bytes;
         for (const LayerWeights& w : layers_)
             for (const Matrix* m : {&w.wqkv, &w.wo, &w.w13, &w.w2})
                 if (!m->plain_bf16()) deq_elems_ = std::max(deq_elems_, (size_t)m->rows * m->cols);

@@ -204,9 +204,10 @@ private:
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
     // ones run the quantized GEMV per part (matmul_parts, M <= 16), in chunks of at most 16 rows
     // up to tuning::kGemvQuantChunkMaxRows rows; then on Hopper gemm_quant (dequantizing tile by
-    // tile) up to tuning::kGemmQuantMaxRows rows and for a matrix larger than deq_ (a quantized LM
-    // head); more rows are dequantized into deq_ for the bf16 GEMM (off Hopper every M, an LM head
-    // larger than deq_ chunked through the GEMV).
+    // tile) up to tuning::kGemmQuantMaxRows rows (kGemmQuantMaxRowsInL2 where a bf16 copy of the
+    // matrix fits in L2) and for a matrix larger than deq_ (a quantized LM head); more rows are
+    // dequantized into deq_ for the bf16 GEMM (off Hopper every M, an LM head larger than deq_
+    // chunked through the GEMV).
     void matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                 Epilogue ep, const EpilogueArgs& args);
     void matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
@@ -327,6 +328,7 @@ private:
     unsigned* quant_counters_ = nullptr;  // [kGemvQuantCounterWords] the one-row quantized GEMV's unit counters
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
     bool quant_gemm_ = false;         // gemm_quant runs here (Hopper)
+    size_t l2_bytes_ = 0;             // the device's L2: a bf16 copy of W that fits stays on chip
     bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (long prompts)
     size_t deq_elems_ = 0;
     float* attn_scratch_ = nullptr;

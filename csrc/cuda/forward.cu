@@ -269,7 +269,11 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     // staged through the 16-row gate_up_).
     const int pass_rows = W.n_parts == 1 ? tuning::kGemvQuantMmaMaxRows : tuning::kGemvQuantPassRows;
     const bool fits_deq = (size_t)N * K <= deq_elems_;
-    const bool fused_gemm = quant_gemm_ && (M <= tuning::kGemmQuantMaxRows || !fits_deq);
+    // Past one 128-row tile gemm_quant beats the scratch path only where the bf16 copy of W would
+    // spill out of L2 (tuning.h): a copy that fits is written and read back on chip.
+    const bool copy_in_l2 = (size_t)N * K * sizeof(bf16) <= l2_bytes_;
+    const int gemm_quant_rows = copy_in_l2 ? tuning::kGemmQuantMaxRowsInL2 : tuning::kGemmQuantMaxRows;
+    const bool fused_gemm = quant_gemm_ && (M <= gemm_quant_rows || !fits_deq);
     const bool gemv_chunks = M <= tuning::kGemvQuantChunkMaxRows || (!fused_gemm && !fits_deq);
     if (gemv_chunks && M <= pass_rows) {  // one weight pass for all rows
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
@@ -283,8 +287,8 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         }
         if (fused_gemm && !gemv_chunks) {
             // Short prompts on Hopper (and a quantized LM head larger than deq_): the GEMM
-            // dequantizes each k tile of W as it goes, once per 128-row tile of x (tuning.h says
-            // up to which M that beats the bf16 copy).
+            // dequantizes each k tile of W as it goes, once per row tile of x (tuning.h says up to
+            // which M that beats the bf16 copy).
             GemmWeightPart parts[kMaxWeightParts];
             for (int i = 0; i < W.n_parts; ++i)
                 parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
