@@ -1,13 +1,13 @@
 """gemm_quant_sweep.py — the two prefill paths on quantized weights, per matrix and row count M:
-gemm_quant (the wgmma GEMM dequantizing each k tile of W in its consumers, once per 128-row tile
-of x) against dequantize_bf16 of every part into scratch then gemm_bf16 (one bf16 copy shared by
+gemm_quant (the wgmma GEMM dequantizing each k tile of W in its consumers, once per row tile of
+x) against dequantize_bf16 of every part into scratch then gemm_bf16 (one bf16 copy shared by
 all M rows). Sets tuning::kGemmQuantMaxRows: the largest M where the first is faster.
 
-Llama-3-8B matrices as llama.cpp's Q4_K_M recipe stores them (wqkv: Q4_K q and k, Q6_K v; w13
-and wo Q4_K; w2 Q6_K or Q4_K by layer). Weights: 256 quantized rows of random normals, repeated
-to the matrix's rows (the kernels' time does not depend on the values). Both paths get the
-engine's split-K scratch and StoreBf16. Median of --reps timed calls (CUDA events) after a
-warm-up; one JSON line per (matrix, M), and a table.
+Llama-3-8B (or, --matrices 1b, Llama-3.2-1B) matrices as llama.cpp's Q4_K_M recipe stores them
+(wqkv: Q4_K q and k, Q6_K v; w13 and wo Q4_K; w2 Q6_K or Q4_K by layer). Weights: 256 quantized
+rows of random normals, repeated to the matrix's rows (the kernels' time does not depend on the
+values). Both paths get the engine's split-K scratch and StoreBf16. Median of --reps timed calls
+(CUDA events) after a warm-up; one JSON line per (matrix, M), and a table.
 
   PYTHONPATH=. python3 benchmarks/lab/gemm_quant_sweep.py --json sweep.jsonl
 """
@@ -29,6 +29,15 @@ MATRICES = {
     "w2_q6_k": ([("q6_k", 4096)], 14336),
     "w2_q4_k": ([("q4_k", 4096)], 14336),
 }
+# Llama-3.2-1B's (--matrices 1b).
+MATRICES_1B = {
+    "1b_wqkv": ([("q4_k", 2560), ("q6_k", 512)], 2048),
+    "1b_wo": ([("q4_k", 2048)], 2048),
+    "1b_w13": ([("q4_k", 16384)], 2048),
+    "1b_w2_q6_k": ([("q6_k", 2048)], 8192),
+    "1b_w2_q4_k": ([("q4_k", 2048)], 8192),
+}
+MATRICES.update(MATRICES_1B)
 
 
 def part(name, rows, K, rng):
@@ -62,7 +71,8 @@ def timed(calls, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="65,128,192,256,320,384,512,1024,2048")
-    ap.add_argument("--matrices", default=",".join(MATRICES))
+    ap.add_argument("--matrices", default=",".join(m for m in MATRICES if m not in MATRICES_1B),
+                    help="comma-separated names, or 1b for the Llama-3.2-1B ones")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -77,7 +87,8 @@ def main():
     rows = [int(m) for m in a.rows.split(",")]
     out = open(a.json, "w") if a.json else None
     print(f"{'matrix':10s} {'M':>5s} {'fused us':>9s} {'scratch us':>10s} {'ratio':>6s}")
-    for mname in a.matrices.split(","):
+    names = list(MATRICES_1B) if a.matrices == "1b" else a.matrices.split(",")
+    for mname in names:
         spec, K = MATRICES[mname]
         parts = [(TYPE_IDS[t], part(t, n, K, rng), n) for t, n in spec]
         N = sum(n for _, _, n in parts)
