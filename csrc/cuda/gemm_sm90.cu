@@ -18,8 +18,8 @@
 //
 // Invariants: the instances compiled here are exactly those a call can pick (per width: SwiGLU,
 // plain, RopeKV with head_dim 64 and, where BN holds whole heads of 128, 128; the same four for
-// quantized W at 128 columns, per tile height); the sm_90a image is checked once per device (gemm_sm90_available)
-// before any of them is launched.
+// quantized W at 128 columns, per tile height); the sm_90a image is checked once per device
+// (gemm_sm90_available) before any of them is launched.
 #include "cuda/gemm_sm90.cuh"
 
 #include <algorithm>

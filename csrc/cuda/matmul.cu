@@ -15,7 +15,7 @@
 // even 128-column tiles leave more than half of the SMs idle (M up to ~128 on the Llama
 // projections: short prompts, the last chunk of a long one, batches of 17-64 sequences), K is
 // split, at most as far as one wave of work items. Then one SM's bytes bound the time: a split
-// streams its k slices (kSliceBytes of x and W each) and writes its partials, and the last one
+// streams its k slices (slice_bytes of x and W each) and writes its partials, and the last one
 // also reads every split's partials back (128 x 4 bytes a tile row, rows past M skipped by whole
 // 8-row groups). The split count with the fewest such bytes wins (e.g. 4 for the 1B wo at
 // M = 128, K = 2048; 8 for its w2, K = 8192).
@@ -35,7 +35,8 @@ namespace cuda {
 
 namespace {
 
-// Bytes of x and W one k slice of a tile_rows x 128 split-K tile streams: (tile_rows + 128) rows x 64 bf16.
+// Bytes of x and W one k slice of a tile_rows x 128 split-K tile streams: (tile_rows + 128) rows
+// x 64 bf16.
 long long slice_bytes(int tile_rows) { return (long long)(tile_rows + sm90::kSplitTileCols) * sm90::kBK * 2; }
 
 // The fused RopeKV epilogue: head_dim 64 or 128 (tiles of whole heads), and destinations that
@@ -46,7 +47,8 @@ bool rope_fusable(const GemmArgs& p) {
            util::aligned_to(r.kv.k, 4) && util::aligned_to(r.kv.v, 4);
 }
 
-// The split count of p for tiles of tile_rows rows by the byte model above; 1 (no split) without scratch.
+// The split count of p for tiles of tile_rows rows by the byte model above; 1 (no split) without
+// scratch.
 int split_count(const GemmArgs& p, int sm_count, int tile_rows = sm90::kBM) {
     const SplitKScratch& sc = p.out.split;
     if (sc.partials == nullptr || sc.counters == nullptr) return 1;
