@@ -13,19 +13,18 @@
 //     the slot's full barrier fires when its copies land (cp.async.mbarrier.arrive.noinc), so the
 //     producer never waits on memory and runs as far ahead as the ring.
 //   * Consumers (both warpgroups, 256 threads): thread ct decodes half a row (row ct / 2, chunks of
-//     8 values 4 (ct % 2) ..) exactly as quant_formats.cpp computes the values (the same fp32
-//     roundings as dequantize_bf16, then bf16 round to nearest) into one of the kDeqTiles bf16 W
-//     tiles (used in turn), 16 bytes a chunk at its swizzled place (chunk c of row r at
+//     8 values 4 (ct % 2) .., one 32-value block or sub-block) by quant_decode.cuh, the decode of
+//     gemv_quant_mma (the same bf16 of each weight, 2 instructions a weight in bf16x2 arithmetic;
+//     the half's coefficients once, its codes as 16-byte words), into one of the kDeqTiles bf16
+//     W tiles (used in turn), 16 bytes a chunk at its swizzled place (chunk c of row r at
 //     c ^ (r % 8)), then the tile's wgmma are issued. The decode of k tile kt + 1 runs while the
 //     tensor cores multiply k tile kt: two warps a scheduler share it, in the issue slots the
 //     asynchronous wgmma leaves idle.
-//   Codes become floats without I2F (a quarter of the FP32 rate on sm_90): PRMT puts a code byte
-//   under the bits of 1.5 * 2^23, where the ulp is 1, and one FSUB takes 1.5 * 2^23 + offset off
-//   (exact: the result is a small integer). A value then costs about 5 instructions.
 // Invariants: rows past N and chunks past K are stored as zeros (TMA's zero fill); a W tile is
 // rewritten only after the wgmma that read it retired, and read only after every consumer's
-// stores and fence.proxy.async (one named barrier a k tile). The output equals dequantize_bf16 +
-// gemm_bf16 bit for bit (the same bf16 W, the same wgmma order).
+// stores and fence.proxy.async (one named barrier a k tile). The output equals gemm_bf16 on the
+// decoded W bit for bit (the same wgmma order); that W is bf16 of quant_formats.cpp's fp32 values
+// for Q8_0, Q4_0 and Q5_0, within quant_decode.cuh's bound of them for the others.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,6 +38,7 @@
 #include "cuda/kernel_util.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/qlayout.h"
+#include "cuda/quant_decode.cuh"
 
 namespace brrr {
 namespace cuda {
@@ -49,31 +49,15 @@ constexpr int kRawRowBytes = 144;  // one row's bytes of a slice (Q6_K 116 at mo
 namespace dq {
 
 using quant::QType;
-
-constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: floats in [2^23, 2^24) step by 1
-
 using util::f16_bits;
 using util::spread4;
 
-// Byte k of `codes` as kMagic + byte, a float.
-__device__ __forceinline__ float magic(uint32_t codes, int k) {
-    return __uint_as_float(__byte_perm(codes, 0x4B400000u, 0x7650u | (uint32_t)k));
+__device__ __forceinline__ uint4 lds16(const unsigned char* p) { return *reinterpret_cast<const uint4*>(p); }
+// The 32 bytes at p (16-byte aligned) as 8 words.
+__device__ __forceinline__ void words8(const unsigned char* p, uint32_t (&w)[8]) {
+    const uint4 a = lds16(p), b = lds16(p + 16);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
-
-// Values of 8 codes (bytes of lo, then hi): v = f(kMagic + code - bias) with bias = kMagic + offset.
-template <typename F>
-__device__ __forceinline__ uint4 eight(uint32_t lo, uint32_t hi, float bias, F f) {
-    float v[8];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        v[k] = f(__fsub_rn(magic(lo, k), bias));
-        v[k + 4] = f(__fsub_rn(magic(hi, k), bias));
-    }
-    return make_uint4(util::pack_bf16x2(v[0], v[1]), util::pack_bf16x2(v[2], v[3]), util::pack_bf16x2(v[4], v[5]),
-                      util::pack_bf16x2(v[6], v[7]));
-}
-
-__device__ __forceinline__ uint2 lds8(const unsigned char* p) { return *reinterpret_cast<const uint2*>(p); }
 __device__ __forceinline__ uint32_t lds_u16(const unsigned char* p, int i) {
     return reinterpret_cast<const unsigned short*>(p)[i];
 }
@@ -111,54 +95,80 @@ __device__ __forceinline__ void fetch(unsigned char* raw, const unsigned char* t
     }
 }
 
-// Chunk c (values 64 kt + 8 c ..) of the slice in raw, as 8 bf16.
+// Half h of the slice in raw (its values 32 h .. 32 h + 31: chunks 4 h .. 4 h + 3, one 32-value
+// block or sub-block), as 4 x 8 bf16. The half's coefficients are computed once and its codes
+// read as 16-byte words; codes and coefficients as gemv_quant_mma.cu's QM<T> computes them.
 template <QType T>
-__device__ __forceinline__ uint4 decode(const unsigned char* raw, int j, int c, int d_half) {
-    const int b = c >> 2, l = 8 * (c & 3);  // 32-value block / sub-block b of the slice, value l of it
+__device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, int d_half, uint4 (&v)[4]) {
+    uint32_t r[4][4];
     if constexpr (T == QType::Q8_0) {
-        const float d = f16_bits(lds_u16(raw, 2 * j + b));
-        const uint2 q = lds8(raw + 16 + 32 * b + l);
-        return eight(q.x ^ 0x80808080u, q.y ^ 0x80808080u, kMagic + 128.f, [&](float v) { return __fmul_rn(v, d); });
+        const qdec::AffineQ8 k = qdec::affine_q8(f16_bits(lds_u16(raw, 2 * j + h)));
+        const uint4 q0 = lds16(raw + 16 + 32 * h), q1 = lds16(raw + 32 + 32 * h);
+        qdec::chunk_bf16_q8(q0.x, q0.y, k, r[0]);
+        qdec::chunk_bf16_q8(q0.z, q0.w, k, r[1]);
+        qdec::chunk_bf16_q8(q1.x, q1.y, k, r[2]);
+        qdec::chunk_bf16_q8(q1.z, q1.w, k, r[3]);
     } else if constexpr (T == QType::Q4_K || T == QType::Q5_K) {
-        const int s = 2 * j + b;
+        // Sub-block s = 2 j + h: the low (h = 0) or high nibbles of the slice's 32 code bytes.
+        const int s = 2 * j + h;
         int sc, mn;
         qlayout::scale_min_k4(s, lds_u32(raw, 1), lds_u32(raw, 2), lds_u32(raw, 3), sc, mn);
-        const uint32_t h = lds_u32(raw, 0);
-        const float d = __fmul_rn(f16_bits(h & 0xFFFF), (float)sc), m = __fmul_rn(f16_bits(h >> 16), (float)mn);
-        const uint2 q = lds8(raw + Fields<T>::kHead + l);
-        uint32_t lo = (q.x >> (4 * b)) & 0x0F0F0F0Fu, hi = (q.y >> (4 * b)) & 0x0F0F0F0Fu;
+        const uint32_t dm = lds_u32(raw, 0);
+        const qdec::ScaleX2 k = qdec::scale_x2(
+            qdec::Coef{__fmul_rn(f16_bits(dm & 0xFFFF), (float)sc), -__fmul_rn(f16_bits(dm >> 16), (float)mn)});
+        uint32_t w[8];
+        words8(raw + Fields<T>::kHead, w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = (w[i] >> (4 * h)) & 0x0F0F0F0Fu;
         if constexpr (T == QType::Q5_K) {
-            const uint2 qh = lds8(raw + 16 + l);
-            lo |= ((qh.x >> s) & 0x01010101u) << 4;
-            hi |= ((qh.y >> s) & 0x01010101u) << 4;
+            uint32_t qh[8];
+            words8(raw + 16, qh);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) w[i] |= ((qh[i] >> s) & 0x01010101u) << 4;
         }
-        return eight(lo, hi, kMagic, [&](float v) { return __fsub_rn(__fmul_rn(d, v), m); });
+#pragma unroll
+        for (int c = 0; c < 4; ++c) qdec::chunk_bf16x2<0>(w[2 * c], w[2 * c + 1], k, r[c]);
     } else if constexpr (T == QType::Q6_K) {
-        // Sub-block g = 2 (j % 2) + b of the 128-value half j / 2: ql nibble j % 2, qh bits 2 g.
-        const int g = 2 * (j & 1) + b;
-        const float d = __fmul_rn(f16_bits(lds_u16(raw, 56 + d_half)),
-                                  (float)(int8_t)raw[8 * (j >> 1) + 2 * g + (l >> 4)]);
-        const uint2 ql = lds8(raw + 16 + 32 * b + l), qh = lds8(raw + 80 + l);
-        const uint32_t lo = ((ql.x >> (4 * (j & 1))) & 0x0F0F0F0Fu) | (((qh.x >> (2 * g)) & 0x03030303u) << 4);
-        const uint32_t hi = ((ql.y >> (4 * (j & 1))) & 0x0F0F0F0Fu) | (((qh.y >> (2 * g)) & 0x03030303u) << 4);
-        return eight(lo, hi, kMagic + 32.f, [&](float v) { return __fmul_rn(d, v); });
-    } else {  // Q4_0, Q4_1, Q5_0, Q5_1: block 2 j + b of the tile; values l.. are nibble l / 16 of bytes l % 16..
+        // Sub-block g = 2 (j % 2) + h of the 128-value half j / 2: ql nibble j % 2, qh bits 2 g;
+        // a scale per 16 values (chunks 0, 1 and 2, 3).
+        const int g = 2 * (j & 1) + h;
+        const float d = f16_bits(lds_u16(raw, 56 + d_half));
+        const int sc = 8 * (j >> 1) + 2 * g;
+        const qdec::ScaleX2 k0 = qdec::scale_x2(qdec::Coef{__fmul_rn(d, (float)(int8_t)raw[sc]), 0.f});
+        const qdec::ScaleX2 k1 = qdec::scale_x2(qdec::Coef{__fmul_rn(d, (float)(int8_t)raw[sc + 1]), 0.f});
+        uint32_t w[8], qh[8];
+        words8(raw + 16 + 32 * h, w);
+        words8(raw + 80, qh);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            w[i] = ((w[i] >> (4 * (j & 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * g)) & 0x03030303u) << 4);
+        qdec::chunk_bf16x2<32>(w[0], w[1], k0, r[0]);
+        qdec::chunk_bf16x2<32>(w[2], w[3], k0, r[1]);
+        qdec::chunk_bf16x2<32>(w[4], w[5], k1, r[2]);
+        qdec::chunk_bf16x2<32>(w[6], w[7], k1, r[3]);
+    } else {  // Q4_0, Q4_1, Q5_0, Q5_1: block 2 j + h of the tile; its values l.. are nibble l / 16 of bytes l % 16..
         constexpr bool has_m = T == QType::Q4_1 || T == QType::Q5_1;
         constexpr bool has_h = T == QType::Q5_0 || T == QType::Q5_1;
-        const int blk = 2 * j + b;
-        const float d = f16_bits(lds_u16(raw, blk));
-        const float m = has_m ? f16_bits(lds_u16(raw, 8 + blk)) : 0.f;
-        const uint2 q = lds8(raw + Fields<T>::kHead + 16 * b + (l & 15));
-        uint32_t lo = (q.x >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, hi = (q.y >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
-        if constexpr (has_h) {
-            const uint32_t qh = lds_u32(raw, (T == QType::Q5_0 ? 4 : 8) + blk);
-            lo |= spread4((qh >> l) & 0xF);
-            hi |= spread4((qh >> (l + 4)) & 0xF);
+        constexpr int off = T == QType::Q4_0 ? 8 : T == QType::Q5_0 ? 16 : 0;  // the code of w = 0 without a min
+        const int blk = 2 * j + h;
+        const qdec::ScaleX2 k =
+            qdec::scale_x2(qdec::Coef{f16_bits(lds_u16(raw, blk)), has_m ? f16_bits(lds_u16(raw, 8 + blk)) : 0.f});
+        const uint4 q = lds16(raw + Fields<T>::kHead + 16 * h);
+        const uint32_t qh = has_h ? lds_u32(raw, (T == QType::Q5_0 ? 4 : 8) + blk) : 0u;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int l = 8 * c;
+            uint32_t lo = ((c & 1 ? q.z : q.x) >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+            uint32_t hi = ((c & 1 ? q.w : q.y) >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu;
+            if constexpr (has_h) {
+                lo |= spread4((qh >> l) & 0xF);
+                hi |= spread4((qh >> (l + 4)) & 0xF);
+            }
+            qdec::chunk_bf16x2<off>(lo, hi, k, r[c]);
         }
-        constexpr float bias = kMagic + (T == QType::Q4_0 ? 8.f : T == QType::Q5_0 ? 16.f : 0.f);
-        if constexpr (has_m) return eight(lo, hi, bias, [&](float v) { return __fadd_rn(__fmul_rn(v, d), m); });
-        else return eight(lo, hi, bias, [&](float v) { return __fmul_rn(v, d); });
     }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = make_uint4(r[c][0], r[c][1], r[c][2], r[c][3]);
 }
 
 // Where row n of the matrix lives: its part (-1: past the parts) and its row inside it.
@@ -227,35 +237,42 @@ __device__ __forceinline__ void fetch_row(const WRow& w, int K, int kt, unsigned
         [] {});
 }
 
-// Chunks c0 .. c0 + 3 of a tile row: type T (0: bf16) decoded from raw, chunks from `valid` on
-// zero. All loads come before the stores (raw and the tile are both shared memory: a store
-// between them would keep the compiler from sharing the scale loads of the chunks).
+// Half h (chunks 4 h .. 4 h + 3) of a tile row: type T (0: bf16) decoded from raw, chunks from
+// `valid` on zero (only a row's last k tile can have them). All loads come before the stores.
 template <int T>
-__device__ __forceinline__ void store_half(const unsigned char* raw, int j, int d_half, int valid, unsigned char* dst,
-                                           int r, int c0) {
+__device__ __forceinline__ void store_half(const unsigned char* raw, int j, int h, int d_half, int valid,
+                                           unsigned char* dst, int r) {
     uint4 v[4];
+    if constexpr (T == 0) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        if constexpr (T == 0) v[c] = *reinterpret_cast<const uint4*>(raw + 16 * (c0 + c));
-        else v[c] = dq::decode<(quant::QType)T>(raw, j, c0 + c, d_half);
+        for (int c = 0; c < 4; ++c) v[c] = dq::lds16(raw + 16 * (4 * h + c));
+    } else {
+        dq::decode<(quant::QType)T>(raw, j, h, d_half, v);
     }
+    const int c0 = 4 * h;
+    if (c0 + 4 <= valid) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c)
-        *reinterpret_cast<uint4*>(dst + (((c0 + c) ^ (r & 7)) << 4)) = c0 + c < valid ? v[c] : make_uint4(0u, 0u, 0u, 0u);
+        for (int c = 0; c < 4; ++c) *reinterpret_cast<uint4*>(dst + (((c0 + c) ^ (r & 7)) << 4)) = v[c];
+    } else {
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            *reinterpret_cast<uint4*>(dst + (((c0 + c) ^ (r & 7)) << 4)) =
+                c0 + c < valid ? v[c] : make_uint4(0u, 0u, 0u, 0u);
+    }
 }
 
-// Consumer: half h (chunks 4 h ..) of tile row r (of the W tile at b_tile), k tile kt, from raw.
+// Consumer: half h of tile row r (of the W tile at b_tile), k tile kt, from raw.
 __device__ __forceinline__ void decode_half(const WRow& w, int K, int kt, const unsigned char* raw,
                                             unsigned char* b_tile, int r, int h) {
-    const int j = kt & 3, c0 = 4 * h;
+    const int j = kt & 3;
     const int d_half = (int)(((size_t)w.row * qlayout::tiles_per_row(K) + (kt >> 2)) & 1);
     const int valid = min(8, (K - kBK * kt) / 8);  // chunks before K
     unsigned char* dst = b_tile + r * 128;
     with_row_type(
-        w.type, [&](auto type) { store_half<decltype(type)::value>(raw, j, d_half, valid, dst, r, c0); },
+        w.type, [&](auto type) { store_half<decltype(type)::value>(raw, j, h, d_half, valid, dst, r); },
         [&] {  // past N or the parts: zeros, as TMA fills them
 #pragma unroll
-            for (int c = 0; c < 4; ++c) *reinterpret_cast<uint4*>(dst + 16 * (c0 + c)) = make_uint4(0u, 0u, 0u, 0u);
+            for (int c = 0; c < 4; ++c) *reinterpret_cast<uint4*>(dst + 16 * (4 * h + c)) = make_uint4(0u, 0u, 0u, 0u);
         });
 }
 

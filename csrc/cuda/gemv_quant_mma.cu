@@ -27,14 +27,8 @@
 //     same x; nothing is staged, no barrier until the end). A dot product does not care which k
 //     meets which, so a lane's chunk feeds the mma slots 2t.. of two mmas, and lane (n, t) loads
 //     x row n at the same 8 k.
-//   * The decode runs two values at a time in bf16x2 arithmetic, 2 instructions a weight: one
-//     PRMT puts the code bytes (< 128) of two values under the bf16 exponent of 128, where the
-//     ulp is 1 (128 + c, exactly); HSUB2 takes 128 + off off (c - off, exactly); two HFMA2 give
-//     (c - off) D_hi + ((c - off) D_lo + a), the fp32 scale D split as two bf16 D_hi + D_lo
-//     (within 2^-16 D of it; exact for the fp16 d of the 32-value types) and a rounded to bf16.
-//     The bound above is of those four roundings. Q8_0's signed 8-bit codes do not fit a bf16
-//     binade: PRMT puts each under 2^0 after flipping its sign bit (f = 1 + (q + 128) / 2^15),
-//     d q = f * 2^15 d - (2^15 + 128) d is one exact FFMA, and F2FP rounds two to bf16.
+//   * The decode is quant_decode.cuh's, two values at a time in bf16x2 arithmetic (2 instructions
+//     a weight; Q8_0 one exact FFMA a weight and F2FP); the bound above is of its roundings.
 //   * Registers: 4 fp32 accumulators per n8 tile (32 at NT = 8) beside the raw tile of two rows.
 //     Up to NT = 2 the 4- and 5-bit types are held to 80 registers for 3 CTAs an SM: more warps,
 //     not more tiles in flight per lane, hide the loads (CtasPerSm). From NT = 4 on a tile's chunk
@@ -64,6 +58,7 @@
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 #include "cuda/qlayout.h"
+#include "cuda/quant_decode.cuh"
 #include "cuda/tuning.h"
 
 namespace brrr {
@@ -108,61 +103,11 @@ struct QMArgs {
 using util::f16_bits;
 using util::spread4;
 
-// A chunk's weights w = D (c - off) + a: the (sub-)block's fp32 scale and min (0 without one).
-struct Coef {
-    float D, a;
-};
-// Coef as bf16x2 broadcasts: D = hi + lo (two bf16), a rounded.
-struct ScaleX2 {
-    uint32_t hi, lo, a;
-};
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 h) { return *reinterpret_cast<const uint32_t*>(&h); }
-__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
-__device__ __forceinline__ ScaleX2 scale_x2(const Coef& k) {
-    const __nv_bfloat162 hi = __float2bfloat162_rn(k.D);
-    const float rest = k.D - __low2float(hi);  // exact: D has at most 19 significant bits
-    return ScaleX2{bf16x2_bits(hi), bf16x2_bits(__float2bfloat162_rn(rest)), bf16x2_bits(__float2bfloat162_rn(k.a))};
-}
-// The bytes `sel` picks of `codes` (two codes < 128) -> the bf16x2 of their two weights.
-template <int kOff>
-__device__ __forceinline__ uint32_t pair_bf16x2(uint32_t codes, uint32_t sel, const ScaleX2& s) {
-    constexpr uint32_t kBias = (0x4300u | kOff) * 0x00010001u;  // bf16x2 of 128 + off
-    const __nv_bfloat162 c = __hsub2(as_bf16x2(__byte_perm(codes, 0x43434343u, sel)), as_bf16x2(kBias));
-    return bf16x2_bits(__hfma2(c, as_bf16x2(s.hi), __hfma2(c, as_bf16x2(s.lo), as_bf16x2(s.a))));
-}
-// 8 codes < 128 (byte b of u0 = value b, of u1 = value 4 + b) -> 4 bf16x2 registers of the
-// weights, r[i] = values 2i, 2i + 1.
-template <int kOff>
-__device__ __forceinline__ void chunk_bf16x2(uint32_t u0, uint32_t u1, const ScaleX2& s, uint32_t r[4]) {
-    static_assert(kOff >= 0 && kOff < 128, "128 + off is a bf16 of the binade [128, 256)");
-    r[0] = pair_bf16x2<kOff>(u0, 0x5140u, s);
-    r[1] = pair_bf16x2<kOff>(u0, 0x5342u, s);
-    r[2] = pair_bf16x2<kOff>(u1, 0x5140u, s);
-    r[3] = pair_bf16x2<kOff>(u1, 0x5342u, s);
-}
-
-// Q8_0: w = f * S + C, f = 1 + (q + 128) / 2^15 (the code under 2^0 after flipping its sign bit).
-struct AffineQ8 {
-    float S, C;
-};
-// 8 int8 codes -> 4 bf16x2 registers, each the exact fp32 weight rounded.
-__device__ __forceinline__ void chunk_bf16_q8(uint32_t u0, uint32_t u1, const AffineQ8& a, uint32_t r[4]) {
-    float v[8];
-    u0 ^= 0x80808080u;
-    u1 ^= 0x80808080u;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-        const uint32_t sel = 0x7604u | (b << 4);
-        v[b] = __uint_as_float(__byte_perm(u0, 0x3F800000u, sel));
-        v[4 + b] = __uint_as_float(__byte_perm(u1, 0x3F800000u, sel));
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 h =
-            __floats2bfloat162_rn(fmaf(v[2 * i], a.S, a.C), fmaf(v[2 * i + 1], a.S, a.C));
-        r[i] = bf16x2_bits(h);
-    }
-}
+using qdec::AffineQ8;
+using qdec::Coef;
+using qdec::chunk_bf16_q8;
+using qdec::chunk_bf16x2;
+using qdec::scale_x2;
 
 // Chunk c of a 16-byte nibble piece: c = 0 the low nibbles of words x, y (8 consecutive values),
 // 1 their high nibbles, 2 / 3 the same of words z, w.
@@ -245,7 +190,7 @@ template <> struct QM<QType::Q8_0> {
     __device__ static AffineQ8 coef(const Raw& r, int j) {
         const uint32_t w = j < 2 ? r.d.x : r.d.y;
         const float d = f16_bits(j & 1 ? w >> 16 : w & 0xFFFFu);
-        return AffineQ8{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d)};
+        return qdec::affine_q8(d);
     }
     // j and c may be runtime values (the kernel's loops over them need not unroll): selects,
     // not an indexed register array, which would go to local memory.

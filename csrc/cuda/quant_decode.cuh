@@ -1,0 +1,86 @@
+// quant_decode.cuh — GGML codes to bf16 weights, two at a time: the decode that the tensor-core
+// kernels on quantized W share (gemv_quant_mma.cu feeds its mma.sync fragments with it,
+// gemm_sm90_dequant.cuh the bf16 W tiles of the wgmma GEMM), so a weight decodes to the same bf16
+// in decode and in prefill.
+//
+//   A chunk is 8 codes in two words (byte b of u0 = value b, of u1 = value 4 + b) and its block's
+//   coefficients: w = D (c - off) + a (Coef; Q8_0: AffineQ8). Out come 4 bf16x2 words, r[i] =
+//   values 2i, 2i + 1.
+//   * Codes < 128 (every type but Q8_0): one PRMT puts two code bytes under the bf16 exponent of
+//     128, where the ulp is 1 (128 + c, exactly); HSUB2 takes 128 + off off (c - off, exactly);
+//     two HFMA2 give (c - off) D_hi + ((c - off) D_lo + a), the fp32 scale D split as two bf16
+//     D_hi + D_lo (within 2^-16 D of it; exact for the fp16 d of the 32-value types) and a
+//     rounded to bf16: 2 instructions a weight. Four roundings: the result is within
+//     2^-8 (1.01 |w| + 2.05 |a|) of the fp32 w (tests/mma_decode_ref.py); without a min (Q4_0,
+//     Q5_0) it is bf16 of the fp32 w exactly.
+//   * Q8_0's signed 8-bit codes do not fit a bf16 binade: PRMT puts each under 2^0 after
+//     flipping its sign bit (f = 1 + (q + 128) / 2^15), d q = f * 2^15 d - (2^15 + 128) d is one
+//     exact FFMA, and F2FP rounds two to bf16: bf16 of the fp32 w exactly.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace brrr {
+namespace cuda {
+namespace qdec {
+
+// A chunk's weights w = D (c - off) + a: the (sub-)block's fp32 scale and min (0 without one).
+struct Coef {
+    float D, a;
+};
+// Coef as bf16x2 broadcasts: D = hi + lo (two bf16), a rounded.
+struct ScaleX2 {
+    uint32_t hi, lo, a;
+};
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 h) { return *reinterpret_cast<const uint32_t*>(&h); }
+__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
+__device__ __forceinline__ ScaleX2 scale_x2(const Coef& k) {
+    const __nv_bfloat162 hi = __float2bfloat162_rn(k.D);
+    const float rest = k.D - __low2float(hi);  // exact: D has at most 19 significant bits
+    return ScaleX2{bf16x2_bits(hi), bf16x2_bits(__float2bfloat162_rn(rest)), bf16x2_bits(__float2bfloat162_rn(k.a))};
+}
+// The bytes `sel` picks of `codes` (two codes < 128) -> the bf16x2 of their two weights.
+template <int kOff>
+__device__ __forceinline__ uint32_t pair_bf16x2(uint32_t codes, uint32_t sel, const ScaleX2& s) {
+    constexpr uint32_t kBias = (0x4300u | kOff) * 0x00010001u;  // bf16x2 of 128 + off
+    const __nv_bfloat162 c = __hsub2(as_bf16x2(__byte_perm(codes, 0x43434343u, sel)), as_bf16x2(kBias));
+    return bf16x2_bits(__hfma2(c, as_bf16x2(s.hi), __hfma2(c, as_bf16x2(s.lo), as_bf16x2(s.a))));
+}
+// 8 codes < 128 -> 4 bf16x2 words of the weights.
+template <int kOff>
+__device__ __forceinline__ void chunk_bf16x2(uint32_t u0, uint32_t u1, const ScaleX2& s, uint32_t r[4]) {
+    static_assert(kOff >= 0 && kOff < 128, "128 + off is a bf16 of the binade [128, 256)");
+    r[0] = pair_bf16x2<kOff>(u0, 0x5140u, s);
+    r[1] = pair_bf16x2<kOff>(u0, 0x5342u, s);
+    r[2] = pair_bf16x2<kOff>(u1, 0x5140u, s);
+    r[3] = pair_bf16x2<kOff>(u1, 0x5342u, s);
+}
+
+// Q8_0: w = f * S + C, f = 1 + (q + 128) / 2^15 (the code under 2^0 after flipping its sign bit).
+struct AffineQ8 {
+    float S, C;
+};
+__device__ __forceinline__ AffineQ8 affine_q8(float d) { return AffineQ8{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d)}; }
+// 8 int8 codes -> 4 bf16x2 words, each the exact fp32 weight rounded.
+__device__ __forceinline__ void chunk_bf16_q8(uint32_t u0, uint32_t u1, const AffineQ8& a, uint32_t r[4]) {
+    float v[8];
+    u0 ^= 0x80808080u;
+    u1 ^= 0x80808080u;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        const uint32_t sel = 0x7604u | (b << 4);
+        v[b] = __uint_as_float(__byte_perm(u0, 0x3F800000u, sel));
+        v[4 + b] = __uint_as_float(__byte_perm(u1, 0x3F800000u, sel));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(v[2 * i], a.S, a.C), fmaf(v[2 * i + 1], a.S, a.C));
+        r[i] = bf16x2_bits(h);
+    }
+}
+
+}  // namespace qdec
+}  // namespace cuda
+}  // namespace brrr
