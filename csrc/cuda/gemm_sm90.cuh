@@ -423,6 +423,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         int stage = 0;
         uint32_t phase = 0;
         int staged_boxes = 0;  // epilogue_tma's boxes so far, over every tile of this warpgroup
+        // Block mb holds tile rows (consumer MB + mb) 64 .. + 63: with MB = 2 each decoded W tile
+        // feeds twice the MMAs.
         int deq_tile = 0;      // QUANT: the W tile the next k tile is decoded into
         // Block mb holds tile rows (consumer MB + mb) 64 .. + 63: with MB = 2 each decoded W tile
         // feeds twice the MMAs.
@@ -455,12 +457,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                 for (int mb = 0; mb < MB; ++mb) hopper::fence_accumulators(acc[mb]);
                 hopper::wgmma_fence();
+                // Descriptors of the k tile's first 16 k; a step of 16 k (32 bytes) or of a 64-row
+                // block adds to the address field (in 16-byte units).
+                const uint64_t desc_a = hopper::sw128_descriptor(a), desc_b = hopper::sw128_descriptor(b);
 #pragma unroll
                 for (int kk = 0; kk < kBK / 16; ++kk) {
 #pragma unroll
                     for (int mb = 0; mb < MB; ++mb) {
-                        hopper::wgmma_bf16<BN>(acc[mb], hopper::sw128_descriptor(a + mb * 64 * (kBK * 2) + 32 * kk),
-                                               hopper::sw128_descriptor(b + 32 * kk), kt > k_begin || kk > 0);
+                        hopper::wgmma_bf16<BN>(acc[mb], hopper::descriptor_add(desc_a, (mb * 64 * (kBK * 2) + 32 * kk) / 16),
+                                               hopper::descriptor_add(desc_b, 32 * kk / 16), kt > k_begin || kk > 0);
                     }
                 }
                 hopper::wgmma_commit();

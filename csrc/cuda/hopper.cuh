@@ -148,6 +148,12 @@ __device__ __forceinline__ uint64_t sw128_descriptor(const void* tile) {
     return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
 }
 
+// desc with `units` (16-byte steps) added to its start address: a 32-bit add on the low word, for
+// steps inside one shared-memory tile (the 14-bit field does not overflow).
+__device__ __forceinline__ uint64_t descriptor_add(uint64_t desc, uint32_t units) {
+    return (desc & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)desc + units);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 // Waits until at most `Pending` of this warpgroup's committed wgmma groups are in flight.
