@@ -62,7 +62,8 @@ void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream)
 
 void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream) {
     if (sm90::quant_tile_rows(p.M) > sm90::kBM) {
-        sm90::launch<128, tuning::kGemmSm90QuantStages, true, 2>(p, sm_count, tuning::kGemmSm90GroupM, stream, splits);
+        sm90::launch<128, tuning::kGemmSm90QuantStages256, true, 2>(p, sm_count, tuning::kGemmSm90GroupM, stream,
+                                                                     splits);
     } else {
         sm90::launch<128, tuning::kGemmSm90QuantStages, true>(p, sm_count, tuning::kGemmSm90GroupM, stream, splits);
     }

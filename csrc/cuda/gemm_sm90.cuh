@@ -114,8 +114,8 @@ __device__ __forceinline__ void rope_q_in_place(const GemmArgs& p, int first_row
 // AddResidual, StoreF32, StoreBf16, RopeKV's q tiles) the staging boxes of epilogue_tma (kResBufs per consumer
 // warpgroup, 64 rows x 128 bytes each: two where they fit, so one box fills while TMA reads the
 // other), then the full / empty barriers. QUANT (gemm_sm90_dequant.cuh): a slot holds the x tile
-// and the raw bytes of BN W rows (kRawRowBytes each), which the consumers overwrite with the bf16
-// W tile they decode (kBBytes <= kRawBytes).
+// and the raw bytes of BN W rows (kRawRowBytes each), and the bf16 W tiles the consumers decode
+// into (kDeqTiles, used in turn) come after the slots.
 template <int BN, int STAGES, bool RES, bool QUANT, int MB = 1>
 struct Layout {
     static constexpr int kABytes = MB * kBM * kBK * 2;
@@ -123,14 +123,18 @@ struct Layout {
     static constexpr int kRawBytes = BN * kRawRowBytes;
     static constexpr int kStageBytes = kABytes + (QUANT ? kRawBytes : kBBytes);
     static_assert(kStageBytes % 1024 == 0, "every slot's tiles start on a swizzle atom");
-    static_assert(!QUANT || kBBytes <= kRawBytes, "QUANT: the decoded W tile replaces the raw bytes in the slot");
+    // Three: the tile a consumer decodes k tile kt into was last read by the wgmma of kt - 3, which
+    // the slower warpgroup has waited out before the named barrier of kt - 1 (with two, the other
+    // warpgroup's wgmma of kt - 2 could still be reading it).
+    static constexpr int kDeqTiles = QUANT ? 3 : 0;
     static constexpr int kResBoxBytes = 64 * 32 * 4;
     static constexpr size_t kBarrierBytes = 2 * STAGES * sizeof(uint64_t);
     // + 1024: the dynamic window is only 16-byte aligned and the swizzle atoms need 1024.
     static constexpr size_t kFixedBytes =
-        1024 + (size_t)STAGES * kStageBytes + kBarrierBytes;
+        1024 + (size_t)STAGES * kStageBytes + (size_t)kDeqTiles * kBBytes + kBarrierBytes;
     static constexpr int kResBufs = !RES ? 0 : kFixedBytes + 2 * kConsumers * kResBoxBytes <= 227 * 1024 ? 2 : 1;
-    static constexpr size_t kResOffset = (size_t)STAGES * kStageBytes;
+    static constexpr size_t kDeqOffset = (size_t)STAGES * kStageBytes;
+    static constexpr size_t kResOffset = kDeqOffset + (size_t)kDeqTiles * kBBytes;
     static constexpr size_t kBarrierOffset = kResOffset + (size_t)kResBufs * kConsumers * kResBoxBytes;
     static constexpr size_t kSmemBytes = 1024 + kBarrierOffset + kBarrierBytes;
     static_assert(kSmemBytes <= 227 * 1024, "stages do not fit in shared memory");
@@ -421,6 +425,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         int staged_boxes = 0;  // epilogue_tma's boxes so far, over every tile of this warpgroup
         // Block mb holds tile rows (consumer MB + mb) 64 .. + 63: with MB = 2 each decoded W tile
         // feeds twice the MMAs.
+        int deq_tile = 0;      // QUANT: the W tile the next k tile is decoded into
+        // Block mb holds tile rows (consumer MB + mb) 64 .. + 63: with MB = 2 each decoded W tile
+        // feeds twice the MMAs.
         float acc[MB][BN / 2];
         for (int work = first_work; work < num_work; work += work_stride) {
             int tm, tn, k_begin, k_end;
@@ -434,19 +441,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const int n = tile_w_row<BN, SWIGLU>(p, tn, deq_r);
                 if (n < p.N) deq_w = locate(p.qb, p.K, n);
             }
-            // The slots of the previous two k tiles: QUANT waits for the wgmma of kt - 2 only.
-            int prev_stage = 0, prev2_stage = 0;
+            int prev_stage = 0;
             for (int kt = k_begin; kt < k_end; ++kt) {
                 hopper::mbarrier_wait(full + stage, phase);
                 const unsigned char* a = smem + stage * L::kStageBytes + consumer * MB * 64 * (kBK * 2);
-                unsigned char* b = smem + stage * L::kStageBytes + L::kABytes;
+                const unsigned char* b = smem + stage * L::kStageBytes + L::kABytes;
                 if constexpr (QUANT) {
-                    uint4 v[4];
-                    decode_half(deq_w, p.K, kt, b + deq_r * kRawRowBytes, deq_h, v);
-                    hopper::named_barrier_sync(4, 256);  // every raw byte is read (ids 2, 3: the epilogues)
-                    store_half(b, p.K, kt, deq_r, deq_h, v);
+                    unsigned char* w_tile = smem + L::kDeqOffset + deq_tile * L::kBBytes;
+                    decode_half(deq_w, p.K, kt, b + deq_r * kRawRowBytes, w_tile, deq_r, deq_h);
                     hopper::fence_proxy_async_shared();  // the stores, before wgmma reads them
                     hopper::named_barrier_sync(1, 256);  // every row of the tile is written
+                    b = w_tile;
+                    deq_tile = deq_tile == L::kDeqTiles - 1 ? 0 : deq_tile + 1;
                 }
 #pragma unroll
                 for (int mb = 0; mb < MB; ++mb) hopper::fence_accumulators(acc[mb]);
@@ -465,15 +471,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 hopper::wgmma_commit();
 #pragma unroll
                 for (int mb = 0; mb < MB; ++mb) hopper::fence_accumulators(acc[mb]);
-                // The MMAs of k tile kt - 1 (QUANT: kt - 2) have finished reading: hand its slot back.
-                if constexpr (QUANT) {
-                    hopper::wgmma_wait<2>();
-                    if (kt > k_begin + 1) release(prev2_stage);
-                    prev2_stage = prev_stage;
-                } else {
-                    hopper::wgmma_wait<1>();
-                    if (kt > k_begin) release(prev_stage);
-                }
+                // The previous k tile's MMAs have finished reading: hand its slot back.
+                hopper::wgmma_wait<1>();
+                if (kt > k_begin) release(prev_stage);
                 prev_stage = stage;
                 if (++stage == STAGES) {
                     stage = 0;
@@ -483,7 +483,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             hopper::wgmma_wait<0>();
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) hopper::fence_accumulators(acc[mb]);
-            if (QUANT && k_end - k_begin > 1) release(prev2_stage);
             release(prev_stage);
             if (tiles.splits > 1 &&
                 !merge_split_partials<BN, MB>(p, tm * tiles.tiles_n + tn, work % tiles.splits, tiles.splits,

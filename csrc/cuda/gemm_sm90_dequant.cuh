@@ -13,21 +13,18 @@
 //     the slot's full barrier fires when its copies land (cp.async.mbarrier.arrive.noinc), so the
 //     producer never waits on memory and runs as far ahead as the ring.
 //   * Consumers (both warpgroups, 256 threads): thread ct decodes half a row (row ct / 2, chunks of
-//     8 values 4 (ct % 2) ..) by quant_decode.cuh, the decode of gemv_quant_mma (the same bf16 of
-//     each weight, 2 instructions a weight in bf16x2 arithmetic), into registers; after a named
-//     barrier (every consumer has read the slot's raw bytes) it stores them as the bf16 W tile
-//     over those bytes, in the same slot: 16 bytes a chunk at its swizzled place (chunk c of row r
-//     at c ^ (r % 8)). Then the tile's wgmma are issued.
-//   * The slot, and with it the W tile, goes back to the producer when the wgmma reading it have
-//     retired; the consumers wait for the wgmma of k tile kt - 2, not kt - 1, so the decode of
-//     k tile kt + 1 has the MMAs of two k tiles to run under, and the ring of 4 slots lets the
-//     producer's copies of kt + 2 be in flight meanwhile.
-// Invariants: rows past N and chunks past K are stored as zeros (TMA's zero fill); a slot's raw
-// bytes are overwritten only after every consumer thread read its own (first named barrier), and
-// the W tile is read only after every consumer's stores and fence.proxy.async (second named
-// barrier). The output equals gemm_bf16 on the decoded W bit for bit (the same wgmma order); that
-// W is bf16 of quant_formats.cpp's fp32 values for Q8_0, Q4_0 and Q5_0, within quant_decode.cuh's
-// bound of them for the others.
+//     8 values 4 (ct % 2) .., one 32-value block or sub-block) by quant_decode.cuh, the decode of
+//     gemv_quant_mma (the same bf16 of each weight, 2 instructions a weight in bf16x2 arithmetic;
+//     the half's coefficients once, its codes as 16-byte words), into one of the kDeqTiles bf16
+//     W tiles (used in turn), 16 bytes a chunk at its swizzled place (chunk c of row r at
+//     c ^ (r % 8)), then the tile's wgmma are issued. The decode of k tile kt + 1 runs while the
+//     tensor cores multiply k tile kt: two warps a scheduler share it, in the issue slots the
+//     asynchronous wgmma leaves idle.
+// Invariants: rows past N and chunks past K are stored as zeros (TMA's zero fill); a W tile is
+// rewritten only after the wgmma that read it retired, and read only after every consumer's
+// stores and fence.proxy.async (one named barrier a k tile). The output equals gemm_bf16 on the
+// decoded W bit for bit (the same wgmma order); that W is bf16 of quant_formats.cpp's fp32 values
+// for Q8_0, Q4_0 and Q5_0, within quant_decode.cuh's bound of them for the others.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -240,35 +237,18 @@ __device__ __forceinline__ void fetch_row(const WRow& w, int K, int kt, unsigned
         [] {});
 }
 
-// Consumer, first step: half h (chunks 4 h .. 4 h + 3) of a tile row's k tile kt, decoded from
-// the row's raw bytes into registers (bf16 rows copied; zeros past N or the parts).
-__device__ __forceinline__ void decode_half(const WRow& w, int K, int kt, const unsigned char* raw, int h,
-                                            uint4 (&v)[4]) {
-    const int j = kt & 3;
-    const int d_half = (int)(((size_t)w.row * qlayout::tiles_per_row(K) + (kt >> 2)) & 1);
-    with_row_type(
-        w.type,
-        [&](auto type) {
-            constexpr int T = decltype(type)::value;
-            if constexpr (T == 0) {
+// Half h (chunks 4 h .. 4 h + 3) of a tile row: type T (0: bf16) decoded from raw, chunks from
+// `valid` on zero (only a row's last k tile can have them). All loads come before the stores.
+template <int T>
+__device__ __forceinline__ void store_half(const unsigned char* raw, int j, int h, int d_half, int valid,
+                                           unsigned char* dst, int r) {
+    uint4 v[4];
+    if constexpr (T == 0) {
 #pragma unroll
-                for (int c = 0; c < 4; ++c) v[c] = dq::lds16(raw + 16 * (4 * h + c));
-            } else {
-                dq::decode<(quant::QType)T>(raw, j, h, d_half, v);
-            }
-        },
-        [&] {
-#pragma unroll
-            for (int c = 0; c < 4; ++c) v[c] = make_uint4(0u, 0u, 0u, 0u);
-        });
-}
-
-// Consumer, second step: the half into row r of the W tile at b_tile, chunk c at its swizzled
-// place c ^ (r % 8), chunks at or past K as zeros (as TMA fills them; only a row's last k tile
-// can have them).
-__device__ __forceinline__ void store_half(unsigned char* b_tile, int K, int kt, int r, int h, const uint4 (&v)[4]) {
-    const int valid = min(8, (K - kBK * kt) / 8);  // chunks before K
-    unsigned char* dst = b_tile + r * 128;
+        for (int c = 0; c < 4; ++c) v[c] = dq::lds16(raw + 16 * (4 * h + c));
+    } else {
+        dq::decode<(quant::QType)T>(raw, j, h, d_half, v);
+    }
     const int c0 = 4 * h;
     if (c0 + 4 <= valid) {
 #pragma unroll
@@ -279,6 +259,21 @@ __device__ __forceinline__ void store_half(unsigned char* b_tile, int K, int kt,
             *reinterpret_cast<uint4*>(dst + (((c0 + c) ^ (r & 7)) << 4)) =
                 c0 + c < valid ? v[c] : make_uint4(0u, 0u, 0u, 0u);
     }
+}
+
+// Consumer: half h of tile row r (of the W tile at b_tile), k tile kt, from raw.
+__device__ __forceinline__ void decode_half(const WRow& w, int K, int kt, const unsigned char* raw,
+                                            unsigned char* b_tile, int r, int h) {
+    const int j = kt & 3;
+    const int d_half = (int)(((size_t)w.row * qlayout::tiles_per_row(K) + (kt >> 2)) & 1);
+    const int valid = min(8, (K - kBK * kt) / 8);  // chunks before K
+    unsigned char* dst = b_tile + r * 128;
+    with_row_type(
+        w.type, [&](auto type) { store_half<decltype(type)::value>(raw, j, h, d_half, valid, dst, r); },
+        [&] {  // past N or the parts: zeros, as TMA fills them
+#pragma unroll
+            for (int c = 0; c < 4; ++c) *reinterpret_cast<uint4*>(dst + 16 * (4 * h + c)) = make_uint4(0u, 0u, 0u, 0u);
+        });
 }
 
 }  // namespace sm90

@@ -102,10 +102,9 @@ constexpr int kGemmSm80TileK = 32;
 constexpr int kGemmSm80Stages = 3;
 // wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
 constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
-// wgmma GEMM on quantized W (gemm_quant, 128-column tiles): ring depth, at either tile height
-// (sm90::quant_tile_rows). Four: the consumers hold two slots in their MMAs and decode a third
-// while the producer fills the fourth.
-constexpr int kGemmSm90QuantStages = 4;
+// wgmma GEMM on quantized W (gemm_quant, 128-column tiles): ring depth beside the three decoded W
+// tiles, for 128-row tiles and for 256-row ones (sm90::quant_tile_rows).
+constexpr int kGemmSm90QuantStages = 4, kGemmSm90QuantStages256 = 3;
 // wgmma GEMM: tile rows walked before moving one tile column right (L2 reuse of x and W bands).
 constexpr int kGemmSm90GroupM = 8;
 // wgmma GEMM: 256-column tiles win ties within this ratio (num / den) against narrower ones.
