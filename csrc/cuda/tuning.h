@@ -88,13 +88,13 @@ constexpr int kGemvQuantChunkMaxRows = 64;
 // Quantized matmuls of kGemvQuantChunkMaxRows < M <= this rows run gemm_quant on Hopper (the wgmma
 // GEMM dequantizing each k tile of W in its consumers, once per row tile of x: 128 rows, 256 past
 // 128); more rows dequantize the matrix into bf16 scratch once for the bf16 GEMM. H100, 8B Q4_K_M
-// prefill of 256 tokens: 0.64x bf16 against the scratch path's 0.55x; from two 256-row tiles on
-// the scratch wins (docs/kernels/gemm.md).
+// prefill of 256 tokens: 0.71x bf16 against the scratch path's 0.55x; from two 256-row tiles on
+// the scratch wins (2048 tokens: 0.86x against gemm_quant's 0.71x; docs/kernels/gemm.md).
 constexpr int kGemmQuantMaxRows = 256;
 // The same limit for a matrix whose bf16 copy fits in L2 (the 1B's wqkv, wo, w2; the 8B's wo):
 // the scratch path's write and read-back of the copy then stay on chip, and one 128-row tile is
 // where gemm_quant still wins. H100, 1B Q4_K_M prefill of 256 tokens: every matrix at 256 rows
-// 73.2 / 73.6 k tok/s, this rule 90.1 / 90.9 k, the scratch path above 128 rows 82.1 / 82.2 k.
+// 82.7 k tok/s, this rule 95.3 k (separate calls).
 constexpr int kGemmQuantMaxRowsInL2 = 128;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
