@@ -423,8 +423,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         int stage = 0;
         uint32_t phase = 0;
         int staged_boxes = 0;  // epilogue_tma's boxes so far, over every tile of this warpgroup
-        // Block mb holds tile rows (consumer MB + mb) 64 .. + 63: with MB = 2 each decoded W tile
-        // feeds twice the MMAs.
         int deq_tile = 0;      // QUANT: the W tile the next k tile is decoded into
         // Block mb holds tile rows (consumer MB + mb) 64 .. + 63: with MB = 2 each decoded W tile
         // feeds twice the MMAs.
@@ -464,8 +462,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int kk = 0; kk < kBK / 16; ++kk) {
 #pragma unroll
                     for (int mb = 0; mb < MB; ++mb) {
-                        hopper::wgmma_bf16<BN>(acc[mb], hopper::descriptor_add(desc_a, (mb * 64 * (kBK * 2) + 32 * kk) / 16),
-                                               hopper::descriptor_add(desc_b, 32 * kk / 16), kt > k_begin || kk > 0);
+                        const uint32_t a_step = (mb * 64 * (kBK * 2) + 32 * kk) / 16, b_step = 32 * kk / 16;
+                        hopper::wgmma_bf16<BN>(acc[mb], hopper::descriptor_add(desc_a, a_step),
+                                               hopper::descriptor_add(desc_b, b_step), kt > k_begin || kk > 0);
                     }
                 }
                 hopper::wgmma_commit();

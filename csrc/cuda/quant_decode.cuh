@@ -62,7 +62,9 @@ __device__ __forceinline__ void chunk_bf16x2(uint32_t u0, uint32_t u1, const Sca
 struct AffineQ8 {
     float S, C;
 };
-__device__ __forceinline__ AffineQ8 affine_q8(float d) { return AffineQ8{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d)}; }
+__device__ __forceinline__ AffineQ8 affine_q8(float d) {
+    return AffineQ8{__fmul_rn(32768.f, d), __fmul_rn(-32896.f, d)};
+}
 // 8 int8 codes -> 4 bf16x2 words, each the exact fp32 weight rounded.
 __device__ __forceinline__ void chunk_bf16_q8(uint32_t u0, uint32_t u1, const AffineQ8& a, uint32_t r[4]) {
     float v[8];
