@@ -73,9 +73,9 @@ def reference(parts):
 
 
 def decoded(ops, parts, K):
-    """The bf16 W [N, K] gemm_quant multiplies by: one call on the K one-hot rows of the identity,
-    y[k, n] = Wd[n, k] (one product with 1, the other K - 1 exact zeros), checked against the
-    CPU's weights within the slack."""
+    """(the bf16 W [N, K] gemm_quant multiplies by, reference(parts)): one call on the K one-hot
+    rows of the identity, y[k, n] = Wd[n, k] (one product with 1, the other K - 1 exact zeros),
+    checked against the CPU's weights within the slack."""
     N = sum(W.N for W in parts)
     eye = x_rows(torch.eye(K, dtype=torch.bfloat16, device="cuda"))
     y = nan_full((K, N), torch.float32)
@@ -85,48 +85,48 @@ def decoded(ops, parts, K):
     assert not torch.isnan(Wd).any(), "gemm_quant left an output of the one-hot rows unwritten"
     Wb = Wd.to(torch.bfloat16)
     assert torch.equal(Wb.float(), Wd), "a decoded weight is not a bf16"
-    W, S = reference(parts)
+    ref = W, S = reference(parts)
     bad = (Wd.double() - W).abs() > S
     if bad.any():
         n, k = bad.nonzero()[0].tolist()
         raise AssertionError(f"{len(bad.nonzero())} decoded weights off the CPU's values, e.g. [{n}, {k}]: "
                              f"{Wd[n, k].item()!r} vs {W[n, k].item()!r} (slack {S[n, k].item():.3g})")
-    return Wb
+    return Wb, ref
 
 
 def run_pair(ops, parts, x, epilogue=STORE_F32, split=None):
     """(gemm_quant, gemm_bf16 on the decoded parts) StoreF32 results [M, N], each with a poisoned
-    row past M that must stay NaN."""
+    row past M that must stay NaN, and reference(parts)."""
     M, K = x.shape
     N = sum(W.N for W in parts)
-    Wb = decoded(ops, parts, K)
+    Wb, ref = decoded(ops, parts, K)
     kw = {"split": split.arg} if split else {}
     got, want = nan_full((M + 1, N), torch.float32), nan_full((M + 1, N), torch.float32)
     ops.gemm_quant(parts_arg(parts), x.data_ptr(), M, N, K, STORE_F32, out_f32=got.data_ptr(), **kw)
     ops.gemm_bf16(x.data_ptr(), Wb.data_ptr(), M, N, K, STORE_F32, out_f32=want.data_ptr(), **kw)
     torch.cuda.synchronize()
     assert torch.isnan(got[M]).all(), "gemm_quant wrote past its M rows"
-    return got[:M], want[:M]
+    return got[:M], want[:M], ref
 
 
-def check_bound(what, got, parts, x):
-    """No NaN, and every output within the fp32 summation bound (plus the decode's slack) of
-    float64 x . W^T, W the CPU's weights."""
+def check_bound(what, got, ref, x):
+    """No NaN, and every output within the fp32 summation bound (plus the decode's slack S) of
+    float64 x . W^T, (W, S) = ref the CPU's weights."""
     assert not torch.isnan(got).any(), f"{what}: NaN in the output"
-    W, S = reference(parts)
+    W, S = ref
     xd = x.double()
     bound = (W.shape[1] / 16 + 8) * 2.0 ** -22 * (xd.abs() @ (W.abs() + S).T) + xd.abs() @ S.T + 1e-30
     assert ((got.double() - xd @ W.T).abs() <= bound).all(), f"{what}: off the float64 product"
 
 
-def check_equal(what, got, want, parts, x):
+def check_equal(what, got, want, ref, x):
     assert not torch.isnan(got).any(), f"{what}: NaN in the output"
     if not torch.equal(got, want):
         bad = (got != want).nonzero()
         m, n = bad[0].tolist()
         raise AssertionError(f"{what}: {len(bad)} outputs differ from gemm_bf16 on the decoded W, e.g. "
                              f"[{m}, {n}]: {got[m, n].item()!r} vs {want[m, n].item()!r}")
-    check_bound(what, got, parts, x)
+    check_bound(what, got, ref, x)
 
 
 @pytest.mark.parametrize("name", list(TYPES))
@@ -135,7 +135,7 @@ def test_gemm_quant_decodes_as_gemv_quant_mma(C, ops, rng, name):
     back through one-hot rows 64 columns a call)."""
     N, K = 77, 256 if TYPES[name][1] == 256 else 192
     W = Weights(C, name, N, K, rng)
-    Wb = decoded(ops, [W], K)
+    Wb, _ = decoded(ops, [W], K)
     for k0 in range(0, K, 64):
         x = torch.zeros((64, K), dtype=torch.bfloat16, device="cuda")
         x[torch.arange(64), k0 + torch.arange(64)] = 1.0
@@ -148,8 +148,8 @@ def test_gemm_quant_is_gemm_bf16_on_the_dequantized_weights(C, ops, rng, name):
     for M, N, K in shapes_for(TYPES[name][1]):
         W = Weights(C, name, N, K, rng)
         x = x_rows(random_x(rng, M, K))
-        got, want = run_pair(ops, [W], x)
-        check_equal(f"{name} M={M} N={N} K={K}", got, want, [W], x)
+        got, want, ref = run_pair(ops, [W], x)
+        check_equal(f"{name} M={M} N={N} K={K}", got, want, ref, x)
 
 
 @pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q8_0", "bf16", "q5_0"), ("q6_k", "q5_k")])
@@ -161,8 +161,8 @@ def test_gemm_quant_parts_of_several_types(C, ops, rng, gen, types):
     parts = [BF16Part(n, K, gen) if t == "bf16" else Weights(C, t, n, K, rng) for t, n in zip(types, sizes)]
     for M in (65, 257):
         x = x_rows(random_x(rng, M, K))
-        got, want = run_pair(ops, parts, x)
-        check_equal(f"{'|'.join(types)} M={M}", got, want, parts, x)
+        got, want, ref = run_pair(ops, parts, x)
+        check_equal(f"{'|'.join(types)} M={M}", got, want, ref, x)
 
 
 @pytest.mark.parametrize("M", [70, 200])
@@ -175,11 +175,11 @@ def test_gemm_quant_split_k(C, ops, rng, name, M):
     split = SplitScratch(ops)
     W = Weights(C, name, 512, 4096, rng)
     x = x_rows(random_x(rng, M, 4096))
-    got, want = run_pair(ops, [W], x, split=split)
+    got, want, ref = run_pair(ops, [W], x, split=split)
     if M <= 128:
-        check_equal(f"{name} split-K", got, want, [W], x)
+        check_equal(f"{name} split-K", got, want, ref, x)
     else:
-        check_bound(f"{name} split-K M={M}", got, [W], x)
+        check_bound(f"{name} split-K M={M}", got, ref, x)
     assert int(split.counters.abs().sum()) == 0, "split-K left a tile counter non-zero"
 
 
@@ -190,7 +190,7 @@ def test_gemm_quant_epilogues(C, ops, rng, gen, name):
     N, K, M = 2 * 200, 576 if TYPES[name][1] == 32 else 512, 193
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, M, K))
-    y, _ = run_pair(ops, [W], x)
+    y, _, _ = run_pair(ops, [W], x)
     check_epilogues(lambda ep, **dest: ops.gemm_quant(parts_arg([W]), x.data_ptr(), M, N, K, ep, **dest), y, gen)
 
 
@@ -206,7 +206,7 @@ def test_gemm_quant_rope_kv(C, ops, rng, name, head_dim, M):
                                heads["max_batch"])
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, M, K))
-    qkv, _ = run_pair(ops, [W], x)
+    qkv, _, _ = run_pair(ops, [W], x)
     run = lambda **rope: ops.gemm_quant(parts_arg([W]), x.data_ptr(), M, N, K, ROPE_KV, **rope)  # noqa: E731
     check_rope_kv(rng, run, qkv, inv_freq, what=f"{name} hd={head_dim}", **heads)
 
@@ -228,5 +228,5 @@ def test_gemm_quant_bad_arguments_raise(C, ops, rng):
         call([(12, W.packed.data_ptr(), 16)] * 4)
     with pytest.raises(Exception, match="SwiGLU needs an even N"):
         ops.gemm_quant([(12, W.packed.data_ptr(), 63)], x.data_ptr(), 65, 63, 256, SWIGLU, out=y.data_ptr())
-    got, want = run_pair(ops, [W], x)
-    check_equal("after the refusals", got, want, [W], x)
+    got, want, ref = run_pair(ops, [W], x)
+    check_equal("after the refusals", got, want, ref, x)
