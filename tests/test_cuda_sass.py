@@ -1,8 +1,11 @@
-"""The decode chain's overlap, checked in the machine code of the built module: at M = 1 the
-CUDA-core GEMV issues its first step's weight loads before griddepcontrol.wait (ACQBULK in SASS),
-so the weight stream starts while the previous kernel drains. The compiler is free to sink loads
-past the wait when nothing in the source stops it, which costs ~9% of a Llama-3.2-1B decode token
-and no test of results would notice. Needs cuobjdump (the CUDA toolkit's, or triton's)."""
+"""Properties of the built module's machine code that no test of results would notice. The decode
+chain's overlap: at M = 1 the CUDA-core GEMV issues its first step's weight loads before
+griddepcontrol.wait (ACQBULK in SASS), so the weight stream starts while the previous kernel
+drains. The compiler is free to sink loads past the wait when nothing in the source stops it,
+which costs ~9% of a Llama-3.2-1B decode token. The Hopper wgmma loops: their shared-memory
+descriptors live in uniform registers, where wgmma reads them, so no R2UR move sits between two
+wgmma of a k step (with the warpgroup index in a vector register there were up to 32 a k tile).
+Needs cuobjdump (the CUDA toolkit's, or triton's)."""
 import re
 import shutil
 import subprocess
@@ -41,7 +44,7 @@ def _opcodes(body: str) -> list[str]:
     return ops
 
 
-def test_m1_gemv_streams_weights_before_the_pdl_wait():
+def _module_sm90_functions() -> dict[str, str]:
     from llama_brrr import _C
 
     if not _C.cuda_compiled():
@@ -52,6 +55,11 @@ def test_m1_gemv_streams_weights_before_the_pdl_wait():
     functions = _sm90_functions(_C.__file__, tool)
     if not functions:
         pytest.skip("the module holds no sm_90a code (LLAMA_BRRR_CUDA_ARCHS without 90a)")
+    return functions
+
+
+def test_m1_gemv_streams_weights_before_the_pdl_wait():
+    functions = _module_sm90_functions()
     # gemv_kernel<M = 1, UNITS, Pairing, VEC = true, NORM, LOADS>: every vector instance at M = 1.
     m1_vec = {name: body for name, body in functions.items()
               if re.search(r"gemv_kernelILi1ELi\d+ELN\w*PairingE\dELb1ELb[01]ELi\d+E", name)}
@@ -64,3 +72,16 @@ def test_m1_gemv_streams_weights_before_the_pdl_wait():
         streamed = sum(op.startswith("LDG.E.NA") for op in ops[:wait])
         assert streamed == loads, (f"{name}: {streamed} weight loads before griddepcontrol.wait, "
                                    f"expected the first step's {loads}")
+
+
+def test_wgmma_descriptors_come_from_uniform_registers():
+    functions = _module_sm90_functions()
+    with_wgmma = {name: _opcodes(body) for name, body in functions.items()
+                  if "gemm_sm90_kernel" in name or "attention_prefill" in name}
+    with_wgmma = {name: ops for name, ops in with_wgmma.items() if any(op.startswith("HGMMA") for op in ops)}
+    assert any("gemm_sm90_kernel" in name for name in with_wgmma), "no wgmma GEMM in the module's sm_90a code"
+    for name, ops in with_wgmma.items():
+        at = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
+        # Neighbours in one k step's run of wgmma (a run's members are a few instructions apart).
+        moves = sum(op.startswith("R2UR") for a, b in zip(at, at[1:]) if b - a < 24 for op in ops[a + 1:b])
+        assert moves == 0, f"{name}: {moves} R2UR moves between the wgmma of its k steps"

@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     }
     __syncthreads();
 
-    const int warpgroup = threadIdx.x / 128;
+    const int warpgroup = hopper::warpgroup_index();
     const int q_tile = a.heads_fast ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
     const int hq = a.heads_fast ? blockIdx.x : blockIdx.y, kvh = hq / a.group;
     const int q0 = q_tile * kPreRows;

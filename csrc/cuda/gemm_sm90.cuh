@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char* smem = raw + ((1024 - (ptx::smem_addr(raw) & 1023)) & 1023);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
     uint64_t* empty = full + STAGES;
-    const int warpgroup = threadIdx.x / 128;
+    const int warpgroup = hopper::warpgroup_index();
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             hopper::mbarrier_init(full + s, QUANT ? 1 + 128 : 1);  // the TMA arrival (+ each producer thread's copies)

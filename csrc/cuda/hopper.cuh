@@ -1,8 +1,8 @@
 // hopper.cuh — the sm_90a instructions of the Hopper GEMM (gemm_sm90.cuh) and prefill attention,
 // each behind a small device function: mbarriers, the TMA bulk tensor copy, warpgroup MMA
-// (wgmma) with its shared-memory matrix descriptors, and setmaxnreg. Everything here needs
-// sm_90a: callers compile it only under __CUDA_ARCH_FEAT_SM90_ALL (the extension is also built
-// for sm_80, where none of this exists).
+// (wgmma) with its shared-memory matrix descriptors, the warpgroup index, and setmaxnreg.
+// Everything here needs sm_90a: callers compile it only under __CUDA_ARCH_FEAT_SM90_ALL (the
+// extension is also built for sm_80, where none of this exists).
 //
 // wgmma.m64nNk16 (bf16 in, fp32 accumulate), both operands in shared memory, K-major (rows of A
 // and rows of W are K-contiguous), stored as TMA's 128-byte swizzle writes them: rows of 128 bytes
@@ -260,6 +260,12 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+
+// ---- warp specialization ----------------------------------------------------------------------
+// This thread's warpgroup (threadIdx.x / 128), broadcast from lane 0 so that the compiler knows
+// it is the same in every lane: shared-memory addresses built from it then live in uniform
+// registers, and a wgmma takes its descriptors from there with no R2UR moves per instruction.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); }
 
 // ---- register budget per warpgroup (takes effect under __launch_bounds__(threads, 1)) --------
 template <int Regs>
