@@ -111,11 +111,8 @@ __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, i
     } else if constexpr (T == QType::Q4_K || T == QType::Q5_K) {
         // Sub-block s = 2 j + h: the low (h = 0) or high nibbles of the slice's 32 code bytes.
         const int s = 2 * j + h;
-        int sc, mn;
-        qlayout::scale_min_k4(s, lds_u32(raw, 1), lds_u32(raw, 2), lds_u32(raw, 3), sc, mn);
-        const uint32_t dm = lds_u32(raw, 0);
-        const qdec::ScaleX2 k = qdec::scale_x2(
-            qdec::Coef{__fmul_rn(f16_bits(dm & 0xFFFF), (float)sc), -__fmul_rn(f16_bits(dm >> 16), (float)mn)});
+        const qdec::ScaleX2 k =
+            qdec::scale_x2(qdec::coef_k4(s, lds_u32(raw, 0), lds_u32(raw, 1), lds_u32(raw, 2), lds_u32(raw, 3)));
         uint32_t w[8];
         words8(raw + Fields<T>::kHead, w);
 #pragma unroll

@@ -223,13 +223,7 @@ struct QK45 {
         return r;
     }
     // sub-block s's scale and min
-    __device__ static Coef coef_sub(const Raw& r, int s) {
-        int sc, m;
-        qlayout::scale_min_k4(s, r.hdr.y, r.hdr.z, r.hdr.w, sc, m);
-        const float D = __fmul_rn(f16_bits(r.hdr.x & 0xFFFFu), (float)sc);
-        const float Mn = __fmul_rn(f16_bits(r.hdr.x >> 16), (float)m);
-        return Coef{D, -Mn};
-    }
+    __device__ static Coef coef_sub(const Raw& r, int s) { return qdec::coef_k4(s, r.hdr.x, r.hdr.y, r.hdr.z, r.hdr.w); }
     __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1, int g) {
         nibble_words(r.q[j], c, u0, u1);
         if (kQ5) {

@@ -16,11 +16,15 @@
 //   * Q8_0's signed 8-bit codes do not fit a bf16 binade: PRMT puts each under 2^0 after
 //     flipping its sign bit (f = 1 + (q + 128) / 2^15), d q = f * 2^15 d - (2^15 + 128) d is one
 //     exact FFMA, and F2FP rounds two to bf16: bf16 of the fp32 w exactly.
+//   The K-quants' sub-block coefficients (coef_k4) are here too, so both kernels' D and a agree.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
+
+#include "cuda/kernel_util.cuh"
+#include "cuda/qlayout.h"
 
 namespace brrr {
 namespace cuda {
@@ -30,6 +34,13 @@ namespace qdec {
 struct Coef {
     float D, a;
 };
+// Q4_K / Q5_K sub-block s (0..7) of a tile from its header words: dm = fp16 d | fp16 dmin << 16,
+// S0..S2 the 12 packed 6-bit scales and mins; w = d sc_s c - dmin m_s.
+__device__ __forceinline__ Coef coef_k4(int s, uint32_t dm, uint32_t S0, uint32_t S1, uint32_t S2) {
+    int sc, mn;
+    qlayout::scale_min_k4(s, S0, S1, S2, sc, mn);
+    return Coef{__fmul_rn(util::f16_bits(dm & 0xFFFFu), (float)sc), -__fmul_rn(util::f16_bits(dm >> 16), (float)mn)};
+}
 // Coef as bf16x2 broadcasts: D = hi + lo (two bf16), a rounded.
 struct ScaleX2 {
     uint32_t hi, lo, a;
