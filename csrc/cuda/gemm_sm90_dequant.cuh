@@ -101,6 +101,7 @@ __device__ __forceinline__ void fetch(unsigned char* raw, const unsigned char* t
 template <QType T>
 __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, int d_half, uint4 (&v)[4]) {
     uint32_t r[4][4];
+    [[maybe_unused]] const uint32_t e = qdec::exponent_bytes_in_register();
     if constexpr (T == QType::Q8_0) {
         const qdec::AffineQ8 k = qdec::affine_q8(f16_bits(lds_u16(raw, 2 * j + h)));
         const uint4 q0 = lds16(raw + 16 + 32 * h), q1 = lds16(raw + 32 + 32 * h);
@@ -124,7 +125,7 @@ __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, i
             for (int i = 0; i < 8; ++i) w[i] |= ((qh[i] >> s) & 0x01010101u) << 4;
         }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) qdec::chunk_bf16x2<0>(w[2 * c], w[2 * c + 1], k, r[c]);
+        for (int c = 0; c < 4; ++c) qdec::chunk_bf16x2<0>(w[2 * c], w[2 * c + 1], k, r[c], e);
     } else if constexpr (T == QType::Q6_K) {
         // Sub-block g = 2 (j % 2) + h of the 128-value half j / 2: ql nibble j % 2, qh bits 2 g;
         // a scale per 16 values (chunks 0, 1 and 2, 3).
@@ -139,10 +140,10 @@ __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, i
 #pragma unroll
         for (int i = 0; i < 8; ++i)
             w[i] = ((w[i] >> (4 * (j & 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * g)) & 0x03030303u) << 4);
-        qdec::chunk_bf16x2<32>(w[0], w[1], k0, r[0]);
-        qdec::chunk_bf16x2<32>(w[2], w[3], k0, r[1]);
-        qdec::chunk_bf16x2<32>(w[4], w[5], k1, r[2]);
-        qdec::chunk_bf16x2<32>(w[6], w[7], k1, r[3]);
+        qdec::chunk_bf16x2<32>(w[0], w[1], k0, r[0], e);
+        qdec::chunk_bf16x2<32>(w[2], w[3], k0, r[1], e);
+        qdec::chunk_bf16x2<32>(w[4], w[5], k1, r[2], e);
+        qdec::chunk_bf16x2<32>(w[6], w[7], k1, r[3], e);
     } else {  // Q4_0, Q4_1, Q5_0, Q5_1: block 2 j + h of the tile; its values l.. are nibble l / 16 of bytes l % 16..
         constexpr bool has_m = T == QType::Q4_1 || T == QType::Q5_1;
         constexpr bool has_h = T == QType::Q5_0 || T == QType::Q5_1;
@@ -161,7 +162,7 @@ __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, i
                 lo |= spread4((qh >> l) & 0xF);
                 hi |= spread4((qh >> (l + 4)) & 0xF);
             }
-            qdec::chunk_bf16x2<off>(lo, hi, k, r[c]);
+            qdec::chunk_bf16x2<off>(lo, hi, k, r[c], e);
         }
     }
 #pragma unroll
