@@ -29,7 +29,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, check_epilogues, random_x, rope_problem  # noqa: E402
+from test_cuda_gemv_quant import (ROPE_KV, TYPES, Weights, check_epilogues, check_rope_kv, random_x,  # noqa: E402
+                                  rope_problem)
 from test_cuda_kernels import ADD_RESIDUAL, STORE_F32, SWIGLU, gen, nan_full, ops  # noqa: E402
 from test_cuda_ops_misc import C, rope_oracle, rope_slack  # noqa: E402
 from paged_kv import PagedCaches  # noqa: E402
@@ -268,6 +269,56 @@ def test_gemv_quant_mma_rope_kv_rows_do_not_depend_on_the_batch(C, ops, rng, nam
         assert torch.equal(q2[0], q64[m]), f"{name}: q of row {m} differs from the batch of 64"
         assert torch.equal(k2[s, p], k64[s, p]) and torch.equal(v2[s, p], v64[s, p]), \
             f"{name}: the K / V entry of row {m} differs from the batch of 64"
+
+
+# A matrix on which 9..16-row calls of the 4- and 5-bit types take CTAs of two W tiles: at least
+# tuning::kGemvQuantMmaTwoTileMinCtas (512) CTAs of 32 rows (16 pairs), the last one partly empty,
+# and rows of at least kGemvQuantMmaTwoTileMinK (4096) values.
+TWO_TILE_N = 32 * 512 + 18  # 8,201 SwiGLU pairs: 513 CTAs either way
+TWO_TILE_K = 4096
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_1", "q4_k", "q5_k"])
+def test_gemv_quant_mma_two_w_tiles(C, ops, rng, name):
+    """The CTAs of two 16-row W tiles (16 rows of x): against the reference at 9 and 16 rows, and
+    bit for bit equal to the one-tile forms (the same rows inside a batch of 24, whose 3 n8 tiles
+    run one W tile a CTA, and as pairs of rows), plain and through SwiGLU."""
+    K = TWO_TILE_K + (96 if TYPES[name][1] == 32 else 0)
+    W = Weights(C, name, TWO_TILE_N, K, rng)
+    Wb, S = mma_weights(W)
+    x = random_x(rng, 24, K)
+    for M in (9, 16):
+        check_gemv(f"{name} M={M} N={W.N}", gemv(ops, W, x_rows(x[:M])), Wb, x[:M], S)
+    del Wb, S
+    all24 = gemv(ops, W, x_rows(x))
+    assert torch.equal(gemv(ops, W, x_rows(x[4:20])), all24[4:20]), f"{name}: 16 rows differ from the batch of 24"
+    assert torch.equal(gemv(ops, W, x_rows(x[[6, 1]]))[0], all24[6]), f"{name}: row 6 differs in a batch of 2"
+
+    def swiglu(rows):
+        out = nan_full((len(rows), W.N // 2), torch.bfloat16)
+        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x_rows(x[rows]).data_ptr(), len(rows), W.N, K, SWIGLU,
+                           out=out.data_ptr())
+        torch.cuda.synchronize()
+        return out
+
+    all24 = swiglu(list(range(24)))
+    assert not torch.isnan(all24).any(), f"{name} SwiGLU: an output was not written"
+    assert torch.equal(swiglu(list(range(3, 19))), all24[3:19]), f"{name} SwiGLU: 16 rows differ from the batch of 24"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q4_1"])
+def test_gemv_quant_mma_two_w_tiles_rope_kv(C, ops, rng, name):
+    """RopeKV on CTAs of two W tiles (258 heads of 64 dims: 8,256 rotation pairs, 516 CTAs at 16
+    rows) against rope_oracle of the same rows' StoreF32 q|k|v."""
+    n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 254, 2, 64, TWO_TILE_K, 24, 3
+    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
+    assert N // 2 >= 16 * 512
+    W = Weights(C, name, N, K, rng)
+    x = x_rows(random_x(rng, 16, K))
+    qkv = gemv(ops, W, x)
+    run = lambda **rope: ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), 16, N, K, ROPE_KV,  # noqa: E731
+                                            **rope)
+    check_rope_kv(rng, run, qkv, inv_freq, n_heads, n_kv_heads, head_dim, max_seq, max_batch, f"{name} two W tiles")
 
 
 def test_gemv_quant_mma_bad_arguments_raise(C, ops, rng):

@@ -447,8 +447,8 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(GemvArgs a) {
         }
     }
 
-    util::store_mma_gemv_tile<P, NT, kMmaWarps>(acc, partial, warp, lane, M, u, lo, hi, ok_lo, ok_hi, a.half_n, a.ep,
-                                               a.out);
+    const util::MmaTileRows rows[1] = {{u, lo, hi, ok_lo, ok_hi}};
+    util::store_mma_gemv_tiles<P, 1, NT, kMmaWarps>(acc, partial, warp, lane, M, rows, a.half_n, a.ep, a.out);
 }
 
 // CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit on the GPU at once. The

@@ -16,11 +16,12 @@
 // weight w = D (c - off) + a (D the block's or sub-block's scale, a its min or 0) comes out within
 // 2^-8 (1.01 |w| + 2.05 |a|) of the fp32 value of quant_formats.cpp (bf16(w) is within 2^-8 |w|);
 // Q4_0 / Q5_0 give bf16(w) exactly, and so does Q8_0.
-//   * One CTA per 16-row tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
-//     their rotation partners, so C rows g and g + 8 of a lane are the pair); its 8 warps take
-//     every 8th 256-value tile of the rows, one tile in flight per lane. Lane (g, t), g = lane / 4,
-//     loads rows g and g + 8 and, per tile, the 64 values of "pieces" t, t + 4 (.. t + 12 for
-//     Q8_0) with 16-byte L1-bypassing loads (lanes t = 0..3 read 64 contiguous bytes of a row).
+//   * One CTA per 16-row W tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
+//     their rotation partners, so C rows g and g + 8 of a lane are the pair), or per two (MT = 2,
+//     below); its 8 warps take every 8th 256-value k tile of the rows, one in flight per lane.
+//     Lane (g, t), g = lane / 4, loads rows g and g + 8 of each W tile and, per k tile, the 64
+//     values of "pieces" t, t + 4 (.. t + 12 for Q8_0) with 16-byte L1-bypassing loads (lanes
+//     t = 0..3 read 64 contiguous bytes of a row).
 //   * A piece's 16-byte words give "chunks" of 8 values that are consecutive in k (low nibbles
 //     of two words, or their high nibbles, or 8 int8 codes), so x is read as 16-byte loads of
 //     plain bf16 rows, straight from global memory through L1 (every warp of the SM reads the
@@ -29,16 +30,23 @@
 //     x row n at the same 8 k.
 //   * The decode is quant_decode.cuh's, two values at a time in bf16x2 arithmetic (2 instructions
 //     a weight; Q8_0 one exact FFMA a weight and F2FP); the bound above is of its roundings.
-//   * Registers: 4 fp32 accumulators per n8 tile (32 at NT = 8) beside the raw tile of two rows.
-//     Up to NT = 2 the 4- and 5-bit types are held to 80 registers for 3 CTAs an SM: more warps,
-//     not more tiles in flight per lane, hide the loads (CtasPerSm). From NT = 4 on a tile's chunk
+//   * x reads: a lane loads 16 bytes of x per chunk and n8 tile, 3.6x the Q4_K weight bytes it
+//     decodes at 16 rows, and its four lanes of a row touch two 128-byte lines: at NT = 2 those
+//     loads, not HBM, fill L1's wavefronts. MT = 2 W tiles a warp (rows g, g + 8, g + 16, g + 24)
+//     feed each x fragment to twice the mma and halve that traffic; it costs registers (2 CTAs an
+//     SM) and half the CTAs, so it runs only at NT = 2, for the 4- and 5-bit types, on matrices
+//     with CTAs to spare and rows of 16+ k tiles (tuning::kGemvQuantMmaTwoTileMin*).
+//   * Registers: 4 fp32 accumulators per n8 tile and W tile (32 at NT = 8) beside the raw tiles.
+//     Up to NT = 2 with one W tile the 4- and 5-bit types are held to 80 registers for 3 CTAs an
+//     SM: more warps, not more tiles in flight per lane, hide the loads (CtasPerSm). From NT = 4 on a tile's chunk
 //     loop stays rolled (unrolled, ptxas interleaves chunks and spills at the 128 registers of 2
 //     CTAs an SM); x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8).
 //     Spills through L1 (check with -Xptxas -v after a change here): Q6_K at NT = 8, 8-12 bytes
 //     a thread (sm_90a: no pairing; sm_80: no pairing and SwiGLU), and Q5_K's RopeKV at NT = 2,
 //     16 bytes; the two that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
-//   * The 8 warps' partial tiles are added in shared memory in warp order (NT x 4 KB), warp nt
-//     stores n8 tile nt through util::store_* as gemv_mma_kernel. PDL: the first tile's loads are
+//   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
+//     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
+//     gemv_mma_kernel. PDL: the first tile's loads are
 //     issued before the wait (weights never depend on the kernel before).
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order and columns n of an mma
 // never mix, so a row's result does not depend on M or the other rows (batched rows are
@@ -310,65 +318,83 @@ __device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
 }
 
 // CTAs per SM the registers are capped for: 2 (128 registers a thread), with two exceptions.
-// 3 (80 registers) for the 4- and 5-bit types up to NT = 2 (16 rows) and for Q8_0 at NT = 1 (8
-// rows): there they fit, and a third CTA's warps hide more of the weight loads' latency than a
-// second tile in flight per lane did. Q6_K at NT = 1 fits 80 too but measured slower there, and
-// the 20-register tiles of both need more room at NT = 2: they stay at 2. 1 where ptxas spills at
-// 128 with every other lever pulled (rolled chunk loops, one x fragment in flight): the RopeKV
-// pairing at NT = 8 of those two types; its latency hiding is the weaker, and the engine meets it
-// only with a single-type Q8_0 / Q6_K wqkv at decode batches 33..64.
-template <QType T, int NT, Pairing P>
+// 3 (80 registers) for Q8_0 at NT = 1 (8 rows): there it fits, and a third CTA's warps hide more
+// of the weight loads' latency than a second tile in flight per lane did. Q6_K at NT = 1 fits 80
+// too but measured slower there. 1 where ptxas spills at 128 with every other lever pulled (rolled
+// chunk loops, one x fragment in flight): the RopeKV pairing at NT = 8 of the two wide types; its
+// latency hiding is the weaker, and the engine meets it only with a single-type Q8_0 / Q6_K wqkv
+// at decode batches 33..64.
+template <QType T, int NT, Pairing P, int MT>
 struct CtasPerSm {
     static constexpr int value = NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1
-                                 : (NT <= 2 && !kWideTile<T>) || (NT == 1 && T == QType::Q8_0) ? 3 : 2;
+                                 : MT == 1 && ((NT <= 2 && !kWideTile<T>) || (NT == 1 && T == QType::Q8_0)) ? 3
+                                                                                                              : 2;
 };
 
-template <QType T, int NT, Pairing P>
-__global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_quant_mma_kernel(QMArgs a) {
+// MT: 16-row W tiles a CTA (and each of its warps) decodes against every x fragment it loads.
+// 2 halves the x reads per weight, at the price of 124-128 registers (2 CTAs an SM) and half the
+// CTAs: taken at NT = 2 for the 4- and 5-bit types on matrices with CTAs to spare (the rule in
+// launch_rows). The wide tiles would spill at 128 registers.
+template <QType T, int NT, Pairing P, int MT>
+__global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT>::value) gemv_quant_mma_kernel(QMArgs a) {
     using F = QM<T>;
     using Raw = typename F::Raw;
     static_assert(NT >= 1 && NT <= kWarps, "warp nt stores n8 tile nt: at most one n8 tile per warp");
+    static_assert(MT == 1 || (MT == 2 && NT <= 2 && !kWideTile<T>), "two W tiles only where their registers fit");
     constexpr int XG = XInFlight<T, NT>::value;
     // From NT = 4 on the loop over a tile's chunks stays rolled (and at NT = 8 Q8_0's over pieces,
     // whose 80 bytes a row leave the least room): unrolled, ptxas interleaves chunks and spills at
     // 128 registers.
     constexpr int kChunkUnroll = NT >= 4 ? 1 : F::kChunks;
     constexpr int kPieceUnroll = NT >= 8 && T == QType::Q8_0 ? 1 : F::kPieces;
-    __shared__ float partial[kWarps * NT * 4 * 32];
+    __shared__ float partial[kWarps * MT * NT * 4 * 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, lt = lane & 3;
     const int M = a.M, K = a.K, n_tiles = a.T;
 
-    // This lane's W rows: tile rows g (lo) and g + 8 (hi); for pairs, unit u's two rows.
-    const int u = 8 * blockIdx.x + g;
-    int lo, hi;
-    bool ok_lo, ok_hi;
-    if (P == Pairing::None) {
-        lo = 16 * blockIdx.x + g;
-        hi = lo + 8;
-        ok_lo = lo < a.n_units;
-        ok_hi = hi < a.n_units;
-    } else {
-        const int2 r = unit_rows<P>(u < a.n_units ? u : 0, a.half_n);
-        lo = r.x;
-        hi = r.y;
-        ok_lo = ok_hi = u < a.n_units;
-    }
-    const uint8_t* row_lo = a.W + (size_t)(ok_lo ? lo : 0) * a.row_stride;
-    const uint8_t* row_hi = a.W + (size_t)(ok_hi ? hi : 0) * a.row_stride;
+    // This lane's W rows in W tile mt of the CTA: tile rows g (lo) and g + 8 (hi); for pairs, unit
+    // u's two rows.
+    util::MmaTileRows rows[MT];
+    const uint8_t* row_lo[MT];
+    const uint8_t* row_hi[MT];
+    const unsigned short* tail_lo[MT];
+    const unsigned short* tail_hi[MT];
     const unsigned short* tail = reinterpret_cast<const unsigned short*>(a.tail);
-    const unsigned short* tail_lo = tail + (size_t)(ok_lo ? lo : 0) * n_tiles;
-    const unsigned short* tail_hi = tail + (size_t)(ok_hi ? hi : 0) * n_tiles;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        util::MmaTileRows& r = rows[mt];
+        r.u = 8 * (MT * blockIdx.x + mt) + g;
+        if (P == Pairing::None) {
+            r.lo = 16 * (MT * blockIdx.x + mt) + g;
+            r.hi = r.lo + 8;
+            r.ok_lo = r.lo < a.n_units;
+            r.ok_hi = r.hi < a.n_units;
+        } else {
+            const int2 pr = unit_rows<P>(r.u < a.n_units ? r.u : 0, a.half_n);
+            r.lo = pr.x;
+            r.hi = pr.y;
+            r.ok_lo = r.ok_hi = r.u < a.n_units;
+        }
+        row_lo[mt] = a.W + (size_t)(r.ok_lo ? r.lo : 0) * a.row_stride;
+        row_hi[mt] = a.W + (size_t)(r.ok_hi ? r.hi : 0) * a.row_stride;
+        tail_lo[mt] = tail + (size_t)(r.ok_lo ? r.lo : 0) * n_tiles;
+        tail_hi[mt] = tail + (size_t)(r.ok_hi ? r.hi : 0) * n_tiles;
+    }
 
     // The warp's i-th tile (warp + 8 i) of rows lo / hi, zero where the tile or the row is missing.
-    Raw wl, wh;
+    Raw wl[MT], wh[MT];
     auto load = [&](int i) {
         const int tile = warp + kWarps * i;
-        wl = Raw{};
-        wh = Raw{};
-        if (tile < n_tiles) {
-            const int kleft = K - 256 * tile;
-            if (ok_lo) wl = F::load(row_lo + (size_t)tile * F::kTileBytes, tail_lo + tile, lt, kleft);
-            if (ok_hi) wh = F::load(row_hi + (size_t)tile * F::kTileBytes, tail_hi + tile, lt, kleft);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            wl[mt] = Raw{};
+            wh[mt] = Raw{};
+            if (tile < n_tiles) {
+                const int kleft = K - 256 * tile;
+                if (rows[mt].ok_lo)
+                    wl[mt] = F::load(row_lo[mt] + (size_t)tile * F::kTileBytes, tail_lo[mt] + tile, lt, kleft);
+                if (rows[mt].ok_hi)
+                    wh[mt] = F::load(row_hi[mt] + (size_t)tile * F::kTileBytes, tail_hi[mt] + tile, lt, kleft);
+            }
         }
     };
     // The first tile loads before the wait, in a branch of its own (as gemv.cu: issued
@@ -387,11 +413,11 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_qua
     const size_t x_tile_stride = (size_t)8 * K;
     const int x_rows_left = M - g;  // n8 tile nt has this lane's row iff 8 nt < x_rows_left
 
-    float acc[NT][4];
+    float acc[MT * NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int ti = 0; ti < MT * NT; ++ti)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+        for (int i = 0; i < 4; ++i) acc[ti][i] = 0.f;
 
     for (int i = 0; warp + kWarps * i < n_tiles; ++i) {
         if (!preloaded) load(i);
@@ -418,52 +444,73 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P>::value) gemv_qua
                                     : make_uint4(0u, 0u, 0u, 0u);
                 };
                 load_x(0);
-                uint32_t l0, l1, h0, h1, rl[4], rh[4];
-                if constexpr (T == QType::Q8_0) {
-                    F::words(wl, j, c, l0, l1);
-                    F::words(wh, j, c, h0, h1);
-                    chunk_bf16_q8(l0, l1, F::coef(wl, j), rl);
-                    chunk_bf16_q8(h0, h1, F::coef(wh, j), rh);
-                } else {
-                    Coef kl, kh;
-                    chunk_of<T>(wl, lt, j, c, kl, l0, l1);
-                    chunk_of<T>(wh, lt, j, c, kh, h0, h1);
-                    chunk_bf16x2<F::kOff>(l0, l1, scale_x2(kl), rl);
-                    chunk_bf16x2<F::kOff>(h0, h1, scale_x2(kh), rh);
+                // Each W tile's A fragments of this chunk: decoded rows lo / hi, k halves 0 / 1.
+                uint32_t a0[MT][4], a1[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    uint32_t l0, l1, h0, h1, rl[4], rh[4];
+                    if constexpr (T == QType::Q8_0) {
+                        F::words(wl[mt], j, c, l0, l1);
+                        F::words(wh[mt], j, c, h0, h1);
+                        chunk_bf16_q8(l0, l1, F::coef(wl[mt], j), rl);
+                        chunk_bf16_q8(h0, h1, F::coef(wh[mt], j), rh);
+                    } else {
+                        Coef kl, kh;
+                        chunk_of<T>(wl[mt], lt, j, c, kl, l0, l1);
+                        chunk_of<T>(wh[mt], lt, j, c, kh, h0, h1);
+                        chunk_bf16x2<F::kOff>(l0, l1, scale_x2(kl), rl);
+                        chunk_bf16x2<F::kOff>(h0, h1, scale_x2(kh), rh);
+                    }
+                    a0[mt][0] = rl[0], a0[mt][1] = rh[0], a0[mt][2] = rl[1], a0[mt][3] = rh[1];
+                    a1[mt][0] = rl[2], a1[mt][1] = rh[2], a1[mt][2] = rl[3], a1[mt][3] = rh[3];
                 }
-                const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
-                const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
 #pragma unroll
                 for (int n0 = 0; n0 < NT; n0 += XG) {
                     if (n0 > 0) load_x(n0);
 #pragma unroll
                     for (int q = 0; q < XG; ++q) {
                         const uint32_t b0[2] = {xv[q].x, xv[q].y}, b1[2] = {xv[q].z, xv[q].w};
-                        ptx::mma_bf16_16816(acc[n0 + q], a0, b0);
-                        ptx::mma_bf16_16816(acc[n0 + q], a1, b1);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            ptx::mma_bf16_16816(acc[mt * NT + n0 + q], a0[mt], b0);
+                            ptx::mma_bf16_16816(acc[mt * NT + n0 + q], a1[mt], b1);
+                        }
                     }
                 }
             }
         }
     }
 
-    util::store_mma_gemv_tile<P, NT, kWarps>(acc, partial, warp, lane, M, u, lo, hi, ok_lo, ok_hi, a.half_n, a.ep,
-                                               a.out);
+    util::store_mma_gemv_tiles<P, MT, NT, kWarps>(acc, partial, warp, lane, M, rows, a.half_n, a.ep, a.out);
 }
 
-template <QType T, int NT, Pairing P>
+// W rows a CTA covers: 16 MT (pairs: 8 MT units).
+template <Pairing P>
+int mma_ctas(int n_units, int w_tiles) {
+    return CEIL_DIV(n_units, (P == Pairing::None ? 16 : 8) * w_tiles);
+}
+
+template <QType T, int NT, Pairing P, int MT>
 void launch(const QMArgs& a, cudaStream_t stream) {
-    const int tiles = P == Pairing::None ? CEIL_DIV(a.n_units, 16) : CEIL_DIV(a.n_units, 8);
-    launch_pdl(gemv_quant_mma_kernel<T, NT, P>, dim3(tiles), dim3(kThreads), 0, stream, a);
+    launch_pdl(gemv_quant_mma_kernel<T, NT, P, MT>, dim3(mma_ctas<P>(a.n_units, MT)), dim3(kThreads), 0, stream, a);
     CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
 }
 
 template <QType T, Pairing P>
 void launch_rows(const QMArgs& a, cudaStream_t stream) {
-    if (a.M <= 8) launch<T, 1, P>(a, stream);
-    else if (a.M <= 16) launch<T, 2, P>(a, stream);
-    else if (a.M <= 32) launch<T, 4, P>(a, stream);
-    else launch<T, 8, P>(a, stream);
+    if (a.M <= 8) {
+        launch<T, 1, P, 1>(a, stream);
+    } else if (a.M <= 16) {
+        if constexpr (!kWideTile<T>) {
+            if (mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaTwoTileMinCtas && a.K >= tuning::kGemvQuantMmaTwoTileMinK)
+                return launch<T, 2, P, 2>(a, stream);
+        }
+        launch<T, 2, P, 1>(a, stream);
+    } else if (a.M <= 32) {
+        launch<T, 4, P, 1>(a, stream);
+    } else {
+        launch<T, 8, P, 1>(a, stream);
+    }
 }
 
 template <QType T>

@@ -300,28 +300,42 @@ __device__ __forceinline__ void store_rope_kv(const RopeKVArgs& r, int m, int he
     store_rope_kv_dims<1>(r, m, pos, slot, head, i, &x0, &x1, &a);
 }
 
+// One 16-row W tile of a tensor-core GEMV CTA, as a lane sees it: rows lo (fragment rows g) and
+// hi (g + 8), or, for paired units, unit u's two rows; ok_lo / ok_hi: whether those rows exist.
+struct MmaTileRows {
+    int u, lo, hi;
+    bool ok_lo, ok_hi;
+};
+
 // The end of a tensor-core GEMV CTA (gemv.cu's gemv_mma_kernel, gemv_quant_mma.cu): the WARPS
-// warps' C fragments of NT n8 tiles of x rows, acc[nt], are summed in warp order through shared
-// memory `partial` [WARPS][NT][4][32] (a fixed order: a row's result does not depend on M), then
-// warp nt stores tile nt through the epilogue. The CTA's 16 W rows are lo (fragment rows g) and hi
-// (g + 8), or, for paired units, unit u's two rows; ok_lo / ok_hi: whether those rows exist.
-template <Pairing P, int NT, int WARPS>
-__device__ __forceinline__ void store_mma_gemv_tile(const float (&acc)[NT][4], float* partial, int warp, int lane,
-                                                    int M, int u, int lo, int hi, bool ok_lo, bool ok_hi, int half_n,
-                                                    Epilogue ep, const EpilogueArgs& out) {
+// warps' C fragments of MT W tiles times NT n8 tiles of x rows, acc[mt * NT + nt], are summed in
+// warp order through shared memory `partial` [WARPS][MT * NT][4][32] (a fixed order: a row's
+// result does not depend on M), then warp mt * NT + nt stores that pair of tiles through the
+// epilogue (MT * NT <= WARPS).
+template <Pairing P, int MT, int NT, int WARPS>
+__device__ __forceinline__ void store_mma_gemv_tiles(const float (&acc)[MT * NT][4], float* partial, int warp,
+                                                     int lane, int M, const MmaTileRows (&rows)[MT], int half_n,
+                                                     Epilogue ep, const EpilogueArgs& out) {
+    static_assert(MT * NT <= WARPS, "one warp stores each (W tile, x tile) pair");
+    constexpr int kTiles = MT * NT;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int ti = 0; ti < kTiles; ++ti)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) partial[((warp * NT + nt) * 4 + i) * 32 + lane] = acc[nt][i];
+        for (int i = 0; i < 4; ++i) partial[((warp * kTiles + ti) * 4 + i) * 32 + lane] = acc[ti][i];
     __syncthreads();
-    if (warp >= NT) return;
-    const int nt = warp;
+    if (warp >= kTiles) return;
+    const int mt = MT == 1 ? 0 : warp / NT, nt = warp - mt * NT;
+    // This warp's W tile, by selects: a runtime index into rows[] would go to local memory.
+    MmaTileRows r = rows[0];
+#pragma unroll
+    for (int i = 1; i < MT; ++i)
+        if (mt == i) r = rows[i];
     float c[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         c[i] = 0.f;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) c[i] += partial[((w * NT + nt) * 4 + i) * 32 + lane];
+        for (int w = 0; w < WARPS; ++w) c[i] += partial[((w * kTiles + warp) * 4 + i) * 32 + lane];
     }
     // C fragment: c[e] = (row lo, x row 8 nt + 2t + e), c[2 + e] = (row hi, the same x row).
 #pragma unroll
@@ -329,14 +343,14 @@ __device__ __forceinline__ void store_mma_gemv_tile(const float (&acc)[NT][4], f
         const int m = 8 * nt + 2 * (lane & 3) + e;
         if (m >= M) continue;
         if (P == Pairing::Rope) {
-            if (!ok_lo) continue;
-            const int head = u / half_n;
-            store_rope_kv(out.rope, m, head, u - head * half_n, c[e], c[2 + e]);
+            if (!r.ok_lo) continue;
+            const int head = r.u / half_n;
+            store_rope_kv(out.rope, m, head, r.u - head * half_n, c[e], c[2 + e]);
         } else if (P == Pairing::SwiGLU) {
-            if (ok_lo) store_swiglu(out, (size_t)m * out.ld_out + u, c[e], c[2 + e]);
+            if (r.ok_lo) store_swiglu(out, (size_t)m * out.ld_out + r.u, c[e], c[2 + e]);
         } else {
-            if (ok_lo) store_result(ep, out, (size_t)m * out.ld_out + lo, c[e]);
-            if (ok_hi) store_result(ep, out, (size_t)m * out.ld_out + hi, c[2 + e]);
+            if (r.ok_lo) store_result(ep, out, (size_t)m * out.ld_out + r.lo, c[e]);
+            if (r.ok_hi) store_result(ep, out, (size_t)m * out.ld_out + r.hi, c[2 + e]);
         }
     }
 }

@@ -63,6 +63,17 @@ constexpr int kGemvMaxRows = 16;
 constexpr int kGemvQuantMmaMinRows = 2;
 // Rows one gemv_quant_mma call takes (its limit in ops.h, 8 n8 tiles of x: not a knob).
 constexpr int kGemvQuantMmaMaxRows = 64;
+// gemv_quant_mma at 9..16 rows: a matrix of a 4- or 5-bit type whose CTAs of two 16-row W tiles
+// number at least kGemvQuantMmaTwoTileMinCtas, with rows of at least kGemvQuantMmaTwoTileMinK
+// values, runs those (each x load from L1 serves 32 W rows, where the x reads had filled L1's
+// wavefronts); fewer CTAs would leave SMs idle, and shorter rows give each warp a single k tile,
+// whose latency the 2 CTAs an SM of that form hide worse than 3 of one W tile. H200, 16 rows, same
+// run: w13 (896 such CTAs) Q4_K 45.8 against 48.7 us, Q4_0 40.7 against 53.1, the LM heads Q4_K
+// 180.0 against 201.0, Q4_0 160.8 against 205.2; wqkv (192) Q4_K 14.6 against 12.7; up to 8 rows
+// every matrix was slower; the 1B's w13 (512 CTAs, K = 2048) made a batch-16 step 1.061x slower
+// (docs/kernels/gemv.md).
+constexpr int kGemvQuantMmaTwoTileMinCtas = 512;
+constexpr int kGemvQuantMmaTwoTileMinK = 4096;
 // Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul) over a matrix of several
 // parts: a bf16 part goes through gemv_bf16 (16 rows), a w13 of two types is staged through the
 // 16-row gate_up_. A matrix of one quantized type takes the kernel's 64 (kGemvQuantMmaMaxRows).
