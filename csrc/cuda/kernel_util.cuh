@@ -49,12 +49,12 @@ __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__us
 // carries.
 __device__ __forceinline__ uint32_t spread4(uint32_t nib) { return ((nib * 0x00204081u) & 0x01010101u) << 4; }
 
-// Two floats rounded to bf16 (nearest even), low half first: the layout of an mma A fragment.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    const uint32_t l = __bfloat16_as_ushort(__float2bfloat16_rn(lo));
-    const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(hi));
-    return l | (h << 16);
-}
+// A bf16x2 as its 32 bits (low half = .x), and back.
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 h) { return *reinterpret_cast<const uint32_t*>(&h); }
+__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
+// Two floats rounded to bf16 (nearest even), low half first: the layout of an mma A fragment
+// (one F2FP for the pair).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) { return bf16x2_bits(__floats2bfloat162_rn(lo, hi)); }
 
 // Eight fp32 values (lo, then hi) normalized and weighted as bf16(x * rstd * w), w eight bf16
 // weights: the rounding of rmsnorm_residual, which every fused RMSNorm must reproduce bit for bit.

@@ -45,8 +45,8 @@ __device__ __forceinline__ Coef coef_k4(int s, uint32_t dm, uint32_t S0, uint32_
 struct ScaleX2 {
     uint32_t hi, lo, a;
 };
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 h) { return *reinterpret_cast<const uint32_t*>(&h); }
-__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
+using util::as_bf16x2;
+using util::bf16x2_bits;
 __device__ __forceinline__ ScaleX2 scale_x2(const Coef& k) {
     const __nv_bfloat162 hi = __float2bfloat162_rn(k.D);
     const float rest = k.D - __low2float(hi);  // exact: D has at most 19 significant bits
@@ -101,10 +101,7 @@ __device__ __forceinline__ void chunk_bf16_q8(uint32_t u0, uint32_t u1, const Af
         v[4 + b] = __uint_as_float(__byte_perm(u1, 0x3F800000u, sel));
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(v[2 * i], a.S, a.C), fmaf(v[2 * i + 1], a.S, a.C));
-        r[i] = bf16x2_bits(h);
-    }
+    for (int i = 0; i < 4; ++i) r[i] = util::pack_bf16x2(fmaf(v[2 * i], a.S, a.C), fmaf(v[2 * i + 1], a.S, a.C));
 }
 
 }  // namespace qdec
