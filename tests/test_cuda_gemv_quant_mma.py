@@ -316,8 +316,9 @@ def test_gemv_quant_mma_two_w_tiles_rope_kv(C, ops, rng, name):
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, 16, K))
     qkv = gemv(ops, W, x)
-    run = lambda **rope: ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), 16, N, K, ROPE_KV,  # noqa: E731
-                                            **rope)
+    def run(**rope):
+        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), 16, N, K, ROPE_KV, **rope)
+
     check_rope_kv(rng, run, qkv, inv_freq, n_heads, n_kv_heads, head_dim, max_seq, max_batch, f"{name} two W tiles")
 
 

@@ -38,16 +38,17 @@
 //     with CTAs to spare and rows of 16+ k tiles (tuning::kGemvQuantMmaTwoTileMin*).
 //   * Registers: 4 fp32 accumulators per n8 tile and W tile (32 at NT = 8) beside the raw tiles.
 //     Up to NT = 2 with one W tile the 4- and 5-bit types are held to 80 registers for 3 CTAs an
-//     SM: more warps, not more tiles in flight per lane, hide the loads (CtasPerSm). From NT = 4 on a tile's chunk
-//     loop stays rolled (unrolled, ptxas interleaves chunks and spills at the 128 registers of 2
-//     CTAs an SM); x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8).
+//     SM: more warps, not more tiles in flight per lane, hide the loads (CtasPerSm). From NT = 4
+//     on a tile's chunk loop stays rolled (unrolled, ptxas interleaves chunks and spills at the
+//     128 registers of 2 CTAs an SM); x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 /
+//     Q6_K at NT = 8).
 //     Spills through L1 (check with -Xptxas -v after a change here): Q6_K at NT = 8, 8-12 bytes
 //     a thread (sm_90a: no pairing; sm_80: no pairing and SwiGLU), and Q5_K's RopeKV at NT = 2,
 //     16 bytes; the two that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
 //     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
-//     gemv_mma_kernel. PDL: the first tile's loads are
-//     issued before the wait (weights never depend on the kernel before).
+//     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
+//     depend on the kernel before).
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order and columns n of an mma
 // never mix, so a row's result does not depend on M or the other rows (batched rows are
 // bit-identical to the same row in any other batch). Pieces past K (32-value types whose last
@@ -502,8 +503,9 @@ void launch_rows(const QMArgs& a, cudaStream_t stream) {
         launch<T, 1, P, 1>(a, stream);
     } else if (a.M <= 16) {
         if constexpr (!kWideTile<T>) {
-            if (mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaTwoTileMinCtas && a.K >= tuning::kGemvQuantMmaTwoTileMinK)
-                return launch<T, 2, P, 2>(a, stream);
+            const bool two_tiles = mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaTwoTileMinCtas &&
+                                   a.K >= tuning::kGemvQuantMmaTwoTileMinK;
+            if (two_tiles) return launch<T, 2, P, 2>(a, stream);
         }
         launch<T, 2, P, 1>(a, stream);
     } else if (a.M <= 32) {

@@ -54,7 +54,9 @@ __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 h) { return *rein
 __device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
 // Two floats rounded to bf16 (nearest even), low half first: the layout of an mma A fragment
 // (one F2FP for the pair).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) { return bf16x2_bits(__floats2bfloat162_rn(lo, hi)); }
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    return bf16x2_bits(__floats2bfloat162_rn(lo, hi));
+}
 
 // Eight fp32 values (lo, then hi) normalized and weighted as bf16(x * rstd * w), w eight bf16
 // weights: the rounding of rmsnorm_residual, which every fused RMSNorm must reproduce bit for bit.
