@@ -132,8 +132,8 @@ __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, i
         const int g = 2 * (j & 1) + h;
         const float d = f16_bits(lds_u16(raw, 56 + d_half));
         const int sc = 8 * (j >> 1) + 2 * g;
-        const qdec::ScaleX2 k0 = qdec::scale_x2(qdec::Coef{__fmul_rn(d, (float)(int8_t)raw[sc]), 0.f});
-        const qdec::ScaleX2 k1 = qdec::scale_x2(qdec::Coef{__fmul_rn(d, (float)(int8_t)raw[sc + 1]), 0.f});
+        const qdec::ScaleX2 k0 = qdec::scale_x2(qdec::coef_q6k(d, (int8_t)raw[sc]));
+        const qdec::ScaleX2 k1 = qdec::scale_x2(qdec::coef_q6k(d, (int8_t)raw[sc + 1]));
         uint32_t w[8], qh[8];
         words8(raw + 16 + 32 * h, w);
         words8(raw + 80, qh);

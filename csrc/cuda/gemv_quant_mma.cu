@@ -277,7 +277,7 @@ template <> struct QM<QType::Q6_K> {
         const int idx = 8 * j + 2 * ((lt >> 1) + (hi ? 2 : 0)) + (lt & 1);  // < 16
         const uint32_t w = idx < 4 ? r.sc.x : idx < 8 ? r.sc.y : idx < 12 ? r.sc.z : r.sc.w;
         const int sc = (int)(int8_t)(w >> (8 * (idx & 3)));
-        return Coef{__fmul_rn(f16_bits(r.d), (float)sc), 0.f};
+        return qdec::coef_q6k(f16_bits(r.d), sc);
     }
     __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1, int lt) {
         nibble_words(r.ql[j], c, u0, u1);

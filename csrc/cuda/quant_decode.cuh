@@ -16,7 +16,8 @@
 //   * Q8_0's signed 8-bit codes do not fit a bf16 binade: PRMT puts each under 2^0 after
 //     flipping its sign bit (f = 1 + (q + 128) / 2^15), d q = f * 2^15 d - (2^15 + 128) d is one
 //     exact FFMA, and F2FP rounds two to bf16: bf16 of the fp32 w exactly.
-//   The K-quants' sub-block coefficients (coef_k4) are here too, so both kernels' D and a agree.
+//   The K-quants' sub-block coefficients (coef_k4, coef_q6k) are here too, so both kernels' D and a
+//   agree.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,6 +42,8 @@ __device__ __forceinline__ Coef coef_k4(int s, uint32_t dm, uint32_t S0, uint32_
     qlayout::scale_min_k4(s, S0, S1, S2, sc, mn);
     return Coef{__fmul_rn(util::f16_bits(dm & 0xFFFFu), (float)sc), -__fmul_rn(util::f16_bits(dm >> 16), (float)mn)};
 }
+// Q6_K sub-block coefficient from the tile's fp16 d and the sub-block's int8 scale: w = d sc (c - 32).
+__device__ __forceinline__ Coef coef_q6k(float d, int sc) { return Coef{__fmul_rn(d, (float)sc), 0.f}; }
 // Coef as bf16x2 broadcasts: D = hi + lo (two bf16), a rounded.
 struct ScaleX2 {
     uint32_t hi, lo, a;
