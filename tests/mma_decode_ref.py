@@ -1,6 +1,6 @@
 """The weights gemv_quant_mma decodes, as a reference (numpy): which types decode to bf16 of the
 CPU-dequantized W bit for bit, and for the others the slack of the bf16x2 decode per weight,
-S = 2^-8 (1.01 |w| + 2.05 |a|), a the additive min of the weight's block (Q4_1 / Q5_1: m; Q4_K /
+S = 2^-8 (2.01 |w| + 2.05 |a|), a the additive min of the weight's block (Q4_1 / Q5_1: m; Q4_K /
 Q5_K: -dmin m_j of its sub-block; Q6_K: none). The derivation is in csrc/cuda/gemv_quant_mma.cu's
 banner. Used by tests/test_cuda_gemv_quant_mma.py and benchmarks/lab/gpu_gemv_quant_bench.py."""
 
@@ -34,4 +34,4 @@ def decode_slack(name, blocks, deq):
         return None
     N, K = deq.shape
     a = block_mins(name, blocks, N, K) if name in BLOCK_BYTES else 0.0
-    return 2.0 ** -8 * (1.01 * np.abs(deq.astype(np.float64)) + 2.05 * a)
+    return 2.0 ** -8 * (2.01 * np.abs(deq.astype(np.float64)) + 2.05 * a)

@@ -7,7 +7,7 @@ gemv_quant_mma, and the wgmma loop is the bf16 GEMM's. So the oracle is bit equa
 gemm_bf16 on the decoded W: gemm_quant(W) == gemm_bf16(Wd) for every output, where Wd is what
 gemm_quant itself makes of W (read back through one-hot rows of x: each output is one weight times
 1 plus exact zeros), and Wd is held to the CPU's fp32 values: bf16 of them for Q8_0, Q4_0 and
-Q5_0, within the decode's slack S = 2^-8 (1.01 |w| + 2.05 |a|) for the others (mma_decode_ref.py),
+Q5_0, within the decode's slack S = 2^-8 (2.01 |w| + 2.05 |a|) for the others (mma_decode_ref.py),
 and equal to gemv_quant_mma's decode of the same W. On odd M, N and K (partial tiles in every
 direction; 32-value types with K % 64 == 32, where a k tile ends half way through; several parts of
 different types, bf16 among them), for every epilogue and with split-K. The StoreF32 result is

@@ -4,7 +4,7 @@ weights in the CUDA tiles (quant_ops.gpu_repack of blocks from our quantizers) a
 The kernel decodes each weight to bf16 and multiplies on the tensor cores. For Q8_0, Q4_0 and Q5_0
 the decoded weight is bf16 of the CPU-dequantized W exactly, so their reference is float64 of
 Wb = bf16(W) times the bf16 x. The other types decode in bf16x2 arithmetic (the kernel's banner)
-to within S = 2^-8 (1.01 |w| + 2.05 |a|) of the CPU's fp32 w, a being its block's min
+to within S = 2^-8 (2.01 |w| + 2.05 |a|) of the CPU's fp32 w, a being its block's min
 (mma_decode_ref.py); their reference is that W with the slack S per weight (bf16(w) alone would be
 within 2^-8 |w|):
   * Weights: with one-hot rows of x every output is one weight times 1 plus exact zeros, so

@@ -14,7 +14,7 @@
 // 1 / M (Marlin's point for small batches). Numerics: W carries bf16 rounding on this path, as
 // the bf16 engine's stored weights do; the products and sums are the tensor cores' fp32. Each
 // weight w = D (c - off) + a (D the block's or sub-block's scale, a its min or 0) comes out within
-// 2^-8 (1.01 |w| + 2.05 |a|) of the fp32 value of quant_formats.cpp (bf16(w) is within 2^-8 |w|);
+// 2^-8 (2.01 |w| + 2.05 |a|) of the fp32 value of quant_formats.cpp (bf16(w) is within 2^-8 |w|);
 // Q4_0 / Q5_0 give bf16(w) exactly, and so does Q8_0.
 //   * One CTA per 16-row W tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
 //     their rotation partners, so C rows g and g + 8 of a lane are the pair), or per two (MT = 2,
@@ -28,8 +28,9 @@
 //     same x; nothing is staged, no barrier until the end). A dot product does not care which k
 //     meets which, so a lane's chunk feeds the mma slots 2t.. of two mmas, and lane (n, t) loads
 //     x row n at the same 8 k.
-//   * The decode is quant_decode.cuh's, two values at a time in bf16x2 arithmetic (2 instructions
-//     a weight; Q8_0 one exact FFMA a weight and F2FP); the bound above is of its roundings.
+//   * The decode is quant_decode.cuh's, two values at a time in bf16x2 arithmetic (1.5 instructions
+//     a weight, 2 for Q4_0 / Q5_0; Q8_0 one exact FFMA a weight and F2FP); the bound above is of its
+//     roundings.
 //   * x reads: a lane loads 16 bytes of x per chunk and n8 tile, 3.6x the Q4_K weight bytes it
 //     decodes at 16 rows, and its four lanes of a row touch two 128-byte lines: at NT = 2 those
 //     loads, not HBM, fill L1's wavefronts. MT = 2 W tiles a warp (rows g, g + 8, g + 16, g + 24)
@@ -42,9 +43,10 @@
 //     on a tile's chunk loop stays rolled (unrolled, ptxas interleaves chunks and spills at the
 //     128 registers of 2 CTAs an SM); x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 /
 //     Q6_K at NT = 8).
-//     Spills through L1 (check with -Xptxas -v after a change here): Q6_K at NT = 8, 8-12 bytes
-//     a thread (sm_90a: no pairing; sm_80: no pairing and SwiGLU), and Q5_K's RopeKV at NT = 2,
-//     16 bytes; the two that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
+//     Spills through L1 (check with -Xptxas -v after a change here): none on sm_90a; on sm_80
+//     8-36 bytes a thread in the NT = 2 RopeKV instances of Q4_K and Q5_K (MT = 1 and 2) and
+//     Q4_K's plain MT = 2 one. The two that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run
+//     1 CTA an SM.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
 //     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
 //     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
@@ -459,8 +461,9 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT>::value) gemv
                         Coef kl, kh;
                         chunk_of<T>(wl[mt], lt, j, c, kl, l0, l1);
                         chunk_of<T>(wh[mt], lt, j, c, kh, h0, h1);
-                        chunk_bf16x2<F::kOff>(l0, l1, scale_x2(kl), rl);
-                        chunk_bf16x2<F::kOff>(h0, h1, scale_x2(kh), rh);
+                        constexpr bool kSplit = qdec::kSplitScale<T>;
+                        chunk_bf16x2<F::kOff, kSplit>(l0, l1, scale_x2<kSplit>(kl), rl);
+                        chunk_bf16x2<F::kOff, kSplit>(h0, h1, scale_x2<kSplit>(kh), rh);
                     }
                     a0[mt][0] = rl[0], a0[mt][1] = rh[0], a0[mt][2] = rl[1], a0[mt][3] = rh[1];
                     a1[mt][0] = rl[2], a1[mt][1] = rh[2], a1[mt][2] = rl[3], a1[mt][3] = rh[3];

@@ -8,11 +8,16 @@
 //   values 2i, 2i + 1.
 //   * Codes < 128 (every type but Q8_0): one PRMT puts two code bytes under the bf16 exponent of
 //     128, where the ulp is 1 (128 + c, exactly); HSUB2 takes 128 + off off (c - off, exactly);
-//     two HFMA2 give (c - off) D_hi + ((c - off) D_lo + a), the fp32 scale D split as two bf16
-//     D_hi + D_lo (within 2^-16 D of it; exact for the fp16 d of the 32-value types) and a
-//     rounded to bf16: 2 instructions a weight. Four roundings: the result is within
-//     2^-8 (1.01 |w| + 2.05 |a|) of the fp32 w (tests/mma_decode_ref.py); without a min (Q4_0,
-//     Q5_0) it is bf16 of the fp32 w exactly.
+//     then per kSplitScale<T>:
+//     - Q4_0 / Q5_0 (no min, the scale an fp16 d): two HFMA2 give (c - off) D_hi + (c - off) D_lo,
+//       D split as two bf16 (exact for an fp16 d), rounded once: bf16 of the fp32 w exactly,
+//       2 instructions a weight.
+//     - the others: one HFMA2 gives (c - off) bf16(D) + bf16(a), rounded once: 1.5 instructions a
+//       weight. Three roundings (D, a, the result): within 2^-8 (2.01 |w| + 2.05 |a|) of the fp32 w
+//       (tests/mma_decode_ref.py). What D's rounding adds, at most 2^-8 |c - off| D (0.06 D for
+//       4-bit codes, up to 0.125 D for 5- and 6-bit ones), is small beside the quantization's rms error of
+//       D / sqrt(12) = 0.29 D; the second HFMA2 that would remove it was 3-15% of the tensor-core
+//       GEMV's instructions (docs/kernels/gemv.md, row "scale rounded once").
 //   * Q8_0's signed 8-bit codes do not fit a bf16 binade: PRMT puts each under 2^0 after
 //     flipping its sign bit (f = 1 + (q + 128) / 2^15), d q = f * 2^15 d - (2^15 + 128) d is one
 //     exact FFMA, and F2FP rounds two to bf16: bf16 of the fp32 w exactly.
@@ -24,6 +29,7 @@
 
 #include <cstdint>
 
+#include "cpu/quant.h"
 #include "cuda/kernel_util.cuh"
 #include "cuda/qlayout.h"
 
@@ -44,16 +50,24 @@ __device__ __forceinline__ Coef coef_k4(int s, uint32_t dm, uint32_t S0, uint32_
 }
 // Q6_K sub-block coefficient from the tile's fp16 d and the sub-block's int8 scale: w = d sc (c - 32).
 __device__ __forceinline__ Coef coef_q6k(float d, int sc) { return Coef{__fmul_rn(d, (float)sc), 0.f}; }
-// Coef as bf16x2 broadcasts: D = hi + lo (two bf16), a rounded.
+// Whether type T's decode splits D into two bf16 (Q4_0, Q5_0: their weights then come out as bf16 of
+// the fp32 w exactly) or rounds it once (the others, whose bound has a min term anyway, and Q6_K).
+template <quant::QType T>
+constexpr bool kSplitScale = T == quant::QType::Q4_0 || T == quant::QType::Q5_0;
+// Coef as bf16x2 broadcasts: D = hi + lo (two bf16) where kSplit, else hi = bf16(D) and lo unused;
+// a rounded.
 struct ScaleX2 {
     uint32_t hi, lo, a;
 };
 using util::as_bf16x2;
 using util::bf16x2_bits;
+template <bool kSplit>
 __device__ __forceinline__ ScaleX2 scale_x2(const Coef& k) {
     const __nv_bfloat162 hi = __float2bfloat162_rn(k.D);
+    const uint32_t a = bf16x2_bits(__float2bfloat162_rn(k.a));
+    if constexpr (!kSplit) return ScaleX2{bf16x2_bits(hi), 0u, a};
     const float rest = k.D - __low2float(hi);  // exact: D has at most 19 significant bits
-    return ScaleX2{bf16x2_bits(hi), bf16x2_bits(__float2bfloat162_rn(rest)), bf16x2_bits(__float2bfloat162_rn(k.a))};
+    return ScaleX2{bf16x2_bits(hi), bf16x2_bits(__float2bfloat162_rn(rest)), a};
 }
 // The bf16 exponent bytes of 128 (0x43434343), which each PRMT below merges with two codes.
 constexpr uint32_t kExponentBytes = 0x43434343u;
@@ -66,23 +80,24 @@ __device__ __forceinline__ uint32_t exponent_bytes_in_register() {
     return e;
 }
 // The bytes `sel` picks of `codes` (two codes < 128) -> the bf16x2 of their two weights.
-template <int kOff>
+template <int kOff, bool kSplit>
 __device__ __forceinline__ uint32_t pair_bf16x2(uint32_t codes, uint32_t sel, const ScaleX2& s, uint32_t exponent) {
     constexpr uint32_t kBias = (0x4300u | kOff) * 0x00010001u;  // bf16x2 of 128 + off
     const __nv_bfloat162 c = __hsub2(as_bf16x2(__byte_perm(codes, exponent, sel)), as_bf16x2(kBias));
-    return bf16x2_bits(__hfma2(c, as_bf16x2(s.hi), __hfma2(c, as_bf16x2(s.lo), as_bf16x2(s.a))));
+    const __nv_bfloat162 low = kSplit ? __hfma2(c, as_bf16x2(s.lo), as_bf16x2(s.a)) : as_bf16x2(s.a);
+    return bf16x2_bits(__hfma2(c, as_bf16x2(s.hi), low));
 }
 // 8 codes < 128 -> 4 bf16x2 words of the weights. `exponent`: kExponentBytes, as the constant
 // (gemv_quant_mma, where the register moved ptxas's allocation and spills) or from
 // exponent_bytes_in_register (gemm_quant: 96 fewer instructions in the 256-row instance).
-template <int kOff>
+template <int kOff, bool kSplit>
 __device__ __forceinline__ void chunk_bf16x2(uint32_t u0, uint32_t u1, const ScaleX2& s, uint32_t r[4],
                                              uint32_t exponent = kExponentBytes) {
     static_assert(kOff >= 0 && kOff < 128, "128 + off is a bf16 of the binade [128, 256)");
-    r[0] = pair_bf16x2<kOff>(u0, 0x5140u, s, exponent);
-    r[1] = pair_bf16x2<kOff>(u0, 0x5342u, s, exponent);
-    r[2] = pair_bf16x2<kOff>(u1, 0x5140u, s, exponent);
-    r[3] = pair_bf16x2<kOff>(u1, 0x5342u, s, exponent);
+    r[0] = pair_bf16x2<kOff, kSplit>(u0, 0x5140u, s, exponent);
+    r[1] = pair_bf16x2<kOff, kSplit>(u0, 0x5342u, s, exponent);
+    r[2] = pair_bf16x2<kOff, kSplit>(u1, 0x5140u, s, exponent);
+    r[3] = pair_bf16x2<kOff, kSplit>(u1, 0x5342u, s, exponent);
 }
 
 // Q8_0: w = f * S + C, f = 1 + (q + 128) / 2^15 (the code under 2^0 after flipping its sign bit).
