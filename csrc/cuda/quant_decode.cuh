@@ -10,14 +10,14 @@
 //     128, where the ulp is 1 (128 + c, exactly); HSUB2 takes 128 + off off (c - off, exactly);
 //     then per kSplitScale<T>:
 //     - Q4_0 / Q5_0 (no min, the scale an fp16 d): two HFMA2 give (c - off) D_hi + (c - off) D_lo,
-//       D split as two bf16 (exact for an fp16 d), rounded once: bf16 of the fp32 w exactly,
-//       2 instructions a weight.
+//       the fp16 d split exactly into two bf16: bf16 of the fp32 w exactly (the tests check it bit
+//       for bit), 2 instructions a weight.
 //     - the others: one HFMA2 gives (c - off) bf16(D) + bf16(a), rounded once: 1.5 instructions a
 //       weight. Three roundings (D, a, the result): within 2^-8 (2.01 |w| + 2.05 |a|) of the fp32 w
 //       (tests/mma_decode_ref.py). What D's rounding adds, at most 2^-8 |c - off| D (0.06 D for
-//       4-bit codes, up to 0.125 D for 5- and 6-bit ones), is small beside the quantization's rms error of
-//       D / sqrt(12) = 0.29 D; the second HFMA2 that would remove it was 3-15% of the tensor-core
-//       GEMV's instructions (docs/kernels/gemv.md, row "scale rounded once").
+//       4-bit codes, up to 0.125 D for 5- and 6-bit ones), is small beside the quantization's own
+//       rms error of D / sqrt(12) = 0.29 D; the second HFMA2 that would remove it was 3-15% of the
+//       tensor-core GEMV's instructions (docs/kernels/gemv.md, row "scale rounded once").
 //   * Q8_0's signed 8-bit codes do not fit a bf16 binade: PRMT puts each under 2^0 after
 //     flipping its sign bit (f = 1 + (q + 128) / 2^15), d q = f * 2^15 d - (2^15 + 128) d is one
 //     exact FFMA, and F2FP rounds two to bf16: bf16 of the fp32 w exactly.
