@@ -102,7 +102,6 @@ template <QType T>
 __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, int d_half, uint4 (&v)[4]) {
     uint32_t r[4][4];
     [[maybe_unused]] const uint32_t e = qdec::exponent_bytes_in_register();
-    constexpr bool kSplit = qdec::kSplitScale<T>;
     if constexpr (T == QType::Q8_0) {
         const qdec::AffineQ8 k = qdec::affine_q8(f16_bits(lds_u16(raw, 2 * j + h)));
         const uint4 q0 = lds16(raw + 16 + 32 * h), q1 = lds16(raw + 32 + 32 * h);
@@ -114,7 +113,7 @@ __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, i
         // Sub-block s = 2 j + h: the low (h = 0) or high nibbles of the slice's 32 code bytes.
         const int s = 2 * j + h;
         const qdec::Coef coef = qdec::coef_k4(s, lds_u32(raw, 0), lds_u32(raw, 1), lds_u32(raw, 2), lds_u32(raw, 3));
-        const qdec::ScaleX2 k = qdec::scale_x2<kSplit>(coef);
+        const qdec::ScaleX2 k = qdec::scale_x2<T>(coef);
         uint32_t w[8];
         words8(raw + Fields<T>::kHead, w);
 #pragma unroll
@@ -126,32 +125,31 @@ __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, i
             for (int i = 0; i < 8; ++i) w[i] |= ((qh[i] >> s) & 0x01010101u) << 4;
         }
 #pragma unroll
-        for (int c = 0; c < 4; ++c) qdec::chunk_bf16x2<0, kSplit>(w[2 * c], w[2 * c + 1], k, r[c], e);
+        for (int c = 0; c < 4; ++c) qdec::chunk_bf16x2<T>(w[2 * c], w[2 * c + 1], k, r[c], e);
     } else if constexpr (T == QType::Q6_K) {
         // Sub-block g = 2 (j % 2) + h of the 128-value half j / 2: ql nibble j % 2, qh bits 2 g;
         // a scale per 16 values (chunks 0, 1 and 2, 3).
         const int g = 2 * (j & 1) + h;
         const float d = f16_bits(lds_u16(raw, 56 + d_half));
         const int sc = 8 * (j >> 1) + 2 * g;
-        const qdec::ScaleX2 k0 = qdec::scale_x2<kSplit>(qdec::coef_q6k(d, (int8_t)raw[sc]));
-        const qdec::ScaleX2 k1 = qdec::scale_x2<kSplit>(qdec::coef_q6k(d, (int8_t)raw[sc + 1]));
+        const qdec::ScaleX2 k0 = qdec::scale_x2<T>(qdec::coef_q6k(d, (int8_t)raw[sc]));
+        const qdec::ScaleX2 k1 = qdec::scale_x2<T>(qdec::coef_q6k(d, (int8_t)raw[sc + 1]));
         uint32_t w[8], qh[8];
         words8(raw + 16 + 32 * h, w);
         words8(raw + 80, qh);
 #pragma unroll
         for (int i = 0; i < 8; ++i)
             w[i] = ((w[i] >> (4 * (j & 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * g)) & 0x03030303u) << 4);
-        qdec::chunk_bf16x2<32, kSplit>(w[0], w[1], k0, r[0], e);
-        qdec::chunk_bf16x2<32, kSplit>(w[2], w[3], k0, r[1], e);
-        qdec::chunk_bf16x2<32, kSplit>(w[4], w[5], k1, r[2], e);
-        qdec::chunk_bf16x2<32, kSplit>(w[6], w[7], k1, r[3], e);
+        qdec::chunk_bf16x2<T>(w[0], w[1], k0, r[0], e);
+        qdec::chunk_bf16x2<T>(w[2], w[3], k0, r[1], e);
+        qdec::chunk_bf16x2<T>(w[4], w[5], k1, r[2], e);
+        qdec::chunk_bf16x2<T>(w[6], w[7], k1, r[3], e);
     } else {  // Q4_0, Q4_1, Q5_0, Q5_1: block 2 j + h of the tile; its values l.. are nibble l / 16 of bytes l % 16..
         constexpr bool has_m = T == QType::Q4_1 || T == QType::Q5_1;
         constexpr bool has_h = T == QType::Q5_0 || T == QType::Q5_1;
-        constexpr int off = T == QType::Q4_0 ? 8 : T == QType::Q5_0 ? 16 : 0;  // the code of w = 0 without a min
         const int blk = 2 * j + h;
         const qdec::Coef coef{f16_bits(lds_u16(raw, blk)), has_m ? f16_bits(lds_u16(raw, 8 + blk)) : 0.f};
-        const qdec::ScaleX2 k = qdec::scale_x2<kSplit>(coef);
+        const qdec::ScaleX2 k = qdec::scale_x2<T>(coef);
         const uint4 q = lds16(raw + Fields<T>::kHead + 16 * h);
         const uint32_t qh = has_h ? lds_u32(raw, (T == QType::Q5_0 ? 4 : 8) + blk) : 0u;
 #pragma unroll
@@ -163,7 +161,7 @@ __device__ __forceinline__ void decode(const unsigned char* raw, int j, int h, i
                 lo |= spread4((qh >> l) & 0xF);
                 hi |= spread4((qh >> (l + 4)) & 0xF);
             }
-            qdec::chunk_bf16x2<off, kSplit>(lo, hi, k, r[c], e);
+            qdec::chunk_bf16x2<T>(lo, hi, k, r[c], e);
         }
     }
 #pragma unroll

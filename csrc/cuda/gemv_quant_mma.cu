@@ -131,17 +131,16 @@ __device__ __forceinline__ void nibble_words(const uint4& q, int c, uint32_t& u0
 
 // Per type: kTileBytes; kPieces per lane and tile, kChunks per piece (kPieces * kChunks = 8);
 // load(tile, tail d, t, kleft) -> Raw (pieces at or past kleft values into the tile stay zero);
-// coef(raw, j, hi) -> Coef of piece j's low / high chunks (Q8_0: AffineQ8), kOff;
+// coef(raw, j, hi) -> Coef of piece j's low / high chunks (Q8_0: AffineQ8);
 // words(raw, j, c, u0, u1);
 // kof(t, j, c): the tile-relative k of chunk c of piece j (a multiple of 8).
 template <QType T> struct QM;
 
 // The 32-value nibble types: piece j = block t + 4j of the tile (chunks 0, 2: values 0..15 of
 // the block, low nibbles; 1, 3: values 16..31). Q5: bit v of the block's qh is value v's bit 4.
-template <int kTB, int kQs, int kM, int kQh, int kZero>
+template <int kTB, int kQs, int kM, int kQh>
 struct Nibble32 {
     static constexpr int kTileBytes = kTB, kPieces = 2, kChunks = 4;
-    static constexpr int kOff = kM >= 0 ? 0 : kZero;  // the code of w = 0 without a min
     struct Raw {
         uint4 q[2];
         uint32_t d[2], m[2], qh[2];
@@ -175,10 +174,10 @@ struct Nibble32 {
     }
     __device__ static int kof(int lt, int j, int c) { return 32 * (lt + 4 * j) + (c & 1) * 16 + (c >> 1) * 8; }
 };
-template <> struct QM<QType::Q4_0> : Nibble32<144, 16, -1, -1, 8> {};
-template <> struct QM<QType::Q4_1> : Nibble32<160, 32, 16, -1, 0> {};
-template <> struct QM<QType::Q5_0> : Nibble32<176, 48, -1, 16, 16> {};
-template <> struct QM<QType::Q5_1> : Nibble32<192, 64, 16, 32, 0> {};
+template <> struct QM<QType::Q4_0> : Nibble32<144, 16, -1, -1> {};
+template <> struct QM<QType::Q4_1> : Nibble32<160, 32, 16, -1> {};
+template <> struct QM<QType::Q5_0> : Nibble32<176, 48, -1, 16> {};
+template <> struct QM<QType::Q5_1> : Nibble32<192, 64, 16, 32> {};
 
 // Q8_0: piece j = 16 bytes t + 4j of qs (half (t + 4j) % 2 of block (t + 4j) / 2, whose d is
 // half t / 2 of the header's word j, picked at load); chunk c = words 2c, 2c + 1.
@@ -219,7 +218,6 @@ template <> struct QM<QType::Q8_0> {
 template <bool kQ5>
 struct QK45 {
     static constexpr int kTileBytes = kQ5 ? 176 : 144, kPieces = 2, kChunks = 4, kQs = kQ5 ? 48 : 16;
-    static constexpr int kOff = 0;
     struct Raw {
         uint4 q[2];
         uint4 hdr;
@@ -257,7 +255,6 @@ template <> struct QM<QType::Q5_K> : QK45<true> {};
 // nibbles those of group g1 + 2 (bits 2 g1 + 4); scales[8h + 2g + t % 2]; d from the tail.
 template <> struct QM<QType::Q6_K> {
     static constexpr int kTileBytes = 208, kPieces = 2, kChunks = 4;
-    static constexpr int kOff = 32;
     struct Raw {
         uint4 ql[2], qh[2];
         uint4 sc;
@@ -461,9 +458,8 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT>::value) gemv
                         Coef kl, kh;
                         chunk_of<T>(wl[mt], lt, j, c, kl, l0, l1);
                         chunk_of<T>(wh[mt], lt, j, c, kh, h0, h1);
-                        constexpr bool kSplit = qdec::kSplitScale<T>;
-                        chunk_bf16x2<F::kOff, kSplit>(l0, l1, scale_x2<kSplit>(kl), rl);
-                        chunk_bf16x2<F::kOff, kSplit>(h0, h1, scale_x2<kSplit>(kh), rh);
+                        chunk_bf16x2<T>(l0, l1, scale_x2<T>(kl), rl);
+                        chunk_bf16x2<T>(h0, h1, scale_x2<T>(kh), rh);
                     }
                     a0[mt][0] = rl[0], a0[mt][1] = rh[0], a0[mt][2] = rl[1], a0[mt][3] = rh[1];
                     a1[mt][0] = rl[2], a1[mt][1] = rh[2], a1[mt][2] = rl[3], a1[mt][3] = rh[3];

@@ -54,18 +54,24 @@ __device__ __forceinline__ Coef coef_q6k(float d, int sc) { return Coef{__fmul_r
 // the fp32 w exactly) or rounds it once (the others, whose bound has a min term anyway, and Q6_K).
 template <quant::QType T>
 constexpr bool kSplitScale = T == quant::QType::Q4_0 || T == quant::QType::Q5_0;
-// Coef as bf16x2 broadcasts: D = hi + lo (two bf16) where kSplit, else hi = bf16(D) and lo unused;
-// a rounded.
+// Type T's off: the code of w = 0 in the types without a min (Q4_0, Q5_0, Q6_K), 0 in the others.
+template <quant::QType T>
+constexpr int kCodeOffset = T == quant::QType::Q4_0   ? 8
+                            : T == quant::QType::Q5_0 ? 16
+                            : T == quant::QType::Q6_K ? 32
+                                                      : 0;
+// Coef as bf16x2 broadcasts: D = hi + lo (two bf16) where kSplitScale<T>, else hi = bf16(D) and lo
+// unused; a rounded.
 struct ScaleX2 {
     uint32_t hi, lo, a;
 };
 using util::as_bf16x2;
 using util::bf16x2_bits;
-template <bool kSplit>
+template <quant::QType T>
 __device__ __forceinline__ ScaleX2 scale_x2(const Coef& k) {
     const __nv_bfloat162 hi = __float2bfloat162_rn(k.D);
     const uint32_t a = bf16x2_bits(__float2bfloat162_rn(k.a));
-    if constexpr (!kSplit) return ScaleX2{bf16x2_bits(hi), 0u, a};
+    if constexpr (!kSplitScale<T>) return ScaleX2{bf16x2_bits(hi), 0u, a};
     const float rest = k.D - __low2float(hi);  // exact: D has at most 19 significant bits
     return ScaleX2{bf16x2_bits(hi), bf16x2_bits(__float2bfloat162_rn(rest)), a};
 }
@@ -90,9 +96,13 @@ __device__ __forceinline__ uint32_t pair_bf16x2(uint32_t codes, uint32_t sel, co
 // 8 codes < 128 -> 4 bf16x2 words of the weights. `exponent`: kExponentBytes, as the constant
 // (gemv_quant_mma, where the register moved ptxas's allocation and spills) or from
 // exponent_bytes_in_register (gemm_quant: 96 fewer instructions in the 256-row instance).
-template <int kOff, bool kSplit>
+// T: any type but Q8_0, whose off and scale form it takes; s from scale_x2<T>.
+template <quant::QType T>
 __device__ __forceinline__ void chunk_bf16x2(uint32_t u0, uint32_t u1, const ScaleX2& s, uint32_t r[4],
                                              uint32_t exponent = kExponentBytes) {
+    static_assert(T != quant::QType::Q8_0, "Q8_0's codes are signed: chunk_bf16_q8");
+    constexpr int kOff = kCodeOffset<T>;
+    constexpr bool kSplit = kSplitScale<T>;
     static_assert(kOff >= 0 && kOff < 128, "128 + off is a bf16 of the binade [128, 256)");
     r[0] = pair_bf16x2<kOff, kSplit>(u0, 0x5140u, s, exponent);
     r[1] = pair_bf16x2<kOff, kSplit>(u0, 0x5342u, s, exponent);
