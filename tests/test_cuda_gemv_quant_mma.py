@@ -78,6 +78,15 @@ def gemv(ops, W, x, epilogue=STORE_F32, **kw):
     return y[:M]
 
 
+def swiglu_rows(ops, W, x, rows):
+    """The SwiGLU epilogue's bf16 output [len(rows), N / 2] for rows `rows` of x, poisoned first."""
+    out = nan_full((len(rows), W.N // 2), torch.bfloat16)
+    ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x_rows(x[rows]).data_ptr(), len(rows), W.N, W.K, SWIGLU,
+                       out=out.data_ptr())
+    torch.cuda.synchronize()
+    return out
+
+
 def check_gemv(name, y, Wb, x, S):
     xd = x.double()
     ref = xd @ Wb.T
@@ -154,11 +163,7 @@ def test_gemv_quant_mma_epilogue_rows_do_not_depend_on_the_batch(C, ops, rng, ge
         return out
 
     def swiglu(rows):
-        out = nan_full((len(rows), N // 2), torch.bfloat16)
-        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x_rows(x[rows]).data_ptr(), len(rows), N, K, SWIGLU,
-                           out=out.data_ptr())
-        torch.cuda.synchronize()
-        return out
+        return swiglu_rows(ops, W, x, rows)
 
     every = list(range(64))
     for run in (add, swiglu):
@@ -294,16 +299,10 @@ def test_gemv_quant_mma_two_w_tiles(C, ops, rng, name):
     assert torch.equal(gemv(ops, W, x_rows(x[4:20])), all24[4:20]), f"{name}: 16 rows differ from the batch of 24"
     assert torch.equal(gemv(ops, W, x_rows(x[[6, 1]]))[0], all24[6]), f"{name}: row 6 differs in a batch of 2"
 
-    def swiglu(rows):
-        out = nan_full((len(rows), W.N // 2), torch.bfloat16)
-        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x_rows(x[rows]).data_ptr(), len(rows), W.N, K, SWIGLU,
-                           out=out.data_ptr())
-        torch.cuda.synchronize()
-        return out
-
-    all24 = swiglu(list(range(24)))
+    all24 = swiglu_rows(ops, W, x, list(range(24)))
     assert not torch.isnan(all24).any(), f"{name} SwiGLU: an output was not written"
-    assert torch.equal(swiglu(list(range(3, 19))), all24[3:19]), f"{name} SwiGLU: 16 rows differ from the batch of 24"
+    assert torch.equal(swiglu_rows(ops, W, x, list(range(3, 19))), all24[3:19]), \
+        f"{name} SwiGLU: 16 rows differ from the batch of 24"
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q4_1"])
@@ -316,6 +315,7 @@ def test_gemv_quant_mma_two_w_tiles_rope_kv(C, ops, rng, name):
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, 16, K))
     qkv = gemv(ops, W, x)
+
     def run(**rope):
         ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), 16, N, K, ROPE_KV, **rope)
 
