@@ -43,10 +43,11 @@
 //     on a tile's chunk loop stays rolled (unrolled, ptxas interleaves chunks and spills at the
 //     128 registers of 2 CTAs an SM); x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 /
 //     Q6_K at NT = 8).
-//     Spills through L1 (check with -Xptxas -v after a change here): none on sm_90a; on sm_80
-//     8-36 bytes a thread in the NT = 2 RopeKV instances of Q4_K and Q5_K (MT = 1 and 2) and
-//     Q4_K's plain MT = 2 one. The two that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run
-//     1 CTA an SM.
+//     Spills through L1 (check with -Xptxas -v after a change here), one reload a tile: on sm_90a
+//     4-8 bytes a thread in Q5_K's MT = 2 instances (plain, SwiGLU), Q4_K's MT = 2 RopeKV one and
+//     Q8_0's 80-register NT = 1 ones (plain, SwiGLU); on sm_80 24-40 bytes in Q5_K's NT = 2 RopeKV
+//     instances (MT = 1 and 2) and 4 in Q8_0's NT = 1 SwiGLU. The two that would spill more
+//     (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
 //     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
 //     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
@@ -133,7 +134,9 @@ __device__ __forceinline__ void nibble_words(const uint4& q, int c, uint32_t& u0
 // load(tile, tail d, t, kleft) -> Raw (pieces at or past kleft values into the tile stay zero);
 // coef(raw, j, hi) -> Coef of piece j's low / high chunks (Q8_0: AffineQ8);
 // words(raw, j, c, u0, u1);
-// kof(t, j, c): the tile-relative k of chunk c of piece j (a multiple of 8).
+// The tile-relative k of chunk c of piece j is lane_k(t) + chunk_k(j, c) (multiples of 8): the
+// lane's part once per tile, the rest a constant of the unrolled chunk loop, so that the x loads
+// take it as an immediate offset of one pointer.
 template <QType T> struct QM;
 
 // The 32-value nibble types: piece j = block t + 4j of the tile (chunks 0, 2: values 0..15 of
@@ -172,7 +175,8 @@ struct Nibble32 {
             u1 |= spread4((r.qh[j] >> (v0 + 4)) & 15u);
         }
     }
-    __device__ static int kof(int lt, int j, int c) { return 32 * (lt + 4 * j) + (c & 1) * 16 + (c >> 1) * 8; }
+    __device__ static int lane_k(int lt) { return 32 * lt; }
+    __device__ static int chunk_k(int j, int c) { return 128 * j + (c & 1) * 16 + (c >> 1) * 8; }
 };
 template <> struct QM<QType::Q4_0> : Nibble32<144, 16, -1, -1> {};
 template <> struct QM<QType::Q4_1> : Nibble32<160, 32, 16, -1> {};
@@ -209,7 +213,8 @@ template <> struct QM<QType::Q8_0> {
         u0 = c ? q.z : q.x;
         u1 = c ? q.w : q.y;
     }
-    __device__ static int kof(int lt, int j, int c) { return 16 * (lt + 4 * j) + 8 * c; }
+    __device__ static int lane_k(int lt) { return 16 * lt; }
+    __device__ static int chunk_k(int j, int c) { return 64 * j + 8 * c; }
 };
 
 // Q4_K / Q5_K: piece j = bytes 16 pi.. of qs, pi = t + 4j, i.e. g = pi / 2, h = pi % 2: its low
@@ -242,10 +247,9 @@ struct QK45 {
             u1 |= ((b >> s) & 0x01010101u) << 4;
         }
     }
-    __device__ static int kof(int lt, int j, int c) {
-        const int pi = lt + 4 * j, g = pi >> 1, h = pi & 1;
-        return 64 * g + 32 * (c & 1) + 16 * h + 8 * (c >> 1);
-    }
+    // pi = t + 4j: g = t / 2 + 2j, h = t % 2
+    __device__ static int lane_k(int lt) { return 64 * (lt >> 1) + 16 * (lt & 1); }
+    __device__ static int chunk_k(int j, int c) { return 128 * j + 32 * (c & 1) + 8 * (c >> 1); }
 };
 template <> struct QM<QType::Q4_K> : QK45<false> {};
 template <> struct QM<QType::Q5_K> : QK45<true> {};
@@ -285,9 +289,8 @@ template <> struct QM<QType::Q6_K> {
         u0 |= ((a >> s) & 0x03030303u) << 4;
         u1 |= ((b >> s) & 0x03030303u) << 4;
     }
-    __device__ static int kof(int lt, int j, int c) {
-        return 128 * j + 32 * (lt >> 1) + 64 * (c & 1) + 16 * (lt & 1) + 8 * (c >> 1);
-    }
+    __device__ static int lane_k(int lt) { return 32 * (lt >> 1) + 16 * (lt & 1); }
+    __device__ static int chunk_k(int j, int c) { return 128 * j + 64 * (c & 1) + 8 * (c >> 1); }
 };
 
 // The Coef and code words of chunk c of piece j, per type but Q8_0 (the K-quants and Q6_K need the
@@ -408,8 +411,8 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT>::value) gemv
     pdl_launch_dependents();
 
     // x rows of this lane's B fragments: 8 nt + g, zero past M (one base pointer and a stride,
-    // not NT pointers: at NT = 8 those would take 16 registers).
-    const bf16* x_lane = a.x + (size_t)g * K;
+    // not NT pointers: at NT = 8 those would take 16 registers), at the lane's k of a tile.
+    const bf16* x_lane = a.x + (size_t)g * K + F::lane_k(lt);
     const size_t x_tile_stride = (size_t)8 * K;
     const int x_rows_left = M - g;  // n8 tile nt has this lane's row iff 8 nt < x_rows_left
 
@@ -424,6 +427,7 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT>::value) gemv
         preloaded = false;
         const int tile = warp + kWarps * i;
         const int kleft = K - 256 * tile;
+        const bf16* x_tile = x_lane + (size_t)256 * tile;
 #pragma unroll(kPieceUnroll)
         for (int j = 0; j < F::kPieces; ++j) {
             // mma.sync needs the whole warp: a piece past K for lane 0 is past K for every lane
@@ -432,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT>::value) gemv
             const bool in_k = piece_in_k<T>(lt, j, kleft);
 #pragma unroll(kChunkUnroll)
             for (int c = 0; c < F::kChunks; ++c) {
-                const int k = 256 * tile + F::kof(lt, j, c);
+                const bf16* x_chunk = x_tile + F::chunk_k(j, c);
                 // x fragments of n8 tiles n0 .. n0 + XG - 1 (the first group is issued
                 // before the decode, whose work hides its latency).
                 uint4 xv[XG];
@@ -440,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT>::value) gemv
 #pragma unroll
                     for (int q = 0; q < XG; ++q)
                         xv[q] = 8 * (n0 + q) < x_rows_left && in_k
-                                    ? __ldg(reinterpret_cast<const uint4*>(x_lane + (n0 + q) * x_tile_stride + k))
+                                    ? __ldg(reinterpret_cast<const uint4*>(x_chunk + (n0 + q) * x_tile_stride))
                                     : make_uint4(0u, 0u, 0u, 0u);
                 };
                 load_x(0);
