@@ -322,6 +322,51 @@ def test_gemv_quant_mma_two_w_tiles_rope_kv(C, ops, rng, name):
     check_rope_kv(rng, run, qkv, inv_freq, n_heads, n_kv_heads, head_dim, max_seq, max_batch, f"{name} two W tiles")
 
 
+def cap_grid_rows():
+    """W rows whose 16-row CTAs (8 SwiGLU or RoPE pairs a CTA: rows / 16 CTAs either way) number
+    more than 2 an SM: the grids that take the 80-register instances (CtasPerSm in the kernel),
+    where every small matrix above takes the 128-register ones."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return 16 * (2 * sms + 1) + 32
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_gemv_quant_mma_register_cap_by_grid(C, ops, rng, name):
+    """A grid of more than 2 CTAs an SM at 2 and 12 rows (the 80-register instances where they fit;
+    the others the 128-register ones): against the reference, and bit for bit equal to the same
+    rows inside a batch of 24 (3 n8 tiles, always 128 registers), plain and through SwiGLU."""
+    K = 256 + (96 if TYPES[name][1] == 32 else 0)
+    W = Weights(C, name, cap_grid_rows(), K, rng)
+    Wb, S = mma_weights(W)
+    x = random_x(rng, 24, K)
+    all24 = gemv(ops, W, x_rows(x))
+    glu24 = swiglu_rows(ops, W, x, list(range(24)))
+    for lo, M in ((5, 2), (7, 12)):
+        rows = slice(lo, lo + M)
+        y = gemv(ops, W, x_rows(x[rows]))
+        check_gemv(f"{name} M={M} N={W.N} K={K}", y, Wb, x[rows], S)
+        assert torch.equal(y, all24[rows]), f"{name}: {M} rows differ from the same rows in a batch of 24"
+        assert torch.equal(swiglu_rows(ops, W, x, list(range(lo, lo + M))), glu24[rows]), \
+            f"{name} SwiGLU: {M} rows differ from the same rows in a batch of 24"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0"])
+def test_gemv_quant_mma_register_cap_by_grid_rope_kv(C, ops, rng, name):
+    """RopeKV on a grid of more than 2 CTAs an SM at 2 rows (80 registers) against rope_oracle of
+    the same rows' StoreF32 q|k|v."""
+    n_kv_heads, head_dim, K, max_seq, max_batch = 2, 64, 256, 24, 3
+    n_heads = -(-cap_grid_rows() // (n_kv_heads * head_dim)) * n_kv_heads  # a whole number of kv groups
+    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
+    W = Weights(C, name, N, K, rng)
+    x = x_rows(random_x(rng, 2, K))
+    qkv = gemv(ops, W, x)
+
+    def run(**rope):
+        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), 2, N, K, ROPE_KV, **rope)
+
+    check_rope_kv(rng, run, qkv, inv_freq, n_heads, n_kv_heads, head_dim, max_seq, max_batch, f"{name} 80 registers")
+
+
 def test_gemv_quant_mma_bad_arguments_raise(C, ops, rng):
     W = Weights(C, "q4_k", 8, 256, rng)
     x = x_rows(random_x(rng, 2, 256))

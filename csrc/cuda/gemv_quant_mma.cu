@@ -38,16 +38,17 @@
 //     SM) and half the CTAs, so it runs only at NT = 2, for the 4- and 5-bit types, on matrices
 //     with CTAs to spare and rows of 16+ k tiles (tuning::kGemvQuantMmaTwoTileMin*).
 //   * Registers: 4 fp32 accumulators per n8 tile and W tile (32 at NT = 8) beside the raw tiles.
-//     Up to NT = 2 with one W tile the 4- and 5-bit types are held to 80 registers for 3 CTAs an
-//     SM: more warps, not more tiles in flight per lane, hide the loads (CtasPerSm). From NT = 4
-//     on a tile's chunk loop stays rolled (unrolled, ptxas interleaves chunks and spills at the
-//     128 registers of 2 CTAs an SM); x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 /
-//     Q6_K at NT = 8).
+//     Up to NT = 2 with one W tile (NT = 1 for Q8_0 / Q6_K) a grid of more than 2 CTAs an SM is
+//     held to 80 registers for 3 CTAs an SM: more warps, not more tiles in flight per lane, hide
+//     the loads. A smaller grid (wo, w2) gains no warps from that cap and runs at 128 registers
+//     (CtasPerSm; the choice changes no arithmetic). From NT = 4 on a tile's chunk loop stays
+//     rolled (unrolled, ptxas interleaves chunks and spills at the 128 registers of 2 CTAs an SM);
+//     x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8).
 //     Spills through L1 (check with -Xptxas -v after a change here), one reload a tile: on sm_90a
 //     4-8 bytes a thread in Q5_K's MT = 2 instances (plain, SwiGLU), Q4_K's MT = 2 RopeKV one and
 //     Q8_0's 80-register NT = 1 ones (plain, SwiGLU); on sm_80 24-40 bytes in Q5_K's NT = 2 RopeKV
-//     instances (MT = 1 and 2) and 4 in Q8_0's NT = 1 SwiGLU. The two that would spill more
-//     (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
+//     instances (MT = 1 at 80 registers, MT = 2) and 4 in Q8_0's 80-register SwiGLU. The two
+//     that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
 //     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
 //     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
@@ -320,26 +321,32 @@ __device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
     else return 32 * (lt + 4 * j) < kleft;  // K-quant rows are whole tiles
 }
 
-// CTAs per SM the registers are capped for: 2 (128 registers a thread), with two exceptions.
-// 3 (80 registers) for Q8_0 at NT = 1 (8 rows): there it fits, and a third CTA's warps hide more
-// of the weight loads' latency than a second tile in flight per lane did. Q6_K at NT = 1 fits 80
-// too but measured slower there. 1 where ptxas spills at 128 with every other lever pulled (rolled
+// CTAs per SM the registers are capped for. 3 (80 registers a thread) where the instance fits
+// there (one W tile, up to NT = 2 for the 4- and 5-bit types, NT = 1 for Q8_0 / Q6_K; at most the
+// few bytes of spill the banner lists) and the grid has more than 2 CTAs an SM to fill: a third
+// CTA's warps hide more of the weight loads' latency than anything the registers buy. A grid of
+// at most 2 CTAs an SM (the 4096-row wo and w2 of 8B-sized models) gains no warps from the cap
+// and loses the registers' freedom to schedule, so it runs the kTwo instance: 2 (128 registers),
+// the cap everywhere else, but 1 where ptxas spills at 128 with every other lever pulled (rolled
 // chunk loops, one x fragment in flight): the RopeKV pairing at NT = 8 of the two wide types; its
 // latency hiding is the weaker, and the engine meets it only with a single-type Q8_0 / Q6_K wqkv
-// at decode batches 33..64.
-template <QType T, int NT, Pairing P, int MT>
+// at decode batches 33..64. The wide types at NT = 2 stay at 128: at 80 the Q6_K LM head and w13
+// lost (docs/kernels/gemv.md, row "80 registers at 9-16 rows for Q6_K / Q8_0").
+template <QType T, int NT, int MT>
+constexpr bool kFitsThreeCtas = MT == 1 && ((NT <= 2 && !kWideTile<T>) || NT == 1);
+enum class Cap { kTwo, kThree };
+template <QType T, int NT, Pairing P, int MT, Cap C>
 struct CtasPerSm {
-    static constexpr int value = NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1
-                                 : MT == 1 && ((NT <= 2 && !kWideTile<T>) || (NT == 1 && T == QType::Q8_0)) ? 3
-                                                                                                              : 2;
+    static_assert(C == Cap::kTwo || kFitsThreeCtas<T, NT, MT>, "80 registers only where the instance fits them");
+    static constexpr int value = C == Cap::kThree ? 3 : NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1 : 2;
 };
 
 // MT: 16-row W tiles a CTA (and each of its warps) decodes against every x fragment it loads.
 // 2 halves the x reads per weight, at the price of 124-128 registers (2 CTAs an SM) and half the
 // CTAs: taken at NT = 2 for the 4- and 5-bit types on matrices with CTAs to spare (the rule in
 // launch_rows). The wide tiles would spill at 128 registers.
-template <QType T, int NT, Pairing P, int MT>
-__global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT>::value) gemv_quant_mma_kernel(QMArgs a) {
+template <QType T, int NT, Pairing P, int MT, Cap C>
+__global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) gemv_quant_mma_kernel(QMArgs a) {
     using F = QM<T>;
     using Raw = typename F::Raw;
     static_assert(NT >= 1 && NT <= kWarps, "warp nt stores n8 tile nt: at most one n8 tile per warp");
@@ -496,7 +503,17 @@ int mma_ctas(int n_units, int w_tiles) {
 
 template <QType T, int NT, Pairing P, int MT>
 void launch(const QMArgs& a, cudaStream_t stream) {
-    launch_pdl(gemv_quant_mma_kernel<T, NT, P, MT>, dim3(mma_ctas<P>(a.n_units, MT)), dim3(kThreads), 0, stream, a);
+    const int ctas = mma_ctas<P>(a.n_units, MT);
+    // The register cap by grid size (CtasPerSm); it changes no arithmetic, so a row's result is
+    // the same under either instance.
+    if constexpr (kFitsThreeCtas<T, NT, MT>) {
+        if (ctas > 2 * device_facts().sm_count) {
+            launch_pdl(gemv_quant_mma_kernel<T, NT, P, MT, Cap::kThree>, dim3(ctas), dim3(kThreads), 0, stream, a);
+            CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
+            return;
+        }
+    }
+    launch_pdl(gemv_quant_mma_kernel<T, NT, P, MT, Cap::kTwo>, dim3(ctas), dim3(kThreads), 0, stream, a);
     CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
 }
 
