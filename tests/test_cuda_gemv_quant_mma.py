@@ -305,21 +305,27 @@ def test_gemv_quant_mma_two_w_tiles(C, ops, rng, name):
         f"{name} SwiGLU: 16 rows differ from the batch of 24"
 
 
+def check_mma_rope_kv(C, ops, rng, name, M, n_heads, K, what, n_kv_heads=2, head_dim=64, max_seq=24, max_batch=3):
+    """RopeKV of M random rows through W of type `name` for a one-layer model of these heads on K
+    inputs, against rope_oracle of the same rows' StoreF32 q|k|v. Returns W's rows (q|k|v width)."""
+    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
+    W = Weights(C, name, N, K, rng)
+    x = x_rows(random_x(rng, M, K))
+    qkv = gemv(ops, W, x)
+
+    def run(**rope):
+        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), M, N, K, ROPE_KV, **rope)
+
+    check_rope_kv(rng, run, qkv, inv_freq, n_heads, n_kv_heads, head_dim, max_seq, max_batch, f"{name} {what}")
+    return N
+
+
 @pytest.mark.parametrize("name", ["q4_k", "q4_1"])
 def test_gemv_quant_mma_two_w_tiles_rope_kv(C, ops, rng, name):
     """RopeKV on CTAs of two W tiles (258 heads of 64 dims: 8,256 rotation pairs, 516 CTAs at 16
     rows) against rope_oracle of the same rows' StoreF32 q|k|v."""
-    n_heads, n_kv_heads, head_dim, K, max_seq, max_batch = 254, 2, 64, TWO_TILE_K, 24, 3
-    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
-    assert N // 2 >= 16 * 512
-    W = Weights(C, name, N, K, rng)
-    x = x_rows(random_x(rng, 16, K))
-    qkv = gemv(ops, W, x)
-
-    def run(**rope):
-        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), 16, N, K, ROPE_KV, **rope)
-
-    check_rope_kv(rng, run, qkv, inv_freq, n_heads, n_kv_heads, head_dim, max_seq, max_batch, f"{name} two W tiles")
+    N = check_mma_rope_kv(C, ops, rng, name, 16, 254, TWO_TILE_K, "two W tiles")
+    assert N // 2 >= 16 * 512, "the matrix must take CTAs of two W tiles"
 
 
 def cap_grid_rows():
@@ -354,17 +360,8 @@ def test_gemv_quant_mma_register_cap_by_grid(C, ops, rng, name):
 def test_gemv_quant_mma_register_cap_by_grid_rope_kv(C, ops, rng, name):
     """RopeKV on a grid of more than 2 CTAs an SM at 2 rows (80 registers) against rope_oracle of
     the same rows' StoreF32 q|k|v."""
-    n_kv_heads, head_dim, K, max_seq, max_batch = 2, 64, 256, 24, 3
-    n_heads = -(-cap_grid_rows() // (n_kv_heads * head_dim)) * n_kv_heads  # a whole number of kv groups
-    inv_freq, N = rope_problem(C, n_heads, n_kv_heads, head_dim, K, max_seq, max_batch)
-    W = Weights(C, name, N, K, rng)
-    x = x_rows(random_x(rng, 2, K))
-    qkv = gemv(ops, W, x)
-
-    def run(**rope):
-        ops.gemv_quant_mma(W.type_id, W.packed.data_ptr(), x.data_ptr(), 2, N, K, ROPE_KV, **rope)
-
-    check_rope_kv(rng, run, qkv, inv_freq, n_heads, n_kv_heads, head_dim, max_seq, max_batch, f"{name} 80 registers")
+    n_heads = -(-cap_grid_rows() // 128) * 2  # whole groups of the helper's 2 kv heads of 64 dims
+    check_mma_rope_kv(C, ops, rng, name, 2, n_heads, 256, "80 registers")
 
 
 def test_gemv_quant_mma_bad_arguments_raise(C, ops, rng):
