@@ -504,10 +504,12 @@ int mma_ctas(int n_units, int w_tiles) {
 template <QType T, int NT, Pairing P, int MT>
 void launch(const QMArgs& a, cudaStream_t stream) {
     const int ctas = mma_ctas<P>(a.n_units, MT);
-    // The register cap by grid size (CtasPerSm); it changes no arithmetic, so a row's result is
-    // the same under either instance.
+    // The register cap by grid size (CtasPerSm): the 80-register instance where the grid is more
+    // than the 128-register one holds at once. It changes no arithmetic, so a row's result is the
+    // same under either instance.
     if constexpr (kFitsThreeCtas<T, NT, MT>) {
-        if (ctas > 2 * device_facts().sm_count) {
+        constexpr int kTwoPerSm = CtasPerSm<T, NT, P, MT, Cap::kTwo>::value;
+        if (ctas > kTwoPerSm * device_facts().sm_count) {
             launch_pdl(gemv_quant_mma_kernel<T, NT, P, MT, Cap::kThree>, dim3(ctas), dim3(kThreads), 0, stream, a);
             CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
             return;
