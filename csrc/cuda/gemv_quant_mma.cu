@@ -44,11 +44,13 @@
 //     (CtasPerSm; the choice changes no arithmetic). From NT = 4 on a tile's chunk loop stays
 //     rolled (unrolled, ptxas interleaves chunks and spills at the 128 registers of 2 CTAs an SM);
 //     x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8).
-//     Spills through L1 (check with -Xptxas -v after a change here), one reload a tile: on sm_90a
-//     4-8 bytes a thread in Q5_K's MT = 2 instances (plain, SwiGLU), Q4_K's MT = 2 RopeKV one and
-//     Q8_0's 80-register NT = 1 ones (plain, SwiGLU); on sm_80 24-40 bytes in Q5_K's NT = 2 RopeKV
-//     instances (MT = 1 at 80 registers, MT = 2) and 4 in Q8_0's 80-register SwiGLU. The two
-//     that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
+//     Spills through L1 (check with -Xptxas -v after a change here), a few reloads a tile: on
+//     sm_90a 8-16 bytes a thread in Q4_K's RopeKV instances at NT = 2 and 8, Q8_0's 80-register
+//     NT = 1 ones and its NT = 8 SwiGLU, Q6_K's 80-register NT = 1 plain one; Q5_K's (the qh
+//     words are 4 registers a row more) 24-60 at NT = 2 and its NT = 8 RopeKV. Unpredicated x
+//     loads let ptxas hoist them further, which is where those bytes went (docs/kernels/gemv.md,
+//     row "x rows clamped"). The two that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1
+//     CTA an SM.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
 //     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
 //     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
@@ -56,7 +58,8 @@
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order and columns n of an mma
 // never mix, so a row's result does not depend on M or the other rows (batched rows are
 // bit-identical to the same row in any other batch). Pieces past K (32-value types whose last
-// tile is partial) are never read, their W and x are zero. The launcher refuses unknown types,
+// tile is partial) are never read, their W and x are zero. x rows past M are never read either: a
+// lane whose row of an n8 tile is past M reads row M - 1, into columns the store drops. The launcher refuses unknown types,
 // K that is not whole blocks, M outside [1, 64], null or misaligned pointers before any launch.
 // Cost past 16 rows: every CTA reads all M x rows (M K 2 bytes, through L1 / L2) against 16 W rows
 // (16 K x the type's bytes a weight), 14x the weight bytes at M = 64 on Q4_K; that traffic and
@@ -85,6 +88,10 @@ constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles o
 static_assert(kMaxRows == tuning::kGemvQuantMmaMaxRows, "the engine's per-call rows are this kernel's limit");
 constexpr int kWarps = 8;     // K split of one 16-row tile
 constexpr int kThreads = kWarps * 32;
+// The types whose rows are whole 256-value tiles (the K-quants: K is a multiple of 256), so no
+// piece lies past K.
+template <QType T>
+constexpr bool kWholeTiles = T == QType::Q4_K || T == QType::Q5_K || T == QType::Q6_K;
 // The types whose raw tile takes 20 registers a row (the others take at most 16): the register
 // budgets below give them less room.
 template <QType T>
@@ -314,11 +321,13 @@ __device__ __forceinline__ void chunk_of(const typename QM<T>::Raw& r, int lt, i
     }
 }
 
-// Whether piece j of lane t lies inside the row (kleft values left from the tile's start).
+// Whether piece j of lane t lies inside the row (kleft values left from the tile's start): a
+// constant where rows are whole tiles, so the K-quants' x loads carry no predicate at all.
 template <QType T>
 __device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
-    if constexpr (T == QType::Q8_0) return 16 * (lt + 4 * j) < kleft;
-    else return 32 * (lt + 4 * j) < kleft;  // K-quant rows are whole tiles
+    if constexpr (kWholeTiles<T>) return true;
+    else if constexpr (T == QType::Q8_0) return 16 * (lt + 4 * j) < kleft;
+    else return 32 * (lt + 4 * j) < kleft;
 }
 
 // CTAs per SM the registers are capped for. 3 (80 registers a thread) where the instance fits
@@ -390,21 +399,19 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) g
         tail_hi[mt] = tail + (size_t)(r.ok_hi ? r.hi : 0) * n_tiles;
     }
 
-    // The warp's i-th tile (warp + 8 i) of rows lo / hi, zero where the tile or the row is missing.
+    // The warp's i-th tile (warp + 8 i < n_tiles) of rows lo / hi, zero where the row is missing.
     Raw wl[MT], wh[MT];
     auto load = [&](int i) {
         const int tile = warp + kWarps * i;
+        const int kleft = K - 256 * tile;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             wl[mt] = Raw{};
             wh[mt] = Raw{};
-            if (tile < n_tiles) {
-                const int kleft = K - 256 * tile;
-                if (rows[mt].ok_lo)
-                    wl[mt] = F::load(row_lo[mt] + (size_t)tile * F::kTileBytes, tail_lo[mt] + tile, lt, kleft);
-                if (rows[mt].ok_hi)
-                    wh[mt] = F::load(row_hi[mt] + (size_t)tile * F::kTileBytes, tail_hi[mt] + tile, lt, kleft);
-            }
+            if (rows[mt].ok_lo)
+                wl[mt] = F::load(row_lo[mt] + (size_t)tile * F::kTileBytes, tail_lo[mt] + tile, lt, kleft);
+            if (rows[mt].ok_hi)
+                wh[mt] = F::load(row_hi[mt] + (size_t)tile * F::kTileBytes, tail_hi[mt] + tile, lt, kleft);
         }
     };
     // The first tile loads before the wait, in a branch of its own (as gemv.cu: issued
@@ -417,11 +424,15 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) g
     pdl_wait();
     pdl_launch_dependents();
 
-    // x rows of this lane's B fragments: 8 nt + g, zero past M (one base pointer and a stride,
-    // not NT pointers: at NT = 8 those would take 16 registers), at the lane's k of a tile.
-    const bf16* x_lane = a.x + (size_t)g * K + F::lane_k(lt);
-    const size_t x_tile_stride = (size_t)8 * K;
-    const int x_rows_left = M - g;  // n8 tile nt has this lane's row iff 8 nt < x_rows_left
+    // x row of this lane's B fragment in n8 tile nt: 8 nt + g, or the last row where that is
+    // past M. A column of the mma never meets another, so a column past M computes on a real row
+    // and its C entries, which the store drops, are all it touches; no x load is predicated on M
+    // or zeroed (a predicated load costs its zeroing and, at 128 registers, its address rebuilt
+    // from the kernel arguments). As an element offset from the lane's row in tile 0 (32 bits:
+    // 64 K < 2^31), and the lane's k of a tile.
+    const int x_row0 = min(g, M - 1), x_last = M - 1 - x_row0;
+    const bf16* x_lane = a.x + (size_t)x_row0 * K + F::lane_k(lt);
+    auto x_row_offset = [&](int nt) { return min(8 * nt, x_last) * K; };
 
     float acc[MT * NT][4];
 #pragma unroll
@@ -450,9 +461,8 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) g
                 auto load_x = [&](int n0) {
 #pragma unroll
                     for (int q = 0; q < XG; ++q)
-                        xv[q] = 8 * (n0 + q) < x_rows_left && in_k
-                                    ? __ldg(reinterpret_cast<const uint4*>(x_chunk + (n0 + q) * x_tile_stride))
-                                    : make_uint4(0u, 0u, 0u, 0u);
+                        xv[q] = in_k ? __ldg(reinterpret_cast<const uint4*>(x_chunk + x_row_offset(n0 + q)))
+                                     : make_uint4(0u, 0u, 0u, 0u);
                 };
                 load_x(0);
                 // Each W tile's A fragments of this chunk: decoded rows lo / hi, k halves 0 / 1.
