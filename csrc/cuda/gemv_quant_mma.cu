@@ -45,12 +45,12 @@
 //     rolled (unrolled, ptxas interleaves chunks and spills at the 128 registers of 2 CTAs an SM);
 //     x fragments are loaded 2 n8 tiles at a time (1 for Q8_0 / Q6_K at NT = 8).
 //     Spills through L1 (check with -Xptxas -v after a change here), a few reloads a tile: on
-//     sm_90a 8-16 bytes a thread in Q4_K's RopeKV instances at NT = 2 and 8, Q8_0's 80-register
-//     NT = 1 ones and its NT = 8 SwiGLU, Q6_K's 80-register NT = 1 plain one; Q5_K's (the qh
-//     words are 4 registers a row more) 24-60 at NT = 2 and its NT = 8 RopeKV. Unpredicated x
-//     loads let ptxas hoist them further, which is where those bytes went (docs/kernels/gemv.md,
-//     row "x rows clamped"). The two that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1
-//     CTA an SM.
+//     sm_90a 8 bytes a thread in Q8_0's 80-register NT = 1 instances and its NT = 8 SwiGLU and
+//     Q6_K's 80-register NT = 1 plain one; Q4_K's RopeKV instances 12-48 (NT = 2 and 8); Q5_K's
+//     (its qh words are 4 registers a row more) 8-96, most at NT = 2, RopeKV the most. The
+//     unpredicated x loads (ptxas hoists them further) and the byte-wise K-quant scales put them
+//     there (docs/kernels/gemv.md, rows "x rows clamped" and "K-quant scales as bytes"). The two
+//     instances that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
 //     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
 //     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
@@ -244,8 +244,10 @@ struct QK45 {
         r.qh = kQ5 ? __ldg(reinterpret_cast<const uint4*>(t + 16) + (lt & 1)) : make_uint4(0u, 0u, 0u, 0u);
         return r;
     }
-    // sub-block s's scale and min
-    __device__ static Coef coef_sub(const Raw& r, int s) { return qdec::coef_k4(s, r.hdr.x, r.hdr.y, r.hdr.z, r.hdr.w); }
+    // sub-block 4h + b's scale and min
+    __device__ static Coef coef_sub(const Raw& r, int h, int b) {
+        return qdec::coef_k4(qdec::k4_bytes(r.hdr.y, r.hdr.z, r.hdr.w), h, b, r.hdr.x);
+    }
     __device__ static void words(const Raw& r, int j, int c, uint32_t& u0, uint32_t& u1, int g) {
         nibble_words(r.q[j], c, u0, u1);
         if (kQ5) {
@@ -308,8 +310,8 @@ __device__ __forceinline__ void chunk_of(const typename QM<T>::Raw& r, int lt, i
                                          uint32_t& u1) {
     using F = QM<T>;
     if constexpr (T == QType::Q4_K || T == QType::Q5_K) {
-        const int g = (lt + 4 * j) >> 1;
-        a = F::coef_sub(r, 2 * g + (c & 1));
+        const int g = (lt + 4 * j) >> 1;  // sub-blocks 2g, 2g + 1: 4j + 2 (t / 2) + (c & 1)
+        a = F::coef_sub(r, j, 2 * (lt >> 1) + (c & 1));
         F::words(r, j, c, u0, u1, g);
     } else if constexpr (T == QType::Q6_K) {
         a = F::coef(r, j, c & 1, lt);

@@ -22,7 +22,10 @@
 //     flipping its sign bit (f = 1 + (q + 128) / 2^15), d q = f * 2^15 d - (2^15 + 128) d is one
 //     exact FFMA, and F2FP rounds two to bf16: bf16 of the fp32 w exactly.
 //   The K-quants' sub-block coefficients (coef_k4, coef_q6k) are here too, so both kernels' D and a
-//   agree.
+//   agree. coef_k4 takes a Q4_K / Q5_K tile's 12 bytes of packed 6-bit scales and mins apart four
+//   bytes at a time (k4_bytes: masks and shifts on whole words, gemv_quant.cu's trick) and scales a
+//   byte exactly with one FFMA (scaled_byte), where the field-by-field unpack, an I2F and an FMUL
+//   took some 13 instructions a coefficient.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,12 +44,34 @@ namespace qdec {
 struct Coef {
     float D, a;
 };
-// Q4_K / Q5_K sub-block s (0..7) of a tile from its header words: dm = fp16 d | fp16 dmin << 16,
-// S0..S2 the 12 packed 6-bit scales and mins; w = d sc_s c - dmin m_s.
+// Q4_K / Q5_K: the 12 packed 6-bit scales and mins of a tile (header words S0..S2) as bytes, all
+// 8 sub-blocks at once: byte j of sc03 / m03 is sub-block j's scale / min, of sc47 / m47 sub-block
+// 4 + j's (qlayout::scale_min_k4's bits).
+struct K4Bytes {
+    uint32_t sc03, m03, sc47, m47;
+};
+__device__ __forceinline__ K4Bytes k4_bytes(uint32_t S0, uint32_t S1, uint32_t S2) {
+    return K4Bytes{S0 & 0x3F3F3F3Fu, S1 & 0x3F3F3F3Fu, (S2 & 0x0F0F0F0Fu) | ((S0 >> 2) & 0x30303030u),
+                   ((S2 >> 4) & 0x0F0F0F0Fu) | ((S1 >> 2) & 0x30303030u)};
+}
+// d times byte b of w (b < 4, the byte < 64) exactly, d an fp16 value (11 significant bits, so
+// the product has at most 17): the byte under the exponent of 2^23 (the float 2^23 + byte), and
+// one FFMA takes 2^23 d (minus_d_2p23 = -2^23 d) off the exact product before its one rounding,
+// which then has nothing to round. A zero byte gives +0 where d * 0.f gave -0 for a negative d
+// (the min of a sub-block whose m is 0); the decoded weight can then differ in its zero's sign.
+__device__ __forceinline__ float scaled_byte(uint32_t w, int b, float d, float minus_d_2p23) {
+    return fmaf(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | b)), d, minus_d_2p23);
+}
+// Q4_K / Q5_K sub-block 4h + b of a tile (scales and mins from k4_bytes; dm = fp16 d | fp16 dmin
+// << 16): w = d sc c - dmin m.
+__device__ __forceinline__ Coef coef_k4(const K4Bytes& k, int h, int b, uint32_t dm) {
+    const float d = util::f16_bits(dm & 0xFFFFu), dmin = util::f16_bits(dm >> 16);
+    return Coef{scaled_byte(h ? k.sc47 : k.sc03, b, d, -8388608.f * d),
+                scaled_byte(h ? k.m47 : k.m03, b, -dmin, 8388608.f * dmin)};
+}
+// The same for sub-block s (0..7) from the header words.
 __device__ __forceinline__ Coef coef_k4(int s, uint32_t dm, uint32_t S0, uint32_t S1, uint32_t S2) {
-    int sc, mn;
-    qlayout::scale_min_k4(s, S0, S1, S2, sc, mn);
-    return Coef{__fmul_rn(util::f16_bits(dm & 0xFFFFu), (float)sc), -__fmul_rn(util::f16_bits(dm >> 16), (float)mn)};
+    return coef_k4(k4_bytes(S0, S1, S2), s >> 2, s & 3, dm);
 }
 // Q6_K sub-block coefficient from the tile's fp16 d and the sub-block's int8 scale: w = d sc (c - 32).
 __device__ __forceinline__ Coef coef_q6k(float d, int sc) { return Coef{__fmul_rn(d, (float)sc), 0.f}; }
