@@ -49,8 +49,9 @@
 //     Q6_K's 80-register NT = 1 plain one; Q4_K's RopeKV instances 12-48 (NT = 2 and 8); Q5_K's
 //     (its qh words are 4 registers a row more) 8-96, most at NT = 2, RopeKV the most. The
 //     unpredicated x loads (ptxas hoists them further) and the byte-wise K-quant scales put them
-//     there (docs/kernels/gemv.md, rows "x rows clamped" and "K-quant scales as bytes"). The two
-//     instances that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
+//     there (docs/kernels/gemv.md, rows "x rows clamped" and "K-quant scales as bytes"). On sm_80:
+//     Q8_0 4-12 bytes (80-register SwiGLU, NT = 8), Q4_K 4 (NT = 2) and 28-36 (RopeKV), Q5_K
+//     8-92. The two instances that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
 //   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
 //     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
 //     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
