@@ -5,6 +5,8 @@ module puts that tree first on sys.path). Run from a tree's root:
   ncu --clock-control none --kernel-name regex:gemv_quant_mma_kernel --launch-count 6 --section SpeedOfLight \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --section MemoryWorkloadAnalysis --section InstructionStats python3 benchmarks/lab/gemv_quant_mma_ncu.py
+The stall reasons (the sections print only their sum, "Warp Cycles Per Issued Instruction"): add
+  --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio
 """
 import os
 import sys
