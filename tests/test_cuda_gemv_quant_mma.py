@@ -385,6 +385,8 @@ def test_gemv_quant_mma_bad_arguments_raise(C, ops, rng):
         call(xp=x.data_ptr() + 2)
     with pytest.raises(bad, match="device pointer"):
         call(xp=0)
+    with pytest.raises(bad, match="32-bit x offsets"):  # 64 x K > 2^31 - 1, refused before x is read
+        call(M=64, K=256 * 131_073)
     with pytest.raises(bad, match="out_f32"):
         ops.gemv_quant_mma(12, W.packed.data_ptr(), x.data_ptr(), 2, 8, 256, STORE_F32)
     with pytest.raises(bad, match="SwiGLU needs an even N"):

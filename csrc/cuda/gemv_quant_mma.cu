@@ -68,6 +68,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+
 #include "cpu/quant.h"
 #include "cuda/check.cuh"
 #include "cuda/kernel_util.cuh"
@@ -572,6 +574,9 @@ void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K,
     BRRR_CHECK_ARG(W != nullptr && x != nullptr, "gemv_quant_mma: W and x must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(W, 16) && util::aligned_to(x, 16),
                    "gemv_quant_mma: W (qlayout tiles) and x (bf16 rows) must be 16-byte aligned");
+    BRRR_CHECK_ARG((int64_t)M * K <= INT32_MAX, "gemv_quant_mma: x of M=" << M << " rows of K=" << K
+                                                    << " values is past the kernel's 32-bit x offsets (2^31 - 1 "
+                                                       "values); split the rows into several calls");
     EpilogueArgs args = args_in;
     const int width = util::check_matmul("gemv_quant_mma", x, reinterpret_cast<const bf16*>(W), M, N, K, ep, args,
                                          /*allow_rope=*/true);
