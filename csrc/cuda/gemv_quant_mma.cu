@@ -60,8 +60,9 @@
 // never mix, so a row's result does not depend on M or the other rows (batched rows are
 // bit-identical to the same row in any other batch). Pieces past K (32-value types whose last
 // tile is partial) are never read, their W and x are zero. x rows past M are never read either: a
-// lane whose row of an n8 tile is past M reads row M - 1, into columns the store drops. The launcher refuses unknown types,
-// K that is not whole blocks, M outside [1, 64], null or misaligned pointers before any launch.
+// lane whose row of an n8 tile is past M reads row M - 1, into columns the store drops. The
+// launcher refuses unknown types, K that is not whole blocks, M outside [1, 64], an x of more
+// than 2^31 - 1 values, null or misaligned pointers before any launch.
 // Cost past 16 rows: every CTA reads all M x rows (M K 2 bytes, through L1 / L2) against 16 W rows
 // (16 K x the type's bytes a weight), 14x the weight bytes at M = 64 on Q4_K; that traffic and
 // the mma count (2 NT per chunk) are what bounds NT = 8, not HBM.
