@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) g
     // and its C entries, which the store drops, are all it touches; no x load is predicated on M
     // or zeroed (a predicated load costs its zeroing and, at 128 registers, its address rebuilt
     // from the kernel arguments). As an element offset from the lane's row in tile 0 (32 bits:
-    // 64 K < 2^31), and the lane's k of a tile.
+    // the launcher refuses an M K past 2^31 - 1), and the lane's k of a tile.
     const int x_row0 = min(g, M - 1), x_last = M - 1 - x_row0;
     const bf16* x_lane = a.x + (size_t)x_row0 * K + F::lane_k(lt);
     auto x_row_offset = [&](int nt) { return min(8 * nt, x_last) * K; };

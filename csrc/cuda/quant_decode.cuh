@@ -57,8 +57,9 @@ __device__ __forceinline__ K4Bytes k4_bytes(uint32_t S0, uint32_t S1, uint32_t S
 // d times byte b of w (b < 4, the byte < 64) exactly, d an fp16 value (11 significant bits, so
 // the product has at most 17): the byte under the exponent of 2^23 (the float 2^23 + byte), and
 // one FFMA takes 2^23 d (minus_d_2p23 = -2^23 d) off the exact product before its one rounding,
-// which then has nothing to round. A zero byte gives +0 where d * 0.f gave -0 for a negative d
-// (the min of a sub-block whose m is 0); the decoded weight can then differ in its zero's sign.
+// which then has nothing to round. A zero byte gives +0 whatever d's sign (a product d * 0 would
+// carry it: the min -dmin * 0 of a sub-block whose m is 0 was -0), so a decoded zero weight can
+// differ from the fp32 one in its sign, never in value.
 __device__ __forceinline__ float scaled_byte(uint32_t w, int b, float d, float minus_d_2p23) {
     return fmaf(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | b)), d, minus_d_2p23);
 }
