@@ -58,25 +58,30 @@ struct DeviceFacts {
     int major;     // compute capability
     int l2_bytes;     // L2 cache size
     int smem_optin;   // shared memory one CTA may opt in to (sm_80 163 KB, sm_86/89 99 KB, sm_90 227 KB)
+    int smem_per_sm;  // shared memory an SM can hold, what a carveout percentage is of (sm_90 228 KB)
 };
 
 inline DeviceFacts device_facts() {
     // sm_count is stored last: a reader that sees it non-zero sees the others.
-    static std::atomic<int> cached_sms[64], cached_major[64], cached_l2[64], cached_smem[64];  // 0 = not asked yet
+    // 0 = not asked yet
+    static std::atomic<int> cached_sms[64], cached_major[64], cached_l2[64], cached_smem[64], cached_sm_smem[64];
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     const bool cacheable = dev >= 0 && dev < 64;
     if (cacheable && cached_sms[dev].load() > 0)
-        return {cached_sms[dev].load(), cached_major[dev].load(), cached_l2[dev].load(), cached_smem[dev].load()};
-    DeviceFacts f{0, 0, 0, 0};
+        return {cached_sms[dev].load(), cached_major[dev].load(), cached_l2[dev].load(), cached_smem[dev].load(),
+                cached_sm_smem[dev].load()};
+    DeviceFacts f{0, 0, 0, 0, 0};
     CUDA_CHECK(cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&f.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     if (cacheable) {
         cached_major[dev].store(f.major);
         cached_l2[dev].store(f.l2_bytes);
         cached_smem[dev].store(f.smem_optin);
+        cached_sm_smem[dev].store(f.smem_per_sm);
         cached_sms[dev].store(f.sm_count);
     }
     return f;
