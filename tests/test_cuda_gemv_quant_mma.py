@@ -328,6 +328,53 @@ def test_gemv_quant_mma_two_w_tiles_rope_kv(C, ops, rng, name):
     assert N // 2 >= 16 * 512, "the matrix must take CTAs of two W tiles"
 
 
+# Rows of the short grids where the 4- and 5-bit types run CTAs of 16 warps and two W tiles at
+# 1-16 rows (short_grid in the kernel): at K of 16 k tiles or more, 16-row CTAs (8 pairs) that fit
+# 2 an SM while CTAs of 32 rows (16 pairs) number tuning::kGemvQuantMmaShortGridMinFillPct (90) %
+# of the SMs or more.
+def is_short_grid(rows, K, sms):
+    return K >= 16 * 256 and -(-rows // 16) <= 2 * sms and 100 * -(-rows // 32) >= 90 * sms
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k"])
+def test_gemv_quant_mma_short_grid(C, ops, rng, name):
+    """CTAs of 16 warps on a short grid (2 x SMs 16-row CTAs, the last partly empty; 17 or 18 k
+    tiles, so warps 0 and 1 take two and the 32-value types' last is partial): against the
+    reference at 2, 12, 16, 24 and 64 rows (8 warps past 16), and the rows bit for bit equal
+    across batches of 1-16 (n8 tiles 1 and 2) and of 17-64, plain and through SwiGLU."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    N, K = 32 * sms - 6, 17 * 256 + (96 if TYPES[name][1] == 32 else 0)
+    assert is_short_grid(N, K, sms), "the matrix must take CTAs of 16 warps"
+    W = Weights(C, name, N, K, rng)
+    Wb, S = mma_weights(W)
+    x = random_x(rng, 64, K)
+    all16, all64 = gemv(ops, W, x_rows(x[:16])), gemv(ops, W, x_rows(x))
+    check_gemv(f"{name} M=16 N={N} K={K}", all16, Wb, x[:16], S)
+    check_gemv(f"{name} M=64 N={N} K={K}", all64, Wb, x, S)
+    for lo, M, batch in ((5, 2, all16), (3, 12, all16), (30, 24, all64)):
+        rows = slice(lo, lo + M)
+        y = gemv(ops, W, x_rows(x[rows]))
+        check_gemv(f"{name} M={M} N={N} K={K}", y, Wb, x[rows], S)
+        assert torch.equal(y, batch[rows]), f"{name}: {M} rows differ from the same rows in a batch of {len(batch)}"
+    del Wb, S
+    glu16 = swiglu_rows(ops, W, x, list(range(16)))
+    assert not torch.isnan(glu16).any(), f"{name} SwiGLU: an output was not written"
+    for lo, M in ((5, 2), (3, 12)):
+        assert torch.equal(swiglu_rows(ops, W, x, list(range(lo, lo + M))), glu16[lo:lo + M]), \
+            f"{name} SwiGLU: {M} rows differ from the same rows in a batch of 16"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q5_0"])
+def test_gemv_quant_mma_short_grid_rope_kv(C, ops, rng, name):
+    """RopeKV on CTAs of 16 warps (a short grid of rotation pairs) at 2 and 16 rows against
+    rope_oracle of the same rows' StoreF32 q|k|v."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n_heads, K = 2 * ((sms // 2 - 4) // 2), 17 * 256
+    assert is_short_grid((n_heads + 4) * 64, K, sms), "the matrix must take CTAs of 16 warps"
+    for M in (2, 16):
+        check_mma_rope_kv(C, ops, rng, name, M, n_heads, K, f"short grid M={M}")
+
+
 def cap_grid_rows():
     """W rows whose 16-row CTAs (8 SwiGLU or RoPE pairs a CTA: rows / 16 CTAs either way) number
     more than 2 an SM: the grids that take the 80-register instances (CtasPerSm in the kernel),

@@ -18,7 +18,8 @@
 // Q4_0 / Q5_0 give bf16(w) exactly, and so does Q8_0.
 //   * One CTA per 16-row W tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
 //     their rotation partners, so C rows g and g + 8 of a lane are the pair), or per two (MT = 2,
-//     below); its 8 warps take every 8th 256-value k tile of the rows, one in flight per lane.
+//     below); its 8 warps (16 on short grids, below) take every 8th (16th) 256-value k tile of the
+//     rows, one in flight per lane.
 //     Lane (g, t), g = lane / 4, loads rows g and g + 8 of each W tile and, per k tile, the 64
 //     values of "pieces" t, t + 4 (.. t + 12 for Q8_0) with 16-byte L1-bypassing loads (lanes
 //     t = 0..3 read 64 contiguous bytes of a row).
@@ -37,6 +38,11 @@
 //     feed each x fragment to twice the mma and halve that traffic; it costs registers (2 CTAs an
 //     SM) and half the CTAs, so it runs only at NT = 2, for the 4- and 5-bit types, on matrices
 //     with CTAs to spare and rows of 16+ k tiles (tuning::kGemvQuantMmaTwoTileMin*).
+//   * Short grids (16-row CTAs that fit 2 an SM, as the 8B's wo and w2; short_grid below) of those
+//     types halve it too at 1-16 rows: CTAs of 16 warps and two W tiles, 1 an SM, as many warps an
+//     SM as 2 CTAs of 8. The warps are the K split, which orders a row's sums, so such a matrix
+//     takes 16 warps at every M up to 16. The partial tiles are dynamic shared memory, and each
+//     launch asks for the least carveout that holds them, leaving the rest to the L1 that caches x.
 //   * Registers: 4 fp32 accumulators per n8 tile and W tile (32 at NT = 8) beside the raw tiles.
 //     Up to NT = 2 with one W tile (NT = 1 for Q8_0 / Q6_K) a grid of more than 2 CTAs an SM is
 //     held to 80 registers for 3 CTAs an SM: more warps, not more tiles in flight per lane, hide
@@ -52,17 +58,19 @@
 //     there (docs/kernels/gemv.md, rows "x rows clamped" and "K-quant scales as bytes"). On sm_80:
 //     Q8_0 4-12 bytes (80-register SwiGLU, NT = 8), Q4_K 4 (NT = 2) and 28-36 (RopeKV), Q5_K
 //     8-92. The two instances that would spill more (RopeKV, NT = 8, Q8_0 / Q6_K) run 1 CTA an SM.
-//   * The 8 warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB), warp
+//   * The warps' partial tiles are added in shared memory in warp order (MT x NT x 4 KB for 8), warp
 //     mt NT + nt stores W tile mt's n8 tile nt through util::store_mma_gemv_tiles, as
 //     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
 //     depend on the kernel before).
-// Invariants: a lane's tiles, pieces and chunks run in a fixed order and columns n of an mma
-// never mix, so a row's result does not depend on M or the other rows (batched rows are
-// bit-identical to the same row in any other batch). Pieces past K (32-value types whose last
-// tile is partial) are never read, their W and x are zero. x rows past M are never read either: a
-// lane whose row of an n8 tile is past M reads row M - 1, into columns the store drops. The
-// launcher refuses unknown types, K that is not whole blocks, M outside [1, 64], an x of more
-// than 2^31 - 1 values, null or misaligned pointers before any launch.
+// Invariants: a lane's tiles, pieces and chunks run in a fixed order, the warps (the K split) are a
+// function of the matrix alone up to 16 rows and past 16, and columns n of an mma never mix, so a
+// row's result does not depend on the other rows: batched rows are bit-identical to the same row
+// in any other batch of 1-64 rows, but on a short grid only within 1-16 and within 17-64. Pieces
+// past K (32-value types whose last tile is partial) are never read, their W and x are zero. x
+// rows past M are never read either: a lane whose row of an n8 tile is past M reads row M - 1,
+// into columns the store drops. The launcher refuses unknown types, K that is not whole blocks, M
+// outside [1, 64], an x of more than 2^31 - 1 values, null or misaligned pointers before any
+// launch.
 // Cost past 16 rows: every CTA reads all M x rows (M K 2 bytes, through L1 / L2) against 16 W rows
 // (16 K x the type's bytes a weight), 14x the weight bytes at M = 64 on Q4_K; that traffic and
 // the mma count (2 NT per chunk) are what bounds NT = 8, not HBM.
@@ -90,8 +98,9 @@ using quant::QType;
 
 constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles of x rows
 static_assert(kMaxRows == tuning::kGemvQuantMmaMaxRows, "the engine's per-call rows are this kernel's limit");
-constexpr int kWarps = 8;     // K split of one 16-row tile
-constexpr int kThreads = kWarps * 32;
+// Warps of a CTA, the K split of its W tiles: 8, or 16 on short grids (short_grid below).
+constexpr int kWarps = 8;
+constexpr int kShortGridWarps = 16;
 // The types whose rows are whole 256-value tiles (the K-quants: K is a multiple of 256), so no
 // piece lies past K.
 template <QType T>
@@ -350,21 +359,27 @@ __device__ __forceinline__ bool piece_in_k(int lt, int j, int kleft) {
 template <QType T, int NT, int MT>
 constexpr bool kFitsThreeCtas = MT == 1 && ((NT <= 2 && !kWideTile<T>) || NT == 1);
 enum class Cap { kTwo, kThree };
-template <QType T, int NT, Pairing P, int MT, Cap C>
+template <QType T, int NT, Pairing P, int MT, Cap C, int WARPS>
 struct CtasPerSm {
-    static_assert(C == Cap::kTwo || kFitsThreeCtas<T, NT, MT>, "80 registers only where the instance fits them");
-    static constexpr int value = C == Cap::kThree ? 3 : NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1 : 2;
+    static_assert(C == Cap::kTwo || (WARPS == kWarps && kFitsThreeCtas<T, NT, MT>),
+                  "80 registers only where the instance fits them");
+    // (16 warps at 128 registers fill the register file)
+    static constexpr int value = WARPS == kShortGridWarps ? 1
+                                 : C == Cap::kThree       ? 3
+                                 : NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1 : 2;
 };
 
 // MT: 16-row W tiles a CTA (and each of its warps) decodes against every x fragment it loads.
-// 2 halves the x reads per weight, at the price of 124-128 registers (2 CTAs an SM) and half the
-// CTAs: taken at NT = 2 for the 4- and 5-bit types on matrices with CTAs to spare (the rule in
-// launch_rows). The wide tiles would spill at 128 registers.
-template <QType T, int NT, Pairing P, int MT, Cap C>
-__global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) gemv_quant_mma_kernel(QMArgs a) {
+// 2 halves the x reads per weight, at the price of 107-128 registers (2 CTAs of 8 warps an SM, 1
+// of 16) and half the CTAs: taken at NT = 2 for the 4- and 5-bit types on matrices with CTAs to
+// spare (the rule in launch_rows), and at NT = 1 and 2 on their short grids (short_grid). The wide
+// tiles would spill at 128 registers.
+template <QType T, int NT, Pairing P, int MT, Cap C, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, CtasPerSm<T, NT, P, MT, C, WARPS>::value)
+    gemv_quant_mma_kernel(QMArgs a) {
     using F = QM<T>;
     using Raw = typename F::Raw;
-    static_assert(NT >= 1 && NT <= kWarps, "warp nt stores n8 tile nt: at most one n8 tile per warp");
+    static_assert(NT >= 1 && NT <= WARPS, "warp nt stores n8 tile nt: at most one n8 tile per warp");
     static_assert(MT == 1 || (MT == 2 && NT <= 2 && !kWideTile<T>), "two W tiles only where their registers fit");
     constexpr int XG = XInFlight<T, NT>::value;
     // From NT = 4 on the loop over a tile's chunks stays rolled (and at NT = 8 Q8_0's over pieces,
@@ -372,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) g
     // 128 registers.
     constexpr int kChunkUnroll = NT >= 4 ? 1 : F::kChunks;
     constexpr int kPieceUnroll = NT >= 8 && T == QType::Q8_0 ? 1 : F::kPieces;
-    __shared__ float partial[kWarps * MT * NT * 4 * 32];
+    extern __shared__ float partial[];  // [WARPS][MT NT][4][32]: partial_bytes
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, lt = lane & 3;
     const int M = a.M, K = a.K, n_tiles = a.T;
 
@@ -405,10 +420,10 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) g
         tail_hi[mt] = tail + (size_t)(r.ok_hi ? r.hi : 0) * n_tiles;
     }
 
-    // The warp's i-th tile (warp + 8 i < n_tiles) of rows lo / hi, zero where the row is missing.
+    // The warp's i-th tile (warp + WARPS i < n_tiles) of rows lo / hi, zero where the row is missing.
     Raw wl[MT], wh[MT];
     auto load = [&](int i) {
-        const int tile = warp + kWarps * i;
+        const int tile = warp + WARPS * i;
         const int kleft = K - 256 * tile;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -446,10 +461,10 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) g
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[ti][i] = 0.f;
 
-    for (int i = 0; warp + kWarps * i < n_tiles; ++i) {
+    for (int i = 0; warp + WARPS * i < n_tiles; ++i) {
         if (!preloaded) load(i);
         preloaded = false;
-        const int tile = warp + kWarps * i;
+        const int tile = warp + WARPS * i;
         const int kleft = K - 256 * tile;
         const bf16* x_tile = x_lane + (size_t)256 * tile;
 #pragma unroll(kPieceUnroll)
@@ -508,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm<T, NT, P, MT, C>::value) g
         }
     }
 
-    util::store_mma_gemv_tiles<P, MT, NT, kWarps>(acc, partial, warp, lane, M, rows, a.half_n, a.ep, a.out);
+    util::store_mma_gemv_tiles<P, MT, NT, WARPS>(acc, partial, warp, lane, M, rows, a.half_n, a.ep, a.out);
 }
 
 // W rows a CTA covers: 16 MT (pairs: 8 MT units).
@@ -517,48 +532,91 @@ int mma_ctas(int n_units, int w_tiles) {
     return CEIL_DIV(n_units, (P == Pairing::None ? 16 : 8) * w_tiles);
 }
 
-template <QType T, int NT, Pairing P, int MT>
+// Shared memory of a CTA's partial tiles: [WARPS][MT NT][4][32] floats.
+constexpr size_t partial_bytes(int warps, int mt, int nt) { return (size_t)warps * mt * nt * 4 * 32 * sizeof(float); }
+// Shared memory the driver reserves beside each CTA's own (sm_80 and later).
+constexpr size_t kReservedSmemPerCta = 1024;
+
+// One instance on `ctas` CTAs. Its partial tiles are dynamic shared memory of partial_bytes, and
+// the carveout asked for, from the same size, is the least that holds the instance's CTAs an SM:
+// left alone the driver gives shared memory 64-100 KB of an H200 SM's 256 KB, which the L1 that
+// caches x then lacks, and at 16 rows L1 misses add to the wavefronts that bind.
+template <QType T, int NT, Pairing P, int MT, Cap C, int WARPS>
+void launch_instance(const QMArgs& a, int ctas, cudaStream_t stream) {
+    const auto kernel = gemv_quant_mma_kernel<T, NT, P, MT, C, WARPS>;
+    constexpr size_t kSmem = partial_bytes(WARPS, MT, NT);
+    static_assert(kSmem <= 48 * 1024, "dynamic shared memory past 48 KB needs an opt-in");
+    constexpr size_t kSmemPerSm = CtasPerSm<T, NT, P, MT, C, WARPS>::value * (kSmem + kReservedSmemPerCta);
+    const size_t sm_smem = (size_t)device_facts().smem_per_sm;
+    const int carveout = (int)std::min<size_t>(100, CEIL_DIV(100 * kSmemPerSm, sm_smem));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+    launch_pdl(kernel, dim3(ctas), dim3(WARPS * 32), kSmem, stream, a);
+    CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
+}
+
+template <QType T, int NT, Pairing P, int MT, int WARPS>
 void launch(const QMArgs& a, cudaStream_t stream) {
     const int ctas = mma_ctas<P>(a.n_units, MT);
     // The register cap by grid size (CtasPerSm): the 80-register instance where the grid is more
     // than the 128-register one holds at once. It changes no arithmetic, so a row's result is the
     // same under either instance.
-    if constexpr (kFitsThreeCtas<T, NT, MT>) {
-        constexpr int kTwoPerSm = CtasPerSm<T, NT, P, MT, Cap::kTwo>::value;
-        if (ctas > kTwoPerSm * device_facts().sm_count) {
-            launch_pdl(gemv_quant_mma_kernel<T, NT, P, MT, Cap::kThree>, dim3(ctas), dim3(kThreads), 0, stream, a);
-            CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
-            return;
-        }
+    if constexpr (WARPS == kWarps && kFitsThreeCtas<T, NT, MT>) {
+        if (ctas > CtasPerSm<T, NT, P, MT, Cap::kTwo, WARPS>::value * device_facts().sm_count)
+            return launch_instance<T, NT, P, MT, Cap::kThree, WARPS>(a, ctas, stream);
     }
-    launch_pdl(gemv_quant_mma_kernel<T, NT, P, MT, Cap::kTwo>, dim3(ctas), dim3(kThreads), 0, stream, a);
-    CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
+    launch_instance<T, NT, P, MT, Cap::kTwo, WARPS>(a, ctas, stream);
 }
 
+// The instance for a.M rows on CTAs of 8 warps.
 template <QType T, Pairing P>
 void launch_rows(const QMArgs& a, cudaStream_t stream) {
-    if (a.M <= 8) {
-        launch<T, 1, P, 1>(a, stream);
-    } else if (a.M <= 16) {
+    if (a.M <= 8) return launch<T, 1, P, 1, kWarps>(a, stream);
+    if (a.M <= 16) {
         if constexpr (!kWideTile<T>) {
             const bool two_tiles = mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaTwoTileMinCtas &&
                                    a.K >= tuning::kGemvQuantMmaTwoTileMinK;
-            if (two_tiles) return launch<T, 2, P, 2>(a, stream);
+            if (two_tiles) return launch<T, 2, P, 2, kWarps>(a, stream);
         }
-        launch<T, 2, P, 1>(a, stream);
-    } else if (a.M <= 32) {
-        launch<T, 4, P, 1>(a, stream);
-    } else {
-        launch<T, 8, P, 1>(a, stream);
+        return launch<T, 2, P, 1, kWarps>(a, stream);
     }
+    if (a.M <= 32) return launch<T, 4, P, 1, kWarps>(a, stream);
+    launch<T, 8, P, 1, kWarps>(a, stream);
+}
+
+// Whether a matrix runs on CTAs of 16 warps (kShortGridWarps) at 1-16 rows: a short grid of a 4-
+// or 5-bit type, 16-row CTAs that fit 2 an SM (the 8B's wo and w2) while CTAs of two W tiles
+// still fill the SMs (tuning::kGemvQuantMmaShortGridMinFillPct), on rows of a k tile a warp or
+// more. 16 warps of two W tiles are as many warps an SM as 2 CTAs of one, and each x load feeds
+// 32 W rows where it fed 16: at 16 rows the x loads' L1 wavefronts bind. The warps are the K
+// split, which orders a row's sums, so the choice depends on the matrix and on no row count up to
+// 16 (rows stay bit-identical across batches of 1-16). Past 16 rows such a grid takes 8 warps:
+// one W tile at NT = 4 or 8 fits 1 CTA of 16 warps an SM, two waves of 256 CTAs (w2 at 32 and 64
+// rows 1.21x and 1.25x slower), so its rows there agree with those up to 16 within rounding only,
+// as the bf16 GEMV's and GEMM's do. The wide types spill at two W tiles.
+template <QType T, Pairing P>
+bool short_grid(const QMArgs& a) {
+    const int sms = device_facts().sm_count;
+    return !kWideTile<T> && a.M <= 16 && a.K >= kShortGridWarps * 256 && mma_ctas<P>(a.n_units, 1) <= 2 * sms &&
+           100 * mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaShortGridMinFillPct * sms;
+}
+
+template <QType T, Pairing P>
+void launch_matrix(const QMArgs& a, cudaStream_t stream) {
+    if constexpr (!kWideTile<T>) {
+        // two W tiles a CTA, one CTA an SM
+        if (short_grid<T, P>(a))
+            return a.M <= 8 ? launch<T, 1, P, 2, kShortGridWarps>(a, stream)
+                            : launch<T, 2, P, 2, kShortGridWarps>(a, stream);
+    }
+    launch_rows<T, P>(a, stream);
 }
 
 template <QType T>
 void launch_type(const QMArgs& a, Pairing pairing, cudaStream_t stream) {
     switch (pairing) {
-        case Pairing::None: return launch_rows<T, Pairing::None>(a, stream);
-        case Pairing::SwiGLU: return launch_rows<T, Pairing::SwiGLU>(a, stream);
-        case Pairing::Rope: return launch_rows<T, Pairing::Rope>(a, stream);
+        case Pairing::None: return launch_matrix<T, Pairing::None>(a, stream);
+        case Pairing::SwiGLU: return launch_matrix<T, Pairing::SwiGLU>(a, stream);
+        case Pairing::Rope: return launch_matrix<T, Pairing::Rope>(a, stream);
     }
 }
 

@@ -74,6 +74,10 @@ constexpr int kGemvQuantMmaMaxRows = 64;
 // (docs/kernels/gemv.md).
 constexpr int kGemvQuantMmaTwoTileMinCtas = 512;
 constexpr int kGemvQuantMmaTwoTileMinK = 4096;
+// gemv_quant_mma on a short grid (16-row CTAs at most 2 an SM: the 8B's wo and w2) of a 4- or
+// 5-bit type runs CTAs of 16 warps and two W tiles at every M when those CTAs number at least
+// this percentage of the SMs (128 of 132 there). The 1B's short grids (64 such CTAs) keep 8 warps.
+constexpr int kGemvQuantMmaShortGridMinFillPct = 90;
 // Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul) over a matrix of several
 // parts: a bf16 part goes through gemv_bf16 (16 rows), a w13 of two types is staged through the
 // 16-row gate_up_. A matrix of one quantized type takes the kernel's 64 (kGemvQuantMmaMaxRows).
