@@ -75,7 +75,7 @@ constexpr int kGemvQuantMmaMaxRows = 64;
 constexpr int kGemvQuantMmaTwoTileMinCtas = 512;
 constexpr int kGemvQuantMmaTwoTileMinK = 4096;
 // gemv_quant_mma on a short grid (16-row CTAs at most 2 an SM: the 8B's wo and w2) of a 4- or
-// 5-bit type runs CTAs of 16 warps and two W tiles at every M when those CTAs number at least
+// 5-bit type runs CTAs of 16 warps and two W tiles at 1-16 rows when those CTAs number at least
 // this percentage of the SMs (128 of 132 there). The 1B's short grids (64 such CTAs) keep 8 warps.
 constexpr int kGemvQuantMmaShortGridMinFillPct = 90;
 // Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul) over a matrix of several
