@@ -332,6 +332,10 @@ def test_gemv_quant_mma_two_w_tiles_rope_kv(C, ops, rng, name):
 # 1-16 rows (short_grid in the kernel): at K of 16 k tiles or more, 16-row CTAs (8 pairs) that fit
 # 2 an SM while CTAs of 32 rows (16 pairs) number tuning::kGemvQuantMmaShortGridMinFillPct (90) %
 # of the SMs or more.
+def sm_count():
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
 def is_short_grid(rows, K, sms):
     return K >= 16 * 256 and -(-rows // 16) <= 2 * sms and 100 * -(-rows // 32) >= 90 * sms
 
@@ -342,7 +346,7 @@ def test_gemv_quant_mma_short_grid(C, ops, rng, name):
     tiles, so warps 0 and 1 take two and the 32-value types' last is partial): against the
     reference at 2, 12, 16, 24 and 64 rows (8 warps past 16), and the rows bit for bit equal
     across batches of 1-16 (n8 tiles 1 and 2) and of 17-64, plain and through SwiGLU."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count()
     N, K = 32 * sms - 6, 17 * 256 + (96 if TYPES[name][1] == 32 else 0)
     assert is_short_grid(N, K, sms), "the matrix must take CTAs of 16 warps"
     W = Weights(C, name, N, K, rng)
@@ -368,7 +372,7 @@ def test_gemv_quant_mma_short_grid(C, ops, rng, name):
 def test_gemv_quant_mma_short_grid_rope_kv(C, ops, rng, name):
     """RopeKV on CTAs of 16 warps (a short grid of rotation pairs) at 2 and 16 rows against
     rope_oracle of the same rows' StoreF32 q|k|v."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count()
     n_heads, K = 2 * ((sms // 2 - 4) // 2), 17 * 256
     assert is_short_grid((n_heads + 4) * 64, K, sms), "the matrix must take CTAs of 16 warps"
     for M in (2, 16):
@@ -379,8 +383,7 @@ def cap_grid_rows():
     """W rows whose 16-row CTAs (8 SwiGLU or RoPE pairs a CTA: rows / 16 CTAs either way) number
     more than 2 an SM: the grids that take the 80-register instances (CtasPerSm in the kernel),
     where every small matrix above takes the 128-register ones."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return 16 * (2 * sms + 1) + 32
+    return 16 * (2 * sm_count() + 1) + 32
 
 
 @pytest.mark.parametrize("name", list(TYPES))
