@@ -542,45 +542,44 @@ constexpr size_t kReservedSmemPerCta = 1024;
 // left alone the driver gives shared memory 64-100 KB of an H200 SM's 256 KB, which the L1 that
 // caches x then lacks, and at 16 rows L1 misses add to the wavefronts that bind.
 template <QType T, int NT, Pairing P, int MT, Cap C, int WARPS>
-void launch_instance(const QMArgs& a, int ctas, cudaStream_t stream) {
+void launch_instance(const QMArgs& a, int ctas, const DeviceFacts& dev, cudaStream_t stream) {
     const auto kernel = gemv_quant_mma_kernel<T, NT, P, MT, C, WARPS>;
     constexpr size_t kSmem = partial_bytes(WARPS, MT, NT);
     static_assert(kSmem <= 48 * 1024, "dynamic shared memory past 48 KB needs an opt-in");
     constexpr size_t kSmemPerSm = CtasPerSm<T, NT, P, MT, C, WARPS>::value * (kSmem + kReservedSmemPerCta);
-    const size_t sm_smem = (size_t)device_facts().smem_per_sm;
-    const int carveout = (int)std::min<size_t>(100, CEIL_DIV(100 * kSmemPerSm, sm_smem));
+    const int carveout = (int)std::min<size_t>(100, CEIL_DIV(100 * kSmemPerSm, (size_t)dev.smem_per_sm));
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
     launch_pdl(kernel, dim3(ctas), dim3(WARPS * 32), kSmem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
 }
 
 template <QType T, int NT, Pairing P, int MT, int WARPS>
-void launch(const QMArgs& a, cudaStream_t stream) {
+void launch(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
     const int ctas = mma_ctas<P>(a.n_units, MT);
     // The register cap by grid size (CtasPerSm): the 80-register instance where the grid is more
     // than the 128-register one holds at once. It changes no arithmetic, so a row's result is the
     // same under either instance.
     if constexpr (WARPS == kWarps && kFitsThreeCtas<T, NT, MT>) {
-        if (ctas > CtasPerSm<T, NT, P, MT, Cap::kTwo, WARPS>::value * device_facts().sm_count)
-            return launch_instance<T, NT, P, MT, Cap::kThree, WARPS>(a, ctas, stream);
+        if (ctas > CtasPerSm<T, NT, P, MT, Cap::kTwo, WARPS>::value * dev.sm_count)
+            return launch_instance<T, NT, P, MT, Cap::kThree, WARPS>(a, ctas, dev, stream);
     }
-    launch_instance<T, NT, P, MT, Cap::kTwo, WARPS>(a, ctas, stream);
+    launch_instance<T, NT, P, MT, Cap::kTwo, WARPS>(a, ctas, dev, stream);
 }
 
 // The instance for a.M rows on CTAs of 8 warps.
 template <QType T, Pairing P>
-void launch_rows(const QMArgs& a, cudaStream_t stream) {
-    if (a.M <= 8) return launch<T, 1, P, 1, kWarps>(a, stream);
+void launch_rows(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
+    if (a.M <= 8) return launch<T, 1, P, 1, kWarps>(a, dev, stream);
     if (a.M <= 16) {
         if constexpr (!kWideTile<T>) {
             const bool two_tiles = mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaTwoTileMinCtas &&
                                    a.K >= tuning::kGemvQuantMmaTwoTileMinK;
-            if (two_tiles) return launch<T, 2, P, 2, kWarps>(a, stream);
+            if (two_tiles) return launch<T, 2, P, 2, kWarps>(a, dev, stream);
         }
-        return launch<T, 2, P, 1, kWarps>(a, stream);
+        return launch<T, 2, P, 1, kWarps>(a, dev, stream);
     }
-    if (a.M <= 32) return launch<T, 4, P, 1, kWarps>(a, stream);
-    launch<T, 8, P, 1, kWarps>(a, stream);
+    if (a.M <= 32) return launch<T, 4, P, 1, kWarps>(a, dev, stream);
+    launch<T, 8, P, 1, kWarps>(a, dev, stream);
 }
 
 // Whether a matrix runs on CTAs of 16 warps (kShortGridWarps) at 1-16 rows: a short grid of a 4-
@@ -594,29 +593,30 @@ void launch_rows(const QMArgs& a, cudaStream_t stream) {
 // rows 1.21x and 1.25x slower), so its rows there agree with those up to 16 within rounding only,
 // as the bf16 GEMV's and GEMM's do. The wide types spill at two W tiles.
 template <QType T, Pairing P>
-bool short_grid(const QMArgs& a) {
-    const int sms = device_facts().sm_count;
+bool short_grid(const QMArgs& a, const DeviceFacts& dev) {
+    const int sms = dev.sm_count;
     return !kWideTile<T> && a.M <= 16 && a.K >= kShortGridWarps * 256 && mma_ctas<P>(a.n_units, 1) <= 2 * sms &&
            100 * mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaShortGridMinFillPct * sms;
 }
 
 template <QType T, Pairing P>
-void launch_matrix(const QMArgs& a, cudaStream_t stream) {
+void launch_matrix(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
     if constexpr (!kWideTile<T>) {
         // two W tiles a CTA, one CTA an SM
-        if (short_grid<T, P>(a))
-            return a.M <= 8 ? launch<T, 1, P, 2, kShortGridWarps>(a, stream)
-                            : launch<T, 2, P, 2, kShortGridWarps>(a, stream);
+        if (short_grid<T, P>(a, dev))
+            return a.M <= 8 ? launch<T, 1, P, 2, kShortGridWarps>(a, dev, stream)
+                            : launch<T, 2, P, 2, kShortGridWarps>(a, dev, stream);
     }
-    launch_rows<T, P>(a, stream);
+    launch_rows<T, P>(a, dev, stream);
 }
 
 template <QType T>
 void launch_type(const QMArgs& a, Pairing pairing, cudaStream_t stream) {
+    const DeviceFacts dev = device_facts();
     switch (pairing) {
-        case Pairing::None: return launch_matrix<T, Pairing::None>(a, stream);
-        case Pairing::SwiGLU: return launch_matrix<T, Pairing::SwiGLU>(a, stream);
-        case Pairing::Rope: return launch_matrix<T, Pairing::Rope>(a, stream);
+        case Pairing::None: return launch_matrix<T, Pairing::None>(a, dev, stream);
+        case Pairing::SwiGLU: return launch_matrix<T, Pairing::SwiGLU>(a, dev, stream);
+        case Pairing::Rope: return launch_matrix<T, Pairing::Rope>(a, dev, stream);
     }
 }
 
