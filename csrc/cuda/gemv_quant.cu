@@ -121,7 +121,9 @@ __device__ __forceinline__ uint4 q5_bits(uint32_t qh, int v0) {
 // `sc`, mins in bytes 0 / 1 of `m`. Both pairs sit at the same 16-bit offset of their words
 // (bytes 2g, 2g + 1 of S0 / S1 for g < 2; bytes 2g - 4, 2g - 3 of S2 with the top bits of S0 / S1
 // for g >= 2). A lane's g never changes (its pieces are always piece lane % 8 of a tile), so the
-// selects are uniform per lane and the shifts loop-invariant.
+// selects are uniform per lane and the shifts loop-invariant. These are the bits of
+// quant_decode.cuh's k4_bytes at one 16-bit offset, kept as their own expressions: through
+// k4_bytes the one-row kernels came out slower (docs/kernels/gemv.md, "scale pair via k4_bytes").
 __device__ __forceinline__ void scale_min_pair(int g, uint32_t S0, uint32_t S1, uint32_t S2, uint32_t& sc, uint32_t& m) {
     const int sh = 16 * (g & 1);
     const uint32_t a = S0 >> sh, b = S1 >> sh, c = S2 >> sh;

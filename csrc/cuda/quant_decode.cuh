@@ -23,9 +23,9 @@
 //     exact FFMA, and F2FP rounds two to bf16: bf16 of the fp32 w exactly.
 //   The K-quants' sub-block coefficients (coef_k4, coef_q6k) are here too, so both kernels' D and a
 //   agree. coef_k4 takes a Q4_K / Q5_K tile's 12 bytes of packed 6-bit scales and mins apart four
-//   bytes at a time (k4_bytes: masks and shifts on whole words, gemv_quant.cu's trick) and scales a
-//   byte exactly with one FFMA (scaled_byte), where the field-by-field unpack, an I2F and an FMUL
-//   took some 13 instructions a coefficient.
+//   bytes at a time (k4_bytes: masks and shifts on whole words, as gemv_quant.cu's scale_min_pair
+//   does for one pair) and scales a byte exactly with one FFMA (scaled_byte), where the
+//   field-by-field unpack, an I2F and an FMUL took some 13 instructions a coefficient.
 #pragma once
 
 #include <cuda_bf16.h>
