@@ -20,6 +20,10 @@
 // the exact fp32 decode gemv_quant_mma had then took 3-4) at the price of W within about one bf16 ulp of
 // bf16(w); checked against a float64 reference that applies the same roundings. The question it
 // answers: how fast the tensor-core GEMV gets at 2..16 rows once the decode is cheaper.
+// Variant 3 ("i256" rows, q4k_imma256): the integer form on x with one scale per 256 values, so that
+// each sub-block's scale folds into the integer sum (one IMAD an accumulator) and its min into an
+// exact fp32 sum, and each accumulator is converted and scaled once per tile instead of once per
+// sub-block; checked against its own float64 reference (its x differs from the ActBlocks).
 // Check: every output against a float64 reference of the file's fp32 weights (every W row, or
 // every (N / 4096)-th on the large matrices), outputs poisoned with NaN first, an odd N = 100.
 // Timing: per call between two CUDA events (a floor of several us, printed last as an empty
@@ -34,6 +38,7 @@
 // The figures in gemv.md (imma_lab_h100.txt, imma_lab_epi_sweep_h100.txt) are of this file's
 // imma kernel at a493b39 and a941c61; since then both forms share the tile walk and the reduction, which changed the imma
 // kernel's SASS a little: compare its rows with variant 2's of the same run, not with those files.
+// imma_lab_i256_h200/ has all three variants in one run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -269,6 +274,111 @@ __global__ void __launch_bounds__(WARPS * 32) q4k_mma_bf16x2(const uint8_t* __re
     reduce_store<MT, NT, WARPS>(acc, y, M, N, blockIdx.x * 16 * MT);
 }
 
+// ---- variant 3: integer tensor cores on x with one scale per 256 values (i256) ---------------
+// x as X256 blocks: one fp32 scale d for 256 int8 codes, and each 32-value sub-block's code sum
+// (an integer, held as fp32: exact). With the tile's one x scale, sub-block j's scale folds into
+// the integer sum (isum += sc_j C_j, one IMAD an accumulator, exact in int32: |sum| < 2^25) and its
+// min into an fp32 sum that is exact too (msum += m_j bsum_j: integers below 2^22), so each
+// accumulator converts and scales once per tile, not once per sub-block:
+//   acc[n, m] += d[n] dx[m, b] isum  -  dmin[n] dx[m, b] msum
+// W is never rounded; x's codes carry one scale per 256 values, as llama.cpp's Q8_K does on the CPU
+// (the question this variant answers is only the speed; its accuracy is another one).
+struct X256 {
+    float d;
+    float pad[3];
+    float bsum[8];  // sum of the codes of each 32-value sub-block
+    int8_t qs[256];
+};
+static_assert(sizeof(X256) == 304, "X256 is 16-byte aligned in arrays");
+
+template <int MT, int NT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) q4k_imma256(const uint8_t* __restrict__ W, const X256* __restrict__ x,
+                                                          float* __restrict__ y, int M, int N, int K) {
+    const int T = K / 256, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const size_t row_stride = (size_t)T * kTileBytes;
+    float acc[MT][NT][4] = {};
+    for (int tile = threadIdx.x >> 5; tile < T; tile += WARPS) {
+        uint4 hdr[MT][2];
+        uint2 q[MT][2][4];
+        load_tile_rows<MT>(W, row_stride, blockIdx.x * 16 * MT, N, tile, g, t, hdr, q);
+        // x rows nt 8 + g (codes, B fragments) and nt 8 + 2t + c (scale, sub-block sums: C columns)
+        const X256* xb[NT];
+        const X256* xc[NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            xb[nt] = nt * 8 + g < M ? &x[(size_t)(nt * 8 + g) * T + tile] : nullptr;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int mc = nt * 8 + 2 * t + c;
+                xc[nt][c] = mc < M ? &x[(size_t)mc * T + tile] : nullptr;
+            }
+        }
+        int isum[MT][NT][4] = {};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int qq = j >> 1, sh = 4 * (j & 1);
+            uint32_t b0[NT], b1[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint2 v = xb[nt] ? *reinterpret_cast<const uint2*>(xb[nt]->qs + 32 * j + 8 * t) : make_uint2(0u, 0u);
+                b0[nt] = v.x;
+                b1[nt] = v.y;
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                int sc[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    int m_;
+                    scale_min_k4(j, hdr[mt][r].y, hdr[mt][r].z, hdr[mt][r].w, sc[r], m_);
+                }
+                const uint32_t a0 = (q[mt][0][qq].x >> sh) & 0x0F0F0F0Fu, a1 = (q[mt][1][qq].x >> sh) & 0x0F0F0F0Fu;
+                const uint32_t a2 = (q[mt][0][qq].y >> sh) & 0x0F0F0F0Fu, a3 = (q[mt][1][qq].y >> sh) & 0x0F0F0F0Fu;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int c[4];
+                    mma_s8(c, a0, a1, a2, a3, b0[nt], b1[nt]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) isum[mt][nt][e] += sc[e >> 1] * c[e];
+                }
+            }
+        }
+        // the min term and the scales, once per tile: msum = sum_j m_j bsum_j (exact in fp32)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                float bs[8], dx = 0.f;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) bs[j] = 0.f;
+                if (xc[nt][c]) {
+                    const float4 lo = *reinterpret_cast<const float4*>(xc[nt][c]->bsum);
+                    const float4 hi = *reinterpret_cast<const float4*>(xc[nt][c]->bsum + 4);
+                    bs[0] = lo.x, bs[1] = lo.y, bs[2] = lo.z, bs[3] = lo.w;
+                    bs[4] = hi.x, bs[5] = hi.y, bs[6] = hi.z, bs[7] = hi.w;
+                    dx = xc[nt][c]->d;
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        float msum = 0.f;
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) {
+                            int s_, m_;
+                            scale_min_k4(j, hdr[mt][r].y, hdr[mt][r].z, hdr[mt][r].w, s_, m_);
+                            msum = fmaf((float)m_, bs[j], msum);
+                        }
+                        const float d = f16_bits(hdr[mt][r].x & 0xFFFF), dmin = f16_bits(hdr[mt][r].x >> 16);
+                        const int e = 2 * r + c;
+                        acc[mt][nt][e] = fmaf(d * dx, (float)isum[mt][nt][e], acc[mt][nt][e]);
+                        acc[mt][nt][e] = fmaf(-(dmin * dx), msum, acc[mt][nt][e]);
+                    }
+            }
+    }
+    reduce_store<MT, NT, WARPS>(acc, y, M, N, blockIdx.x * 16 * MT);
+}
+
 __global__ void empty_kernel() {}
 __global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
@@ -366,6 +476,17 @@ void run_mma16(uint8_t* const* dW, int copies, const __nv_bfloat16* dx, float* d
     });
 }
 
+template <int MT, int NT, int WARPS>
+void run_i256(uint8_t* const* dW, int copies, const X256* dx, float* dy, int M, int N, int K, int reps, float* out_us) {
+    const int blocks = (N + 16 * MT - 1) / (16 * MT);
+    q4k_imma256<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[0], dx, dy, M, N, K);
+    CK(cudaGetLastError());
+    if (!reps) return;
+    *out_us = median_event_us(0, reps, [&](int r) {
+        q4k_imma256<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
+    });
+}
+
 static float copy_us(uint8_t* const* src, int copies, uint8_t* dst, size_t bytes, int reps) {
     const size_t n = bytes / 16;
     return median_event_us(3, reps, [&](int r) {
@@ -410,6 +531,16 @@ int main(int argc, char** argv) {
             blk.dsum[0] = d * (float)s0;
             blk.dsum[1] = d * (float)s1;
         }
+        // variant 3's x: its own activations, one scale per 256 values
+        std::vector<X256> hx3((size_t)Mmax * T);
+        for (X256& blk : hx3) {
+            memset(&blk, 0, sizeof(blk));
+            blk.d = xd(rng);
+            for (int i = 0; i < 256; ++i) {
+                blk.qs[i] = (int8_t)code(rng);
+                blk.bsum[i / 32] += (float)blk.qs[i];
+            }
+        }
         // reference over all 16 x rows, double, for every row_step-th W row (and the last)
         const int row_step = std::max(1, N / 4096);
         auto checked = [&](int n) { return n % row_step == 0 || n == N - 1; };
@@ -420,7 +551,8 @@ int main(int argc, char** argv) {
                 const ActBlock& blk = hx[(size_t)m * (K / 32) + k / 32];
                 hxb[(size_t)m * K + k] = __float2bfloat16_rn(blk.d[0] * (float)blk.qs[k % 32]);
             }
-        std::vector<double> ref((size_t)Mmax * N), mag((size_t)Mmax * N), ref2((size_t)Mmax * N), mag2((size_t)Mmax * N);
+        std::vector<double> ref((size_t)Mmax * N), mag((size_t)Mmax * N), ref2((size_t)Mmax * N), mag2((size_t)Mmax * N),
+            ref3((size_t)Mmax * N), mag3((size_t)Mmax * N);
         std::vector<float> wrow(K), wrow2(K);
         for (int n = 0; n < N; ++n) {
             if (!checked(n)) continue;
@@ -448,6 +580,15 @@ int main(int argc, char** argv) {
                 }
                 ref2[(size_t)m * N + n] = s2;
                 mag2[(size_t)m * N + n] = a2;
+                double s3 = 0, a3 = 0;
+                for (int k = 0; k < K; ++k) {
+                    const X256& blk = hx3[(size_t)m * T + k / 256];
+                    const double v = (double)blk.d * blk.qs[k % 256] * wrow[k];
+                    s3 += v;
+                    a3 += fabs(v);
+                }
+                ref3[(size_t)m * N + n] = s3;
+                mag3[(size_t)m * N + n] = a3;
             }
         }
         const int copies = (int)std::min<size_t>(256, std::max<size_t>(1, (150u << 20) / wbytes + 1));
@@ -464,6 +605,9 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&dx, hx.size() * sizeof(ActBlock)));
         CK(cudaMalloc(&dy, (size_t)Mmax * N * sizeof(float)));
         CK(cudaMemcpy(dx, hx.data(), hx.size() * sizeof(ActBlock), cudaMemcpyHostToDevice));
+        X256* dx3;
+        CK(cudaMalloc(&dx3, hx3.size() * sizeof(X256)));
+        CK(cudaMemcpy(dx3, hx3.data(), hx3.size() * sizeof(X256), cudaMemcpyHostToDevice));
         CK(cudaMalloc(&dxb, hxb.size() * sizeof(__nv_bfloat16)));
         CK(cudaMemcpy(dxb, hxb.data(), hxb.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
         const float cus = copy_us(dW.data(), copies, dcopy, wbytes, reps);
@@ -517,6 +661,14 @@ int main(int argc, char** argv) {
                     if (MT == 4) n2 ? run_kernel<4, 2, 8>(dW.data(), copies, dx, dy, M, N, K, r, us) : run_kernel<4, 1, 8>(dW.data(), copies, dx, dy, M, N, K, r, us);
                 });
             }
+            for (const int MT : mts) {
+                const std::string name = "i256_mt" + std::to_string(MT);
+                run_row(name.c_str(), M, ref3, mag3, tol, [&](int r, float* us) {
+                    if (MT == 1) n2 ? run_i256<1, 2, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us) : run_i256<1, 1, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us);
+                    if (MT == 2) n2 ? run_i256<2, 2, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us) : run_i256<2, 1, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us);
+                    if (MT == 4) n2 ? run_i256<4, 2, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us) : run_i256<4, 1, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us);
+                });
+            }
             for (const int MT : {1, 2}) {
                 const std::string name = "mma16_mt" + std::to_string(MT);
                 run_row(name.c_str(), M, ref2, mag2, tol2, [&](int r, float* us) {
@@ -545,6 +697,7 @@ int main(int argc, char** argv) {
         CK(cudaFree(dcopy));
         CK(cudaFree(dx));
         CK(cudaFree(dxb));
+        CK(cudaFree(dx3));
         CK(cudaFree(dy));
     }
     // the floor of the timing method: an empty kernel between two events
