@@ -24,6 +24,9 @@
 // each sub-block's scale folds into the integer sum (one IMAD an accumulator) and its min into an
 // exact fp32 sum, and each accumulator is converted and scaled once per tile instead of once per
 // sub-block; checked against its own float64 reference (its x differs from the ActBlocks).
+// Variant 4 ("xs" rows, q4k_mma_xs; "xsk" rows time its decode kernel alone): variant 2 with each
+// CTA's slice of x copied into shared memory once (Marlin's staging), the K split into slices
+// whose partial planes add_planes sums; at 9-16 rows only, checked against variant 2's reference.
 // Check: every output against a float64 reference of the file's fp32 weights (every W row, or
 // every (N / 4096)-th on the large matrices), outputs poisoned with NaN first, an odd N = 100.
 // Timing: per call between two CUDA events (a floor of several us, printed last as an empty
@@ -379,6 +382,107 @@ __global__ void __launch_bounds__(WARPS * 32) q4k_imma256(const uint8_t* __restr
     reduce_store<MT, NT, WARPS>(acc, y, M, N, blockIdx.x * 16 * MT);
 }
 
+// ---- variant 4: variant 2 with x staged once per CTA in shared memory (xs) -------------------
+// Marlin's trade: a CTA takes KS k tiles of x (16 rows, bf16) into shared memory once and its 8
+// warps each decode 16 MT W rows over those k tiles against it, so a warp's x fragments are
+// shared-memory loads (one wavefront per 8 lanes: a row's stride is 64 bytes past a multiple of
+// 128, so the two rows of a quarter-warp fill the 32 banks) instead of global loads through L1
+// that touch 16 lines and miss to L2 about half the time. The grid is (row groups of 8 x 16 MT,
+// K / (256 KS) slices); each slice's partial sums go to their own [slice][M][N] plane and a second
+// kernel adds the planes in slice order into y (both inside the timed call). Each warp keeps its
+// next W tile in flight in registers while it decodes this one.
+template <int KS>
+__host__ __device__ constexpr int xs_row_bytes() {
+    return KS * 512 + 64;
+}
+
+template <int MT, int NT, int KS, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 3 : 2) q4k_mma_xs(const uint8_t* __restrict__ W, const __nv_bfloat16* __restrict__ x,
+                                                         float* __restrict__ part, int M, int N, int K) {
+    extern __shared__ uint4 xs_words[];
+    uint8_t* xs = reinterpret_cast<uint8_t*>(xs_words);
+    constexpr int kRow = xs_row_bytes<KS>();
+    const int T = K / 256, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const int tile0 = blockIdx.y * KS, ntiles = min(KS, T - tile0);
+    const int row_base = (blockIdx.x * WARPS + warp) * 16 * MT;
+    const size_t row_stride = (size_t)T * kTileBytes;
+    uint4 hdr[MT][2];
+    uint2 q[MT][2][4];
+    load_tile_rows<MT>(W, row_stride, row_base, N, tile0, g, t, hdr, q);
+    // the slice of x, 16 rows (rows past M zero), 16 bytes a thread at a time
+    const int row_chunks = ntiles * 32;
+    for (int i = threadIdx.x; i < 16 * row_chunks; i += WARPS * 32) {
+        const int r = i / row_chunks, c = i % row_chunks;
+        const uint4 v = r < M ? ld_nc_16(x + (size_t)r * K + (size_t)tile0 * 256 + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(xs + r * kRow + 16 * c) = v;
+    }
+    __syncthreads();
+    float acc[MT][NT][4] = {};
+    for (int kt = 0; kt < ntiles; ++kt) {
+        uint4 hdr_next[MT][2];
+        uint2 q_next[MT][2][4];
+        if (kt + 1 < ntiles) load_tile_rows<MT>(W, row_stride, row_base, N, tile0 + kt + 1, g, t, hdr_next, q_next);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int qq = j >> 1, sh = 4 * (j & 1);
+            uint4 xv[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                xv[nt] = *reinterpret_cast<const uint4*>(xs + (nt * 8 + g) * kRow + kt * 512 + 64 * j + 16 * t);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                uint32_t wp[2][4];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    int sc, mn;
+                    scale_min_k4(j, hdr[mt][r].y, hdr[mt][r].z, hdr[mt][r].w, sc, mn);
+                    const __nv_bfloat162 D = __float2bfloat162_rn(f16_bits(hdr[mt][r].x & 0xFFFF) * (float)sc);
+                    const __nv_bfloat162 negMn = __float2bfloat162_rn(-(f16_bits(hdr[mt][r].x >> 16) * (float)mn));
+                    const uint32_t w0 = q[mt][r][qq].x >> sh, w1 = q[mt][r][qq].y >> sh;
+                    wp[r][0] = decode_pair(nibble_pair_bf16(w0, 0x5140u), D, negMn);
+                    wp[r][1] = decode_pair(nibble_pair_bf16(w0, 0x5342u), D, negMn);
+                    wp[r][2] = decode_pair(nibble_pair_bf16(w1, 0x5140u), D, negMn);
+                    wp[r][3] = decode_pair(nibble_pair_bf16(w1, 0x5342u), D, negMn);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    mma_bf16(acc[mt][nt], wp[0][0], wp[1][0], wp[0][1], wp[1][1], xv[nt].x, xv[nt].y);
+                    mma_bf16(acc[mt][nt], wp[0][2], wp[1][2], wp[0][3], wp[1][3], xv[nt].z, xv[nt].w);
+                }
+            }
+        }
+        if (kt + 1 < ntiles) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    hdr[mt][r] = hdr_next[mt][r];
+#pragma unroll
+                    for (int qq = 0; qq < 4; ++qq) q[mt][r][qq] = q_next[mt][r][qq];
+                }
+        }
+    }
+    float* plane = part + (size_t)blockIdx.y * M * N;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row_base + mt * 16 + g + 8 * (e >> 1), m = nt * 8 + 2 * t + (e & 1);
+                if (row < N && m < M) plane[(size_t)m * N + row] = acc[mt][nt][e];
+            }
+}
+
+// y = the sum of the slices' planes, in slice order.
+__global__ void add_planes(const float* __restrict__ part, float* __restrict__ y, int planes, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float sum = 0.f;
+        for (int p = 0; p < planes; ++p) sum += part[p * n + i];
+        y[i] = sum;
+    }
+}
+
 __global__ void empty_kernel() {}
 __global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) b[i] = a[i];
@@ -485,6 +589,26 @@ void run_i256(uint8_t* const* dW, int copies, const X256* dx, float* dy, int M, 
     *out_us = median_event_us(0, reps, [&](int r) {
         q4k_imma256<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
     });
+}
+
+// timed_add: the timed calls include add_planes (the checked first call always does).
+template <int MT, int NT, int KS>
+void run_xs(uint8_t* const* dW, int copies, const __nv_bfloat16* dx, float* dpart, float* dy, int M, int N, int K, int reps,
+            float* out_us, bool timed_add) {
+    constexpr int kWarps = 8;
+    const auto kernel = q4k_mma_xs<MT, NT, KS, kWarps>;
+    const size_t smem = (size_t)16 * xs_row_bytes<KS>();
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid((N + kWarps * 16 * MT - 1) / (kWarps * 16 * MT), (K / 256 + KS - 1) / KS);
+    const size_t n = (size_t)M * N;
+    auto call = [&](const uint8_t* w, bool add) {
+        kernel<<<grid, kWarps * 32, smem>>>(w, dx, dpart, M, N, K);
+        if (add) add_planes<<<264, 256>>>(dpart, dy, (int)grid.y, n);
+    };
+    call(dW[0], true);
+    CK(cudaGetLastError());
+    if (!reps) return;
+    *out_us = median_event_us(0, reps, [&](int r) { call(dW[(r + 1) % copies], timed_add); });
 }
 
 static float copy_us(uint8_t* const* src, int copies, uint8_t* dst, size_t bytes, int reps) {
@@ -605,6 +729,8 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&dx, hx.size() * sizeof(ActBlock)));
         CK(cudaMalloc(&dy, (size_t)Mmax * N * sizeof(float)));
         CK(cudaMemcpy(dx, hx.data(), hx.size() * sizeof(ActBlock), cudaMemcpyHostToDevice));
+        float* dpart;  // variant 4's partial planes: up to 16 slices of [M, N]
+        CK(cudaMalloc(&dpart, (size_t)16 * Mmax * N * sizeof(float)));
         X256* dx3;
         CK(cudaMalloc(&dx3, hx3.size() * sizeof(X256)));
         CK(cudaMemcpy(dx3, hx3.data(), hx3.size() * sizeof(X256), cudaMemcpyHostToDevice));
@@ -669,6 +795,20 @@ int main(int argc, char** argv) {
                     if (MT == 4) n2 ? run_i256<4, 2, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us) : run_i256<4, 1, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us);
                 });
             }
+            if (M > 8) {
+                // "xs" rows time both kernels; "xsk" rows the decode kernel alone (their y still checked)
+                for (const bool add : {true, false})
+                    for (const int MT : {1, 2})
+                        for (const int KS : {4, 8}) {
+                            const std::string name = std::string(add ? "xs" : "xsk") + "_mt" + std::to_string(MT) + "_ks" + std::to_string(KS);
+                            run_row(name.c_str(), M, ref2, mag2, tol2, [&](int r, float* us) {
+                                if (MT == 1 && KS == 4) run_xs<1, 2, 4>(dW.data(), copies, dxb, dpart, dy, M, N, K, r, us, add);
+                                if (MT == 1 && KS == 8) run_xs<1, 2, 8>(dW.data(), copies, dxb, dpart, dy, M, N, K, r, us, add);
+                                if (MT == 2 && KS == 4) run_xs<2, 2, 4>(dW.data(), copies, dxb, dpart, dy, M, N, K, r, us, add);
+                                if (MT == 2 && KS == 8) run_xs<2, 2, 8>(dW.data(), copies, dxb, dpart, dy, M, N, K, r, us, add);
+                            });
+                        }
+            }
             for (const int MT : {1, 2}) {
                 const std::string name = "mma16_mt" + std::to_string(MT);
                 run_row(name.c_str(), M, ref2, mag2, tol2, [&](int r, float* us) {
@@ -698,6 +838,7 @@ int main(int argc, char** argv) {
         CK(cudaFree(dx));
         CK(cudaFree(dxb));
         CK(cudaFree(dx3));
+        CK(cudaFree(dpart));
         CK(cudaFree(dy));
     }
     // the floor of the timing method: an empty kernel between two events
