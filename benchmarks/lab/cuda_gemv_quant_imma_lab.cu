@@ -238,6 +238,35 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Sub-block j of a tile for both bf16 forms (variants 2 and 4): the MT W tiles' codes decoded two at
+// a time, then fed with the NT x fragments xv (this lane's 8 values of the sub-block) to the mma.
+template <int MT, int NT>
+__device__ __forceinline__ void bf16x2_sub_block(int j, const uint4 (&hdr)[MT][2], const uint2 (&q)[MT][2][4],
+                                                 const uint4 (&xv)[NT], float (&acc)[MT][NT][4]) {
+    const int qq = j >> 1, sh = 4 * (j & 1);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        uint32_t wp[2][4];  // [row g, g + 8][pairs (0,1) (2,3) (4,5) (6,7)]
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            int sc, mn;
+            scale_min_k4(j, hdr[mt][r].y, hdr[mt][r].z, hdr[mt][r].w, sc, mn);
+            const __nv_bfloat162 D = __float2bfloat162_rn(f16_bits(hdr[mt][r].x & 0xFFFF) * (float)sc);
+            const __nv_bfloat162 negMn = __float2bfloat162_rn(-(f16_bits(hdr[mt][r].x >> 16) * (float)mn));
+            const uint32_t w0 = q[mt][r][qq].x >> sh, w1 = q[mt][r][qq].y >> sh;
+            wp[r][0] = decode_pair(nibble_pair_bf16(w0, 0x5140u), D, negMn);
+            wp[r][1] = decode_pair(nibble_pair_bf16(w0, 0x5342u), D, negMn);
+            wp[r][2] = decode_pair(nibble_pair_bf16(w1, 0x5140u), D, negMn);
+            wp[r][3] = decode_pair(nibble_pair_bf16(w1, 0x5342u), D, negMn);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            mma_bf16(acc[mt][nt], wp[0][0], wp[1][0], wp[0][1], wp[1][1], xv[nt].x, xv[nt].y);
+            mma_bf16(acc[mt][nt], wp[0][2], wp[1][2], wp[0][3], wp[1][3], xv[nt].z, xv[nt].w);
+        }
+    }
+}
+
 template <int MT, int NT, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) q4k_mma_bf16x2(const uint8_t* __restrict__ W,
                                                              const __nv_bfloat16* __restrict__ x, float* __restrict__ y,
@@ -245,34 +274,14 @@ __global__ void __launch_bounds__(WARPS * 32) q4k_mma_bf16x2(const uint8_t* __re
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float acc[MT][NT][4] = {};
     walk_sub_blocks<MT, WARPS>(W, N, K, [&](int tile, int j, const uint4 (&hdr)[MT][2], const uint2 (&q)[MT][2][4]) {
-            const int qq = j >> 1, sh = 4 * (j & 1), k0 = tile * 256 + 32 * j + 8 * t;
+            const int k0 = tile * 256 + 32 * j + 8 * t;
             uint4 xv[NT];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const int m = nt * 8 + g;
                 xv[nt] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * K + k0) : make_uint4(0u, 0u, 0u, 0u);
             }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                uint32_t wp[2][4];  // [row g, g + 8][pairs (0,1) (2,3) (4,5) (6,7)]
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    int sc, mn;
-                    scale_min_k4(j, hdr[mt][r].y, hdr[mt][r].z, hdr[mt][r].w, sc, mn);
-                    const __nv_bfloat162 D = __float2bfloat162_rn(f16_bits(hdr[mt][r].x & 0xFFFF) * (float)sc);
-                    const __nv_bfloat162 negMn = __float2bfloat162_rn(-(f16_bits(hdr[mt][r].x >> 16) * (float)mn));
-                    const uint32_t w0 = q[mt][r][qq].x >> sh, w1 = q[mt][r][qq].y >> sh;
-                    wp[r][0] = decode_pair(nibble_pair_bf16(w0, 0x5140u), D, negMn);
-                    wp[r][1] = decode_pair(nibble_pair_bf16(w0, 0x5342u), D, negMn);
-                    wp[r][2] = decode_pair(nibble_pair_bf16(w1, 0x5140u), D, negMn);
-                    wp[r][3] = decode_pair(nibble_pair_bf16(w1, 0x5342u), D, negMn);
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    mma_bf16(acc[mt][nt], wp[0][0], wp[1][0], wp[0][1], wp[1][1], xv[nt].x, xv[nt].y);
-                    mma_bf16(acc[mt][nt], wp[0][2], wp[1][2], wp[0][3], wp[1][3], xv[nt].z, xv[nt].w);
-                }
-            }
+            bf16x2_sub_block<MT, NT>(j, hdr, q, xv, acc);
     });
     reduce_store<MT, NT, WARPS>(acc, y, M, N, blockIdx.x * 16 * MT);
 }
@@ -424,32 +433,11 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 3 : 2) q4k_mma_xs(const 
         if (kt + 1 < ntiles) load_tile_rows<MT>(W, row_stride, row_base, N, tile0 + kt + 1, g, t, hdr_next, q_next);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int qq = j >> 1, sh = 4 * (j & 1);
             uint4 xv[NT];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
                 xv[nt] = *reinterpret_cast<const uint4*>(xs + (nt * 8 + g) * kRow + kt * 512 + 64 * j + 16 * t);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                uint32_t wp[2][4];
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    int sc, mn;
-                    scale_min_k4(j, hdr[mt][r].y, hdr[mt][r].z, hdr[mt][r].w, sc, mn);
-                    const __nv_bfloat162 D = __float2bfloat162_rn(f16_bits(hdr[mt][r].x & 0xFFFF) * (float)sc);
-                    const __nv_bfloat162 negMn = __float2bfloat162_rn(-(f16_bits(hdr[mt][r].x >> 16) * (float)mn));
-                    const uint32_t w0 = q[mt][r][qq].x >> sh, w1 = q[mt][r][qq].y >> sh;
-                    wp[r][0] = decode_pair(nibble_pair_bf16(w0, 0x5140u), D, negMn);
-                    wp[r][1] = decode_pair(nibble_pair_bf16(w0, 0x5342u), D, negMn);
-                    wp[r][2] = decode_pair(nibble_pair_bf16(w1, 0x5140u), D, negMn);
-                    wp[r][3] = decode_pair(nibble_pair_bf16(w1, 0x5342u), D, negMn);
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    mma_bf16(acc[mt][nt], wp[0][0], wp[1][0], wp[0][1], wp[1][1], xv[nt].x, xv[nt].y);
-                    mma_bf16(acc[mt][nt], wp[0][2], wp[1][2], wp[0][3], wp[1][3], xv[nt].z, xv[nt].w);
-                }
-            }
+            bf16x2_sub_block<MT, NT>(j, hdr, q, xv, acc);
         }
         if (kt + 1 < ntiles) {
 #pragma unroll
