@@ -543,40 +543,30 @@ float median_event_us(int warmup, int reps, Launch launch) {
     return ts[ts.size() / 2];
 }
 
-// Each timed call reads another copy of W (copies cover > 150 MB, three times L2), so no call
-// finds its weights in L2; the median of `reps` calls, each between two events.
-template <int MT, int NT, int WARPS, int EPI = 0>
-void run_kernel(uint8_t* const* dW, int copies, const ActBlock* dx, float* dy, int M, int N, int K, int reps, float* out_us) {
-    const int blocks = (N + 16 * MT - 1) / (16 * MT);
-    q4k_imma<MT, NT, WARPS, EPI><<<blocks, WARPS * 32>>>(dW[0], dx, dy, M, N, K);
+// One launch of kernel (its CTAs of `warps` warps, 16 mt W rows each) for the check, then `reps`
+// timed: each timed call reads another copy of W (copies cover > 150 MB, three times L2), so no
+// call finds its weights in L2; the median of `reps` calls, each between two events.
+template <typename X>
+void run_rows_kernel(void (*kernel)(const uint8_t*, const X*, float*, int, int, int), int mt, int warps,
+                     uint8_t* const* dW, int copies, const X* dx, float* dy, int M, int N, int K, int reps, float* out_us) {
+    const int blocks = (N + 16 * mt - 1) / (16 * mt);
+    kernel<<<blocks, warps * 32>>>(dW[0], dx, dy, M, N, K);
     CK(cudaGetLastError());
     if (!reps) return;
-    *out_us = median_event_us(0, reps, [&](int r) {
-        q4k_imma<MT, NT, WARPS, EPI><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
-    });
+    *out_us = median_event_us(0, reps, [&](int r) { kernel<<<blocks, warps * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K); });
 }
-
+template <int MT, int NT, int WARPS, int EPI = 0>
+void run_kernel(uint8_t* const* dW, int copies, const ActBlock* dx, float* dy, int M, int N, int K, int reps, float* out_us) {
+    run_rows_kernel<ActBlock>(q4k_imma<MT, NT, WARPS, EPI>, MT, WARPS, dW, copies, dx, dy, M, N, K, reps, out_us);
+}
 template <int MT, int NT, int WARPS>
 void run_mma16(uint8_t* const* dW, int copies, const __nv_bfloat16* dx, float* dy, int M, int N, int K, int reps,
                float* out_us) {
-    const int blocks = (N + 16 * MT - 1) / (16 * MT);
-    q4k_mma_bf16x2<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[0], dx, dy, M, N, K);
-    CK(cudaGetLastError());
-    if (!reps) return;
-    *out_us = median_event_us(0, reps, [&](int r) {
-        q4k_mma_bf16x2<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
-    });
+    run_rows_kernel<__nv_bfloat16>(q4k_mma_bf16x2<MT, NT, WARPS>, MT, WARPS, dW, copies, dx, dy, M, N, K, reps, out_us);
 }
-
 template <int MT, int NT, int WARPS>
 void run_i256(uint8_t* const* dW, int copies, const X256* dx, float* dy, int M, int N, int K, int reps, float* out_us) {
-    const int blocks = (N + 16 * MT - 1) / (16 * MT);
-    q4k_imma256<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[0], dx, dy, M, N, K);
-    CK(cudaGetLastError());
-    if (!reps) return;
-    *out_us = median_event_us(0, reps, [&](int r) {
-        q4k_imma256<MT, NT, WARPS><<<blocks, WARPS * 32>>>(dW[(r + 1) % copies], dx, dy, M, N, K);
-    });
+    run_rows_kernel<X256>(q4k_imma256<MT, NT, WARPS>, MT, WARPS, dW, copies, dx, dy, M, N, K, reps, out_us);
 }
 
 // timed_add: the timed calls include add_planes (the checked first call always does).
