@@ -54,6 +54,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/qlayout.h"
@@ -569,6 +570,18 @@ void run_i256(uint8_t* const* dW, int copies, const X256* dx, float* dy, int M, 
     run_rows_kernel<X256>(q4k_imma256<MT, NT, WARPS>, MT, WARPS, dW, copies, dx, dy, M, N, K, reps, out_us);
 }
 
+// f(MT, NT) with both as compile-time constants: MT = mt (1, 2 or 4) W tiles a warp, NT = 2 n8 tiles of
+// x rows where n2 (9-16 rows), else 1.
+template <typename F>
+void with_tiles(int mt, bool n2, F&& f) {
+    using One = std::integral_constant<int, 1>;
+    using Two = std::integral_constant<int, 2>;
+    using Four = std::integral_constant<int, 4>;
+    if (mt == 1) n2 ? f(One{}, Two{}) : f(One{}, One{});
+    if (mt == 2) n2 ? f(Two{}, Two{}) : f(Two{}, One{});
+    if (mt == 4) n2 ? f(Four{}, Two{}) : f(Four{}, One{});
+}
+
 // timed_add: the timed calls include add_planes (the checked first call always does).
 template <int MT, int NT, int KS>
 void run_xs(uint8_t* const* dW, int copies, const __nv_bfloat16* dx, float* dpart, float* dy, int M, int N, int K, int reps,
@@ -760,17 +773,17 @@ int main(int argc, char** argv) {
             for (const int MT : mts) {
                 const std::string name = "mt" + std::to_string(MT);
                 run_row(name.c_str(), M, ref, mag, tol, [&](int r, float* us) {
-                    if (MT == 1) n2 ? run_kernel<1, 2, 8>(dW.data(), copies, dx, dy, M, N, K, r, us) : run_kernel<1, 1, 8>(dW.data(), copies, dx, dy, M, N, K, r, us);
-                    if (MT == 2) n2 ? run_kernel<2, 2, 8>(dW.data(), copies, dx, dy, M, N, K, r, us) : run_kernel<2, 1, 8>(dW.data(), copies, dx, dy, M, N, K, r, us);
-                    if (MT == 4) n2 ? run_kernel<4, 2, 8>(dW.data(), copies, dx, dy, M, N, K, r, us) : run_kernel<4, 1, 8>(dW.data(), copies, dx, dy, M, N, K, r, us);
+                    with_tiles(MT, n2, [&](auto mt, auto nt) {
+                        run_kernel<decltype(mt)::value, decltype(nt)::value, 8>(dW.data(), copies, dx, dy, M, N, K, r, us);
+                    });
                 });
             }
             for (const int MT : mts) {
                 const std::string name = "i256_mt" + std::to_string(MT);
                 run_row(name.c_str(), M, ref3, mag3, tol, [&](int r, float* us) {
-                    if (MT == 1) n2 ? run_i256<1, 2, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us) : run_i256<1, 1, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us);
-                    if (MT == 2) n2 ? run_i256<2, 2, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us) : run_i256<2, 1, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us);
-                    if (MT == 4) n2 ? run_i256<4, 2, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us) : run_i256<4, 1, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us);
+                    with_tiles(MT, n2, [&](auto mt, auto nt) {
+                        run_i256<decltype(mt)::value, decltype(nt)::value, 8>(dW.data(), copies, dx3, dy, M, N, K, r, us);
+                    });
                 });
             }
             if (M > 8) {
@@ -790,8 +803,9 @@ int main(int argc, char** argv) {
             for (const int MT : {1, 2}) {
                 const std::string name = "mma16_mt" + std::to_string(MT);
                 run_row(name.c_str(), M, ref2, mag2, tol2, [&](int r, float* us) {
-                    if (MT == 1) n2 ? run_mma16<1, 2, 8>(dW.data(), copies, dxb, dy, M, N, K, r, us) : run_mma16<1, 1, 8>(dW.data(), copies, dxb, dy, M, N, K, r, us);
-                    if (MT == 2) n2 ? run_mma16<2, 2, 8>(dW.data(), copies, dxb, dy, M, N, K, r, us) : run_mma16<2, 1, 8>(dW.data(), copies, dxb, dy, M, N, K, r, us);
+                    with_tiles(MT, n2, [&](auto mt, auto nt) {
+                        run_mma16<decltype(mt)::value, decltype(nt)::value, 8>(dW.data(), copies, dxb, dy, M, N, K, r, us);
+                    });
                 });
             }
         }
