@@ -667,7 +667,7 @@ inline void launch_decode_mma(const DecodeArgs& a, int B, cudaStream_t stream) {
     using L = DecodeLayout<HD, GMAX, THREADS>;
     constexpr size_t kBytes = L::tiles_off + (size_t)L::kWarps * DecodeMmaLayout<HD, FP8>::warp_bytes(STAGES);
     auto kernel = flash_decode_mma_kernel<HD, GMAX, THREADS, STAGES, FP8>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBytes));
+    allow_dynamic_smem(kernel, kBytes);
     const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
     launch_pdl(kernel, grid, dim3(THREADS), kBytes, stream, a);
     CUDA_CHECK_LAUNCH("flash_decode_mma_kernel");
@@ -689,7 +689,7 @@ template <int HD, int GMAX, int THREADS, typename Piece>
 inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
     using L = DecodeLayout<HD, GMAX, THREADS>;
     auto kernel = flash_decode_kernel<HD, GMAX, THREADS, Piece>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
+    allow_dynamic_smem(kernel, L::bytes);
     const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
     launch_pdl(kernel, grid, dim3(THREADS), L::bytes, stream, a);
     CUDA_CHECK_LAUNCH("flash_decode_kernel");

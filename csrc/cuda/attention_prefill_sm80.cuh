@@ -8,6 +8,7 @@
 #include "cuda/attention_common.cuh"
 #include "cuda/check.cuh"
 #include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 
@@ -270,7 +271,7 @@ template <int HD, int KV, bool FP8>
 void launch_prefill(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
     auto kernel = attention_prefill_kernel<HD, KV, FP8>;
     constexpr size_t smem = prefill_smem_bytes<HD, KV, FP8>();
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    allow_dynamic_smem(kernel, smem);
     kernel<<<grid, kPreThreads, smem, stream>>>(a);
     CUDA_CHECK_LAUNCH("attention_prefill_kernel");
 }

@@ -299,7 +299,7 @@ void launch_prefill_sm90(const PrefillArgs& a, const int32_t* slot_blocks, int p
     const CUtensorMap v_tail = hopper::make_tensor_map_sw128(v + tail_offset, tail_rows, kv_row, bs, op);
     auto kernel = attention_prefill_sm90_kernel<HD>;
     constexpr size_t smem = Sm90Layout<HD>::bytes;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    allow_dynamic_smem(kernel, smem);
     kernel<<<grid, kSm90Threads, smem, stream>>>(q_map, k_map, v_map, k_tail, v_tail, a);
     CUDA_CHECK_LAUNCH("attention_prefill_sm90_kernel");
 }

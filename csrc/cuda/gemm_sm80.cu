@@ -23,6 +23,7 @@
 #include "cuda/check.cuh"
 #include "cuda/gemm_common.cuh"
 #include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 #include "cuda/tuning.h"
@@ -199,8 +200,7 @@ __global__ void __launch_bounds__(kThreads) gemm_sm80_kernel(GemmArgs p) {
 template <bool SWIGLU, bool VEC>
 void launch_sm80_kernel(const GemmArgs& p, cudaStream_t stream) {
     auto kernel = gemm_sm80_kernel<SWIGLU, VEC>;
-    // Over the 48 KB default: opt in (per device and cheap, so simply on every launch).
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
+    allow_dynamic_smem(kernel, kSmemBytes);  // over the 48 KB default
     const dim3 grid(CEIL_DIV(p.width, SWIGLU ? kBN / 2 : kBN), CEIL_DIV(p.M, kBM));
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
     CUDA_CHECK_LAUNCH("gemm_sm80_kernel");

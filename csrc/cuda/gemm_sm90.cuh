@@ -39,6 +39,7 @@
 #include "cuda/gemm_sm90_dequant.cuh"
 #include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 #include "cuda/ptx.cuh"
 #include "cuda/tuning.h"
@@ -636,7 +637,7 @@ void launch(const GemmArgs& p, int max_ctas, int group_m, cudaStream_t stream, i
                "gemm_bf16: split-K scratch too small for " << tiles.splits << " splits");
     const size_t smem = smem_bytes<BN, STAGES, QUANT, MB>(p);
     const KernelFn kernel = pick_kernel<BN, STAGES, QUANT, MB>(p);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    allow_dynamic_smem(kernel, smem);
     const int num_work = tiles.tiles_m * tiles.tiles_n * tiles.splits;
     const int grid = max_ctas > 0 ? std::min(num_work, std::max(1, max_ctas)) : num_work;
     kernel<<<grid, kThreads, smem, stream>>>(x_map, w_map, out_map, p, tiles);

@@ -451,37 +451,12 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(GemvArgs a) {
     util::store_mma_gemv_tiles<P, 1, NT, kMmaWarps>(acc, partial, warp, lane, M, rows, a.half_n, a.ep, a.out);
 }
 
-// CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit on the GPU at once. The
-// answers are remembered per thread (a decode step asks about the same few launches over and
-// over; the occupancy query costs microseconds).
-int resident_ctas(void (*kernel)(GemvArgs), size_t smem) {
-    struct Entry {
-        void (*kernel)(GemvArgs);
-        int dev;
-        size_t smem;
-        int result;
-    };
-    constexpr int kEntries = 32;
-    thread_local Entry seen[kEntries] = {};
-    thread_local int next = 0;
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    for (const Entry& e : seen)
-        if (e.kernel == kernel && e.dev == dev && e.smem == smem) return e.result;
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-    const int result = per_sm * device_facts().sm_count;
-    seen[next] = Entry{kernel, dev, smem, result};
-    next = (next + 1) % kEntries;
-    return result;
-}
-
 // The x slice per CTA, shrunk where shared memory (not registers or threads) would split a grid
 // that fits on the GPU at once into a second, mostly idle wave. Llama-3-8B's w2 at M = 1:
 // 1024 CTAs, whole 28 KB rows of x allow 7 CTAs per SM (924 resident), registers allow 8 (1056):
 // a 16 KB slice keeps all 1024 streaming together.
 int resident_chunk(void (*kernel)(GemvArgs), int M, int chunk, int blocks) {
-    auto resident = [&](int c) { return resident_ctas(kernel, (size_t)M * c * sizeof(uint16_t)); };
+    auto resident = [&](int c) { return resident_ctas(kernel, kThreads, (size_t)M * c * sizeof(uint16_t)); };
     int result = chunk;
     if (chunk > 256 && resident(256) >= blocks)
         while (result > 256 && resident(result) < blocks) result = std::max(256, result / 2 / 256 * 256);
@@ -496,7 +471,9 @@ auto pick_m1_kernel(int blocks) {
     const auto deep = gemv_kernel<1, UNITS, P, true, NORM, tuning::kGemvM1Loads>;
     const auto shallow = gemv_kernel<1, UNITS, P, true, NORM, tuning::kGemvLoads>;
     const size_t least_smem = 256 * sizeof(uint16_t);  // the smallest x slice resident_chunk goes to
-    return resident_ctas(deep, least_smem) < blocks && resident_ctas(shallow, least_smem) >= blocks ? shallow : deep;
+    return resident_ctas(deep, kThreads, least_smem) < blocks && resident_ctas(shallow, kThreads, least_smem) >= blocks
+               ? shallow
+               : deep;
 }
 
 template <int M, Pairing P, bool VEC, bool NORM>
@@ -514,7 +491,8 @@ void launch_variant(GemvArgs a, cudaStream_t stream) {
     const size_t norm_bytes = (size_t)a.K * (M * sizeof(float) + sizeof(bf16));
     a.norm_in_smem = NORM && VEC && M * a.K >= 4 * 8 * kThreads && a.chunk == a.K &&
                      norm_bytes <= (size_t)kXChunkBytes &&
-                     resident_ctas(kernel, smem + norm_bytes) >= std::min(blocks, resident_ctas(kernel, smem));
+                     resident_ctas(kernel, kThreads, smem + norm_bytes) >=
+                         std::min(blocks, resident_ctas(kernel, kThreads, smem));
     if (a.norm_in_smem) smem += norm_bytes;
     launch_pdl(kernel, dim3(blocks), dim3(kThreads), smem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_kernel");
@@ -524,7 +502,7 @@ template <int NT, Pairing P>
 void launch_mma(const GemvArgs& a, cudaStream_t stream) {
     const auto kernel = gemv_mma_kernel<NT, P>;
     constexpr size_t smem = mma_smem_bytes<NT>();
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    allow_dynamic_smem(kernel, smem);
     const int tiles = P == Pairing::None ? CEIL_DIV(a.n_units, 16) : CEIL_DIV(a.n_units, 8);
     launch_pdl(kernel, dim3(tiles), dim3(kMmaThreads), smem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_mma_kernel");

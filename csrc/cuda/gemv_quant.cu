@@ -679,32 +679,6 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
     }
 }
 
-// CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit on the GPU at once,
-// remembered per (kernel, device, smem): decode asks about the same few launches every step.
-template <typename Kernel>
-int resident_ctas(Kernel kernel, int threads, size_t smem) {
-    struct Entry {
-        const void* kernel;
-        int dev;
-        size_t smem;
-        int result;
-    };
-    constexpr int kEntries = 64;
-    thread_local Entry seen[kEntries] = {};
-    thread_local int next = 0;
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    const void* key = reinterpret_cast<const void*>(kernel);
-    for (const Entry& e : seen)
-        if (e.kernel == key && e.dev == dev && e.smem == smem) return e.result;
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    const int result = std::max(1, per_sm) * device_facts().sm_count;
-    seen[next] = Entry{key, dev, smem, result};
-    next = (next + 1) % kEntries;
-    return result;
-}
-
 template <QType T, QType T1, int MR, Pairing P, XIn IN>
 void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     // Pieces per lane and row in a chunk (two chunks in registers): at M <= 2 a K = 4096 row is
@@ -724,7 +698,8 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
         // the resident CTAs alone left a second, partly empty round wherever the units are a
         // little more than the resident warps (4096-row wo / w2 on 2-4 thousand).
         smem = (size_t)M * (a.K / 32) * (sizeof(ActBlock) + (IN == XIn::Norm ? sizeof(float) : 0));
-        const int resident = resident_ctas(kernel, 32 * warps, smem);
+        // At least a CTA an SM: a grid of none would divide by zero, and the launch reports the misfit.
+        const int resident = std::max(device_facts().sm_count, resident_ctas(kernel, 32 * warps, smem));
         const int rounds = std::max(1, CEIL_DIV(a.n_units, resident * warps));
         blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), warps);
         // Many rounds: a fixed walk ends with its slowest warps, and each round widens the spread;

@@ -548,7 +548,7 @@ void launch_instance(const QMArgs& a, int ctas, const DeviceFacts& dev, cudaStre
     static_assert(kSmem <= 48 * 1024, "dynamic shared memory past 48 KB needs an opt-in");
     constexpr size_t kSmemPerSm = CtasPerSm<T, NT, P, MT, C, WARPS>::value * (kSmem + kReservedSmemPerCta);
     const int carveout = (int)std::min<size_t>(100, CEIL_DIV(100 * kSmemPerSm, (size_t)dev.smem_per_sm));
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+    prefer_carveout(kernel, carveout);
     launch_pdl(kernel, dim3(ctas), dim3(WARPS * 32), kSmem, stream, a);
     CUDA_CHECK_LAUNCH("gemv_quant_mma_kernel");
 }

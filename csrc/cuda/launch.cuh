@@ -1,5 +1,6 @@
-// launch.cuh — programmatic dependent launch (PDL) for the decode chain, and the device facts the
-// launchers ask for (SM count, compute capability), cached per device.
+// launch.cuh — programmatic dependent launch (PDL) for the decode chain, the device facts the
+// launchers ask for (SM count, compute capability), cached per device, and the answers about
+// kernels they ask for (occupancy, shared-memory attributes), remembered per kernel and device.
 //
 // A batch-1 decode step is ~100 short kernels; between two of them the GPU normally drains the
 // first grid completely before the second one's CTAs start, a gap of a few microseconds per kernel
@@ -31,6 +32,9 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "cuda/check.cuh"
 #include "cuda/tuning.h"
@@ -105,6 +109,80 @@ bool runs_sm90a(void (*kernel)(KernelArgs...)) {
         state[dev].store(s, std::memory_order_relaxed);
     }
     return s == 1;
+}
+
+// ---- answers about kernels, remembered --------------------------------------------------------
+// An occupancy query or a function attribute costs host microseconds, and a launcher asks the same
+// few of them about the same kernels on every launch (eager ones: a captured graph replays none).
+// One table for the process, under a lock, keyed by (kernel, device, question, its arguments).
+// Every change of a function attribute goes through here, so the table knows each one's value.
+namespace memo {
+
+enum class Question { ResidentCtas, MaxDynamicSmem, Carveout };
+using Key = std::tuple<const void*, int, Question, int, size_t>;
+
+struct Table {
+    std::mutex lock;
+    std::map<Key, int> answers;
+};
+
+inline Table& table() {
+    static Table t;
+    return t;
+}
+
+inline int current_device() {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    return dev;
+}
+
+}  // namespace memo
+
+// CTAs of `kernel` at `threads` threads and `smem` bytes of dynamic shared memory that fit on the
+// current GPU at once (0: not even one an SM).
+template <typename... KernelArgs>
+int resident_ctas(void (*kernel)(KernelArgs...), int threads, size_t smem) {
+    const memo::Key key{reinterpret_cast<const void*>(kernel), memo::current_device(), memo::Question::ResidentCtas,
+                        threads, smem};
+    memo::Table& t = memo::table();
+    std::lock_guard<std::mutex> hold(t.lock);
+    const auto seen = t.answers.find(key);
+    if (seen != t.answers.end()) return seen->second;
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    const int ctas = per_sm * device_facts().sm_count;
+    t.answers.emplace(key, ctas);
+    return ctas;
+}
+
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current device (past
+// 48 KB the opt-in). Only ever raised, so a launch of fewer bytes never lowers the limit under
+// another launch of the same kernel that needs more.
+template <typename... KernelArgs>
+void allow_dynamic_smem(void (*kernel)(KernelArgs...), size_t bytes) {
+    const memo::Key key{reinterpret_cast<const void*>(kernel), memo::current_device(),
+                        memo::Question::MaxDynamicSmem, 0, 0};
+    memo::Table& t = memo::table();
+    std::lock_guard<std::mutex> hold(t.lock);
+    const auto seen = t.answers.find(key);
+    if (seen != t.answers.end() && (size_t)seen->second >= bytes) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    t.answers[key] = (int)bytes;
+}
+
+// Asks for `percent` of the SM's unified L1 / shared memory as shared memory when `kernel` runs
+// on the current device (a preference the driver rounds up to a size it offers).
+template <typename... KernelArgs>
+void prefer_carveout(void (*kernel)(KernelArgs...), int percent) {
+    const memo::Key key{reinterpret_cast<const void*>(kernel), memo::current_device(), memo::Question::Carveout, 0,
+                        0};
+    memo::Table& t = memo::table();
+    std::lock_guard<std::mutex> hold(t.lock);
+    const auto seen = t.answers.find(key);
+    if (seen != t.answers.end() && seen->second == percent) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+    t.answers[key] = percent;
 }
 
 // Whether launch_pdl sets the PDL attribute: tuning::kPdlEnv (LLAMA_BRRR_PDL=0 turns it off),

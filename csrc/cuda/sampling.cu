@@ -595,14 +595,11 @@ void sample_tokens(const float* logits, const int* history, const int* slots, in
     const size_t smem = seen_bytes(V);
     // The history bitmap is V bits of shared memory; beyond the default 48 KiB opt in.
     if (smem + sizeof(Shared) > 48 * 1024) {
-        int device = 0, optin = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        const int optin = device_facts().smem_optin;
         BRRR_CHECK(smem + sizeof(Shared) <= (size_t)optin,
                    "sample_tokens: vocab_size " << V << " needs " << smem + sizeof(Shared)
                                                 << " bytes of shared memory; this GPU allows " << optin);
-        CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
+        allow_dynamic_smem(sample_kernel, smem);
     }
     const int n_parts = scan_parts(V);
     ScanPart* parts = reinterpret_cast<ScanPart*>(static_cast<char*>(scratch) + parts_offset(B, V));
