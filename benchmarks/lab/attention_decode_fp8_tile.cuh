@@ -177,7 +177,8 @@ inline void launch(const DecodeArgs& a, int B, cudaStream_t stream) {
 // The GQA group's instance, with the stages the shipped code gave this form (12 KB of copies a warp).
 template <int HD>
 inline void launch_group(const DecodeArgs& a, int B, cudaStream_t stream) {
-    constexpr size_t n = tuning::kDecodeMmaBytesPerWarp / DecodeMmaTileLayout<HD, true>::copy_bytes;
+    constexpr size_t kBytesPerWarp = 12 * 1024;
+    constexpr size_t n = kBytesPerWarp / DecodeMmaTileLayout<HD, true>::copy_bytes;
     constexpr int kStages = n < 2 ? 2 : n > 4 ? 4 : (int)n;
     switch (decode_gmax(a.group)) {
         case 1: launch<HD, 1, kStages>(a, B, stream); break;

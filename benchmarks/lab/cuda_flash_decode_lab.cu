@@ -8,9 +8,10 @@
 // (the kernel's THREADS; tuning.h's kDecodeMinChunk and kDecodeThreads), or in the splits a
 // sequence may take where the shapes alone would give it one (16-18: at large batches the grid
 // already fills the GPU, so decode_args() gives every (sequence, KV head) one CTA over its whole
-// context), or in the kernel (19, 25, 26: the register kernel, or the tensor-core kernel with 2 or
-// 4 stages, at any batch; launch_flash_decode takes the tensor-core kernel from
-// tuning::kDecodeMmaMinCtas one-split CTAs on). The serving mode skips the chunk variants (02-05),
+// context), or in the kernel (19, 25, 28, 26: the register kernel, or the tensor-core kernel with
+// 2, 3 or 4 stages, at any batch; launch_flash_decode takes the tensor-core kernel from
+// tuning::kDecodeMmaMinCtas one-split CTAs on, with 4 stages where its grid takes no more waves
+// than with 2, else 2). The serving mode skips the chunk variants (02-05),
 // which change nothing once a sequence has one split. 01 is what ships (decode_args() and
 // launch_flash_decode's choice). Variants that are gone with the code they measured (06, 08-11:
 // first K/V rows after the PDL wait, the trigger at every head dim, the shared-memory tile kernel;
@@ -28,6 +29,8 @@
 //   ./fd_lab bench    Llama-3.2-1B and Llama-3-8B heads at contexts 128..16384, JSON lines on stdout
 //   ./fd_lab batch    the same heads at batches 2 to 256 of 1024 / 1536 positions each (serving);
 //                     $LAB_VARIANTS picks variants by number (e.g. LAB_VARIANTS=01,20,25)
+//   ./fd_lab short    the same heads at batches 4 to 64 of 136-384 positions, timed in the
+//                     graphed chain as bench is; $LAB_VARIANTS as for batch
 //   --block-size N    after either: the KV block size (16, 32, 64 or 128; default 16)
 //   --fp8             after either: an e4m3 cache (kv.fp8; the reference reads the same values)
 #include <cuda_bf16.h>
@@ -60,7 +63,8 @@ struct Variant {
     int threads;    // 0: the shipped value, else 128
     int splits;     // 0: decode_args()'s, else at least this many (within max_splits)
     int kernel;     // 0: launch_flash_decode's choice; -1 the register kernel at any batch; 2-4 the
-                    // tensor-core kernel (128 threads) with that many stages at any batch; 5 (--fp8
+                    // tensor-core kernel (128 threads) with that many stages at any batch (25, 28,
+                    // 26); 5 (--fp8
                     // only) the tensor-core kernel's earlier e4m3 form at any batch
                     // (attention_decode_fp8_tile.cuh)
 };
@@ -79,6 +83,7 @@ const Variant kVariants[] = {
     {"25_mma_2stages", 0, 0, 0, 2},
     {"26_mma_4stages", 0, 0, 0, 4},
     {"27_fp8_smem_tile", 0, 0, 0, 5},
+    {"28_mma_3stages", 0, 0, 0, 3},
 };
 
 // --fp8: the caches hold e4m3 (the host keeps their values as bf16, exactly).
@@ -102,14 +107,23 @@ DecodeArgs variant_args(const Variant& v, DecodeArgs a) {
 
 // The variant's kernel: the register kernel at any batch (256 or, 07, 128 threads), the
 // tensor-core kernel with its stages at any batch, or launch_flash_decode's choice.
+template <int HD, int STAGES, bool FP8>
+void launch_mma_group(const DecodeArgs& a, int B, cudaStream_t s) {
+    switch (decode_gmax(a.group)) {
+        case 1: launch_decode_mma<HD, 1, 128, STAGES, FP8>(a, B, s); break;
+        case 2: launch_decode_mma<HD, 2, 128, STAGES, FP8>(a, B, s); break;
+        default: launch_decode_mma<HD, 4, 128, STAGES, FP8>(a, B, s); break;
+    }
+}
 template <int HD, int STAGES>
 void launch_mma(const DecodeArgs& a, int B, cudaStream_t s) {
-    if (g_fp8) launch_decode_mma_group<HD, 128, STAGES, true>(a, B, s);
-    else launch_decode_mma_group<HD, 128, STAGES, false>(a, B, s);
+    if (g_fp8) launch_mma_group<HD, STAGES, true>(a, B, s);
+    else launch_mma_group<HD, STAGES, false>(a, B, s);
 }
 template <int HD>
 void launch_hd(const Variant& v, const DecodeArgs& a, int B, cudaStream_t s) {
     if (v.kernel == 2) launch_mma<HD, 2>(a, B, s);
+    else if (v.kernel == 3) launch_mma<HD, 3>(a, B, s);
     else if (v.kernel == 4) launch_mma<HD, 4>(a, B, s);
     else if (v.kernel == 5) lab_fp8_tile::launch_group<HD>(a, B, s);
     else if (v.kernel == -1) launch_decode_registers<HD, 256>(a, B, s);
@@ -430,6 +444,49 @@ int bench_batch(int block_size) {
     return 0;
 }
 
+// Serving's decode at short contexts: B sequences of ctx positions each (a chat's first hundreds
+// of tokens), every selected variant timed as bench does, in the graphed chain behind the QKV
+// stand-in (16 layers of weights, more than L2), since a batch's KV at these lengths (8B heads,
+// batch 16, 384 positions: 25 MB) would otherwise stay in L2 from one call to the next.
+int bench_short(int block_size) {
+    std::mt19937 rng(17);
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    struct Shape { const char* name; int Hq, Hkv, hd, qkv_rows, dim; };
+    const Shape shapes[] = {{"llama3.2-1b", 32, 8, 64, 3072, 2048}, {"llama3-8b", 32, 8, 128, 6144, 4096}};
+    const int layers = 16;
+    for (const Shape& sh : shapes) {
+        const size_t wbytes = (size_t)sh.qkv_rows * sh.dim * 2;
+        std::vector<uint4*> weights(layers);
+        for (auto& w : weights) {
+            CUDA_CHECK(cudaMalloc(&w, wbytes));
+            CUDA_CHECK(cudaMemset(w, 1, wbytes));
+        }
+        for (int B : {4, 8, 16, 32, 64})
+            for (int ctx : {136, 256, 384}) {
+                Problem pr{sh.Hq, sh.Hkv, sh.hd, 512, B, 33, block_size};
+                pr.lengths.assign(B, ctx);
+                for (int b = 0; b < B; ++b) pr.slots.push_back(b);
+                pr.build(rng);
+                const double kv_bytes = 2.0 * B * ctx * sh.Hkv * sh.hd * 2;
+                for (const Variant& v : kVariants) {
+                    if (v.kernel == 5 || !selected(v)) continue;
+                    const Timing t = time_variant(v, pr, weights, wbytes, s);
+                    std::printf("{\"shape\": \"%s\", \"batch\": %d, \"context\": %d, \"variant\": \"%s\", "
+                                "\"splits\": %d, \"chain_us\": %.3f, \"isolated_us\": %.3f, \"stand_in_us\": %.3f, "
+                                "\"kv_bytes\": %.0f, \"block_size\": %d}\n",
+                                sh.name, B, ctx, v.name, variant_args(v, pr.args()).n_splits, t.chain_us,
+                                t.isolated_us, t.stand_in_us, kv_bytes, block_size);
+                    std::fflush(stdout);
+                }
+                pr.free();
+            }
+        for (auto* w : weights) cudaFree(w);
+    }
+    cudaStreamDestroy(s);
+    return 0;
+}
+
 }  // namespace lab
 
 int main(int argc, char** argv) {
@@ -449,10 +506,11 @@ int main(int argc, char** argv) {
         // bench's QKV stand-in writes bf16 rows into the cache: batch mode only for e4m3.
         if (args_ok && mode == "bench" && !lab::g_fp8) return lab::bench(block_size);
         if (args_ok && mode == "batch") return lab::bench_batch(block_size);
+        if (args_ok && mode == "short" && !lab::g_fp8) return lab::bench_short(block_size);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;
     }
-    std::fprintf(stderr, "usage: %s check|bench|batch [--block-size 16|32|64|128] [--fp8]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s check|bench|batch|short [--block-size 16|32|64|128] [--fp8]\n", argv[0]);
     return 2;
 }
