@@ -28,10 +28,10 @@
 //     overlap the kernel before;
 //   - tensor cores (serving batches, flash_decode_mma_kernel; from tuning::kDecodeMmaMinCtas
 //     one-split CTAs on, kDecodeMmaMinCtasFp8 with an e4m3 cache): a warp takes 16 positions a
-//     step through a cp.async ring of K/V tiles in shared memory, S = Q K^T and P V on mma.sync
-//     with the group's heads as the A rows (an e4m3 cache stays bytes in shared memory; ldmatrix
-//     reads them and each lane widens its fragments to fp16 in registers, one instruction a pair,
-//     for fp16 MMAs). At serving batches the CUDA-core kernel's per-position work (dot products,
+//     step through a cp.async ring of K/V tiles in shared memory (4 tiles where the grid still
+//     fits the same waves, else 2), S = Q K^T and P V on mma.sync with the group's heads as the
+//     A rows (an e4m3 cache stays bytes in shared memory; ldmatrix reads them and each lane
+//     widens its fragments to fp16 in registers, one instruction a pair, for fp16 MMAs). At serving batches the CUDA-core kernel's per-position work (dot products,
 //     butterflies, shuffles) binds beside the copy rate already in bf16, and an e4m3 cache halves
 //     only the bytes.
 // Invariants: scratch per sequence is [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq

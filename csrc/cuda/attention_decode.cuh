@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda/attention_common.cuh"
@@ -663,9 +664,14 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
 }
 
 template <int HD, int GMAX, int THREADS, int STAGES, bool FP8>
+constexpr size_t decode_mma_bytes() {
+    return DecodeLayout<HD, GMAX, THREADS>::tiles_off +
+           (size_t)DecodeLayout<HD, GMAX, THREADS>::kWarps * DecodeMmaLayout<HD, FP8>::warp_bytes(STAGES);
+}
+
+template <int HD, int GMAX, int THREADS, int STAGES, bool FP8>
 inline void launch_decode_mma(const DecodeArgs& a, int B, cudaStream_t stream) {
-    using L = DecodeLayout<HD, GMAX, THREADS>;
-    constexpr size_t kBytes = L::tiles_off + (size_t)L::kWarps * DecodeMmaLayout<HD, FP8>::warp_bytes(STAGES);
+    constexpr size_t kBytes = decode_mma_bytes<HD, GMAX, THREADS, STAGES, FP8>();
     auto kernel = flash_decode_mma_kernel<HD, GMAX, THREADS, STAGES, FP8>;
     allow_dynamic_smem(kernel, kBytes);
     const dim3 grid(a.n_splits, a.n_kv_heads * a.head_blocks, B);
@@ -673,14 +679,42 @@ inline void launch_decode_mma(const DecodeArgs& a, int B, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("flash_decode_mma_kernel");
 }
 
+// Waves of `ctas` CTAs the tensor-core kernel with a ring of STAGES tiles takes on this GPU.
+template <int HD, int GMAX, int THREADS, int STAGES, bool FP8>
+inline int64_t decode_mma_waves(int64_t ctas) {
+    constexpr size_t kBytes = decode_mma_bytes<HD, GMAX, THREADS, STAGES, FP8>();
+    auto kernel = flash_decode_mma_kernel<HD, GMAX, THREADS, STAGES, FP8>;
+    allow_dynamic_smem(kernel, kBytes);  // the occupancy of more than 48 KB needs the opt-in first
+    const int resident = resident_ctas(kernel, THREADS, kBytes);
+    return resident > 0 ? CEIL_DIV(ctas, (int64_t)resident) : INT64_MAX;
+}
+
+// The tensor-core kernel with a ring of 4 tiles a warp where its grid takes no more waves than
+// with 2, else 2. In a graphed chain the 4-tile ring took 15-32% off a call at head dim 64 and
+// 8-32 sequences of 136-384 positions, level at long contexts; a grid it pushes into another wave
+// pays for that wave (docs/kernels/attention.md).
+template <int HD, int GMAX, int THREADS, bool FP8>
+inline void launch_decode_mma_ring(const DecodeArgs& a, int B, cudaStream_t stream) {
+    const int64_t ctas = (int64_t)a.n_splits * a.n_kv_heads * a.head_blocks * B;
+    if (decode_mma_waves<HD, GMAX, THREADS, 4, FP8>(ctas) <= decode_mma_waves<HD, GMAX, THREADS, 2, FP8>(ctas))
+        launch_decode_mma<HD, GMAX, THREADS, 4, FP8>(a, B, stream);
+    else
+        launch_decode_mma<HD, GMAX, THREADS, 2, FP8>(a, B, stream);
+}
+
 // The tensor-core kernel for the GQA group (decode_gmax heads a CTA, as decode_args() sized
-// head_blocks).
-template <int HD, int THREADS, int STAGES, bool FP8>
-inline void launch_decode_mma_group(const DecodeArgs& a, int B, cudaStream_t stream) {
-    switch (decode_gmax(a.group)) {
-        case 1: launch_decode_mma<HD, 1, THREADS, STAGES, FP8>(a, B, stream); break;
-        case 2: launch_decode_mma<HD, 2, THREADS, STAGES, FP8>(a, B, stream); break;
-        default: launch_decode_mma<HD, 4, THREADS, STAGES, FP8>(a, B, stream); break;
+// head_blocks) and the cache's element.
+template <int HD, int THREADS>
+inline void launch_decode_tensor_cores(const DecodeArgs& a, int B, cudaStream_t stream) {
+    const int gmax = decode_gmax(a.group);
+    if (a.kv.fp8) {
+        if (gmax == 1) launch_decode_mma_ring<HD, 1, THREADS, true>(a, B, stream);
+        else if (gmax == 2) launch_decode_mma_ring<HD, 2, THREADS, true>(a, B, stream);
+        else launch_decode_mma_ring<HD, 4, THREADS, true>(a, B, stream);
+    } else {
+        if (gmax == 1) launch_decode_mma_ring<HD, 1, THREADS, false>(a, B, stream);
+        else if (gmax == 2) launch_decode_mma_ring<HD, 2, THREADS, false>(a, B, stream);
+        else launch_decode_mma_ring<HD, 4, THREADS, false>(a, B, stream);
     }
 }
 
@@ -709,14 +743,6 @@ inline void launch_decode_registers(const DecodeArgs& a, int B, cudaStream_t str
         else if (gmax == 2) launch_decode<HD, 2, THREADS, uint4>(a, B, stream);
         else launch_decode<HD, 4, THREADS, uint4>(a, B, stream);
     }
-}
-
-// The tensor-core kernel's stages: what tuning::kDecodeMmaBytesPerWarp holds of this cache's
-// copies, 2 to 4.
-template <int HD, bool FP8>
-constexpr int decode_mma_stages() {
-    constexpr size_t n = tuning::kDecodeMmaBytesPerWarp / DecodeMmaLayout<HD, FP8>::copy_bytes;
-    return n < 2 ? 2 : n > 4 ? 4 : (int)n;
 }
 
 // Splits from shapes only (positions are on the device): tuning::kDecodeCtasPerSm CTAs per SM at
@@ -758,11 +784,9 @@ inline void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaSt
         if (head_dim == 64) launch_decode_registers<64, kT>(a, B, stream);
         else launch_decode_registers<128, kT>(a, B, stream);
     } else if (head_dim == 64) {
-        if (a.kv.fp8) launch_decode_mma_group<64, kMmaT, decode_mma_stages<64, true>(), true>(a, B, stream);
-        else launch_decode_mma_group<64, kMmaT, decode_mma_stages<64, false>(), false>(a, B, stream);
+        launch_decode_tensor_cores<64, kMmaT>(a, B, stream);
     } else {
-        if (a.kv.fp8) launch_decode_mma_group<128, kMmaT, decode_mma_stages<128, true>(), true>(a, B, stream);
-        else launch_decode_mma_group<128, kMmaT, decode_mma_stages<128, false>(), false>(a, B, stream);
+        launch_decode_tensor_cores<128, kMmaT>(a, B, stream);
     }
 }
 

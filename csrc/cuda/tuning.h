@@ -35,16 +35,14 @@ constexpr int kDecodeCtasPerSm = 2;
 // slower at hd 64 (Llama-3.2-1B); why is open (docs/kernels/attention.md).
 constexpr int kDecodeLateTriggerHeadDim = 128;
 // flash_decode's tensor-core kernel (serving batches): the CTAs of one split per (sequence, head
-// block) from which it replaces the register kernel, its threads, and the shared memory a warp's
-// cp.async ring of K/V tiles may take (its stages: 2 to 4 tiles of 16 positions; 2, 3 and 4 stages
-// measured alike).
+// block) from which it replaces the register kernel, and its threads. Its ring of K/V tiles (4 a
+// warp where that costs the grid no wave, else 2) is the launcher's (launch_decode_mma_ring).
 constexpr int kDecodeMmaMinCtas = 64;
 // The same for an e4m3 cache, whose tensor-core kernel widens the bytes in registers: at 4
 // sequences of 8 KV heads it beat the register kernel by 1.29-1.58x (both shapes), at 2 by
 // 0.98-1.20x (docs/kernels/attention.md).
 constexpr int kDecodeMmaMinCtasFp8 = 32;
 constexpr int kDecodeMmaThreads = 128;
-constexpr int kDecodeMmaBytesPerWarp = 12 * 1024;
 
 // ---- prefill attention (attention_prefill_sm80.cu, attention_prefill_sm90.cu) -----------------
 // The tiles (kPreRows = 128 queries a CTA) follow from the mma / wgmma fragment shapes and shared
