@@ -777,9 +777,11 @@ inline void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaSt
     static_assert(tuning::kDecodeThreads == 128 || tuning::kDecodeThreads == 256,
                   "flash_decode_kernel's register cap and merge assume 128 or 256 threads");
     constexpr int kT = tuning::kDecodeThreads, kMmaT = tuning::kDecodeMmaThreads;
-    // Tensor cores at serving batches (from 8 sequences of 8 KV heads on, 4 with an e4m3 cache),
-    // registers below.
-    const int mma_min_ctas = a.kv.fp8 ? tuning::kDecodeMmaMinCtasFp8 : tuning::kDecodeMmaMinCtas;
+    // Tensor cores at serving batches (from 8 sequences of 8 KV heads on, 4 with an e4m3 cache)
+    // and at every batch for a bf16 cache of head dim 64; registers below.
+    const int mma_min_ctas = a.kv.fp8          ? tuning::kDecodeMmaMinCtasFp8
+                             : head_dim == 64 ? tuning::kDecodeMmaMinCtasHd64
+                                              : tuning::kDecodeMmaMinCtas;
     if ((int64_t)B * a.n_kv_heads * a.head_blocks < mma_min_ctas) {
         if (head_dim == 64) launch_decode_registers<64, kT>(a, B, stream);
         else launch_decode_registers<128, kT>(a, B, stream);

@@ -38,6 +38,11 @@ constexpr int kDecodeLateTriggerHeadDim = 128;
 // block) from which it replaces the register kernel, and its threads. Its ring of K/V tiles (4 a
 // warp where that costs the grid no wave, else 2) is the launcher's (launch_decode_mma_ring).
 constexpr int kDecodeMmaMinCtas = 64;
+// The same for a bf16 cache of head dim 64: every batch. With its 4-tile ring it took 0.4 us off
+// the register kernel's call at one sequence of 128-384 positions in a graphed chain (1B heads),
+// level at 1,024-4,096, 16% less at 16,384; at head dim 128 it was 1.01-1.11x slower up to 4,096
+// (docs/kernels/attention.md).
+constexpr int kDecodeMmaMinCtasHd64 = 1;
 // The same for an e4m3 cache, whose tensor-core kernel widens the bytes in registers: at 4
 // sequences of 8 KV heads it beat the register kernel by 1.29-1.58x (both shapes), at 2 by
 // 0.98-1.20x (docs/kernels/attention.md).
