@@ -372,22 +372,28 @@ Timing time_variant(const Variant& v, Problem& pr, const std::vector<uint4*>& we
     return t;
 }
 
+// The chain's heads and QKV weight shapes (Llama-3.2-1B, Llama-3-8B).
+struct ChainShape { const char* name; int Hq, Hkv, hd, qkv_rows, dim; };
+const ChainShape kChainShapes[] = {{"llama3.2-1b", 32, 8, 64, 3072, 2048}, {"llama3-8b", 32, 8, 128, 6144, 4096}};
+
+// One QKV weight per layer, 16 of them: more than L2, as in the engine.
+std::vector<uint4*> layer_weights(size_t bytes) {
+    std::vector<uint4*> weights(16);
+    for (auto& w : weights) {
+        CUDA_CHECK(cudaMalloc(&w, bytes));
+        CUDA_CHECK(cudaMemset(w, 1, bytes));
+    }
+    return weights;
+}
+
 int bench(int block_size) {
     std::mt19937 rng(11);
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    struct Shape { const char* name; int Hq, Hkv, hd, qkv_rows, dim; };
-    const Shape shapes[] = {{"llama3.2-1b", 32, 8, 64, 3072, 2048}, {"llama3-8b", 32, 8, 128, 6144, 4096}};
     const int contexts[] = {128, 256, 384, 1024, 4096, 16384};
-    const int layers = 16;
-    for (const Shape& sh : shapes) {
-        // One weight per layer, 16 of them: more than L2, as in the engine.
+    for (const ChainShape& sh : kChainShapes) {
         const size_t wbytes = (size_t)sh.qkv_rows * sh.dim * 2;
-        std::vector<uint4*> weights(layers);
-        for (auto& w : weights) {
-            CUDA_CHECK(cudaMalloc(&w, wbytes));
-            CUDA_CHECK(cudaMemset(w, 1, wbytes));
-        }
+        std::vector<uint4*> weights = layer_weights(wbytes);
         for (int ctx : contexts) {
             Problem pr{sh.Hq, sh.Hkv, sh.hd, 16384, 1, 33, block_size};
             pr.lengths = {ctx};
@@ -452,16 +458,9 @@ int bench_short(int block_size) {
     std::mt19937 rng(17);
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    struct Shape { const char* name; int Hq, Hkv, hd, qkv_rows, dim; };
-    const Shape shapes[] = {{"llama3.2-1b", 32, 8, 64, 3072, 2048}, {"llama3-8b", 32, 8, 128, 6144, 4096}};
-    const int layers = 16;
-    for (const Shape& sh : shapes) {
+    for (const ChainShape& sh : kChainShapes) {
         const size_t wbytes = (size_t)sh.qkv_rows * sh.dim * 2;
-        std::vector<uint4*> weights(layers);
-        for (auto& w : weights) {
-            CUDA_CHECK(cudaMalloc(&w, wbytes));
-            CUDA_CHECK(cudaMemset(w, 1, wbytes));
-        }
+        std::vector<uint4*> weights = layer_weights(wbytes);
         for (int B : {4, 8, 16, 32, 64})
             for (int ctx : {136, 256, 384}) {
                 Problem pr{sh.Hq, sh.Hkv, sh.hd, 512, B, 33, block_size};
