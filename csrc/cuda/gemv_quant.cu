@@ -344,36 +344,58 @@ __global__ void quantize_act_bf16_kernel(const bf16* __restrict__ x, ActBlock* _
     quantize_block(__bfloat162float(x[(size_t)b * 32 + lane]), xq + b, lane);
 }
 
-// One ActBlock's codes from its 32 values v(0) .. v(31) by one thread: quantize_block's arithmetic
-// (the max and the integer sums do not depend on order), so the same bits. Returns the scale d and
-// writes the codes to qs; s0 / s1 = the integer sums of the two halves. The GEMV prologue uses it:
-// a warp per block leaves a 4-warp CTA ~100 serial shuffle rounds on a 14336-value row, a thread
-// per block 4. `v` is called with constant indices (unrolled), so bf16 words need not be widened
-// into 32 registers first.
-template <typename Values>
-__device__ __forceinline__ float quantize_codes_thread(Values v, int8_t* qs, int& s0, int& s1) {
+// The prologue's lanes a 32-value block (G), a function of the row's length alone, so that every
+// kernel quantizing a row (fused prologues of any CTA size, the standalone quantizer) gives it the
+// same bits: 4 for rows of at most 64 blocks (the 1B's 2048-value rows: 256 lanes, an 8-warp CTA's
+// threads, where a thread a block left 192 of them waiting at the barrier), else 1
+// (docs/kernels/gemv.md, "prologue by lanes a block").
+constexpr int kFourLaneMaxBlocks = 64;
+__host__ __device__ constexpr int prologue_lanes(int n_blocks) { return n_blocks <= kFourLaneMaxBlocks ? 4 : 1; }
+
+// One ActBlock's codes by G neighbouring lanes (G = 1, 2 or 4), lane g of the group holding the
+// block's values V g .. V g + V - 1 (V = 32 / G) as v(0) .. v(V - 1): quantize_block's
+// arithmetic (the max and the integer sums do not depend on order), so the same bits whatever G.
+// Stores this lane's codes to qs (the block's) where `live`; returns d; s0 / s1, the integer sums
+// of the block's halves, are right in lane g = 0. Every lane of the warp calls it (the shuffles).
+// `v` is called with constant indices (unrolled), so bf16 words need not be widened first.
+template <int G, typename Values>
+__device__ __forceinline__ float quantize_codes(Values v, int8_t* qs, bool live, int& s0, int& s1) {
+    constexpr int V = 32 / G;
     float amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v(i)));
+    for (int i = 0; i < V; ++i) amax = fmaxf(amax, fabsf(v(i)));
+#pragma unroll
+    for (int o = 1; o < G; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float d = __fdiv_rn(amax, 127.f);
     const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
-    uint32_t words[8];
-    int s[2] = {0, 0};
+    uint32_t words[V / 4];
+    int s[2] = {0, 0};  // this lane's codes in the block's half 0 / half 1 (G > 1: all in s[0])
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
+    for (int w = 0; w < V / 4; ++w) {
         uint32_t word = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int q = (int)roundf(__fmul_rn(v(4 * w + j), id));
-            s[w >> 2] += q;
+            s[G == 1 ? w >> 2 : 0] += q;
             word |= (uint32_t)(q & 0xFF) << (8 * j);
         }
         words[w] = word;
     }
-    reinterpret_cast<uint4*>(qs)[0] = make_uint4(words[0], words[1], words[2], words[3]);
-    reinterpret_cast<uint4*>(qs)[1] = make_uint4(words[4], words[5], words[6], words[7]);
-    s0 = s[0];
-    s1 = s[1];
+    if (live) {
+#pragma unroll
+        for (int w = 0; w < V / 4; w += 4) {
+            if constexpr (V >= 16) reinterpret_cast<uint4*>(qs)[w / 4] = make_uint4(words[w], words[w + 1], words[w + 2], words[w + 3]);
+            else reinterpret_cast<uint2*>(qs)[0] = make_uint2(words[0], words[1]);
+        }
+    }
+    if constexpr (G == 1) {
+        s0 = s[0], s1 = s[1];
+    } else {
+        int half = s[0];  // G = 4: lanes 2h, 2h + 1 hold half h
+        if (G == 4) half += __shfl_xor_sync(0xffffffffu, half, 1);
+        s0 = half;
+        s1 = __shfl_down_sync(0xffffffffu, half, G / 2);
+    }
     return d;
 }
 __device__ __forceinline__ void set_header(ActBlock* out, float d, float s0, float s1) {
@@ -382,35 +404,49 @@ __device__ __forceinline__ void set_header(ActBlock* out, float d, float s0, flo
 
 // Normalized inputs, rmsnorm(x) * norm_w, in one pass over x. A block's codes do not depend on
 // the row's rstd: quantizing v = x * w under the scale amax(v) / 127 gives, in real arithmetic,
-// the codes of rstd * v under rstd * amax(v) / 127. So each thread quantizes its blocks of x * w
-// and keeps each block's sum of x^2 (in value order) while the row's other blocks load; then one
-// warp per row adds the blocks' sums (lane l takes blocks l, l + 32, ..., then a butterfly: a
-// fixed order whatever the CTA size, so the fused GEMV prologue and the standalone kernel agree
-// bit for bit) and every block's scale is multiplied by the row's rstd. Against quantizing
-// rstd * x * w the scales differ by fp32 roundings and a code on a rounding boundary may move by
-// one. One read of x and of norm_w, where a separate sum-of-squares pass read x twice.
+// the codes of rstd * v under rstd * amax(v) / 127. So each group of threads quantizes its blocks
+// of x * w and keeps each block's sum of x^2 while the row's other blocks load; then one warp per
+// row adds the blocks' sums (lane l takes blocks l, l + 32, ..., then a butterfly: a fixed order
+// whatever the CTA size, so the fused GEMV prologue and the standalone kernel agree bit for bit)
+// and every block's scale is multiplied by the row's rstd. A block's sum of x^2 is each lane's
+// values in order, then the lanes of its group by a butterfly; G depends on K alone, so every
+// kernel sums a row's blocks alike. Against quantizing rstd * x * w the scales differ by fp32
+// roundings and a code on a rounding boundary may move by one. One read of x and of norm_w, where
+// a separate sum-of-squares pass read x twice.
 // Pass 1: row's blocks -> codes, header {d, d, s0, s1} (integer sums, exact in fp32), ss[b].
+template <int G>
 __device__ __forceinline__ void quantize_norm_blocks(const float* __restrict__ row, const bf16* __restrict__ norm_w,
                                                      ActBlock* out, float* ss, int K) {
-    for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
-        float v[32], sq = 0.f;
+    const int n_blocks = K / 32, lane = threadIdx.x & 31;
+    constexpr int V = 32 / G;
+    // G > 1: the loop is warp-uniform (the group's shuffles), lanes past the row `live` = false
+    for (int base = threadIdx.x - (G > 1 ? lane : 0); base < G * n_blocks; base += blockDim.x) {
+        const int i = base + (G > 1 ? lane : 0), b = i / G, g = i % G;
+        const bool live = G == 1 || i < G * n_blocks;
+        float v[V], sq = 0.f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float4 q = reinterpret_cast<const float4*>(row + 32 * b)[i];
-            const uint2 w = reinterpret_cast<const uint2*>(norm_w + 32 * b)[i];
-            v[4 * i + 0] = __fmul_rn(q.x, util::bf16_lo(w.x));
-            v[4 * i + 1] = __fmul_rn(q.y, util::bf16_hi(w.x));
-            v[4 * i + 2] = __fmul_rn(q.z, util::bf16_lo(w.y));
-            v[4 * i + 3] = __fmul_rn(q.w, util::bf16_hi(w.y));
+        for (int k = 0; k < V / 4; ++k) {
+            const float4 q = live ? reinterpret_cast<const float4*>(row + 32 * b + V * g)[k] : float4{};
+            const uint2 w = live ? reinterpret_cast<const uint2*>(norm_w + 32 * b + V * g)[k] : uint2{};
+            v[4 * k + 0] = __fmul_rn(q.x, util::bf16_lo(w.x));
+            v[4 * k + 1] = __fmul_rn(q.y, util::bf16_hi(w.x));
+            v[4 * k + 2] = __fmul_rn(q.z, util::bf16_lo(w.y));
+            v[4 * k + 3] = __fmul_rn(q.w, util::bf16_hi(w.y));
             sq = __fadd_rn(sq, __fmul_rn(q.x, q.x));
             sq = __fadd_rn(sq, __fmul_rn(q.y, q.y));
             sq = __fadd_rn(sq, __fmul_rn(q.z, q.z));
             sq = __fadd_rn(sq, __fmul_rn(q.w, q.w));
         }
         int s0, s1;
-        const float d = quantize_codes_thread([&](int i) { return v[i]; }, out[b].qs, s0, s1);
-        *reinterpret_cast<float4*>(out + b) = make_float4(d, d, (float)s0, (float)s1);
-        ss[b] = sq;
+        const float d = quantize_codes<G>([&](int j) { return v[j]; }, out[b].qs + V * g, live, s0, s1);
+        // the group's sums by a butterfly: G = 4 gives every lane (l0 + l1) + (l2 + l3) (a sum and
+        // its mirror are the same bits)
+#pragma unroll
+        for (int o = 1; o < G; o <<= 1) sq = __fadd_rn(sq, __shfl_xor_sync(0xffffffffu, sq, o));
+        if (live && g == 0) {
+            *reinterpret_cast<float4*>(out + b) = make_float4(d, d, (float)s0, (float)s1);
+            ss[b] = sq;
+        }
     }
 }
 // Pass 2, after a barrier over pass 1 of M rows (x_stride blocks apart): rstd per row, then every
@@ -436,23 +472,29 @@ __device__ void scale_norm_blocks(ActBlock* xs, const float* ss, int M, int K, f
     }
     __syncthreads();
 }
-// Row's ActBlocks from bf16 values, one thread per block, one block's loads at a time: the first
-// weight loads are live across this prologue, so more loads in flight cost the GEMV registers
-// (staging the row by cp.async instead lost: docs/kernels/gemv.md).
+// Row's ActBlocks from bf16 values, G lanes a block (prologue_lanes), one block's loads at a
+// time: the first weight loads are live across this prologue, so more loads in flight cost the
+// GEMV registers (staging the row by cp.async instead lost: docs/kernels/gemv.md).
+template <int G>
 __device__ __forceinline__ void quantize_bf16_row(const bf16* __restrict__ row, ActBlock* out, int K) {
-    for (int b = threadIdx.x; b < K / 32; b += blockDim.x) {
-        uint4 q[4];
+    const int n_blocks = K / 32, lane = threadIdx.x & 31;
+    constexpr int V = 32 / G;
+    // G > 1: the loop is warp-uniform (the group's shuffles), lanes past the row `live` = false
+    for (int base = threadIdx.x - (G > 1 ? lane : 0); base < G * n_blocks; base += blockDim.x) {
+        const int i = base + (G > 1 ? lane : 0), b = i / G, g = i % G;
+        const bool live = G == 1 || i < G * n_blocks;
+        uint4 q[V / 8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = reinterpret_cast<const uint4*>(row + 32 * b)[i];
-        const auto value = [&](int i) {  // value i: half i % 2 of word i / 2
-            const uint4 r = q[i >> 3];
-            const int j = (i >> 1) & 3;
-            const uint32_t word = j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
-            return i & 1 ? util::bf16_hi(word) : util::bf16_lo(word);
+        for (int k = 0; k < V / 8; ++k) q[k] = live ? reinterpret_cast<const uint4*>(row + 32 * b + V * g)[k] : uint4{};
+        const auto value = [&](int j) {  // value j: half j % 2 of word j / 2
+            const uint4 r = q[j >> 3];
+            const int w = (j >> 1) & 3;
+            const uint32_t word = w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w;
+            return j & 1 ? util::bf16_hi(word) : util::bf16_lo(word);
         };
         int s0, s1;
-        const float d = quantize_codes_thread(value, out[b].qs, s0, s1);
-        set_header(out + b, d, (float)s0, (float)s1);
+        const float d = quantize_codes<G>(value, out[b].qs + V * g, live, s0, s1);
+        if (live && g == 0) set_header(out + b, d, (float)s0, (float)s1);
     }
 }
 
@@ -465,7 +507,8 @@ __global__ void __launch_bounds__(kNormThreads)
     pdl_wait();
     pdl_launch_dependents();
     ActBlock* out = xq + (size_t)blockIdx.x * (K / 32);
-    quantize_norm_blocks(x + (size_t)blockIdx.x * K, norm_w, out, block_ss, K);
+    if (prologue_lanes(K / 32) == 4) quantize_norm_blocks<4>(x + (size_t)blockIdx.x * K, norm_w, out, block_ss, K);
+    else quantize_norm_blocks<1>(x + (size_t)blockIdx.x * K, norm_w, out, block_ss, K);
     __syncthreads();
     scale_norm_blocks<1>(out, block_ss, 1, K, eps, K / 32);
 }
@@ -510,7 +553,8 @@ struct QArgs {
 // quantizers, so the same bits). T1 != T: a matrix of two types (part[1], type T1, from unit
 // unit1 on); a unit's rows lie in one part, so each chunk branches once, uniformly per warp, to
 // one type's load and arithmetic, and a unit's sums are those of the one-type kernel on its part.
-template <QType T, QType T1, int MR, Pairing P, int U, XIn IN>
+// G: the prologue's lanes a 32-value block (fused inputs; prologue_lanes), 1 for ActBlock inputs.
+template <QType T, QType T1, int MR, Pairing P, int U, XIn IN, int G>
 __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) gemv_quant_kernel(QArgs a, int M) {
     constexpr int kCtaWarps = cta_warps(IN != XIn::Blocks, T1 == T);
     static_assert(Q<T>::kPieces == Q<T1>::kPieces, "the parts' pieces map onto the lanes alike");
@@ -613,11 +657,11 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
         if constexpr (IN == XIn::Norm) {
             float* ss = reinterpret_cast<float*>(xs + M * x_stride);  // [M][K / 32] blocks' sums of x^2
             for (int m = 0; m < M; ++m)
-                quantize_norm_blocks(a.x_f32 + (size_t)m * a.K, a.norm_w, xs + m * x_stride, ss + m * x_stride, a.K);
+                quantize_norm_blocks<G>(a.x_f32 + (size_t)m * a.K, a.norm_w, xs + m * x_stride, ss + m * x_stride, a.K);
             __syncthreads();
             scale_norm_blocks<MR>(xs, ss, M, a.K, a.eps, x_stride);
         } else {
-            for (int m = 0; m < M; ++m) quantize_bf16_row(a.x_bf16 + (size_t)m * a.K, xs + m * x_stride, a.K);
+            for (int m = 0; m < M; ++m) quantize_bf16_row<G>(a.x_bf16 + (size_t)m * a.K, xs + m * x_stride, a.K);
         }
         __syncthreads();
         xb = xs;
@@ -685,8 +729,13 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     // one or two chunks; fewer where the accumulators take the registers. Two buffers of twice
     // this depth cost occupancy and lost (docs/kernels/gemv.md).
     constexpr int U = MR <= 2 ? (P == Pairing::None ? 4 : 2) : (P == Pairing::None ? 2 : 1);
-    const auto kernel = gemv_quant_kernel<T, T1, MR, P, U, IN>;
     constexpr int warps = cta_warps(IN != XIn::Blocks, T1 == T);
+    // The prologue's lanes a block are the kernel's own (an instance each), so that a row taking
+    // one lane a block runs none of the 4-lane code.
+    auto kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 1>;
+    if constexpr (IN != XIn::Blocks) {
+        if (prologue_lanes(a.K / 32) == 4) kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 4>;
+    }
     int blocks = CEIL_DIV(a.n_units, warps);
     size_t smem = 0;
     QArgs args = a;
