@@ -293,7 +293,7 @@ def test_gemv_quant_pair_rows_are_each_part_alone(C, ops, rng, gen, pair, M):
     gemv_quant_in gives on its own part, on ActBlocks, on bf16 rows and on fp32 rows to normalize
     (the fused prologues); odd part sizes, a 2048-value row (4 lanes a block in the prologue, two
     rounds on the pair's 4-warp CTA) and w2's K = 14336 among them."""
-    for (N0, N1), K in [((77, 45), 4096 + 256), ((33, 70), 2048), ((5, 131), 14336)]:
+    for (N0, N1), K in [((77, 45), 4096 + 256), ((33, 70), 2048), ((21, 40), 4096), ((5, 131), 14336)]:
         W0, W1 = Weights(C, pair[0], N0, K, rng), Weights(C, pair[1], N1, K, rng)
         x = random_x(rng, M, K)
         xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
@@ -462,7 +462,7 @@ def test_gemv_quant_bad_arguments_raise(C, ops, rng):
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0", "q4_1"])
-@pytest.mark.parametrize("rows", ["short", "mid", "long"])
+@pytest.mark.parametrize("rows", ["short", "two", "mid", "long"])
 def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, ops, rng, gen, name, rows):
     """gemv_quant_in on bf16 rows or on fp32 rows to RMS-normalize: at M <= 2 the kernel quantizes
     them itself (prologue), above that through the scratch; either way the result equals, bit for
@@ -471,7 +471,7 @@ def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, op
     of at most 64 blocks (the prologue's 4 lanes a block) and w2's 14336 (3.5 blocks a prologue
     thread)."""
     tail = 96 if TYPES[name][1] == 32 else 256
-    K = {"short": 1792 + tail, "mid": 4096 + tail, "long": 14336}[rows]
+    K = {"short": 1792 + tail, "two": 3840 + tail, "mid": 4096 + tail, "long": 14336}[rows]
     W = Weights(C, name, 45, K, rng)
     for M in (1, 2, 3, 16):
         x = random_x(rng, M, K)

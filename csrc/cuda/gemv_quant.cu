@@ -347,10 +347,12 @@ __global__ void quantize_act_bf16_kernel(const bf16* __restrict__ x, ActBlock* _
 // The prologue's lanes a 32-value block (G), a function of the row's length alone, so that every
 // kernel quantizing a row (fused prologues of any CTA size, the standalone quantizer) gives it the
 // same bits: 4 for rows of at most 64 blocks (the 1B's 2048-value rows: 256 lanes, an 8-warp CTA's
-// threads, where a thread a block left 192 of them waiting at the barrier), else 1
-// (docs/kernels/gemv.md, "prologue by lanes a block").
-constexpr int kFourLaneMaxBlocks = 64;
-__host__ __device__ constexpr int prologue_lanes(int n_blocks) { return n_blocks <= kFourLaneMaxBlocks ? 4 : 1; }
+// threads, where a thread a block left 192 of them waiting at the barrier), 2 for rows of at most
+// 128 (the 8B's 4096-value rows), else 1 (docs/kernels/gemv.md, "prologue by lanes a block").
+constexpr int kFourLaneMaxBlocks = 64, kTwoLaneMaxBlocks = 128;
+__host__ __device__ constexpr int prologue_lanes(int n_blocks) {
+    return n_blocks <= kFourLaneMaxBlocks ? 4 : n_blocks <= kTwoLaneMaxBlocks ? 2 : 1;
+}
 
 // One ActBlock's codes by G neighbouring lanes (G = 1, 2 or 4), lane g of the group holding the
 // block's values V g .. V g + V - 1 (V = 32 / G) as v(0) .. v(V - 1): quantize_block's
@@ -508,6 +510,7 @@ __global__ void __launch_bounds__(kNormThreads)
     pdl_launch_dependents();
     ActBlock* out = xq + (size_t)blockIdx.x * (K / 32);
     if (prologue_lanes(K / 32) == 4) quantize_norm_blocks<4>(x + (size_t)blockIdx.x * K, norm_w, out, block_ss, K);
+    else if (prologue_lanes(K / 32) == 2) quantize_norm_blocks<2>(x + (size_t)blockIdx.x * K, norm_w, out, block_ss, K);
     else quantize_norm_blocks<1>(x + (size_t)blockIdx.x * K, norm_w, out, block_ss, K);
     __syncthreads();
     scale_norm_blocks<1>(out, block_ss, 1, K, eps, K / 32);
@@ -735,6 +738,7 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     auto kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 1>;
     if constexpr (IN != XIn::Blocks) {
         if (prologue_lanes(a.K / 32) == 4) kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 4>;
+        if (prologue_lanes(a.K / 32) == 2) kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 2>;
     }
     int blocks = CEIL_DIV(a.n_units, warps);
     size_t smem = 0;
