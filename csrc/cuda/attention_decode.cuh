@@ -702,22 +702,6 @@ inline void launch_decode_mma_ring(const DecodeArgs& a, int B, cudaStream_t stre
         launch_decode_mma<HD, GMAX, THREADS, 2, FP8>(a, B, stream);
 }
 
-// The tensor-core kernel for the GQA group (decode_gmax heads a CTA, as decode_args() sized
-// head_blocks) and the cache's element.
-template <int HD, int THREADS>
-inline void launch_decode_tensor_cores(const DecodeArgs& a, int B, cudaStream_t stream) {
-    const int gmax = decode_gmax(a.group);
-    if (a.kv.fp8) {
-        if (gmax == 1) launch_decode_mma_ring<HD, 1, THREADS, true>(a, B, stream);
-        else if (gmax == 2) launch_decode_mma_ring<HD, 2, THREADS, true>(a, B, stream);
-        else launch_decode_mma_ring<HD, 4, THREADS, true>(a, B, stream);
-    } else {
-        if (gmax == 1) launch_decode_mma_ring<HD, 1, THREADS, false>(a, B, stream);
-        else if (gmax == 2) launch_decode_mma_ring<HD, 2, THREADS, false>(a, B, stream);
-        else launch_decode_mma_ring<HD, 4, THREADS, false>(a, B, stream);
-    }
-}
-
 // The register kernel. Piece: uint4 for a bf16 cache, uint2 for e4m3.
 template <int HD, int GMAX, int THREADS, typename Piece>
 inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
@@ -729,20 +713,18 @@ inline void launch_decode(const DecodeArgs& a, int B, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
-// The register kernel for the GQA group (the instance decode_args() sized head_blocks for: both
-// read decode_gmax) and the cache's element.
-template <int HD, int THREADS>
-inline void launch_decode_registers(const DecodeArgs& a, int B, cudaStream_t stream) {
+// Calls launch(gmax, fp8), both std::integral_constant: the instance for the GQA group
+// (decode_gmax heads a CTA, as decode_args() sized head_blocks) and the cache's element.
+template <typename Launch>
+inline void with_group_and_element(const DecodeArgs& a, Launch&& launch) {
     const int gmax = decode_gmax(a.group);
-    if (a.kv.fp8) {
-        if (gmax == 1) launch_decode<HD, 1, THREADS, uint2>(a, B, stream);
-        else if (gmax == 2) launch_decode<HD, 2, THREADS, uint2>(a, B, stream);
-        else launch_decode<HD, 4, THREADS, uint2>(a, B, stream);
-    } else {
-        if (gmax == 1) launch_decode<HD, 1, THREADS, uint4>(a, B, stream);
-        else if (gmax == 2) launch_decode<HD, 2, THREADS, uint4>(a, B, stream);
-        else launch_decode<HD, 4, THREADS, uint4>(a, B, stream);
-    }
+    const auto by_group = [&](auto fp8) {
+        if (gmax == 1) launch(std::integral_constant<int, 1>{}, fp8);
+        else if (gmax == 2) launch(std::integral_constant<int, 2>{}, fp8);
+        else launch(std::integral_constant<int, 4>{}, fp8);
+    };
+    if (a.kv.fp8) by_group(std::true_type{});
+    else by_group(std::false_type{});
 }
 
 // Splits from shapes only (positions are on the device): tuning::kDecodeCtasPerSm CTAs per SM at
@@ -773,23 +755,34 @@ inline DecodeArgs decode_args(const bf16* q, const KvCache& kv, const int* slots
     return a;
 }
 
+// Tensor cores at serving batches (from 8 sequences of 8 KV heads on, 4 with an e4m3 cache) and at
+// every batch for a bf16 cache of head dim 64; registers below. A rule of one CTA is always met,
+// so that case compiles no register kernel.
+template <int HD>
+inline void launch_flash_decode_hd(const DecodeArgs& a, int B, cudaStream_t stream) {
+    constexpr int kT = tuning::kDecodeThreads, kMmaT = tuning::kDecodeMmaThreads;
+    with_group_and_element(a, [&](auto gmax, auto fp8) {
+        constexpr int G = decltype(gmax)::value;
+        constexpr bool FP8 = decltype(fp8)::value;
+        constexpr int mma_min_ctas = FP8 ? tuning::kDecodeMmaMinCtasFp8
+                                     : HD == 64 ? tuning::kDecodeMmaMinCtasHd64
+                                                : tuning::kDecodeMmaMinCtas;
+        if constexpr (mma_min_ctas > 1) {
+            if ((int64_t)B * a.n_kv_heads * a.head_blocks < mma_min_ctas) {
+                using Piece = std::conditional_t<FP8, uint2, uint4>;
+                launch_decode<HD, G, kT, Piece>(a, B, stream);
+                return;
+            }
+        }
+        launch_decode_mma_ring<HD, G, kMmaT, FP8>(a, B, stream);
+    });
+}
+
 inline void launch_flash_decode(const DecodeArgs& a, int B, int head_dim, cudaStream_t stream) {
     static_assert(tuning::kDecodeThreads == 128 || tuning::kDecodeThreads == 256,
                   "flash_decode_kernel's register cap and merge assume 128 or 256 threads");
-    constexpr int kT = tuning::kDecodeThreads, kMmaT = tuning::kDecodeMmaThreads;
-    // Tensor cores at serving batches (from 8 sequences of 8 KV heads on, 4 with an e4m3 cache)
-    // and at every batch for a bf16 cache of head dim 64; registers below.
-    const int mma_min_ctas = a.kv.fp8          ? tuning::kDecodeMmaMinCtasFp8
-                             : head_dim == 64 ? tuning::kDecodeMmaMinCtasHd64
-                                              : tuning::kDecodeMmaMinCtas;
-    if ((int64_t)B * a.n_kv_heads * a.head_blocks < mma_min_ctas) {
-        if (head_dim == 64) launch_decode_registers<64, kT>(a, B, stream);
-        else launch_decode_registers<128, kT>(a, B, stream);
-    } else if (head_dim == 64) {
-        launch_decode_tensor_cores<64, kMmaT>(a, B, stream);
-    } else {
-        launch_decode_tensor_cores<128, kMmaT>(a, B, stream);
-    }
+    if (head_dim == 64) launch_flash_decode_hd<64>(a, B, stream);
+    else launch_flash_decode_hd<128>(a, B, stream);
 }
 
 }  // namespace cuda

@@ -393,9 +393,7 @@ void CudaEngine::activate() const { CUDA_CHECK(cudaSetDevice(device_)); }
 // Flash-decode splits of the KV length: enough (KV head x split) blocks to give every SM two at
 // batch 1, never chunks shorter than 64 positions.
 int CudaEngine::layer_max_splits() const {
-    int sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
-    const int for_sms = CEIL_DIV(2 * sms, cfg_.n_kv_heads);
+    const int for_sms = CEIL_DIV(2 * device_facts().sm_count, cfg_.n_kv_heads);  // device_ is current
     const int for_len = CEIL_DIV(cfg_.max_seq_len, 64);
     return std::max(1, std::min({for_sms, for_len, 64}));
 }
