@@ -120,14 +120,21 @@ void launch_mma(const DecodeArgs& a, int B, cudaStream_t s) {
     if (g_fp8) launch_mma_group<HD, STAGES, true>(a, B, s);
     else launch_mma_group<HD, STAGES, false>(a, B, s);
 }
+template <int HD, int THREADS>
+void launch_registers(const DecodeArgs& a, int B, cudaStream_t s) {
+    with_group_and_element(a, [&](auto gmax, auto fp8) {
+        using Piece = std::conditional_t<decltype(fp8)::value, uint2, uint4>;
+        launch_decode<HD, decltype(gmax)::value, THREADS, Piece>(a, B, s);
+    });
+}
 template <int HD>
 void launch_hd(const Variant& v, const DecodeArgs& a, int B, cudaStream_t s) {
     if (v.kernel == 2) launch_mma<HD, 2>(a, B, s);
     else if (v.kernel == 3) launch_mma<HD, 3>(a, B, s);
     else if (v.kernel == 4) launch_mma<HD, 4>(a, B, s);
     else if (v.kernel == 5) lab_fp8_tile::launch_group<HD>(a, B, s);
-    else if (v.kernel == -1) launch_decode_registers<HD, 256>(a, B, s);
-    else launch_decode_registers<HD, 128>(a, B, s);
+    else if (v.kernel == -1) launch_registers<HD, 256>(a, B, s);
+    else launch_registers<HD, 128>(a, B, s);
 }
 void launch_variant(const Variant& v, const DecodeArgs& a, int B, int head_dim, cudaStream_t s) {
     if (v.kernel == 0 && v.threads == 0) launch_flash_decode(a, B, head_dim, s);
