@@ -384,10 +384,12 @@ __device__ __forceinline__ float quantize_codes(Values v, int8_t* qs, bool live,
         words[w] = word;
     }
     if (live) {
+        if constexpr (V >= 16) {
 #pragma unroll
-        for (int w = 0; w < V / 4; w += 4) {
-            if constexpr (V >= 16) reinterpret_cast<uint4*>(qs)[w / 4] = make_uint4(words[w], words[w + 1], words[w + 2], words[w + 3]);
-            else reinterpret_cast<uint2*>(qs)[0] = make_uint2(words[0], words[1]);
+            for (int w = 0; w < V / 4; w += 4)
+                reinterpret_cast<uint4*>(qs)[w / 4] = make_uint4(words[w], words[w + 1], words[w + 2], words[w + 3]);
+        } else {
+            reinterpret_cast<uint2*>(qs)[0] = make_uint2(words[0], words[1]);  // V = 8
         }
     }
     if constexpr (G == 1) {
@@ -399,6 +401,17 @@ __device__ __forceinline__ float quantize_codes(Values v, int8_t* qs, bool live,
         s1 = __shfl_down_sync(0xffffffffu, half, G / 2);
     }
     return d;
+}
+// Calls f(b, g, live) for lane g of block b's group, over a row of n_blocks blocks and the CTA's
+// threads, G lanes a block. G > 1: the loop is warp-uniform (the group's shuffles), so lanes past
+// the row run it too, with live = false.
+template <int G, typename F>
+__device__ __forceinline__ void for_each_block_lane(int n_blocks, F&& f) {
+    const int lane = G > 1 ? threadIdx.x & 31 : 0;
+    for (int base = threadIdx.x - lane; base < G * n_blocks; base += blockDim.x) {
+        const int i = base + lane;
+        f(i / G, i % G, G == 1 || i < G * n_blocks);
+    }
 }
 __device__ __forceinline__ void set_header(ActBlock* out, float d, float s0, float s1) {
     *reinterpret_cast<float4*>(out) = make_float4(d, d, __fmul_rn(d, s0), __fmul_rn(d, s1));
@@ -419,12 +432,8 @@ __device__ __forceinline__ void set_header(ActBlock* out, float d, float s0, flo
 template <int G>
 __device__ __forceinline__ void quantize_norm_blocks(const float* __restrict__ row, const bf16* __restrict__ norm_w,
                                                      ActBlock* out, float* ss, int K) {
-    const int n_blocks = K / 32, lane = threadIdx.x & 31;
     constexpr int V = 32 / G;
-    // G > 1: the loop is warp-uniform (the group's shuffles), lanes past the row `live` = false
-    for (int base = threadIdx.x - (G > 1 ? lane : 0); base < G * n_blocks; base += blockDim.x) {
-        const int i = base + (G > 1 ? lane : 0), b = i / G, g = i % G;
-        const bool live = G == 1 || i < G * n_blocks;
+    for_each_block_lane<G>(K / 32, [&](int b, int g, bool live) {
         float v[V], sq = 0.f;
 #pragma unroll
         for (int k = 0; k < V / 4; ++k) {
@@ -449,7 +458,7 @@ __device__ __forceinline__ void quantize_norm_blocks(const float* __restrict__ r
             *reinterpret_cast<float4*>(out + b) = make_float4(d, d, (float)s0, (float)s1);
             ss[b] = sq;
         }
-    }
+    });
 }
 // Pass 2, after a barrier over pass 1 of M rows (x_stride blocks apart): rstd per row, then every
 // header scaled. Ends with a barrier.
@@ -479,12 +488,8 @@ __device__ void scale_norm_blocks(ActBlock* xs, const float* ss, int M, int K, f
 // GEMV registers (staging the row by cp.async instead lost: docs/kernels/gemv.md).
 template <int G>
 __device__ __forceinline__ void quantize_bf16_row(const bf16* __restrict__ row, ActBlock* out, int K) {
-    const int n_blocks = K / 32, lane = threadIdx.x & 31;
     constexpr int V = 32 / G;
-    // G > 1: the loop is warp-uniform (the group's shuffles), lanes past the row `live` = false
-    for (int base = threadIdx.x - (G > 1 ? lane : 0); base < G * n_blocks; base += blockDim.x) {
-        const int i = base + (G > 1 ? lane : 0), b = i / G, g = i % G;
-        const bool live = G == 1 || i < G * n_blocks;
+    for_each_block_lane<G>(K / 32, [&](int b, int g, bool live) {
         uint4 q[V / 8];
 #pragma unroll
         for (int k = 0; k < V / 8; ++k) q[k] = live ? reinterpret_cast<const uint4*>(row + 32 * b + V * g)[k] : uint4{};
@@ -497,7 +502,7 @@ __device__ __forceinline__ void quantize_bf16_row(const bf16* __restrict__ row, 
         int s0, s1;
         const float d = quantize_codes<G>(value, out[b].qs + V * g, live, s0, s1);
         if (live && g == 0) set_header(out + b, d, (float)s0, (float)s1);
-    }
+    });
 }
 
 // One CTA per row; dynamic shared memory: the row's K / 32 block sums of squares.
