@@ -292,7 +292,8 @@ def test_gemv_quant_pair_rows_are_each_part_alone(C, ops, rng, gen, pair, M):
     """A matrix of two types in one launch (gemv_quant_pair): every output bit for bit what
     gemv_quant_in gives on its own part, on ActBlocks, on bf16 rows and on fp32 rows to normalize
     (the fused prologues); odd part sizes, a 2048-value row (4 lanes a block in the prologue, two
-    rounds on the pair's 4-warp CTA) and w2's K = 14336 among them."""
+    rounds on the pair's 4-warp CTA), a 4096-value row (2 lanes a block) and w2's K = 14336 among
+    them."""
     for (N0, N1), K in [((77, 45), 4096 + 256), ((33, 70), 2048), ((21, 40), 4096), ((5, 131), 14336)]:
         W0, W1 = Weights(C, pair[0], N0, K, rng), Weights(C, pair[1], N1, K, rng)
         x = random_x(rng, M, K)
@@ -468,8 +469,8 @@ def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, op
     them itself (prologue), above that through the scratch; either way the result equals, bit for
     bit, gemv_quant on the ActBlocks quantize_act_bf16 / rmsnorm_quantize_act make. Every epilogue
     path is shared, so StoreF32 stands for all; K includes a partial last tile for 32-blocks, rows
-    of at most 64 blocks (the prologue's 4 lanes a block) and w2's 14336 (3.5 blocks a prologue
-    thread)."""
+    of at most 64 blocks ("short": the prologue's 4 lanes a block), of 65-128 ("two": 2 lanes) and
+    longer (one lane: "mid", and w2's 14336, 3.5 blocks a prologue thread)."""
     tail = 96 if TYPES[name][1] == 32 else 256
     K = {"short": 1792 + tail, "two": 3840 + tail, "mid": 4096 + tail, "long": 14336}[rows]
     W = Weights(C, name, 45, K, rng)
