@@ -498,6 +498,44 @@ def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, op
         ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, 3, W.N, K, STORE_F32, out_f32=y.data_ptr(), x=x.data_ptr())
 
 
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+def test_gemv_quant_in_half_size_chunks_give_the_deep_chunks_bits(C, ops, rng, gen, name):
+    """At one row a 32-value type's fused-input grid takes chunks of half the pieces where that
+    walks at most half the rounds (launch_gemv): on the 132-SM H100 / H200 the Llama-3-8B's w2
+    (4096 x 14336, bf16 rows) and, for Q4_0 / Q4_1, its wo (4096 x 4096). A lane sums the same
+    pieces in the same order either way, so the result equals, bit for bit, gemv_quant on the
+    standalone quantizers' ActBlocks (the ActBlock grid's deep chunks): bf16 rows and fp32 rows to
+    normalize at StoreF32 (every epilogue shares its sums), and a SwiGLU pair of 4096 units (one
+    piece a lane a chunk where the rounds halve)."""
+    for K in (4096, 14336):
+        W = Weights(C, name, 4096, K, rng)
+        x = random_x(rng, 1, K)
+        want = gemv(ops, W, gpu_act(ops, x), 1)
+        y = nan_full((2, W.N), torch.float32)
+        ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, 1, W.N, K, STORE_F32, out_f32=y.data_ptr(), x=x.data_ptr())
+        torch.cuda.synchronize()
+        assert torch.isnan(y[1]).all() and torch.equal(y[:1], want), f"{name} K={K}: bf16 rows"
+
+        xf = torch.randn((1, K), generator=gen, device="cuda") * 2.0
+        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        xq = torch.full((1, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+        ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), 1, K)
+        norm_in = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
+        want = gemv(ops, W, xq, 1)
+        y = nan_full((2, W.N), torch.float32)
+        ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, 1, W.N, K, STORE_F32, out_f32=y.data_ptr(), **norm_in)
+        torch.cuda.synchronize()
+        assert torch.isnan(y[1]).all() and torch.equal(y[:1], want), f"{name} K={K}: normalized fp32 rows"
+        if K == 4096:
+            want = nan_full((2, W.N // 2), torch.bfloat16)
+            ops.gemv_quant(W.type_id, W.packed.data_ptr(), xq.data_ptr(), 1, W.N, K, SWIGLU, out=want.data_ptr())
+            y = nan_full((2, W.N // 2), torch.bfloat16)
+            ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, 1, W.N, K, SWIGLU, out=y.data_ptr(), **norm_in)
+            torch.cuda.synchronize()
+            assert not torch.isnan(want[0].float()).any(), f"{name}: the ActBlock SwiGLU left a NaN"
+            assert torch.isnan(y[1].float()).all() and torch.equal(y[:1], want[:1]), f"{name}: normalized SwiGLU"
+
+
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k"])
 def test_gemv_quant_in_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, gen, name):
     """A one-row fused-input grid of many rounds (tuning::kGemvQuantFedMinRounds) with counters

@@ -562,6 +562,7 @@ struct QArgs {
 // unit1 on); a unit's rows lie in one part, so each chunk branches once, uniformly per warp, to
 // one type's load and arithmetic, and a unit's sums are those of the one-type kernel on its part.
 // G: the prologue's lanes a 32-value block (fused inputs; prologue_lanes), 1 for ActBlock inputs.
+// U: pieces a lane takes of each of its rows in a chunk (launch_gemv).
 template <QType T, QType T1, int MR, Pairing P, int U, XIn IN, int G>
 __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) gemv_quant_kernel(QArgs a, int M) {
     constexpr int kCtaWarps = cta_warps(IN != XIn::Blocks, T1 == T);
@@ -653,7 +654,6 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
 
     Raw wa[R][U], wb[R][U];
     int unit = blockIdx.x * kCtaWarps + (threadIdx.x >> 5), step = 0;
-    pdl_launch_dependents();
     // The first chunk loads before the wait, in a branch of their own (as gemv.cu: issued
     // unconditionally, ptxas sinks them past griddepcontrol.wait to their first use).
     if (unit < a.n_units) load(wa, unit, 0);
@@ -674,6 +674,10 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
         __syncthreads();
         xb = xs;
     }
+    // The next kernel launches once every CTA is past the wait and its prologue, as the step's other
+    // kernels do. Launched from the first instruction it made the Q4_K_M step 2-3% slower, the 1B's
+    // Q4_1 / Q8_0 step 1-2% faster (docs/kernels/gemv.md, "trigger after the prologue").
+    pdl_launch_dependents();
 
     clear();
     // A fed grid: lane 0 holds the tickets of the warp's next kTicketsAhead units past the first
@@ -731,6 +735,20 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
     }
 }
 
+constexpr bool is_k_quant(QType t) { return t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K; }
+
+// The kernel for a row of n_blocks blocks: the prologue's lanes a block are the kernel's own (an
+// instance each), so that a row taking one lane a block runs none of the 4-lane code.
+template <QType T, QType T1, int MR, Pairing P, int U, XIn IN>
+auto kernel_for_row(int n_blocks) {
+    auto kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 1>;
+    if constexpr (IN != XIn::Blocks) {
+        if (prologue_lanes(n_blocks) == 4) kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 4>;
+        if (prologue_lanes(n_blocks) == 2) kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 2>;
+    }
+    return kernel;
+}
+
 template <QType T, QType T1, int MR, Pairing P, XIn IN>
 void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     // Pieces per lane and row in a chunk (two chunks in registers): at M <= 2 a K = 4096 row is
@@ -738,18 +756,12 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     // this depth cost occupancy and lost (docs/kernels/gemv.md).
     constexpr int U = MR <= 2 ? (P == Pairing::None ? 4 : 2) : (P == Pairing::None ? 2 : 1);
     constexpr int warps = cta_warps(IN != XIn::Blocks, T1 == T);
-    // The prologue's lanes a block are the kernel's own (an instance each), so that a row taking
-    // one lane a block runs none of the 4-lane code.
-    auto kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 1>;
-    if constexpr (IN != XIn::Blocks) {
-        if (prologue_lanes(a.K / 32) == 4) kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 4>;
-        if (prologue_lanes(a.K / 32) == 2) kernel = gemv_quant_kernel<T, T1, MR, P, U, IN, 2>;
-    }
+    auto kernel = kernel_for_row<T, T1, MR, P, U, IN>(a.K / 32);
     int blocks = CEIL_DIV(a.n_units, warps);
     size_t smem = 0;
     QArgs args = a;
     args.counters = nullptr;
-    if (IN != XIn::Blocks) {
+    if constexpr (IN != XIn::Blocks) {
         // Every CTA quantizes the whole input once: one wave of CTAs, each walking several units,
         // keeps that to a few hundred copies (L2 reads) instead of one per 4 units. Every warp
         // walks the same number of units (rounds), so the last round is full: capping the grid at
@@ -757,8 +769,21 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
         // little more than the resident warps (4096-row wo / w2 on 2-4 thousand).
         smem = (size_t)M * (a.K / 32) * (sizeof(ActBlock) + (IN == XIn::Norm ? sizeof(float) : 0));
         // At least a CTA an SM: a grid of none would divide by zero, and the launch reports the misfit.
-        const int resident = std::max(device_facts().sm_count, resident_ctas(kernel, 32 * warps, smem));
-        const int rounds = std::max(1, CEIL_DIV(a.n_units, resident * warps));
+        const auto walk = [&](auto k) {
+            const int resident = std::max(device_facts().sm_count, resident_ctas(k, 32 * warps, smem));
+            return std::make_pair(resident, std::max(1, CEIL_DIV(a.n_units, resident * warps)));
+        };
+        auto [resident, rounds] = walk(kernel);
+        // A 32-value type at one row takes chunks of half the pieces where that walks at most half
+        // the rounds: its decode is a few instructions a piece, so the half-size register buffers
+        // (Q8_0: 64-80 -> 48-64 registers) fit more warps an SM, and a warp's chunks are then no
+        // more than before, each half the work. Where the rounds stay, the half-size chunks only
+        // halve each warp's bytes in flight (docs/kernels/gemv.md, "half-size chunks").
+        if constexpr (MR == 1 && !is_k_quant(T)) {
+            const auto half = kernel_for_row<T, T1, MR, P, U / 2, IN>(a.K / 32);
+            const auto [resident_half, rounds_half] = walk(half);
+            if (2 * rounds_half <= rounds) kernel = half, resident = resident_half, rounds = rounds_half;
+        }
         blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), warps);
         // Many rounds: a fixed walk ends with its slowest warps, and each round widens the spread;
         // fed by the counters, every resident warp takes units until none is left.
