@@ -46,13 +46,18 @@
 //     type's decode, branching once per chunk (uniform per warp; a unit's rows lie in one part).
 //     One prologue and one epilogue serve both parts, where part by part took a quantizer, two
 //     GEMVs into fp32 staging and rope_kv_append.
-//   * Launched with PDL (launch.cuh): it lets the next kernel launch before its own wait and issues
-//     the first pieces' loads before that wait (weights never depend on the kernel before).
-// Invariants: a lane's pieces and their sums run in a fixed order and the lanes meet in a
-// butterfly, so a row's result never depends on M or on the other rows (batched rows are
-// bit-identical to the row alone). Pieces past K (32-value types whose last tile is partial) are
-// never read. The launcher refuses unknown types, K that is not whole blocks, M outside [1, 16],
-// null or misaligned pointers before any launch.
+//   * Launched with PDL (launch.cuh): it issues the first pieces' loads before its wait (weights
+//     never depend on the kernel before) and lets the next kernel launch once past the wait and
+//     the prologue.
+//   * A chunk is 4 pieces a lane (2 for a pair of rows) at M <= 2, half that above. A 32-value
+//     type at one row takes half-size chunks where their fewer registers let the fused grid walk
+//     at most half the rounds (the 8B's w2): its decode is a few instructions a piece, so the
+//     extra resident warps pay; elsewhere half-size chunks only halve the bytes in flight.
+// Invariants: a lane's pieces and their sums run in a fixed order, whatever the chunk size, and
+// the lanes meet in a butterfly, so a row's result never depends on M, on the chunk or on the
+// other rows (batched rows are bit-identical to the row alone). Pieces past K (32-value types
+// whose last tile is partial) are never read. The launcher refuses unknown types, K that is not
+// whole blocks, M outside [1, 16], null or misaligned pointers before any launch.
 // Measured alternatives and why they lost: docs/kernels/gemv.md, "Quantized GEMV".
 #include <cuda_fp16.h>
 
