@@ -110,7 +110,10 @@ bool known_type(int type_id);
 QType checked_type(int type_id);               // throws for ids the engine does not keep quantized
 const char* type_name(QType t);                // "q4_k" ...
 QType type_from_name(const std::string& name);  // throws for unknown names
-int block_elems(QType t);                      // 32 or 256
+// Elements of a block: 32, or 256 for the K-quants' super-blocks.
+constexpr int block_elems(QType t) {
+    return t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K ? kBlockK : kBlock32;
+}
 size_t block_bytes(QType t);
 size_t row_bytes(QType t, int64_t K);          // throws unless K is a positive multiple of block_elems
 float f16_bits_to_f32(uint16_t h);

@@ -49,10 +49,6 @@ QType type_from_name(const std::string& name) {
     BRRR_FAIL("unknown quantized type \"" << name << "\" (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)");
 }
 
-int block_elems(QType t) {
-    return t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K ? kBlockK : kBlock32;
-}
-
 size_t block_bytes(QType t) {
     switch (t) {
         case QType::Q4_0: return sizeof(BlockQ4_0);

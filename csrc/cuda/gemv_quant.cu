@@ -740,8 +740,6 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
     }
 }
 
-constexpr bool is_k_quant(QType t) { return t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K; }
-
 // The kernel for a row of n_blocks blocks: the prologue's lanes a block are the kernel's own (an
 // instance each), so that a row taking one lane a block runs none of the 4-lane code.
 template <QType T, QType T1, int MR, Pairing P, int U, XIn IN>
@@ -784,7 +782,7 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
         // (Q8_0: 64-80 -> 48-64 registers) fit more warps an SM, and a warp's chunks are then no
         // more than before, each half the work. Where the rounds stay, the half-size chunks only
         // halve each warp's bytes in flight (docs/kernels/gemv.md, "half-size chunks").
-        if constexpr (MR == 1 && !is_k_quant(T)) {
+        if constexpr (MR == 1 && quant::block_elems(T) == quant::kBlock32) {
             const auto half = kernel_for_row<T, T1, MR, P, U / 2, IN>(a.K / 32);
             const auto [resident_half, rounds_half] = walk(half);
             if (2 * rounds_half <= rounds) kernel = half, resident = resident_half, rounds = rounds_half;

@@ -104,7 +104,7 @@ constexpr int kShortGridWarps = 16;
 // The types whose rows are whole 256-value tiles (the K-quants: K is a multiple of 256), so no
 // piece lies past K.
 template <QType T>
-constexpr bool kWholeTiles = T == QType::Q4_K || T == QType::Q5_K || T == QType::Q6_K;
+constexpr bool kWholeTiles = quant::block_elems(T) == quant::kBlockK;
 // The types whose raw tile takes 20 registers a row (the others take at most 16): the register
 // budgets below give them less room.
 template <QType T>
