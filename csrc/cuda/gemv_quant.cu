@@ -48,7 +48,7 @@
 //     GEMVs into fp32 staging and rope_kv_append.
 //   * Launched with PDL (launch.cuh): it issues the first pieces' loads before its wait (weights
 //     never depend on the kernel before) and lets the next kernel launch once past the wait and
-//     the prologue.
+//     the prologue; a 32-value type's bf16-input kernel lets it launch at its first instruction.
 //   * A chunk is 4 pieces a lane (2 for a pair of rows) at M <= 2, half that above. A 32-value
 //     type at one row takes half-size chunks where their fewer registers let the fused grid walk
 //     at most half the rounds (the 8B's w2): its decode is a few instructions a piece, so the
@@ -657,6 +657,15 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
         clear();
     };
 
+    // The next kernel launches once every CTA is past the wait and its prologue, as the step's other
+    // kernels do, except after a 32-value type's bf16-input kernel (wo, w2), which lets it launch at
+    // once: there the early launch made the 1B's Q4_1 / Q8_0 steps 1.3-2% faster, the 8B's Q4_0
+    // 0.5% faster and its Q8_0 1% slower; in the K-quant kernels and the norm-input ones it gained
+    // nothing or lost up to 3% (docs/kernels/gemv.md, "early trigger by input").
+    constexpr bool kEarlyTrigger =
+        IN == XIn::Bf16 && quant::block_elems(T) == quant::kBlock32 && quant::block_elems(T1) == quant::kBlock32;
+    if constexpr (kEarlyTrigger) pdl_launch_dependents();
+
     Raw wa[R][U], wb[R][U];
     int unit = blockIdx.x * kCtaWarps + (threadIdx.x >> 5), step = 0;
     // The first chunk loads before the wait, in a branch of their own (as gemv.cu: issued
@@ -679,10 +688,7 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
         __syncthreads();
         xb = xs;
     }
-    // The next kernel launches once every CTA is past the wait and its prologue, as the step's other
-    // kernels do. Launched from the first instruction it made the Q4_K_M step 2-3% slower, the 1B's
-    // Q4_1 / Q8_0 step 1-2% faster (docs/kernels/gemv.md, "trigger after the prologue").
-    pdl_launch_dependents();
+    if constexpr (!kEarlyTrigger) pdl_launch_dependents();
 
     clear();
     // A fed grid: lane 0 holds the tickets of the warp's next kTicketsAhead units past the first
