@@ -539,6 +539,11 @@ struct QPart {
     int row0;
 };
 
+// A matrix of 32-value blocks throughout (both parts, in a matrix of two types): the half-size
+// chunks and the early trigger below are its kernels' alone.
+template <QType T, QType T1>
+constexpr bool kBlocks32 = quant::block_elems(T) == quant::kBlock32 && quant::block_elems(T1) == quant::kBlock32;
+
 struct QArgs {
     QPart part[2];        // part[1]: units from unit1 on, in a matrix of two types (else unused)
     int unit1;
@@ -662,8 +667,7 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
     // once: there the early launch made the 1B's Q4_1 / Q8_0 steps 1.3-2% faster, the 8B's Q4_0
     // 0.5% faster and its Q8_0 1% slower; in the K-quant kernels and the norm-input ones it gained
     // nothing or lost up to 3% (docs/kernels/gemv.md, "early trigger by input").
-    constexpr bool kEarlyTrigger =
-        IN == XIn::Bf16 && quant::block_elems(T) == quant::kBlock32 && quant::block_elems(T1) == quant::kBlock32;
+    constexpr bool kEarlyTrigger = IN == XIn::Bf16 && kBlocks32<T, T1>;
     if constexpr (kEarlyTrigger) pdl_launch_dependents();
 
     Raw wa[R][U], wb[R][U];
@@ -788,7 +792,7 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
         // (Q8_0: 64-80 -> 48-64 registers) fit more warps an SM, and a warp's chunks are then no
         // more than before, each half the work. Where the rounds stay, the half-size chunks only
         // halve each warp's bytes in flight (docs/kernels/gemv.md, "half-size chunks").
-        if constexpr (MR == 1 && quant::block_elems(T) == quant::kBlock32) {
+        if constexpr (MR == 1 && kBlocks32<T, T1>) {
             const auto half = kernel_for_row<T, T1, MR, P, U / 2, IN>(a.K / 32);
             const auto [resident_half, rounds_half] = walk(half);
             if (2 * rounds_half <= rounds) kernel = half, resident = resident_half, rounds = rounds_half;
