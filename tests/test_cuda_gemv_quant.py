@@ -81,6 +81,16 @@ def random_x(rng, M, K):
     return torch.from_numpy((rng.standard_normal((M, K)) * 2.0).astype(np.float32)).cuda().to(torch.bfloat16)
 
 
+def random_norm_input(ops, gen, M, K, scale=2.0):
+    """fp32 rows [M, K] to RMS-normalize, a bf16 norm weight near 1, and the ActBlocks
+    rmsnorm_quantize_act makes of them (poisoned first): what a fused-input GEMV must match."""
+    xf = torch.randn((M, K), generator=gen, device="cuda") * scale
+    w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+    xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+    ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
+    return xf, w, xq
+
+
 def gpu_act(ops, x_bf16):
     M, K = x_bf16.shape
     xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
@@ -124,10 +134,7 @@ def test_rmsnorm_quantize_act_matches_the_fp32_rule(C, ops, rng, gen):
     ulps: d within 1e-5 relative, codes within 1 (a value on a rounding boundary), and no more
     than 1% of codes off by one."""
     for M, K in [(1, 576), (5, 4096), (16, 14336)]:
-        x = torch.randn((M, K), generator=gen, device="cuda") * 3.0
-        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
-        xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
-        ops.rmsnorm_quantize_act(x.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
+        x, w, xq = random_norm_input(ops, gen, M, K, scale=3.0)
         torch.cuda.synchronize()
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
         xn = (x * rstd * w.float()).cpu().numpy()
@@ -484,10 +491,7 @@ def test_gemv_quant_in_quantizes_its_input_as_the_standalone_quantizers_do(C, op
         torch.cuda.synchronize()
         assert torch.isnan(y[M]).all() and torch.equal(y[:M], want), f"{name} M={M}: bf16 rows"
 
-        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
-        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
-        xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
-        ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
+        xf, w, xq = random_norm_input(ops, gen, M, K)
         want = gemv(ops, W, xq, M)
         y = nan_full((M + 1, W.N), torch.float32)
         ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, W.N, K, STORE_F32, out_f32=y.data_ptr(),
@@ -516,10 +520,7 @@ def test_gemv_quant_in_half_size_chunks_give_the_deep_chunks_bits(C, ops, rng, g
         torch.cuda.synchronize()
         assert torch.isnan(y[1]).all() and torch.equal(y[:1], want), f"{name} K={K}: bf16 rows"
 
-        xf = torch.randn((1, K), generator=gen, device="cuda") * 2.0
-        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
-        xq = torch.full((1, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
-        ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), 1, K)
+        xf, w, xq = random_norm_input(ops, gen, 1, K)
         norm_in = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
         want = gemv(ops, W, xq, 1)
         y = nan_full((2, W.N), torch.float32)
@@ -548,11 +549,8 @@ def test_gemv_quant_in_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, g
     W = Weights(C, name, N, K, rng)
     counters = torch.zeros(ops.gemv_quant_counter_words(), dtype=torch.int32, device="cuda")
     for M in (1, 2):
-        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
-        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        xf, w, xq = random_norm_input(ops, gen, M, K)
         xb = random_x(rng, M, K)
-        xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
-        ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
         want = gemv(ops, W, xq, M)
         norm_in = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
         runs = {  # epilogue: (input, destination dtype and columns, destination keyword)
@@ -590,10 +588,7 @@ def test_gemv_quant_in_on_a_vocabulary_sized_matrix_takes_either_path_to_the_sam
     K = 256
     W = Weights(C, name, 128257, K, rng)
     for M in (1, 2):
-        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
-        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
-        xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
-        ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
+        xf, w, xq = random_norm_input(ops, gen, M, K)
         want = gemv(ops, W, xq, M)
         for scratch in (torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda"), None):
             y = nan_full((M + 1, W.N), torch.float32)
