@@ -377,13 +377,18 @@ def test_flash_decode_matches_torch(ops, rng, gen, head_dim, n_heads, n_kv_heads
     scratch = nan_full((B * per_sequence,), torch.float32)
     counters = scratch.view(B, per_sequence)[:, :n_heads]
     counters.zero_()
+    # The second call lets the next kernel launch before its CTAs exit at every head dim (what the
+    # engine asks before a quantized wo): where the PDL trigger sits must not move a bit.
+    outs = []
     for call in range(2):
         out = nan_full((B, n_heads * head_dim), torch.bfloat16)
         ops.flash_decode(q.data_ptr(), paged.k.data_ptr(), paged.v.data_ptr(), d_slots.data_ptr(),
                          d_positions.data_ptr(), out.data_ptr(), scratch.data_ptr(), B, n_heads,
-                         n_kv_heads, head_dim, max_seq, max_splits, **paged.kwargs())
+                         n_kv_heads, head_dim, max_seq, max_splits, **paged.kwargs(), early_trigger=call == 1)
         torch.cuda.synchronize()
         assert (counters.view(torch.int32) == 0).all(), f"call {call} left arrival counters armed"
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]), "early_trigger changed the output"
     for b, (slot, length) in enumerate(zip(slots, lengths)):
         k = k_cache[slot, :length].transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, L, hd]
         v = v_cache[slot, :length].transpose(0, 1).repeat_interleave(group, dim=0)

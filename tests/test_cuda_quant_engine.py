@@ -89,6 +89,26 @@ def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
         assert rel_dev(row, cpu_q.decode(*args)[0]) < LOGIT_REL_BOUND, (spec, step)
 
 
+@pytest.mark.parametrize("spec", ["q8_0", "k_mix"])
+def test_quantized_decode_at_head_dim_128_matches_the_cpu_engine(C, rng, spec):
+    """At head dim 128 flash_decode lets a quantized wo launch before its CTAs exit (early_trigger;
+    before a bf16 wo it waits for them): decode rows over a context of three splits (the merge),
+    eager, captured and replayed, against the fp32 CPU engine on the dequantized weights."""
+    config = quant_config(dim=512, hidden_dim=512, n_heads=4, n_kv_heads=2, max_seq_len=192)
+    assert config.head_dim == 128
+    types = types_for(config, SPECS.get(spec, spec))
+    gpu, _, cpu_f, _ = engines(C, config, types, random_weights(config, rng))
+    tokens = rng.integers(0, config.vocab_size, 150).astype(np.int32)
+    for e in (gpu, cpu_f):
+        e.prefill(0, tokens[:-4], 0, "none")
+    for step, token in enumerate(tokens[-4:]):
+        pos = len(tokens) - 4 + step
+        args = (np.array([token], np.int32), np.array([0], np.int32), np.array([pos], np.int32))
+        row = gpu.decode(*args)[0]
+        assert np.isfinite(row).all(), (spec, step)
+        assert rel_dev(row, cpu_f.decode(*args)[0]) < LOGIT_REL_BOUND, (spec, step)
+
+
 def test_batched_quantized_decode_rows_equal_each_row_alone(C, rng):
     """Batches of 2+ rows take gemv_quant_mma (weights decoded to bf16, tensor cores), whose rows
     do not depend on the batch: a row of a batch of 3 equals the same row beside a stranger up to

@@ -231,7 +231,7 @@ struct Problem {
     DecodeArgs args() const {
         const KvCache c = kv();
         check_kv_cache("flash_decode lab", c);
-        return decode_args(dq, c, dslots, dpos, dout, dscratch, B(), Hq, Hkv, hd, max_splits);
+        return decode_args(dq, c, dslots, dpos, dout, dscratch, B(), Hq, Hkv, hd, max_splits, false);
     }
     // softmax(q k^T / sqrt(hd)) v in float64 for sequence b, head h.
     std::vector<double> reference(int b, int h) const {

@@ -691,7 +691,8 @@ void bind_testing(py::module_& m) {
     testing.def("flash_decode", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slots,
                                     uintptr_t positions, uintptr_t out, uintptr_t scratch, int64_t B,
                                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                    int64_t max_splits, uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8) {
+                                    int64_t max_splits, uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8,
+                                    bool early_trigger) {
         CudaOp::check_sizes({{"B", B}, {"n_heads", n_heads}, {"n_kv_heads", n_kv_heads},
                              {"head_dim", head_dim}, {"max_seq", max_seq}, {"max_splits", max_splits}});
         CudaAttention::check_heads(n_heads, n_kv_heads, head_dim);
@@ -707,12 +708,13 @@ void bind_testing(py::module_& m) {
         auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
         py::gil_scoped_release release;
         brrr::cuda::flash_decode(qp, paged.kv, sp, pp, op, reinterpret_cast<float*>(scratch), (int)B, (int)n_heads,
-                                 (int)n_kv_heads, (int)head_dim, (int)max_splits, 0);
+                                 (int)n_kv_heads, (int)head_dim, (int)max_splits, early_trigger, 0);
         CudaOp::finish("testing.flash_decode");
     }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("positions"),
        py::arg("out"), py::arg("scratch"), py::arg("B"), py::arg("n_heads"), py::arg("n_kv_heads"),
        py::arg("head_dim"), py::arg("max_seq"), py::arg("max_splits"), py::arg("block_table") = 0,
        py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
+       py::arg("early_trigger") = false,
        "one query per sequence: q bf16 [B, Hq, hd] over the paged caches (PagedKv: by default [max_batch, max_seq, Hkv, hd]) "
        "positions [0, positions[b]] of slot slots[b] (int32 device arrays); out bf16 [B, Hq * hd]");
     testing.def("attention_prefill", [](uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, int64_t slot,

@@ -37,7 +37,10 @@
 // Invariants: scratch per sequence is [counters Hq int32 | (max, sum) Hq x max_splits x 2 | acc Hq
 // x max_splits x hd]; the counters are zero before the first call and every call leaves them zero.
 // Launched with PDL: before its wait a CTA reads positions and slots and loads its first rows, all
-// written two or more kernels back; q and this token's K/V row come after the wait.
+// written two or more kernels back; q and this token's K/V row come after the wait. The next
+// kernel (wo) may launch once past the wait, except from tuning::kDecodeLateTriggerHeadDim on,
+// where it launches only as the CTAs exit unless the caller asks for early_trigger: the early
+// launch costs a bf16 wo GEMV at hd 128 and pays before a quantized one (tuning.h).
 // Kernel and launch: attention_decode.cuh. Measured alternatives: docs/kernels/attention.md.
 #include "cuda/attention_decode.cuh"
 
@@ -54,7 +57,7 @@ size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_spl
 
 void flash_decode(const bf16* q, const KvCache& kv, const int* slots, const int* positions, bf16* out,
                   float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_splits,
-                  cudaStream_t stream) {
+                  bool early_trigger, cudaStream_t stream) {
     check_attention_shapes("flash_decode", n_heads, n_kv_heads, head_dim, kv.max_seq);
     check_kv_cache("flash_decode", kv);
     BRRR_CHECK(B >= 0 && B <= 65535, "flash_decode: batch B=" << B << " must be in [0, 65535]");
@@ -69,7 +72,7 @@ void flash_decode(const bf16* q, const KvCache& kv, const int* slots, const int*
     if (B == 0) return;
 
     launch_flash_decode(decode_args(q, kv, slots, positions, out, scratch, B, n_heads, n_kv_heads, head_dim,
-                                    max_splits),
+                                    max_splits, early_trigger),
                         B, head_dim, stream);
 }
 

@@ -34,6 +34,7 @@ struct DecodeArgs {
     int n_heads, n_kv_heads, group, head_blocks, n_splits, max_splits;
     int min_chunk;   // fewest positions a split takes (tuning::kDecodeMinChunk)
     float scale_log2;
+    bool early_trigger;  // the next kernel launches once the first rows are asked for, at every head dim
 };
 
 // Splits of one decode launch never exceed this: the merge keeps a weight per split and head in
@@ -326,8 +327,9 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
         load_rows(kr, a.kv.k, step_base(0), 2);
         load_rows(vrow, a.kv.v, step_base(0), 2);
     }
-    // From tuning::kDecodeLateTriggerHeadDim on, the next kernel launches only as the CTAs exit.
-    if constexpr (HD < tuning::kDecodeLateTriggerHeadDim) pdl_launch_dependents();
+    // From tuning::kDecodeLateTriggerHeadDim on, the next kernel launches only as the CTAs exit,
+    // unless the caller asked for early_trigger (before a quantized wo).
+    if (HD < tuning::kDecodeLateTriggerHeadDim || a.early_trigger) pdl_launch_dependents();
 
     // This lane's 8 dims of each query head, kept as bf16 (the scale is applied to the summed
     // score); heads past n_g are zeros.
@@ -536,7 +538,7 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
         if (step_base(step) < c1) copy_step(step);
         ptx::cp_async_commit();
     }
-    if constexpr (HD < tuning::kDecodeLateTriggerHeadDim) pdl_launch_dependents();
+    if (HD < tuning::kDecodeLateTriggerHeadDim || a.early_trigger) pdl_launch_dependents();
 
     // The MMA's operand type: bf16, or fp16 for an e4m3 cache.
     auto mma = [](float d[4], const uint32_t a4[4], const uint32_t b2[2]) {
@@ -731,7 +733,8 @@ inline void with_group_and_element(const DecodeArgs& a, Launch&& launch) {
 // this batch (at least one split), never more than max_splits, kDecMaxSplits or 64-position
 // chunks of max_seq.
 inline DecodeArgs decode_args(const bf16* q, const KvCache& kv, const int* slots, const int* positions, bf16* out,
-                              float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_splits) {
+                              float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_splits,
+                              bool early_trigger) {
     const int max_seq = kv.max_seq;
     DecodeArgs a;
     a.q = q;
@@ -752,6 +755,7 @@ inline DecodeArgs decode_args(const bf16* q, const KvCache& kv, const int* slots
     a.n_splits = std::max(1, std::min({want, max_splits, kDecMaxSplits, CEIL_DIV(max_seq, kDecChunkUnit)}));
     a.min_chunk = tuning::kDecodeMinChunk;
     a.scale_log2 = kLog2e / std::sqrt((float)head_dim);
+    a.early_trigger = early_trigger;
     return a;
 }
 

@@ -174,7 +174,10 @@ void CudaEngine::forward_layers(const Pass& pass) {
             // one query row per sequence over its own slot's cache [0, positions[b]]
             prof_.op("flash_decode", OpClass::Attention,
                      profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, kv_elem_bytes()));
-            flash_decode(q_, kv, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, max_splits_, s);
+            // wo as a quantized GEMV gains from launching early at every head dim, a bf16 one loses
+            const bool early_trigger = !w.wo.plain_bf16() && M <= tuning::kGemvQuantMmaMaxRows;
+            flash_decode(q_, kv, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, max_splits_,
+                         early_trigger, s);
         } else {
             // per segment: causal over its slot's cache [0, start_pos + t] for its row t; the short
             // ones (pass.n_short, staged with the inputs) all in one launch

@@ -186,9 +186,11 @@ void swiglu_f32(const float* gate_up, bf16* out, int M, int H, cudaStream_t stre
 // [0, positions[b]]; split over the KV length into at most `max_splits` chunks, GQA-aware (each
 // K/V element read once per KV head), merged by the last chunk to finish. scratch: floats of
 // flash_decode_scratch_floats() (the largest B of any call), zeroed once before the first call:
-// it holds arrival counters, and every call leaves them zero.
+// it holds arrival counters, and every call leaves them zero. early_trigger: the next kernel may
+// launch once this one is past its PDL wait at every head dim (else from
+// tuning::kDecodeLateTriggerHeadDim on only as its CTAs exit); the engine sets it before a quantized wo.
 size_t flash_decode_scratch_floats(int B, int n_heads, int head_dim, int max_splits);
-void flash_decode(const bf16* q, const KvCache& kv, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_splits, cudaStream_t stream);
+void flash_decode(const bf16* q, const KvCache& kv, const int* slots, const int* positions, bf16* out, float* scratch, int B, int n_heads, int n_kv_heads, int head_dim, int max_splits, bool early_trigger, cudaStream_t stream);
 // Causal prefill: T query tokens of slot `slot` at positions start_pos.. over its cache [0, start_pos+t].
 // slot_blocks: the slot's table row on the host (the TMA maps of its last block are made there).
 // On Hopper TMA-fed wgmma, elsewhere mma.sync; the _mma_sync entry runs the latter on any GPU.
