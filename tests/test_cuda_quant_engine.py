@@ -83,10 +83,12 @@ def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
         args = (np.array([token], np.int32), np.array([1], np.int32), np.array([pos], np.int32))
         row = gpu.decode(*args)[0]
         assert rel_dev(row, want[pos]) < LOGIT_REL_BOUND, (spec, step)
-        # the CPU engine's quantized decode: int8 blocks of the same rule, but from fp32 inputs
-        # where the GPU rounds attention and MLP outputs (and the KV cache) to bf16 first, which
-        # moves as much as the int8 rounding does (measured 0.030-0.042 on the H100)
-        assert rel_dev(row, cpu_q.decode(*args)[0]) < LOGIT_REL_BOUND, (spec, step)
+        # The CPU engine's quantized decode takes int8 blocks of the same rule, but from fp32
+        # inputs where the GPU rounds attention and MLP outputs (and the KV cache) to bf16 first,
+        # which moves a row as much as the int8 rounding does. Both are held to the fp32 values:
+        # the two rows differ by up to the sum of their deviations from them (H200, 1,000 rows of
+        # every type: GPU 0.045 at most, CPU 0.043, GPU against CPU 0.030 on average, 0.067 at most).
+        assert rel_dev(cpu_q.decode(*args)[0], want[pos]) < LOGIT_REL_BOUND, (spec, step)
 
 
 @pytest.mark.parametrize("spec", ["q8_0", "k_mix"])
