@@ -189,6 +189,14 @@ struct DecodeCta {
     bf16* out;  // head0's [HD] row of sequence b, then the others of the block
 };
 
+// Whether the next kernel may launch once a CTA is past its wait and has asked for its first rows,
+// or only as the CTAs exit: from tuning::kDecodeLateTriggerHeadDim on the latter, unless the caller
+// asked for early_trigger (before a quantized wo). Both kernels call it at that point.
+template <int HD>
+__device__ __forceinline__ bool launch_next_early(const DecodeArgs& a) {
+    return HD < tuning::kDecodeLateTriggerHeadDim || a.early_trigger;
+}
+
 // Fills c; false when the CTA has no positions (a split past its sequence's cut, or an empty
 // sequence, whose output it has zeroed), having done its part of the PDL chain.
 template <int HD, int GMAX, int THREADS>
@@ -327,9 +335,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) flash_decode_kernel(De
         load_rows(kr, a.kv.k, step_base(0), 2);
         load_rows(vrow, a.kv.v, step_base(0), 2);
     }
-    // From tuning::kDecodeLateTriggerHeadDim on, the next kernel launches only as the CTAs exit,
-    // unless the caller asked for early_trigger (before a quantized wo).
-    if (HD < tuning::kDecodeLateTriggerHeadDim || a.early_trigger) pdl_launch_dependents();
+    if (launch_next_early<HD>(a)) pdl_launch_dependents();
 
     // This lane's 8 dims of each query head, kept as bf16 (the scale is applied to the summed
     // score); heads past n_g are zeros.
@@ -538,7 +544,7 @@ __global__ void __launch_bounds__(THREADS) flash_decode_mma_kernel(DecodeArgs a)
         if (step_base(step) < c1) copy_step(step);
         ptx::cp_async_commit();
     }
-    if (HD < tuning::kDecodeLateTriggerHeadDim || a.early_trigger) pdl_launch_dependents();
+    if (launch_next_early<HD>(a)) pdl_launch_dependents();
 
     // The MMA's operand type: bf16, or fp16 for an e4m3 cache.
     auto mma = [](float d[4], const uint32_t a4[4], const uint32_t b2[2]) {

@@ -175,7 +175,7 @@ void CudaEngine::forward_layers(const Pass& pass) {
             prof_.op("flash_decode", OpClass::Attention,
                      profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, kv_elem_bytes()));
             // wo as a quantized GEMV gains from launching early at every head dim, a bf16 one loses
-            const bool early_trigger = !w.wo.plain_bf16() && M <= tuning::kGemvQuantMmaMaxRows;
+            const bool early_trigger = !w.wo.plain_bf16() && M <= tuning::kGemvQuantChunkMaxRows;
             flash_decode(q_, kv, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, max_splits_,
                          early_trigger, s);
         } else {

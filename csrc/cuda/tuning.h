@@ -33,7 +33,7 @@ constexpr int kDecodeCtasPerSm = 2;
 // Head dim from which the kernel after flash_decode (wo) may launch only as its CTAs exit, not
 // once their first rows are asked for: before a bf16 wo the late launch measured faster at hd 128
 // (Llama-3-8B) and slower at hd 64 (Llama-3.2-1B); why is open. Before a quantized wo GEMV
-// (flash_decode's early_trigger, up to kGemvQuantMmaMaxRows rows) the early launch is faster at
+// (flash_decode's early_trigger, up to kGemvQuantChunkMaxRows rows) the early launch is faster at
 // hd 128 too (docs/kernels/attention.md).
 constexpr int kDecodeLateTriggerHeadDim = 128;
 // flash_decode's tensor-core kernel (serving batches): the CTAs of one split per (sequence, head
