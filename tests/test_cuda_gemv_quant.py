@@ -81,19 +81,25 @@ def random_x(rng, M, K):
     return torch.from_numpy((rng.standard_normal((M, K)) * 2.0).astype(np.float32)).cuda().to(torch.bfloat16)
 
 
+def poisoned_act_blocks(M, K):
+    """A device buffer for M rows of K / 32 ActBlocks (48 bytes each), every byte 0xFF: a block the
+    kernel under test fails to write reads as a NaN scale."""
+    return torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+
+
 def random_norm_input(ops, gen, M, K, scale=2.0):
     """fp32 rows [M, K] to RMS-normalize, a bf16 norm weight near 1, and the ActBlocks
     rmsnorm_quantize_act makes of them (poisoned first): what a fused-input GEMV must match."""
     xf = torch.randn((M, K), generator=gen, device="cuda") * scale
     w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
-    xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+    xq = poisoned_act_blocks(M, K)
     ops.rmsnorm_quantize_act(xf.data_ptr(), w.data_ptr(), EPS, xq.data_ptr(), M, K)
     return xf, w, xq
 
 
 def gpu_act(ops, x_bf16):
     M, K = x_bf16.shape
-    xq = torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda")
+    xq = poisoned_act_blocks(M, K)
     ops.quantize_act_bf16(x_bf16.data_ptr(), xq.data_ptr(), M, K)
     torch.cuda.synchronize()
     return xq
@@ -590,7 +596,7 @@ def test_gemv_quant_in_on_a_vocabulary_sized_matrix_takes_either_path_to_the_sam
     for M in (1, 2):
         xf, w, xq = random_norm_input(ops, gen, M, K)
         want = gemv(ops, W, xq, M)
-        for scratch in (torch.full((M, K // 32 * 48), 0xFF, dtype=torch.uint8, device="cuda"), None):
+        for scratch in (poisoned_act_blocks(M, K), None):
             y = nan_full((M + 1, W.N), torch.float32)
             ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, W.N, K, STORE_F32, out_f32=y.data_ptr(),
                            x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS,

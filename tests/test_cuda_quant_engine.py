@@ -59,6 +59,15 @@ K_MIX = {"wq": "q4_k", "wk": "q4_k", "wv": "q6_k", "wo": "q4_k", "w1": "q4_k", "
 SPECS = {"mixed": MIXED, "k_mix": K_MIX}
 
 
+def decode_steps(tokens, slot, n=4):
+    """(step, position, engine.decode's arguments) for the last n tokens one row at a time at slot,
+    after a prompt of the tokens before them: the first runs eager, the second is captured, the
+    rest replay the graph."""
+    for step, token in enumerate(tokens[-n:]):
+        pos = len(tokens) - n + step
+        yield step, pos, (np.array([token], np.int32), np.array([slot], np.int32), np.array([pos], np.int32))
+
+
 @pytest.mark.parametrize("spec", KEPT + list(SPECS))
 def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
     config = quant_config()
@@ -78,9 +87,7 @@ def test_quantized_logits_match_the_cpu_engine(C, rng, spec):
     # decode rows (gemv_quant on int8 activations) against the same positions run as a prompt
     gpu.prefill(1, tokens[:-4], 0, "none")
     cpu_q.prefill(1, tokens[:-4], 0, "none")
-    for step, token in enumerate(tokens[-4:]):  # eager, capture, replays
-        pos = len(tokens) - 4 + step
-        args = (np.array([token], np.int32), np.array([1], np.int32), np.array([pos], np.int32))
+    for step, pos, args in decode_steps(tokens, slot=1):
         row = gpu.decode(*args)[0]
         assert rel_dev(row, want[pos]) < LOGIT_REL_BOUND, (spec, step)
         # The CPU engine's quantized decode takes int8 blocks of the same rule, but from fp32
@@ -103,9 +110,7 @@ def test_quantized_decode_at_head_dim_128_matches_the_cpu_engine(C, rng, spec):
     tokens = rng.integers(0, config.vocab_size, 150).astype(np.int32)
     for e in (gpu, cpu_f):
         e.prefill(0, tokens[:-4], 0, "none")
-    for step, token in enumerate(tokens[-4:]):
-        pos = len(tokens) - 4 + step
-        args = (np.array([token], np.int32), np.array([0], np.int32), np.array([pos], np.int32))
+    for step, pos, args in decode_steps(tokens, slot=0):
         row = gpu.decode(*args)[0]
         assert np.isfinite(row).all(), (spec, step)
         assert rel_dev(row, cpu_f.decode(*args)[0]) < LOGIT_REL_BOUND, (spec, step)

@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 import llama_brrr._C as C
-from test_cuda_quant_engine import SPECS, engines
+from test_cuda_quant_engine import SPECS, decode_steps, engines
 from test_quant_engine import KEPT, quant_config, random_weights, rel_dev, types_for
 
 
@@ -38,9 +38,7 @@ def main():
                              qf=rel_dev(q, f32)))
             for e in (gpu, cpu_q):
                 e.prefill(1, tokens[:-4], 0, "none")
-            for step, token in enumerate(tokens[-4:]):
-                pos = len(tokens) - 4 + step
-                args = (np.array([token], np.int32), np.array([1], np.int32), np.array([pos], np.int32))
+            for step, pos, args in decode_steps(tokens, slot=1):
                 g, q = gpu.decode(*args)[0], cpu_q.decode(*args)[0]
                 rows.append(dict(spec=spec, seed=seed, step=step, gq=rel_dev(g, q), gf=rel_dev(g, f32[pos]),
                                  qf=rel_dev(q, f32[pos])))
