@@ -304,9 +304,8 @@ def pair_call(ops, W0, W1, M, epilogue, **kw):
 def test_gemv_quant_pair_rows_are_each_part_alone(C, ops, rng, gen, pair, M):
     """A matrix of two types in one launch (gemv_quant_pair): every output bit for bit what
     gemv_quant_in gives on its own part, on ActBlocks, on bf16 rows and on fp32 rows to normalize
-    (the fused prologues); odd part sizes, a 2048-value row (4 lanes a block in the prologue, two
-    rounds on the pair's 4-warp CTA), a 4096-value row (2 lanes a block) and w2's K = 14336 among
-    them."""
+    (the fused prologues); odd part sizes, either part the larger, a 2048-value row (4 lanes a
+    block in the prologue), a 4096-value row (2 lanes a block) and w2's K = 14336 among them."""
     for (N0, N1), K in [((77, 45), 4096 + 256), ((33, 70), 2048), ((21, 40), 4096), ((5, 131), 14336)]:
         W0, W1 = Weights(C, pair[0], N0, K, rng), Weights(C, pair[1], N1, K, rng)
         x = random_x(rng, M, K)
@@ -344,12 +343,11 @@ def walk_then_fed(launch, counters, what):
 
 
 @pytest.mark.parametrize("pair", PAIRS)
-def test_gemv_quant_pair_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng, gen, pair):
-    """The two-type kernel's grid fed by counters (QuantGemvInput::counters, from
-    tuning::kGemvQuantFedMinRounds rounds on): warps then cross the part boundary from unit to
-    unit. 40,000 units are at least 5 rounds of the resident warps (at most 64 an SM) on GPUs of
-    up to 132 SMs; each output equals, bit for bit, the fixed walk without counters, over three
-    fed launches in a row (walk_then_fed)."""
+def test_gemv_quant_pair_long_walks_give_each_parts_bits(C, ops, rng, gen, pair):
+    """A two-type matrix of 40,000 units (at least 5 rounds of the resident warps on GPUs of up to
+    132 SMs), so that the warps of both parts walk several rounds: every output bit for bit what
+    gemv_quant_in gives on its own part. Counters given are left alone (a two-type grid walks its
+    parts apart and is never fed), so they are still zero after each launch."""
     (N0, N1), K = (30001, 9999), 256
     W0, W1 = Weights(C, pair[0], N0, K, rng), Weights(C, pair[1], N1, K, rng)
     counters = torch.zeros(ops.gemv_quant_counter_words(), dtype=torch.int32, device="cuda")
@@ -357,15 +355,19 @@ def test_gemv_quant_pair_fed_by_counters_gives_the_fixed_walks_bits(C, ops, rng,
         xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
         w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
         given = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
-
-        def launch(counters_ptr):
+        want = []
+        for W in (W0, W1):
+            y = nan_full((M, W.N), torch.float32)
+            ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, W.N, K, STORE_F32, out_f32=y.data_ptr(), **given)
+            want.append(y)
+        for counters_ptr in (0, counters.data_ptr()):
             y = nan_full((M + 1, N0 + N1), torch.float32)
             pair_call(ops, W0, W1, M, STORE_F32, out_f32=y.data_ptr(), counters=counters_ptr, **given)
             torch.cuda.synchronize()
-            assert torch.isnan(y[M]).all(), f"{pair} M={M}: the kernel wrote past its M rows"
-            return y[:M]
-        walked = walk_then_fed(launch, counters, f"{pair} M={M}")
-        assert not torch.isnan(walked).any(), f"{pair} M={M}: NaN in the fixed walk's output"
+            what = f"{pair} M={M} counters={'given' if counters_ptr else 'none'}"
+            assert torch.isnan(y[M]).all(), f"{what}: the kernel wrote past its M rows"
+            assert torch.equal(y[:M], torch.cat(want, dim=1)), f"{what}: differs from the parts alone"
+            assert int(counters.abs().sum()) == 0, f"{what}: counters touched"
 
 
 @pytest.mark.parametrize("pair", PAIRS)

@@ -42,8 +42,10 @@
 //     cheap decode streams faster through the standalone quantizer and the ActBlock grid of many
 //     small CTAs; a K-quant one (the Q6_K LM head of K-quant files) is fed like the w13.
 //   * A matrix of two types (gemv_quant_pair: a K-quant file's Q6_K wv beside Q4_K / Q5_K wq | wk)
-//     runs as one launch: units past the first part's read the second part's tiles with that
-//     type's decode, branching once per chunk (uniform per warp; a unit's rows lie in one part).
+//     runs as one launch. The grid's warps are split between the parts so that the warp with the
+//     most bytes to stream has the fewest (split_warps); a warp walks only its part's units, in
+//     that type's copy of the walk, so the kernel needs the larger type's registers (128: 8-warp
+//     CTAs, 2 an SM, as the one-type fused grids), not those of both types' code in one loop.
 //     One prologue and one epilogue serve both parts, where part by part took a quantizer, two
 //     GEMVs into fp32 staging and rope_kv_append.
 //   * Launched with PDL (launch.cuh): it issues the first pieces' loads before its wait (weights
@@ -62,7 +64,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "cpu/quant.h"
 #include "cuda/check.cuh"
@@ -86,9 +90,8 @@ constexpr int kWarps = 4;     // units per CTA of an ActBlock-input grid: many s
 // Units per CTA of a fused-input grid (one wave, every CTA quantizing the whole input): larger CTAs
 // quantize it fewer times (fewer L2 reads of x) and with fewer blocks a thread.
 constexpr int kFusedWarps = 8;
-// Warps of gemv_quant_kernel's CTA: a two-type matrix keeps the small CTA (its instances need more
-// than 128 registers, so a large CTA would cost resident warps).
-constexpr int cta_warps(bool fused, bool one_type) { return fused && one_type ? kFusedWarps : kWarps; }
+// Warps of gemv_quant_kernel's CTA.
+constexpr int cta_warps(bool fused) { return fused ? kFusedWarps : kWarps; }
 
 using util::Pairing;
 using util::unit_rows;
@@ -547,6 +550,7 @@ constexpr bool kBlocks32 = quant::block_elems(T) == quant::kBlock32 && quant::bl
 struct QArgs {
     QPart part[2];        // part[1]: units from unit1 on, in a matrix of two types (else unused)
     int unit1;
+    int warps0;           // a matrix of two types: the grid's warps [0, warps0) walk part 0, the rest part 1
     const ActBlock* x;    // [M, K / 32] (XIn::Blocks)
     const bf16* x_bf16;   // [M, K] (XIn::Bf16)
     const float* x_f32;   // [M, K] (XIn::Norm), normalized with norm_w and eps
@@ -560,6 +564,12 @@ struct QArgs {
     EpilogueArgs out;
 };
 
+// CTAs an SM gemv_quant_kernel's registers must allow: a fused grid of two types is held to 2 (128
+// registers, what the larger type's one-type instances take); 0 leaves the others to ptxas, whose
+// choice a stated minimum of 1 changes (more registers in most instances).
+template <QType T, QType T1, XIn IN>
+constexpr int kMinCtasPerSm = T1 != T && IN != XIn::Blocks ? 2 : 0;
+
 // One warp per unit at a time: its first unit is its index in the grid; after that, units unit0 +
 // grid stride, ... (a fixed walk) or, in a fed grid (a.counters), the next unit of its class that
 // no warp has taken (tickets from the class's counter). MR accumulator rows (M <= MR real). A
@@ -569,13 +579,16 @@ struct QArgs {
 // buffers alternate through a loop unrolled by two, so each is named statically). XIn::Bf16 / Norm
 // first quantize the M rows into shared memory ActBlocks (the same functions as the standalone
 // quantizers, so the same bits). T1 != T: a matrix of two types (part[1], type T1, from unit
-// unit1 on); a unit's rows lie in one part, so each chunk branches once, uniformly per warp, to
-// one type's load and arithmetic, and a unit's sums are those of the one-type kernel on its part.
+// unit1 on); the grid's warps [0, warps0) walk part 0's units, the others part 1's, each warp
+// through a copy of the walk for its own type (walk below), so the kernel needs the registers of
+// the larger type's walk, not of both types' code in one loop; a unit's sums are those of the
+// one-type kernel on its part. Such a grid is never fed (launch_gemv).
 // G: the prologue's lanes a 32-value block (fused inputs; prologue_lanes), 1 for ActBlock inputs.
 // U: pieces a lane takes of each of its rows in a chunk (launch_gemv).
 template <QType T, QType T1, int MR, Pairing P, int U, XIn IN, int G>
-__global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) gemv_quant_kernel(QArgs a, int M) {
-    constexpr int kCtaWarps = cta_warps(IN != XIn::Blocks, T1 == T);
+__global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks), (kMinCtasPerSm<T, T1, IN>))
+    gemv_quant_kernel(QArgs a, int M) {
+    constexpr int kCtaWarps = cta_warps(IN != XIn::Blocks);
     static_assert(Q<T>::kPieces == Q<T1>::kPieces, "the parts' pieces map onto the lanes alike");
     constexpr int R = P != Pairing::None ? 2 : 1;  // W rows streamed together
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -585,17 +598,17 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
     const int steps = CEIL_DIV(n_pieces, 32 * U);  // chunks per unit
     const int stride = gridDim.x * kCtaWarps;
     const int pi = lane % Q<T>::kPieces;  // every piece this lane takes (p = lane + 32 j)
-    // Calls f(type tag, part) for the part holding `unit`.
-    auto with_part = [&](int unit, auto&& f) {
+    // Calls f(type tag, part) for part 1 (in_part1) or part 0.
+    auto with_part = [&](bool in_part1, auto&& f) {
         if constexpr (T1 != T) {
-            if (unit >= a.unit1) return f(std::integral_constant<QType, T1>{}, a.part[1]);
+            if (in_part1) return f(std::integral_constant<QType, T1>{}, a.part[1]);
         }
         return f(std::integral_constant<QType, T>{}, a.part[0]);
     };
 
-    auto load = [&](Raw(&w)[R][U], int unit, int step) {
+    auto load = [&](Raw(&w)[R][U], int unit, int step, bool in_part1) {
         const int2 rr = unit_rows<P>(unit, a.half_n);
-        with_part(unit, [&](auto type, const QPart& part) {
+        with_part(in_part1, [&](auto type, const QPart& part) {
             using F = Q<decltype(type)::value>;
             const int row0 = T1 != T ? part.row0 : 0;  // one type: the whole matrix
             const int row_id[2] = {rr.x - row0, rr.y - row0};
@@ -619,8 +632,8 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
     };
-    auto consume = [&](const Raw(&w)[R][U], int unit, int step, const ActBlock* xb, int x_stride) {
-        with_part(unit, [&](auto type, const QPart&) {
+    auto consume = [&](const Raw(&w)[R][U], int step, const ActBlock* xb, int x_stride, bool in_part1) {
+        with_part(in_part1, [&](auto type, const QPart&) {
             using F = Q<decltype(type)::value>;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -672,9 +685,14 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
 
     Raw wa[R][U], wb[R][U];
     int unit = blockIdx.x * kCtaWarps + (threadIdx.x >> 5), step = 0;
+    // A matrix of two types: the grid's warps [0, warps0) walk part 0's units from their index on,
+    // the others part 1's from unit1 on (warps0 <= unit1, so a warp's part is that of its units).
+    if constexpr (T1 != T) {
+        if (unit >= a.warps0) unit += a.unit1 - a.warps0;
+    }
     // The first chunk loads before the wait, in a branch of their own (as gemv.cu: issued
     // unconditionally, ptxas sinks them past griddepcontrol.wait to their first use).
-    if (unit < a.n_units) load(wa, unit, 0);
+    if (unit < a.n_units) load(wa, unit, 0, unit >= a.unit1);
     pdl_wait();
 
     const int x_stride = a.K / 32;
@@ -707,34 +725,47 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks, T1 == T)) ge
 #pragma unroll
         for (int i = 0; i < kTicketsAhead; ++i) request(ticket[i]);
     }
-    // (unit, step) -> the next chunk, warp-uniform
-    auto advance = [&](int& u, int& s) {
+    // (unit, step) -> the next chunk, warp-uniform, on a walk of `part_stride` warps to `end`
+    auto advance = [&](int& u, int& s, int part_stride, int end) {
         if (++s == steps) {
             s = 0;
             if (a.counters) {
                 u = stride + cls + kTicketClasses * (int)__shfl_sync(0xffffffffu, ticket[0], 0);
 #pragma unroll
                 for (int i = 0; i + 1 < kTicketsAhead; ++i) ticket[i] = ticket[i + 1];
-                if (u < a.n_units) request(ticket[kTicketsAhead - 1]);
+                if (u < end) request(ticket[kTicketsAhead - 1]);
             } else {
-                u += stride;
+                u += part_stride;
             }
         }
     };
-    while (unit < a.n_units) {
-        int next_unit = unit, next_step = step;
-        advance(next_unit, next_step);
-        if (next_unit < a.n_units) load(wb, next_unit, next_step);
-        consume(wa, unit, step, xb, x_stride);
-        if (next_step == 0) finish(unit);
-        unit = next_unit, step = next_step;
-        if (unit >= a.n_units) break;
+    // The walk, a copy per part: in_part1 is a constant in each, so a copy holds one type's loads
+    // and arithmetic, and the kernel needs the registers of the larger one, not of both at once.
+    auto walk = [&](auto in_part1) {
+        constexpr bool kPart1 = decltype(in_part1)::value;
+        const int part_stride = T1 == T ? stride : kPart1 ? stride - a.warps0 : a.warps0;
+        const int end = T1 == T || kPart1 ? a.n_units : a.unit1;
+        while (unit < end) {
+            int next_unit = unit, next_step = step;
+            advance(next_unit, next_step, part_stride, end);
+            if (next_unit < end) load(wb, next_unit, next_step, kPart1);
+            consume(wa, step, xb, x_stride, kPart1);
+            if (next_step == 0) finish(unit);
+            unit = next_unit, step = next_step;
+            if (unit >= end) break;
 
-        advance(next_unit, next_step);
-        if (next_unit < a.n_units) load(wa, next_unit, next_step);
-        consume(wb, unit, step, xb, x_stride);
-        if (next_step == 0) finish(unit);
-        unit = next_unit, step = next_step;
+            advance(next_unit, next_step, part_stride, end);
+            if (next_unit < end) load(wa, next_unit, next_step, kPart1);
+            consume(wb, step, xb, x_stride, kPart1);
+            if (next_step == 0) finish(unit);
+            unit = next_unit, step = next_step;
+        }
+    };
+    if constexpr (T1 != T) {
+        if (unit >= a.unit1) walk(std::true_type{});
+        else walk(std::false_type{});
+    } else {
+        walk(std::false_type{});
     }
     if (a.counters) {
         // The last CTA out puts the counters back to 0 for the next launch, which reads them only
@@ -762,18 +793,35 @@ auto kernel_for_row(int n_blocks) {
     return kernel;
 }
 
+// A matrix of two types on a one-wave grid of at most `resident_warps` warps: part 0's units
+// (bytes0 of weights each) are walked by warps0 warps in rounds, part 1's by warps1, chosen so that
+// the warp with the most bytes to stream has the fewest (then the most warps on part 0).
+std::pair<int, int> split_warps(int units0, size_t bytes0, int units1, size_t bytes1, int resident_warps) {
+    std::pair<int, int> best{units0, units1};
+    size_t best_cost = SIZE_MAX;
+    for (int r0 = 1; r0 <= units0 && (size_t)r0 * bytes0 < best_cost; ++r0) {
+        const int warps0 = CEIL_DIV(units0, r0);
+        if (warps0 >= resident_warps) continue;
+        const int r1 = CEIL_DIV(units1, resident_warps - warps0);
+        const size_t cost = std::max((size_t)r0 * bytes0, (size_t)r1 * bytes1);
+        if (cost < best_cost) best = {warps0, CEIL_DIV(units1, r1)}, best_cost = cost;
+    }
+    return best;
+}
+
 template <QType T, QType T1, int MR, Pairing P, XIn IN>
 void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
     // Pieces per lane and row in a chunk (two chunks in registers): at M <= 2 a K = 4096 row is
     // one or two chunks; fewer where the accumulators take the registers. Two buffers of twice
     // this depth cost occupancy and lost (docs/kernels/gemv.md).
     constexpr int U = MR <= 2 ? (P == Pairing::None ? 4 : 2) : (P == Pairing::None ? 2 : 1);
-    constexpr int warps = cta_warps(IN != XIn::Blocks, T1 == T);
+    constexpr int warps = cta_warps(IN != XIn::Blocks);
     auto kernel = kernel_for_row<T, T1, MR, P, U, IN>(a.K / 32);
     int blocks = CEIL_DIV(a.n_units, warps);
     size_t smem = 0;
     QArgs args = a;
     args.counters = nullptr;
+    args.warps0 = a.unit1;  // ActBlock input: a warp a unit
     if constexpr (IN != XIn::Blocks) {
         // Every CTA quantizes the whole input once: one wave of CTAs, each walking several units,
         // keeps that to a few hundred copies (L2 reads) instead of one per 4 units. Every warp
@@ -798,9 +846,18 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
             if (2 * rounds_half <= rounds) kernel = half, resident = resident_half, rounds = rounds_half;
         }
         blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), warps);
+        if constexpr (T1 != T) {
+            const size_t rows = P != Pairing::None ? 2 : 1;  // W rows a unit
+            const std::pair<int, int> split =
+                split_warps(a.unit1, rows * qlayout::row_stride((int)T, a.K), a.n_units - a.unit1,
+                            rows * qlayout::row_stride((int)T1, a.K), resident * warps);
+            args.warps0 = split.first;
+            blocks = CEIL_DIV(split.first + split.second, warps);
+        }
         // Many rounds: a fixed walk ends with its slowest warps, and each round widens the spread;
-        // fed by the counters, every resident warp takes units until none is left.
-        if (a.counters && rounds >= tuning::kGemvQuantFedMinRounds) {
+        // fed by the counters, every resident warp takes units until none is left. A matrix of two
+        // types walks its parts apart, so it is never fed.
+        if (T1 == T && a.counters && rounds >= tuning::kGemvQuantFedMinRounds) {
             args.counters = a.counters;
             blocks = resident;
         }
