@@ -845,21 +845,22 @@ void launch_gemv(const QArgs& a, int M, cudaStream_t stream) {
             const auto [resident_half, rounds_half] = walk(half);
             if (2 * rounds_half <= rounds) kernel = half, resident = resident_half, rounds = rounds_half;
         }
-        blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), warps);
         if constexpr (T1 != T) {
+            // Each part walks its own warps' rounds (split_warps); such a grid is never fed.
             const size_t rows = P != Pairing::None ? 2 : 1;  // W rows a unit
             const std::pair<int, int> split =
                 split_warps(a.unit1, rows * qlayout::row_stride((int)T, a.K), a.n_units - a.unit1,
                             rows * qlayout::row_stride((int)T1, a.K), resident * warps);
             args.warps0 = split.first;
             blocks = CEIL_DIV(split.first + split.second, warps);
-        }
-        // Many rounds: a fixed walk ends with its slowest warps, and each round widens the spread;
-        // fed by the counters, every resident warp takes units until none is left. A matrix of two
-        // types walks its parts apart, so it is never fed.
-        if (T1 == T && a.counters && rounds >= tuning::kGemvQuantFedMinRounds) {
-            args.counters = a.counters;
-            blocks = resident;
+        } else {
+            blocks = CEIL_DIV(CEIL_DIV(a.n_units, rounds), warps);
+            // Many rounds: a fixed walk ends with its slowest warps, and each round widens the
+            // spread; fed by the counters, every resident warp takes units until none is left.
+            if (a.counters && rounds >= tuning::kGemvQuantFedMinRounds) {
+                args.counters = a.counters;
+                blocks = resident;
+            }
         }
     }
     launch_pdl(kernel, dim3(blocks), dim3(32 * warps), smem, stream, args, M);
