@@ -299,6 +299,18 @@ def pair_call(ops, W0, W1, M, epilogue, **kw):
                           type1=W1.type_id, W1=W1.packed.data_ptr(), rows0=W0.N, **kw)
 
 
+def parts_alone(ops, W0, W1, M, given):
+    """[M, W0.N + W1.N]: gemv_quant on each part alone (StoreF32) from the input `given` (xq, or
+    the x / x_f32 keywords), what a pair launch on the same input must equal bit for bit."""
+    want = []
+    for W in (W0, W1):
+        y = nan_full((M, W.N), torch.float32)
+        ops.gemv_quant(W.type_id, W.packed.data_ptr(), given.get("xq", 0), M, W.N, W.K, STORE_F32,
+                       out_f32=y.data_ptr(), **{k: v for k, v in given.items() if k != "xq"})
+        want.append(y)
+    return torch.cat(want, dim=1)
+
+
 @pytest.mark.parametrize("pair", PAIRS)
 @pytest.mark.parametrize("M", [1, 2])
 def test_gemv_quant_pair_rows_are_each_part_alone(C, ops, rng, gen, pair, M):
@@ -315,17 +327,12 @@ def test_gemv_quant_pair_rows_are_each_part_alone(C, ops, rng, gen, pair, M):
         inputs = {"ActBlocks": dict(xq=xq.data_ptr()), "bf16 rows": dict(x=x.data_ptr()),
                   "normalized fp32 rows": dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)}
         for what, given in inputs.items():
-            want = []
-            for W in (W0, W1):
-                y = nan_full((M, W.N), torch.float32)
-                ops.gemv_quant(W.type_id, W.packed.data_ptr(), given.get("xq", 0), M, W.N, K, STORE_F32,
-                               out_f32=y.data_ptr(), **{k: v for k, v in given.items() if k != "xq"})
-                want.append(y)
+            want = parts_alone(ops, W0, W1, M, given)
             y = nan_full((M + 1, N0 + N1), torch.float32)
             pair_call(ops, W0, W1, M, STORE_F32, out_f32=y.data_ptr(), **given)
             torch.cuda.synchronize()
             assert torch.isnan(y[M]).all(), "the kernel wrote past its M rows"
-            assert torch.equal(y[:M], torch.cat(want, dim=1)), f"{pair} M={M} N={N0}+{N1} K={K}: {what}"
+            assert torch.equal(y[:M], want), f"{pair} M={M} N={N0}+{N1} K={K}: {what}"
 
 
 def walk_then_fed(launch, counters, what):
@@ -352,21 +359,16 @@ def test_gemv_quant_pair_long_walks_give_each_parts_bits(C, ops, rng, gen, pair)
     W0, W1 = Weights(C, pair[0], N0, K, rng), Weights(C, pair[1], N1, K, rng)
     counters = torch.zeros(ops.gemv_quant_counter_words(), dtype=torch.int32, device="cuda")
     for M in (1, 2):
-        xf = torch.randn((M, K), generator=gen, device="cuda") * 2.0
-        w = (1.0 + 0.1 * torch.randn((K,), generator=gen, device="cuda")).to(torch.bfloat16)
+        xf, w, _ = random_norm_input(ops, gen, M, K)
         given = dict(x_f32=xf.data_ptr(), norm_w=w.data_ptr(), eps=EPS)
-        want = []
-        for W in (W0, W1):
-            y = nan_full((M, W.N), torch.float32)
-            ops.gemv_quant(W.type_id, W.packed.data_ptr(), 0, M, W.N, K, STORE_F32, out_f32=y.data_ptr(), **given)
-            want.append(y)
+        want = parts_alone(ops, W0, W1, M, given)
         for counters_ptr in (0, counters.data_ptr()):
             y = nan_full((M + 1, N0 + N1), torch.float32)
             pair_call(ops, W0, W1, M, STORE_F32, out_f32=y.data_ptr(), counters=counters_ptr, **given)
             torch.cuda.synchronize()
             what = f"{pair} M={M} counters={'given' if counters_ptr else 'none'}"
             assert torch.isnan(y[M]).all(), f"{what}: the kernel wrote past its M rows"
-            assert torch.equal(y[:M], torch.cat(want, dim=1)), f"{what}: differs from the parts alone"
+            assert torch.equal(y[:M], want), f"{what}: differs from the parts alone"
             assert int(counters.abs().sum()) == 0, f"{what}: counters touched"
 
 
