@@ -9,7 +9,8 @@
 // that line up with one ActBlock, each half (16 values) of a chunk has unsigned codes c_i, a weight
 // scale s and a bias b with w_i = s * c_i + b, and
 //   dot = sum over chunk halves  s * d_x * (sum_i c_i q_i)  +  b * dsum_half,
-// the integer sums exact in int32, the rest fp32 (Q8_0: signed codes, no bias).
+// the integer sums exact in int32, the rest fp32 (Q8_0: signed codes, no bias); where both halves
+// share s and b (the 32-value types) the chunk is one integer sum and one pair of fp32 terms.
 // At batch 1 every weight byte is used once, so the kernel is a stream of 16-byte loads:
 //   * A warp owns one output row (SwiGLU: gate row j with up row H + j; RopeKV: dim i with dim
 //     i + hd/2 of one head, so the pair meets in registers as in gemv.cu). Its lanes take
@@ -22,11 +23,12 @@
 //     K-quant sub-blocks) or 16 int8 codes (Q8_0). Codes are unpacked a 32-bit word at a time with
 //     masks and shifts (the Q5 fifth bits spread into bit 4 of each byte by one multiply) and
 //     multiplied against the ActBlock's int8 values by __dp4a: four products per instruction, no
-//     per-value conversion. The tile's header fields the piece needs (fp16 d / m, the packed
-//     6-bit K-quant scales, Q6_K's int8 scales and tail d) are loaded per piece: lanes of one tile
-//     read the same bytes, one transaction. A lane's pieces are always the same piece of their
-//     tiles (lane % kPieces), so which scale it decodes is a per-lane constant: the K-quant scale
-//     pair comes out of the packed bytes without a branch.
+//     per-value conversion. A 4-bit type's high nibbles are multiplied in place (masked, read
+//     unsigned: 16 times the code) and the exact sum shifted down once. The tile's header fields
+//     the piece needs (fp16 d / m, the packed 6-bit K-quant scales, Q6_K's int8 scales and tail d)
+//     are loaded per piece: lanes of one tile read the same bytes, one transaction. A lane's pieces
+//     are always the same piece of their tiles (lane % kPieces), so which scale it decodes is a
+//     per-lane constant: the K-quant scale pair comes out of the packed bytes without a branch.
 //   * x: ActBlocks made by an earlier kernel, read with 16-byte loads that stay in L1 (every warp
 //     of the CTA reads the same blocks); or, at M <= 2 (gemv_quant_in), bf16 rows or fp32 rows to
 //     RMS-normalize that each CTA quantizes into shared memory first, one thread per 32-value
@@ -108,12 +110,21 @@ constexpr int kTicketsAhead = 2;
 using util::f16_bits;
 using util::spread4;
 
-// sum of 16 products of signed bytes.
-__device__ __forceinline__ int dot16(uint4 c, uint4 x) {
-    int s = __dp4a((int)c.x, (int)x.x, 0);
+// acc + the sum of 16 products of signed bytes.
+__device__ __forceinline__ int dot16(uint4 c, uint4 x, int acc = 0) {
+    int s = __dp4a((int)c.x, (int)x.x, acc);
     s = __dp4a((int)c.y, (int)x.y, s);
     s = __dp4a((int)c.z, (int)x.z, s);
     return __dp4a((int)c.w, (int)x.w, s);
+}
+// The sum of the 16 high nibbles of q times x's 16 values: each nibble multiplied in place (16 times
+// its value: its byte masked and read unsigned), the exact multiple of 16 shifted out once, where
+// bringing the nibbles down took a shift and a mask a word.
+__device__ __forceinline__ int dot16_high_nibbles(uint4 q, uint4 x) {
+    int s = ptx::dp4a_u8_s8(q.x & 0xF0F0F0F0u, (int)x.x, 0);
+    s = ptx::dp4a_u8_s8(q.y & 0xF0F0F0F0u, (int)x.y, s);
+    s = ptx::dp4a_u8_s8(q.z & 0xF0F0F0F0u, (int)x.z, s);
+    return ptx::dp4a_u8_s8(q.w & 0xF0F0F0F0u, (int)x.w, s) >> 4;
 }
 __device__ __forceinline__ uint4 and_shift(uint4 v, int shift, uint32_t mask) {
     return make_uint4((v.x >> shift) & mask, (v.y >> shift) & mask, (v.z >> shift) & mask, (v.w >> shift) & mask);
@@ -180,19 +191,18 @@ template <> struct Q<QType::Q8_0> {
 };
 
 // The 32-value nibble types: piece pi = block pi of the tile, low nibbles values 0-15, high 16-31.
+// qA / qB: the block's values 0-15 / 16-31; dA its d_x, sA its whole dsum.
 __device__ __forceinline__ void x_block(const ActBlock* b, XPiece& v) {
     const float4 head = *reinterpret_cast<const float4*>(b);
-    v.dA = v.dB = head.x;
-    v.sA = head.z;
-    v.sB = head.w;
+    v.dA = head.x;
+    v.sA = head.z + head.w;
     v.qA = *reinterpret_cast<const uint4*>(b->qs);
     v.qB = *reinterpret_cast<const uint4*>(b->qs + 16);
 }
-__device__ __forceinline__ float two_halves(uint4 lo, uint4 hi, float s, float b, const XPiece& v, float acc) {
-    acc = fmaf(s * v.dA, (float)dot16(lo, v.qA), acc);
-    acc = fmaf(b, v.sA, acc);
-    acc = fmaf(s * v.dB, (float)dot16(hi, v.qB), acc);
-    return fmaf(b, v.sB, acc);
+// Both halves of a 32-value block share its s, b and d_x: sum is the block's integer sum.
+__device__ __forceinline__ float one_block(int sum, float s, float b, const XPiece& v, float acc) {
+    acc = fmaf(s * v.dA, (float)sum, acc);
+    return fmaf(b, v.sA, acc);
 }
 template <int kQs, int kM, int kQh>  // field offsets in the tile (-1: none)
 struct Nibble32 {
@@ -206,47 +216,38 @@ struct Nibble32 {
         return r;
     }
     __device__ static void x(const ActBlock* xr, int t, int pi, XPiece& v) { x_block(xr + 8 * t + pi, v); }
-    __device__ static void codes(const Raw& r, uint4& lo, uint4& hi) {
-        lo = and_shift(r.q, 0, 0x0F0F0F0Fu);
-        hi = and_shift(r.q, 4, 0x0F0F0F0Fu);
-        if (kQh >= 0) {
-            lo = or4(lo, q5_bits(r.h.z, 0));
-            hi = or4(hi, q5_bits(r.h.z, 16));
-        }
+    // The block's integer sum of codes times x (Q5: the fifth bits spread into bit 4 of each byte).
+    __device__ static int sum(const Raw& r, const XPiece& v) {
+        const uint4 lo = and_shift(r.q, 0, 0x0F0F0F0Fu);
+        if (kQh < 0) return dot16(lo, v.qA, dot16_high_nibbles(r.q, v.qB));
+        const uint4 hi = or4(and_shift(r.q, 4, 0x0F0F0F0Fu), q5_bits(r.h.z, 16));
+        return dot16(or4(lo, q5_bits(r.h.z, 0)), v.qA, dot16(hi, v.qB));
     }
 };
 template <> struct Q<QType::Q4_0> : Nibble32<16, -1, -1> {
     static constexpr int kTileBytes = 144;
     __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
-        uint4 lo, hi;
-        codes(r, lo, hi);
         const float d = f16_bits(r.h.x);
-        return two_halves(lo, hi, d, -8.f * d, v, acc);
+        return one_block(sum(r, v), d, -8.f * d, v, acc);
     }
 };
 template <> struct Q<QType::Q4_1> : Nibble32<32, 16, -1> {
     static constexpr int kTileBytes = 160;
     __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
-        uint4 lo, hi;
-        codes(r, lo, hi);
-        return two_halves(lo, hi, f16_bits(r.h.x), f16_bits(r.h.y), v, acc);
+        return one_block(sum(r, v), f16_bits(r.h.x), f16_bits(r.h.y), v, acc);
     }
 };
 template <> struct Q<QType::Q5_0> : Nibble32<48, -1, 16> {
     static constexpr int kTileBytes = 176;
     __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
-        uint4 lo, hi;
-        codes(r, lo, hi);
         const float d = f16_bits(r.h.x);
-        return two_halves(lo, hi, d, -16.f * d, v, acc);
+        return one_block(sum(r, v), d, -16.f * d, v, acc);
     }
 };
 template <> struct Q<QType::Q5_1> : Nibble32<64, 16, 32> {
     static constexpr int kTileBytes = 192;
     __device__ static float dot(const Raw& r, const XPiece& v, int, float acc) {
-        uint4 lo, hi;
-        codes(r, lo, hi);
-        return two_halves(lo, hi, f16_bits(r.h.x), f16_bits(r.h.y), v, acc);
+        return one_block(sum(r, v), f16_bits(r.h.x), f16_bits(r.h.y), v, acc);
     }
 };
 
@@ -270,10 +271,13 @@ struct QK45 {
     }
     __device__ static float dot(const Raw& r, const XPiece& v, int pi, float acc) {
         const int g = pi >> 1;
-        uint4 lo = and_shift(r.q, 0, 0x0F0F0F0Fu), hi = and_shift(r.q, 4, 0x0F0F0F0Fu);
+        uint4 lo = and_shift(r.q, 0, 0x0F0F0F0Fu);
+        int sum_hi;
         if (kQ5) {
             lo = or4(lo, shl4(and_shift(r.qh, 2 * g, 0x01010101u)));
-            hi = or4(hi, shl4(and_shift(r.qh, 2 * g + 1, 0x01010101u)));
+            sum_hi = dot16(or4(and_shift(r.q, 4, 0x0F0F0F0Fu), shl4(and_shift(r.qh, 2 * g + 1, 0x01010101u))), v.qB);
+        } else {
+            sum_hi = dot16_high_nibbles(r.q, v.qB);
         }
         const float d = f16_bits(r.h.x & 0xFFFF), dmin = f16_bits(r.h.x >> 16);
         uint32_t sc, m;
@@ -282,7 +286,7 @@ struct QK45 {
         const float s1 = d * (float)(sc >> 8), b1 = -(dmin * (float)(m >> 8));
         acc = fmaf(s0 * v.dA, (float)dot16(lo, v.qA), acc);
         acc = fmaf(b0, v.sA, acc);
-        acc = fmaf(s1 * v.dB, (float)dot16(hi, v.qB), acc);
+        acc = fmaf(s1 * v.dB, (float)sum_hi, acc);
         return fmaf(b1, v.sB, acc);
     }
 };

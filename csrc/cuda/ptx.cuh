@@ -40,6 +40,13 @@ __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
     return v;
 }
 
+// c + the sum of the four products of a's bytes read unsigned with b's bytes read signed.
+__device__ __forceinline__ int dp4a_u8_s8(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // *p += v at GPU scope, returning the old value, as one acquire-release: the caller's earlier writes
 // (and those a CTA barrier ordered before it) are published with the count, and whoever reads the
 // count sees what the earlier counters published.
