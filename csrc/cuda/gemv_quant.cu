@@ -24,11 +24,13 @@
 //     masks and shifts (the Q5 fifth bits spread into bit 4 of each byte by one multiply) and
 //     multiplied against the ActBlock's int8 values by __dp4a: four products per instruction, no
 //     per-value conversion. A 4-bit type's high nibbles are multiplied in place (masked, read
-//     unsigned: 16 times the code) and the exact sum shifted down once. The tile's header fields
-//     the piece needs (fp16 d / m, the packed 6-bit K-quant scales, Q6_K's int8 scales and tail d)
-//     are loaded per piece: lanes of one tile read the same bytes, one transaction. A lane's pieces
-//     are always the same piece of their tiles (lane % kPieces), so which scale it decodes is a
-//     per-lane constant: the K-quant scale pair comes out of the packed bytes without a branch.
+//     unsigned: 16 times the code) and the exact sum shifted down once. The loop is short of issue
+//     slots as much as of bytes, so its instructions count: the 8-piece types address x from the
+//     chunk's first tile (the pieces' offsets immediates). The tile's header fields the piece needs
+//     (fp16 d / m, the packed 6-bit K-quant scales, Q6_K's int8 scales and tail d) are loaded per
+//     piece: lanes of one tile read the same bytes, one transaction. A lane's pieces are always the
+//     same piece of their tiles (lane % kPieces), so which scale it decodes is a per-lane constant:
+//     the K-quant scale pair comes out of the packed bytes without a branch.
 //   * x: ActBlocks made by an earlier kernel, read with 16-byte loads that stay in L1 (every warp
 //     of the CTA reads the same blocks); or, at M <= 2 (gemv_quant_in), bf16 rows or fp32 rows to
 //     RMS-normalize that each CTA quantizes into shared memory first, one thread per 32-value
@@ -639,16 +641,23 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks), (kMinCtasPe
     auto consume = [&](const Raw(&w)[R][U], int step, const ActBlock* xb, int x_stride, bool in_part1) {
         with_part(in_part1, [&](auto type, const QPart&) {
             using F = Q<decltype(type)::value>;
+            // The 8-piece types address x from the chunk's first tile, so that piece u's blocks lie at
+            // a constant offset (one pointer a chunk, not one a piece); Q8_0 keeps the piece's own
+            // tile, where the shared pointer cost 8-14 registers (3 CTAs an SM, not 4) and the 8B
+            // step 2.9% (docs/kernels/gemv.md, "x from the chunk's first tile").
+            constexpr bool kChunkBase = F::kPieces == 8;
+            constexpr int kTilesPerU = 32 / F::kPieces;  // tiles between a lane's pieces u and u + 1
+            const ActBlock* x0 = kChunkBase ? xb + 8 * (lane / F::kPieces + kTilesPerU * U * step) : xb;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int p = lane + 32 * (U * step + u);
                 if (p < n_pieces) {
-                    const int t = p / F::kPieces;
+                    const int t = kChunkBase ? kTilesPerU * u : p / F::kPieces;
 #pragma unroll
                     for (int m = 0; m < MR; ++m) {
                         if (m < M) {
                             XPiece v;
-                            F::x(xb + (size_t)m * x_stride, t, pi, v);
+                            F::x(x0 + (size_t)m * x_stride, t, pi, v);
 #pragma unroll
                             for (int r = 0; r < R; ++r) acc[m][r] = F::dot(w[r][u], v, pi, acc[m][r]);
                         }
