@@ -1,6 +1,7 @@
 """sass_diff.py — the SASS of two builds of one CUDA file, kernel by kernel: which kernels are
 identical (immediates masked, so moved constants and branch targets do not count), which differ,
-which are new or gone, with each kernel's instruction count, registers and spill stores (STL).
+which are new or gone, with each kernel's instruction count, the instructions of its largest loop
+(the span of its longest backward branch: a GEMV's walk), registers and spill stores (STL).
 The check behind "SASS unchanged" in a commit or a docs/kernels row, and the quick look at what a
 variant did to registers before it spends device time.
 
@@ -18,7 +19,8 @@ import subprocess
 import sys
 
 IMMEDIATE = re.compile(r"0x[0-9a-f]+")
-INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+([^;]*);")
+INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+BRANCH_TARGET = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)\s*$")
 RESOURCES = re.compile(r"REG:(\d+).*?STACK:(\d+)")
 
 
@@ -33,12 +35,25 @@ def demangle(names):
     return [re.sub(r"\(anonymous namespace\)::", "", n) for n in out.splitlines()]
 
 
+def largest_loop(code):
+    """Instructions from the target of the longest backward branch to the branch, of (address, text)."""
+    best = 0
+    for at, ins in code:
+        m = BRANCH_TARGET.search(ins)
+        if m and int(m.group(1), 16) < at:
+            target = int(m.group(1), 16)
+            best = max(best, sum(1 for a, _ in code if target <= a <= at))
+    return best
+
+
 def kernels(path):
-    """{demangled name: (masked instructions, registers, stack bytes)}"""
-    sass, res = {}, {}
+    """{demangled name: (masked instructions, registers, stack bytes, largest loop)}"""
+    sass, loops, res = {}, {}, {}
     for block in re.split(r"\n\s+Function : ", cuobjdump(["-sass", path]))[1:]:
         name = block.split("\n", 1)[0].strip()
-        sass[name] = [IMMEDIATE.sub("X", ins) for ins in INSTRUCTION.findall(block)]
+        code = [(int(at, 16), ins) for at, ins in INSTRUCTION.findall(block)]
+        sass[name] = [IMMEDIATE.sub("X", ins) for _, ins in code]
+        loops[name] = largest_loop(code)
     lines = cuobjdump(["--dump-resource-usage", path]).splitlines()
     for i, line in enumerate(lines[:-1]):
         m = re.search(r"Function (\S+):", line)
@@ -46,13 +61,13 @@ def kernels(path):
         if m and r:
             res[m.group(1)] = (int(r.group(1)), int(r.group(2)))
     names = list(sass)
-    return {d: (sass[n], *res.get(n, (-1, -1))) for n, d in zip(names, demangle(names))}
+    return {d: (sass[n], *res.get(n, (-1, -1)), loops[n]) for n, d in zip(names, demangle(names))}
 
 
 def describe(k):
-    ins, regs, stack = k
+    ins, regs, stack, loop = k
     spills = sum(1 for i in ins if i.split()[0].startswith("STL") or (i.startswith("@") and "STL" in i))
-    return f"{len(ins)} instr, {regs} regs, {stack} B stack, {spills} STL"
+    return f"{len(ins)} instr (loop {loop}), {regs} regs, {stack} B stack, {spills} STL"
 
 
 def main():
