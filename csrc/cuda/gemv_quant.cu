@@ -25,7 +25,7 @@
 //     multiplied against the ActBlock's int8 values by __dp4a: four products per instruction, no
 //     per-value conversion. A 4-bit type's high nibbles are multiplied in place (masked, read
 //     unsigned: 16 times the code) and the exact sum shifted down once. The loop is short of issue
-//     slots as much as of bytes, so its instructions count: the 8-piece types address x from the
+//     slots as much as of bytes, so its instructions count: Q4_K, Q6_K and Q4_1 address x from the
 //     chunk's first tile (the pieces' offsets immediates). The tile's header fields the piece needs
 //     (fp16 d / m, the packed 6-bit K-quant scales, Q6_K's int8 scales and tail d) are loaded per
 //     piece: lanes of one tile read the same bytes, one transaction. A lane's pieces are always the
@@ -273,11 +273,11 @@ struct QK45 {
     }
     __device__ static float dot(const Raw& r, const XPiece& v, int pi, float acc) {
         const int g = pi >> 1;
-        uint4 lo = and_shift(r.q, 0, 0x0F0F0F0Fu);
-        int sum_hi;
+        uint4 lo = and_shift(r.q, 0, 0x0F0F0F0Fu), hi = and_shift(r.q, 4, 0x0F0F0F0Fu);
+        int sum_hi = 0;  // Q4_K: the high nibbles multiplied in place (hi unused)
         if (kQ5) {
             lo = or4(lo, shl4(and_shift(r.qh, 2 * g, 0x01010101u)));
-            sum_hi = dot16(or4(and_shift(r.q, 4, 0x0F0F0F0Fu), shl4(and_shift(r.qh, 2 * g + 1, 0x01010101u))), v.qB);
+            hi = or4(hi, shl4(and_shift(r.qh, 2 * g + 1, 0x01010101u)));
         } else {
             sum_hi = dot16_high_nibbles(r.q, v.qB);
         }
@@ -288,7 +288,7 @@ struct QK45 {
         const float s1 = d * (float)(sc >> 8), b1 = -(dmin * (float)(m >> 8));
         acc = fmaf(s0 * v.dA, (float)dot16(lo, v.qA), acc);
         acc = fmaf(b0, v.sA, acc);
-        acc = fmaf(s1 * v.dB, (float)sum_hi, acc);
+        acc = fmaf(s1 * v.dB, (float)(kQ5 ? dot16(hi, v.qB) : sum_hi), acc);
         return fmaf(b1, v.sB, acc);
     }
 };
@@ -641,11 +641,14 @@ __global__ void __launch_bounds__(32 * cta_warps(IN != XIn::Blocks), (kMinCtasPe
     auto consume = [&](const Raw(&w)[R][U], int step, const ActBlock* xb, int x_stride, bool in_part1) {
         with_part(in_part1, [&](auto type, const QPart&) {
             using F = Q<decltype(type)::value>;
-            // The 8-piece types address x from the chunk's first tile, so that piece u's blocks lie at
-            // a constant offset (one pointer a chunk, not one a piece); Q8_0 keeps the piece's own
-            // tile, where the shared pointer cost 8-14 registers (3 CTAs an SM, not 4) and the 8B
-            // step 2.9% (docs/kernels/gemv.md, "x from the chunk's first tile").
-            constexpr bool kChunkBase = F::kPieces == 8;
+            // Q4_K, Q6_K and Q4_1 address x from the chunk's first tile, so that piece u's blocks lie
+            // at a constant offset (one pointer a chunk, not one a piece). The other types keep the
+            // piece's own tile: there the shared pointer moved ptxas's allocation past an occupancy
+            // step (Q8_0 64 -> 72-78 registers and its 8B step 2.9% slower; Q5_K's SwiGLU 128 -> 155;
+            // Q4_0's and the Q5 types' smaller moves unmeasured) (docs/kernels/gemv.md, "x from the
+            // chunk's first tile").
+            constexpr QType kType = decltype(type)::value;
+            constexpr bool kChunkBase = kType == QType::Q4_K || kType == QType::Q6_K || kType == QType::Q4_1;
             constexpr int kTilesPerU = 32 / F::kPieces;  // tiles between a lane's pieces u and u + 1
             const ActBlock* x0 = kChunkBase ? xb + 8 * (lane / F::kPieces + kTilesPerU * U * step) : xb;
 #pragma unroll
