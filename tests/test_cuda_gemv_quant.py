@@ -169,6 +169,13 @@ def test_dequantize_is_the_cpu_dequantizer(C, ops, rng, name):
         torch.cuda.synchronize()
         assert torch.equal(out16[:, :K], torch.from_numpy(W.deq).cuda().to(torch.bfloat16)), f"{name}: bf16"
         assert torch.isnan(out16[:, K:].float()).all(), f"{name}: wrote past K in a row of ld_out"
+        if N > 2:  # a range of rows (a slice of gemm_dequant_slices), into a buffer of just those rows
+            row0, rows = 1, N - 2
+            part = nan_full((rows + 1, K), torch.bfloat16)
+            ops.dequantize_bf16(W.type_id, W.packed.data_ptr(), part.data_ptr(), N, K, row0=row0, rows=rows)
+            torch.cuda.synchronize()
+            assert torch.equal(part[:rows], out16[row0:row0 + rows, :K]), f"{name}: rows {row0}.. of {N}"
+            assert torch.isnan(part[rows].float()).all(), f"{name}: wrote past the rows asked for"
 
 
 @pytest.mark.parametrize("name", list(TYPES))

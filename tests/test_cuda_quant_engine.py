@@ -2,9 +2,9 @@
 from 2 rows: one pass of up to 64 rows for a matrix of one type, passes of up to 16 rows
 (tuning::kGemvQuantPassRows) for one of several parts, even chunks past that up to
 tuning::kGemvQuantChunkMaxRows rows, and for longer prompts gemm_quant on Hopper (the wgmma GEMM
-dequantizing tile by tile) or elsewhere the matrix dequantized into scratch for the bf16 GEMM, an LM
-head larger than that scratch through the GEMV in chunks) against the CPU engine on the same GGUF
-blocks.
+dequantizing tile by tile) up to tuning::kGemmQuantMaxRows rows, past them (and off Hopper) the
+matrix dequantized into bf16 scratch of about the L2 a slice of columns at a time for the bf16 GEMM)
+against the CPU engine on the same GGUF blocks.
 
 Numerics rule (docs/design.md, quantized weights): like the CPU engine's quantized path, each
 decode matmul quantizes its activations per block of 32 to int8 (the same rounding); the GPU also
@@ -220,10 +220,9 @@ def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):
     head through the GEMV (even passes of at most 16 rows). 100 rows: the layers through
     gemm_quant on Hopper (on wqkv's parts of two types for k_mix), the head in two calls
     (logit_rows_ = max_batch = 72, then 28). 300 rows: the layers through the bf16 GEMM on the
-    dequantized scratch (past tuning::kGemmQuantMaxRows), the head 72 rows at a time. Off Hopper
-    every GEMM runs on the scratch: at vocab 300 the head fits it (the largest layer matrix, w13:
-    1024 x 256) and its 72 rows take the GEMM; at vocab 1100 it does not and goes through
-    gemm_quant on Hopper, elsewhere the GEMV in even passes of at most 16 rows."""
+    dequantized scratch (past tuning::kGemmQuantMaxRows), the head 72 rows at a time (gemm_quant on
+    Hopper). Off Hopper every call past 64 rows runs on the scratch. Every matrix here fits the
+    scratch whole; test_a_quantized_head_larger_than_the_l2_runs_in_slices slices one."""
     config = quant_config(vocab_size=vocab_size, max_seq_len=320)
     types = types_for(config, SPECS.get(spec, spec))
     assert "output" in types
@@ -241,6 +240,29 @@ def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):
         row = gpu.decode(np.array([tokens[0]], np.int32), np.array([slot], np.int32), np.array([T], np.int32))[0]
         want_row = cpu_f.decode(np.array([tokens[0]], np.int32), np.array([slot], np.int32), np.array([T], np.int32))[0]
         assert rel_dev(row, want_row) < LOGIT_REL_BOUND, (spec, T)
+
+
+def test_a_quantized_head_larger_than_the_l2_runs_in_slices(C, rng):
+    """An LM head of more values than the device's L2 holds in bf16 (the scratch's size): a prompt
+    of 300 rows with every row's logits (logit_rows_ = max_batch = 300, past gemm_quant's rows)
+    dequantizes it into the scratch in at least two slices of columns, on every GPU. Against the
+    fp32 CPU engine on the dequantized weights, under the first test's rule."""
+    l2_values = torch_l2_bytes() // 2
+    dim = 256
+    vocab = (l2_values * 5 // 4 // dim + 127) // 128 * 128
+    config = quant_config(dim=dim, vocab_size=vocab, max_seq_len=320)
+    types = types_for(config, K_MIX)
+    gpu, _, cpu_f, _ = engines(C, config, types, random_weights(config, rng), max_batch=300)
+    assert C.testing.gemm_dequant_slice_cols(300, vocab, dim, 1, l2_values) < vocab
+    tokens = rng.integers(0, vocab, 300).astype(np.int32)
+    got = gpu.prefill(0, tokens, 0, "all")
+    assert got.shape == (300, vocab) and np.isfinite(got).all()
+    assert rel_dev(got, cpu_f.prefill(0, tokens, 0, "all")) < LOGIT_REL_BOUND
+
+
+def torch_l2_bytes():
+    torch = pytest.importorskip("torch")
+    return torch.cuda.get_device_properties(0).L2_cache_size
 
 
 def test_quantized_graph_replay_equals_eager(C, rng):

@@ -491,7 +491,24 @@ void bind_testing(py::module_& m) {
        py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "decode GEMV on quantized weights on the tensor cores (M <= 64): y = x . bf16(dequant(W)).T with the "
        "epilogue (as gemv_quant's); W = qlayout tiles (quant_ops.gpu_repack), x = bf16 rows [M, K]");
-    testing.def("gemm_quant", [](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
+    // A Python list of (type, pointer, rows) in row order as the parts of a gemm_quant-style W.
+    auto weight_parts = [](const char* op, const py::list& parts, brrr::cuda::GemmWeightPart* ws) {
+        if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
+            bad_argument(std::string(op) + ": parts must list 1 to " + std::to_string(brrr::cuda::kMaxWeightParts) +
+                         " (type, W, rows) tuples, got " + std::to_string(parts.size()));
+        int row0 = 0;
+        for (size_t i = 0; i < parts.size(); ++i) {
+            const auto t = parts[i].cast<std::tuple<int64_t, uintptr_t, int64_t>>();
+            CudaOp::check_sizes({{"part rows", std::get<2>(t)}});
+            if (std::get<0>(t) < 0 || std::get<0>(t) > 255)
+                bad_argument(std::string(op) + ": a part's type must be 0 (bf16) or a GGML type id, got " +
+                             std::to_string(std::get<0>(t)));
+            ws[i] = {(int)std::get<0>(t), CudaOp::ptr(std::get<1>(t), "W"), row0, (int)std::get<2>(t)};
+            row0 += (int)std::get<2>(t);
+        }
+        return (int)parts.size();
+    };
+    testing.def("gemm_quant", [weight_parts](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
                                   int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                   int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
                                   uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
@@ -506,23 +523,11 @@ void bind_testing(py::module_& m) {
             paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
             args.rope.kv = paged->kv;
         }
-        if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
-            bad_argument("gemm_quant: parts must list 1 to " + std::to_string(brrr::cuda::kMaxWeightParts) +
-                         " (type, W, rows) tuples, got " + std::to_string(parts.size()));
         brrr::cuda::GemmWeightPart ws[brrr::cuda::kMaxWeightParts];
-        int row0 = 0;
-        for (size_t i = 0; i < parts.size(); ++i) {
-            const auto t = parts[i].cast<std::tuple<int64_t, uintptr_t, int64_t>>();
-            CudaOp::check_sizes({{"part rows", std::get<2>(t)}});
-            if (std::get<0>(t) < 0 || std::get<0>(t) > 255)
-                bad_argument("gemm_quant: a part's type must be 0 (bf16) or a GGML type id, got " +
-                             std::to_string(std::get<0>(t)));
-            ws[i] = {(int)std::get<0>(t), CudaOp::ptr(std::get<1>(t), "W"), row0, (int)std::get<2>(t)};
-            row0 += (int)std::get<2>(t);
-        }
+        const int n_parts = weight_parts("gemm_quant", parts, ws);
         const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
         py::gil_scoped_release release;
-        brrr::cuda::gemm_quant(ws, (int)parts.size(), xp, (int)M, (int)N, (int)K,
+        brrr::cuda::gemm_quant(ws, n_parts, xp, (int)M, (int)N, (int)K,
                                static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
         CudaOp::finish("testing.gemm_quant");
     }, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
@@ -534,6 +539,46 @@ void bind_testing(py::module_& m) {
        "prefill GEMM on quantized weights (Hopper): y = x . bf16(dequant(W)).T with the epilogue; W = parts, "
        "a list of (type, pointer, rows) in row order (type 0: bf16 [rows, K], else qlayout tiles), x = bf16 "
        "[M, K]; split as for gemm_bf16");
+    testing.def("gemm_dequant_slices", [weight_parts](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
+                                  int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
+                                  int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
+                                  uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
+                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8, uintptr_t scratch,
+                                           int64_t scratch_elems) {
+        brrr::cuda::EpilogueArgs args =
+            CudaQuantMatmul::args("gemm_dequant_slices", 0, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
+                                  slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
+        args.split = CudaMatmul::split_scratch(split);
+        std::optional<PagedKv> paged;
+        if (epilogue == 4) {
+            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
+            args.rope.kv = paged->kv;
+        }
+        brrr::cuda::GemmWeightPart ws[brrr::cuda::kMaxWeightParts];
+        const int n_parts = weight_parts("gemm_dequant_slices", parts, ws);
+        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+        auto* sp = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(scratch, "scratch"));
+        if (scratch_elems < 0) bad_argument("gemm_dequant_slices: scratch_elems must be >= 0, got " + std::to_string(scratch_elems));
+        py::gil_scoped_release release;
+        brrr::cuda::gemm_dequant_slices(ws, n_parts, xp, (int)M, (int)N, (int)K,
+                                        static_cast<brrr::cuda::Epilogue>(epilogue), args, sp, (size_t)scratch_elems, 0);
+        CudaOp::finish("testing.gemm_dequant_slices");
+    }, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
+       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
+       py::arg("split") = py::none(), py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0,
+       py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0,
+       py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0,
+       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
+       py::arg("scratch") = 0, py::arg("scratch_elems") = 0,
+       "prefill on quantized weights, any GPU: W (parts as gemm_quant's) dequantized into scratch "
+       "[scratch_elems] bf16 a slice of output columns at a time, each slice through gemm_bf16");
+    testing.def("gemm_dequant_slice_cols", [](int64_t M, int64_t N, int64_t K, int64_t epilogue, int64_t scratch_elems) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}, {"scratch_elems", scratch_elems}});
+        return brrr::cuda::gemm_dequant_slice_cols((int)M, (int)N, (int)K, static_cast<brrr::cuda::Epilogue>(epilogue),
+                                                   (size_t)scratch_elems);
+    }, py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"), py::arg("scratch_elems"),
+       "the slice width (output columns) gemm_dequant_slices cuts such a call into");
     testing.def("gemm_quant_available", []() { return brrr::cuda::gemm_quant_available(); },
                 "whether gemm_quant runs on this device (Hopper, sm_90a image)");
     testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {
@@ -566,16 +611,20 @@ void bind_testing(py::module_& m) {
         CudaOp::finish("testing.dequantize_f32");
     }, py::arg("type"), py::arg("W"), py::arg("out"), py::arg("N"), py::arg("K"),
        "out f32 [N, K] = dequant(W), W in qlayout tiles");
-    testing.def("dequantize_bf16", [](int64_t type, uintptr_t W, uintptr_t out, int64_t N, int64_t K, int64_t ld_out) {
-        CudaOp::check_sizes({{"N", N}, {"K", K}, {"ld_out", ld_out}});
+    testing.def("dequantize_bf16", [](int64_t type, uintptr_t W, uintptr_t out, int64_t N, int64_t K, int64_t ld_out,
+                                      int64_t row0, int64_t rows) {
+        CudaOp::check_sizes({{"N", N}, {"K", K}, {"ld_out", ld_out}, {"row0", row0}, {"rows", rows}});
         if (type < 0 || type > 255) bad_argument("dequantize_bf16: type must be a GGML type id, got " + std::to_string(type));
         const void* wp = CudaOp::ptr(W, "W");
         auto* op = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(out, "out"));
         py::gil_scoped_release release;
-        brrr::cuda::dequantize_bf16((int)type, wp, (int)N, (int)K, op, (int)ld_out, 0);
+        brrr::cuda::dequantize_bf16((int)type, wp, (int)N, (int)K, (int)row0, rows ? (int)rows : (int)(N - row0), op,
+                                    (int)ld_out, 0);
         CudaOp::finish("testing.dequantize_bf16");
     }, py::arg("type"), py::arg("W"), py::arg("out"), py::arg("N"), py::arg("K"), py::arg("ld_out") = 0,
-       "out bf16 [N, ld_out] = dequant(W) rounded to nearest (ld_out 0: K)");
+       py::arg("row0") = 0, py::arg("rows") = 0,
+       "out bf16 [rows, ld_out] = rows [row0, row0 + rows) of dequant(W) [N, K] rounded to nearest (ld_out 0: K; "
+       "rows 0: to N)");
     testing.def("embed_quant", [](uintptr_t tokens, int64_t type, uintptr_t table, uintptr_t x, int64_t M, int64_t D,
                                    int64_t V, uintptr_t history, uintptr_t slots, uintptr_t positions,
                                    int64_t max_batch, int64_t max_seq, int64_t vocab_offset, int64_t vocab_rows) {

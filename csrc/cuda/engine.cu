@@ -305,8 +305,11 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     logits_ = a.take<float>(std::max((size_t)logit_rows_ * V, (size_t)c.tp_size * Vs));
     tp_gather_ = c.tp_size > 1 ? a.take<float>((size_t)c.tp_size * logit_rows_ * Vs) : nullptr;
     tp_partial_ = c.tp_size > 1 ? a.take<bf16>(R * D) : nullptr;
-    // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and one layer
-    // matrix's worth of bf16 for long prompts (the largest with a quantized part).
+    // Quantized matrices: activation blocks for the GEMV, the mixed-w13 staging, and the bf16
+    // scratch long prompts dequantize W into (CudaEngine::matmul, gemm_dequant_slices): at most
+    // the largest quantized matrix, else about the L2, so that a slice's write and read-back stay
+    // mostly on chip, but never less than two slices of kDequantSliceCols columns of the longest
+    // K (a SwiGLU slice takes gate and up rows).
     xq_ = nullptr;
     quant_counters_ = nullptr;
     gate_up_ = nullptr;
@@ -319,9 +322,17 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
         gate_up_ = a.take<float>((size_t)tuning::kGemvMaxRows * 2 * H);
         quant_gemm_ = gemm_quant_available();
         l2_bytes_ = (size_t)device_facts().l2_bytes;
+        size_t largest = 0, longest_k = 0;
+        auto cover = [&](const Matrix& m) {
+            if (m.plain_bf16()) return;
+            largest = std::max(largest, (size_t)m.rows * m.cols);
+            longest_k = std::max(longest_k, (size_t)m.cols);
+        };
         for (const LayerWeights& w : layers_)
-            for (const Matrix* m : {&w.wqkv, &w.wo, &w.w13, &w.w2})
-                if (!m->plain_bf16()) deq_elems_ = std::max(deq_elems_, (size_t)m->rows * m->cols);
+            for (const Matrix* m : {&w.wqkv, &w.wo, &w.w13, &w.w2}) cover(*m);
+        cover(output_);
+        const size_t slices = std::max(l2_bytes_ / sizeof(bf16), 2 * (size_t)tuning::kDequantSliceCols * longest_k);
+        deq_elems_ = std::min(largest, slices);
         deq_ = deq_elems_ ? a.take<bf16>(deq_elems_) : nullptr;
     }
     attn_scratch_ = a.take<float>(

@@ -205,9 +205,8 @@ private:
     // ones run the quantized GEMV per part (matmul_parts, M <= 16), in chunks of at most 16 rows
     // up to tuning::kGemvQuantChunkMaxRows rows; then on Hopper gemm_quant (dequantizing tile by
     // tile) up to tuning::kGemmQuantMaxRows rows (kGemmQuantMaxRowsInL2 where a bf16 copy of the
-    // matrix fits in L2) and for a matrix larger than deq_ (a quantized LM head); more rows are
-    // dequantized into deq_ for the bf16 GEMM (off Hopper every M, an LM head larger than deq_
-    // chunked through the GEMV).
+    // matrix fits in L2); more rows (off Hopper every M past the chunks) dequantize W into deq_ a
+    // slice of output columns at a time for the bf16 GEMM (gemm_dequant_slices).
     void matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                 Epilogue ep, const EpilogueArgs& args);
     void matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
@@ -329,8 +328,8 @@ private:
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
     bool quant_gemm_ = false;         // gemm_quant runs here (Hopper)
     size_t l2_bytes_ = 0;             // the device's L2: a bf16 copy of W that fits stays on chip
-    bf16* deq_ = nullptr;             // [deq_elems_] a quantized layer matrix dequantized (long prompts)
-    size_t deq_elems_ = 0;
+    bf16* deq_ = nullptr;             // [deq_elems_] slices of a quantized matrix as bf16 (long prompts)
+    size_t deq_elems_ = 0;            // about the L2 (see carve), or the largest quantized matrix where smaller
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;

@@ -271,42 +271,24 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     // where the matrix has several parts (a bf16 part takes gemv_bf16's 16, a w13 of two types is
     // staged through the 16-row gate_up_).
     const int pass_rows = W.n_parts == 1 ? tuning::kGemvQuantMmaMaxRows : tuning::kGemvQuantPassRows;
-    const bool fits_deq = (size_t)N * K <= deq_elems_;
-    // Past one 128-row tile gemm_quant beats the scratch path only where the bf16 copy of W would
-    // spill out of L2 (tuning.h): a copy that fits is written and read back on chip.
-    const bool copy_in_l2 = (size_t)N * K * sizeof(bf16) <= l2_bytes_;
-    const int gemm_quant_rows = copy_in_l2 ? tuning::kGemmQuantMaxRowsInL2 : tuning::kGemmQuantMaxRows;
-    const bool fused_gemm = quant_gemm_ && (M <= gemm_quant_rows || !fits_deq);
-    const bool gemv_chunks = M <= tuning::kGemvQuantChunkMaxRows || (!fused_gemm && !fits_deq);
-    if (gemv_chunks && M <= pass_rows) {  // one weight pass for all rows
+    if (M <= tuning::kGemvQuantChunkMaxRows && M <= pass_rows) {  // one weight pass for all rows
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
         return;
     }
-    if (gemv_chunks || fused_gemm) {
-        // Both take bf16 rows, normalized here once (as rmsnorm_matmul_bf16 normalizes them).
-        if (norm_w) {
-            rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
-            x_bf16 = xn_;
-        }
-        if (fused_gemm && !gemv_chunks) {
-            // Short prompts on Hopper (and a quantized LM head larger than deq_): the GEMM
-            // dequantizes each k tile of W as it goes, once per row tile of x (tuning.h says up to
-            // which M that beats the bf16 copy).
-            GemmWeightPart parts[kMaxWeightParts];
-            for (int i = 0; i < W.n_parts; ++i)
-                parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
-            gemm_quant(parts, W.n_parts, x_bf16, M, N, K, ep, args, s);
-            return;
-        }
+    // The rest take bf16 rows, normalized here once (as rmsnorm_matmul_bf16 normalizes them).
+    if (norm_w) {
+        rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
+        x_bf16 = xn_;
+    }
+    if (M <= tuning::kGemvQuantChunkMaxRows) {
         // Chunks of at most pass_rows rows through the GEMV, each re-reading the weights (tuning.h
-        // says up to which M this beats dequantizing), and off Hopper every M of a matrix larger
-        // than deq_: a quantized LM head. The chunks split M evenly: each then holds at least
-        // pass_rows / 2 rows, so all of them take the tensor cores and a row's result does not
-        // depend on which chunk it fell in. The chunks reuse the one per-call scratch matmul_parts
-        // has on the tensor cores, gate_up_ of a mixed w13 (xq_ serves only the int8 path, the
-        // split-K scratch only the GEMM): safe because they are ordered on one stream, and chunk
-        // c + 1's kernels write it only after their PDL wait, when chunk c's swiglu_f32 has read
-        // it and completed.
+        // says up to which M this beats dequantizing). The chunks split M evenly: each then holds
+        // at least pass_rows / 2 rows, so all of them take the tensor cores and a row's result
+        // does not depend on which chunk it fell in. The chunks reuse the one per-call scratch
+        // matmul_parts has on the tensor cores, gate_up_ of a mixed w13 (xq_ serves only the int8
+        // path, the split-K scratch only the GEMM): safe because they are ordered on one stream,
+        // and chunk c + 1's kernels write it only after their PDL wait, when chunk c's swiglu_f32
+        // has read it and completed.
         static_assert(2 * tuning::kGemvQuantMmaMinRows <= tuning::kGemvQuantPassRows &&
                           tuning::kGemvQuantPassRows <= tuning::kGemvMaxRows &&
                           tuning::kGemvQuantPassRows <= tuning::kGemvQuantMmaMaxRows,
@@ -320,18 +302,20 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         }
         return;
     }
-    // Longer prompts (and every prompt off Hopper): the whole matrix as bf16 in deq_, then the
-    // bf16 path: one pass writing a bf16 copy and one reading it, shared by all M rows.
-    for (int i = 0; i < W.n_parts; ++i) {
-        const MatrixPart& p = W.parts[i];
-        bf16* dst = deq_ + (size_t)p.row0 * K;
-        if (p.type == 0)
-            CUDA_CHECK(cudaMemcpyAsync(dst, p.data, (size_t)p.rows * K * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
-        else
-            dequantize_bf16(p.type, p.data, p.rows, K, dst, K, s);
+    GemmWeightPart parts[kMaxWeightParts];
+    for (int i = 0; i < W.n_parts; ++i) parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
+    // Short prompts on Hopper: the GEMM dequantizes each k tile of W as it goes, once per row tile
+    // of x. Past one 128-row tile that beats the bf16 scratch only where a bf16 copy of W would
+    // spill out of L2 (tuning.h): a copy that fits is written and read back on chip.
+    const bool copy_in_l2 = (size_t)N * K * sizeof(bf16) <= l2_bytes_;
+    const int gemm_quant_rows = copy_in_l2 ? tuning::kGemmQuantMaxRowsInL2 : tuning::kGemmQuantMaxRows;
+    if (quant_gemm_ && M <= gemm_quant_rows) {
+        gemm_quant(parts, W.n_parts, x_bf16, M, N, K, ep, args, s);
+        return;
     }
-    if (norm_w) rmsnorm_matmul_bf16(x_f32, norm_w, eps, deq_, M, N, K, ep, args, xn_, s);
-    else matmul_bf16(x_bf16, deq_, M, N, K, ep, args, s);
+    // Longer prompts (and every prompt off Hopper): W as bf16 in deq_ a slice of output columns at
+    // a time, each slice through the bf16 GEMM, which reads the weights once for all M rows.
+    gemm_dequant_slices(parts, W.n_parts, x_bf16, M, N, K, ep, args, deq_, deq_elems_, s);
 }
 
 // M <= 64 rows on a matrix with quantized parts (at most 16 where a part is bf16 or a SwiGLU is

@@ -1,7 +1,8 @@
 // gemm_sm90.cu — which configuration of the Hopper GEMM (gemm_sm90.cuh) a call runs.
 //
-//   gemm_sm90(p, splits, sm_count): tile width BN in {256, 192, 128} with its ring depth, a
-//   persistent grid of at most sm_count CTAs, tiles walked in groups of kGemmSm90GroupM tile rows.
+//   gemm_sm90(p, splits, sm_count): tile width BN in {256, 192, 128} (gemm_sm90_width) with its
+//   ring depth, a persistent grid of at most sm_count CTAs, tiles walked in groups of
+//   kGemmSm90GroupM tile rows.
 //
 // Tile width by a wave model: time ~ waves x tile width (a tile's work grows with its width, and a
 // partly filled last wave costs a full one). The cheapest of 256 / 192 / 128 columns wins; 256
@@ -35,6 +36,23 @@ bool gemm_sm90_available(int* sm_count) {
     return runs_sm90a(sm90::gemm_sm90_kernel<256, tuning::kGemmSm90Stages256, false, 0, false>);
 }
 
+int gemm_sm90_width(int M, int width, Epilogue ep, int sm_count, long long* cost) {
+    const long long tiles_m = CEIL_DIV(M, sm90::kBM);
+    const int out_per_col = ep == Epilogue::SwiGLU ? 2 : 1;  // a SwiGLU tile yields BN / 2 outputs
+    auto cost_of = [&](int bn) {
+        const long long tiles = tiles_m * CEIL_DIV(width, bn / out_per_col);
+        return CEIL_DIV(tiles, (long long)sm_count) * bn;
+    };
+    const long long c256 = cost_of(256), c128 = cost_of(128);
+    const long long c192 = ep == Epilogue::RopeKV ? c128 + 1 : cost_of(192);
+    const long long best_narrow = std::min(c192, c128);
+    int bn = 128;
+    if (tuning::kGemmWideTieDen * c256 <= tuning::kGemmWideTieNum * best_narrow) bn = 256;
+    else if (c192 <= c128) bn = 192;
+    if (cost) *cost = bn == 256 ? c256 : bn == 192 ? c192 : c128;
+    return bn;
+}
+
 void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream) {
     constexpr int kGroupM = tuning::kGemmSm90GroupM;
     if (splits > 1) {
@@ -42,21 +60,10 @@ void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream)
         sm90::launch<128, tuning::kGemmSm90Stages128>(p, sm_count, kGroupM, stream, splits);
         return;
     }
-    const long long tiles_m = CEIL_DIV(p.M, sm90::kBM);
-    const int out_per_col = p.ep == Epilogue::SwiGLU ? 2 : 1;  // a SwiGLU tile yields BN / 2 outputs
-    auto cost = [&](int bn) {
-        const long long tiles = tiles_m * CEIL_DIV(p.width, bn / out_per_col);
-        return CEIL_DIV(tiles, (long long)sm_count) * bn;
-    };
-    const long long c256 = cost(256), c128 = cost(128);
-    const long long c192 = p.ep == Epilogue::RopeKV ? c128 + 1 : cost(192);
-    const long long best_narrow = std::min(c192, c128);
-    if (tuning::kGemmWideTieDen * c256 <= tuning::kGemmWideTieNum * best_narrow) {
-        sm90::launch<256, tuning::kGemmSm90Stages256>(p, sm_count, kGroupM, stream);
-    } else if (c192 <= c128) {
-        sm90::launch<192, tuning::kGemmSm90Stages192>(p, sm_count, kGroupM, stream);
-    } else {
-        sm90::launch<128, tuning::kGemmSm90Stages128>(p, sm_count, kGroupM, stream);
+    switch (gemm_sm90_width(p.M, p.width, p.ep, sm_count, nullptr)) {
+        case 256: sm90::launch<256, tuning::kGemmSm90Stages256>(p, sm_count, kGroupM, stream); break;
+        case 192: sm90::launch<192, tuning::kGemmSm90Stages192>(p, sm_count, kGroupM, stream); break;
+        default: sm90::launch<128, tuning::kGemmSm90Stages128>(p, sm_count, kGroupM, stream);
     }
 }
 

@@ -995,16 +995,16 @@ __device__ __forceinline__ void dequant_row8(const uint8_t* W, size_t row_stride
 
 // OUT float: out[n * ld + k] fp32; bf16: rounded to nearest.
 template <QType T, typename OUT>
-__global__ void dequantize_kernel(const uint8_t* __restrict__ W, int N, int K, size_t row_stride, OUT* __restrict__ out,
-                                  int ld, bool vec) {
+__global__ void dequantize_kernel(const uint8_t* __restrict__ W, int N, int K, int row0, int rows, size_t row_stride,
+                                  OUT* __restrict__ out, int ld, bool vec) {
     pdl_wait();
     pdl_launch_dependents();
     const int groups = K / 8;
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * groups) return;
+    if (i >= (size_t)rows * groups) return;
     const int n = (int)(i / groups), k = 8 * (int)(i - (size_t)n * groups);
     float w[8];
-    dequant_row8<T>(W, row_stride, (K + 255) / 256, N, n, k, w);
+    dequant_row8<T>(W, row_stride, (K + 255) / 256, N, row0 + n, k, w);
     OUT* dst = out + (size_t)n * ld + k;
     if (vec) {  // 16-byte stores: out and ld keep every 8-value run 16-byte aligned
         if constexpr (sizeof(OUT) == 4) {
@@ -1085,12 +1085,12 @@ template <QType T> struct GemvFn {
 };
 template <QType T> struct DequantFn {
     template <typename OUT>
-    static void run(const void* W, int N, int K, OUT* out, int ld, cudaStream_t s) {
-        const size_t total = (size_t)N * (K / 8);
+    static void run(const void* W, int N, int K, int row0, int rows, OUT* out, int ld, cudaStream_t s) {
+        const size_t total = (size_t)rows * (K / 8);
         const int threads = 256;
         const bool vec = util::aligned_to(out, 16) && ld % (16 / (int)sizeof(OUT)) == 0;
         launch_pdl(dequantize_kernel<T, OUT>, dim3((unsigned)CEIL_DIV(total, (size_t)threads)), dim3(threads), 0, s,
-                   static_cast<const uint8_t*>(W), N, K, qlayout::row_stride((int)T, K), out, ld, vec);
+                   static_cast<const uint8_t*>(W), N, K, row0, rows, qlayout::row_stride((int)T, K), out, ld, vec);
         CUDA_CHECK_LAUNCH("dequantize_kernel");
     }
 };
@@ -1235,14 +1235,17 @@ void gemv_quant_pair(int type0, const void* W0, int rows0, int type1, const void
     launch_gemv_quant("gemv_quant_pair", parts, 2, in, M, N, K, ep, args, stream);
 }
 
-void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream) {
+void dequantize_bf16(int type, const void* W, int N, int K, int row0, int rows, bf16* out, int ld_out,
+                     cudaStream_t stream) {
     check_quant_weight("dequantize_bf16", type, K, "K");
     BRRR_CHECK_ARG(N >= 1, "dequantize_bf16: N must be >= 1, got " << N);
+    BRRR_CHECK_ARG(row0 >= 0 && rows >= 1 && row0 + rows <= N,
+                   "dequantize_bf16: rows [" << row0 << ", " << row0 + rows << ") must lie in [0, N=" << N << ")");
     BRRR_CHECK_ARG(W != nullptr && out != nullptr, "dequantize_bf16: W and out must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(W, 16), "dequantize_bf16: W (qlayout tiles) must be 16-byte aligned");
     if (ld_out == 0) ld_out = K;
     BRRR_CHECK_ARG(ld_out >= K, "dequantize_bf16: ld_out=" << ld_out << " is shorter than a row of K=" << K);
-    by_type<DequantFn>(type, W, N, K, out, ld_out, stream);
+    by_type<DequantFn>(type, W, N, K, row0, rows, out, ld_out, stream);
 }
 
 void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStream_t stream) {
@@ -1250,7 +1253,7 @@ void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStrea
     BRRR_CHECK_ARG(N >= 1, "dequantize_f32: N must be >= 1, got " << N);
     BRRR_CHECK_ARG(W != nullptr && out != nullptr, "dequantize_f32: W and out must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(W, 16), "dequantize_f32: W (qlayout tiles) must be 16-byte aligned");
-    by_type<DequantFn>(type, W, N, K, out, K, stream);
+    by_type<DequantFn>(type, W, N, K, 0, N, out, K, stream);
 }
 
 void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, int vocab_offset,

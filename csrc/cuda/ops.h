@@ -128,8 +128,8 @@ bool gemv_quant_fuses_pair(int type0, int type1, Epilogue ep);
 void gemv_quant_pair(int type0, const void* W0, int rows0, int type1, const void* W1, const QuantGemvInput& in, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 // The check every quantized-weight op makes first: type is a GGML type with a GPU layout and the row length (named kname in the error, e.g. "K") is whole blocks of it; throws brrr::Error naming op otherwise.
 void check_quant_weight(const char* op, int type, int K, const char* kname);
-// out [N, ld_out] bf16 = rows [0, N) of dequant(W) rounded to bf16 (prefill feeds it to gemm_bf16).
-void dequantize_bf16(int type, const void* W, int N, int K, bf16* out, int ld_out, cudaStream_t stream);
+// out [rows, ld_out] bf16 = rows [row0, row0 + rows) of dequant(W) [N, K] rounded to bf16 (prefill feeds slices of W to gemm_bf16).
+void dequantize_bf16(int type, const void* W, int N, int K, int row0, int rows, bf16* out, int ld_out, cudaStream_t stream);
 // out [N, K] fp32 = dequant(W), exactly the CPU dequantizer's values.
 void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStream_t stream);
 // embed on a quantized table [vocab_rows, D] (qlayout tiles): x[m, :] = dequant(its row of tokens[m]) fp32; vocabulary rows and `record` as embed.
@@ -158,6 +158,10 @@ struct GemmWeightPart {
 bool gemm_quant_available();
 // y = x . bf16(dequant(W))^T, any M (prefill): W [N, K] as 1..3 parts covering rows [0, N) in order, each dequantized tile by tile inside the wgmma GEMM (no bf16 copy of W); every Epilogue, split-K as gemm_bf16; equal bit for bit to gemm_bf16 on dequantize_bf16 of the parts. x 16-byte aligned, K % 8 == 0 (K-quant parts: K % 256 == 0, 32-value ones K % 32 == 0).
 void gemm_quant(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
+// gemm_quant's product on any GPU without a whole bf16 copy of W: the parts are dequantized into scratch [scratch_elems] bf16 a slice of output columns at a time (dequantize_bf16; a SwiGLU slice holds its gate rows, then its up rows), each slice through gemm_bf16. Slices are multiples of tuning::kDequantSliceCols columns, as wide as scratch allows or narrower where the wave model (gemm_sm90_width) says so; one slice is gemm_bf16 on the whole dequantized W, and so are several, bit for bit without split-K (RopeKV then stages q|k|v in args.out_f32 [M, N] for rope_kv_append). scratch must hold min(N, kDequantSliceCols) columns' rows.
+void gemm_dequant_slices(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, bf16* scratch, size_t scratch_elems, cudaStream_t stream);
+// The slice width (output columns) gemm_dequant_slices cuts a call into: `cols` (N, or N / 2 for SwiGLU) where one slice fits.
+int gemm_dequant_slice_cols(int M, int N, int K, Epilogue ep, size_t scratch_elems);
 // The two kernels behind gemm_bf16, on one call's argument block (gemm_common.cuh).
 struct GemmArgs;
 // mma.sync GEMM, any GPU from sm_80, any shape and alignment.
@@ -166,6 +170,8 @@ void gemm_sm80(const GemmArgs& p, cudaStream_t stream);
 bool gemm_sm90_available(int* sm_count);
 // wgmma GEMM with K split `splits` ways (1: none), tile width by the wave model; needs tma_compatible(p).
 void gemm_sm90(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
+// The tile width gemm_sm90 runs an unsplit call of M rows and `width` outputs (N, or N / 2 for SwiGLU) at, and into cost (if not null) the wave model's time for it: waves x tile width.
+int gemm_sm90_width(int M, int width, Epilogue ep, int sm_count, long long* cost);
 // The same on p.qb's quantized W (128-column tiles, W decoded by the consumers: gemm_sm90_dequant.cuh).
 void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
 

@@ -116,6 +116,10 @@ constexpr int kGemmQuantMaxRows = 256;
 // where gemm_quant still wins. H100, 1B Q4_K_M prefill of 256 tokens: every matrix at 256 rows
 // 82.7 k tok/s, this rule 95.3 k (separate calls).
 constexpr int kGemmQuantMaxRowsInL2 = 128;
+// Past those rows a quantized matrix is dequantized to bf16 a slice of output columns at a time
+// into the engine's scratch of about the L2 (gemm_dequant_slices), each slice a multiple of this
+// many columns (the bf16 GEMM's narrowest tile), then run through gemm_bf16.
+constexpr int kDequantSliceCols = 128;
 // mma.sync GEMM: k elements per ring stage (a multiple of 16; 32 keeps a padded row at 80 bytes).
 constexpr int kGemmSm80TileK = 32;
 // mma.sync GEMM: cp.async ring depth (stages in flight hide the global-load latency).
