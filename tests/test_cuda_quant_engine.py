@@ -3,8 +3,9 @@ from 2 rows: one pass of up to 64 rows for a matrix of one type, passes of up to
 (tuning::kGemvQuantPassRows) for one of several parts, even chunks past that up to
 tuning::kGemvQuantChunkMaxRows rows, and for longer prompts gemm_quant on Hopper (the wgmma GEMM
 dequantizing tile by tile) up to tuning::kGemmQuantMaxRows rows, past them (and off Hopper) the
-matrix dequantized into bf16 scratch of about the L2 a slice of columns at a time for the bf16 GEMM)
-against the CPU engine on the same GGUF blocks.
+matrix dequantized into bf16 scratch for the bf16 GEMM: whole, or a slice of columns at a time
+where the budget holds only a scratch of about the L2) against the CPU engine on the same GGUF
+blocks.
 
 Numerics rule (docs/design.md, quantized weights): like the CPU engine's quantized path, each
 decode matmul quantizes its activations per block of 32 to int8 (the same rounding); the GPU also
@@ -12,6 +13,8 @@ keeps bf16 activations and a bf16 KV cache where the bf16 engine does. Logits ar
 quantized tests' bound (test_quant_engine.LOGIT_REL_BOUND: max deviation over max |logit|) against
 the fp32 CPU engine on the dequantized weights, and decode rows to prefill rows within it.
 """
+
+import gc
 
 import numpy as np
 import pytest
@@ -29,13 +32,14 @@ def C(cuda_C):
     return cuda_C
 
 
-def engines(C, config, types, weights, max_batch=2, graphs=True):
+def engines(C, config, types, weights, max_batch=2, graphs=True, gpu_memory_utilization=None):
     """(CUDA engine on the blocks, CPU quantized engine on the same blocks, CPU f32 engine on
     their dequantized values), and the blocks by tensor name."""
     ids = quant.kept_types()
     type_ids = {n: ids[t] for n, t in types.items()}
     d = config.engine_dict(config.max_seq_len, max_batch)
-    gpu = C.Engine("cuda", d, "bf16", 0, 0, type_ids)
+    gpu = C.Engine("cuda", config.engine_dict(config.max_seq_len, max_batch,
+                                              gpu_memory_utilization=gpu_memory_utilization), "bf16", 0, 0, type_ids)
     gpu.use_cuda_graphs = graphs
     cpu_q = C.Engine("cpu", d, "f32", 0, 1, type_ids)
     cpu_f = C.Engine("cpu", d, "f32", 0, 1)
@@ -222,7 +226,8 @@ def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):
     (logit_rows_ = max_batch = 72, then 28). 300 rows: the layers through the bf16 GEMM on the
     dequantized scratch (past tuning::kGemmQuantMaxRows), the head 72 rows at a time (gemm_quant on
     Hopper). Off Hopper every call past 64 rows runs on the scratch. Every matrix here fits the
-    scratch whole; test_a_quantized_head_larger_than_the_l2_runs_in_slices slices one."""
+    scratch whole; test_the_dequantization_scratch_shrinks_to_the_l2_before_the_kv_cache_does
+    slices one."""
     config = quant_config(vocab_size=vocab_size, max_seq_len=320)
     types = types_for(config, SPECS.get(spec, spec))
     assert "output" in types
@@ -242,27 +247,41 @@ def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):
         assert rel_dev(row, want_row) < LOGIT_REL_BOUND, (spec, T)
 
 
-def test_a_quantized_head_larger_than_the_l2_runs_in_slices(C, rng):
-    """An LM head of more values than the device's L2 holds in bf16 (the scratch's size): a prompt
-    of 300 rows with every row's logits (logit_rows_ = max_batch = 300, past gemm_quant's rows)
-    dequantizes it into the scratch in at least two slices of columns, on every GPU. Against the
-    fp32 CPU engine on the dequantized weights, under the first test's rule."""
-    l2_values = torch_l2_bytes() // 2
+def test_the_dequantization_scratch_shrinks_to_the_l2_before_the_kv_cache_does(C, rng):
+    """Long prompts dequantize a quantized matrix whole into bf16 scratch where the budget
+    (gpu_memory_utilization) holds it beside the KV cache asked for, else into a scratch of about
+    the L2, a slice of columns at a time (gemm_dequant_slices). A model whose quantized LM head is
+    2.5 L2s of bf16 values: with room, the scratch holds the head whole; under a budget halfway
+    between the two arenas' sizes, the scratch is the L2's size, the KV cache still holds every
+    slot's max_seq_len, and a prompt of 300 rows with every row's logits (logit_rows_ = max_batch
+    = 300, past gemm_quant's rows) runs the head in at least two slices: against the fp32 CPU
+    engine on the dequantized weights, under the first test's rule."""
+    torch = pytest.importorskip("torch")
+    l2_values = torch.cuda.get_device_properties(0).L2_cache_size // 2
     dim = 256
-    vocab = (l2_values * 5 // 4 // dim + 127) // 128 * 128
+    vocab = (l2_values * 5 // 2 // dim + 127) // 128 * 128
     config = quant_config(dim=dim, vocab_size=vocab, max_seq_len=320)
     types = types_for(config, K_MIX)
-    gpu, _, cpu_f, _ = engines(C, config, types, random_weights(config, rng), max_batch=300)
+    weights = random_weights(config, rng)
+    roomy = engines(C, config, types, weights, max_batch=300)[0]
+    whole = roomy.cuda_memory
+    assert not whole["dequant_sliced"] and whole["dequant_scratch"] == vocab * dim * 2, whole
+    kv_blocks = roomy.config["kv_blocks"]
+    arena = whole["weights"] + whole["kv_cache"] + whole["buffers"]
+    del roomy
+    gc.collect()
+    free, total = torch.cuda.mem_get_info()
+    saved = whole["dequant_scratch"] - 2 * l2_values
+    util = (total - free + arena - saved / 2) / total
+    gpu, _, cpu_f, _ = engines(C, config, types, weights, max_batch=300, gpu_memory_utilization=util)
+    tight = gpu.cuda_memory
+    assert tight["dequant_sliced"] and tight["dequant_scratch"] == 2 * l2_values, tight
+    assert gpu.config["kv_blocks"] == kv_blocks
     assert C.testing.gemm_dequant_slice_cols(300, vocab, dim, 1, l2_values) < vocab
     tokens = rng.integers(0, vocab, 300).astype(np.int32)
     got = gpu.prefill(0, tokens, 0, "all")
     assert got.shape == (300, vocab) and np.isfinite(got).all()
     assert rel_dev(got, cpu_f.prefill(0, tokens, 0, "all")) < LOGIT_REL_BOUND
-
-
-def torch_l2_bytes():
-    torch = pytest.importorskip("torch")
-    return torch.cuda.get_device_properties(0).L2_cache_size
 
 
 def test_quantized_graph_replay_equals_eager(C, rng):

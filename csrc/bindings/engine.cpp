@@ -41,6 +41,8 @@
 //     .decode_pending                        how many are pending; decode, sample and
 //        decode_steps are refused while any is
 //     .use_cuda_graphs (read/write)          cuda backend: replay one decode graph per batch size
+//     .cuda_memory -> {"weights", "kv_cache", "buffers", "dequant_scratch": bytes, "dequant_sliced": bool}
+//        cuda backend: the engine's device memory; None on the cpu backend
 //     .set_block_table(slot, blocks[int32 n]) the paged KV cache: the slot's blocks in position order
 //     .set_history(slot, start_pos, tokens[int32 n])   repetition-penalty memory of shared positions
 //     .init_tensor_parallel(unique_id, rank, size, library="")   cuda backend: join an NCCL group
@@ -525,6 +527,25 @@ void bind_engine(py::module_& m) {
         std::lock_guard<std::mutex> lock(self.mutex);
         return self.impl->decode_pending();
     }, "decode_launch calls whose results decode_wait has not taken yet");
+
+    engine_cls.def_property_readonly("cuda_memory", [](PyEngine& self) -> py::object {
+#ifdef BRRR_WITH_CUDA
+        brrr::CudaMemoryUse m;
+        if (!brrr::cuda_memory_use(*self.impl, &m)) return py::none();
+        py::dict d;
+        d["weights"] = m.weights;
+        d["kv_cache"] = m.kv_cache;
+        d["buffers"] = m.buffers;
+        d["dequant_scratch"] = m.dequant_scratch;
+        d["dequant_sliced"] = m.dequant_sliced;
+        return std::move(d);
+#else
+        (void)self;
+        return py::none();
+#endif
+    }, "cuda backend: bytes of device memory by use (weights, kv_cache, buffers, and among the buffers "
+       "dequant_scratch, where long prompts dequantize quantized matrices: whole, or about the L2 when "
+       "dequant_sliced); None on the cpu backend");
 
     engine_cls.def_property(
         "use_cuda_graphs",

@@ -34,6 +34,7 @@
 
 #include "cuda/allreduce.h"
 #include "cuda/check.cuh"
+#include "cuda/engine_cuda.h"
 #include "cuda/nccl.h"
 #include "cuda/ops.h"
 #include "cuda/profile_events.cuh"
@@ -152,6 +153,7 @@ public:
     // Ends the one-shot group cleanly (every rank together; NCCL carries all-reduces after it).
     void leave_one_shot();
     bool use_graphs() const { return use_graphs_; }
+    CudaMemoryUse memory_use() const;
 
     // profile::Profiled (engine.cu): events between launches; decode graphs as described there.
     profile::Recorder& recorder() override { return prof_; }
@@ -227,6 +229,8 @@ private:
     int stage_inputs(const int32_t* tokens, const int32_t* slots, const int32_t* positions, int rows,
                      const Segment* segments = nullptr, int n_segments = 0);
     // kv_blocks = 0: as many blocks as fill every slot, or as fit under gpu_memory_utilization.
+    // Also sizes the dequantization scratch (deq_sliced_): whole matrices unless that would cost
+    // the pool blocks or the engine its place under gpu_memory_utilization.
     void size_kv_pool();
     // Uploads the table rows set since the last pass (stream-ordered: passes already enqueued
     // read the old rows).
@@ -328,8 +332,10 @@ private:
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
     bool quant_gemm_ = false;         // gemm_quant runs here (Hopper)
     size_t l2_bytes_ = 0;             // the device's L2: a bf16 copy of W that fits stays on chip
-    bf16* deq_ = nullptr;             // [deq_elems_] slices of a quantized matrix as bf16 (long prompts)
-    size_t deq_elems_ = 0;            // about the L2 (see carve), or the largest quantized matrix where smaller
+    bf16* deq_ = nullptr;             // [deq_elems_] a quantized matrix, or slices of it, as bf16 (long prompts)
+    size_t deq_elems_ = 0;            // the largest quantized matrix, or about the L2 where deq_sliced_ (carve)
+    bool deq_sliced_ = false;         // size_kv_pool: no room for a whole matrix beside the KV cache
+    size_t weight_bytes_ = 0, kv_bytes_ = 0, other_bytes_ = 0;  // the arena, as carved
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;

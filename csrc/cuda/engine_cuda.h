@@ -34,6 +34,16 @@ uint64_t init_random_key(uint64_t seed, size_t tensor_index);
 void cuda_set_use_graphs(Engine& engine, bool on);
 bool cuda_use_graphs(const Engine& engine);
 
+// Where a CUDA engine's device memory went (bytes of its one arena): weights, the KV cache pool,
+// the other buffers, and among those the scratch long prompts dequantize quantized matrices into:
+// the largest such matrix whole, or about the L2 (dequant_sliced) where a whole one would not fit
+// under gpu_memory_utilization beside the KV cache. False for engines that are not CUDA engines.
+struct CudaMemoryUse {
+    size_t weights = 0, kv_cache = 0, buffers = 0, dequant_scratch = 0;
+    bool dequant_sliced = false;
+};
+bool cuda_memory_use(const Engine& engine, CudaMemoryUse* out);
+
 // Tensor parallelism (cuda/nccl.h): a new NCCL id (128 bytes), loading libnccl from `library`
 // ("" = libnccl.so.2 by the loader's search) on first use.
 std::string cuda_nccl_unique_id(const std::string& library);
