@@ -173,10 +173,10 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
 // would take the device past gpu_memory_utilization (counting what others already hold), as long
 // as one whole max_seq_len sequence fits.
 // Before the pool gives up anything, the dequantization scratch does: long prompts dequantize a
-// quantized matrix whole into bf16 for the GEMM (the fastest form), and where that does not fit
+// quantized matrix whole into bf16 for the GEMM (the faster form), and where that does not fit
 // under the budget beside the pool asked for, the scratch shrinks to about the L2 and
-// gemm_dequant_slices runs W a slice of columns at a time (Llama-3-8B Q4_K_M: 235 MB -> 63 MB on
-// an H200; prefill of 512 / 2048 tokens 0.90x / 0.98x; docs/kernels/gemm.md).
+// gemm_dequant_slices takes the matrix a slice of columns at a time (docs/kernels/gemm.md has
+// what the slices cost).
 void CudaEngine::size_kv_pool() {
     Config& c = cfg_;
     const int64_t table_entries = (int64_t)c.max_batch * c.blocks_per_seq();
