@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_cuda_gemm_quant import BF16Part, check_bound, parts_arg  # noqa: E402
+from test_cuda_gemm_quant import BF16Part, check_bound, check_equal, parts_arg  # noqa: E402
 from test_cuda_gemv_quant import ROPE_KV, TYPES, Weights, check_epilogues, check_rope_kv, random_x, rope_problem  # noqa: E402
 from test_cuda_gemv_quant_mma import x_rows  # noqa: E402
 from test_cuda_kernels import STORE_F32, SWIGLU, SplitScratch, gen, nan_full, ops  # noqa: E402
@@ -76,16 +76,6 @@ def run_pair(ops, parts, x, scratch, split=None):
     torch.cuda.synchronize()
     assert torch.isnan(got[M]).all(), "gemm_dequant_slices wrote past its M rows"
     return got[:M], want[:M], ref
-
-
-def check_equal(what, got, want, ref, x):
-    assert not torch.isnan(got).any(), f"{what}: NaN in the output"
-    if not torch.equal(got, want):
-        bad = (got != want).nonzero()
-        m, n = bad[0].tolist()
-        raise AssertionError(f"{what}: {len(bad)} outputs differ from gemm_bf16 on the whole W, e.g. "
-                             f"[{m}, {n}]: {got[m, n].item()!r} vs {want[m, n].item()!r}")
-    check_bound(what, got, ref, x)
 
 
 def k_for(name):

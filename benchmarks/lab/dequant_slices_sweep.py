@@ -20,6 +20,7 @@ import json
 import numpy as np
 import torch
 
+from gemm_quant_sweep import part, timed  # the same weights and timing (this folder)
 from llama_brrr import _C as C
 
 STORE_F32, ADD_RESIDUAL, SWIGLU = 1, 2, 3
@@ -36,32 +37,6 @@ MATRICES = {
     "1b_w2": ([("q6_k", 2048)], 8192, ADD_RESIDUAL),
 }
 FRACTIONS = (0.5, 1.0, 2.0)
-
-
-def part(name, rows, K, rng):
-    w = (rng.standard_normal((256, K)) * 0.02).astype(np.float32)
-    blocks = C.quant_ops.quantize(name, w)
-    tiled = np.ascontiguousarray(np.tile(blocks, (rows // 256, 1)))
-    return torch.from_numpy(C.quant_ops.gpu_repack(name, tiled, K)).cuda()
-
-
-def timed(calls, reps):
-    """Median over reps of the calls' GPU time, each call bracketed by its own events."""
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        total = 0.0
-        for fn in calls:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            total += a.elapsed_time(b) * 1e3
-        times.append(total)
-    return float(np.median(times))
 
 
 def main():
