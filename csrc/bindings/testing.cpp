@@ -491,8 +491,31 @@ void bind_testing(py::module_& m) {
        py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "decode GEMV on quantized weights on the tensor cores (M <= 64): y = x . bf16(dequant(W)).T with the "
        "epilogue (as gemv_quant's); W = qlayout tiles (quant_ops.gpu_repack), x = bf16 rows [M, K]");
-    // A Python list of (type, pointer, rows) in row order as the parts of a gemm_quant-style W.
-    auto weight_parts = [](const char* op, const py::list& parts, brrr::cuda::GemmWeightPart* ws) {
+    // The set-up gemm_quant and gemm_dequant_slices share: the epilogue's arguments (with a RopeKV call's
+    // paged cache, kept alive beside them), W's parts (a Python list of (type, pointer, rows) in row
+    // order) and x.
+    struct QuantGemmCall {
+        brrr::cuda::EpilogueArgs args;
+        std::optional<PagedKv> paged;
+        brrr::cuda::GemmWeightPart parts[brrr::cuda::kMaxWeightParts];
+        int n_parts = 0;
+        const brrr::cuda::bf16* x = nullptr;
+    };
+    auto quant_gemm_call = [](const char* op, QuantGemmCall& c, const py::list& parts, uintptr_t x, int64_t M,
+                              int64_t N, int64_t K, int64_t epilogue, uintptr_t out, uintptr_t out_f32,
+                              uintptr_t residual, int64_t ld_out, const py::object& split, uintptr_t positions,
+                              uintptr_t slots, uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache,
+                              uintptr_t v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                              int64_t max_seq, uintptr_t block_table, int64_t block_size, int64_t n_blocks,
+                              bool kv_fp8) {
+        c.args = CudaQuantMatmul::args(op, 0, M, N, K, epilogue, out, out_f32, residual, ld_out, positions, slots,
+                                       inv_freq, q_out, n_heads, n_kv_heads, head_dim);
+        c.args.split = CudaMatmul::split_scratch(split);
+        if (epilogue == 4) {
+            c.paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M),
+                            kv_fp8);
+            c.args.rope.kv = c.paged->kv;
+        }
         if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
             bad_argument(std::string(op) + ": parts must list 1 to " + std::to_string(brrr::cuda::kMaxWeightParts) +
                          " (type, W, rows) tuples, got " + std::to_string(parts.size()));
@@ -503,32 +526,25 @@ void bind_testing(py::module_& m) {
             if (std::get<0>(t) < 0 || std::get<0>(t) > 255)
                 bad_argument(std::string(op) + ": a part's type must be 0 (bf16) or a GGML type id, got " +
                              std::to_string(std::get<0>(t)));
-            ws[i] = {(int)std::get<0>(t), CudaOp::ptr(std::get<1>(t), "W"), row0, (int)std::get<2>(t)};
+            c.parts[i] = {(int)std::get<0>(t), CudaOp::ptr(std::get<1>(t), "W"), row0, (int)std::get<2>(t)};
             row0 += (int)std::get<2>(t);
         }
-        return (int)parts.size();
+        c.n_parts = (int)parts.size();
+        c.x = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
     };
-    testing.def("gemm_quant", [weight_parts](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
+    testing.def("gemm_quant", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
                                   int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                   int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
                                   uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                                   uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8) {
-        brrr::cuda::EpilogueArgs args =
-            CudaQuantMatmul::args("gemm_quant", 0, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
-                                  slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
-        args.split = CudaMatmul::split_scratch(split);
-        std::optional<PagedKv> paged;
-        if (epilogue == 4) {
-            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
-            args.rope.kv = paged->kv;
-        }
-        brrr::cuda::GemmWeightPart ws[brrr::cuda::kMaxWeightParts];
-        const int n_parts = weight_parts("gemm_quant", parts, ws);
-        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+        QuantGemmCall c;
+        quant_gemm_call("gemm_quant", c, parts, x, M, N, K, epilogue, out, out_f32, residual, ld_out, split, positions,
+                        slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, block_table,
+                        block_size, n_blocks, kv_fp8);
         py::gil_scoped_release release;
-        brrr::cuda::gemm_quant(ws, n_parts, xp, (int)M, (int)N, (int)K,
-                               static_cast<brrr::cuda::Epilogue>(epilogue), args, 0);
+        brrr::cuda::gemm_quant(c.parts, c.n_parts, c.x, (int)M, (int)N, (int)K,
+                               static_cast<brrr::cuda::Epilogue>(epilogue), c.args, 0);
         CudaOp::finish("testing.gemm_quant");
     }, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
@@ -539,30 +555,22 @@ void bind_testing(py::module_& m) {
        "prefill GEMM on quantized weights (Hopper): y = x . bf16(dequant(W)).T with the epilogue; W = parts, "
        "a list of (type, pointer, rows) in row order (type 0: bf16 [rows, K], else qlayout tiles), x = bf16 "
        "[M, K]; split as for gemm_bf16");
-    testing.def("gemm_dequant_slices", [weight_parts](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
-                                  int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
+    testing.def("gemm_dequant_slices", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N,
+                                  int64_t K, int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                   int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
                                   uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8, uintptr_t scratch,
-                                           int64_t scratch_elems) {
-        brrr::cuda::EpilogueArgs args =
-            CudaQuantMatmul::args("gemm_dequant_slices", 0, M, N, K, epilogue, out, out_f32, residual, ld_out, positions,
-                                  slots, inv_freq, q_out, n_heads, n_kv_heads, head_dim);
-        args.split = CudaMatmul::split_scratch(split);
-        std::optional<PagedKv> paged;
-        if (epilogue == 4) {
-            paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M), kv_fp8);
-            args.rope.kv = paged->kv;
-        }
-        brrr::cuda::GemmWeightPart ws[brrr::cuda::kMaxWeightParts];
-        const int n_parts = weight_parts("gemm_dequant_slices", parts, ws);
-        const auto* xp = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8,
+                                  uintptr_t scratch, int64_t scratch_elems) {
+        QuantGemmCall c;
+        quant_gemm_call("gemm_dequant_slices", c, parts, x, M, N, K, epilogue, out, out_f32, residual, ld_out, split,
+                        positions, slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
+                        block_table, block_size, n_blocks, kv_fp8);
         auto* sp = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(scratch, "scratch"));
         if (scratch_elems < 0) bad_argument("gemm_dequant_slices: scratch_elems must be >= 0, got " + std::to_string(scratch_elems));
         py::gil_scoped_release release;
-        brrr::cuda::gemm_dequant_slices(ws, n_parts, xp, (int)M, (int)N, (int)K,
-                                        static_cast<brrr::cuda::Epilogue>(epilogue), args, sp, (size_t)scratch_elems, 0);
+        brrr::cuda::gemm_dequant_slices(c.parts, c.n_parts, c.x, (int)M, (int)N, (int)K,
+                                        static_cast<brrr::cuda::Epilogue>(epilogue), c.args, sp, (size_t)scratch_elems, 0);
         CudaOp::finish("testing.gemm_dequant_slices");
     }, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,

@@ -108,9 +108,8 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
         max_splits_ = layer_max_splits();
 
         size_kv_pool();
-        size_t weight_bytes = 0, kv_bytes = 0, other_bytes = 0;
-        carve(nullptr, &weight_bytes, &kv_bytes, &other_bytes);
-        const size_t total = weight_bytes + kv_bytes + other_bytes;
+        carve(nullptr);
+        const size_t total = weight_bytes_ + kv_bytes_ + other_bytes_;
         void* arena = nullptr;
         const cudaError_t err = cudaMalloc(&arena, total);
         if (err != cudaSuccess) {
@@ -118,18 +117,17 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
             brrr::Message os;
             os << where(__FILE__, __LINE__) << "out of GPU memory on cuda:" << device_
                << ": the engine needs " << total << " bytes (" << gib(total) << ": weights "
-               << gib(weight_bytes) << ", KV cache " << gib(kv_bytes) << " (" << c.kv_blocks << " blocks of "
+               << gib(weight_bytes_) << ", KV cache " << gib(kv_bytes_) << " (" << c.kv_blocks << " blocks of "
                << c.kv_block_size << " positions) for max_seq_len " << c.max_seq_len << " x max_batch "
                << c.max_batch << ", activations and scratch "
-               << gib(other_bytes) << ") but only " << free_device_bytes() << " bytes ("
+               << gib(other_bytes_) << ") but only " << free_device_bytes() << " bytes ("
                << gib(free_device_bytes()) << ") are free (" << cudaGetErrorString(err) << "); "
                << kShrinkAdvice;
             if (err == cudaErrorMemoryAllocation) throw OutOfMemory(os.str());
             throw Error(os.str());
         }
         arena_ = static_cast<char*>(arena);
-        carve(arena_, &weight_bytes, &kv_bytes, &other_bytes);
-        weight_bytes_ = weight_bytes, kv_bytes_ = kv_bytes, other_bytes_ = other_bytes;
+        carve(arena_);
 
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
@@ -193,10 +191,9 @@ void CudaEngine::size_kv_pool() {
     }
     const bool asked = c.kv_blocks > 0;
     if (!asked) c.kv_blocks = (int)table_entries;
-    size_t weight_bytes = 0, kv_bytes = 0, other_bytes = 0;
     auto carved_bytes = [&] {
-        carve(nullptr, &weight_bytes, &kv_bytes, &other_bytes);
-        return (double)(weight_bytes + kv_bytes + other_bytes);
+        carve(nullptr);
+        return (double)(weight_bytes_ + kv_bytes_ + other_bytes_);
     };
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -208,7 +205,7 @@ void CudaEngine::size_kv_pool() {
         if (carved_bytes() <= budget) return;
     }
     if (asked) return;  // the arena's allocation says what does not fit
-    const double fixed = (double)(weight_bytes + other_bytes) + (double)kv_bytes - c.kv_blocks * block_bytes;
+    const double fixed = (double)(weight_bytes_ + other_bytes_) + (double)kv_bytes_ - c.kv_blocks * block_bytes;
     const double fit = std::floor((budget - fixed) / block_bytes);
     if (fit < c.blocks_per_seq()) {
         brrr::Message os;
@@ -216,7 +213,7 @@ void CudaEngine::size_kv_pool() {
            << c.max_seq_len << " sequence needs " << c.blocks_per_seq() * block_bytes << " bytes of KV cache ("
            << c.blocks_per_seq() << " blocks of " << c.kv_block_size << " positions), but gpu_memory_utilization "
            << c.gpu_memory_utilization << " of " << gib(total_b) << " leaves " << std::max(0.0, budget - fixed)
-           << " bytes for it after the weights (" << gib(weight_bytes) << "), the buffers (" << gib(other_bytes)
+           << " bytes for it after the weights (" << gib(weight_bytes_) << "), the buffers (" << gib(other_bytes_)
            << ") and what is in use already (" << gib(total_b - free_b) << "; " << free_b << " bytes free); "
            << "raise gpu_memory_utilization, " << kShrinkAdvice;
         throw OutOfMemory(os.str());
@@ -224,7 +221,7 @@ void CudaEngine::size_kv_pool() {
     c.kv_blocks = (int)fit;
 }
 
-void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes) {
+void CudaEngine::carve(char* base) {
     const Config& c = cfg_;
     const size_t D = c.dim, V = c.vocab_size, H = c.hidden_dim, R = rows_;
     Carver a{base};
@@ -299,14 +296,14 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
         bind(w.w13, {p + "w1", p + "w3"});
         bind(w.w2, {p + "w2"});
     }
-    *weights_bytes = a.offset;
+    weight_bytes_ = a.offset;
 
     kv_layer_bytes_ = (size_t)c.kv_blocks * c.kv_block_size * c.kv_dim() * kv_elem_bytes();
     k_cache_ = a.take<unsigned char>(kv_layer_bytes_ * c.n_layers);
     v_cache_ = a.take<unsigned char>(kv_layer_bytes_ * c.n_layers);
     d_block_tables_ = a.take<int32_t>((size_t)c.max_batch * c.blocks_per_seq());
     history_ = a.take<int>((size_t)c.max_batch * c.max_seq_len);
-    *kv_bytes = a.offset - *weights_bytes;
+    kv_bytes_ = a.offset - weight_bytes_;
 
     inv_freq_ = a.take<float>(c.head_dim / 2);
     x_ = a.take<float>(R * D);
@@ -377,7 +374,7 @@ void CudaEngine::carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size
     d_out_tokens_ = a.take<int>(2 * kMaxDecodeSteps * B);
     d_out_logprobs_ = d_out_tokens_ ? reinterpret_cast<float*>(d_out_tokens_ + kMaxDecodeSteps * B) : nullptr;
     d_fed_tokens_ = a.take<int>(B);
-    *other_bytes = a.offset - *weights_bytes - *kv_bytes;
+    other_bytes_ = a.offset - weight_bytes_ - kv_bytes_;
 }
 
 void CudaEngine::release() noexcept {

@@ -215,7 +215,8 @@ private:
                       Epilogue ep, const EpilogueArgs& args);
 
     // ---- engine.cu ----
-    void carve(char* base, size_t* weights_bytes, size_t* kv_bytes, size_t* other_bytes);
+    // Lays the arena out from base (nullptr: only counts), into weight_bytes_ / kv_bytes_ / other_bytes_.
+    void carve(char* base);
     void release() noexcept;  // frees everything; safe on a half-built engine
     WeightSlot slot_for(const std::string& name) const;
     void upload_blocks(const WeightSlot& slot, const void* blocks, int64_t first_row, int64_t n);
@@ -335,7 +336,7 @@ private:
     bf16* deq_ = nullptr;             // [deq_elems_] a quantized matrix, or slices of it, as bf16 (long prompts)
     size_t deq_elems_ = 0;            // the largest quantized matrix, or about the L2 where deq_sliced_ (carve)
     bool deq_sliced_ = false;         // size_kv_pool: no room for a whole matrix beside the KV cache
-    size_t weight_bytes_ = 0, kv_bytes_ = 0, other_bytes_ = 0;  // the arena, as carved
+    size_t weight_bytes_ = 0, kv_bytes_ = 0, other_bytes_ = 0;  // the arena by use, as carve last laid it out
     float* attn_scratch_ = nullptr;
     SplitKScratch split_k_;  // the prefill GEMMs' split-K partials and tile counters
     void* sample_scratch_ = nullptr;
