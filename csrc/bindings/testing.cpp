@@ -532,7 +532,17 @@ void bind_testing(py::module_& m) {
         c.n_parts = (int)parts.size();
         c.x = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
     };
-    testing.def("gemm_quant", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
+    // Defines a binding whose leading keyword arguments are quant_gemm_call's (then `more`: its own and the doc).
+    auto def_quant_gemm = [&testing](const char* name, auto&& fn, auto&&... more) {
+        testing.def(name, fn, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"),
+                    py::arg("epilogue"), py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0,
+                    py::arg("ld_out") = 0, py::arg("split") = py::none(), py::arg("positions") = 0,
+                    py::arg("slots") = 0, py::arg("inv_freq") = 0, py::arg("q_out") = 0, py::arg("k_cache") = 0,
+                    py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
+                    py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0,
+                    py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false, more...);
+    };
+    def_quant_gemm("gemm_quant", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
                                   int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                   int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
                                   uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
@@ -546,16 +556,11 @@ void bind_testing(py::module_& m) {
         brrr::cuda::gemm_quant(c.parts, c.n_parts, c.x, (int)M, (int)N, (int)K,
                                static_cast<brrr::cuda::Epilogue>(epilogue), c.args, 0);
         CudaOp::finish("testing.gemm_quant");
-    }, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
-       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
-       py::arg("split") = py::none(), py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0,
-       py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0,
-       py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0,
-       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
+    },
        "prefill GEMM on quantized weights (Hopper): y = x . bf16(dequant(W)).T with the epilogue; W = parts, "
        "a list of (type, pointer, rows) in row order (type 0: bf16 [rows, K], else qlayout tiles), x = bf16 "
        "[M, K]; split as for gemm_bf16");
-    testing.def("gemm_dequant_slices", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N,
+    def_quant_gemm("gemm_dequant_slices", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N,
                                   int64_t K, int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
                                   int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
                                   uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
@@ -572,12 +577,7 @@ void bind_testing(py::module_& m) {
         brrr::cuda::gemm_dequant_slices(c.parts, c.n_parts, c.x, (int)M, (int)N, (int)K,
                                         static_cast<brrr::cuda::Epilogue>(epilogue), c.args, sp, (size_t)scratch_elems, 0);
         CudaOp::finish("testing.gemm_dequant_slices");
-    }, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
-       py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
-       py::arg("split") = py::none(), py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0,
-       py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0,
-       py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0,
-       py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
+    },
        py::arg("scratch") = 0, py::arg("scratch_elems") = 0,
        "prefill on quantized weights, any GPU: W (parts as gemm_quant's) dequantized into scratch "
        "[scratch_elems] bf16 a slice of output columns at a time, each slice through gemm_bf16");
