@@ -1,5 +1,5 @@
 """The quantized decode GEMV (testing.gemv_quant on the qlayout tiles, int8 ActBlock activations)
-on the Llama-3-8B decode projections at M = 1, 2, 4, 8, 16, beside the bf16 GEMV (testing.gemv_bf16,
+on the Llama-3-8B decode projections (--shape: another of llama_brrr.config.SHAPES) at M = 1, 2, 4, 8, 16, beside the bf16 GEMV (testing.gemv_bf16,
 fp32 store, the engine's path choice for that M) of the same shape and a device copy of the
 quantized GEMV's own byte count, all measured in the same run on one GPU.
 
@@ -30,6 +30,7 @@ same rows as even calls of at most 16 (how the engine ran them before) over the 
     python benchmarks/lab/gpu_gemv_quant_bench.py --path both --rows 2,4,8,16 --out /tmp/gemv_quant_mma.json
     python benchmarks/lab/gpu_gemv_quant_bench.py --types q4_k,q6_k,q8_0,q4_0 --rows 1,2,4,8,16 --repeats 100
     python benchmarks/lab/gpu_gemv_quant_bench.py --path mma --types q4_k,q8_0 --rows 16,32,64 --out /tmp/qmma64.json
+    python benchmarks/lab/gpu_gemv_quant_bench.py --path mma --shape llama3.2-1b --types q4_k,q6_k --rows 2,16
 """
 
 from __future__ import annotations
@@ -50,15 +51,25 @@ for p in (ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "tests")):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from llama_brrr.config import SHAPES as MODEL_SHAPES  # noqa: E402
 from bench_kernels import (STORE_F32, copies_to_defeat_l2, device_times, random_bf16,  # noqa: E402
                            same_size_copy)
 from mma_decode_ref import decode_slack  # noqa: E402
 
 # name: GGML type id
 TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q4_k": 12, "q5_k": 13, "q6_k": 14}
-# Llama-3-8B batch-1 decode projections (N, K)
-SHAPES = [("wqkv", 6144, 4096), ("wo", 4096, 4096), ("w13", 28672, 4096), ("w2", 4096, 14336),
-          ("lm_head", 128256, 4096)]
+# What the tables call each --shape.
+TITLES = {"llama3-8b": "Llama-3-8B", "llama3.2-1b": "Llama-3.2-1B"}
+
+
+def decode_shapes(shape):
+    """A model shape's decode projections (proj, N, K): the 8B's wqkv 6144 x 4096, wo 4096 x 4096,
+    w13 28672 x 4096, w2 4096 x 14336, LM head 128256 x 4096."""
+    c = MODEL_SHAPES[shape]
+    return [("wqkv", c.q_dim + 2 * c.n_kv_heads * c.head_dim, c.dim), ("wo", c.dim, c.q_dim),
+            ("w13", 2 * c.hidden_dim, c.dim), ("w2", c.dim, c.hidden_dim), ("lm_head", c.vocab_size, c.dim)]
+
+
 CHECK_ROWS = 64
 BASE_ROWS = 1024  # rows quantized on the CPU, repeated to N
 
@@ -114,13 +125,13 @@ def check_mma(C, name, packed, deq, blocks, x, M, N, K):
         raise SystemExit(f"gemv_quant_mma {name} M={M} {N}x{K}: result off the reference; no timing counts")
 
 
-def bench(C, names, row_counts, repeats, rng, path="dp4a"):
+def bench(C, names, row_counts, repeats, rng, path="dp4a", shape="llama3-8b"):
     rows = []
     floats, counters = C.testing.gemm_split_scratch_sizes(torch.cuda.get_device_properties(0).multi_processor_count)
     partials = torch.zeros(floats, device="cuda")
     counts = torch.zeros(counters, device="cuda", dtype=torch.int32)
     split = (partials.data_ptr(), floats, counts.data_ptr(), counters)
-    for proj, N, K in SHAPES:
+    for proj, N, K in decode_shapes(shape):
         bf16_w = [random_bf16((N, K), 0.02) for _ in range(copies_to_defeat_l2(N * K * 2))]
         t_bf16 = {}
         for M in row_counts:
@@ -203,7 +214,7 @@ def bench(C, names, row_counts, repeats, rng, path="dp4a"):
 def print_table(result):
     if result.get("path", "dp4a") != "dp4a":
         return print_table_mma(result)
-    print(f"gemv_quant, Llama-3-8B decode projections on {result['gpu']} "
+    print(f"gemv_quant, {TITLES[result.get('shape', 'llama3-8b')]} decode projections on {result['gpu']} "
           f"(median of {result['repeats']}, [min, max] us)")
     print(f"{'proj':8} {'type':5} {'M':>2} {'N x K':>13} {'ours us':>22} {'GB/s':>7} {'of copy':>8} "
           f"{'bf16 us':>22} {'bf16 GB/s':>9} {'x bf16':>7} {'bytes x':>7}")
@@ -220,7 +231,8 @@ def print_table(result):
 def print_table_mma(result):
     """--path mma / both: the tensor-core form beside dp4a (where measured), the bf16 GEMV and the copy."""
     both = result["path"] == "both"
-    print(f"gemv_quant_mma{' vs gemv_quant (dp4a)' if both else ''}, Llama-3-8B decode projections on "
+    print(f"gemv_quant_mma{' vs gemv_quant (dp4a)' if both else ''}, {TITLES[result.get('shape', 'llama3-8b')]} "
+          "decode projections on "
           f"{result['gpu']} (median of {result['repeats']}, [min, max] us)")
     head = f"{'proj':8} {'type':5} {'M':>2} {'N x K':>13} {'mma us':>22} {'of copy':>8} "
     if both:
@@ -253,6 +265,8 @@ def main(argv=None):
     parser.add_argument("--rows", default="1,2,4,8,16", help="values of M (default %(default)s; up to 64 with "
                         "--path mma)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", choices=list(TITLES), default="llama3-8b", help="the model whose projections "
+                        "are timed (default %(default)s)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--path", choices=["dp4a", "mma", "both"], default="dp4a",
                         help="dp4a: gemv_quant (default, the table as before); mma: gemv_quant_mma, the "
@@ -290,7 +304,9 @@ def main(argv=None):
               "method": "device time per call from torch.profiler kernel durations; median of repeats"}
     if args.path != "dp4a":
         result["path"] = args.path
-    result["rows"] = bench(_C, names, row_counts, args.repeats, rng, args.path)
+    if args.shape != "llama3-8b":
+        result["shape"] = args.shape
+    result["rows"] = bench(_C, names, row_counts, args.repeats, rng, args.path, args.shape)
     result["wall_s"] = time.monotonic() - started
     print_table(result)
     if args.out:
