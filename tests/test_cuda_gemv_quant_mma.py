@@ -21,7 +21,8 @@ within 2^-8 |w|):
     Q4_K / Q5_K plus sum_k |x[m, k]| S[n, k].
 Outputs are NaN-poisoned with a row past M that must stay NaN; x is followed by a NaN row that a
 read past K of the last row would pull into a result. Batched rows are bit-identical to the same
-rows in other batches (M >= 2), across every n8 tile count (M = 1..8, 9..16, 17..32, 33..64).
+rows in other batches (M >= 2), across every n8 tile count (M = 1..8, 9..16, 17..32, 33..64); on
+the short and wide grids, which split K another way up to 16 rows, within 1-16 and within 17-64.
 Inputs random per run (seed printed by the rng fixture)."""
 
 import numpy as np
@@ -288,6 +289,7 @@ def test_gemv_quant_mma_two_w_tiles(C, ops, rng, name):
     """The CTAs of two 16-row W tiles (16 rows of x): against the reference at 9 and 16 rows, and
     bit for bit equal to the one-tile forms (the same rows inside a batch of 24, whose 3 n8 tiles
     run one W tile a CTA, and as pairs of rows), plain and through SwiGLU."""
+    assert TWO_TILE_N < wide_grid_rows(), "on a GPU of fewer than 86 SMs this is a wide grid; the test needs 8 warps"
     K = TWO_TILE_K + (96 if TYPES[name][1] == 32 else 0)
     W = Weights(C, name, TWO_TILE_N, K, rng)
     Wb, S = mma_weights(W)
@@ -377,6 +379,67 @@ def test_gemv_quant_mma_short_grid_rope_kv(C, ops, rng, name):
     assert is_short_grid((n_heads + 4) * 64, K, sms), "the matrix must take CTAs of 16 warps"
     for M in (2, 16):
         check_mma_rope_kv(C, ops, rng, name, M, n_heads, K, f"short grid M={M}")
+
+
+# Rows of the wide grids where gemv_quant_mma runs CTAs of 4 warps at 1-16 rows (wide_grid in the
+# kernel): 16-row CTAs (8 pairs) numbering tuning::kGemvQuantMmaWideGridMinCtasPerSm (12) an SM or
+# more, the last partly empty here.
+def wide_grid_rows():
+    return 16 * 12 * sm_count() + 40
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_gemv_quant_mma_wide_grid(C, ops, rng, name):
+    """CTAs of 4 warps on a wide grid (5 k tiles, so warp 0 takes two; the 32-value types' last is
+    partial): against the reference at 2, 12, 16 and 24 rows (8 warps past 16), and the rows bit for
+    bit equal across batches of 1-16 (n8 tiles 1 and 2), plain and through SwiGLU."""
+    N, K = wide_grid_rows(), 4 * 256 + (96 if TYPES[name][1] == 32 else 256)
+    W = Weights(C, name, N, K, rng)
+    Wb, S = mma_weights(W)
+    x = random_x(rng, 24, K)
+    all16 = gemv(ops, W, x_rows(x[:16]))
+    check_gemv(f"{name} M=16 N={N} K={K}", all16, Wb, x[:16], S)
+    check_gemv(f"{name} M=24 N={N} K={K}", gemv(ops, W, x_rows(x)), Wb, x, S)
+    for lo, M in ((5, 2), (3, 12)):
+        rows = slice(lo, lo + M)
+        y = gemv(ops, W, x_rows(x[rows]))
+        check_gemv(f"{name} M={M} N={N} K={K}", y, Wb, x[rows], S)
+        assert torch.equal(y, all16[rows]), f"{name}: {M} rows differ from the same rows in a batch of 16"
+    del Wb, S
+    glu16 = swiglu_rows(ops, W, x, list(range(16)))
+    assert not torch.isnan(glu16).any(), f"{name} SwiGLU: an output was not written"
+    for lo, M in ((5, 2), (3, 12)):
+        assert torch.equal(swiglu_rows(ops, W, x, list(range(lo, lo + M))), glu16[lo:lo + M]), \
+            f"{name} SwiGLU: {M} rows differ from the same rows in a batch of 16"
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0"])
+def test_gemv_quant_mma_wide_grid_rope_kv(C, ops, rng, name):
+    """RopeKV on CTAs of 4 warps (a wide grid of rotation pairs) at 2 and 12 rows against
+    rope_oracle of the same rows' StoreF32 q|k|v."""
+    n_heads = -(-wide_grid_rows() // 128) * 2  # whole groups of the helper's 2 kv heads of 64 dims
+    for M in (2, 12):
+        check_mma_rope_kv(C, ops, rng, name, M, n_heads, 5 * 256, f"wide grid M={M}")
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q4_1"])
+def test_gemv_quant_mma_wide_grid_two_w_tiles(C, ops, rng, name):
+    """CTAs of 4 warps and two W tiles (16 rows of a wide grid of rows of TWO_TILE_K values):
+    against the reference, and bit for bit equal to the one-tile form of the same warps (the same
+    rows in batches of 8 and 2), plain and through SwiGLU."""
+    K = TWO_TILE_K + (96 if TYPES[name][1] == 32 else 0)
+    W = Weights(C, name, wide_grid_rows(), K, rng)
+    Wb, S = mma_weights(W)
+    x = random_x(rng, 16, K)
+    all16 = gemv(ops, W, x_rows(x))
+    check_gemv(f"{name} M=16 N={W.N}", all16, Wb, x, S)
+    del Wb, S
+    assert torch.equal(gemv(ops, W, x_rows(x[4:12])), all16[4:12]), f"{name}: 8 rows differ from the batch of 16"
+    assert torch.equal(gemv(ops, W, x_rows(x[[6, 1]]))[0], all16[6]), f"{name}: row 6 differs in a batch of 2"
+    glu16 = swiglu_rows(ops, W, x, list(range(16)))
+    assert not torch.isnan(glu16).any(), f"{name} SwiGLU: an output was not written"
+    assert torch.equal(swiglu_rows(ops, W, x, list(range(3, 11))), glu16[3:11]), \
+        f"{name} SwiGLU: 8 rows differ from the batch of 16"
 
 
 def cap_grid_rows():

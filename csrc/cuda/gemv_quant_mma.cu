@@ -18,8 +18,8 @@
 // Q4_0 / Q5_0 give bf16(w) exactly, and so does Q8_0.
 //   * One CTA per 16-row W tile (SwiGLU: gate rows j..j+7 over up rows H+j..; RopeKV: 8 dims over
 //     their rotation partners, so C rows g and g + 8 of a lane are the pair), or per two (MT = 2,
-//     below); its 8 warps (16 on short grids, below) take every 8th (16th) 256-value k tile of the
-//     rows, one in flight per lane.
+//     below); its 8 warps (16 on short grids, 4 on wide grids, below) take every 8th (16th, 4th)
+//     256-value k tile of the rows, one in flight per lane.
 //     Lane (g, t), g = lane / 4, loads rows g and g + 8 of each W tile and, per k tile, the 64
 //     values of "pieces" t, t + 4 (.. t + 12 for Q8_0) with 16-byte L1-bypassing loads (lanes
 //     t = 0..3 read 64 contiguous bytes of a row).
@@ -35,14 +35,18 @@
 //   * x reads: a lane loads 16 bytes of x per chunk and n8 tile, 3.6x the Q4_K weight bytes it
 //     decodes at 16 rows, and its four lanes of a row touch two 128-byte lines: at NT = 2 those
 //     loads, not HBM, fill L1's wavefronts. MT = 2 W tiles a warp (rows g, g + 8, g + 16, g + 24)
-//     feed each x fragment to twice the mma and halve that traffic; it costs registers (2 CTAs an
-//     SM) and half the CTAs, so it runs only at NT = 2, for the 4- and 5-bit types, on matrices
-//     with CTAs to spare and rows of 16+ k tiles (tuning::kGemvQuantMmaTwoTileMin*).
+//     feed each x fragment to twice the mma and halve that traffic; it costs registers (2 CTAs of
+//     8 warps an SM, 4 of 4) and half the CTAs, so it runs only at NT = 2, for the 4- and 5-bit
+//     types, on matrices with CTAs to spare and rows of 16+ k tiles
+//     (tuning::kGemvQuantMmaTwoTileMin*).
 //   * Short grids (16-row CTAs that fit 2 an SM, as the 8B's wo and w2; short_grid below) of those
 //     types halve it too at 1-16 rows: CTAs of 16 warps and two W tiles, 1 an SM, as many warps an
 //     SM as 2 CTAs of 8. The warps are the K split, which orders a row's sums, so such a matrix
 //     takes 16 warps at every M up to 16. The partial tiles are dynamic shared memory, and each
 //     launch asks for the least carveout that holds them, leaving the rest to the L1 that caches x.
+//   * Wide grids (12+ 16-row CTAs an SM: the LM heads, the 8B's w13; wide_grid below) take CTAs of
+//     4 warps at 1-16 rows, twice as many an SM: there the kernel is bound by issue, and a warp
+//     that walks twice the k tiles pays its set-up, partial tiles and store half as often.
 //   * Registers: 4 fp32 accumulators per n8 tile and W tile (32 at NT = 8) beside the raw tiles.
 //     Up to NT = 2 with one W tile (NT = 1 for Q8_0 / Q6_K) a grid of more than 2 CTAs an SM is
 //     held to 80 registers for 3 CTAs an SM: more warps, not more tiles in flight per lane, hide
@@ -64,10 +68,10 @@
 //     depend on the kernel before).
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order, the warps (the K split) are a
 // function of the matrix alone up to 16 rows and past 16, and columns n of an mma never mix, so a
-// row's result does not depend on the other rows: batched rows are bit-identical to the same row
-// in any other batch of 1-64 rows, but on a short grid only within 1-16 and within 17-64. Pieces
-// past K (32-value types whose last tile is partial) are never read, their W and x are zero. x
-// rows past M are never read either: a lane whose row of an n8 tile is past M reads row M - 1,
+// row's result does not depend on the other rows: batched rows are bit-identical to the same row in
+// any other batch of 1-64 rows, but on a short or wide grid only within 1-16 and within 17-64.
+// Pieces past K (32-value types whose last tile is partial) are never read, their W and x are zero.
+// x rows past M are never read either: a lane whose row of an n8 tile is past M reads row M - 1,
 // into columns the store drops. The launcher refuses unknown types, K that is not whole blocks, M
 // outside [1, 64], an x of more than 2^31 - 1 values, null or misaligned pointers before any
 // launch.
@@ -98,9 +102,11 @@ using quant::QType;
 
 constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles of x rows
 static_assert(kMaxRows == tuning::kGemvQuantMmaMaxRows, "the engine's per-call rows are this kernel's limit");
-// Warps of a CTA, the K split of its W tiles: 8, or 16 on short grids (short_grid below).
+// Warps of a CTA, the K split of its W tiles: 8, 16 on short grids and 4 on wide grids up to 16
+// rows (short_grid and wide_grid below).
 constexpr int kWarps = 8;
 constexpr int kShortGridWarps = 16;
+constexpr int kWideGridWarps = 4;
 // The types whose rows are whole 256-value tiles (the K-quants: K is a multiple of 256), so no
 // piece lies past K.
 template <QType T>
@@ -361,19 +367,19 @@ constexpr bool kFitsThreeCtas = MT == 1 && ((NT <= 2 && !kWideTile<T>) || NT == 
 enum class Cap { kTwo, kThree };
 template <QType T, int NT, Pairing P, int MT, Cap C, int WARPS>
 struct CtasPerSm {
-    static_assert(C == Cap::kTwo || (WARPS == kWarps && kFitsThreeCtas<T, NT, MT>),
+    static_assert(C == Cap::kTwo || (WARPS != kShortGridWarps && kFitsThreeCtas<T, NT, MT>),
                   "80 registers only where the instance fits them");
-    // (16 warps at 128 registers fill the register file)
+    // (16 warps at 128 registers fill the register file; CTAs of 4 warps fit twice those of 8)
     static constexpr int value = WARPS == kShortGridWarps ? 1
-                                 : C == Cap::kThree       ? 3
-                                 : NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1 : 2;
+                                 : (C == Cap::kThree ? 3 : NT >= 8 && P == Pairing::Rope && kWideTile<T> ? 1 : 2) *
+                                       kWarps / WARPS;
 };
 
 // MT: 16-row W tiles a CTA (and each of its warps) decodes against every x fragment it loads.
-// 2 halves the x reads per weight, at the price of 107-128 registers (2 CTAs of 8 warps an SM, 1
-// of 16) and half the CTAs: taken at NT = 2 for the 4- and 5-bit types on matrices with CTAs to
-// spare (the rule in launch_rows), and at NT = 1 and 2 on their short grids (short_grid). The wide
-// tiles would spill at 128 registers.
+// 2 halves the x reads per weight, at the price of 107-128 registers (2 CTAs of 8 warps an SM, 4
+// of 4, 1 of 16) and half the CTAs: taken at NT = 2 for the 4- and 5-bit types on matrices with
+// CTAs to spare (the rule in launch_rows), and at NT = 1 and 2 on their short grids (short_grid).
+// The wide tiles would spill at 128 registers.
 template <QType T, int NT, Pairing P, int MT, Cap C, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, CtasPerSm<T, NT, P, MT, C, WARPS>::value)
     gemv_quant_mma_kernel(QMArgs a) {
@@ -559,24 +565,25 @@ void launch(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
     // The register cap by grid size (CtasPerSm): the 80-register instance where the grid is more
     // than the 128-register one holds at once. It changes no arithmetic, so a row's result is the
     // same under either instance.
-    if constexpr (WARPS == kWarps && kFitsThreeCtas<T, NT, MT>) {
+    if constexpr (WARPS != kShortGridWarps && kFitsThreeCtas<T, NT, MT>) {
         if (ctas > CtasPerSm<T, NT, P, MT, Cap::kTwo, WARPS>::value * dev.sm_count)
             return launch_instance<T, NT, P, MT, Cap::kThree, WARPS>(a, ctas, dev, stream);
     }
     launch_instance<T, NT, P, MT, Cap::kTwo, WARPS>(a, ctas, dev, stream);
 }
 
-// The instance for a.M rows on CTAs of 8 warps.
-template <QType T, Pairing P>
+// The instance for a.M rows: up to 16 on CTAs of WARPS (8, or 4 on wide grids), past 16 on CTAs
+// of 8 (NT = 8 takes a warp per n8 tile to store).
+template <QType T, Pairing P, int WARPS>
 void launch_rows(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
-    if (a.M <= 8) return launch<T, 1, P, 1, kWarps>(a, dev, stream);
+    if (a.M <= 8) return launch<T, 1, P, 1, WARPS>(a, dev, stream);
     if (a.M <= 16) {
         if constexpr (!kWideTile<T>) {
             const bool two_tiles = mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaTwoTileMinCtas &&
                                    a.K >= tuning::kGemvQuantMmaTwoTileMinK;
-            if (two_tiles) return launch<T, 2, P, 2, kWarps>(a, dev, stream);
+            if (two_tiles) return launch<T, 2, P, 2, WARPS>(a, dev, stream);
         }
-        return launch<T, 2, P, 1, kWarps>(a, dev, stream);
+        return launch<T, 2, P, 1, WARPS>(a, dev, stream);
     }
     if (a.M <= 32) return launch<T, 4, P, 1, kWarps>(a, dev, stream);
     launch<T, 8, P, 1, kWarps>(a, dev, stream);
@@ -599,6 +606,21 @@ bool short_grid(const QMArgs& a, const DeviceFacts& dev) {
            100 * mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaShortGridMinFillPct * sms;
 }
 
+// Whether a matrix runs on CTAs of 4 warps (kWideGridWarps) at 1-16 rows: a grid of at least
+// tuning::kGemvQuantMmaWideGridMinCtasPerSm 16-row CTAs an SM (the LM heads, the 8B's w13). Up to
+// 16 rows the kernel is bound by instruction issue (docs/kernels/gemv.md), and a warp pays its
+// row set-up, partial tiles and store once whatever k tiles it walks: 4 warps a CTA walk twice the
+// k tiles each and pay those half as often, while twice the CTAs an SM keep the warps an SM. On a
+// grid of fewer than two waves of them (6 an SM) the last, partly full wave of CTAs that each take
+// twice as long costs more than that saves, and a grid of fewer CTAs than an SM holds loses half
+// its warps. The warps are the K split, so the choice depends on the matrix and on no row count
+// up to 16; past 16 rows 8 warps, so the rows there agree with those up to 16 within rounding
+// only, as on short grids.
+template <QType T, Pairing P>
+bool wide_grid(const QMArgs& a, const DeviceFacts& dev) {
+    return a.M <= 16 && mma_ctas<P>(a.n_units, 1) >= tuning::kGemvQuantMmaWideGridMinCtasPerSm * dev.sm_count;
+}
+
 template <QType T, Pairing P>
 void launch_matrix(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
     if constexpr (!kWideTile<T>) {
@@ -607,7 +629,8 @@ void launch_matrix(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream)
             return a.M <= 8 ? launch<T, 1, P, 2, kShortGridWarps>(a, dev, stream)
                             : launch<T, 2, P, 2, kShortGridWarps>(a, dev, stream);
     }
-    launch_rows<T, P>(a, dev, stream);
+    if (wide_grid<T, P>(a, dev)) return launch_rows<T, P, kWideGridWarps>(a, dev, stream);
+    launch_rows<T, P, kWarps>(a, dev, stream);
 }
 
 template <QType T>
