@@ -277,34 +277,41 @@ def test_gemv_quant_mma_rope_kv_rows_do_not_depend_on_the_batch(C, ops, rng, nam
             f"{name}: the K / V entry of row {m} differs from the batch of 64"
 
 
-# A matrix on which 9..16-row calls of the 4- and 5-bit types take CTAs of two W tiles: at least
-# tuning::kGemvQuantMmaTwoTileMinCtas (512) CTAs of 32 rows (16 pairs), the last one partly empty,
-# and rows of at least kGemvQuantMmaTwoTileMinK (4096) values.
+# A matrix on which 9..16-row calls of the 4- and 5-bit types take CTAs of two W tiles, of 8 warps
+# (a wide grid's are of 4): at least tuning::kGemvQuantMmaTwoTileMinCtas (512) CTAs of 32 rows (16
+# pairs), the last one partly empty, and rows of at least kGemvQuantMmaTwoTileMinK (4096) values.
 TWO_TILE_N = 32 * 512 + 18  # 8,201 SwiGLU pairs: 513 CTAs either way
 TWO_TILE_K = 4096
 
 
 @pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_1", "q4_k", "q5_k"])
-def test_gemv_quant_mma_two_w_tiles(C, ops, rng, name):
-    """The CTAs of two 16-row W tiles (16 rows of x): against the reference at 9 and 16 rows, and
-    bit for bit equal to the one-tile forms (the same rows inside a batch of 24, whose 3 n8 tiles
-    run one W tile a CTA, and as pairs of rows), plain and through SwiGLU."""
-    assert TWO_TILE_N < wide_grid_rows(), "on a GPU of fewer than 86 SMs this is a wide grid; the test needs 8 warps"
+@pytest.mark.parametrize("wide", [False, True], ids=["8_warps", "wide_grid"])
+def test_gemv_quant_mma_two_w_tiles(C, ops, rng, name, wide):
+    """The CTAs of two 16-row W tiles (16 rows of x), of 8 warps (TWO_TILE_N rows) or of 4 (a wide
+    grid): against the reference at 9 and 16 rows, and bit for bit equal to the one-tile form of
+    the same warps (the same rows in batches of 8 and 2; on 8 warps also inside a batch of 24,
+    whose 3 n8 tiles run one W tile a CTA), plain and through SwiGLU."""
+    N = wide_grid_rows() if wide else TWO_TILE_N
+    assert wide or N < wide_grid_rows(), "on a GPU of fewer than 86 SMs this is a wide grid; the test needs 8 warps"
     K = TWO_TILE_K + (96 if TYPES[name][1] == 32 else 0)
-    W = Weights(C, name, TWO_TILE_N, K, rng)
+    W = Weights(C, name, N, K, rng)
     Wb, S = mma_weights(W)
     x = random_x(rng, 24, K)
-    for M in (9, 16):
-        check_gemv(f"{name} M={M} N={W.N}", gemv(ops, W, x_rows(x[:M])), Wb, x[:M], S)
+    check_gemv(f"{name} M=9 N={N}", gemv(ops, W, x_rows(x[:9])), Wb, x[:9], S)
+    all16 = gemv(ops, W, x_rows(x[:16]))
+    check_gemv(f"{name} M=16 N={N}", all16, Wb, x[:16], S)
     del Wb, S
-    all24 = gemv(ops, W, x_rows(x))
-    assert torch.equal(gemv(ops, W, x_rows(x[4:20])), all24[4:20]), f"{name}: 16 rows differ from the batch of 24"
-    assert torch.equal(gemv(ops, W, x_rows(x[[6, 1]]))[0], all24[6]), f"{name}: row 6 differs in a batch of 2"
-
-    all24 = swiglu_rows(ops, W, x, list(range(24)))
-    assert not torch.isnan(all24).any(), f"{name} SwiGLU: an output was not written"
-    assert torch.equal(swiglu_rows(ops, W, x, list(range(3, 19))), all24[3:19]), \
-        f"{name} SwiGLU: 16 rows differ from the batch of 24"
+    assert torch.equal(gemv(ops, W, x_rows(x[4:12])), all16[4:12]), f"{name}: 8 rows differ from the batch of 16"
+    assert torch.equal(gemv(ops, W, x_rows(x[[6, 1]]))[0], all16[6]), f"{name}: row 6 differs in a batch of 2"
+    if not wide:
+        assert torch.equal(gemv(ops, W, x_rows(x))[:16], all16), f"{name}: 16 rows differ from the batch of 24"
+    glu16 = swiglu_rows(ops, W, x, list(range(16)))
+    assert not torch.isnan(glu16).any(), f"{name} SwiGLU: an output was not written"
+    assert torch.equal(swiglu_rows(ops, W, x, list(range(3, 11))), glu16[3:11]), \
+        f"{name} SwiGLU: 8 rows differ from the batch of 16"
+    if not wide:
+        assert torch.equal(swiglu_rows(ops, W, x, list(range(24)))[:16], glu16), \
+            f"{name} SwiGLU: 16 rows differ from the batch of 24"
 
 
 def check_mma_rope_kv(C, ops, rng, name, M, n_heads, K, what, n_kv_heads=2, head_dim=64, max_seq=24, max_batch=3):
@@ -342,15 +349,10 @@ def is_short_grid(rows, K, sms):
     return K >= 16 * 256 and -(-rows // 16) <= 2 * sms and 100 * -(-rows // 32) >= 90 * sms
 
 
-@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k"])
-def test_gemv_quant_mma_short_grid(C, ops, rng, name):
-    """CTAs of 16 warps on a short grid (2 x SMs 16-row CTAs, the last partly empty; 17 or 18 k
-    tiles, so warps 0 and 1 take two and the 32-value types' last is partial): against the
-    reference at 2, 12, 16, 24 and 64 rows (8 warps past 16), and the rows bit for bit equal
-    across batches of 1-16 (n8 tiles 1 and 2) and of 17-64, plain and through SwiGLU."""
-    sms = sm_count()
-    N, K = 32 * sms - 6, 17 * 256 + (96 if TYPES[name][1] == 32 else 0)
-    assert is_short_grid(N, K, sms), "the matrix must take CTAs of 16 warps"
+def check_own_k_split(C, ops, rng, name, N, K):
+    """A grid that splits K its own way up to 16 rows (short and wide grids; 8 warps past 16):
+    against the reference at 2, 12, 16, 24 and 64 rows, and the rows bit for bit equal across
+    batches of 1-16 (n8 tiles 1 and 2) and of 17-64, plain and through SwiGLU."""
     W = Weights(C, name, N, K, rng)
     Wb, S = mma_weights(W)
     x = random_x(rng, 64, K)
@@ -368,6 +370,17 @@ def test_gemv_quant_mma_short_grid(C, ops, rng, name):
     for lo, M in ((5, 2), (3, 12)):
         assert torch.equal(swiglu_rows(ops, W, x, list(range(lo, lo + M))), glu16[lo:lo + M]), \
             f"{name} SwiGLU: {M} rows differ from the same rows in a batch of 16"
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k"])
+def test_gemv_quant_mma_short_grid(C, ops, rng, name):
+    """CTAs of 16 warps on a short grid (2 x SMs 16-row CTAs, the last partly empty; 17 or 18 k
+    tiles, so warps 0 and 1 take two and the 32-value types' last is partial), 8 warps past 16
+    rows: check_own_k_split."""
+    sms = sm_count()
+    N, K = 32 * sms - 6, 17 * 256 + (96 if TYPES[name][1] == 32 else 0)
+    assert is_short_grid(N, K, sms), "the matrix must take CTAs of 16 warps"
+    check_own_k_split(C, ops, rng, name, N, K)
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q5_0"])
@@ -391,26 +404,8 @@ def wide_grid_rows():
 @pytest.mark.parametrize("name", list(TYPES))
 def test_gemv_quant_mma_wide_grid(C, ops, rng, name):
     """CTAs of 4 warps on a wide grid (5 k tiles, so warp 0 takes two; the 32-value types' last is
-    partial): against the reference at 2, 12, 16 and 24 rows (8 warps past 16), and the rows bit for
-    bit equal across batches of 1-16 (n8 tiles 1 and 2), plain and through SwiGLU."""
-    N, K = wide_grid_rows(), 4 * 256 + (96 if TYPES[name][1] == 32 else 256)
-    W = Weights(C, name, N, K, rng)
-    Wb, S = mma_weights(W)
-    x = random_x(rng, 24, K)
-    all16 = gemv(ops, W, x_rows(x[:16]))
-    check_gemv(f"{name} M=16 N={N} K={K}", all16, Wb, x[:16], S)
-    check_gemv(f"{name} M=24 N={N} K={K}", gemv(ops, W, x_rows(x)), Wb, x, S)
-    for lo, M in ((5, 2), (3, 12)):
-        rows = slice(lo, lo + M)
-        y = gemv(ops, W, x_rows(x[rows]))
-        check_gemv(f"{name} M={M} N={N} K={K}", y, Wb, x[rows], S)
-        assert torch.equal(y, all16[rows]), f"{name}: {M} rows differ from the same rows in a batch of 16"
-    del Wb, S
-    glu16 = swiglu_rows(ops, W, x, list(range(16)))
-    assert not torch.isnan(glu16).any(), f"{name} SwiGLU: an output was not written"
-    for lo, M in ((5, 2), (3, 12)):
-        assert torch.equal(swiglu_rows(ops, W, x, list(range(lo, lo + M))), glu16[lo:lo + M]), \
-            f"{name} SwiGLU: {M} rows differ from the same rows in a batch of 16"
+    partial), 8 warps past 16 rows: check_own_k_split."""
+    check_own_k_split(C, ops, rng, name, wide_grid_rows(), 4 * 256 + (96 if TYPES[name][1] == 32 else 256))
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0"])
@@ -420,26 +415,6 @@ def test_gemv_quant_mma_wide_grid_rope_kv(C, ops, rng, name):
     n_heads = -(-wide_grid_rows() // 128) * 2  # whole groups of the helper's 2 kv heads of 64 dims
     for M in (2, 12):
         check_mma_rope_kv(C, ops, rng, name, M, n_heads, 5 * 256, f"wide grid M={M}")
-
-
-@pytest.mark.parametrize("name", ["q4_k", "q4_1"])
-def test_gemv_quant_mma_wide_grid_two_w_tiles(C, ops, rng, name):
-    """CTAs of 4 warps and two W tiles (16 rows of a wide grid of rows of TWO_TILE_K values):
-    against the reference, and bit for bit equal to the one-tile form of the same warps (the same
-    rows in batches of 8 and 2), plain and through SwiGLU."""
-    K = TWO_TILE_K + (96 if TYPES[name][1] == 32 else 0)
-    W = Weights(C, name, wide_grid_rows(), K, rng)
-    Wb, S = mma_weights(W)
-    x = random_x(rng, 16, K)
-    all16 = gemv(ops, W, x_rows(x))
-    check_gemv(f"{name} M=16 N={W.N}", all16, Wb, x, S)
-    del Wb, S
-    assert torch.equal(gemv(ops, W, x_rows(x[4:12])), all16[4:12]), f"{name}: 8 rows differ from the batch of 16"
-    assert torch.equal(gemv(ops, W, x_rows(x[[6, 1]]))[0], all16[6]), f"{name}: row 6 differs in a batch of 2"
-    glu16 = swiglu_rows(ops, W, x, list(range(16)))
-    assert not torch.isnan(glu16).any(), f"{name} SwiGLU: an output was not written"
-    assert torch.equal(swiglu_rows(ops, W, x, list(range(3, 11))), glu16[3:11]), \
-        f"{name} SwiGLU: 8 rows differ from the batch of 16"
 
 
 def cap_grid_rows():
