@@ -22,7 +22,8 @@ within 2^-8 |w|):
 Outputs are NaN-poisoned with a row past M that must stay NaN; x is followed by a NaN row that a
 read past K of the last row would pull into a result. Batched rows are bit-identical to the same
 rows in other batches (M >= 2), across every n8 tile count (M = 1..8, 9..16, 17..32, 33..64); on
-the short and wide grids, which split K another way up to 16 rows, within 1-16 and within 17-64.
+the short grids, which split K another way up to 16 rows, within 1-16 and within 17-64; on the
+wide grids, which do so up to 32, within 1-32 and within 33-64.
 Inputs random per run (seed printed by the rng fixture)."""
 
 import numpy as np
@@ -349,27 +350,30 @@ def is_short_grid(rows, K, sms):
     return K >= 16 * 256 and -(-rows // 16) <= 2 * sms and 100 * -(-rows // 32) >= 90 * sms
 
 
-def check_own_k_split(C, ops, rng, name, N, K):
-    """A grid that splits K its own way up to 16 rows (short and wide grids; 8 warps past 16):
-    against the reference at 2, 12, 16, 24 and 64 rows, and the rows bit for bit equal across
-    batches of 1-16 (n8 tiles 1 and 2) and of 17-64, plain and through SwiGLU."""
+def check_own_k_split(C, ops, rng, name, N, K, own_rows):
+    """A grid that splits K its own way up to own_rows rows (short grids 16, wide grids 32; 8 warps
+    past them): against the reference at 2, 12, own_rows, own_rows + 8 and 64 rows (and 24 on wide
+    grids), and the rows bit for bit equal across batches of 1-own_rows (n8 tiles 1, 2 and, on wide
+    grids, 4) and of own_rows + 1 to 64, plain and through SwiGLU."""
     W = Weights(C, name, N, K, rng)
     Wb, S = mma_weights(W)
     x = random_x(rng, 64, K)
-    all16, all64 = gemv(ops, W, x_rows(x[:16])), gemv(ops, W, x_rows(x))
-    check_gemv(f"{name} M=16 N={N} K={K}", all16, Wb, x[:16], S)
+    own, all64 = gemv(ops, W, x_rows(x[:own_rows])), gemv(ops, W, x_rows(x))
+    check_gemv(f"{name} M={own_rows} N={N} K={K}", own, Wb, x[:own_rows], S)
     check_gemv(f"{name} M=64 N={N} K={K}", all64, Wb, x, S)
-    for lo, M, batch in ((5, 2, all16), (3, 12, all16), (30, 24, all64)):
+    within = [(5, 2), (3, 12)] + ([(6, 24)] if own_rows >= 32 else [])
+    past = own_rows + 8
+    for lo, M, batch in [(lo, M, own) for lo, M in within] + [(64 - past - 6, past, all64)]:
         rows = slice(lo, lo + M)
         y = gemv(ops, W, x_rows(x[rows]))
         check_gemv(f"{name} M={M} N={N} K={K}", y, Wb, x[rows], S)
         assert torch.equal(y, batch[rows]), f"{name}: {M} rows differ from the same rows in a batch of {len(batch)}"
     del Wb, S
-    glu16 = swiglu_rows(ops, W, x, list(range(16)))
-    assert not torch.isnan(glu16).any(), f"{name} SwiGLU: an output was not written"
-    for lo, M in ((5, 2), (3, 12)):
-        assert torch.equal(swiglu_rows(ops, W, x, list(range(lo, lo + M))), glu16[lo:lo + M]), \
-            f"{name} SwiGLU: {M} rows differ from the same rows in a batch of 16"
+    glu_own = swiglu_rows(ops, W, x, list(range(own_rows)))
+    assert not torch.isnan(glu_own).any(), f"{name} SwiGLU: an output was not written"
+    for lo, M in within:
+        assert torch.equal(swiglu_rows(ops, W, x, list(range(lo, lo + M))), glu_own[lo:lo + M]), \
+            f"{name} SwiGLU: {M} rows differ from the same rows in a batch of {own_rows}"
 
 
 @pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k"])
@@ -380,7 +384,7 @@ def test_gemv_quant_mma_short_grid(C, ops, rng, name):
     sms = sm_count()
     N, K = 32 * sms - 6, 17 * 256 + (96 if TYPES[name][1] == 32 else 0)
     assert is_short_grid(N, K, sms), "the matrix must take CTAs of 16 warps"
-    check_own_k_split(C, ops, rng, name, N, K)
+    check_own_k_split(C, ops, rng, name, N, K, own_rows=16)
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q5_0"])
@@ -394,7 +398,7 @@ def test_gemv_quant_mma_short_grid_rope_kv(C, ops, rng, name):
         check_mma_rope_kv(C, ops, rng, name, M, n_heads, K, f"short grid M={M}")
 
 
-# Rows of the wide grids where gemv_quant_mma runs CTAs of 4 warps at 1-16 rows (wide_grid in the
+# Rows of the wide grids where gemv_quant_mma runs CTAs of 4 warps at 1-32 rows (wide_grid in the
 # kernel): 16-row CTAs (8 pairs) numbering tuning::kGemvQuantMmaWideGridMinCtasPerSm (12) an SM or
 # more, the last partly empty here.
 def wide_grid_rows():
@@ -404,16 +408,17 @@ def wide_grid_rows():
 @pytest.mark.parametrize("name", list(TYPES))
 def test_gemv_quant_mma_wide_grid(C, ops, rng, name):
     """CTAs of 4 warps on a wide grid (5 k tiles, so warp 0 takes two; the 32-value types' last is
-    partial), 8 warps past 16 rows: check_own_k_split."""
-    check_own_k_split(C, ops, rng, name, wide_grid_rows(), 4 * 256 + (96 if TYPES[name][1] == 32 else 256))
+    partial), 8 warps past 32 rows: check_own_k_split."""
+    check_own_k_split(C, ops, rng, name, wide_grid_rows(), 4 * 256 + (96 if TYPES[name][1] == 32 else 256),
+                      own_rows=32)
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0"])
 def test_gemv_quant_mma_wide_grid_rope_kv(C, ops, rng, name):
-    """RopeKV on CTAs of 4 warps (a wide grid of rotation pairs) at 2 and 12 rows against
+    """RopeKV on CTAs of 4 warps (a wide grid of rotation pairs) at 2, 12 and 24 rows against
     rope_oracle of the same rows' StoreF32 q|k|v."""
     n_heads = -(-wide_grid_rows() // 128) * 2  # whole groups of the helper's 2 kv heads of 64 dims
-    for M in (2, 12):
+    for M in (2, 12, 24):
         check_mma_rope_kv(C, ops, rng, name, M, n_heads, 5 * 256, f"wide grid M={M}")
 
 

@@ -45,7 +45,7 @@
 //     takes 16 warps at every M up to 16. The partial tiles are dynamic shared memory, and each
 //     launch asks for the least carveout that holds them, leaving the rest to the L1 that caches x.
 //   * Wide grids (12+ 16-row CTAs an SM: the LM heads, the 8B's w13; wide_grid below) take CTAs of
-//     4 warps at 1-16 rows, twice as many an SM: there the kernel is bound by issue, and a warp
+//     4 warps at 1-32 rows, twice as many an SM: there the kernel is bound by issue, and a warp
 //     that walks twice the k tiles pays its set-up, partial tiles and store half as often.
 //   * Registers: 4 fp32 accumulators per n8 tile and W tile (32 at NT = 8) beside the raw tiles.
 //     Up to NT = 2 with one W tile (NT = 1 for Q8_0 / Q6_K) a grid of more than 2 CTAs an SM is
@@ -69,7 +69,8 @@
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order, the warps (the K split) are a
 // function of the matrix alone up to 16 rows and past 16, and columns n of an mma never mix, so a
 // row's result does not depend on the other rows: batched rows are bit-identical to the same row in
-// any other batch of 1-64 rows, but on a short or wide grid only within 1-16 and within 17-64.
+// any other batch of 1-64 rows, but on a short grid only within 1-16 and within 17-64, on a wide
+// grid within 1-32 and within 33-64.
 // Pieces past K (32-value types whose last tile is partial) are never read, their W and x are zero.
 // x rows past M are never read either: a lane whose row of an n8 tile is past M reads row M - 1,
 // into columns the store drops. The launcher refuses unknown types, K that is not whole blocks, M
@@ -102,8 +103,8 @@ using quant::QType;
 
 constexpr int kMaxRows = 64;  // largest M (the contract in ops.h): 8 n8 tiles of x rows
 static_assert(kMaxRows == tuning::kGemvQuantMmaMaxRows, "the engine's per-call rows are this kernel's limit");
-// Warps of a CTA, the K split of its W tiles: 8, 16 on short grids and 4 on wide grids up to 16
-// rows (short_grid and wide_grid below).
+// Warps of a CTA, the K split of its W tiles: 8, 16 on short grids up to 16 rows and 4 on wide
+// grids up to 32 (short_grid and wide_grid below).
 constexpr int kWarps = 8;
 constexpr int kShortGridWarps = 16;
 constexpr int kWideGridWarps = 4;
@@ -564,15 +565,22 @@ void launch(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
     const int ctas = mma_ctas<P>(a.n_units, MT);
     // The register cap by grid size (CtasPerSm): the 80-register instance where the grid is more
     // than the 128-register one holds at once. It changes no arithmetic, so a row's result is the
-    // same under either instance.
-    if constexpr (WARPS != kShortGridWarps && kFitsThreeCtas<T, NT, MT>) {
-        if (ctas > CtasPerSm<T, NT, P, MT, Cap::kTwo, WARPS>::value * dev.sm_count)
-            return launch_instance<T, NT, P, MT, Cap::kThree, WARPS>(a, ctas, dev, stream);
+    // same under either instance. A wide grid always is (12+ CTAs an SM against 4), so its 4-warp
+    // kernels that fit 80 registers come in that instance alone.
+    if constexpr (WARPS == kWideGridWarps && kFitsThreeCtas<T, NT, MT>) {
+        static_assert(tuning::kGemvQuantMmaWideGridMinCtasPerSm > CtasPerSm<T, NT, P, MT, Cap::kTwo, WARPS>::value,
+                      "a wide grid must be more than the 128-register instance holds");
+        launch_instance<T, NT, P, MT, Cap::kThree, WARPS>(a, ctas, dev, stream);
+    } else {
+        if constexpr (WARPS != kShortGridWarps && kFitsThreeCtas<T, NT, MT>) {
+            if (ctas > CtasPerSm<T, NT, P, MT, Cap::kTwo, WARPS>::value * dev.sm_count)
+                return launch_instance<T, NT, P, MT, Cap::kThree, WARPS>(a, ctas, dev, stream);
+        }
+        launch_instance<T, NT, P, MT, Cap::kTwo, WARPS>(a, ctas, dev, stream);
     }
-    launch_instance<T, NT, P, MT, Cap::kTwo, WARPS>(a, ctas, dev, stream);
 }
 
-// The instance for a.M rows: up to 16 on CTAs of WARPS (8, or 4 on wide grids), past 16 on CTAs
+// The instance for a.M rows: up to 32 on CTAs of WARPS (8, or 4 on wide grids), past 32 on CTAs
 // of 8 (NT = 8 takes a warp per n8 tile to store).
 template <QType T, Pairing P, int WARPS>
 void launch_rows(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
@@ -585,7 +593,7 @@ void launch_rows(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream) {
         }
         return launch<T, 2, P, 1, WARPS>(a, dev, stream);
     }
-    if (a.M <= 32) return launch<T, 4, P, 1, kWarps>(a, dev, stream);
+    if (a.M <= 32) return launch<T, 4, P, 1, WARPS>(a, dev, stream);
     launch<T, 8, P, 1, kWarps>(a, dev, stream);
 }
 
@@ -606,19 +614,19 @@ bool short_grid(const QMArgs& a, const DeviceFacts& dev) {
            100 * mma_ctas<P>(a.n_units, 2) >= tuning::kGemvQuantMmaShortGridMinFillPct * sms;
 }
 
-// Whether a matrix runs on CTAs of 4 warps (kWideGridWarps) at 1-16 rows: a grid of at least
+// Whether a matrix runs on CTAs of 4 warps (kWideGridWarps) at 1-32 rows: a grid of at least
 // tuning::kGemvQuantMmaWideGridMinCtasPerSm 16-row CTAs an SM (the LM heads, the 8B's w13). Up to
-// 16 rows the kernel is bound by instruction issue (docs/kernels/gemv.md), and a warp pays its
+// 32 rows the kernel is bound by instruction issue (docs/kernels/gemv.md), and a warp pays its
 // row set-up, partial tiles and store once whatever k tiles it walks: 4 warps a CTA walk twice the
 // k tiles each and pay those half as often, while twice the CTAs an SM keep the warps an SM. On a
 // grid of fewer than two waves of them (6 an SM) the last, partly full wave of CTAs that each take
 // twice as long costs more than that saves, and a grid of fewer CTAs than an SM holds loses half
 // its warps. The warps are the K split, so the choice depends on the matrix and on no row count
-// up to 16; past 16 rows 8 warps, so the rows there agree with those up to 16 within rounding
-// only, as on short grids.
+// up to 32; past 32 rows 8 warps (NT = 8 needs a warp per n8 tile to store), so the rows there
+// agree with those up to 32 within rounding only, as on short grids past 16.
 template <QType T, Pairing P>
 bool wide_grid(const QMArgs& a, const DeviceFacts& dev) {
-    return a.M <= 16 && mma_ctas<P>(a.n_units, 1) >= tuning::kGemvQuantMmaWideGridMinCtasPerSm * dev.sm_count;
+    return a.M <= 32 && mma_ctas<P>(a.n_units, 1) >= tuning::kGemvQuantMmaWideGridMinCtasPerSm * dev.sm_count;
 }
 
 template <QType T, Pairing P>

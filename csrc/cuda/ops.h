@@ -136,7 +136,7 @@ void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStrea
 void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, int vocab_offset, int vocab_rows, const TokenHistory& record, cudaStream_t stream);
 
 // ---- gemv_quant_mma.cu: the quantized GEMV on the tensor cores, for M = 2..64 -----------------
-// y = x . bf16(dequant(W))^T, x [M, K] bf16 (M <= 64, one weight pass), W as gemv_quant; exact fp32 dequant rounded to bf16, mma.sync, fp32 sums; every Epilogue, pairs as gemv_bf16; rows bit-identical across batches of 1-16 and of 17-64 (of 1-64 but on short and wide grids).
+// y = x . bf16(dequant(W))^T, x [M, K] bf16 (M <= 64, one weight pass), W as gemv_quant; exact fp32 dequant rounded to bf16, mma.sync, fp32 sums; every Epilogue, pairs as gemv_bf16; rows bit-identical across batches of 1-64, but on short grids within 1-16 and 17-64, on wide grids within 1-32 and 33-64.
 void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, cudaStream_t stream);
 
 // ---- matmul.cu: the matmul entry points; gemm_sm80.cu / gemm_sm90.cu: the prefill GEMMs -----

@@ -83,13 +83,14 @@ constexpr int kGemvQuantMmaTwoTileMinK = 4096;
 // 5-bit type runs CTAs of 16 warps and two W tiles at 1-16 rows when those CTAs number at least
 // this percentage of the SMs (128 of 132 there). The 1B's short grids (64 such CTAs) keep 8 warps.
 constexpr int kGemvQuantMmaShortGridMinFillPct = 90;
-// gemv_quant_mma at 1-16 rows on a grid of at least this many 16-row CTAs an SM runs CTAs of 4
+// gemv_quant_mma at 1-32 rows on a grid of at least this many 16-row CTAs an SM runs CTAs of 4
 // warps: two full waves of them at the 80-register cap (6 an SM), so the last, partly full wave of
 // CTAs that each take twice as long stays a small part. H200, CTAs of 4 warps against 8, us: the
 // 8B's w13 (13.6 an SM) Q4_K 35.3 against 38.1 at 16 rows, 25.8 against 27.2 at 2; the LM heads
 // (60.8) at 16 rows Q4_K 127.5 against 140.5, Q6_K 163.0 against 183.4, and the 1B's Q6_K head
 // 83.0 against 102.4; but the 1B's w13 (7.8 an SM, 1.3 waves) Q4_K 22.4 against 17.2 at 16 rows,
-// and the 8B's Q6_K w2 (1.9) 26.1 against 23.1 (docs/kernels/gemv.md).
+// and the 8B's Q6_K w2 (1.9) 26.1 against 23.1; at 24 rows w13 Q4_K 77.2 against 80.2, the LM
+// head Q4_K 319.8 against 335.4 (docs/kernels/gemv.md).
 constexpr int kGemvQuantMmaWideGridMinCtasPerSm = 12;
 // Rows of one engine pass of the tensor-core GEMV (CudaEngine::matmul) over a matrix of several
 // parts: a bf16 part goes through gemv_bf16 (16 rows), a w13 of two types is staged through the
