@@ -3,6 +3,12 @@ gemm_quant (the wgmma GEMM dequantizing each k tile of W in its consumers, once 
 x) against dequantize_bf16 of every part into scratch then gemm_bf16 (one bf16 copy shared by
 all M rows). Sets tuning::kGemmQuantMaxRows: the largest M where the first is faster.
 
+--gemv adds, at M <= 64, the decode path below gemm_quant's rows (tuning::kGemvQuantChunkMaxRows):
+gemv_quant_mma as CudaEngine::matmul runs it, one pass of all M rows on a matrix of one part, even
+chunks of at most 16 rows (tuning::kGemvQuantPassRows) on one of several parts, each part stored
+as fp32 into its columns (the engine's staging; the epilogue kernel after it is left out). Its
+"gemv / fused" column is the switch point between the two.
+
 Llama-3-8B (or, --matrices 1b, Llama-3.2-1B) matrices as llama.cpp's Q4_K_M recipe stores them
 (wqkv: Q4_K q and k, Q6_K v; w13 and wo Q4_K; w2 Q6_K or Q4_K by layer). Weights: 256 quantized
 rows of random normals, repeated to the matrix's rows (the kernels' time does not depend on the
@@ -10,6 +16,7 @@ values). Both paths get the engine's split-K scratch and StoreBf16. Median of --
 (CUDA events) after a warm-up; one JSON line per (matrix, M), and a table.
 
   PYTHONPATH=. python3 benchmarks/lab/gemm_quant_sweep.py --json sweep.jsonl
+  PYTHONPATH=. python3 benchmarks/lab/gemm_quant_sweep.py --gemv --rows 17,24,32,40,48,56,64 --json switch.jsonl
 """
 import argparse
 import json
@@ -20,6 +27,9 @@ import torch
 from llama_brrr import _C as C
 
 STORE_BF16 = 0
+STORE_F32 = 1
+GEMV_MAX_ROWS = 64  # tuning::kGemvQuantChunkMaxRows
+PASS_ROWS = 16  # tuning::kGemvQuantPassRows
 TYPE_IDS = {"q4_k": 12, "q6_k": 14, "q8_0": 8}
 # name: ([(type, rows), ...], K)
 MATRICES = {
@@ -68,6 +78,25 @@ def timed(calls, reps):
     return float(np.median(times))
 
 
+def gemv_passes(T, parts, x_all, y, y32, M, N, K):
+    """The calls of CudaEngine::matmul's tensor-core GEMV path at M rows (2 <= M <= 64): one pass of
+    all rows on a one-part matrix (StoreBf16), even chunks of at most PASS_ROWS rows on several
+    parts, each part's fp32 into its columns of y32 (ld_out = N)."""
+    if len(parts) == 1:
+        t, w, _ = parts[0]
+        return [lambda: T.gemv_quant_mma(t, w.data_ptr(), x_all.data_ptr(), M, N, K, STORE_BF16, out=y.data_ptr())]
+    calls, chunks, r = [], -(-M // PASS_ROWS), 0
+    for c in range(chunks):
+        rows = (M - r) // (chunks - c)
+        col = 0
+        for t, w, n in parts:
+            calls.append(lambda t=t, w=w, n=n, r=r, rows=rows, col=col: T.gemv_quant_mma(
+                t, w.data_ptr(), x_all[r].data_ptr(), rows, n, K, STORE_F32, out_f32=y32[r, col:].data_ptr(), ld_out=N))
+            col += n
+        r += rows
+    return calls
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="65,128,192,256,320,384,512,1024,2048")
@@ -75,6 +104,7 @@ def main():
                     help="comma-separated names, or 1b for the Llama-3.2-1B ones")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default="")
+    ap.add_argument("--gemv", action="store_true", help="also the tensor-core GEMV's passes at M <= 64")
     a = ap.parse_args()
     T = C.testing
     assert T.gemm_quant_available(), "gemm_quant needs a Hopper GPU"
@@ -86,7 +116,8 @@ def main():
     split = (partials.data_ptr(), floats, counts.data_ptr(), counters)
     rows = [int(m) for m in a.rows.split(",")]
     out = open(a.json, "w") if a.json else None
-    print(f"{'matrix':10s} {'M':>5s} {'fused us':>9s} {'scratch us':>10s} {'ratio':>6s}")
+    gemv_col = f" {'gemv us':>8s} {'gemv/fused':>10s}" if a.gemv else ""
+    print(f"{'matrix':10s} {'M':>5s} {'fused us':>9s} {'scratch us':>10s} {'ratio':>6s}{gemv_col}")
     names = list(MATRICES_1B) if a.matrices == "1b" else a.matrices.split(",")
     for mname in names:
         spec, K = MATRICES[mname]
@@ -95,6 +126,7 @@ def main():
         deq = torch.empty((N, K), dtype=torch.bfloat16, device="cuda")
         x_all = torch.randn((max(rows), K), device="cuda").to(torch.bfloat16)
         y = torch.empty((max(rows), N), dtype=torch.bfloat16, device="cuda")
+        y32 = torch.empty((max(rows), N), dtype=torch.float32, device="cuda")
         plist = [(t, w.data_ptr(), n) for t, w, n in parts]
 
         for M in rows:
@@ -110,7 +142,12 @@ def main():
             f, s = timed(fused, a.reps), timed(scratch, a.reps)
             rec = {"matrix": mname, "M": M, "N": N, "K": K, "fused_us": round(f, 1), "scratch_us": round(s, 1),
                    "fused_over_scratch": round(f / s, 3), "gpu": torch.cuda.get_device_name()}
-            print(f"{mname:10s} {M:5d} {f:9.1f} {s:10.1f} {f / s:6.2f}", flush=True)
+            line = f"{mname:10s} {M:5d} {f:9.1f} {s:10.1f} {f / s:6.2f}"
+            if a.gemv and M <= GEMV_MAX_ROWS:
+                g = timed(gemv_passes(T, parts, x_all, y, y32, M, N, K), a.reps)
+                rec.update(gemv_us=round(g, 1), gemv_over_fused=round(g / f, 3))
+                line += f" {g:8.1f} {g / f:10.2f}"
+            print(line, flush=True)
             if out:
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
