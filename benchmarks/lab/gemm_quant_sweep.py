@@ -10,9 +10,9 @@ as fp32 into its columns (the engine's staging; the epilogue kernel after it is 
 "gemv / fused" column is the switch point between the two.
 
 Llama-3-8B (or, --matrices 1b, Llama-3.2-1B) matrices as llama.cpp's Q4_K_M recipe stores them
-(wqkv: Q4_K q and k, Q6_K v; w13 and wo Q4_K; w2 Q6_K or Q4_K by layer). Weights: 256 quantized
-rows of random normals, repeated to the matrix's rows (the kernels' time does not depend on the
-values). Both paths get the engine's split-K scratch and StoreBf16. Median of --reps timed calls
+(wqkv: Q4_K q and k, Q6_K v; w13 and wo Q4_K; w2 Q6_K or Q4_K by layer; the LM head Q6_K).
+Weights: 256 quantized rows of random normals, repeated to the matrix's rows (the kernels' time
+does not depend on the values). Both paths get the engine's split-K scratch and StoreBf16. Median of --reps timed calls
 (CUDA events) after a warm-up; one JSON line per (matrix, M), and a table.
 
   PYTHONPATH=. python3 benchmarks/lab/gemm_quant_sweep.py --json sweep.jsonl
@@ -38,6 +38,7 @@ MATRICES = {
     "w13": ([("q4_k", 28672)], 4096),
     "w2_q6_k": ([("q6_k", 4096)], 14336),
     "w2_q4_k": ([("q4_k", 4096)], 14336),
+    "lm_head": ([("q6_k", 128256)], 4096),
 }
 # Llama-3.2-1B's (--matrices 1b).
 MATRICES_1B = {
@@ -46,6 +47,7 @@ MATRICES_1B = {
     "1b_w13": ([("q4_k", 16384)], 2048),
     "1b_w2_q6_k": ([("q6_k", 2048)], 8192),
     "1b_w2_q4_k": ([("q4_k", 2048)], 8192),
+    "1b_lm_head": ([("q6_k", 128256)], 2048),
 }
 MATRICES.update(MATRICES_1B)
 
