@@ -111,8 +111,10 @@ constexpr int kGemvQuantFusedMaxUnits = 32768;
 constexpr int kGemvQuantFedMinRounds = 5;
 // Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV in even
 // passes (of at most kGemvQuantPassRows rows where the matrix has several parts), each re-reading the quantized weights (Q4_K: 0.56
-// bytes a weight); more rows dequantize the matrix into bf16 scratch for the GEMM, which reads the
-// weights once but writes a bf16 copy and reads it back (4 more bytes a weight) first.
+// bytes a weight); more rows run gemm_quant on Hopper (below) and elsewhere the bf16 GEMM on a
+// dequantized scratch, which reads the weights once but writes a bf16 copy and reads it back (4
+// more bytes a weight) first. The limit is the kernel's; whether gemm_quant already wins below it
+// on Hopper is what `benchmarks/lab/gemm_quant_sweep.py --gemv` measures (not yet run).
 constexpr int kGemvQuantChunkMaxRows = 64;
 // Quantized matmuls of kGemvQuantChunkMaxRows < M <= this rows run gemm_quant on Hopper (the wgmma
 // GEMM dequantizing each k tile of W in its consumers, once per row tile of x: 128 rows, 256 past
