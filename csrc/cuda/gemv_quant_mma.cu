@@ -67,7 +67,7 @@
 //     gemv_mma_kernel. PDL: the first tile's loads are issued before the wait (weights never
 //     depend on the kernel before).
 // Invariants: a lane's tiles, pieces and chunks run in a fixed order, the warps (the K split) are a
-// function of the matrix alone up to 16 rows and past 16, and columns n of an mma never mix, so a
+// function of the matrix alone within each row range below, and columns n of an mma never mix, so a
 // row's result does not depend on the other rows: batched rows are bit-identical to the same row in
 // any other batch of 1-64 rows, but on a short grid only within 1-16 and within 17-64, on a wide
 // grid within 1-32 and within 33-64.
