@@ -290,8 +290,8 @@ TWO_TILE_K = 4096
 def test_gemv_quant_mma_two_w_tiles(C, ops, rng, name, wide):
     """The CTAs of two 16-row W tiles (16 rows of x), of 8 warps (TWO_TILE_N rows) or of 4 (a wide
     grid): against the reference at 9 and 16 rows, and bit for bit equal to the one-tile form of
-    the same warps (the same rows in batches of 8 and 2; on 8 warps also inside a batch of 24,
-    whose 3 n8 tiles run one W tile a CTA), plain and through SwiGLU."""
+    the same warps (the same rows in batches of 8 and 2, and inside a batch of 24, whose 3 n8
+    tiles run one W tile a CTA), plain and through SwiGLU."""
     N = wide_grid_rows() if wide else TWO_TILE_N
     assert wide or N < wide_grid_rows(), "on a GPU of fewer than 86 SMs this is a wide grid; the test needs 8 warps"
     K = TWO_TILE_K + (96 if TYPES[name][1] == 32 else 0)
@@ -304,15 +304,13 @@ def test_gemv_quant_mma_two_w_tiles(C, ops, rng, name, wide):
     del Wb, S
     assert torch.equal(gemv(ops, W, x_rows(x[4:12])), all16[4:12]), f"{name}: 8 rows differ from the batch of 16"
     assert torch.equal(gemv(ops, W, x_rows(x[[6, 1]]))[0], all16[6]), f"{name}: row 6 differs in a batch of 2"
-    if not wide:
-        assert torch.equal(gemv(ops, W, x_rows(x))[:16], all16), f"{name}: 16 rows differ from the batch of 24"
+    assert torch.equal(gemv(ops, W, x_rows(x))[:16], all16), f"{name}: 16 rows differ from the batch of 24"
     glu16 = swiglu_rows(ops, W, x, list(range(16)))
     assert not torch.isnan(glu16).any(), f"{name} SwiGLU: an output was not written"
     assert torch.equal(swiglu_rows(ops, W, x, list(range(3, 11))), glu16[3:11]), \
         f"{name} SwiGLU: 8 rows differ from the batch of 16"
-    if not wide:
-        assert torch.equal(swiglu_rows(ops, W, x, list(range(24)))[:16], glu16), \
-            f"{name} SwiGLU: 16 rows differ from the batch of 24"
+    assert torch.equal(swiglu_rows(ops, W, x, list(range(24)))[:16], glu16), \
+        f"{name} SwiGLU: 16 rows differ from the batch of 24"
 
 
 def check_mma_rope_kv(C, ops, rng, name, M, n_heads, K, what, n_kv_heads=2, head_dim=64, max_seq=24, max_batch=3):
