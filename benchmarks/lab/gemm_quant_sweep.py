@@ -3,32 +3,41 @@ gemm_quant (the wgmma GEMM dequantizing each k tile of W in its consumers, once 
 x) against dequantize_bf16 of every part into scratch then gemm_bf16 (one bf16 copy shared by
 all M rows). Sets tuning::kGemmQuantMaxRows: the largest M where the first is faster.
 
---gemv adds, at M <= 64, the decode path below gemm_quant's rows (tuning::kGemvQuantChunkMaxRows):
-gemv_quant_mma as CudaEngine::matmul runs it, one pass of all M rows on a matrix of one part, even
-chunks of at most 16 rows (tuning::kGemvQuantPassRows) on one of several parts, each part stored
-as fp32 into its columns (the engine's staging; the epilogue kernel after it is left out). Its
-"gemv / fused" column is the switch point between the two.
+--gemv adds, at M <= 64, the decode path below gemm_quant's rows: gemv_quant_mma as
+CudaEngine::matmul runs it, one pass of all M rows on a matrix of one part, even chunks of at most
+16 rows (tuning::kGemvQuantPassRows) on one of several parts, each part stored as fp32 into its
+columns (the engine's staging; the epilogue kernel after it is left out). Its "gemv / fused"
+column is the switch point between the two (tuning::kGemvQuantMaxRowsBesideGemm on Hopper).
 
 Llama-3-8B (or, --matrices 1b, Llama-3.2-1B) matrices as llama.cpp's Q4_K_M recipe stores them
 (wqkv: Q4_K q and k, Q6_K v; w13 and wo Q4_K; w2 Q6_K or Q4_K by layer; the LM head Q6_K).
 Weights: 256 quantized rows of random normals, repeated to the matrix's rows (the kernels' time
-does not depend on the values). Both paths get the engine's split-K scratch and StoreBf16. Median of --reps timed calls
-(CUDA events) after a warm-up; one JSON line per (matrix, M), and a table.
+does not depend on the values), in enough copies that the calls rotate through 200 MiB (as
+bench_kernels does: a matrix never sits in L2, as it does not in a forward pass). Both paths get
+the engine's split-K scratch and StoreBf16. Device time per call from torch.profiler kernel
+durations (bench_kernels.device_times: the testing bindings synchronize after every call, so
+host-side events would also time the launch and the sync, tens of us a call), the median of
+--reps calls after a warm-up; one JSON line per (matrix, M), and a table.
 
   PYTHONPATH=. python3 benchmarks/lab/gemm_quant_sweep.py --json sweep.jsonl
   PYTHONPATH=. python3 benchmarks/lab/gemm_quant_sweep.py --gemv --rows 17,24,32,40,48,56,64 --json switch.jsonl
 """
 import argparse
 import json
+import os
+import sys
 
 import numpy as np
 import torch
 
 from llama_brrr import _C as C
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_kernels import copies_to_defeat_l2, device_times  # noqa: E402
+
 STORE_BF16 = 0
 STORE_F32 = 1
-GEMV_MAX_ROWS = 64  # tuning::kGemvQuantChunkMaxRows
+GEMV_MAX_ROWS = 64  # tuning::kGemvQuantChunkMaxRows (the kernel's limit)
 PASS_ROWS = 16  # tuning::kGemvQuantPassRows
 TYPE_IDS = {"q4_k": 12, "q6_k": 14, "q8_0": 8}
 # name: ([(type, rows), ...], K)
@@ -60,24 +69,11 @@ def part(name, rows, K, rng):
 
 
 def timed(calls, reps):
-    """Median over reps of the summed GPU time of the calls, each bracketed by its own events:
-    the testing launchers synchronize after every call, and the gaps between calls (which a
-    stream of the engine's launches does not have) are left out."""
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        total = 0.0
-        for fn in calls:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
+    """Median device us of calls(i) (a list of launches on weight copy i) over reps."""
+    def run(i):
+        for fn in calls(i):
             fn()
-            b.record()
-            b.synchronize()
-            total += a.elapsed_time(b) * 1e3
-        times.append(total)
-    return float(np.median(times))
+    return device_times(run, reps)["median_s"] * 1e6
 
 
 def gemv_passes(T, parts, x_all, y, y32, M, N, K):
@@ -123,30 +119,38 @@ def main():
     names = list(MATRICES_1B) if a.matrices == "1b" else a.matrices.split(",")
     for mname in names:
         spec, K = MATRICES[mname]
-        parts = [(TYPE_IDS[t], part(t, n, K, rng), n) for t, n in spec]
-        N = sum(n for _, _, n in parts)
+        first = [(TYPE_IDS[t], part(t, n, K, rng), n) for t, n in spec]
+        N = sum(n for _, _, n in first)
+        n_copies = copies_to_defeat_l2(sum(w.numel() * w.element_size() for _, w, _ in first))
+        copies = [first] + [[(t, w.clone(), n) for t, w, n in first] for _ in range(n_copies - 1)]
         deq = torch.empty((N, K), dtype=torch.bfloat16, device="cuda")
         x_all = torch.randn((max(rows), K), device="cuda").to(torch.bfloat16)
         y = torch.empty((max(rows), N), dtype=torch.bfloat16, device="cuda")
         y32 = torch.empty((max(rows), N), dtype=torch.float32, device="cuda")
-        plist = [(t, w.data_ptr(), n) for t, w, n in parts]
+
+        def fused(i, M):
+            plist = [(t, w.data_ptr(), n) for t, w, n in copies[i % n_copies]]
+            return [lambda: T.gemm_quant(plist, x_all.data_ptr(), M, N, K, STORE_BF16, out=y.data_ptr(),
+                                         split=split)]
+
+        def scratch(i, M):
+            calls, r0 = [], 0
+            for t, w, n in copies[i % n_copies]:
+                calls.append(lambda t=t, w=w, n=n, r0=r0: T.dequantize_bf16(t, w.data_ptr(), deq[r0].data_ptr(),
+                                                                            n, K))
+                r0 += n
+            calls.append(lambda: T.gemm_bf16(x_all.data_ptr(), deq.data_ptr(), M, N, K, STORE_BF16,
+                                             out=y.data_ptr(), split=split))
+            return calls
 
         for M in rows:
-            fused = [lambda: T.gemm_quant(plist, x_all.data_ptr(), M, N, K, STORE_BF16, out=y.data_ptr(),
-                                          split=split)]
-            scratch, r0 = [], 0
-            for t, w, n in parts:
-                scratch.append(lambda t=t, w=w, n=n, r0=r0: T.dequantize_bf16(t, w.data_ptr(), deq[r0].data_ptr(),
-                                                                              n, K))
-                r0 += n
-            scratch.append(lambda: T.gemm_bf16(x_all.data_ptr(), deq.data_ptr(), M, N, K, STORE_BF16,
-                                               out=y.data_ptr(), split=split))
-            f, s = timed(fused, a.reps), timed(scratch, a.reps)
+            f = timed(lambda i: fused(i, M), a.reps)
+            s = timed(lambda i: scratch(i, M), a.reps)
             rec = {"matrix": mname, "M": M, "N": N, "K": K, "fused_us": round(f, 1), "scratch_us": round(s, 1),
                    "fused_over_scratch": round(f / s, 3), "gpu": torch.cuda.get_device_name()}
             line = f"{mname:10s} {M:5d} {f:9.1f} {s:10.1f} {f / s:6.2f}"
             if a.gemv and M <= GEMV_MAX_ROWS:
-                g = timed(gemv_passes(T, parts, x_all, y, y32, M, N, K), a.reps)
+                g = timed(lambda i: gemv_passes(T, copies[i % n_copies], x_all, y, y32, M, N, K), a.reps)
                 rec.update(gemv_us=round(g, 1), gemv_over_fused=round(g / f, 3))
                 line += f" {g:8.1f} {g / f:10.2f}"
             print(line, flush=True)
