@@ -205,10 +205,11 @@ private:
     // y = in · W^T through the epilogue, W as stored: `in` is rmsnorm(x_f32) * norm_w when norm_w
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
     // ones run the quantized GEMV per part (matmul_parts, M <= 16), in chunks of at most 16 rows
-    // up to tuning::kGemvQuantChunkMaxRows rows; then on Hopper gemm_quant (dequantizing tile by
-    // tile) up to tuning::kGemmQuantMaxRows rows (kGemmQuantMaxRowsInL2 where a bf16 copy of the
-    // matrix fits in L2); more rows (off Hopper every M past the chunks) dequantize W into deq_ a
-    // slice of output columns at a time for the bf16 GEMM (gemm_dequant_slices).
+    // where the matrix has several parts, up to gemv_quant_rows() rows (32 on Hopper, 64 off it);
+    // then on Hopper gemm_quant (dequantizing tile by tile) up to tuning::kGemmQuantMaxRows rows
+    // (kGemmQuantMaxRowsInL2 where a bf16 copy of the matrix fits in L2); more rows (off Hopper
+    // every M past the chunks) dequantize W into deq_ a slice of output columns at a time for the
+    // bf16 GEMM (gemm_dequant_slices).
     void matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                 Epilogue ep, const EpilogueArgs& args);
     void matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
@@ -294,6 +295,9 @@ private:
     void require_group() const;
     // Cached positions the next decode's attention reads, summed over its B rows (0 when not profiling).
     double decode_context(int B) const;
+    // Rows up to which a quantized matrix runs the tensor-core GEMV (matmul): fewer where gemm_quant
+    // takes the rows past them (tuning.h).
+    int gemv_quant_rows() const;
 
     Config cfg_;
     int device_ = 0;

@@ -175,7 +175,7 @@ void CudaEngine::forward_layers(const Pass& pass) {
             prof_.op("flash_decode", OpClass::Attention,
                      profile::attention_decode_cost(M, decode_context(M), Hq, Hkv, hd, kv_elem_bytes()));
             // wo as a quantized GEMV gains from launching early at every head dim, a bf16 one loses
-            const bool early_trigger = !w.wo.plain_bf16() && M <= tuning::kGemvQuantChunkMaxRows;
+            const bool early_trigger = !w.wo.plain_bf16() && M <= gemv_quant_rows();
             flash_decode(q_, kv, d_slots_, d_positions_, att_, attn_scratch_, M, Hq, Hkv, hd, max_splits_,
                          early_trigger, s);
         } else {
@@ -252,6 +252,10 @@ void CudaEngine::matmul_normed(const Matrix& W, const bf16* norm_w, const bf16* 
     else matmul(W, x_, norm_w, nullptr, M, ep, args);
 }
 
+int CudaEngine::gemv_quant_rows() const {
+    return quant_gemm_ ? tuning::kGemvQuantMaxRowsBesideGemm : tuning::kGemvQuantChunkMaxRows;
+}
+
 // The one place a matmul meets the storage of its weights (see engine.cuh, CudaEngine::matmul).
 void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                         Epilogue ep, const EpilogueArgs& args) {
@@ -271,7 +275,8 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     // where the matrix has several parts (a bf16 part takes gemv_bf16's 16, a w13 of two types is
     // staged through the 16-row gate_up_).
     const int pass_rows = W.n_parts == 1 ? tuning::kGemvQuantMmaMaxRows : tuning::kGemvQuantPassRows;
-    if (M <= tuning::kGemvQuantChunkMaxRows && M <= pass_rows) {  // one weight pass for all rows
+    const int gemv_rows = gemv_quant_rows();
+    if (M <= gemv_rows && M <= pass_rows) {  // one weight pass for all rows
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
         return;
     }
@@ -280,7 +285,7 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
         x_bf16 = xn_;
     }
-    if (M <= tuning::kGemvQuantChunkMaxRows) {
+    if (M <= gemv_rows) {
         // Chunks of at most pass_rows rows through the GEMV, each re-reading the weights (tuning.h
         // says up to which M this beats dequantizing). The chunks split M evenly: each then holds
         // at least pass_rows / 2 rows, so all of them take the tensor cores and a row's result

@@ -33,7 +33,7 @@ constexpr int kDecodeCtasPerSm = 2;
 // Head dim from which the kernel after flash_decode (wo) may launch only as its CTAs exit, not
 // once their first rows are asked for: before a bf16 wo the late launch measured faster at hd 128
 // (Llama-3-8B) and slower at hd 64 (Llama-3.2-1B); why is open. Before a quantized wo GEMV
-// (flash_decode's early_trigger, up to kGemvQuantChunkMaxRows rows) the early launch is faster at
+// (flash_decode's early_trigger, wherever wo runs on the GEMV) the early launch is faster at
 // hd 128 too (docs/kernels/attention.md).
 constexpr int kDecodeLateTriggerHeadDim = 128;
 // flash_decode's tensor-core kernel (serving batches): the CTAs of one split per (sequence, head
@@ -109,14 +109,24 @@ constexpr int kGemvQuantFusedMaxUnits = 32768;
 // walks 4 rounds and was 1.036x fed (633.4 against 610.7 us a step); fed at 2 rounds, wo / w2 /
 // wqkv were slower (docs/kernels/gemv.md).
 constexpr int kGemvQuantFedMinRounds = 5;
-// Quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV in even
-// passes (of at most kGemvQuantPassRows rows where the matrix has several parts), each re-reading the quantized weights (Q4_K: 0.56
-// bytes a weight); more rows run gemm_quant on Hopper (below) and elsewhere the bf16 GEMM on a
+// Off Hopper, quantized matmuls of kGemvMaxRows < M <= this rows run through the tensor-core GEMV
+// in even passes (of at most kGemvQuantPassRows rows where the matrix has several parts), each
+// re-reading the quantized weights (Q4_K: 0.56 bytes a weight); more rows run the bf16 GEMM on a
 // dequantized scratch, which reads the weights once but writes a bf16 copy and reads it back (4
-// more bytes a weight) first. The limit is the kernel's; whether gemm_quant already wins below it
-// on Hopper is what `benchmarks/lab/gemm_quant_sweep.py --gemv` measures (not yet run).
+// more bytes a weight) first. The limit is the kernel's.
 constexpr int kGemvQuantChunkMaxRows = 64;
-// Quantized matmuls of kGemvQuantChunkMaxRows < M <= this rows run gemm_quant on Hopper (the wgmma
+// On Hopper the GEMV's rows end here, and gemm_quant takes the rows past them: it decodes W once
+// for a 128-row tile of x whatever M is, where the GEMV's time grows with the rows (every CTA reads
+// all M x rows and runs 2 NT mma a chunk), and from 33 rows (NT = 8) it loses on most matrices.
+// H200, device time (`benchmarks/lab/gemm_quant_sweep.py --gemv`), GEMV over gemm_quant at 32 / 40
+// rows: 8B w13 0.86 / 1.32, wo 0.83 / 1.17, wqkv (in 16-row passes) 0.97 / 1.39; the LM heads stay
+// ahead to 48-64. 8 of the 8B's layers Q4_K_M a step at batch 40 / 48 / 64: 0.956x / 0.875x /
+// 0.760x of the GEMV's; full 8B Q4_K_M at batch 64 1.39x the tok/s, the 1B 1.30x. At 16 rows
+// gemm_quant takes 2.1-3.7x the GEMV's time (w13 124.2 against 35.9 us), and the 8B ran
+// 1.44-1.79x slower with it past 16 rows; multi-part matrices on gemm_quant past 16 (no 16-row
+// passes) ran 1.02-1.04x slower at 17-32 (docs/kernels/gemv.md).
+constexpr int kGemvQuantMaxRowsBesideGemm = 32;
+// Quantized matmuls of kGemvQuantMaxRowsBesideGemm < M <= this rows run gemm_quant on Hopper (the wgmma
 // GEMM dequantizing each k tile of W in its consumers, once per row tile of x: 128 rows, 256 past
 // 128); more rows dequantize the matrix into bf16 scratch once for the bf16 GEMM. H100, 8B Q4_K_M
 // prefill of 256 tokens: 0.71x bf16 against the scratch path's 0.55x; from two 256-row tiles on
