@@ -6,6 +6,12 @@ takes its full-model time, and the random model is made 4x faster (8 of the 8B s
 B sequences of 128-token prompts, then engine.decode without logits (CUDA graphs, PDL as set by
 LLAMA_BRRR_PDL), n steps per timing, the median of 5 timings with min / max. One JSON line.
 
+--kernels adds, per batch, the device time a step of each kernel (by name, summed over its
+launches; torch.profiler's kernel records, graphs included) over n more steps, under
+"bB_kernels_us", largest first: where a step's time went, for A/B runs that move it. Under PDL a
+kernel's record starts at its early launch and so includes its wait for the one before (the sums
+then exceed the step); LLAMA_BRRR_PDL=0 gives durations that add up.
+
   PYTHONPATH=. python3 benchmarks/lab/quant_decode_probe.py --shape llama3-8b --layers 8 --quant q4_k_m --batches 1,2
 """
 import argparse
@@ -20,6 +26,20 @@ from llama_brrr import Llama
 from llama_brrr.config import SHAPES
 
 
+def kernel_times(run, steps):
+    """Device us a step per kernel name (summed over its launches) over one run() of steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    totals = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")):
+            name = e.name.replace("(anonymous namespace)::", "").split("<")[0].split("(")[0][:60]
+            totals[name] = totals.get(name, 0.0) + e.time_range.elapsed_us()
+    return {k: round(v / steps, 1) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="llama3-8b")
@@ -28,6 +48,7 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("-n", type=int, default=64, help="decode steps per timing")
     ap.add_argument("--batches", default="1")
+    ap.add_argument("--kernels", action="store_true", help="also each kernel's device us a step")
     a = ap.parse_args()
     cfg = SHAPES[a.shape]
     if a.layers:
@@ -59,6 +80,8 @@ def main():
         times.sort()
         out[f"b{B}_us"] = round(times[2], 1)
         out[f"b{B}_spread"] = [round(times[0], 1), round(times[-1], 1)]
+        if a.kernels:
+            out[f"b{B}_kernels_us"] = kernel_times(run, a.n)
     print(json.dumps(out), flush=True)
 
 
