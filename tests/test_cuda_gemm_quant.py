@@ -38,11 +38,11 @@ def hopper(ops):
 
 
 def shapes_for(block):
-    """(M, N, K): partial tiles of 128 rows and columns; K ending mid-qlayout-tile and (32-value
-    types) mid-k-tile; a long K."""
+    """(M, N, K): partial tiles of 128 rows and columns (at 40 rows, a decode batch, consumer 1's
+    block holds no row); K ending mid-qlayout-tile and (32-value types) mid-k-tile; a long K."""
     if block == 32:
-        return [(65, 77, 96), (300, 200, 576), (130, 384, 4096 + 256 + 32), (129, 1, 32)]
-    return [(65, 77, 256), (300, 200, 512), (130, 384, 4096 + 256), (129, 1, 256)]
+        return [(65, 77, 96), (40, 200, 576), (300, 200, 576), (130, 384, 4096 + 256 + 32), (129, 1, 32)]
+    return [(65, 77, 256), (40, 200, 512), (300, 200, 512), (130, 384, 4096 + 256), (129, 1, 256)]
 
 
 class BF16Part:
@@ -165,13 +165,14 @@ def test_gemm_quant_parts_of_several_types(C, ops, rng, gen, types):
         check_equal(f"{'|'.join(types)} M={M}", got, want, ref, x)
 
 
-@pytest.mark.parametrize("M", [70, 200])
+@pytest.mark.parametrize("M", [33, 70, 200])
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q5_1"])
 def test_gemm_quant_split_k(C, ops, rng, name, M):
     """Few tiles and a long K: the split-K walk (each split's k range fetched and decoded on its
     own); the tile counters left zero. At 70 rows against gemm_bf16 with the same splits, bit for
     bit; at 200 (one 256-row tile, two 64-row blocks a consumer) the split count is gemm_quant's
-    own, so against the float64 product within the fp32 bound."""
+    own, so against the float64 product within the fp32 bound. 33 rows: a decode batch (one
+    consumer's block empty)."""
     split = SplitScratch(ops)
     W = Weights(C, name, 512, 4096, rng)
     x = x_rows(random_x(rng, M, 4096))
@@ -183,23 +184,24 @@ def test_gemm_quant_split_k(C, ops, rng, name, M):
     assert int(split.counters.abs().sum()) == 0, "split-K left a tile counter non-zero"
 
 
+@pytest.mark.parametrize("M", [40, 193])
 @pytest.mark.parametrize("name", ["q4_k", "q8_0", "q6_k", "q4_0"])
-def test_gemm_quant_epilogues(C, ops, rng, gen, name):
+def test_gemm_quant_epilogues(C, ops, rng, gen, name, M):
     """StoreBf16, AddResidual (ld_out wider than N) and SwiGLU (gate rows and up rows in one tile)
-    against the StoreF32 result of the same call."""
-    N, K, M = 2 * 200, 576 if TYPES[name][1] == 32 else 512, 193
+    against the StoreF32 result of the same call, at a decode batch's 40 rows and 193."""
+    N, K = 2 * 200, 576 if TYPES[name][1] == 32 else 512
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, M, K))
     y, _, _ = run_pair(ops, [W], x)
     check_epilogues(lambda ep, **dest: ops.gemm_quant(parts_arg([W]), x.data_ptr(), M, N, K, ep, **dest), y, gen)
 
 
-@pytest.mark.parametrize("M", [70, 150])
+@pytest.mark.parametrize("M", [40, 70, 150])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("name", ["q4_k", "q6_k"])
 def test_gemm_quant_rope_kv(C, ops, rng, name, head_dim, M):
     """The fused RopeKV epilogue (wqkv of a prefill) against rope_oracle of the StoreF32 q|k|v, in
-    128-row tiles (70) and 256-row ones (150)."""
+    128-row tiles (40: a decode batch; 70) and 256-row ones (150)."""
     heads = dict(n_heads=4, n_kv_heads=2, head_dim=head_dim, max_seq=max(80, M + 5), max_batch=3)
     K = 512
     inv_freq, N = rope_problem(C, heads["n_heads"], heads["n_kv_heads"], head_dim, K, heads["max_seq"],
