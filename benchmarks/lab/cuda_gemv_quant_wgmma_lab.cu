@@ -1,13 +1,14 @@
-// cuda_gemv_quant_wgmma_lab.cu — lab: the Q4_K decode GEMV at 9-16 rows on Hopper's warpgroup MMA,
-// W decoded into the A operand's registers, x staged once per CTA in shared memory as the B operand
+// cuda_gemv_quant_wgmma_lab.cu — lab: the Q4_K decode GEMV at 9-16 rows (or 33-64) on Hopper's
+// warpgroup MMA, W decoded into the A operand's registers, x staged once per CTA in shared memory as the B operand
 // (Machete's arrangement), beside the engine's gemv_quant_mma (mma.sync, x read by every lane from
 // L1) in the same process: benchmarks/lab/gemv_quant_wgmma_lab.py builds this file into a shared
 // library and drives both on the same repacked weights.
 //
 // y[m, n] = sum_k x[m, k] * Wb[n, k], W [N, K] in qlayout's Q4_K tiles (N a multiple of 64, K of
-// 256), x [M <= 16, K] bf16, y fp32 [M, N] (or, with KS > 1 k slices, KS planes that add_planes sums
+// 256), x [M <= NR, K] bf16, y fp32 [M, N] (or, with KS > 1 k slices, KS planes that add_planes sums
 // in slice order). Wb is the engine's bf16x2 decode (quant_decode.cuh), so a weight decodes to the
-// same bf16 as in gemv_quant_mma.
+// same bf16 as in gemv_quant_mma. NR, the staged x rows and the wgmma's N, is 16 (m64n16k16) or
+// 64 (m64n64k16: decode batches of 33-64 rows, where the engine runs gemm_quant).
 //
 // The question: at 16 rows gemv_quant_mma is bound by its x loads (each warp reads all 16 x rows
 // through L1 for 16-32 W rows: L1's wavefronts, docs/kernels/gemv.md) and by the registers of the
@@ -46,8 +47,9 @@ namespace hopper = brrr::cuda::hopper;
 namespace ptx = brrr::cuda::ptx;
 
 constexpr int kTileBytes = 144;  // Q4_K: fp16 d | dmin, 12 scale bytes, 128 qs bytes
-constexpr int kRows = 16;        // x rows staged (the wgmma's N)
-constexpr int kBoxBytes = kRows * 128;  // 64 k of 16 rows: two 1024-byte swizzle atoms
+// 64 k of NR x rows in the 128-byte swizzle: NR / 8 1024-byte atoms.
+template <int NR>
+__host__ __device__ constexpr int box_bytes() { return NR * 128; }
 
 // A lane's part of one 256-value tile of one W row: qs pieces t and t + 4 and the header.
 struct Raw {
@@ -86,14 +88,37 @@ __device__ __forceinline__ void wgmma_m64n16k16_rs(float (&d)[8], const uint32_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
-// Stages x rows [0, 16) of k slice [k0, k0 + ks) into `xs` (ks / 64 boxes), in step order: step
+// The same for 64 x rows: d[4 i + e] = D[16 warp + g][8 i + 2 t + e], i = 0..7.
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p_acc;\n"
+        "setp.ne.b32 p_acc, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p_acc, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+template <int NR>
+__device__ __forceinline__ void wgmma_rs(float (&d)[NR / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+    if constexpr (NR == 16) wgmma_m64n16k16_rs(d, a, desc_b);
+    else wgmma_m64n64k16_rs(d, a, desc_b);
+}
+
+// Stages x rows [0, NR) of k slice [k0, k0 + ks) into `xs` (ks / 64 boxes), in step order: step
 // s = 16 tile + 2 (4 j + c) + h holds, at slot 2t + e, x[k] for k = tile 256 + lane_k(t) +
 // chunk_k(j, c) + 4h + e, and at slot 8 + 2t + e the same k + 2. Rows past M are zero. Each
 // thread asks for up to kStageLoads 16-byte pieces before it stores any, so the staging waits on
 // L2 a few times, not once a piece.
 constexpr int kStageLoads = 4;
+template <int NR>
 __device__ void stage_x(uint8_t* xs, const __nv_bfloat16* x, int M, int K, int k0, int ks) {
-    const int per_row = ks / 8, groups = kRows * per_row;  // 8-value groups of the slice's 16 rows
+    constexpr int kBoxBytes = box_bytes<NR>();
+    const int per_row = ks / 8, groups = NR * per_row;  // 8-value groups of the slice's NR rows
     for (int i0 = threadIdx.x; i0 < groups; i0 += kStageLoads * blockDim.x) {
         uint4 v[kStageLoads];
 #pragma unroll
@@ -126,11 +151,12 @@ __device__ void stage_x(uint8_t* xs, const __nv_bfloat16* x, int M, int K, int k
 // PF: W tiles a lane holds in flight ahead of the one it decodes (1 or 2). WAIT: wgmma groups (one
 // a chunk) left in flight before the next chunk's decode overwrites registers (1 or 2). STAGE =
 // false skips the staging of x (timing only: wrong results), to price it.
-template <int WG, int PF, int WAIT, bool STAGE>
+template <int NR, int WG, int PF, int WAIT, bool STAGE>
 __global__ void __launch_bounds__(WG * 128, 1)
     q4k_wgmma(const uint8_t* __restrict__ W, const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int M,
               int N, int K, int KS) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int kBoxBytes = box_bytes<NR>();
     extern __shared__ uint8_t smem_raw[];
     uint8_t* xs = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
@@ -164,15 +190,15 @@ __global__ void __launch_bounds__(WG * 128, 1)
     Raw lo[PF + 1], hi[PF + 1];
 #pragma unroll
     for (int f = 0; f < PF; ++f) fetch(lo[f], hi[f]);
-    if (STAGE) stage_x(xs, x, M, K, slice * ks, ks);
+    if (STAGE) stage_x<NR>(xs, x, M, K, slice * ks, ks);
     hopper::fence_proxy_async_shared();
     __syncthreads();
     const uint64_t desc0 = hopper::sw128_descriptor(xs);
 
     for (int rb = rb0; rb < blocks; rb += step) {
-        float acc[8];
+        float acc[NR / 2];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+        for (int i = 0; i < NR / 2; ++i) acc[i] = 0.f;
         for (int tile = 0; tile < tiles; ++tile) {
             fetch(lo[PF], hi[PF]);
 #pragma unroll
@@ -187,8 +213,8 @@ __global__ void __launch_bounds__(WG * 128, 1)
                     const int s = 16 * tile + 2 * (4 * j + c);
                     const uint64_t d0 = hopper::descriptor_add(desc0, (uint32_t)((s >> 2) * (kBoxBytes / 16) + 2 * (s & 3)));
                     hopper::wgmma_fence();
-                    wgmma_m64n16k16_rs(acc, a0, d0);
-                    wgmma_m64n16k16_rs(acc, a1, hopper::descriptor_add(d0, 2));
+                    wgmma_rs<NR>(acc, a0, d0);
+                    wgmma_rs<NR>(acc, a1, hopper::descriptor_add(d0, 2));
                     hopper::wgmma_commit();
                     hopper::wgmma_wait<WAIT>();
                 }
@@ -200,7 +226,7 @@ __global__ void __launch_bounds__(WG * 128, 1)
         // d[4i + e] = D[16 warp + g][8i + 2t + e], d[4i + 2 + e] = D[16 warp + g + 8][same]
         const int n = 64 * rb + 16 * warp + g;
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < NR / 8; ++i)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int m = 8 * i + 2 * t + e;
@@ -221,14 +247,14 @@ __global__ void add_planes(const float* __restrict__ part, float* __restrict__ y
     }
 }
 
-template <int WG, int PF, int WAIT, bool STAGE>
+template <int NR, int WG, int PF, int WAIT, bool STAGE>
 int launch(const void* W, const void* x, float* y, float* part, int M, int N, int K, int KS, int ctas_per_sm) {
-    if (M < 1 || M > kRows || N % 64 || K % 256 || (K / 256) % KS) return 1;
+    if (M < 1 || M > NR || N % 64 || K % 256 || (K / 256) % KS) return 1;
     int dev = 0, sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const size_t smem = (size_t)(K / KS) / 64 * kBoxBytes + 1024;
-    auto kernel = q4k_wgmma<WG, PF, WAIT, STAGE>;
+    const size_t smem = (size_t)(K / KS) / 64 * box_bytes<NR>() + 1024;
+    auto kernel = q4k_wgmma<NR, WG, PF, WAIT, STAGE>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) return 2;
     // Whole multiples of KS CTAs, at most one per warpgroup's worth of blocks.
     int ctas = sms * ctas_per_sm / KS * KS;
@@ -241,14 +267,25 @@ int launch(const void* W, const void* x, float* y, float* part, int M, int N, in
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
-template <int WG>
+template <int NR, int WG>
 int launch_form(int form, const void* W, const void* x, float* y, float* part, int M, int N, int K, int KS, int cps) {
     switch (form) {
-        case 0: return launch<WG, 1, 1, true>(W, x, y, part, M, N, K, KS, cps);
-        case 1: return launch<WG, 2, 1, true>(W, x, y, part, M, N, K, KS, cps);
-        case 2: return launch<WG, 1, 2, true>(W, x, y, part, M, N, K, KS, cps);
-        case 3: return launch<WG, 1, 1, false>(W, x, y, part, M, N, K, KS, cps);
+        case 0: return launch<NR, WG, 1, 1, true>(W, x, y, part, M, N, K, KS, cps);
+        case 1: return launch<NR, WG, 2, 1, true>(W, x, y, part, M, N, K, KS, cps);
+        case 2: return launch<NR, WG, 1, 2, true>(W, x, y, part, M, N, K, KS, cps);
+        case 3: return launch<NR, WG, 1, 1, false>(W, x, y, part, M, N, K, KS, cps);
         default: return 5;
+    }
+}
+template <int NR>
+int launch_wg(int wg, int form, const void* W, const void* x, float* y, float* part, int M, int N, int K, int ks,
+              int cps) {
+    switch (wg) {
+        case 1: return launch_form<NR, 1>(form, W, x, y, part, M, N, K, ks, cps);
+        case 2: return launch_form<NR, 2>(form, W, x, y, part, M, N, K, ks, cps);
+        case 3: return launch_form<NR, 3>(form, W, x, y, part, M, N, K, ks, cps);
+        case 4: return launch_form<NR, 4>(form, W, x, y, part, M, N, K, ks, cps);
+        default: return 4;
     }
 }
 
@@ -257,14 +294,10 @@ int launch_form(int form, const void* W, const void* x, float* y, float* part, i
 // W: qlayout Q4_K tiles [N rows]; x bf16 [M, K]; y fp32 [M, N]; part fp32 [KS, M, N] (KS > 1);
 // wg warpgroups a CTA (1..4), ks k slices, ctas_per_sm CTAs an SM asked for; form 0 (one tile
 // ahead, one wgmma group left in flight), 1 (two tiles ahead), 2 (two groups in flight), 3 (form 0
-// without x's staging: timing only). 0 on success.
+// without x's staging: timing only); nr the staged x rows (16 or 64; M <= nr). 0 on success.
 extern "C" int q4k_wgmma_launch(const void* W, const void* x, float* y, float* part, int M, int N, int K, int wg,
-                                int ks, int ctas_per_sm, int form) {
-    switch (wg) {
-        case 1: return lab::launch_form<1>(form, W, x, y, part, M, N, K, ks, ctas_per_sm);
-        case 2: return lab::launch_form<2>(form, W, x, y, part, M, N, K, ks, ctas_per_sm);
-        case 3: return lab::launch_form<3>(form, W, x, y, part, M, N, K, ks, ctas_per_sm);
-        case 4: return lab::launch_form<4>(form, W, x, y, part, M, N, K, ks, ctas_per_sm);
-        default: return 4;
-    }
+                                int ks, int ctas_per_sm, int form, int nr) {
+    if (nr == 16) return lab::launch_wg<16>(wg, form, W, x, y, part, M, N, K, ks, ctas_per_sm);
+    if (nr == 64) return lab::launch_wg<64>(wg, form, W, x, y, part, M, N, K, ks, ctas_per_sm);
+    return 6;
 }

@@ -1,7 +1,9 @@
 """The Q4_K GEMV at 9-16 rows on the warpgroup MMA (benchmarks/lab/cuda_gemv_quant_wgmma_lab.cu: W
 decoded into wgmma's A registers, x staged once per CTA in shared memory) beside the engine's
 gemv_quant_mma (testing.gemv_quant_mma, mma.sync) on the same repacked weights, x and M, in one
-process on one Hopper GPU, with a same-size device copy as the yardstick.
+process on one Hopper GPU, with a same-size device copy as the yardstick. Past 16 rows (up to 64)
+the lab stages 64 x rows (wgmma.m64n64k16, SHAPES_64's configurations) and the engine's own path
+at those rows, gemm_quant (testing.gemm_quant, StoreF32), is timed beside it too.
 
 Each configuration (warpgroups a CTA, k slices, CTAs an SM) is checked before its time counts: the
 first 64 rows against float64 of the decoded weights times x (gpu_gemv_quant_bench.check_mma's
@@ -56,6 +58,15 @@ SHAPES = [
     ("w2", 4096, 14336, [(4, 7, 1, 0), (4, 7, 1, 1), (4, 7, 1, 3)]),
     ("lm_head", 128256, 4096, [(4, 1, 1, 0), (4, 1, 1, 1), (4, 1, 1, 3), (2, 2, 2, 1)]),
 ]
+# 64 staged x rows take 8 KB of shared memory per 64 k, so a CTA holds at most 2048 k of x: K is
+# cut into 4+ slices (PF = 2 spills at 4 warpgroups).
+SHAPES_64 = {
+    "wqkv": [(2, 8, 2, 0), (4, 4, 1, 0), (2, 8, 2, 1)],
+    "wo": [(2, 8, 2, 0), (1, 8, 4, 0), (2, 8, 2, 1)],
+    "w13": [(4, 4, 1, 0), (4, 8, 1, 0), (2, 8, 2, 0), (2, 8, 2, 1), (4, 4, 1, 3)],
+    "w2": [(4, 14, 1, 0), (2, 28, 2, 0), (2, 28, 2, 1)],
+    "lm_head": [(4, 4, 1, 0), (4, 8, 1, 0), (2, 8, 2, 1)],
+}
 
 
 def build(out_dir):
@@ -117,6 +128,7 @@ def main(argv=None):
         if args.ncu:
             wg, ks, cps, form = (int(v) for v in args.ncu.split(","))
             M = int(args.rows.split(",")[0])
+            nr = 16 if M <= 16 else 64
             x = random_bf16((M, K))
             y = torch.zeros((M, N), device="cuda")
             part = torch.zeros((ks, M, N), device="cuda")
@@ -125,13 +137,14 @@ def main(argv=None):
                                          out_f32=y.data_ptr())
                 rc = lib.q4k_wgmma_launch(ctypes.c_void_p(first.data_ptr()), ctypes.c_void_p(x.data_ptr()),
                                           ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(part.data_ptr()), M, N, K,
-                                          wg, ks, cps, form)
+                                          wg, ks, cps, form, nr)
                 if rc:
                     raise SystemExit(f"q4k_wgmma_launch returned {rc}")
             torch.cuda.synchronize()
             print(f"ncu launches of {proj} M={M} ({args.ncu}) done")
             return
         for M in [int(m) for m in args.rows.split(",")]:
+            nr = 16 if M <= 16 else 64
             x = random_bf16((M, K))
             check_mma(C, name, first, deq, blocks, x, M, N, K)
             y_eng = torch.full((M, N), float("nan"), device="cuda")
@@ -150,14 +163,27 @@ def main(argv=None):
                    "lab": []}
             print(f"{proj:8s} M={M:2d} {N}x{K}: engine {t_eng['median_s'] * 1e6:7.1f} us "
                   f"({row['engine_frac_of_copy'] * 100:.0f}% of copy)", flush=True)
-            for wg, ks, cps, form in configs:
+            if nr == 64:
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
+                floats, counters = C.testing.gemm_split_scratch_sizes(sms)
+                partials = torch.empty(floats, dtype=torch.float32, device="cuda")
+                counts = torch.zeros(counters, dtype=torch.int32, device="cuda")
+                split = (partials.data_ptr(), floats, counts.data_ptr(), counters)
+
+                def run_gemm(i):
+                    C.testing.gemm_quant([(TYPES[name], weights[i % len(weights)].data_ptr(), N)], x.data_ptr(), M,
+                                         N, K, STORE_F32, out_f32=y.data_ptr(), split=split)
+                t_gemm = device_times(run_gemm, args.repeats)
+                row["gemm_quant"] = t_gemm
+                print(f"    gemm_quant (the engine's path at {M} rows): {t_gemm['median_s'] * 1e6:7.1f} us", flush=True)
+            for wg, ks, cps, form in (configs if nr == 16 else SHAPES_64[proj]):
                 part = torch.zeros((ks, M, N), device="cuda") if ks > 1 else y
                 yl = torch.full((M, N), float("nan"), device="cuda")
 
                 def launch(w, out):
                     rc = lib.q4k_wgmma_launch(ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(x.data_ptr()),
                                               ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(part.data_ptr()),
-                                              M, N, K, wg, ks, cps, form)
+                                              M, N, K, wg, ks, cps, form, nr)
                     if rc:
                         raise SystemExit(f"q4k_wgmma_launch({proj}, wg={wg}, ks={ks}, cps={cps}, form={form}) "
                                          f"returned {rc}")
