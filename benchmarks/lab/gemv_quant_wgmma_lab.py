@@ -3,7 +3,8 @@ decoded into wgmma's A registers, x staged once per CTA in shared memory) beside
 gemv_quant_mma (testing.gemv_quant_mma, mma.sync) on the same repacked weights, x and M, in one
 process on one Hopper GPU, with a same-size device copy as the yardstick. Past 16 rows (up to 64)
 the lab stages 64 x rows (wgmma.m64n64k16, SHAPES_64's configurations) and the engine's own path
-at those rows, gemm_quant (testing.gemm_quant, StoreF32), is timed beside it too.
+at those rows, gemm_quant (testing.gemm_quant, StoreF32), is timed beside it too; there --type
+q6_k runs the lab's Q6_K form (SHAPES_64_Q6_K: it needs more registers than 4 warpgroups leave).
 
 Each configuration (warpgroups a CTA, k slices, CTAs an SM) is checked before its time counts: the
 first 64 rows against float64 of the decoded weights times x (gpu_gemv_quant_bench.check_mma's
@@ -67,6 +68,13 @@ SHAPES_64 = {
     "w2": [(4, 14, 1, 0), (2, 28, 2, 0), (2, 28, 2, 1)],
     "lm_head": [(4, 4, 1, 0), (4, 8, 1, 0), (2, 8, 2, 1)],
 }
+SHAPES_64_Q6_K = {
+    "wqkv": [(3, 4, 1, 0), (2, 8, 1, 0)],
+    "wo": [(2, 8, 1, 0), (3, 4, 1, 0)],
+    "w13": [(3, 4, 1, 0), (2, 4, 1, 0), (4, 4, 1, 0)],
+    "w2": [(3, 14, 1, 0), (2, 14, 1, 0), (4, 14, 1, 0)],
+    "lm_head": [(3, 4, 1, 0), (2, 4, 1, 0), (4, 4, 1, 0)],
+}
 
 
 def build(out_dir):
@@ -111,6 +119,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     ap.add_argument("--out", default=None)
     ap.add_argument("--ncu", default=None, help="WG,KS,CPS,FORM: launches only, for Nsight Compute")
+    ap.add_argument("--type", default="q4_k", choices=["q4_k", "q6_k"], help="q6_k: past 16 rows only")
     args = ap.parse_args(argv)
     import llama_brrr._C as C
 
@@ -118,7 +127,7 @@ def main(argv=None):
     lib = build(out_dir)
     lib.q4k_wgmma_launch.restype = ctypes.c_int
     rng = np.random.default_rng(7)
-    name = "q4_k"
+    name = args.type
     results = []
     for proj, N, K, configs in SHAPES:
         if proj not in args.shapes.split(","):
@@ -137,7 +146,7 @@ def main(argv=None):
                                          out_f32=y.data_ptr())
                 rc = lib.q4k_wgmma_launch(ctypes.c_void_p(first.data_ptr()), ctypes.c_void_p(x.data_ptr()),
                                           ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(part.data_ptr()), M, N, K,
-                                          wg, ks, cps, form, nr)
+                                          wg, ks, cps, form, nr, TYPES[name])
                 if rc:
                     raise SystemExit(f"q4k_wgmma_launch returned {rc}")
             torch.cuda.synchronize()
@@ -161,7 +170,7 @@ def main(argv=None):
             row = {"proj": proj, "type": name, "M": M, "N": N, "K": K, "bytes": moved, "engine": t_eng,
                    "copy_same_bytes": copy, "engine_frac_of_copy": moved / t_eng["median_s"] / copy["Bps"],
                    "lab": []}
-            print(f"{proj:8s} M={M:2d} {N}x{K}: engine {t_eng['median_s'] * 1e6:7.1f} us "
+            print(f"{proj:8s} {name} M={M:2d} {N}x{K}: engine {t_eng['median_s'] * 1e6:7.1f} us "
                   f"({row['engine_frac_of_copy'] * 100:.0f}% of copy)", flush=True)
             if nr == 64:
                 sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -176,14 +185,16 @@ def main(argv=None):
                 t_gemm = device_times(run_gemm, args.repeats)
                 row["gemm_quant"] = t_gemm
                 print(f"    gemm_quant (the engine's path at {M} rows): {t_gemm['median_s'] * 1e6:7.1f} us", flush=True)
-            for wg, ks, cps, form in (configs if nr == 16 else SHAPES_64[proj]):
+            if nr == 16 and name != "q4_k":
+                raise SystemExit("the 16-row form is Q4_K only")
+            for wg, ks, cps, form in (configs if nr == 16 else (SHAPES_64 if name == "q4_k" else SHAPES_64_Q6_K)[proj]):
                 part = torch.zeros((ks, M, N), device="cuda") if ks > 1 else y
                 yl = torch.full((M, N), float("nan"), device="cuda")
 
                 def launch(w, out):
                     rc = lib.q4k_wgmma_launch(ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(x.data_ptr()),
                                               ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(part.data_ptr()),
-                                              M, N, K, wg, ks, cps, form, nr)
+                                              M, N, K, wg, ks, cps, form, nr, TYPES[name])
                     if rc:
                         raise SystemExit(f"q4k_wgmma_launch({proj}, wg={wg}, ks={ks}, cps={cps}, form={form}) "
                                          f"returned {rc}")
