@@ -1,14 +1,15 @@
-// cuda_gemv_quant_wgmma_lab.cu — lab: the Q4_K decode GEMV at 9-16 rows (or 33-64) on Hopper's
-// warpgroup MMA, W decoded into the A operand's registers, x staged once per CTA in shared memory as the B operand
-// (Machete's arrangement), beside the engine's gemv_quant_mma (mma.sync, x read by every lane from
-// L1) in the same process: benchmarks/lab/gemv_quant_wgmma_lab.py builds this file into a shared
-// library and drives both on the same repacked weights.
+// cuda_gemv_quant_wgmma_lab.cu — lab: the K-quant decode GEMV at 9-16 rows (or 33-64) on
+// Hopper's warpgroup MMA, W decoded into the A operand's registers, x staged once per CTA in
+// shared memory as the B operand (Machete's arrangement), beside the engine's gemv_quant_mma
+// (mma.sync, x read by every lane from L1) in the same process: benchmarks/lab/gemv_quant_wgmma_lab.py
+// builds this file into a shared library and drives both on the same repacked weights.
 //
-// y[m, n] = sum_k x[m, k] * Wb[n, k], W [N, K] in qlayout's Q4_K tiles (N a multiple of 64, K of
-// 256), x [M <= NR, K] bf16, y fp32 [M, N] (or, with KS > 1 k slices, KS planes that add_planes sums
-// in slice order). Wb is the engine's bf16x2 decode (quant_decode.cuh), so a weight decodes to the
-// same bf16 as in gemv_quant_mma. NR, the staged x rows and the wgmma's N, is 16 (m64n16k16) or
-// 64 (m64n64k16: decode batches of 33-64 rows, where the engine runs gemm_quant).
+// y[m, n] = sum_k x[m, k] * Wb[n, k], W [N, K] in qlayout's Q4_K or Q6_K tiles (N a multiple of
+// 64, K of 256; Q6_K's d in the tail), x [M <= NR, K] bf16, y fp32 [M, N] (or, with KS > 1 k
+// slices, KS planes that add_planes sums in slice order). A lane reads and decodes its pieces as
+// gemv_quant_mma does (quant_pieces.cuh, quant_decode.cuh's bf16x2), so a weight decodes to the
+// same bf16. NR, the staged x rows and the wgmma's N, is 16 (m64n16k16; Q4_K only) or 64
+// (m64n64k16: decode batches of 33-64 rows, where the engine runs gemm_quant).
 //
 // The question: at 16 rows gemv_quant_mma is bound by its x loads (each warp reads all 16 x rows
 // through L1 for 16-32 W rows: L1's wavefronts, docs/kernels/gemv.md) and by the registers of the
@@ -32,19 +33,17 @@
 #include <cstdint>
 
 #include "cuda/hopper.cuh"
-#include "cuda/kernel_util.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/quant_decode.cuh"
+#include "cuda/quant_pieces.cuh"
 
 namespace lab {
 
 using brrr::cuda::qdec::Coef;
 using brrr::cuda::qdec::chunk_bf16x2;
-using brrr::cuda::qdec::coef_k4;
-using brrr::cuda::qdec::coef_q6k;
-using brrr::cuda::qdec::k4_bytes;
 using brrr::cuda::qdec::scale_x2;
-using brrr::cuda::util::f16_bits;
+using brrr::cuda::qpieces::chunk_of;
+using brrr::cuda::qpieces::QM;
 using brrr::quant::QType;
 namespace hopper = brrr::cuda::hopper;
 namespace ptx = brrr::cuda::ptx;
@@ -53,82 +52,26 @@ namespace ptx = brrr::cuda::ptx;
 template <int NR>
 __host__ __device__ constexpr int box_bytes() { return NR * 128; }
 
-// Per type (gemv_quant_mma's QM<T> loads and chunk order): kTileBytes; Raw, a lane's part of one
-// 256-value tile of one W row; load(tile, its fp16 d in the tail (Q6_K), t); decode(raw, t, j, c)
-// -> chunk c of piece j as 4 bf16x2, 8 values consecutive in k from lane_k(t) + chunk_k(j, c)
-// into the tile; lane_chunk(r) -> the (t, c) whose chunk starts at 8 r + 128 j of the tile.
-// Q4_K: qs pieces t and t + 4 and the header; chunk c = 0 the low nibbles of words x, y, 1 their
-// high nibbles, 2 / 3 of z, w.
-struct LabQ4K {
-    static constexpr QType kType = QType::Q4_K;
-    static constexpr int kTileBytes = 144;  // fp16 d | dmin, 12 scale bytes, 128 qs bytes
-    struct Raw {
-        uint4 q[2];
-        uint4 hdr;
-    };
-    __device__ static Raw load(const uint8_t* tile, const unsigned short*, int t) {
-        Raw r;
-        r.q[0] = ptx::ld_stream_16(tile + 16 + 16 * t);
-        r.q[1] = ptx::ld_stream_16(tile + 16 + 16 * (t + 4));
-        r.hdr = __ldg(reinterpret_cast<const uint4*>(tile));
-        return r;
-    }
-    __device__ static void decode(const Raw& r, int t, int j, int c, uint32_t out[4]) {
-        const uint4 q = r.q[j];
-        const uint32_t a = c < 2 ? q.x : q.z, b = c < 2 ? q.y : q.w;
-        const int s = (c & 1) * 4;
-        const uint32_t u0 = (a >> s) & 0x0F0F0F0Fu, u1 = (b >> s) & 0x0F0F0F0Fu;
-        const Coef k = coef_k4(k4_bytes(r.hdr.y, r.hdr.z, r.hdr.w), j, 2 * (t >> 1) + (c & 1), r.hdr.x);
-        chunk_bf16x2<kType>(u0, u1, scale_x2<kType>(k), out);
-    }
-    // 8 r = 64 (t / 2) + 16 (t % 2) + 32 (c % 2) + 8 (c / 2)
-    __host__ __device__ static void lane_chunk(int r, int& t, int& c) {
-        c = ((r & 1) << 1) | ((r >> 2) & 1);
-        t = ((r >> 3) << 1) | ((r >> 1) & 1);
-    }
-};
-// Q6_K: ql pieces t and t + 4 (half j), the qh bytes of each half at 16 (t % 2), the 16 scales
-// and d; chunk c's low / high nibbles are groups t / 2 and t / 2 + 2 of the half.
-struct LabQ6K {
-    static constexpr QType kType = QType::Q6_K;
-    static constexpr int kTileBytes = 208;  // 16 scales, 128 ql, 64 qh; d in the matrix's tail
-    struct Raw {
-        uint4 ql[2], qh[2];
-        uint4 sc;
-        uint32_t d;
-    };
-    __device__ static Raw load(const uint8_t* tile, const unsigned short* d, int t) {
-        Raw r;
-        const int l0 = 16 * (t & 1);
+// A lane's pieces of a tile (quant_pieces.cuh, as gemv_quant_mma reads them) decoded chunk by
+// chunk: chunk c of piece j as 4 bf16x2, 8 values consecutive in k from lane_k(t) + chunk_k(j, c)
+// into the tile.
+template <QType T>
+__device__ __forceinline__ void decode_chunk(const typename QM<T>::Raw& r, int t, int j, int c, uint32_t out[4]) {
+    Coef k;
+    uint32_t u0, u1;
+    chunk_of<T>(r, t, j, c, k, u0, u1);
+    chunk_bf16x2<T>(u0, u1, scale_x2<T>(k), out);
+}
+// The lane t and chunk c whose chunk of piece 0 starts at 8 r into the tile (r < 16).
+template <QType T>
+__device__ __forceinline__ void lane_chunk(int r, int& t, int& c) {
+    t = c = 0;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            r.ql[j] = ptx::ld_stream_16(tile + 16 + 16 * (t + 4 * j));
-            r.qh[j] = ptx::ld_stream_16(tile + 144 + 32 * j + l0);
-        }
-        r.sc = __ldg(reinterpret_cast<const uint4*>(tile));
-        r.d = __ldg(d);
-        return r;
-    }
-    __device__ static void decode(const Raw& r, int t, int j, int c, uint32_t out[4]) {
-        const uint4 q = r.ql[j];
-        const uint32_t a = c < 2 ? q.x : q.z, b = c < 2 ? q.y : q.w;
-        const int s = (c & 1) * 4;
-        uint32_t u0 = (a >> s) & 0x0F0F0F0Fu, u1 = (b >> s) & 0x0F0F0F0Fu;
-        const int hs = 2 * (t >> 1) + 4 * (c & 1);
-        const uint32_t ha = c < 2 ? r.qh[j].x : r.qh[j].z, hb = c < 2 ? r.qh[j].y : r.qh[j].w;
-        u0 |= ((ha >> hs) & 0x03030303u) << 4;
-        u1 |= ((hb >> hs) & 0x03030303u) << 4;
-        const int idx = 8 * j + 2 * ((t >> 1) + 2 * (c & 1)) + (t & 1);
-        const uint32_t w = idx < 4 ? r.sc.x : idx < 8 ? r.sc.y : idx < 12 ? r.sc.z : r.sc.w;
-        const Coef k = coef_q6k(f16_bits(r.d), (int)(int8_t)(w >> (8 * (idx & 3))));
-        chunk_bf16x2<kType>(u0, u1, scale_x2<kType>(k), out);
-    }
-    // 8 r = 32 (t / 2) + 16 (t % 2) + 64 (c % 2) + 8 (c / 2)
-    __host__ __device__ static void lane_chunk(int r, int& t, int& c) {
-        c = ((r & 1) << 1) | ((r >> 3) & 1);
-        t = (((r >> 2) & 1) << 1) | ((r >> 1) & 1);
-    }
-};
+    for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc)
+            if (QM<T>::lane_k(tt) + QM<T>::chunk_k(0, cc) == 8 * r) t = tt, c = cc;
+}
 
 // d += A B for one 64 x 16 x 16 step: A (the warpgroup's 64 W rows) from registers, B (16 x rows of
 // 16 k) through a K-major 128-byte-swizzle descriptor.
@@ -165,11 +108,11 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NR / 2], const uint32_t (&a)
 
 // Stages x rows [0, NR) of k slice [k0, k0 + ks) into `xs` (ks / 64 boxes), in step order: step
 // s = 16 tile + 2 (4 j + c) + h holds, at slot 2t + e, x[k] for k = tile 256 + 128 j + 8 r + 4h
-// + e where F::lane_chunk(r) = (t, c), and at slot 8 + 2t + e the same k + 2. Rows past M are zero. Each
+// + e where lane_chunk<T>(r) = (t, c), and at slot 8 + 2t + e the same k + 2. Rows past M are zero. Each
 // thread asks for up to kStageLoads 16-byte pieces before it stores any, so the staging waits on
 // L2 a few times, not once a piece.
 constexpr int kStageLoads = 4;
-template <typename F, int NR>
+template <QType T, int NR>
 __device__ void stage_x(uint8_t* xs, const __nv_bfloat16* x, int M, int K, int k0, int ks) {
     constexpr int kBoxBytes = box_bytes<NR>();
     const int per_row = ks / 8, groups = NR * per_row;  // 8-value groups of the slice's NR rows
@@ -188,7 +131,7 @@ __device__ void stage_x(uint8_t* xs, const __nv_bfloat16* x, int M, int K, int k
             const int n = i / per_row, k = 8 * (i % per_row);  // k into the slice
             const int tile = k / 256, o = k % 256, j = o / 128;
             int t, c;
-            F::lane_chunk((o % 128) >> 3, t, c);
+            lane_chunk<T>((o % 128) >> 3, t, c);
             const uint32_t pair[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
             for (int p = 0; p < 4; ++p) {
@@ -205,7 +148,7 @@ __device__ void stage_x(uint8_t* xs, const __nv_bfloat16* x, int M, int K, int k
 // PF: W tiles a lane holds in flight ahead of the one it decodes (1 or 2). WAIT: wgmma groups (one
 // a chunk) left in flight before the next chunk's decode overwrites registers (1 or 2). STAGE =
 // false skips the staging of x (timing only: wrong results), to price it.
-template <typename F, int NR, int WG, int PF, int WAIT, bool STAGE>
+template <QType T, int NR, int WG, int PF, int WAIT, bool STAGE>
 __global__ void __launch_bounds__(WG * 128, 1)
     q4k_wgmma(const uint8_t* __restrict__ W, const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int M,
               int N, int K, int KS) {
@@ -218,6 +161,7 @@ __global__ void __launch_bounds__(WG * 128, 1)
     const int ks = K / KS, slice = blockIdx.x % KS, tiles = ks / 256, tile0 = slice * tiles;
     const int ctas = gridDim.x / KS, cta = blockIdx.x / KS;
     const int blocks = N / 64, step = WG * ctas, rb0 = wg * ctas + cta;
+    using F = QM<T>;
     const int row_tiles = K / 256;
     const size_t row_stride = (size_t)row_tiles * F::kTileBytes;
     // Q6_K's fp16 d, [N, row_tiles] after the tiles (qlayout's tail); unused by Q4_K.
@@ -233,8 +177,8 @@ __global__ void __launch_bounds__(WG * 128, 1)
     const unsigned short* pd = tail + row_of(pb) * row_tiles + tile0;
     auto fetch = [&](typename F::Raw& lo, typename F::Raw& hi) {
         if (pb < blocks) {
-            lo = F::load(pp, pd, t);
-            hi = F::load(pp + 8 * row_stride, pd + 8 * row_tiles, t);
+            lo = F::load(pp, pd, t, 256);
+            hi = F::load(pp + 8 * row_stride, pd + 8 * row_tiles, t, 256);
         }
         pp += F::kTileBytes;
         ++pd;
@@ -249,7 +193,7 @@ __global__ void __launch_bounds__(WG * 128, 1)
     typename F::Raw lo[PF + 1], hi[PF + 1];
 #pragma unroll
     for (int f = 0; f < PF; ++f) fetch(lo[f], hi[f]);
-    if (STAGE) stage_x<F, NR>(xs, x, M, K, slice * ks, ks);
+    if (STAGE) stage_x<T, NR>(xs, x, M, K, slice * ks, ks);
     hopper::fence_proxy_async_shared();
     __syncthreads();
     const uint64_t desc0 = hopper::sw128_descriptor(xs);
@@ -265,8 +209,8 @@ __global__ void __launch_bounds__(WG * 128, 1)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     uint32_t rl[4], rh[4];
-                    F::decode(lo[0], t, j, c, rl);
-                    F::decode(hi[0], t, j, c, rh);
+                    decode_chunk<T>(lo[0], t, j, c, rl);
+                    decode_chunk<T>(hi[0], t, j, c, rh);
                     const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
                     const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
                     const int s = 16 * tile + 2 * (4 * j + c);
@@ -306,14 +250,14 @@ __global__ void add_planes(const float* __restrict__ part, float* __restrict__ y
     }
 }
 
-template <typename F, int NR, int WG, int PF, int WAIT, bool STAGE>
+template <QType T, int NR, int WG, int PF, int WAIT, bool STAGE>
 int launch(const void* W, const void* x, float* y, float* part, int M, int N, int K, int KS, int ctas_per_sm) {
     if (M < 1 || M > NR || N % 64 || K % 256 || (K / 256) % KS) return 1;
     int dev = 0, sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     const size_t smem = (size_t)(K / KS) / 64 * box_bytes<NR>() + 1024;
-    auto kernel = q4k_wgmma<F, NR, WG, PF, WAIT, STAGE>;
+    auto kernel = q4k_wgmma<T, NR, WG, PF, WAIT, STAGE>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) return 2;
     // Whole multiples of KS CTAs, at most one per warpgroup's worth of blocks.
     int ctas = sms * ctas_per_sm / KS * KS;
@@ -326,24 +270,24 @@ int launch(const void* W, const void* x, float* y, float* part, int M, int N, in
     return cudaGetLastError() == cudaSuccess ? 0 : 3;
 }
 
-template <typename F, int NR, int WG>
+template <QType T, int NR, int WG>
 int launch_form(int form, const void* W, const void* x, float* y, float* part, int M, int N, int K, int KS, int cps) {
     switch (form) {
-        case 0: return launch<F, NR, WG, 1, 1, true>(W, x, y, part, M, N, K, KS, cps);
-        case 1: return launch<F, NR, WG, 2, 1, true>(W, x, y, part, M, N, K, KS, cps);
-        case 2: return launch<F, NR, WG, 1, 2, true>(W, x, y, part, M, N, K, KS, cps);
-        case 3: return launch<F, NR, WG, 1, 1, false>(W, x, y, part, M, N, K, KS, cps);
+        case 0: return launch<T, NR, WG, 1, 1, true>(W, x, y, part, M, N, K, KS, cps);
+        case 1: return launch<T, NR, WG, 2, 1, true>(W, x, y, part, M, N, K, KS, cps);
+        case 2: return launch<T, NR, WG, 1, 2, true>(W, x, y, part, M, N, K, KS, cps);
+        case 3: return launch<T, NR, WG, 1, 1, false>(W, x, y, part, M, N, K, KS, cps);
         default: return 5;
     }
 }
-template <typename F, int NR>
+template <QType T, int NR>
 int launch_wg(int wg, int form, const void* W, const void* x, float* y, float* part, int M, int N, int K, int ks,
               int cps) {
     switch (wg) {
-        case 1: return launch_form<F, NR, 1>(form, W, x, y, part, M, N, K, ks, cps);
-        case 2: return launch_form<F, NR, 2>(form, W, x, y, part, M, N, K, ks, cps);
-        case 3: return launch_form<F, NR, 3>(form, W, x, y, part, M, N, K, ks, cps);
-        case 4: return launch_form<F, NR, 4>(form, W, x, y, part, M, N, K, ks, cps);
+        case 1: return launch_form<T, NR, 1>(form, W, x, y, part, M, N, K, ks, cps);
+        case 2: return launch_form<T, NR, 2>(form, W, x, y, part, M, N, K, ks, cps);
+        case 3: return launch_form<T, NR, 3>(form, W, x, y, part, M, N, K, ks, cps);
+        case 4: return launch_form<T, NR, 4>(form, W, x, y, part, M, N, K, ks, cps);
         default: return 4;
     }
 }
@@ -357,8 +301,8 @@ int launch_wg(int wg, int form, const void* W, const void* x, float* y, float* p
 // (12 Q4_K; 14 Q6_K, at nr = 64 only). 0 on success.
 extern "C" int q4k_wgmma_launch(const void* W, const void* x, float* y, float* part, int M, int N, int K, int wg,
                                 int ks, int ctas_per_sm, int form, int nr, int type) {
-    if (type == 12 && nr == 16) return lab::launch_wg<lab::LabQ4K, 16>(wg, form, W, x, y, part, M, N, K, ks, ctas_per_sm);
-    if (type == 12 && nr == 64) return lab::launch_wg<lab::LabQ4K, 64>(wg, form, W, x, y, part, M, N, K, ks, ctas_per_sm);
-    if (type == 14 && nr == 64) return lab::launch_wg<lab::LabQ6K, 64>(wg, form, W, x, y, part, M, N, K, ks, ctas_per_sm);
+    if (type == 12 && nr == 16) return lab::launch_wg<brrr::quant::QType::Q4_K, 16>(wg, form, W, x, y, part, M, N, K, ks, ctas_per_sm);
+    if (type == 12 && nr == 64) return lab::launch_wg<brrr::quant::QType::Q4_K, 64>(wg, form, W, x, y, part, M, N, K, ks, ctas_per_sm);
+    if (type == 14 && nr == 64) return lab::launch_wg<brrr::quant::QType::Q6_K, 64>(wg, form, W, x, y, part, M, N, K, ks, ctas_per_sm);
     return 6;
 }
