@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemm_quant_sweep import STORE_BF16, TYPE_IDS, part  # noqa: E402
+from gemm_quant_sweep import STORE_BF16, TYPE_IDS, part, split_scratch  # noqa: E402
 from llama_brrr import _C as C  # noqa: E402
 
 CASES = sys.argv[1:] or ["q4_k:28672:4096:64", "q6_k:128256:4096:64"]
@@ -24,11 +24,7 @@ LAUNCHES = int(os.environ.get("NCU_LAUNCHES", "2"))
 T = C.testing
 assert T.gemm_quant_available(), "gemm_quant needs a Hopper GPU"
 rng = np.random.default_rng(0)
-sms = torch.cuda.get_device_properties(0).multi_processor_count
-floats, counters = T.gemm_split_scratch_sizes(sms)
-partials = torch.empty(floats, dtype=torch.float32, device="cuda")
-counts = torch.zeros(counters, dtype=torch.int32, device="cuda")
-split = (partials.data_ptr(), floats, counts.data_ptr(), counters)
+split, _scratch = split_scratch(T)
 for case in CASES:
     name, N, K, M = case.split(":")
     N, K, M = int(N), int(K), int(M)

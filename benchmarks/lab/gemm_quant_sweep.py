@@ -68,6 +68,16 @@ def part(name, rows, K, rng):
     return torch.from_numpy(C.quant_ops.gpu_repack(name, tiled, K)).cuda()
 
 
+def split_scratch(T):
+    """The engine's split-K scratch on this GPU for testing.gemm_quant / gemm_bf16: (the binding's
+    split tuple, the tensors behind it, which must outlive every call that uses the tuple)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    floats, counters = T.gemm_split_scratch_sizes(sms)
+    partials = torch.empty(floats, dtype=torch.float32, device="cuda")
+    counts = torch.zeros(counters, dtype=torch.int32, device="cuda")
+    return (partials.data_ptr(), floats, counts.data_ptr(), counters), (partials, counts)
+
+
 def timed(calls, reps):
     """Median device us of calls(i) (a list of launches on weight copy i) over reps."""
     def run(i):
@@ -107,11 +117,7 @@ def main():
     T = C.testing
     assert T.gemm_quant_available(), "gemm_quant needs a Hopper GPU"
     rng = np.random.default_rng(0)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    floats, counters = T.gemm_split_scratch_sizes(sms)
-    partials = torch.empty(floats, dtype=torch.float32, device="cuda")
-    counts = torch.zeros(counters, dtype=torch.int32, device="cuda")
-    split = (partials.data_ptr(), floats, counts.data_ptr(), counters)
+    split, _scratch = split_scratch(T)
     rows = [int(m) for m in a.rows.split(",")]
     out = open(a.json, "w") if a.json else None
     gemv_col = f" {'gemv us':>8s} {'gemv/fused':>10s}" if a.gemv else ""

@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_kernels import STORE_F32, copies_to_defeat_l2, device_times, random_bf16, same_size_copy  # noqa: E402
+from gemm_quant_sweep import split_scratch  # noqa: E402
 from gpu_gemv_quant_bench import TYPES, check_mma, packed_weights  # noqa: E402
 from mma_decode_ref import decode_slack  # noqa: E402
 
@@ -173,11 +174,7 @@ def main(argv=None):
             print(f"{proj:8s} {name} M={M:2d} {N}x{K}: engine {t_eng['median_s'] * 1e6:7.1f} us "
                   f"({row['engine_frac_of_copy'] * 100:.0f}% of copy)", flush=True)
             if nr == 64:
-                sms = torch.cuda.get_device_properties(0).multi_processor_count
-                floats, counters = C.testing.gemm_split_scratch_sizes(sms)
-                partials = torch.empty(floats, dtype=torch.float32, device="cuda")
-                counts = torch.zeros(counters, dtype=torch.int32, device="cuda")
-                split = (partials.data_ptr(), floats, counts.data_ptr(), counters)
+                split, _scratch = split_scratch(C.testing)
 
                 def run_gemm(i):
                     C.testing.gemm_quant([(TYPES[name], weights[i % len(weights)].data_ptr(), N)], x.data_ptr(), M,
