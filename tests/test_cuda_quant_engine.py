@@ -226,6 +226,42 @@ def test_chunked_quantized_decode_rows_equal_each_row_alone(C, rng, B, spec):
         positions += 1
 
 
+def test_decode_batches_on_gemv_quant_wgmma_match_the_cpu_engine(C, rng):
+    """On Hopper a decode batch of 33-64 rows runs a matrix of enough 64-row blocks times 1024-k
+    slices (tuning::kGemvQuantWgmmaMinUnits) on gemv_quant_wgmma: here the Q4_K w13 (its SwiGLU
+    summed into a plane, then swiglu_f32) and the Q6_K LM head (StoreF32 into the logits); the other
+    matrices stay on gemm_quant. Rows of batches of 40 and 64, eager, captured and replayed, against
+    the fp32 CPU engine on the dequantized blocks."""
+    if not C.testing.gemm_quant_available():
+        pytest.skip("gemv_quant_wgmma runs on Hopper (sm_90a) only")
+    config = quant_config(dim=1024, hidden_dim=12288, n_layers=1, n_heads=8, n_kv_heads=2, vocab_size=24576)
+    ids = quant.kept_types()
+    roomy = 1 << 30
+    assert C.testing.gemv_quant_wgmma_takes([(ids["q4_k"], 2 * 12288)], 40, 1024, roomy)
+    assert C.testing.gemv_quant_wgmma_takes([(ids["q6_k"], 24576)], 64, 1024, roomy)
+    assert not C.testing.gemv_quant_wgmma_takes([(ids["q6_k"], 1024)], 40, 12288, roomy)  # w2: gemm_quant
+    types = types_for(config, K_MIX)
+    gpu, _, cpu_f, _ = engines(C, config, types, random_weights(config, rng), max_batch=64)
+    for B in (40, 64):
+        lengths = rng.integers(1, 12, B)
+        for slot, n in enumerate(lengths):
+            prompt = rng.integers(0, config.vocab_size, n).astype(np.int32)
+            for e in (gpu, cpu_f):
+                e.prefill(slot, prompt, 0, "none")
+        positions = lengths.astype(np.int32)
+        slots = np.arange(B, dtype=np.int32)
+        for step in range(3):  # eager, capture, replay
+            tokens = rng.integers(0, config.vocab_size, B).astype(np.int32)
+            got = gpu.decode(tokens, slots, positions)
+            want = cpu_f.decode(tokens, slots, positions)
+            assert got.shape == (B, config.vocab_size) and np.isfinite(got).all(), (B, step)
+            for i in range(B):
+                assert rel_dev(got[i], want[i]) < LOGIT_REL_BOUND, (B, step, i)
+            positions += 1
+    del gpu, cpu_f
+    gc.collect()
+
+
 @pytest.mark.parametrize("spec", ["mixed", "q4_k", "k_mix"])
 @pytest.mark.parametrize("vocab_size", [300, 1100])
 def test_all_logits_prefill_with_a_quantized_head(C, rng, spec, vocab_size):

@@ -2,9 +2,10 @@
 chain's overlap: at M = 1 the CUDA-core GEMV issues its first step's weight loads before
 griddepcontrol.wait (ACQBULK in SASS), so the weight stream starts while the previous kernel
 drains. The compiler is free to sink loads past the wait when nothing in the source stops it,
-which costs ~9% of a Llama-3.2-1B decode token. The Hopper wgmma loops: their shared-memory
-descriptors live in uniform registers, where wgmma reads them, so no R2UR move sits between two
-wgmma of a k step (with the warpgroup index in a vector register there were up to 32 a k tile).
+which costs ~9% of a Llama-3.2-1B decode token. The Hopper wgmma loops (the GEMM, prefill
+attention, gemv_quant_wgmma): their shared-memory descriptors live in uniform registers, where
+wgmma reads them, so no R2UR move sits between two wgmma of a k step (with the warpgroup index in
+a vector register there were up to 32 a k tile).
 Needs cuobjdump (the CUDA toolkit's, or triton's)."""
 import re
 import shutil
@@ -77,7 +78,7 @@ def test_m1_gemv_streams_weights_before_the_pdl_wait():
 def test_wgmma_descriptors_come_from_uniform_registers():
     functions = _module_sm90_functions()
     with_wgmma = {name: _opcodes(body) for name, body in functions.items()
-                  if "gemm_sm90_kernel" in name or "attention_prefill" in name}
+                  if "gemm_sm90_kernel" in name or "attention_prefill" in name or "gemv_quant_wgmma" in name}
     with_wgmma = {name: ops for name, ops in with_wgmma.items() if any(op.startswith("HGMMA") for op in ops)}
     assert any("gemm_sm90_kernel" in name for name in with_wgmma), "no wgmma GEMM in the module's sm_90a code"
     for name, ops in with_wgmma.items():

@@ -587,6 +587,47 @@ void bind_testing(py::module_& m) {
                                                    (size_t)scratch_elems);
     }, py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"), py::arg("scratch_elems"),
        "the slice width (output columns) gemm_dequant_slices cuts such a call into");
+    def_quant_gemm("gemv_quant_wgmma", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N,
+                                  int64_t K, int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
+                                  int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
+                                  uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
+                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8,
+                                  uintptr_t planes, int64_t plane_floats) {
+        QuantGemmCall c;
+        quant_gemm_call("gemv_quant_wgmma", c, parts, x, M, N, K, epilogue, out, out_f32, residual, ld_out, split,
+                        positions, slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
+                        block_table, block_size, n_blocks, kv_fp8);
+        auto* pp = static_cast<float*>(CudaOp::ptr(planes, "planes"));
+        if (plane_floats < 0) bad_argument("gemv_quant_wgmma: plane_floats must be >= 0, got " + std::to_string(plane_floats));
+        py::gil_scoped_release release;
+        brrr::cuda::gemv_quant_wgmma(c.parts, c.n_parts, c.x, (int)M, (int)N, (int)K,
+                                     static_cast<brrr::cuda::Epilogue>(epilogue), c.args, pp, (size_t)plane_floats, 0);
+        CudaOp::finish("testing.gemv_quant_wgmma");
+    },
+       py::arg("planes") = 0, py::arg("plane_floats") = 0,
+       "decode batches of 33-64 rows on Q4_K / Q6_K weights (Hopper): y = x . Wb.T with the epilogue, Wb as "
+       "gemv_quant_mma decodes W; parts as gemm_quant's, planes fp32 scratch [plane_floats] "
+       "(gemv_quant_wgmma_plane_floats)");
+    testing.def("gemv_quant_wgmma_takes", [](const py::list& parts, int64_t M, int64_t K, int64_t plane_floats) {
+        CudaOp::check_sizes({{"M", M}, {"K", K}, {"plane_floats", plane_floats}});
+        brrr::cuda::GemmWeightPart p[brrr::cuda::kMaxWeightParts];
+        if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
+            bad_argument("gemv_quant_wgmma_takes: parts must list 1 to 3 (type, rows) tuples");
+        int N = 0;
+        for (size_t i = 0; i < parts.size(); ++i) {
+            const auto t = parts[i].cast<std::tuple<int64_t, int64_t>>();
+            p[i] = {(int)std::get<0>(t), nullptr, N, (int)std::get<1>(t)};
+            N += (int)std::get<1>(t);
+        }
+        return brrr::cuda::gemv_quant_wgmma_takes(p, (int)parts.size(), (int)M, N, (int)K, (size_t)plane_floats);
+    }, py::arg("parts"), py::arg("M"), py::arg("K"), py::arg("plane_floats"),
+       "whether CudaEngine::matmul runs a matrix of these parts ((type, rows) in row order) on gemv_quant_wgmma "
+       "at M rows, given planes of plane_floats floats");
+    testing.def("gemv_quant_wgmma_plane_floats", [](int64_t M, int64_t N, int64_t K) {
+        CudaOp::check_sizes({{"M", M}, {"N", N}, {"K", K}});
+        return brrr::cuda::gemv_quant_wgmma_plane_floats((int)M, (int)N, (int)K);
+    }, py::arg("M"), py::arg("N"), py::arg("K"), "the fp32 scratch gemv_quant_wgmma needs for such a call");
     testing.def("gemm_quant_available", []() { return brrr::cuda::gemm_quant_available(); },
                 "whether gemm_quant runs on this device (Hopper, sm_90a image)");
     testing.def("quantize_act_bf16", [](uintptr_t x, uintptr_t xq, int64_t M, int64_t K) {

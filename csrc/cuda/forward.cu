@@ -309,6 +309,17 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     }
     GemmWeightPart parts[kMaxWeightParts];
     for (int i = 0; i < W.n_parts; ++i) parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
+    // Decode batches past the GEMV's rows on Hopper: W decoded into wgmma's registers, the partial
+    // sums of each 1024-k slice in deq_ (idle at these rows), where the matrix gives the GPU work
+    // enough (gemv_quant_wgmma_takes); else gemm_quant.
+    if (quant_gemm_) {
+        float* planes = reinterpret_cast<float*>(deq_);
+        const size_t plane_floats = deq_elems_ * sizeof(bf16) / sizeof(float);
+        if (gemv_quant_wgmma_takes(parts, W.n_parts, M, N, K, plane_floats)) {
+            gemv_quant_wgmma(parts, W.n_parts, x_bf16, M, N, K, ep, args, planes, plane_floats, s);
+            return;
+        }
+    }
     // Short prompts on Hopper: the GEMM dequantizes each k tile of W as it goes, once per row tile
     // of x. Past one 128-row tile that beats the bf16 scratch only where a bf16 copy of W would
     // spill out of L2 (tuning.h): a copy that fits is written and read back on chip.

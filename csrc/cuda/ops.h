@@ -175,6 +175,14 @@ int gemm_sm90_width(int M, int width, Epilogue ep, int sm_count, long long* cost
 // The same on p.qb's quantized W (128-column tiles, W decoded by the consumers: gemm_sm90_dequant.cuh).
 void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
 
+// ---- gemv_quant_wgmma.cu: decode batches of 33-64 rows on Q4_K / Q6_K weights (Hopper) ------
+// Whether gemv_quant_wgmma serves this call: every part Q4_K or Q6_K of a multiple of 64 rows, K a multiple of 1024 (at most one slice an SM), M <= 64, planes of plane_floats floats enough, and work for the GPU (tuning::kGemvQuantWgmmaMinUnits).
+bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int N, int K, size_t plane_floats);
+// The fp32 scratch gemv_quant_wgmma needs: one [M, N] plane per 1024 k.
+size_t gemv_quant_wgmma_plane_floats(int M, int N, int K);
+// y = x . Wb^T, Wb as gemv_quant_mma decodes W, on wgmma with W in registers (sm_90a; gemm_quant_available), every Epilogue (RopeKV staged in args.out_f32 [M, N] for rope_kv_append); planes [plane_floats] fp32 scratch. Rows are batch-invariant.
+void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, int N, int K, Epilogue ep, const EpilogueArgs& args, float* planes, size_t plane_floats, cudaStream_t stream);
+
 // ---- rope.cu: rotate-half RoPE on q and k, k and v appended to the cache ----------------------
 // qkv [M, (Hq + 2 Hkv) * hd] fp32 from the QKV matmul; row m is token `positions[m]` of slot
 // `slots[m]`. Writes q_out [M, Hq, hd] bf16 and k/v into this layer's paged cache kv. inv_freq

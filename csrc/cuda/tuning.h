@@ -145,6 +145,11 @@ constexpr int kDequantSliceCols = 128;
 constexpr int kGemmSm80TileK = 32;
 // mma.sync GEMM: cp.async ring depth (stages in flight hide the global-load latency).
 constexpr int kGemmSm80Stages = 3;
+// gemv_quant_wgmma takes a decode batch of 33-64 rows (on Hopper, in place of gemm_quant) where
+// its warpgroups' work items, 64-row blocks of W times 1024-k slices, number at least this: the
+// 8B's wqkv (384), w13, w2 and LM head; the 8B's wo (256), whose blocks leave the grid short,
+// lost to gemm_quant in the lab (0.83-0.96x; docs/kernels/gemm.md, "At 33-64 rows").
+constexpr int kGemvQuantWgmmaMinUnits = 384;
 // wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
 constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
 // wgmma GEMM on quantized W (gemm_quant, 128-column tiles): ring depth beside the three decoded W

@@ -1,0 +1,341 @@
+// gemv_quant_wgmma.cu — decode batches of 33-64 rows on K-quant weights, on Hopper's warpgroup
+// MMA with W decoded into the A operand's registers: y[m, n] = sum_k x[m, k] * Wb[n, k], Wb the
+// weights as gemv_quant_mma decodes them (quant_pieces.cuh's pieces, quant_decode.cuh's bf16x2).
+//
+//   W: 1..3 parts of qlayout tiles (Q4_K, Q6_K; Q6_K's fp16 d in each part's tail), each a
+//      multiple of 64 rows; K a multiple of kSliceK; x [M <= 64, K] bf16, 16-byte aligned.
+//   planes: fp32 [K / kSliceK, M, N] scratch (the engine lends deq_, idle at these rows).
+//
+// Why: gemm_quant decodes each k tile of W into a bf16 tile in shared memory that two consumer
+// warpgroups meet at a barrier over, and at 33-64 rows that path, not HBM or the MMAs, sets its
+// pace (docs/kernels/gemm.md, "At 33-64 rows"); the tensor-core GEMV reads all M x rows through L1
+// per 16 W rows. Here
+//   * a warpgroup's 4 warps decode 64 W rows (16 each: lane (g, t) rows g and g + 8 of its warp's
+//     16, the pieces gemv_quant_mma's lane t loads) straight into the A fragments of
+//     wgmma.m64n64k16, whose B is x: no W tile in shared memory, no barrier between warpgroups,
+//     the MMA asynchronous beside the next chunk's decode, each lane's next W tile in registers;
+//   * K is cut into slices of kSliceK: CTA c keeps slice c % KS, stages its 64 x rows of the slice
+//     once (128 KB) in the 128-byte swizzle, with k permuted to the lanes' chunk order (a lane's
+//     chunk of 8 consecutive k fills mma slots 2t.. of two k16 steps), and its warpgroups walk the
+//     64-row blocks of W; each slice stores its partial sums into its plane;
+//   * planes_epilogue adds the planes in slice order and stores, or adds into the residual; a
+//     SwiGLU sums into plane 0 for swiglu_f32, a RopeKV into args.out_f32 for rope_kv_append.
+// Invariants: a row's sum runs in a fixed order (k in order within a slice, slices in order), the
+// same whatever M and the other rows are; x rows past M are staged as zeros and their outputs never
+// stored. gemv_quant_wgmma_takes says which calls the kernel serves (else the engine runs
+// gemm_quant); the launcher checks shapes and pointers before any launch.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/quant.h"
+#include "cuda/check.cuh"
+#include "cuda/hopper.cuh"
+#include "cuda/kernel_util.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/ops.h"
+#include "cuda/ptx.cuh"
+#include "cuda/qlayout.h"
+#include "cuda/quant_decode.cuh"
+#include "cuda/quant_pieces.cuh"
+#include "cuda/tuning.h"
+
+namespace brrr {
+namespace cuda {
+
+namespace {
+
+using qdec::Coef;
+using qdec::chunk_bf16x2;
+using qdec::scale_x2;
+using qpieces::chunk_of;
+using qpieces::QM;
+using quant::QType;
+
+constexpr int kRows = 64;                       // x rows staged: the wgmma's N
+constexpr int kSliceK = 1024;                   // k of a slice: 16 boxes of 64 k
+constexpr int kBoxBytes = kRows * 128;          // 64 k of 64 rows in the 128-byte swizzle
+constexpr int kStageBytes = kSliceK / 64 * kBoxBytes;  // 128 KB
+constexpr int kStageLoads = 4;                  // 16-byte x loads a thread has in flight while staging
+// Warpgroups a CTA (one CTA an SM): Q4_K 4 at 123 registers; Q6_K's wider tiles need 157, so 3.
+template <QType T>
+constexpr int kWarpgroups = T == QType::Q6_K ? 3 : 4;
+
+// Chunk c of piece j of a lane's tile as 4 bf16x2: 8 values consecutive in k.
+template <QType T>
+__device__ __forceinline__ void decode_chunk(const typename QM<T>::Raw& r, int t, int j, int c, uint32_t out[4]) {
+    Coef k;
+    uint32_t u0, u1;
+    chunk_of<T>(r, t, j, c, k, u0, u1);
+    chunk_bf16x2<T>(u0, u1, scale_x2<T>(k), out);
+}
+
+// The lane t and chunk c whose chunk of piece 0 starts 8 r values into the tile (r < 16).
+template <QType T>
+__device__ __forceinline__ void lane_chunk(int r, int& t, int& c) {
+    t = c = 0;
+#pragma unroll
+    for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc)
+            if (QM<T>::lane_k(tt) + QM<T>::chunk_k(0, cc) == 8 * r) t = tt, c = cc;
+}
+
+// d += A B for one 64 x 64 x 16 step: A (the warpgroup's 64 W rows) from registers, B (64 x rows
+// of 16 k) through a K-major 128-byte-swizzle descriptor. d[4 i + e] = D[16 warp + g][8 i + 2 t + e],
+// d[4 i + 2 + e] the row 8 below.
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p_acc;\n"
+        "setp.ne.b32 p_acc, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p_acc, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+// Stages x rows [0, 64) of k [k0, k0 + kSliceK) into xs in step order: step s = 16 tile + 2 (4 j +
+// c) + h holds, at slot 2t + e, x[k] for k = tile 256 + 128 j + 8 r + 4 h + e where lane_chunk(r)
+// = (t, c), and at slot 8 + 2t + e the same k + 2. Rows past M are zero.
+template <QType T>
+__device__ void stage_x(uint8_t* xs, const bf16* x, int M, int K, int k0) {
+    constexpr int kPerRow = kSliceK / 8, kGroups = kRows * kPerRow;  // 8-value groups
+    for (int i0 = threadIdx.x; i0 < kGroups; i0 += kStageLoads * blockDim.x) {
+        uint4 v[kStageLoads];
+#pragma unroll
+        for (int u = 0; u < kStageLoads; ++u) {
+            const int i = i0 + u * blockDim.x, n = i / kPerRow;
+            v[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (i < kGroups && n < M) v[u] = __ldg(reinterpret_cast<const uint4*>(x + (size_t)n * K + k0 + 8 * (i % kPerRow)));
+        }
+#pragma unroll
+        for (int u = 0; u < kStageLoads; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i >= kGroups) break;
+            const int n = i / kPerRow, k = 8 * (i % kPerRow);
+            const int tile = k / 256, o = k % 256, j = o / 128;
+            int t, c;
+            lane_chunk<T>((o % 128) >> 3, t, c);
+            const uint32_t pair[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                const int h = p >> 1, slot = (p & 1) * 8 + 2 * t;
+                const int s = 16 * tile + 2 * (4 * j + c) + h;
+                const int byte = 32 * (s & 3) + 2 * slot;
+                const int chunk = (byte >> 4) ^ (n & 7);
+                *reinterpret_cast<uint32_t*>(xs + (s >> 2) * kBoxBytes + n * 128 + (chunk << 4) + (byte & 15)) = pair[p];
+            }
+        }
+    }
+}
+
+// One part's partial sums: planes[slice][m][n] for its rows n (planes already offset to the
+// part's first column; ld the matrix's N, plane the floats between planes). The grid is a
+// multiple of KS CTAs; CTA c takes slice c % KS and walks 64-row blocks c / KS, + C / KS, ...,
+// warpgroup w starting w C / KS further.
+template <QType T>
+__global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
+    gemv_quant_wgmma_kernel(const uint8_t* __restrict__ W, const bf16* __restrict__ x, float* __restrict__ planes,
+                            int M, int rows, int K, int ld, size_t plane) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using F = QM<T>;
+    constexpr int WG = kWarpgroups<T>;
+    constexpr int kTilesPerSlice = kSliceK / 256;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* xs = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
+    const int g = lane >> 2, t = lane & 3;
+    const int KS = K / kSliceK, slice = blockIdx.x % KS, tile0 = slice * kTilesPerSlice;
+    const int ctas = gridDim.x / KS, cta = blockIdx.x / KS;
+    const int blocks = rows / 64, step = WG * ctas, rb0 = wg * ctas + cta;
+    const int row_tiles = K / 256;
+    const size_t row_stride = (size_t)row_tiles * F::kTileBytes;
+    // Q6_K's fp16 d, [rows, row_tiles] after the tiles (qlayout's tail); never read for Q4_K.
+    const unsigned short* tail = reinterpret_cast<const unsigned short*>(W + (size_t)rows * row_stride);
+    float* out = planes + (size_t)slice * plane;
+
+    // The cursor over this warpgroup's stream of tiles: block pb, tile pt of the slice, at pp (and
+    // pd, its d); the pointers move a tile at a time and are rebuilt only at a new block.
+    int pb = rb0, pt = 0;
+    auto row_of = [&](int b) { return (size_t)(64 * b + 16 * warp + g); };
+    const uint8_t* pp = W + row_of(pb) * row_stride + (size_t)tile0 * F::kTileBytes;
+    const unsigned short* pd = tail + row_of(pb) * row_tiles + tile0;
+    auto fetch = [&](typename F::Raw& lo, typename F::Raw& hi) {
+        if (pb < blocks) {
+            lo = F::load(pp, pd, t, 256);
+            hi = F::load(pp + 8 * row_stride, pd + 8 * row_tiles, t, 256);
+        }
+        pp += F::kTileBytes;
+        ++pd;
+        if (++pt == kTilesPerSlice) {
+            pt = 0;
+            pb += step;
+            pp = W + row_of(pb) * row_stride + (size_t)tile0 * F::kTileBytes;
+            pd = tail + row_of(pb) * row_tiles + tile0;
+        }
+    };
+    // [0] the tile being decoded, [1] the next one, in flight during the decode.
+    typename F::Raw lo[2], hi[2];
+    fetch(lo[0], hi[0]);
+    stage_x<T>(xs, x, M, K, slice * kSliceK);
+    hopper::fence_proxy_async_shared();
+    __syncthreads();
+    const uint64_t desc0 = hopper::sw128_descriptor(xs);
+
+    for (int rb = rb0; rb < blocks; rb += step) {
+        float acc[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+        for (int tile = 0; tile < kTilesPerSlice; ++tile) {
+            fetch(lo[1], hi[1]);
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    uint32_t rl[4], rh[4];
+                    decode_chunk<T>(lo[0], t, j, c, rl);
+                    decode_chunk<T>(hi[0], t, j, c, rh);
+                    const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
+                    const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
+                    const int s = 16 * tile + 2 * (4 * j + c);
+                    const uint64_t d0 = hopper::descriptor_add(desc0, (uint32_t)((s >> 2) * (kBoxBytes / 16) + 2 * (s & 3)));
+                    hopper::wgmma_fence();
+                    wgmma_m64n64k16_rs(acc, a0, d0);
+                    wgmma_m64n64k16_rs(acc, a1, hopper::descriptor_add(d0, 2));
+                    hopper::wgmma_commit();
+                    hopper::wgmma_wait<1>();  // the group before has read its A registers
+                }
+            lo[0] = lo[1], hi[0] = hi[1];
+        }
+        hopper::wgmma_wait<0>();
+        hopper::fence_accumulators(acc);
+        const int n = 64 * rb + 16 * warp + g;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int m = 8 * i + 2 * t + e;
+                if (m < M) {
+                    out[(size_t)m * ld + n] = acc[4 * i + e];
+                    out[(size_t)m * ld + n + 8] = acc[4 * i + 2 + e];
+                }
+            }
+    }
+#else
+    __trap();  // built without sm_90a: the host never launches this (gemm_quant_available)
+#endif
+}
+
+// y[m, n] = the sum of planes[0..KS)[m, n] in plane order, then stored (StoreF32, StoreBf16) at
+// m ld_out + n or added into the residual there (AddResidual); StoreF32 may write plane 0 itself.
+__global__ void planes_epilogue_kernel(const float* planes, int KS, size_t plane, int M, int N, Epilogue ep,
+                                       float* out_f32, bf16* out_bf16, int ld_out) {
+    const size_t total = (size_t)M * N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        float y = planes[i];
+        for (int s = 1; s < KS; ++s) y += planes[s * plane + i];
+        const size_t o = (i / N) * ld_out + i % N;
+        if (ep == Epilogue::AddResidual) out_f32[o] += y;
+        else if (ep == Epilogue::StoreBf16) out_bf16[o] = __float2bfloat16_rn(y);
+        else out_f32[o] = y;
+    }
+}
+
+template <QType T>
+void launch_part(const GemmWeightPart& w, const bf16* x, float* planes, int M, int N, int K, size_t plane,
+                 int sms, cudaStream_t stream) {
+    constexpr int WG = kWarpgroups<T>;
+    const int KS = K / kSliceK;
+    const int need = CEIL_DIV(w.rows / 64, WG) * KS;
+    const int grid = std::min(sms / KS * KS, need);
+    const size_t smem = kStageBytes + 1024;
+    auto kernel = gemv_quant_wgmma_kernel<T>;
+    allow_dynamic_smem(kernel, smem);
+    kernel<<<grid, WG * 128, smem, stream>>>(static_cast<const uint8_t*>(w.data), x, planes + w.row0, M, w.rows, K,
+                                             N, plane);
+    CUDA_CHECK_LAUNCH("gemv_quant_wgmma_kernel");
+}
+
+bool wgmma_type(int type) { return type == (int)QType::Q4_K || type == (int)QType::Q6_K; }
+
+}  // namespace
+
+size_t gemv_quant_wgmma_plane_floats(int M, int N, int K) { return (size_t)(K / kSliceK) * M * N; }
+
+bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int N, int K, size_t plane_floats) {
+    if (M < 1 || M > kRows || K % kSliceK != 0 || K / kSliceK > device_facts().sm_count) return false;
+    if (gemv_quant_wgmma_plane_floats(M, N, K) > plane_floats) return false;
+    long long units = 0;  // 64-row blocks times slices: the warpgroups' work items
+    for (int i = 0; i < n_parts; ++i) {
+        if (!wgmma_type(parts[i].type) || parts[i].rows % 64 != 0) return false;
+        units += (long long)(parts[i].rows / 64) * (K / kSliceK);
+    }
+    return units >= tuning::kGemvQuantWgmmaMinUnits;
+}
+
+void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, int N, int K, Epilogue ep,
+                      const EpilogueArgs& args, float* planes, size_t plane_floats, cudaStream_t stream) {
+    BRRR_CHECK(parts != nullptr && n_parts >= 1 && n_parts <= kMaxWeightParts,
+               "gemv_quant_wgmma: W must come as 1 to " << kMaxWeightParts << " parts, got " << n_parts);
+    BRRR_CHECK(M >= 1 && M <= kRows && N >= 1 && K >= kSliceK && K % kSliceK == 0,
+               "gemv_quant_wgmma: M=" << M << ", N=" << N << ", K=" << K << " (M in [1, " << kRows
+                                      << "], K a positive multiple of " << kSliceK << ")");
+    BRRR_CHECK(K / kSliceK <= device_facts().sm_count,
+               "gemv_quant_wgmma: K=" << K << " takes more slices than the GPU has SMs");
+    int next_row = 0;
+    for (int i = 0; i < n_parts; ++i) {
+        const GemmWeightPart& w = parts[i];
+        BRRR_CHECK(wgmma_type(w.type) && w.row0 == next_row && w.rows >= 64 && w.rows % 64 == 0 && w.data != nullptr &&
+                       util::aligned_to(w.data, 16),
+                   "gemv_quant_wgmma: part " << i << " (type " << w.type << ", rows [" << w.row0 << ", "
+                                             << w.row0 + w.rows << ")) must be Q4_K or Q6_K tiles on 16-byte "
+                                             << "aligned memory, a multiple of 64 rows, the parts covering [0, N) "
+                                             << "in order");
+        next_row += w.rows;
+    }
+    BRRR_CHECK(next_row == N, "gemv_quant_wgmma: the parts hold " << next_row << " rows, N=" << N);
+    BRRR_CHECK(x != nullptr && util::aligned_to(x, 16), "gemv_quant_wgmma: x must be 16-byte aligned");
+    const size_t plane = (size_t)M * N;
+    BRRR_CHECK(planes != nullptr && gemv_quant_wgmma_plane_floats(M, N, K) <= plane_floats,
+               "gemv_quant_wgmma: the planes need " << gemv_quant_wgmma_plane_floats(M, N, K) << " floats, got "
+                                                    << plane_floats);
+    const int ld = args.ld_out ? args.ld_out : N;
+    switch (ep) {
+        case Epilogue::StoreF32: BRRR_CHECK(args.out_f32, "gemv_quant_wgmma: StoreF32 needs out_f32"); break;
+        case Epilogue::StoreBf16: BRRR_CHECK(args.out_bf16, "gemv_quant_wgmma: StoreBf16 needs out_bf16"); break;
+        case Epilogue::AddResidual: BRRR_CHECK(args.residual, "gemv_quant_wgmma: AddResidual needs residual"); break;
+        case Epilogue::SwiGLU:
+            BRRR_CHECK(args.out_bf16 && N % 2 == 0, "gemv_quant_wgmma: SwiGLU needs out_bf16 and an even N");
+            break;
+        case Epilogue::RopeKV:
+            BRRR_CHECK(args.out_f32, "gemv_quant_wgmma: RopeKV stages q|k|v in args.out_f32 [M, N]; got null");
+            break;
+    }
+    BRRR_CHECK(ld >= N || ep == Epilogue::SwiGLU || ep == Epilogue::RopeKV,
+               "gemv_quant_wgmma: ld_out=" << ld << " is less than N=" << N);
+    const int sms = device_facts().sm_count;
+    for (int i = 0; i < n_parts; ++i) {
+        if (parts[i].type == (int)QType::Q4_K) launch_part<QType::Q4_K>(parts[i], x, planes, M, N, K, plane, sms, stream);
+        else launch_part<QType::Q6_K>(parts[i], x, planes, M, N, K, plane, sms, stream);
+    }
+    // The planes' sum, then the epilogue: SwiGLU and RopeKV finish from an fp32 [M, N] as the
+    // GEMV's staged parts do (swiglu_f32, rope_kv_append).
+    const int KS = K / kSliceK;
+    const int threads = 256, blocks = (int)std::min<size_t>(CEIL_DIV(plane, (size_t)threads), 4 * (size_t)sms);
+    float* f32 = ep == Epilogue::SwiGLU ? planes : ep == Epilogue::AddResidual ? args.residual : args.out_f32;
+    const Epilogue sum_ep = ep == Epilogue::SwiGLU || ep == Epilogue::RopeKV ? Epilogue::StoreF32 : ep;
+    const int sum_ld = ep == Epilogue::SwiGLU || ep == Epilogue::RopeKV ? N : ld;
+    planes_epilogue_kernel<<<blocks, threads, 0, stream>>>(planes, KS, plane, M, N, sum_ep, f32, args.out_bf16, sum_ld);
+    CUDA_CHECK_LAUNCH("planes_epilogue_kernel");
+    if (ep == Epilogue::SwiGLU) swiglu_f32(planes, args.out_bf16, M, N / 2, stream);
+    if (ep == Epilogue::RopeKV) rope_kv_append(args.out_f32, args.rope, M, stream);
+}
+
+}  // namespace cuda
+}  // namespace brrr
