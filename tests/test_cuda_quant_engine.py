@@ -1,8 +1,9 @@
 """Quantized weights in the CUDA engine (cuda/qlayout.h tiles, gemv_quant at decode, gemv_quant_mma
 from 2 rows: one pass of up to 64 rows for a matrix of one type, passes of up to 16 rows
 (tuning::kGemvQuantPassRows) for one of several parts, even chunks past that up to
-tuning::kGemvQuantChunkMaxRows rows, and for longer prompts gemm_quant on Hopper (the wgmma GEMM
-dequantizing tile by tile) up to tuning::kGemmQuantMaxRows rows, past them (and off Hopper) the
+tuning::kGemvQuantChunkMaxRows rows, on Hopper gemv_quant_wgmma at 33-64 rows for the matrices it
+takes, and for longer prompts gemm_quant on Hopper (the wgmma GEMM dequantizing tile by tile) up
+to tuning::kGemmQuantMaxRows rows, past them (and off Hopper) the
 matrix dequantized into bf16 scratch for the bf16 GEMM: whole, or a slice of columns at a time
 where the budget holds only a scratch of about the L2) against the CPU engine on the same GGUF
 blocks.

@@ -206,7 +206,9 @@ private:
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
     // ones run the quantized GEMV per part (matmul_parts, M <= 16), in chunks of at most 16 rows
     // where the matrix has several parts, up to gemv_quant_rows() rows (32 on Hopper, 64 off it);
-    // then on Hopper gemm_quant (dequantizing tile by tile) up to tuning::kGemmQuantMaxRows rows
+    // then on Hopper, up to 64 rows, gemv_quant_wgmma where it takes the matrix (Q4_K / Q6_K parts
+    // with work enough; its slices' planes in deq_), else gemm_quant (dequantizing tile by tile) up
+    // to tuning::kGemmQuantMaxRows rows
     // (kGemmQuantMaxRowsInL2 where a bf16 copy of the matrix fits in L2); more rows (off Hopper
     // every M past the chunks) dequantize W into deq_ a slice of output columns at a time for the
     // bf16 GEMM (gemm_dequant_slices).
@@ -337,7 +339,8 @@ private:
     float* gate_up_ = nullptr;        // [tuning::kGemvMaxRows, 2 H] a w13 of mixed parts, before SwiGLU
     bool quant_gemm_ = false;         // gemm_quant runs here (Hopper)
     size_t l2_bytes_ = 0;             // the device's L2: a bf16 copy of W that fits stays on chip
-    bf16* deq_ = nullptr;             // [deq_elems_] a quantized matrix, or slices of it, as bf16 (long prompts)
+    bf16* deq_ = nullptr;             // [deq_elems_] a quantized matrix, or slices of it, as bf16 (long prompts);
+                                      // at 33-64 rows gemv_quant_wgmma's fp32 planes
     size_t deq_elems_ = 0;            // the largest quantized matrix, or about the L2 where deq_sliced_ (carve)
     bool deq_sliced_ = false;         // size_kv_pool: no room for a whole matrix beside the KV cache
     size_t weight_bytes_ = 0, kv_bytes_ = 0, other_bytes_ = 0;  // the arena by use, as carve last laid it out
