@@ -14,21 +14,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_cuda_gemm_quant import check_bound, decoded, parts_arg  # noqa: E402
+from test_cuda_gemm_quant import C, check_bound, decoded, gen, hopper, ops, parts_arg  # noqa: E402
 from test_cuda_gemv_quant import ROPE_KV, Weights, check_epilogues, check_rope_kv, random_x, rope_problem  # noqa: E402
 from test_cuda_gemv_quant_mma import x_rows  # noqa: E402
-from test_cuda_kernels import STORE_F32, gen, nan_full, ops  # noqa: E402
-from test_cuda_ops_misc import C  # noqa: E402
+from test_cuda_kernels import STORE_F32, nan_full  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
-__all__ = ["C", "gen", "ops"]  # fixtures used by name
-
-
-@pytest.fixture(autouse=True)
-def hopper(ops):
-    if not ops.gemm_quant_available():
-        pytest.skip("gemv_quant_wgmma runs on Hopper (sm_90a) only")
+__all__ = ["C", "gen", "hopper", "ops"]  # fixtures used by name (hopper: autouse, skips off Hopper)
 
 
 def run(ops, parts, x, epilogue=STORE_F32, **dest):

@@ -31,6 +31,7 @@
 
 #include "cpu/quant.h"
 #include "cuda/check.cuh"
+#include "cuda/gemv_quant_wgmma.cuh"
 #include "cuda/hopper.cuh"
 #include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
@@ -46,94 +47,17 @@ namespace cuda {
 
 namespace {
 
-using qdec::Coef;
-using qdec::chunk_bf16x2;
-using qdec::scale_x2;
-using qpieces::chunk_of;
 using qpieces::QM;
+using qwgmma::TileStream;
 using quant::QType;
 
 constexpr int kRows = 64;                       // x rows staged: the wgmma's N
 constexpr int kSliceK = 1024;                   // k of a slice: 16 boxes of 64 k
 constexpr int kBoxBytes = kRows * 128;          // 64 k of 64 rows in the 128-byte swizzle
 constexpr int kStageBytes = kSliceK / 64 * kBoxBytes;  // 128 KB
-constexpr int kStageLoads = 4;                  // 16-byte x loads a thread has in flight while staging
 // Warpgroups a CTA (one CTA an SM): Q4_K 4 at 123 registers; Q6_K's wider tiles need 157, so 3.
 template <QType T>
 constexpr int kWarpgroups = T == QType::Q6_K ? 3 : 4;
-
-// Chunk c of piece j of a lane's tile as 4 bf16x2: 8 values consecutive in k.
-template <QType T>
-__device__ __forceinline__ void decode_chunk(const typename QM<T>::Raw& r, int t, int j, int c, uint32_t out[4]) {
-    Coef k;
-    uint32_t u0, u1;
-    chunk_of<T>(r, t, j, c, k, u0, u1);
-    chunk_bf16x2<T>(u0, u1, scale_x2<T>(k), out);
-}
-
-// The lane t and chunk c whose chunk of piece 0 starts 8 r values into the tile (r < 16).
-template <QType T>
-__device__ __forceinline__ void lane_chunk(int r, int& t, int& c) {
-    t = c = 0;
-#pragma unroll
-    for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc)
-            if (QM<T>::lane_k(tt) + QM<T>::chunk_k(0, cc) == 8 * r) t = tt, c = cc;
-}
-
-// d += A B for one 64 x 64 x 16 step: A (the warpgroup's 64 W rows) from registers, B (64 x rows
-// of 16 k) through a K-major 128-byte-swizzle descriptor. d[4 i + e] = D[16 warp + g][8 i + 2 t + e],
-// d[4 i + 2 + e] the row 8 below.
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p_acc;\n"
-        "setp.ne.b32 p_acc, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p_acc, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-
-// Stages x rows [0, 64) of k [k0, k0 + kSliceK) into xs in step order: step s = 16 tile + 2 (4 j +
-// c) + h holds, at slot 2t + e, x[k] for k = tile 256 + 128 j + 8 r + 4 h + e where lane_chunk(r)
-// = (t, c), and at slot 8 + 2t + e the same k + 2. Rows past M are zero.
-template <QType T>
-__device__ void stage_x(uint8_t* xs, const bf16* x, int M, int K, int k0) {
-    constexpr int kPerRow = kSliceK / 8, kGroups = kRows * kPerRow;  // 8-value groups
-    for (int i0 = threadIdx.x; i0 < kGroups; i0 += kStageLoads * blockDim.x) {
-        uint4 v[kStageLoads];
-#pragma unroll
-        for (int u = 0; u < kStageLoads; ++u) {
-            const int i = i0 + u * blockDim.x, n = i / kPerRow;
-            v[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (i < kGroups && n < M) v[u] = __ldg(reinterpret_cast<const uint4*>(x + (size_t)n * K + k0 + 8 * (i % kPerRow)));
-        }
-#pragma unroll
-        for (int u = 0; u < kStageLoads; ++u) {
-            const int i = i0 + u * blockDim.x;
-            if (i >= kGroups) break;
-            const int n = i / kPerRow, k = 8 * (i % kPerRow);
-            const int tile = k / 256, o = k % 256, j = o / 128;
-            int t, c;
-            lane_chunk<T>((o % 128) >> 3, t, c);
-            const uint32_t pair[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-            for (int p = 0; p < 4; ++p) {
-                const int h = p >> 1, slot = (p & 1) * 8 + 2 * t;
-                const int s = 16 * tile + 2 * (4 * j + c) + h;
-                const int byte = 32 * (s & 3) + 2 * slot;
-                const int chunk = (byte >> 4) ^ (n & 7);
-                *reinterpret_cast<uint32_t*>(xs + (s >> 2) * kBoxBytes + n * 128 + (chunk << 4) + (byte & 15)) = pair[p];
-            }
-        }
-    }
-}
 
 // One part's partial sums: planes[slice][m][n] for its rows n (planes already offset to the
 // part's first column; ld the matrix's N, plane the floats between planes). The grid is a
@@ -154,36 +78,12 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
     const int KS = K / kSliceK, slice = blockIdx.x % KS, tile0 = slice * kTilesPerSlice;
     const int ctas = gridDim.x / KS, cta = blockIdx.x / KS;
     const int blocks = rows / 64, step = WG * ctas, rb0 = wg * ctas + cta;
-    const int row_tiles = K / 256;
-    const size_t row_stride = (size_t)row_tiles * F::kTileBytes;
-    // Q6_K's fp16 d, [rows, row_tiles] after the tiles (qlayout's tail); never read for Q4_K.
-    const unsigned short* tail = reinterpret_cast<const unsigned short*>(W + (size_t)rows * row_stride);
     float* out = planes + (size_t)slice * plane;
-
-    // The cursor over this warpgroup's stream of tiles: block pb, tile pt of the slice, at pp (and
-    // pd, its d); the pointers move a tile at a time and are rebuilt only at a new block.
-    int pb = rb0, pt = 0;
-    auto row_of = [&](int b) { return (size_t)(64 * b + 16 * warp + g); };
-    const uint8_t* pp = W + row_of(pb) * row_stride + (size_t)tile0 * F::kTileBytes;
-    const unsigned short* pd = tail + row_of(pb) * row_tiles + tile0;
-    auto fetch = [&](typename F::Raw& lo, typename F::Raw& hi) {
-        if (pb < blocks) {
-            lo = F::load(pp, pd, t, 256);
-            hi = F::load(pp + 8 * row_stride, pd + 8 * row_tiles, t, 256);
-        }
-        pp += F::kTileBytes;
-        ++pd;
-        if (++pt == kTilesPerSlice) {
-            pt = 0;
-            pb += step;
-            pp = W + row_of(pb) * row_stride + (size_t)tile0 * F::kTileBytes;
-            pd = tail + row_of(pb) * row_tiles + tile0;
-        }
-    };
+    TileStream<T> w(W, rows, K, tile0, kTilesPerSlice, rb0, step, 16 * warp + g, t);
     // [0] the tile being decoded, [1] the next one, in flight during the decode.
     typename F::Raw lo[2], hi[2];
-    fetch(lo[0], hi[0]);
-    stage_x<T>(xs, x, M, K, slice * kSliceK);
+    w.next(lo[0], hi[0]);
+    qwgmma::stage_x<T, kRows, kSliceK>(xs, x, M, K, slice * kSliceK);
     hopper::fence_proxy_async_shared();
     __syncthreads();
     const uint64_t desc0 = hopper::sw128_descriptor(xs);
@@ -193,39 +93,16 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[i] = 0.f;
         for (int tile = 0; tile < kTilesPerSlice; ++tile) {
-            fetch(lo[1], hi[1]);
+            w.next(lo[1], hi[1]);
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    uint32_t rl[4], rh[4];
-                    decode_chunk<T>(lo[0], t, j, c, rl);
-                    decode_chunk<T>(hi[0], t, j, c, rh);
-                    const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
-                    const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
-                    const int s = 16 * tile + 2 * (4 * j + c);
-                    const uint64_t d0 = hopper::descriptor_add(desc0, (uint32_t)((s >> 2) * (kBoxBytes / 16) + 2 * (s & 3)));
-                    hopper::wgmma_fence();
-                    wgmma_m64n64k16_rs(acc, a0, d0);
-                    wgmma_m64n64k16_rs(acc, a1, hopper::descriptor_add(d0, 2));
-                    hopper::wgmma_commit();
-                    hopper::wgmma_wait<1>();  // the group before has read its A registers
-                }
+                for (int c = 0; c < 4; ++c) qwgmma::chunk_mma<T, kRows, 1>(acc, lo[0], hi[0], t, j, c, tile, desc0);
             lo[0] = lo[1], hi[0] = hi[1];
         }
         hopper::wgmma_wait<0>();
         hopper::fence_accumulators(acc);
-        const int n = 64 * rb + 16 * warp + g;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int m = 8 * i + 2 * t + e;
-                if (m < M) {
-                    out[(size_t)m * ld + n] = acc[4 * i + e];
-                    out[(size_t)m * ld + n + 8] = acc[4 * i + 2 + e];
-                }
-            }
+        qwgmma::store_rows<kRows>(out, acc, M, ld, 64 * rb + 16 * warp + g, t);
     }
 #else
     __trap();  // built without sm_90a: the host never launches this (gemm_quant_available)
