@@ -20,6 +20,8 @@
 //     64-row blocks of W; each slice stores its partial sums into its plane;
 //   * planes_epilogue adds the planes in slice order and stores, or adds into the residual; a
 //     SwiGLU sums into plane 0 for swiglu_f32, a RopeKV into args.out_f32 for rope_kv_append.
+//   The device pieces (chunk decode, x staging, tile stream, wgmma step, stores) are
+//   gemv_quant_wgmma.cuh's, which the kernel lab shares.
 // Invariants: a row's sum runs in a fixed order (k in order within a slice, slices in order), the
 // same whatever M and the other rows are; x rows past M are staged as zeros and their outputs never
 // stored. gemv_quant_wgmma_takes says which calls the kernel serves (else the engine runs
