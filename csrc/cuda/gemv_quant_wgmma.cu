@@ -57,7 +57,7 @@ constexpr int kRows = 64;                       // x rows staged: the wgmma's N
 constexpr int kSliceK = 1024;                   // k of a slice: 16 boxes of 64 k
 constexpr int kBoxBytes = kRows * 128;          // 64 k of 64 rows in the 128-byte swizzle
 constexpr int kStageBytes = kSliceK / 64 * kBoxBytes;  // 128 KB
-// Warpgroups a CTA (one CTA an SM): Q4_K 4 at 123 registers; Q6_K's wider tiles need 157, so 3.
+// Warpgroups a CTA (one CTA an SM): Q4_K 4, at 128 registers; Q6_K's wider tiles need 155, so 3.
 template <QType T>
 constexpr int kWarpgroups = T == QType::Q6_K ? 3 : 4;
 
