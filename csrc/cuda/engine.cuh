@@ -208,10 +208,9 @@ private:
     // where the matrix has several parts, up to gemv_quant_rows() rows (32 on Hopper, 64 off it);
     // then on Hopper, up to 64 rows, gemv_quant_wgmma where it takes the matrix (Q4_K / Q6_K parts
     // with work enough; its slices' planes in deq_), else gemm_quant (dequantizing tile by tile) up
-    // to tuning::kGemmQuantMaxRows rows
-    // (kGemmQuantMaxRowsInL2 where a bf16 copy of the matrix fits in L2); more rows (off Hopper
-    // every M past the chunks) dequantize W into deq_ a slice of output columns at a time for the
-    // bf16 GEMM (gemm_dequant_slices).
+    // to tuning::kGemmQuantMaxRows rows (kGemmQuantMaxRowsInL2 where a bf16 copy of the matrix
+    // fits in L2); more rows (off Hopper every M past the chunks) dequantize W into deq_ a slice of
+    // output columns at a time for the bf16 GEMM (gemm_dequant_slices).
     void matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                 Epilogue ep, const EpilogueArgs& args);
     void matmul_parts(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,

@@ -38,9 +38,6 @@
 #include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
-#include "cuda/ptx.cuh"
-#include "cuda/qlayout.h"
-#include "cuda/quant_decode.cuh"
 #include "cuda/quant_pieces.cuh"
 #include "cuda/tuning.h"
 

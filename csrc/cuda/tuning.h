@@ -115,7 +115,8 @@ constexpr int kGemvQuantFedMinRounds = 5;
 // dequantized scratch, which reads the weights once but writes a bf16 copy and reads it back (4
 // more bytes a weight) first. The limit is the kernel's.
 constexpr int kGemvQuantChunkMaxRows = 64;
-// On Hopper the GEMV's rows end here, and gemm_quant takes the rows past them: it decodes W once
+// On Hopper the GEMV's rows end here, and gemm_quant takes the rows past them (up to 64 rows
+// gemv_quant_wgmma first, where kGemvQuantWgmmaMinUnits below lets it): it decodes W once
 // for a 128-row tile of x whatever M is, where the GEMV's time grows with the rows (every CTA reads
 // all M x rows and runs 2 NT mma a chunk), and from 33 rows (NT = 8) it loses on most matrices.
 // H200, device time (`benchmarks/lab/gemm_quant_sweep.py --gemv`), GEMV over gemm_quant at 32 / 40
@@ -126,9 +127,9 @@ constexpr int kGemvQuantChunkMaxRows = 64;
 // 1.44-1.79x slower with it past 16 rows; multi-part matrices on gemm_quant past 16 (no 16-row
 // passes) ran 1.02-1.04x slower at 17-32 (docs/kernels/gemv.md).
 constexpr int kGemvQuantMaxRowsBesideGemm = 32;
-// Quantized matmuls of kGemvQuantMaxRowsBesideGemm < M <= this rows run gemm_quant on Hopper (the wgmma
-// GEMM dequantizing each k tile of W in its consumers, once per row tile of x: 128 rows, 256 past
-// 128); more rows dequantize the matrix into bf16 scratch once for the bf16 GEMM. H100, 8B Q4_K_M
+// Quantized matmuls of kGemvQuantMaxRowsBesideGemm < M <= this rows run gemm_quant on Hopper (the
+// wgmma GEMM dequantizing each k tile of W in its consumers, once per row tile of x: 128 rows, 256
+// past 128), but for those gemv_quant_wgmma takes at up to 64 rows; more rows dequantize the matrix into bf16 scratch once for the bf16 GEMM. H100, 8B Q4_K_M
 // prefill of 256 tokens: 0.71x bf16 against the scratch path's 0.55x; from two 256-row tiles on
 // the scratch wins (2048 tokens: 0.86x against gemm_quant's 0.71x; docs/kernels/gemm.md).
 constexpr int kGemmQuantMaxRows = 256;
