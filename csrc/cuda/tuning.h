@@ -129,9 +129,10 @@ constexpr int kGemvQuantChunkMaxRows = 64;
 constexpr int kGemvQuantMaxRowsBesideGemm = 32;
 // Quantized matmuls of kGemvQuantMaxRowsBesideGemm < M <= this rows run gemm_quant on Hopper (the
 // wgmma GEMM dequantizing each k tile of W in its consumers, once per row tile of x: 128 rows, 256
-// past 128), but for those gemv_quant_wgmma takes at up to 64 rows; more rows dequantize the
-// matrix into bf16 scratch once for the bf16 GEMM. H100, 8B Q4_K_M prefill of 256 tokens: 0.71x bf16 against the scratch path's 0.55x; from two 256-row tiles on
-// the scratch wins (2048 tokens: 0.86x against gemm_quant's 0.71x; docs/kernels/gemm.md).
+// past 128), but for those gemv_quant_wgmma takes at up to 64 rows; more rows dequantize the matrix
+// into bf16 scratch once for the bf16 GEMM. H100, 8B Q4_K_M prefill of 256 tokens: 0.71x bf16
+// against the scratch path's 0.55x; from two 256-row tiles on the scratch wins (2048 tokens: 0.86x
+// against gemm_quant's 0.71x; docs/kernels/gemm.md).
 constexpr int kGemmQuantMaxRows = 256;
 // The same limit for a matrix whose bf16 copy fits in L2 (the 1B's wqkv, wo, w2; the 8B's wo):
 // the scratch path's write and read-back of the copy then stay on chip, and one 128-row tile is
