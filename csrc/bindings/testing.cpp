@@ -210,6 +210,73 @@ struct CudaAttention {
     }
 };
 
+// The set-up the quantized-GEMM bindings share: the epilogue's arguments (with a RopeKV call's
+// paged cache, kept alive beside them), W's parts (a Python list of (type, pointer, rows) in row
+// order) and x.
+struct QuantGemmCall {
+    brrr::cuda::EpilogueArgs args;
+    std::optional<PagedKv> paged;
+    brrr::cuda::GemmWeightPart parts[brrr::cuda::kMaxWeightParts];
+    int n_parts = 0;
+    const brrr::cuda::bf16* x = nullptr;
+};
+void quant_gemm_call(const char* op, QuantGemmCall& c, const py::list& parts, uintptr_t x, int64_t M, int64_t N,
+                     int64_t K, int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
+                     int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots, uintptr_t inv_freq,
+                     uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache, int64_t n_heads, int64_t n_kv_heads,
+                     int64_t head_dim, int64_t max_seq, uintptr_t block_table, int64_t block_size, int64_t n_blocks,
+                     bool kv_fp8) {
+    c.args = CudaQuantMatmul::args(op, 0, M, N, K, epilogue, out, out_f32, residual, ld_out, positions, slots,
+                                   inv_freq, q_out, n_heads, n_kv_heads, head_dim);
+    c.args.split = CudaMatmul::split_scratch(split);
+    if (epilogue == 4) {
+        c.paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M),
+                        kv_fp8);
+        c.args.rope.kv = c.paged->kv;
+    }
+    if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
+        bad_argument(std::string(op) + ": parts must list 1 to " + std::to_string(brrr::cuda::kMaxWeightParts) +
+                     " (type, W, rows) tuples, got " + std::to_string(parts.size()));
+    int row0 = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        const auto t = parts[i].cast<std::tuple<int64_t, uintptr_t, int64_t>>();
+        CudaOp::check_sizes({{"part rows", std::get<2>(t)}});
+        if (std::get<0>(t) < 0 || std::get<0>(t) > 255)
+            bad_argument(std::string(op) + ": a part's type must be 0 (bf16) or a GGML type id, got " +
+                         std::to_string(std::get<0>(t)));
+        c.parts[i] = {(int)std::get<0>(t), CudaOp::ptr(std::get<1>(t), "W"), row0, (int)std::get<2>(t)};
+        row0 += (int)std::get<2>(t);
+    }
+    c.n_parts = (int)parts.size();
+    c.x = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
+}
+
+// Defines testing.`name` on quantized parts: quant_gemm_call's keyword arguments, then one of type
+// Extra... each (named in `more`, followed by the doc); run(c, M, N, K, epilogue, extra...) launches
+// on the set-up c.
+template <typename... Extra, typename Run, typename... More>
+void def_quant_gemm(py::module_& testing, const char* name, Run run, More&&... more) {
+    testing.def(
+        name,
+        [name, run](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K, int64_t epilogue, uintptr_t out,
+                    uintptr_t out_f32, uintptr_t residual, int64_t ld_out, const py::object& split,
+                    uintptr_t positions, uintptr_t slots, uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache,
+                    uintptr_t v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                    uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8, Extra... extra) {
+            QuantGemmCall c;
+            quant_gemm_call(name, c, parts, x, M, N, K, epilogue, out, out_f32, residual, ld_out, split, positions,
+                            slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
+                            block_table, block_size, n_blocks, kv_fp8);
+            run(c, M, N, K, epilogue, extra...);
+        },
+        py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"),
+        py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0, py::arg("ld_out") = 0,
+        py::arg("split") = py::none(), py::arg("positions") = 0, py::arg("slots") = 0, py::arg("inv_freq") = 0,
+        py::arg("q_out") = 0, py::arg("k_cache") = 0, py::arg("v_cache") = 0, py::arg("n_heads") = 0,
+        py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0,
+        py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false, std::forward<More>(more)...);
+}
+
 }  // namespace
 
 void bind_testing(py::module_& m) {
@@ -491,67 +558,7 @@ void bind_testing(py::module_& m) {
        py::arg("n_blocks") = 0, py::arg("kv_fp8") = false,
        "decode GEMV on quantized weights on the tensor cores (M <= 64): y = x . bf16(dequant(W)).T with the "
        "epilogue (as gemv_quant's); W = qlayout tiles (quant_ops.gpu_repack), x = bf16 rows [M, K]");
-    // The set-up gemm_quant and gemm_dequant_slices share: the epilogue's arguments (with a RopeKV call's
-    // paged cache, kept alive beside them), W's parts (a Python list of (type, pointer, rows) in row
-    // order) and x.
-    struct QuantGemmCall {
-        brrr::cuda::EpilogueArgs args;
-        std::optional<PagedKv> paged;
-        brrr::cuda::GemmWeightPart parts[brrr::cuda::kMaxWeightParts];
-        int n_parts = 0;
-        const brrr::cuda::bf16* x = nullptr;
-    };
-    auto quant_gemm_call = [](const char* op, QuantGemmCall& c, const py::list& parts, uintptr_t x, int64_t M,
-                              int64_t N, int64_t K, int64_t epilogue, uintptr_t out, uintptr_t out_f32,
-                              uintptr_t residual, int64_t ld_out, const py::object& split, uintptr_t positions,
-                              uintptr_t slots, uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache,
-                              uintptr_t v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                              int64_t max_seq, uintptr_t block_table, int64_t block_size, int64_t n_blocks,
-                              bool kv_fp8) {
-        c.args = CudaQuantMatmul::args(op, 0, M, N, K, epilogue, out, out_f32, residual, ld_out, positions, slots,
-                                       inv_freq, q_out, n_heads, n_kv_heads, head_dim);
-        c.args.split = CudaMatmul::split_scratch(split);
-        if (epilogue == 4) {
-            c.paged.emplace(k_cache, v_cache, max_seq, block_table, block_size, n_blocks, PagedKv::slot_count(slots, M),
-                            kv_fp8);
-            c.args.rope.kv = c.paged->kv;
-        }
-        if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
-            bad_argument(std::string(op) + ": parts must list 1 to " + std::to_string(brrr::cuda::kMaxWeightParts) +
-                         " (type, W, rows) tuples, got " + std::to_string(parts.size()));
-        int row0 = 0;
-        for (size_t i = 0; i < parts.size(); ++i) {
-            const auto t = parts[i].cast<std::tuple<int64_t, uintptr_t, int64_t>>();
-            CudaOp::check_sizes({{"part rows", std::get<2>(t)}});
-            if (std::get<0>(t) < 0 || std::get<0>(t) > 255)
-                bad_argument(std::string(op) + ": a part's type must be 0 (bf16) or a GGML type id, got " +
-                             std::to_string(std::get<0>(t)));
-            c.parts[i] = {(int)std::get<0>(t), CudaOp::ptr(std::get<1>(t), "W"), row0, (int)std::get<2>(t)};
-            row0 += (int)std::get<2>(t);
-        }
-        c.n_parts = (int)parts.size();
-        c.x = static_cast<const brrr::cuda::bf16*>(CudaOp::ptr(x, "x"));
-    };
-    // Defines a binding whose leading keyword arguments are quant_gemm_call's (then `more`: its own and the doc).
-    auto def_quant_gemm = [&testing](const char* name, auto&& fn, auto&&... more) {
-        testing.def(name, fn, py::arg("parts"), py::arg("x"), py::arg("M"), py::arg("N"), py::arg("K"),
-                    py::arg("epilogue"), py::arg("out") = 0, py::arg("out_f32") = 0, py::arg("residual") = 0,
-                    py::arg("ld_out") = 0, py::arg("split") = py::none(), py::arg("positions") = 0,
-                    py::arg("slots") = 0, py::arg("inv_freq") = 0, py::arg("q_out") = 0, py::arg("k_cache") = 0,
-                    py::arg("v_cache") = 0, py::arg("n_heads") = 0, py::arg("n_kv_heads") = 0,
-                    py::arg("head_dim") = 0, py::arg("max_seq") = 0, py::arg("block_table") = 0,
-                    py::arg("block_size") = 16, py::arg("n_blocks") = 0, py::arg("kv_fp8") = false, more...);
-    };
-    def_quant_gemm("gemm_quant", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N, int64_t K,
-                                  int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
-                                  int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
-                                  uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
-                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8) {
-        QuantGemmCall c;
-        quant_gemm_call("gemm_quant", c, parts, x, M, N, K, epilogue, out, out_f32, residual, ld_out, split, positions,
-                        slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, block_table,
-                        block_size, n_blocks, kv_fp8);
+    def_quant_gemm(testing, "gemm_quant", [](QuantGemmCall& c, int64_t M, int64_t N, int64_t K, int64_t epilogue) {
         py::gil_scoped_release release;
         brrr::cuda::gemm_quant(c.parts, c.n_parts, c.x, (int)M, (int)N, (int)K,
                                static_cast<brrr::cuda::Epilogue>(epilogue), c.args, 0);
@@ -560,17 +567,8 @@ void bind_testing(py::module_& m) {
        "prefill GEMM on quantized weights (Hopper): y = x . bf16(dequant(W)).T with the epilogue; W = parts, "
        "a list of (type, pointer, rows) in row order (type 0: bf16 [rows, K], else qlayout tiles), x = bf16 "
        "[M, K]; split as for gemm_bf16");
-    def_quant_gemm("gemm_dequant_slices", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N,
-                                  int64_t K, int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
-                                  int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
-                                  uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
-                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8,
-                                  uintptr_t scratch, int64_t scratch_elems) {
-        QuantGemmCall c;
-        quant_gemm_call("gemm_dequant_slices", c, parts, x, M, N, K, epilogue, out, out_f32, residual, ld_out, split,
-                        positions, slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
-                        block_table, block_size, n_blocks, kv_fp8);
+    def_quant_gemm<uintptr_t, int64_t>(testing, "gemm_dequant_slices", [](QuantGemmCall& c, int64_t M, int64_t N,
+                                         int64_t K, int64_t epilogue, uintptr_t scratch, int64_t scratch_elems) {
         auto* sp = static_cast<brrr::cuda::bf16*>(CudaOp::ptr(scratch, "scratch"));
         if (scratch_elems < 0) bad_argument("gemm_dequant_slices: scratch_elems must be >= 0, got " + std::to_string(scratch_elems));
         py::gil_scoped_release release;
@@ -587,17 +585,8 @@ void bind_testing(py::module_& m) {
                                                    (size_t)scratch_elems);
     }, py::arg("M"), py::arg("N"), py::arg("K"), py::arg("epilogue"), py::arg("scratch_elems"),
        "the slice width (output columns) gemm_dequant_slices cuts such a call into");
-    def_quant_gemm("gemv_quant_wgmma", [quant_gemm_call](const py::list& parts, uintptr_t x, int64_t M, int64_t N,
-                                  int64_t K, int64_t epilogue, uintptr_t out, uintptr_t out_f32, uintptr_t residual,
-                                  int64_t ld_out, const py::object& split, uintptr_t positions, uintptr_t slots,
-                                  uintptr_t inv_freq, uintptr_t q_out, uintptr_t k_cache, uintptr_t v_cache,
-                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                  uintptr_t block_table, int64_t block_size, int64_t n_blocks, bool kv_fp8,
-                                  uintptr_t planes, int64_t plane_floats) {
-        QuantGemmCall c;
-        quant_gemm_call("gemv_quant_wgmma", c, parts, x, M, N, K, epilogue, out, out_f32, residual, ld_out, split,
-                        positions, slots, inv_freq, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
-                        block_table, block_size, n_blocks, kv_fp8);
+    def_quant_gemm<uintptr_t, int64_t>(testing, "gemv_quant_wgmma", [](QuantGemmCall& c, int64_t M, int64_t N,
+                                         int64_t K, int64_t epilogue, uintptr_t planes, int64_t plane_floats) {
         auto* pp = static_cast<float*>(CudaOp::ptr(planes, "planes"));
         if (plane_floats < 0) bad_argument("gemv_quant_wgmma: plane_floats must be >= 0, got " + std::to_string(plane_floats));
         py::gil_scoped_release release;
@@ -613,7 +602,8 @@ void bind_testing(py::module_& m) {
         CudaOp::check_sizes({{"M", M}, {"K", K}, {"plane_floats", plane_floats}});
         brrr::cuda::GemmWeightPart p[brrr::cuda::kMaxWeightParts];
         if (parts.size() < 1 || parts.size() > (size_t)brrr::cuda::kMaxWeightParts)
-            bad_argument("gemv_quant_wgmma_takes: parts must list 1 to 3 (type, rows) tuples");
+            bad_argument("gemv_quant_wgmma_takes: parts must list 1 to " + std::to_string(brrr::cuda::kMaxWeightParts) +
+                         " (type, rows) tuples");
         int N = 0;
         for (size_t i = 0; i < parts.size(); ++i) {
             const auto t = parts[i].cast<std::tuple<int64_t, int64_t>>();
