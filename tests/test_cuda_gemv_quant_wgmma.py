@@ -1,4 +1,4 @@
-"""Decode batches of 33-64 rows on Q4_K / Q6_K weights (gemv_quant_wgmma: csrc/cuda/gemv_quant_wgmma.cu,
+"""Decode batches of 17-64 rows on Q4_K / Q6_K weights (gemv_quant_wgmma: csrc/cuda/gemv_quant_wgmma.cu,
 W decoded into wgmma's A registers, K in 1024-value slices whose fp32 planes a second kernel adds)
 through _C.testing, on weights in the CUDA tiles and bf16 rows of x.
 
@@ -6,11 +6,13 @@ The oracle is the CPU's fp32 weights: the StoreF32 result against float64 x . W^
 summation bound plus the decode's slack (the same bf16 per weight as gemv_quant_mma and gemm_quant:
 test_cuda_gemm_quant.decoded reads gemm_quant's back and holds it to the CPU's values first); the
 other epilogues against the same call's StoreF32 (bit for bit, or SwiGLU / RoPE within their
-rounding). Odd shapes: 3 and 5 blocks of 64 rows, 1, 3 and 5 slices of K, M from 33 to 64, parts of
+rounding). Odd shapes: 3 and 5 blocks of 64 rows, 1, 3 and 5 slices of K, M from 17 to 64, parts of
 two types; the planes and outputs NaN-poisoned, with a row past M that must stay NaN; each row
 bit-identical to the same row in a batch of another size. Hopper only."""
 
 import pytest
+
+from llama_brrr import quant
 
 torch = pytest.importorskip("torch")
 
@@ -45,7 +47,7 @@ def store_f32(ops, parts, x):
     return y[:M]
 
 
-@pytest.mark.parametrize("M", [33, 47, 64])
+@pytest.mark.parametrize("M", [17, 33, 47, 64])
 @pytest.mark.parametrize("N, K", [(192, 1024), (320, 3072), (64, 5120)])
 @pytest.mark.parametrize("name", ["q4_k", "q6_k"])
 def test_gemv_quant_wgmma_against_float64(C, ops, rng, name, N, K, M):
@@ -57,14 +59,32 @@ def test_gemv_quant_wgmma_against_float64(C, ops, rng, name, N, K, M):
 
 @pytest.mark.parametrize("name", ["q4_k", "q6_k"])
 def test_gemv_quant_wgmma_rows_are_batch_invariant(C, ops, rng, name):
-    """A row's sum runs in one order whatever M is: the first 33 rows of a 64-row batch equal the
-    same rows alone, bit for bit."""
+    """A row's sum runs in one order whatever M is: the first 17 or 33 rows of a 64-row batch
+    equal the same rows alone, bit for bit."""
     N, K = 320, 2048
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, 64, K))
     y64 = store_f32(ops, [W], x)
-    y33 = store_f32(ops, [W], x_rows(x[:33].clone()))
-    assert torch.equal(y64[:33], y33), f"{name}: a row differs between batches of 64 and 33"
+    for M in (17, 33):
+        y = store_f32(ops, [W], x_rows(x[:M].clone()))
+        assert torch.equal(y64[:M], y), f"{name}: a row differs between batches of 64 and {M}"
+
+
+def test_gemv_quant_wgmma_takes_what_the_lab_says_it_wins(C):
+    """The engine's rule (tuning.h): 17-64 rows; Q6_K parts only from 33 rows; enough 64-row blocks
+    times 1024-k slices (the 8B's wqkv yes, its wo no); K a multiple of 1024; planes that fit."""
+    ids = quant.kept_types()
+    q4, q6, roomy = ids["q4_k"], ids["q6_k"], 1 << 30
+    takes = C.testing.gemv_quant_wgmma_takes
+    assert takes([(q4, 28672)], 17, 4096, roomy) and takes([(q4, 28672)], 64, 4096, roomy)
+    assert not takes([(q4, 28672)], 16, 4096, roomy) and not takes([(q4, 28672)], 65, 4096, roomy)
+    assert not takes([(q6, 128256)], 32, 4096, roomy) and takes([(q6, 128256)], 33, 4096, roomy)
+    wqkv = [(q4, 4096), (q4, 1024), (q6, 1024)]  # a Q4_K_M layer whose wv is Q6_K
+    assert not takes(wqkv, 32, 4096, roomy) and takes(wqkv, 33, 4096, roomy)
+    assert takes([(q4, 4096), (q4, 1024), (q4, 1024)], 24, 4096, roomy)  # 384 units
+    assert not takes([(q4, 4096)], 24, 4096, roomy)  # wo: 256 units
+    assert not takes([(q4, 28672)], 24, 4352, roomy)  # K not a multiple of 1024
+    assert not takes([(q4, 28672)], 24, 4096, C.testing.gemv_quant_wgmma_plane_floats(24, 28672, 4096) - 1)
 
 
 def test_gemv_quant_wgmma_parts_of_two_types(C, ops, rng):

@@ -205,11 +205,11 @@ private:
     // y = in · W^T through the epilogue, W as stored: `in` is rmsnorm(x_f32) * norm_w when norm_w
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
     // ones run the quantized GEMV per part (matmul_parts, M <= 16), in chunks of at most 16 rows
-    // where the matrix has several parts, up to gemv_quant_rows() rows (32 on Hopper, 64 off it);
-    // then on Hopper, up to 64 rows, gemv_quant_wgmma where it takes the matrix (Q4_K / Q6_K parts
-    // with work enough; its slices' planes in deq_), else gemm_quant (dequantizing tile by tile) up
-    // to tuning::kGemmQuantMaxRows rows (kGemmQuantMaxRowsInL2 where a bf16 copy of the matrix
-    // fits in L2); more rows (off Hopper every M past the chunks) dequantize W into deq_ a slice of
+    // where the matrix has several parts, up to gemv_quant_rows() rows (32 on Hopper, 64 off it),
+    // but on Hopper from 17 rows to 64 gemv_quant_wgmma where it takes the matrix (Q4_K parts,
+    // from 33 rows Q6_K too, with work enough; its slices' planes in deq_); then gemm_quant
+    // (dequantizing tile by tile) up to tuning::kGemmQuantMaxRows rows (kGemmQuantMaxRowsInL2
+    // where a bf16 copy of the matrix fits in L2); more rows (off Hopper every M past the chunks) dequantize W into deq_ a slice of
     // output columns at a time for the bf16 GEMM (gemm_dequant_slices).
     void matmul(const Matrix& W, const float* x_f32, const bf16* norm_w, const bf16* x_bf16, int M,
                 Epilogue ep, const EpilogueArgs& args);
@@ -339,7 +339,7 @@ private:
     bool quant_gemm_ = false;         // gemm_quant runs here (Hopper)
     size_t l2_bytes_ = 0;             // the device's L2: a bf16 copy of W that fits stays on chip
     bf16* deq_ = nullptr;             // [deq_elems_] a quantized matrix, or slices of it, as bf16 (long prompts);
-                                      // at 33-64 rows gemv_quant_wgmma's fp32 planes
+                                      // at 17-64 rows gemv_quant_wgmma's fp32 planes
     size_t deq_elems_ = 0;            // the largest quantized matrix, or about the L2 where deq_sliced_ (carve)
     bool deq_sliced_ = false;         // size_kv_pool: no room for a whole matrix beside the KV cache
     size_t weight_bytes_ = 0, kv_bytes_ = 0, other_bytes_ = 0;  // the arena by use, as carve last laid it out

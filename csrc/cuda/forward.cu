@@ -271,12 +271,20 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
         return;
     }
+    GemmWeightPart parts[kMaxWeightParts];
+    for (int i = 0; i < W.n_parts; ++i) parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
+    // Decode batches past 16 rows on Hopper: W decoded into wgmma's registers, the partial sums of
+    // each 1024-k slice in deq_ (idle at these rows), where the matrix gives the GPU work enough
+    // (gemv_quant_wgmma_takes; up to 32 rows Q4_K matrices only, tuning.h).
+    float* planes = reinterpret_cast<float*>(deq_);
+    const size_t plane_floats = deq_elems_ * sizeof(bf16) / sizeof(float);
+    const bool wgmma = quant_gemm_ && gemv_quant_wgmma_takes(parts, W.n_parts, M, N, K, plane_floats);
     // Rows one pass of matmul_parts takes: the kernel's 64 for a matrix of one quantized type; 16
     // where the matrix has several parts (a bf16 part takes gemv_bf16's 16, a w13 of two types is
     // staged through the 16-row gate_up_).
     const int pass_rows = W.n_parts == 1 ? tuning::kGemvQuantMmaMaxRows : tuning::kGemvQuantPassRows;
     const int gemv_rows = gemv_quant_rows();
-    if (M <= gemv_rows && M <= pass_rows) {  // one weight pass for all rows
+    if (!wgmma && M <= gemv_rows && M <= pass_rows) {  // one weight pass for all rows
         matmul_parts(W, x_f32, norm_w, x_bf16, M, ep, args);
         return;
     }
@@ -284,6 +292,10 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     if (norm_w) {
         rmsnorm_residual(const_cast<float*>(x_f32), nullptr, norm_w, xn_, M, K, eps, s);
         x_bf16 = xn_;
+    }
+    if (wgmma) {
+        gemv_quant_wgmma(parts, W.n_parts, x_bf16, M, N, K, ep, args, planes, plane_floats, s);
+        return;
     }
     if (M <= gemv_rows) {
         // Chunks of at most pass_rows rows through the GEMV, each re-reading the weights (tuning.h
@@ -306,19 +318,6 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
             r += rows;
         }
         return;
-    }
-    GemmWeightPart parts[kMaxWeightParts];
-    for (int i = 0; i < W.n_parts; ++i) parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
-    // Decode batches past the GEMV's rows on Hopper: W decoded into wgmma's registers, the partial
-    // sums of each 1024-k slice in deq_ (idle at these rows), where the matrix gives the GPU work
-    // enough (gemv_quant_wgmma_takes); else gemm_quant.
-    if (quant_gemm_) {
-        float* planes = reinterpret_cast<float*>(deq_);
-        const size_t plane_floats = deq_elems_ * sizeof(bf16) / sizeof(float);
-        if (gemv_quant_wgmma_takes(parts, W.n_parts, M, N, K, plane_floats)) {
-            gemv_quant_wgmma(parts, W.n_parts, x_bf16, M, N, K, ep, args, planes, plane_floats, s);
-            return;
-        }
     }
     // Short prompts on Hopper: the GEMM dequantizes each k tile of W as it goes, once per row tile
     // of x. Past one 128-row tile that beats the bf16 scratch only where a bf16 copy of W would

@@ -1,4 +1,4 @@
-// gemv_quant_wgmma.cu — decode batches of 33-64 rows on K-quant weights, on Hopper's warpgroup
+// gemv_quant_wgmma.cu — decode batches of 17-64 rows on K-quant weights, on Hopper's warpgroup
 // MMA with W decoded into the A operand's registers: y[m, n] = sum_k x[m, k] * Wb[n, k], Wb the
 // weights as gemv_quant_mma decodes them (quant_pieces.cuh's pieces, quant_decode.cuh's bf16x2).
 //
@@ -7,9 +7,9 @@
 //   planes: fp32 [K / kSliceK, M, N] scratch (the engine lends deq_, idle at these rows).
 //
 // Why: gemm_quant decodes each k tile of W into a bf16 tile in shared memory that two consumer
-// warpgroups meet at a barrier over, and at 33-64 rows that path, not HBM or the MMAs, sets its
-// pace (docs/kernels/gemm.md, "At 33-64 rows"); the tensor-core GEMV reads all M x rows through L1
-// per 16 W rows. Here
+// warpgroups meet at a barrier over, and at 17-64 rows that path, not HBM or the MMAs, sets its
+// pace (docs/kernels/gemm.md, "At 17-64 rows"); the tensor-core GEMV reads all M x rows through L1
+// per 16 W rows, so past 16 rows its time grows with M. Here
 //   * a warpgroup's 4 warps decode 64 W rows (16 each: lane (g, t) rows g and g + 8 of its warp's
 //     16, the pieces gemv_quant_mma's lane t loads) straight into the A fragments of
 //     wgmma.m64n64k16, whose B is x: no W tile in shared memory, no barrier between warpgroups,
@@ -145,11 +145,13 @@ bool wgmma_type(int type) { return type == (int)QType::Q4_K || type == (int)QTyp
 size_t gemv_quant_wgmma_plane_floats(int M, int N, int K) { return (size_t)(K / kSliceK) * M * N; }
 
 bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int N, int K, size_t plane_floats) {
-    if (M < 1 || M > kRows || K % kSliceK != 0 || K / kSliceK > device_facts().sm_count) return false;
+    if (M <= tuning::kGemvMaxRows || M > kRows || K % kSliceK != 0 || K / kSliceK > device_facts().sm_count)
+        return false;
     if (gemv_quant_wgmma_plane_floats(M, N, K) > plane_floats) return false;
     long long units = 0;  // 64-row blocks times slices: the warpgroups' work items
     for (int i = 0; i < n_parts; ++i) {
         if (!wgmma_type(parts[i].type) || parts[i].rows % 64 != 0) return false;
+        if (parts[i].type != (int)QType::Q4_K && M < tuning::kGemvQuantWgmmaQ6KMinRows) return false;
         units += (long long)(parts[i].rows / 64) * (K / kSliceK);
     }
     return units >= tuning::kGemvQuantWgmmaMinUnits;

@@ -115,8 +115,8 @@ constexpr int kGemvQuantFedMinRounds = 5;
 // dequantized scratch, which reads the weights once but writes a bf16 copy and reads it back (4
 // more bytes a weight) first. The limit is the kernel's.
 constexpr int kGemvQuantChunkMaxRows = 64;
-// On Hopper the GEMV's rows end here, and gemm_quant takes the rows past them (up to 64 rows
-// gemv_quant_wgmma first, where kGemvQuantWgmmaMinUnits below lets it): it decodes W once
+// On Hopper the GEMV's rows end here, and gemm_quant takes the rows past them (from 17 rows to 64
+// gemv_quant_wgmma comes first, where kGemvQuantWgmmaMinUnits below lets it): it decodes W once
 // for a 128-row tile of x whatever M is, where the GEMV's time grows with the rows (every CTA reads
 // all M x rows and runs 2 NT mma a chunk), and from 33 rows (NT = 8) it loses on most matrices.
 // H200, device time (`benchmarks/lab/gemm_quant_sweep.py --gemv`), GEMV over gemm_quant at 32 / 40
@@ -147,11 +147,18 @@ constexpr int kDequantSliceCols = 128;
 constexpr int kGemmSm80TileK = 32;
 // mma.sync GEMM: cp.async ring depth (stages in flight hide the global-load latency).
 constexpr int kGemmSm80Stages = 3;
-// gemv_quant_wgmma takes a decode batch of 33-64 rows (on Hopper, in place of gemm_quant) where
-// its warpgroups' work items, 64-row blocks of W times 1024-k slices, number at least this: the
-// 8B's wqkv (384), w13, w2 and LM head; the 8B's wo (256), whose blocks leave the grid short,
-// lost to gemm_quant in the lab (0.83-0.96x; docs/kernels/gemm.md, "At 33-64 rows").
+// gemv_quant_wgmma takes a decode batch of 17-64 rows (on Hopper, in place of the GEMV up to 32
+// rows and of gemm_quant past them) where its warpgroups' work items, 64-row blocks of W times
+// 1024-k slices, number at least this: the 8B's wqkv (384), w13, w2 and LM head; the 8B's wo
+// (256), whose blocks leave the grid short, lost to both in the lab (0.68-0.96x;
+// docs/kernels/gemm.md, "At 17-64 rows").
 constexpr int kGemvQuantWgmmaMinUnits = 384;
+// Below this many rows gemv_quant_wgmma takes only matrices all of whose parts are Q4_K. In the
+// lab it beat the tensor-core GEMV on every Q4_K matrix of the 8B it takes at 24 / 32 rows (H200,
+// us: w13 51.7 / 54.4 against 78.1 / 86.1, w2 30.8 / 31.3 against 37.1 / 41.1, wqkv 20.6 / 20.9
+// against 23.9 / 26.4), where its Q6_K form, at 3 warpgroups, trailed the GEMV by 3-9% at 32
+// (LM head 278.8 against 271.1, w2 38.2 against 34.8).
+constexpr int kGemvQuantWgmmaQ6KMinRows = 33;
 // wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
 constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
 // wgmma GEMM on quantized W (gemm_quant, 128-column tiles): ring depth beside the three decoded W
