@@ -1,4 +1,4 @@
-"""Decode batches of 17-64 rows on Q4_K / Q6_K weights (gemv_quant_wgmma: csrc/cuda/gemv_quant_wgmma.cu,
+"""Decode batches of 17-64 rows on quantized weights of every kept type (gemv_quant_wgmma: csrc/cuda/gemv_quant_wgmma.cu,
 W decoded into wgmma's A registers, K in 1024-value slices whose fp32 planes a second kernel adds)
 through _C.testing, on weights in the CUDA tiles and bf16 rows of x.
 
@@ -7,7 +7,8 @@ summation bound plus the decode's slack (the same bf16 per weight as gemv_quant_
 test_cuda_gemm_quant.decoded reads gemm_quant's back and holds it to the CPU's values first); the
 other epilogues against the same call's StoreF32 (bit for bit, or SwiGLU / RoPE within their
 rounding). Odd shapes: 3 and 5 blocks of 64 rows, 1, 3 and 5 slices of K, M from 17 to 64, parts of
-two types; the planes and outputs NaN-poisoned, with a row past M that must stay NaN; each row
+two types; Q4_K and Q6_K (the 4- and the 3-warpgroup forms of the K-quant mixes) on every shape, the
+other types on fewer; the planes and outputs NaN-poisoned, with a row past M that must stay NaN; each row
 bit-identical to the same row in a batch of another size. Hopper only."""
 
 import pytest
@@ -47,6 +48,11 @@ def store_f32(ops, parts, x):
     return y[:M]
 
 
+# The kept types past the K-quant mixes' two: 32-value blocks (Q8_0 at 3 warpgroups, the nibble
+# types at 4) and Q5_K (3).
+OTHER_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k"]
+
+
 @pytest.mark.parametrize("M", [17, 33, 47, 64])
 @pytest.mark.parametrize("N, K", [(192, 1024), (320, 3072), (64, 5120)])
 @pytest.mark.parametrize("name", ["q4_k", "q6_k"])
@@ -57,7 +63,17 @@ def test_gemv_quant_wgmma_against_float64(C, ops, rng, name, N, K, M):
     check_bound(f"{name} M={M} N={N} K={K}", store_f32(ops, [W], x), ref, x)
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("M", [17, 47])
+@pytest.mark.parametrize("N, K", [(192, 1024), (320, 3072)])
+@pytest.mark.parametrize("name", OTHER_TYPES)
+def test_every_kept_type_against_float64(C, ops, rng, name, N, K, M):
+    W = Weights(C, name, N, K, rng)
+    _, ref = decoded(ops, [W], K)
+    x = x_rows(random_x(rng, M, K))
+    check_bound(f"{name} M={M} N={N} K={K}", store_f32(ops, [W], x), ref, x)
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k"] + OTHER_TYPES)
 def test_gemv_quant_wgmma_rows_are_batch_invariant(C, ops, rng, name):
     """A row's sum runs in one order whatever M is: the first 17 or 33 rows of a 64-row batch
     equal the same rows alone, bit for bit."""
@@ -71,8 +87,9 @@ def test_gemv_quant_wgmma_rows_are_batch_invariant(C, ops, rng, name):
 
 
 def test_gemv_quant_wgmma_takes_what_the_lab_says_it_wins(C):
-    """The engine's rule (tuning.h): 17-64 rows; Q6_K parts only from 33 rows; enough 64-row blocks
-    times 1024-k slices (the 8B's wqkv yes, its wo no); K a multiple of 1024; planes that fit."""
+    """The engine's rule (tuning.h): 17-64 rows; parts of other types than Q4_K only from 33 rows;
+    enough 64-row blocks times 1024-k slices (the 8B's wqkv yes, its wo no); K a multiple of 1024;
+    planes that fit; not bf16 parts."""
     ids = quant.kept_types()
     q4, q6, roomy = ids["q4_k"], ids["q6_k"], 1 << 30
     takes = C.testing.gemv_quant_wgmma_takes
@@ -85,19 +102,23 @@ def test_gemv_quant_wgmma_takes_what_the_lab_says_it_wins(C):
     assert not takes([(q4, 4096)], 24, 4096, roomy)  # wo: 256 units
     assert not takes([(q4, 28672)], 24, 4352, roomy)  # K not a multiple of 1024
     assert not takes([(q4, 28672)], 24, 4096, C.testing.gemv_quant_wgmma_plane_floats(24, 28672, 4096) - 1)
+    for name in OTHER_TYPES:
+        assert takes([(ids[name], 28672)], 40, 4096, roomy), name
+    assert not takes([(0, 28672)], 40, 4096, roomy)  # a bf16 part
 
 
-def test_gemv_quant_wgmma_parts_of_two_types(C, ops, rng):
-    """wq | wk | wv of a Q4_K_M file: Q4_K rows, then Q6_K rows, each part its own launch into its
-    columns of the planes."""
+@pytest.mark.parametrize("names", [("q4_k", "q6_k"), ("q5_k", "q8_0", "q4_1")])
+def test_gemv_quant_wgmma_parts_of_two_types(C, ops, rng, names):
+    """wq | wk | wv of a Q4_K_M file: Q4_K rows, then Q6_K rows (or three parts of three types),
+    each part its own launch into its columns of the planes."""
     K = 2048
-    parts = [Weights(C, "q4_k", 192, K, rng), Weights(C, "q6_k", 64, K, rng)]
+    parts = [Weights(C, name, 192 if i == 0 else 64, K, rng) for i, name in enumerate(names)]
     _, ref = decoded(ops, parts, K)
     x = x_rows(random_x(rng, 40, K))
-    check_bound("q4_k|q6_k", store_f32(ops, parts, x), ref, x)
+    check_bound("|".join(names), store_f32(ops, parts, x), ref, x)
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0"])
 def test_gemv_quant_wgmma_epilogues(C, ops, rng, gen, name):
     """StoreBf16, AddResidual (ld_out wider than N) and SwiGLU (summed in plane 0, then swiglu_f32)
     against the StoreF32 result of the same inputs."""
@@ -136,8 +157,8 @@ def test_gemv_quant_wgmma_bad_arguments_raise(C, ops, rng):
     def call(parts, N=64, K=K, M=40, floats=planes.numel()):
         ops.gemv_quant_wgmma(parts, x.data_ptr(), M, N, K, STORE_F32, out_f32=y.data_ptr(), planes=planes.data_ptr(),
                              plane_floats=floats)
-    with pytest.raises(Exception, match="must be Q4_K or Q6_K"):
-        call([(8, W.packed.data_ptr(), 64)])
+    with pytest.raises(Exception, match="must be tiles of a kept quantized type"):
+        call([(10, W.packed.data_ptr(), 64)])  # Q2_K
     with pytest.raises(Exception, match="a multiple of 64 rows"):
         call([(12, W.packed.data_ptr(), 32)], N=32)
     with pytest.raises(Exception, match="K a positive multiple of 1024"):

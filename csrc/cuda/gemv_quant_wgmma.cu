@@ -1,9 +1,10 @@
-// gemv_quant_wgmma.cu — decode batches of 17-64 rows on K-quant weights, on Hopper's warpgroup
+// gemv_quant_wgmma.cu — decode batches of 17-64 rows on quantized weights, on Hopper's warpgroup
 // MMA with W decoded into the A operand's registers: y[m, n] = sum_k x[m, k] * Wb[n, k], Wb the
 // weights as gemv_quant_mma decodes them (quant_pieces.cuh's pieces, quant_decode.cuh's bf16x2).
 //
-//   W: 1..3 parts of qlayout tiles (Q4_K, Q6_K; Q6_K's fp16 d in each part's tail), each a
-//      multiple of 64 rows; K a multiple of kSliceK; x [M <= 64, K] bf16, 16-byte aligned.
+//   W: 1..3 parts of qlayout tiles of the kept types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+//      Q6_K; Q6_K's fp16 d in each part's tail), each a multiple of 64 rows; K a multiple of
+//      kSliceK; x [M <= 64, K] bf16, 16-byte aligned.
 //   planes: fp32 [K / kSliceK, M, N] scratch (the engine lends deq_, idle at these rows).
 //
 // Why: gemm_quant decodes each k tile of W into a bf16 tile in shared memory that two consumer
@@ -54,9 +55,10 @@ constexpr int kRows = 64;                       // x rows staged: the wgmma's N
 constexpr int kSliceK = 1024;                   // k of a slice: 16 boxes of 64 k
 constexpr int kBoxBytes = kRows * 128;          // 64 k of 64 rows in the 128-byte swizzle
 constexpr int kStageBytes = kSliceK / 64 * kBoxBytes;  // 128 KB
-// Warpgroups a CTA (one CTA an SM): Q4_K 4, at 128 registers; Q6_K's wider tiles need 155, so 3.
+// Warpgroups a CTA (one CTA an SM): 4 at 128 registers, where a type's two tiles in flight fit
+// them; 3 for the wider ones (Q6_K needs 155 registers; Q8_0 and Q5_K spilled 40-48 bytes at 128).
 template <QType T>
-constexpr int kWarpgroups = T == QType::Q6_K ? 3 : 4;
+constexpr int kWarpgroups = T == QType::Q6_K || T == QType::Q8_0 || T == QType::Q5_K ? 3 : 4;
 
 // One part's partial sums: planes[slice][m][n] for its rows n (planes already offset to the
 // part's first column; ld the matrix's N, plane the floats between planes). The grid is a
@@ -94,9 +96,10 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
         for (int tile = 0; tile < kTilesPerSlice; ++tile) {
             w.next(lo[1], hi[1]);
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
+            for (int j = 0; j < F::kPieces; ++j)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) qwgmma::chunk_mma<T, kRows, 1>(acc, lo[0], hi[0], t, j, c, tile, desc0);
+                for (int c = 0; c < F::kChunks; ++c)
+                    qwgmma::chunk_mma<T, kRows, 1>(acc, lo[0], hi[0], t, j, c, tile, desc0);
             lo[0] = lo[1], hi[0] = hi[1];
         }
         hopper::wgmma_wait<0>();
@@ -138,7 +141,13 @@ void launch_part(const GemmWeightPart& w, const bf16* x, float* planes, int M, i
     CUDA_CHECK_LAUNCH("gemv_quant_wgmma_kernel");
 }
 
-bool wgmma_type(int type) { return type == (int)QType::Q4_K || type == (int)QType::Q6_K; }
+bool wgmma_type(int type) {
+    switch ((QType)type) {
+        case QType::Q8_0: case QType::Q4_0: case QType::Q4_1: case QType::Q5_0: case QType::Q5_1:
+        case QType::Q4_K: case QType::Q5_K: case QType::Q6_K: return true;
+        default: return false;
+    }
+}
 
 }  // namespace
 
@@ -151,7 +160,7 @@ bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int
     long long units = 0;  // 64-row blocks times slices: the warpgroups' work items
     for (int i = 0; i < n_parts; ++i) {
         if (!wgmma_type(parts[i].type) || parts[i].rows % 64 != 0) return false;
-        if (parts[i].type != (int)QType::Q4_K && M < tuning::kGemvQuantWgmmaQ6KMinRows) return false;
+        if (parts[i].type != (int)QType::Q4_K && M < tuning::kGemvQuantWgmmaAnyTypeMinRows) return false;
         units += (long long)(parts[i].rows / 64) * (K / kSliceK);
     }
     return units >= tuning::kGemvQuantWgmmaMinUnits;
@@ -172,7 +181,8 @@ void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, i
         BRRR_CHECK(wgmma_type(w.type) && w.row0 == next_row && w.rows >= 64 && w.rows % 64 == 0 && w.data != nullptr &&
                        util::aligned_to(w.data, 16),
                    "gemv_quant_wgmma: part " << i << " (type " << w.type << ", rows [" << w.row0 << ", "
-                                             << w.row0 + w.rows << ")) must be Q4_K or Q6_K tiles on 16-byte "
+                                             << w.row0 + w.rows << ")) must be tiles of a kept quantized type "
+                                             << "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on 16-byte "
                                              << "aligned memory, a multiple of 64 rows, the parts covering [0, N) "
                                              << "in order");
         next_row += w.rows;
@@ -199,8 +209,17 @@ void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, i
                "gemv_quant_wgmma: ld_out=" << ld << " is less than N=" << N);
     const int sms = device_facts().sm_count;
     for (int i = 0; i < n_parts; ++i) {
-        if (parts[i].type == (int)QType::Q4_K) launch_part<QType::Q4_K>(parts[i], x, planes, M, N, K, plane, sms, stream);
-        else launch_part<QType::Q6_K>(parts[i], x, planes, M, N, K, plane, sms, stream);
+        const GemmWeightPart& w = parts[i];
+        switch ((QType)w.type) {
+            case QType::Q8_0: launch_part<QType::Q8_0>(w, x, planes, M, N, K, plane, sms, stream); break;
+            case QType::Q4_0: launch_part<QType::Q4_0>(w, x, planes, M, N, K, plane, sms, stream); break;
+            case QType::Q4_1: launch_part<QType::Q4_1>(w, x, planes, M, N, K, plane, sms, stream); break;
+            case QType::Q5_0: launch_part<QType::Q5_0>(w, x, planes, M, N, K, plane, sms, stream); break;
+            case QType::Q5_1: launch_part<QType::Q5_1>(w, x, planes, M, N, K, plane, sms, stream); break;
+            case QType::Q4_K: launch_part<QType::Q4_K>(w, x, planes, M, N, K, plane, sms, stream); break;
+            case QType::Q5_K: launch_part<QType::Q5_K>(w, x, planes, M, N, K, plane, sms, stream); break;
+            default: launch_part<QType::Q6_K>(w, x, planes, M, N, K, plane, sms, stream); break;  // the only other
+        }
     }
     // The planes' sum, then the epilogue: SwiGLU and RopeKV finish from an fp32 [M, N] as the
     // GEMV's staged parts do (swiglu_f32, rope_kv_append).

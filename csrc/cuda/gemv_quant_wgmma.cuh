@@ -4,9 +4,10 @@
 // lanes' chunk order, the m64n64k16 wgmma and the stream of W tiles a lane walks.
 //
 //   A lane (g, t) of warp w decodes rows 16 w + g and + 8 of a 64-row block, chunk c of piece j
-//   (quant_pieces.cuh): 8 values consecutive in k that fill mma slots 2t.. of two k16 steps, so x
-//   is staged with its k permuted to match (stage_x); a dot product does not care which k meets
-//   which.
+//   (quant_pieces.cuh; q = kChunks j + c, 0..7, the chunk's place in the lane's tile): 8 values
+//   consecutive in k that fill mma slots 2t.. of k16 steps 2q and 2q + 1 of the tile, so x is
+//   staged with its k permuted to match (stage_x); a dot product does not care which k meets
+//   which. Every kept type reads its tile this way (kPieces x kChunks = 8).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,6 +25,7 @@ namespace cuda {
 namespace qwgmma {
 
 using qdec::Coef;
+using qdec::chunk_bf16_q8;
 using qdec::chunk_bf16x2;
 using qdec::scale_x2;
 using qpieces::chunk_of;
@@ -33,21 +35,28 @@ using quant::QType;
 // Chunk c of piece j of a lane's tile as 4 bf16x2: 8 values consecutive in k.
 template <QType T>
 __device__ __forceinline__ void decode_chunk(const typename QM<T>::Raw& r, int t, int j, int c, uint32_t out[4]) {
-    Coef k;
     uint32_t u0, u1;
-    chunk_of<T>(r, t, j, c, k, u0, u1);
-    chunk_bf16x2<T>(u0, u1, scale_x2<T>(k), out);
+    if constexpr (T == QType::Q8_0) {
+        QM<T>::words(r, j, c, u0, u1);
+        chunk_bf16_q8(u0, u1, QM<T>::coef(r, j), out);
+    } else {
+        Coef k;
+        chunk_of<T>(r, t, j, c, k, u0, u1);
+        chunk_bf16x2<T>(u0, u1, scale_x2<T>(k), out);
+    }
 }
 
-// The lane t and chunk c whose chunk of piece 0 starts 8 r values into the tile (r < 16).
+// The lane t and chunk c whose chunk of piece 0 starts 8 r values into the tile (r < 32 /
+// kPieces: piece j of every lane spans k [j, j + 1) 256 / kPieces of the tile).
 template <QType T>
 __device__ __forceinline__ void lane_chunk(int r, int& t, int& c) {
+    using F = QM<T>;
     t = c = 0;
 #pragma unroll
     for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
-        for (int cc = 0; cc < 4; ++cc)
-            if (QM<T>::lane_k(tt) + QM<T>::chunk_k(0, cc) == 8 * r) t = tt, c = cc;
+        for (int cc = 0; cc < F::kChunks; ++cc)
+            if (F::lane_k(tt) + F::chunk_k(0, cc) == 8 * r) t = tt, c = cc;
 }
 
 // d += A B for one 64 x 64 x 16 step: A (the warpgroup's 64 W rows) from registers, B (64 x rows
@@ -87,8 +96,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NR / 2], const uint32_t (&a)
 }
 
 // One chunk step of a lane: chunk c of piece j of its two rows' tiles (lo: row, hi: row + 8)
-// decoded into the A fragments of x's steps s and s + 1 (s = 16 tile + 2 (4 j + c), stage_x's
-// order), multiplied into acc against the boxes at desc0 as one wgmma group; WAIT groups are left
+// decoded into the A fragments of x's steps s and s + 1 (s = 16 tile + 2 (kChunks j + c),
+// stage_x's order), multiplied into acc against the boxes at desc0 as one wgmma group; WAIT groups are left
 // in flight (with 1, the group before has read its A registers before they are written again).
 template <QType T, int NR, int WAIT>
 __device__ __forceinline__ void chunk_mma(float (&acc)[NR / 2], const typename QM<T>::Raw& lo,
@@ -100,7 +109,7 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[NR / 2], const typename Q
     decode_chunk<T>(hi, t, j, c, rh);
     const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
     const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
-    const int s = 16 * tile + 2 * (4 * j + c);
+    const int s = 16 * tile + 2 * (QM<T>::kChunks * j + c);
     const uint64_t d0 = hopper::descriptor_add(desc0, (uint32_t)((s >> 2) * (kBoxBytes / 16) + 2 * (s & 3)));
     hopper::wgmma_fence();
     wgmma_rs<NR>(acc, a0, d0);
@@ -127,9 +136,9 @@ __device__ __forceinline__ void store_rows(float* out, const float (&acc)[NR / 2
 }
 
 // Stages x rows [0, NR) of k [k0, k0 + ks) (ks a multiple of 256) into xs, ks / 64 boxes of NR
-// rows x 128 bytes in the 128-byte swizzle, in step order: step s = 16 tile + 2 (4 j + c) + h
-// holds, at slot 2t + e, x[k] for k = tile 256 + 128 j + 8 r + 4 h + e where lane_chunk(r) =
-// (t, c), and at slot 8 + 2t + e the same k + 2. Rows past M are zero. Each thread asks for
+// rows x 128 bytes in the 128-byte swizzle, in step order: step s = 16 tile + 2 (kChunks j + c)
+// + h holds, at slot 2t + e, x[k] for k = tile 256 + j 256 / kPieces + 8 r + 4 h + e where
+// lane_chunk(r) = (t, c), and at slot 8 + 2t + e the same k + 2. Rows past M are zero. Each thread asks for
 // kStageLoads 16-byte pieces before it stores any, so the staging waits on L2 a few times.
 template <QType T, int NR, int KSLICE>
 __device__ __forceinline__ void stage_x(uint8_t* xs, const bf16* x, int M, int K, int k0) {
@@ -148,14 +157,15 @@ __device__ __forceinline__ void stage_x(uint8_t* xs, const bf16* x, int M, int K
             const int i = i0 + u * blockDim.x;
             if (i >= kGroups) break;
             const int n = i / kPerRow, k = 8 * (i % kPerRow);
-            const int tile = k / 256, o = k % 256, j = o / 128;
+            constexpr int kPieceK = 256 / QM<T>::kPieces;
+            const int tile = k / 256, o = k % 256, j = o / kPieceK;
             int t, c;
-            lane_chunk<T>((o % 128) >> 3, t, c);
+            lane_chunk<T>((o % kPieceK) >> 3, t, c);
             const uint32_t pair[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
             for (int p = 0; p < 4; ++p) {
                 const int h = p >> 1, slot = (p & 1) * 8 + 2 * t;
-                const int s = 16 * tile + 2 * (4 * j + c) + h;
+                const int s = 16 * tile + 2 * (QM<T>::kChunks * j + c) + h;
                 const int byte = 32 * (s & 3) + 2 * slot;
                 const int chunk = (byte >> 4) ^ (n & 7);
                 *reinterpret_cast<uint32_t*>(xs + (s >> 2) * kBoxBytes + n * 128 + (chunk << 4) + (byte & 15)) = pair[p];
@@ -173,7 +183,7 @@ template <QType T>
 struct TileStream {
     using F = QM<T>;
     const uint8_t* W;
-    const unsigned short* tail;  // Q6_K's fp16 d [rows, row_tiles] after the tiles; never read for Q4_K
+    const unsigned short* tail;  // Q6_K's fp16 d [rows, row_tiles] after the tiles; read by Q6_K only
     size_t row_stride;
     int row_tiles, tile0, tiles, blocks, step, row, t;
     int pb, pt = 0;

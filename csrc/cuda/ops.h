@@ -175,8 +175,8 @@ int gemm_sm90_width(int M, int width, Epilogue ep, int sm_count, long long* cost
 // The same on p.qb's quantized W (128-column tiles, W decoded by the consumers: gemm_sm90_dequant.cuh).
 void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
 
-// ---- gemv_quant_wgmma.cu: decode batches of 17-64 rows on Q4_K / Q6_K weights (Hopper) ------
-// Whether gemv_quant_wgmma serves this call: every part Q4_K (or, from tuning::kGemvQuantWgmmaQ6KMinRows rows, Q6_K) of a multiple of 64 rows, K a multiple of 1024 (at most one slice an SM), M in (tuning::kGemvMaxRows, 64], planes of plane_floats floats enough, and work for the GPU (tuning::kGemvQuantWgmmaMinUnits).
+// ---- gemv_quant_wgmma.cu: decode batches of 17-64 rows on quantized weights (Hopper) ---------
+// Whether gemv_quant_wgmma serves this call: every part Q4_K (or, from tuning::kGemvQuantWgmmaAnyTypeMinRows rows, of any kept quantized type) of a multiple of 64 rows, K a multiple of 1024 (at most one slice an SM), M in (tuning::kGemvMaxRows, 64], planes of plane_floats floats enough, and work for the GPU (tuning::kGemvQuantWgmmaMinUnits).
 bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int N, int K, size_t plane_floats);
 // The fp32 scratch gemv_quant_wgmma needs: one [M, N] plane per 1024 k.
 size_t gemv_quant_wgmma_plane_floats(int M, int N, int K);

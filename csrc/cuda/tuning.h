@@ -158,7 +158,7 @@ constexpr int kGemvQuantWgmmaMinUnits = 384;
 // us: w13 51.7 / 54.4 against 78.1 / 86.1, w2 30.8 / 31.3 against 37.1 / 41.1, wqkv 20.6 / 20.9
 // against 23.9 / 26.4), where its Q6_K form, at 3 warpgroups, trailed the GEMV by 3-9% at 32
 // (LM head 278.8 against 271.1, w2 38.2 against 34.8).
-constexpr int kGemvQuantWgmmaQ6KMinRows = 33;
+constexpr int kGemvQuantWgmmaAnyTypeMinRows = 33;
 // wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
 constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
 // wgmma GEMM on quantized W (gemm_quant, 128-column tiles): ring depth beside the three decoded W

@@ -1,0 +1,103 @@
+"""gemv_quant_wgmma_sweep.py — the engine's decode paths at 17-64 rows on quantized weights, per
+type, matrix and row count M: gemv_quant_wgmma (W decoded into wgmma's A registers, the slices'
+planes and their sum counted) against the path CudaEngine::matmul would otherwise take there, the
+tensor-core GEMV (one pass of all M rows, gemm_quant_sweep.gemv_passes) up to 32 rows and
+gemm_quant past them (Hopper). Sets tuning::kGemvQuantWgmmaAnyTypeMinRows and which types
+gemv_quant_wgmma takes.
+
+Llama-3-8B's matrices, each of one type (a file quantized to that type throughout): wqkv, wo, w13,
+w2 and the LM head. Weights as gemm_quant_sweep.part makes them (256 quantized rows repeated),
+rotated through 200 MiB of copies; StoreBf16; device time per call from torch.profiler kernel
+durations, the median of --reps calls. Before any timing, each (type, matrix, M) checks the
+wgmma result against the GEMV's (StoreF32: the same bf16 weights, sums in another order).
+
+  PYTHONPATH=. python3 benchmarks/lab/gemv_quant_wgmma_sweep.py --types q8_0,q4_1 --rows 24,32,40,64 --json s.jsonl
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+from llama_brrr import _C as C
+from llama_brrr import quant
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_kernels import copies_to_defeat_l2  # noqa: E402
+from gemm_quant_sweep import STORE_BF16, STORE_F32, gemv_passes, part, split_scratch, timed  # noqa: E402
+
+GEMV_ROWS = 32  # tuning::kGemvQuantMaxRowsBesideGemm: the GEMV's rows on Hopper
+MATRICES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (28672, 4096), "w2": (4096, 14336),
+            "lm_head": (128256, 4096)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="q8_0,q4_0,q4_1,q5_0,q5_1,q5_k")
+    ap.add_argument("--matrices", default="wqkv,wo,w13,w2")
+    ap.add_argument("--rows", default="24,32,40,64")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    T = C.testing
+    assert T.gemm_quant_available(), "gemv_quant_wgmma and gemm_quant need a Hopper GPU"
+    ids = quant.kept_types()
+    rng = np.random.default_rng(0)
+    split, _scratch = split_scratch(T)
+    rows = [int(m) for m in a.rows.split(",")]
+    out = open(a.json, "w") if a.json else None
+    print(f"{'type':5s} {'matrix':8s} {'M':>3s} {'path':>10s} {'path us':>8s} {'wgmma us':>9s} {'path/wgmma':>10s}")
+    for tname in a.types.split(","):
+        for mname in a.matrices.split(","):
+            N, K = MATRICES[mname]
+            t = ids[tname]
+            first = part(tname, N, K, rng)
+            n_copies = copies_to_defeat_l2(first.numel() * first.element_size())
+            copies = [first] + [first.clone() for _ in range(n_copies - 1)]
+            x_all = torch.randn((max(rows), K), device="cuda").to(torch.bfloat16)
+            y = torch.empty((max(rows), N), dtype=torch.bfloat16, device="cuda")
+            y32 = torch.empty((max(rows), N), dtype=torch.float32, device="cuda")
+            floats = T.gemv_quant_wgmma_plane_floats(max(rows), N, K)
+            planes = torch.empty(floats, dtype=torch.float32, device="cuda")
+
+            def wgmma(i, M, ep=STORE_BF16, dest=None):
+                w = copies[i % n_copies]
+                kw = {"out_f32": dest.data_ptr()} if ep == STORE_F32 else {"out": y.data_ptr()}
+                return [lambda: T.gemv_quant_wgmma([(t, w.data_ptr(), N)], x_all.data_ptr(), M, N, K, ep,
+                                                   planes=planes.data_ptr(), plane_floats=floats, **kw)]
+
+            def other(i, M):
+                w = copies[i % n_copies]
+                if M <= GEMV_ROWS:
+                    return gemv_passes(T, [(t, w, N)], x_all, y, y32, M, N, K)
+                return [lambda: T.gemm_quant([(t, w.data_ptr(), N)], x_all.data_ptr(), M, N, K, STORE_BF16,
+                                             out=y.data_ptr(), split=split)]
+
+            for M in rows:
+                got = torch.full((M, N), float("nan"), device="cuda")
+                for fn in wgmma(0, M, STORE_F32, got):
+                    fn()
+                want = torch.empty((M, N), dtype=torch.float32, device="cuda")
+                T.gemv_quant_mma(t, first.data_ptr(), x_all.data_ptr(), M, N, K, STORE_F32, out_f32=want.data_ptr())
+                torch.cuda.synchronize()
+                dev = ((got - want).abs().max() / want.abs().max()).item()
+                assert dev < 1e-4, f"{tname} {mname} M={M}: wgmma off the GEMV by {dev:.2e} of max |y|"
+                w_us = timed(lambda i: wgmma(i, M), a.reps)
+                o_us = timed(lambda i: other(i, M), a.reps)
+                path = "gemv" if M <= GEMV_ROWS else "gemm_quant"
+                rec = {"type": tname, "matrix": mname, "M": M, "N": N, "K": K, "path": path, "path_us": round(o_us, 1),
+                       "wgmma_us": round(w_us, 1), "path_over_wgmma": round(o_us / w_us, 3),
+                       "gpu": torch.cuda.get_device_name()}
+                print(f"{tname:5s} {mname:8s} {M:3d} {path:>10s} {o_us:8.1f} {w_us:9.1f} {o_us / w_us:10.2f}",
+                      flush=True)
+                if out:
+                    out.write(json.dumps(rec) + "\n")
+                    out.flush()
+            del copies, first
+
+
+if __name__ == "__main__":
+    main()
