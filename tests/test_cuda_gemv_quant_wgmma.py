@@ -87,9 +87,9 @@ def test_gemv_quant_wgmma_rows_are_batch_invariant(C, ops, rng, name):
 
 
 def test_gemv_quant_wgmma_takes_what_the_lab_says_it_wins(C):
-    """The engine's rule (tuning.h): 17-64 rows; parts of other types than Q4_K only from 33 rows;
-    enough 64-row blocks times 1024-k slices (the 8B's wqkv yes, its wo no); K a multiple of 1024;
-    planes that fit; not bf16 parts."""
+    """The engine's rule (tuning.h): 17-64 rows; enough 64-row blocks times 1024-k slices (the
+    8B's wqkv yes, its wo no); beside the GEMV (up to 32 rows) no Q6_K part and twice the work where
+    a part is Q8_0 or Q4_0; K a multiple of 1024; planes that fit; not bf16 parts."""
     ids = quant.kept_types()
     q4, q6, roomy = ids["q4_k"], ids["q6_k"], 1 << 30
     takes = C.testing.gemv_quant_wgmma_takes
@@ -103,7 +103,11 @@ def test_gemv_quant_wgmma_takes_what_the_lab_says_it_wins(C):
     assert not takes([(q4, 28672)], 24, 4352, roomy)  # K not a multiple of 1024
     assert not takes([(q4, 28672)], 24, 4096, C.testing.gemv_quant_wgmma_plane_floats(24, 28672, 4096) - 1)
     for name in OTHER_TYPES:
-        assert takes([(ids[name], 28672)], 40, 4096, roomy), name
+        assert takes([(ids[name], 6144)], 40, 4096, roomy), name  # wqkv past the GEMV's rows
+        assert takes([(ids[name], 4096)], 24, 14336, roomy), name  # w2: 896 units
+        cheap = name in ("q8_0", "q4_0")
+        assert takes([(ids[name], 6144)], 24, 4096, roomy) != cheap, name  # wqkv beside the GEMV
+    assert not takes([(q4, 5120), (ids["q8_0"], 1024)], 24, 4096, roomy)  # a Q8_0 part asks 768
     assert not takes([(0, 28672)], 40, 4096, roomy)  # a bf16 part
 
 

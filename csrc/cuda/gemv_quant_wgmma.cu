@@ -19,8 +19,8 @@
 //     once (128 KB) in the 128-byte swizzle, with k permuted to the lanes' chunk order (a lane's
 //     chunk of 8 consecutive k fills mma slots 2t.. of two k16 steps), and its warpgroups walk the
 //     64-row blocks of W; each slice stores its partial sums into its plane;
-//   * planes_epilogue adds the planes in slice order and stores, or adds into the residual; a
-//     SwiGLU sums into plane 0 for swiglu_f32, a RopeKV into args.out_f32 for rope_kv_append.
+//   * planes_epilogue adds the planes in slice order and stores, adds into the residual or
+//     applies the SwiGLU; a RopeKV sums into args.out_f32 for rope_kv_append.
 //   The device pieces (chunk decode, x staging, tile stream, wgmma step, stores) are
 //   gemv_quant_wgmma.cuh's, which the kernel lab shares.
 // Invariants: a row's sum runs in a fixed order (k in order within a slice, slices in order), the
@@ -111,18 +111,26 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
 #endif
 }
 
-// y[m, n] = the sum of planes[0..KS)[m, n] in plane order, then stored (StoreF32, StoreBf16) at
-// m ld_out + n or added into the residual there (AddResidual); StoreF32 may write plane 0 itself.
-__global__ void planes_epilogue_kernel(const float* planes, int KS, size_t plane, int M, int N, Epilogue ep,
-                                       float* out_f32, bf16* out_bf16, int ld_out) {
-    const size_t total = (size_t)M * N;
+// y[m, n] = the sum of planes[0..KS)[m, n] in plane order, through the epilogue: stored (StoreF32,
+// StoreBf16) at m ld_out + n or added into the residual there (AddResidual); SwiGLU (H = N / 2)
+// out_bf16[m H + j] = swiglu(y[m, j], y[m, H + j]), packed as swiglu_f32 stores it and through the
+// same util::store_swiglu.
+__global__ void planes_epilogue_kernel(const float* __restrict__ planes, int KS, size_t plane, int M, int N,
+                                       Epilogue ep, EpilogueArgs a, int ld_out) {
+    const int cols = ep == Epilogue::SwiGLU ? N / 2 : N;
+    const size_t total = (size_t)M * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        float y = planes[i];
-        for (int s = 1; s < KS; ++s) y += planes[s * plane + i];
-        const size_t o = (i / N) * ld_out + i % N;
-        if (ep == Epilogue::AddResidual) out_f32[o] += y;
-        else if (ep == Epilogue::StoreBf16) out_bf16[o] = __float2bfloat16_rn(y);
-        else out_f32[o] = y;
+        const size_t m = i / cols, n = i % cols;
+        const float* p = planes + m * N + n;
+        float y = p[0];
+        for (int s = 1; s < KS; ++s) y += p[s * plane];
+        if (ep == Epilogue::SwiGLU) {
+            float up = p[cols];
+            for (int s = 1; s < KS; ++s) up += p[s * plane + cols];
+            util::store_swiglu(a, i, y, up);
+        } else {
+            util::store_result(ep, a, m * ld_out + n, y);
+        }
     }
 }
 
@@ -157,13 +165,17 @@ bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int
     if (M <= tuning::kGemvMaxRows || M > kRows || K % kSliceK != 0 || K / kSliceK > device_facts().sm_count)
         return false;
     if (gemv_quant_wgmma_plane_floats(M, N, K) > plane_floats) return false;
-    long long units = 0;  // 64-row blocks times slices: the warpgroups' work items
+    const bool beside_gemv = M <= tuning::kGemvQuantMaxRowsBesideGemm;
+    long long units = 0, need = tuning::kGemvQuantWgmmaMinUnits;  // work items: 64-row blocks x slices
     for (int i = 0; i < n_parts; ++i) {
+        const QType type = (QType)parts[i].type;
         if (!wgmma_type(parts[i].type) || parts[i].rows % 64 != 0) return false;
-        if (parts[i].type != (int)QType::Q4_K && M < tuning::kGemvQuantWgmmaAnyTypeMinRows) return false;
+        if (beside_gemv && type == QType::Q6_K) return false;
+        if (beside_gemv && (type == QType::Q8_0 || type == QType::Q4_0))
+            need = std::max<long long>(need, tuning::kGemvQuantWgmmaMinUnitsBesideCheapGemv);
         units += (long long)(parts[i].rows / 64) * (K / kSliceK);
     }
-    return units >= tuning::kGemvQuantWgmmaMinUnits;
+    return units >= need;
 }
 
 void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, int N, int K, Epilogue ep,
@@ -221,16 +233,14 @@ void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, i
             default: launch_part<QType::Q6_K>(w, x, planes, M, N, K, plane, sms, stream); break;  // the only other
         }
     }
-    // The planes' sum, then the epilogue: SwiGLU and RopeKV finish from an fp32 [M, N] as the
-    // GEMV's staged parts do (swiglu_f32, rope_kv_append).
+    // The planes' sum through the epilogue; a RopeKV finishes from the fp32 [M, N] sum in
+    // args.out_f32 as the GEMV's staged parts do (rope_kv_append).
     const int KS = K / kSliceK;
     const int threads = 256, blocks = (int)std::min<size_t>(CEIL_DIV(plane, (size_t)threads), 4 * (size_t)sms);
-    float* f32 = ep == Epilogue::SwiGLU ? planes : ep == Epilogue::AddResidual ? args.residual : args.out_f32;
-    const Epilogue sum_ep = ep == Epilogue::SwiGLU || ep == Epilogue::RopeKV ? Epilogue::StoreF32 : ep;
-    const int sum_ld = ep == Epilogue::SwiGLU || ep == Epilogue::RopeKV ? N : ld;
-    planes_epilogue_kernel<<<blocks, threads, 0, stream>>>(planes, KS, plane, M, N, sum_ep, f32, args.out_bf16, sum_ld);
+    const Epilogue sum_ep = ep == Epilogue::RopeKV ? Epilogue::StoreF32 : ep;
+    const int sum_ld = ep == Epilogue::RopeKV ? N : ld;
+    planes_epilogue_kernel<<<blocks, threads, 0, stream>>>(planes, KS, plane, M, N, sum_ep, args, sum_ld);
     CUDA_CHECK_LAUNCH("planes_epilogue_kernel");
-    if (ep == Epilogue::SwiGLU) swiglu_f32(planes, args.out_bf16, M, N / 2, stream);
     if (ep == Epilogue::RopeKV) rope_kv_append(args.out_f32, args.rope, M, stream);
 }
 

@@ -147,18 +147,22 @@ constexpr int kDequantSliceCols = 128;
 constexpr int kGemmSm80TileK = 32;
 // mma.sync GEMM: cp.async ring depth (stages in flight hide the global-load latency).
 constexpr int kGemmSm80Stages = 3;
-// gemv_quant_wgmma takes a decode batch of 17-64 rows (on Hopper, in place of the GEMV up to 32
-// rows and of gemm_quant past them) where its warpgroups' work items, 64-row blocks of W times
-// 1024-k slices, number at least this: the 8B's wqkv (384), w13, w2 and LM head; the 8B's wo
-// (256), whose blocks leave the grid short, lost to both in the lab (0.68-0.96x;
-// docs/kernels/gemm.md, "At 17-64 rows").
+// gemv_quant_wgmma takes a decode batch of 17-64 rows (on Hopper, in place of the GEMV up to
+// kGemvQuantMaxRowsBesideGemm rows and of gemm_quant past them) where its warpgroups' work items,
+// 64-row blocks of W times 1024-k slices, number at least this: the 8B's wqkv (384), w13, w2 and
+// LM head; not the 8B's wo (256), whose blocks leave the grid short. H200, against the path it
+// replaces (`benchmarks/lab/gemv_quant_wgmma_sweep.py`; docs/kernels/gemm.md, "At 17-64 rows"):
+// at 40 / 64 rows, every type, wqkv 1.10-1.62x, w13 1.34-2.15x, w2 1.19-1.60x, the LM heads
+// 1.32-2.34x, wo 0.80-1.11x.
 constexpr int kGemvQuantWgmmaMinUnits = 384;
-// Below this many rows gemv_quant_wgmma takes only matrices all of whose parts are Q4_K. In the
-// lab it beat the tensor-core GEMV on every Q4_K matrix of the 8B it takes at 24 / 32 rows (H200,
-// us: w13 51.7 / 54.4 against 78.1 / 86.1, w2 30.8 / 31.3 against 37.1 / 41.1, wqkv 20.6 / 20.9
-// against 23.9 / 26.4), where its Q6_K form, at 3 warpgroups, trailed the GEMV by 3-9% at 32
-// (LM head 278.8 against 271.1, w2 38.2 against 34.8).
-constexpr int kGemvQuantWgmmaAnyTypeMinRows = 33;
+// Beside the GEMV (up to kGemvQuantMaxRowsBesideGemm rows) the rule goes by type. Q6_K parts never:
+// its form, at 3 warpgroups, is level with the GEMV or behind it at 17-32 rows (w13 0.99-1.00x, LM
+// head 1.00-1.02x, w2 0.85-0.88x, wqkv 0.78-0.90x). Q8_0 and Q4_0, whose GEMV decodes cheapest,
+// from this many work items: their wqkv (384) lost (Q8_0 0.95-0.98x, Q4_0 0.82-0.89x at 24 / 32
+// rows) where w2 (896) held level or won (Q8_0 1.01x, Q4_0 1.19-1.31x) and w13 won (1.11-1.72x).
+// The others from kGemvQuantWgmmaMinUnits: at 24 / 32 rows wqkv 1.07-1.29x, w13 1.48-1.87x, w2
+// 1.14-1.40x, the LM heads 1.53-1.83x (Q4_K at 17: wqkv 1.01x, w13 1.41x).
+constexpr int kGemvQuantWgmmaMinUnitsBesideCheapGemv = 768;
 // wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
 constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
 // wgmma GEMM on quantized W (gemm_quant, 128-column tiles): ring depth beside the three decoded W
