@@ -158,8 +158,8 @@ def test_gemv_quant_wgmma_bad_arguments_raise(C, ops, rng):
     y = nan_full((40, 64), torch.float32)
     planes = torch.empty(ops.gemv_quant_wgmma_plane_floats(40, 64, K), device="cuda")
 
-    def call(parts, N=64, K=K, M=40, floats=planes.numel()):
-        ops.gemv_quant_wgmma(parts, x.data_ptr(), M, N, K, STORE_F32, out_f32=y.data_ptr(), planes=planes.data_ptr(),
+    def call(parts, N=64, K=K, M=40, floats=planes.numel(), at=planes.data_ptr()):
+        ops.gemv_quant_wgmma(parts, x.data_ptr(), M, N, K, STORE_F32, out_f32=y.data_ptr(), planes=at,
                              plane_floats=floats)
     with pytest.raises(Exception, match="must be tiles of a kept quantized type"):
         call([(10, W.packed.data_ptr(), 64)])  # Q2_K
@@ -171,5 +171,7 @@ def test_gemv_quant_wgmma_bad_arguments_raise(C, ops, rng):
         call([(12, W.packed.data_ptr(), 64)], M=65)
     with pytest.raises(Exception, match="the planes need"):
         call([(12, W.packed.data_ptr(), 64)], floats=100)
+    with pytest.raises(Exception, match="16-byte aligned"):
+        call([(12, W.packed.data_ptr(), 64)], floats=planes.numel() - 1, at=planes.data_ptr() + 4)
     _, ref = decoded(ops, [W], K)
     check_bound("after the refusals", store_f32(ops, [W], x), ref, x)

@@ -86,10 +86,12 @@ __global__ void __launch_bounds__(WG * 128, 1)
         for (int i = 0; i < NR / 2; ++i) acc[i] = 0.f;
         for (int tile = 0; tile < tiles; ++tile) {
             w.next(lo[PF], hi[PF]);
+            const uint64_t desc_tile = hopper::descriptor_add(desc0, tile * qwgmma::kTileDescUnits<NR>);
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
+            for (int j = 0; j < F::kPieces; ++j)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) qwgmma::chunk_mma<T, NR, WAIT>(acc, lo[0], hi[0], t, j, c, tile, desc0);
+                for (int c = 0; c < F::kChunks; ++c)
+                    qwgmma::chunk_mma<T, NR, WAIT>(acc, lo[0], hi[0], t, j, c, desc_tile);
 #pragma unroll
             for (int f = 0; f < PF; ++f) lo[f] = lo[f + 1], hi[f] = hi[f + 1];
         }

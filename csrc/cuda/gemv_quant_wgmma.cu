@@ -93,13 +93,18 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
         float acc[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[i] = 0.f;
-        for (int tile = 0; tile < kTilesPerSlice; ++tile) {
+        // The loop walks the tile's descriptor itself (not a tile index it would scale): ptxas then
+        // keeps it in a uniform register, with no R2UR between the wgmma.
+        constexpr uint32_t kStep = qwgmma::kTileDescUnits<kRows>;
+        const uint32_t desc_end = (uint32_t)desc0 + kTilesPerSlice * kStep;
+        for (uint64_t desc_tile = desc0; (uint32_t)desc_tile != desc_end;
+             desc_tile = hopper::descriptor_add(desc_tile, kStep)) {
             w.next(lo[1], hi[1]);
 #pragma unroll
             for (int j = 0; j < F::kPieces; ++j)
 #pragma unroll
                 for (int c = 0; c < F::kChunks; ++c)
-                    qwgmma::chunk_mma<T, kRows, 1>(acc, lo[0], hi[0], t, j, c, tile, desc0);
+                    qwgmma::chunk_mma<T, kRows, 1>(acc, lo[0], hi[0], t, j, c, desc_tile);
             lo[0] = lo[1], hi[0] = hi[1];
         }
         hopper::wgmma_wait<0>();
@@ -114,22 +119,40 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
 // y[m, n] = the sum of planes[0..KS)[m, n] in plane order, through the epilogue: stored (StoreF32,
 // StoreBf16) at m ld_out + n or added into the residual there (AddResidual); SwiGLU (H = N / 2)
 // out_bf16[m H + j] = swiglu(y[m, j], y[m, H + j]), packed as swiglu_f32 stores it and through the
-// same util::store_swiglu.
+// same util::store_swiglu. A thread takes 4 consecutive n (N is a multiple of 64) and asks for 4
+// planes before it adds them, so that loads, not their latency one after another, set the pace.
+__device__ __forceinline__ void add4(float4& y, const float4& p) { y.x += p.x, y.y += p.y, y.z += p.z, y.w += p.w; }
+
+__device__ __forceinline__ float4 sum_planes(const float4* p, int KS, size_t plane4) {
+    float4 y = __ldcs(p);
+    int s = 1;
+    for (; s + 4 <= KS; s += 4) {
+        const float4 a = __ldcs(p + s * plane4), b = __ldcs(p + (s + 1) * plane4);
+        const float4 c = __ldcs(p + (s + 2) * plane4), d = __ldcs(p + (s + 3) * plane4);
+        add4(y, a), add4(y, b), add4(y, c), add4(y, d);
+    }
+    for (; s < KS; ++s) add4(y, __ldcs(p + s * plane4));
+    return y;
+}
+
 __global__ void planes_epilogue_kernel(const float* __restrict__ planes, int KS, size_t plane, int M, int N,
                                        Epilogue ep, EpilogueArgs a, int ld_out) {
     const int cols = ep == Epilogue::SwiGLU ? N / 2 : N;
-    const size_t total = (size_t)M * cols;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t m = i / cols, n = i % cols;
-        const float* p = planes + m * N + n;
-        float y = p[0];
-        for (int s = 1; s < KS; ++s) y += p[s * plane];
+    const size_t total4 = (size_t)M * cols / 4, plane4 = plane / 4;
+    const float4* p4 = reinterpret_cast<const float4*>(planes);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total4; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t m = 4 * i / cols, n = 4 * i % cols;
+        const float4* p = p4 + (m * N + n) / 4;
+        const float4 y = sum_planes(p, KS, plane4);
+        const float ys[4] = {y.x, y.y, y.z, y.w};
         if (ep == Epilogue::SwiGLU) {
-            float up = p[cols];
-            for (int s = 1; s < KS; ++s) up += p[s * plane + cols];
-            util::store_swiglu(a, i, y, up);
+            const float4 up = sum_planes(p + cols / 4, KS, plane4);
+            const float us[4] = {up.x, up.y, up.z, up.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) util::store_swiglu(a, 4 * i + e, ys[e], us[e]);
         } else {
-            util::store_result(ep, a, m * ld_out + n, y);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) util::store_result(ep, a, m * ld_out + n + e, ys[e]);
         }
     }
 }
@@ -202,7 +225,9 @@ void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, i
     BRRR_CHECK(next_row == N, "gemv_quant_wgmma: the parts hold " << next_row << " rows, N=" << N);
     BRRR_CHECK(x != nullptr && util::aligned_to(x, 16), "gemv_quant_wgmma: x must be 16-byte aligned");
     const size_t plane = (size_t)M * N;
-    BRRR_CHECK(planes != nullptr && gemv_quant_wgmma_plane_floats(M, N, K) <= plane_floats,
+    BRRR_CHECK(planes != nullptr && util::aligned_to(planes, 16),
+               "gemv_quant_wgmma: the planes must be 16-byte aligned device memory");
+    BRRR_CHECK(gemv_quant_wgmma_plane_floats(M, N, K) <= plane_floats,
                "gemv_quant_wgmma: the planes need " << gemv_quant_wgmma_plane_floats(M, N, K) << " floats, got "
                                                     << plane_floats);
     const int ld = args.ld_out ? args.ld_out : N;
@@ -236,7 +261,7 @@ void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, i
     // The planes' sum through the epilogue; a RopeKV finishes from the fp32 [M, N] sum in
     // args.out_f32 as the GEMV's staged parts do (rope_kv_append).
     const int KS = K / kSliceK;
-    const int threads = 256, blocks = (int)std::min<size_t>(CEIL_DIV(plane, (size_t)threads), 4 * (size_t)sms);
+    const int threads = 256, blocks = (int)std::min<size_t>(CEIL_DIV(plane / 4, (size_t)threads), 8 * (size_t)sms);
     const Epilogue sum_ep = ep == Epilogue::RopeKV ? Epilogue::StoreF32 : ep;
     const int sum_ld = ep == Epilogue::RopeKV ? N : ld;
     planes_epilogue_kernel<<<blocks, threads, 0, stream>>>(planes, KS, plane, M, N, sum_ep, args, sum_ld);

@@ -96,27 +96,31 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NR / 2], const uint32_t (&a)
 }
 
 // One chunk step of a lane: chunk c of piece j of its two rows' tiles (lo: row, hi: row + 8)
-// decoded into the A fragments of x's steps s and s + 1 (s = 16 tile + 2 (kChunks j + c),
-// stage_x's order), multiplied into acc against the boxes at desc0 as one wgmma group; WAIT groups are left
-// in flight (with 1, the group before has read its A registers before they are written again).
+// decoded into the A fragments of x's steps s and s + 1 of the tile (s = 2 (kChunks j + c),
+// stage_x's order), multiplied into acc against the tile's boxes at desc_tile as one wgmma group;
+// WAIT groups are left in flight (with 1, the group before has read its A registers before they
+// are written again).
 template <QType T, int NR, int WAIT>
 __device__ __forceinline__ void chunk_mma(float (&acc)[NR / 2], const typename QM<T>::Raw& lo,
-                                          const typename QM<T>::Raw& hi, int t, int j, int c, int tile,
-                                          uint64_t desc0) {
+                                          const typename QM<T>::Raw& hi, int t, int j, int c, uint64_t desc_tile) {
     constexpr int kBoxBytes = NR * 128;
     uint32_t rl[4], rh[4];
     decode_chunk<T>(lo, t, j, c, rl);
     decode_chunk<T>(hi, t, j, c, rh);
     const uint32_t a0[4] = {rl[0], rh[0], rl[1], rh[1]};
     const uint32_t a1[4] = {rl[2], rh[2], rl[3], rh[3]};
-    const int s = 16 * tile + 2 * (QM<T>::kChunks * j + c);
-    const uint64_t d0 = hopper::descriptor_add(desc0, (uint32_t)((s >> 2) * (kBoxBytes / 16) + 2 * (s & 3)));
+    const int s = 2 * (QM<T>::kChunks * j + c);
+    const uint64_t d0 = hopper::descriptor_add(desc_tile, (uint32_t)((s >> 2) * (kBoxBytes / 16) + 2 * (s & 3)));
     hopper::wgmma_fence();
     wgmma_rs<NR>(acc, a0, d0);
     wgmma_rs<NR>(acc, a1, hopper::descriptor_add(d0, 2));
     hopper::wgmma_commit();
     hopper::wgmma_wait<WAIT>();
 }
+
+// The descriptor units between consecutive tiles' boxes in stage_x's layout: 4 boxes of NR rows.
+template <int NR>
+constexpr uint32_t kTileDescUnits = 4 * (NR * 128 / 16);
 
 // A warpgroup's accumulators of one 64-row block out: lane (g, t) of warp w holds d[4 i + e] =
 // D[16 w + g][8 i + 2 t + e] and d[4 i + 2 + e] the row 8 below, W row n = the block's 16 w + g
