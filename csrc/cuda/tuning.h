@@ -161,7 +161,7 @@ constexpr int kGemvQuantWgmmaMinUnits = 384;
 // from this many work items: their wqkv (384) lost (Q8_0 0.95-0.98x, Q4_0 0.82-0.89x at 24 / 32
 // rows) where w2 (896) held level or won (Q8_0 1.01x, Q4_0 1.19-1.31x) and w13 won (1.11-1.72x).
 // The others from kGemvQuantWgmmaMinUnits: at 24 / 32 rows wqkv 1.07-1.29x, w13 1.48-1.87x, w2
-// 1.14-1.40x, the LM heads 1.53-1.83x (Q4_K at 17: wqkv 1.01x, w13 1.41x).
+// 1.14-1.40x, the LM heads 1.57-1.83x (Q4_K at 17: wqkv 1.01x, w13 1.41x).
 constexpr int kGemvQuantWgmmaMinUnitsBesideCheapGemv = 768;
 // wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
 constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
