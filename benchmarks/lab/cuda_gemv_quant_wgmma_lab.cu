@@ -9,8 +9,9 @@
 // slices, KS planes that add_planes sums in slice order). A lane reads and decodes its pieces as
 // gemv_quant_mma does (quant_pieces.cuh, quant_decode.cuh's bf16x2), so a weight decodes to the
 // same bf16; the decode, the x staging, the tile stream and the wgmma steps are the engine's
-// (gemv_quant_wgmma.cuh), and the slice length (512-4096 k) is a template argument as there. NR, the staged x rows and the wgmma's N, is 16 (m64n16k16; Q4_K only) or 64
-// (m64n64k16: decode batches of 33-64 rows, where the engine runs gemm_quant).
+// (gemv_quant_wgmma.cuh), and the slice length (512-4096 k) is a template argument as there. NR,
+// the staged x rows and the wgmma's N, is 16 (m64n16k16; Q4_K only) or 64 (m64n64k16: the form
+// the engine ships for decode batches of 17-64 rows).
 //
 // The question: at 16 rows gemv_quant_mma is bound by its x loads (each warp reads all 16 x rows
 // through L1 for 16-32 W rows: L1's wavefronts, docs/kernels/gemv.md) and by the registers of the
