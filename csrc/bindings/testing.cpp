@@ -595,8 +595,8 @@ void bind_testing(py::module_& m) {
         CudaOp::finish("testing.gemv_quant_wgmma");
     },
        py::arg("planes") = 0, py::arg("plane_floats") = 0,
-       "decode batches of 17-64 rows on Q4_K / Q6_K weights (Hopper): y = x . Wb.T with the epilogue, Wb as "
-       "gemv_quant_mma decodes W; parts as gemm_quant's, planes fp32 scratch [plane_floats] "
+       "decode batches of 17-64 rows on quantized weights of every kept type (Hopper): y = x . Wb.T with the "
+       "epilogue, Wb as gemv_quant_mma decodes W; parts as gemm_quant's, planes fp32 scratch [plane_floats] "
        "(gemv_quant_wgmma_plane_floats)");
     testing.def("gemv_quant_wgmma_takes", [](const py::list& parts, int64_t M, int64_t K, int64_t plane_floats) {
         CudaOp::check_sizes({{"M", M}, {"K", K}, {"plane_floats", plane_floats}});

@@ -1066,20 +1066,6 @@ void check_quant_weight(const char* op, int type, int K, const char* kname) {
 
 namespace {
 
-template <template <QType> class Fn, typename... Args>
-void by_type(int type, Args&&... args) {
-    switch (static_cast<QType>(type)) {
-        case QType::Q8_0: return Fn<QType::Q8_0>::run(args...);
-        case QType::Q4_0: return Fn<QType::Q4_0>::run(args...);
-        case QType::Q4_1: return Fn<QType::Q4_1>::run(args...);
-        case QType::Q5_0: return Fn<QType::Q5_0>::run(args...);
-        case QType::Q5_1: return Fn<QType::Q5_1>::run(args...);
-        case QType::Q4_K: return Fn<QType::Q4_K>::run(args...);
-        case QType::Q5_K: return Fn<QType::Q5_K>::run(args...);
-        case QType::Q6_K: return Fn<QType::Q6_K>::run(args...);
-    }
-}
-
 template <QType T> struct GemvFn {
     static void run(const QArgs& a, int M, Pairing p, XIn in, cudaStream_t s) { launch_type<T>(a, M, p, in, s); }
 };
@@ -1203,7 +1189,7 @@ void launch_gemv_quant(const char* op, const PartIn* parts, int n_parts, const Q
         a.x = in.scratch;
     }
     const Pairing pairing = util::pairing_of(ep);
-    if (n_parts == 1) by_type<GemvFn>(parts[0].type, a, M, pairing, x_in, stream);
+    if (n_parts == 1) qlayout::by_type<GemvFn>(parts[0].type, a, M, pairing, x_in, stream);
     else if (parts[0].type == (int)QType::Q4_K) launch_type<QType::Q4_K, QType::Q6_K>(a, M, pairing, x_in, stream);
     else launch_type<QType::Q5_K, QType::Q6_K>(a, M, pairing, x_in, stream);
 }
@@ -1245,7 +1231,7 @@ void dequantize_bf16(int type, const void* W, int N, int K, int row0, int rows, 
     BRRR_CHECK_ARG(util::aligned_to(W, 16), "dequantize_bf16: W (qlayout tiles) must be 16-byte aligned");
     if (ld_out == 0) ld_out = K;
     BRRR_CHECK_ARG(ld_out >= K, "dequantize_bf16: ld_out=" << ld_out << " is shorter than a row of K=" << K);
-    by_type<DequantFn>(type, W, N, K, row0, rows, out, ld_out, stream);
+    qlayout::by_type<DequantFn>(type, W, N, K, row0, rows, out, ld_out, stream);
 }
 
 void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStream_t stream) {
@@ -1253,7 +1239,7 @@ void dequantize_f32(int type, const void* W, int N, int K, float* out, cudaStrea
     BRRR_CHECK_ARG(N >= 1, "dequantize_f32: N must be >= 1, got " << N);
     BRRR_CHECK_ARG(W != nullptr && out != nullptr, "dequantize_f32: W and out must be device pointers, got null");
     BRRR_CHECK_ARG(util::aligned_to(W, 16), "dequantize_f32: W (qlayout tiles) must be 16-byte aligned");
-    by_type<DequantFn>(type, W, N, K, 0, N, out, K, stream);
+    qlayout::by_type<DequantFn>(type, W, N, K, 0, N, out, K, stream);
 }
 
 void embed_quant(const int* tokens, int type, const void* table, float* x, int M, int D, int V, int vocab_offset,
@@ -1268,7 +1254,7 @@ void embed_quant(const int* tokens, int type, const void* table, float* x, int M
                    "embed_quant: a token history needs slots, positions and sizes max_batch="
                        << record.max_batch << " max_seq=" << record.max_seq);
     if (M == 0) return;
-    by_type<EmbedFn>(type, tokens, table, x, M, D, V, vocab_offset, vocab_rows, record, stream);
+    qlayout::by_type<EmbedFn>(type, tokens, table, x, M, D, V, vocab_offset, vocab_rows, record, stream);
 }
 
 void quantize_act_bf16(const bf16* x, ActBlock* xq, int M, int K, cudaStream_t stream) {

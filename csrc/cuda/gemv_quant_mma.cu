@@ -448,21 +448,22 @@ void launch_matrix(const QMArgs& a, const DeviceFacts& dev, cudaStream_t stream)
 }
 
 template <QType T>
-void launch_type(const QMArgs& a, Pairing pairing, cudaStream_t stream) {
-    const DeviceFacts dev = device_facts();
-    switch (pairing) {
-        case Pairing::None: return launch_matrix<T, Pairing::None>(a, dev, stream);
-        case Pairing::SwiGLU: return launch_matrix<T, Pairing::SwiGLU>(a, dev, stream);
-        case Pairing::Rope: return launch_matrix<T, Pairing::Rope>(a, dev, stream);
+struct LaunchType {  // qlayout::by_type's Fn
+    static void run(const QMArgs& a, Pairing pairing, cudaStream_t stream) {
+        const DeviceFacts dev = device_facts();
+        switch (pairing) {
+            case Pairing::None: return launch_matrix<T, Pairing::None>(a, dev, stream);
+            case Pairing::SwiGLU: return launch_matrix<T, Pairing::SwiGLU>(a, dev, stream);
+            case Pairing::Rope: return launch_matrix<T, Pairing::Rope>(a, dev, stream);
+        }
     }
-}
+};
 
 }  // namespace
 
 void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K, Epilogue ep,
                     const EpilogueArgs& args_in, cudaStream_t stream) {
     check_quant_weight("gemv_quant_mma", type, K, "K");
-    const QType t = static_cast<QType>(type);
     BRRR_CHECK_ARG(M >= 1 && M <= kMaxRows, "gemv_quant_mma: M=" << M << " rows; the kernel takes 1 to " << kMaxRows
                                                                  << " (gemv_quant takes M = 1 faster; split more "
                                                                     "rows into calls of at most "
@@ -489,16 +490,7 @@ void gemv_quant_mma(int type, const void* W, const bf16* x, int M, int N, int K,
     a.ep = ep;
     a.out = args;
     const Pairing pairing = util::pairing_of(ep);
-    switch (t) {
-        case QType::Q8_0: return launch_type<QType::Q8_0>(a, pairing, stream);
-        case QType::Q4_0: return launch_type<QType::Q4_0>(a, pairing, stream);
-        case QType::Q4_1: return launch_type<QType::Q4_1>(a, pairing, stream);
-        case QType::Q5_0: return launch_type<QType::Q5_0>(a, pairing, stream);
-        case QType::Q5_1: return launch_type<QType::Q5_1>(a, pairing, stream);
-        case QType::Q4_K: return launch_type<QType::Q4_K>(a, pairing, stream);
-        case QType::Q5_K: return launch_type<QType::Q5_K>(a, pairing, stream);
-        case QType::Q6_K: return launch_type<QType::Q6_K>(a, pairing, stream);
-    }
+    qlayout::by_type<LaunchType>(type, a, pairing, stream);
 }
 
 }  // namespace cuda

@@ -39,6 +39,7 @@
 #include "cuda/kernel_util.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.h"
+#include "cuda/qlayout.h"
 #include "cuda/quant_pieces.cuh"
 #include "cuda/tuning.h"
 
@@ -158,27 +159,24 @@ __global__ void planes_epilogue_kernel(const float* __restrict__ planes, int KS,
 }
 
 template <QType T>
-void launch_part(const GemmWeightPart& w, const bf16* x, float* planes, int M, int N, int K, size_t plane,
-                 int sms, cudaStream_t stream) {
-    constexpr int WG = kWarpgroups<T>;
-    const int KS = K / kSliceK;
-    const int need = CEIL_DIV(w.rows / 64, WG) * KS;
-    const int grid = std::min(sms / KS * KS, need);
-    const size_t smem = kStageBytes + 1024;
-    auto kernel = gemv_quant_wgmma_kernel<T>;
-    allow_dynamic_smem(kernel, smem);
-    kernel<<<grid, WG * 128, smem, stream>>>(static_cast<const uint8_t*>(w.data), x, planes + w.row0, M, w.rows, K,
-                                             N, plane);
-    CUDA_CHECK_LAUNCH("gemv_quant_wgmma_kernel");
-}
-
-bool wgmma_type(int type) {
-    switch ((QType)type) {
-        case QType::Q8_0: case QType::Q4_0: case QType::Q4_1: case QType::Q5_0: case QType::Q5_1:
-        case QType::Q4_K: case QType::Q5_K: case QType::Q6_K: return true;
-        default: return false;
+struct LaunchPart {  // qlayout::by_type's Fn
+    static void run(const GemmWeightPart& w, const bf16* x, float* planes, int M, int N, int K, size_t plane, int sms,
+                    cudaStream_t stream) {
+        constexpr int WG = kWarpgroups<T>;
+        const int KS = K / kSliceK;
+        const int need = CEIL_DIV(w.rows / 64, WG) * KS;
+        const int grid = std::min(sms / KS * KS, need);
+        const size_t smem = kStageBytes + 1024;
+        auto kernel = gemv_quant_wgmma_kernel<T>;
+        allow_dynamic_smem(kernel, smem);
+        kernel<<<grid, WG * 128, smem, stream>>>(static_cast<const uint8_t*>(w.data), x, planes + w.row0, M, w.rows,
+                                                 K, N, plane);
+        CUDA_CHECK_LAUNCH("gemv_quant_wgmma_kernel");
     }
-}
+};
+
+// Every type with a GPU layout (the kept quantized types).
+bool wgmma_type(int type) { return qlayout::tile_bytes(type) > 0; }
 
 }  // namespace
 
@@ -245,19 +243,8 @@ void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, i
     BRRR_CHECK(ld >= N || ep == Epilogue::SwiGLU || ep == Epilogue::RopeKV,
                "gemv_quant_wgmma: ld_out=" << ld << " is less than N=" << N);
     const int sms = device_facts().sm_count;
-    for (int i = 0; i < n_parts; ++i) {
-        const GemmWeightPart& w = parts[i];
-        switch ((QType)w.type) {
-            case QType::Q8_0: launch_part<QType::Q8_0>(w, x, planes, M, N, K, plane, sms, stream); break;
-            case QType::Q4_0: launch_part<QType::Q4_0>(w, x, planes, M, N, K, plane, sms, stream); break;
-            case QType::Q4_1: launch_part<QType::Q4_1>(w, x, planes, M, N, K, plane, sms, stream); break;
-            case QType::Q5_0: launch_part<QType::Q5_0>(w, x, planes, M, N, K, plane, sms, stream); break;
-            case QType::Q5_1: launch_part<QType::Q5_1>(w, x, planes, M, N, K, plane, sms, stream); break;
-            case QType::Q4_K: launch_part<QType::Q4_K>(w, x, planes, M, N, K, plane, sms, stream); break;
-            case QType::Q5_K: launch_part<QType::Q5_K>(w, x, planes, M, N, K, plane, sms, stream); break;
-            default: launch_part<QType::Q6_K>(w, x, planes, M, N, K, plane, sms, stream); break;  // the only other
-        }
-    }
+    for (int i = 0; i < n_parts; ++i)
+        qlayout::by_type<LaunchPart>(parts[i].type, parts[i], x, planes, M, N, K, plane, sms, stream);
     // The planes' sum through the epilogue; a RopeKV finishes from the fp32 [M, N] sum in
     // args.out_f32 as the GEMV's staged parts do (rope_kv_append).
     const int KS = K / kSliceK;

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "cpu/quant.h"
 
 namespace brrr {
 namespace qlayout {
@@ -47,6 +48,23 @@ constexpr int tile_bytes(int type) {
     }
 }
 constexpr bool has_tail(int type) { return type == 14; }
+// Fn<T>::run(args...) for the QType T of a type with a GPU layout (tile_bytes(type) > 0): the one
+// switch from a runtime type id to a kernel instance; a launcher checks the type before it.
+template <template <quant::QType> class Fn, typename... Args>
+void by_type(int type, Args&&... args) {
+    using quant::QType;
+    switch (static_cast<QType>(type)) {
+        case QType::Q8_0: return Fn<QType::Q8_0>::run(args...);
+        case QType::Q4_0: return Fn<QType::Q4_0>::run(args...);
+        case QType::Q4_1: return Fn<QType::Q4_1>::run(args...);
+        case QType::Q5_0: return Fn<QType::Q5_0>::run(args...);
+        case QType::Q5_1: return Fn<QType::Q5_1>::run(args...);
+        case QType::Q4_K: return Fn<QType::Q4_K>::run(args...);
+        case QType::Q5_K: return Fn<QType::Q5_K>::run(args...);
+        case QType::Q6_K: return Fn<QType::Q6_K>::run(args...);
+        default: return;
+    }
+}
 constexpr int64_t tiles_per_row(int64_t K) { return (K + kTileElems - 1) / kTileElems; }
 constexpr size_t row_stride(int type, int64_t K) { return (size_t)tiles_per_row(K) * tile_bytes(type); }
 constexpr size_t align16(size_t n) { return (n + 15) / 16 * 16; }
