@@ -1,12 +1,13 @@
-"""Decode batches of 17-64 rows on quantized weights of every kept type (gemv_quant_wgmma: csrc/cuda/gemv_quant_wgmma.cu,
-W decoded into wgmma's A registers, K in 1024-value slices whose fp32 planes a second kernel adds)
+"""Decode batches of up to 64 rows on quantized weights of every kept type (gemv_quant_wgmma: csrc/cuda/gemv_quant_wgmma.cu,
+W decoded into wgmma's A registers against 16, 32 or 64 staged x rows, K in 1024-value slices whose fp32 planes a
+second kernel adds)
 through _C.testing, on weights in the CUDA tiles and bf16 rows of x.
 
 The oracle is the CPU's fp32 weights: the StoreF32 result against float64 x . W^T within the fp32
 summation bound plus the decode's slack (the same bf16 per weight as gemv_quant_mma and gemm_quant:
 test_cuda_gemm_quant.decoded reads gemm_quant's back and holds it to the CPU's values first); the
 other epilogues against the same call's StoreF32 (bit for bit, or SwiGLU / RoPE within their
-rounding). Odd shapes: 3 and 5 blocks of 64 rows, 1, 3 and 5 slices of K, M from 17 to 64, parts of
+rounding). Odd shapes: 3 and 5 blocks of 64 rows, 1, 3 and 5 slices of K, M from 5 to 64 (each staged width), parts of
 two types; Q4_K and Q6_K (the 4- and the 3-warpgroup forms of the K-quant mixes) on every shape, the
 other types on fewer; the planes and outputs NaN-poisoned, with a row past M that must stay NaN; each row
 bit-identical to the same row in a batch of another size. Hopper only."""
@@ -53,7 +54,7 @@ def store_f32(ops, parts, x):
 OTHER_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k"]
 
 
-@pytest.mark.parametrize("M", [17, 33, 47, 64])
+@pytest.mark.parametrize("M", [5, 16, 17, 30, 33, 47, 64])
 @pytest.mark.parametrize("N, K", [(192, 1024), (320, 3072), (64, 5120)])
 @pytest.mark.parametrize("name", ["q4_k", "q6_k"])
 def test_gemv_quant_wgmma_against_float64(C, ops, rng, name, N, K, M):
@@ -63,7 +64,7 @@ def test_gemv_quant_wgmma_against_float64(C, ops, rng, name, N, K, M):
     check_bound(f"{name} M={M} N={N} K={K}", store_f32(ops, [W], x), ref, x)
 
 
-@pytest.mark.parametrize("M", [17, 47])
+@pytest.mark.parametrize("M", [9, 17, 47])
 @pytest.mark.parametrize("N, K", [(192, 1024), (320, 3072)])
 @pytest.mark.parametrize("name", OTHER_TYPES)
 def test_every_kept_type_against_float64(C, ops, rng, name, N, K, M):
@@ -75,39 +76,36 @@ def test_every_kept_type_against_float64(C, ops, rng, name, N, K, M):
 
 @pytest.mark.parametrize("name", ["q4_k", "q6_k"] + OTHER_TYPES)
 def test_gemv_quant_wgmma_rows_are_batch_invariant(C, ops, rng, name):
-    """A row's sum runs in one order whatever M is: the first 17 or 33 rows of a 64-row batch
-    equal the same rows alone, bit for bit."""
+    """A row's sum runs in one order whatever M is and however many x rows are staged (16, 32 or
+    64): the first 5, 16, 17 or 33 rows of a 64-row batch equal the same rows alone, bit for bit."""
     N, K = 320, 2048
     W = Weights(C, name, N, K, rng)
     x = x_rows(random_x(rng, 64, K))
     y64 = store_f32(ops, [W], x)
-    for M in (17, 33):
+    for M in (5, 16, 17, 33):
         y = store_f32(ops, [W], x_rows(x[:M].clone()))
         assert torch.equal(y64[:M], y), f"{name}: a row differs between batches of 64 and {M}"
 
 
 def test_gemv_quant_wgmma_takes_what_the_lab_says_it_wins(C):
     """The engine's rule (tuning.h): 17-64 rows; enough 64-row blocks times 1024-k slices (the
-    8B's wqkv yes, its wo no); beside the GEMV (up to 32 rows) no Q6_K part and twice the work where
-    a part is Q8_0 or Q4_0; K a multiple of 1024; planes that fit; not bf16 parts."""
+    8B's wqkv yes, its wo no) of every kept type; K a multiple of 1024; planes that fit; not bf16
+    parts."""
     ids = quant.kept_types()
     q4, q6, roomy = ids["q4_k"], ids["q6_k"], 1 << 30
     takes = C.testing.gemv_quant_wgmma_takes
     assert takes([(q4, 28672)], 17, 4096, roomy) and takes([(q4, 28672)], 64, 4096, roomy)
     assert not takes([(q4, 28672)], 16, 4096, roomy) and not takes([(q4, 28672)], 65, 4096, roomy)
-    assert not takes([(q6, 128256)], 32, 4096, roomy) and takes([(q6, 128256)], 33, 4096, roomy)
-    wqkv = [(q4, 4096), (q4, 1024), (q6, 1024)]  # a Q4_K_M layer whose wv is Q6_K
-    assert not takes(wqkv, 32, 4096, roomy) and takes(wqkv, 33, 4096, roomy)
-    assert takes([(q4, 4096), (q4, 1024), (q4, 1024)], 24, 4096, roomy)  # 384 units
+    assert takes([(q6, 128256)], 17, 4096, roomy)  # a Q6_K LM head beside the GEMV
+    wqkv = [(q4, 4096), (q4, 1024), (q6, 1024)]  # a Q4_K_M layer whose wv is Q6_K: 384 units
+    assert takes(wqkv, 24, 4096, roomy) and takes(wqkv, 33, 4096, roomy)
     assert not takes([(q4, 4096)], 24, 4096, roomy)  # wo: 256 units
     assert not takes([(q4, 28672)], 24, 4352, roomy)  # K not a multiple of 1024
     assert not takes([(q4, 28672)], 24, 4096, C.testing.gemv_quant_wgmma_plane_floats(24, 28672, 4096) - 1)
     for name in OTHER_TYPES:
-        assert takes([(ids[name], 6144)], 40, 4096, roomy), name  # wqkv past the GEMV's rows
-        assert takes([(ids[name], 4096)], 24, 14336, roomy), name  # w2: 896 units
-        cheap = name in ("q8_0", "q4_0")
-        assert takes([(ids[name], 6144)], 24, 4096, roomy) != cheap, name  # wqkv beside the GEMV
-    assert not takes([(q4, 5120), (ids["q8_0"], 1024)], 24, 4096, roomy)  # a Q8_0 part asks 768
+        assert takes([(ids[name], 6144)], 24, 4096, roomy), name  # wqkv
+        assert takes([(ids[name], 4096)], 40, 14336, roomy), name  # w2: 896 units
+    assert not takes([(q4, 64), (ids["q8_0"], 1024)], 24, 4096, roomy)  # 272 units
     assert not takes([(0, 28672)], 40, 4096, roomy)  # a bf16 part
 
 

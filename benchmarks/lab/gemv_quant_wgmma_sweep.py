@@ -2,8 +2,9 @@
 type, matrix and row count M: gemv_quant_wgmma (W decoded into wgmma's A registers, the slices'
 planes and their sum counted) against the path CudaEngine::matmul would otherwise take there, the
 tensor-core GEMV (one pass of all M rows, gemm_quant_sweep.gemv_passes) up to 32 rows and
-gemm_quant past them (Hopper). Sets gemv_quant_wgmma_takes's rule (tuning::kGemvQuantWgmmaMinUnits,
-kGemvQuantWgmmaMinUnitsBesideCheapGemv: which types and matrices it takes at which rows).
+gemm_quant past them (Hopper). Sets gemv_quant_wgmma_takes's rule (tuning::kGemvQuantWgmmaMinUnits:
+which matrices it takes). Rows of 16 or fewer measure the kernel where the engine keeps the GEMV
+(it stages 32 x rows there).
 
 Llama-3-8B's matrices, each of one type (a file quantized to that type throughout): wqkv, wo, w13,
 w2 and the LM head. Weights as gemm_quant_sweep.part makes them (256 quantized rows repeated),

@@ -275,7 +275,7 @@ void CudaEngine::matmul(const Matrix& W, const float* x_f32, const bf16* norm_w,
     for (int i = 0; i < W.n_parts; ++i) parts[i] = {W.parts[i].type, W.parts[i].data, W.parts[i].row0, W.parts[i].rows};
     // Decode batches past 16 rows on Hopper: W decoded into wgmma's registers, the partial sums of
     // each 1024-k slice in deq_ (idle at these rows), where the matrix gives the GPU work enough
-    // (gemv_quant_wgmma_takes; up to 32 rows Q4_K matrices only, tuning.h).
+    // (gemv_quant_wgmma_takes, tuning.h).
     float* planes = reinterpret_cast<float*>(deq_);
     const size_t plane_floats = deq_elems_ * sizeof(bf16) / sizeof(float);
     const bool wgmma = quant_gemm_ && gemv_quant_wgmma_takes(parts, W.n_parts, M, N, K, plane_floats);

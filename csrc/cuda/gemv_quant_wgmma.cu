@@ -13,10 +13,11 @@
 // per 16 W rows, so past 16 rows its time grows with M. Here
 //   * a warpgroup's 4 warps decode 64 W rows (16 each: lane (g, t) rows g and g + 8 of its warp's
 //     16, the pieces gemv_quant_mma's lane t loads) straight into the A fragments of
-//     wgmma.m64n64k16, whose B is x: no W tile in shared memory, no barrier between warpgroups,
-//     the MMA asynchronous beside the next chunk's decode, each lane's next W tile in registers;
-//   * K is cut into slices of kSliceK: CTA c keeps slice c % KS, stages its 64 x rows of the slice
-//     once (128 KB) in the 128-byte swizzle, with k permuted to the lanes' chunk order (a lane's
+//     wgmma.m64nNRk16, whose B is x (NR = 32 staged rows up to M = 32, else 64): no W tile in
+//     shared memory, no barrier between warpgroups, the MMA asynchronous beside the next chunk's
+//     decode, each lane's next W tile in registers;
+//   * K is cut into slices of kSliceK: CTA c keeps slice c % KS, stages its NR x rows of the slice
+//     once (64 or 128 KB) in the 128-byte swizzle, with k permuted to the lanes' chunk order (a lane's
 //     chunk of 8 consecutive k fills mma slots 2t.. of two k16 steps), and its warpgroups walk the
 //     64-row blocks of W; each slice stores its partial sums into its plane;
 //   * planes_epilogue adds the planes in slice order and stores, adds into the residual or
@@ -24,9 +25,9 @@
 //   The device pieces (chunk decode, x staging, tile stream, wgmma step, stores) are
 //   gemv_quant_wgmma.cuh's, which the kernel lab shares.
 // Invariants: a row's sum runs in a fixed order (k in order within a slice, slices in order), the
-// same whatever M and the other rows are; x rows past M are staged as zeros and their outputs never
-// stored. gemv_quant_wgmma_takes says which calls the kernel serves (else the engine runs
-// gemm_quant); the launcher checks shapes and pointers before any launch.
+// same whatever M, NR and the other rows are; x rows past M are staged as zeros and their outputs never
+// stored. gemv_quant_wgmma_takes says which calls the kernel serves (else the engine runs the
+// GEMV or gemm_quant); the launcher checks shapes and pointers before any launch.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -52,10 +53,14 @@ using qpieces::QM;
 using qwgmma::TileStream;
 using quant::QType;
 
-constexpr int kRows = 64;                       // x rows staged: the wgmma's N
-constexpr int kSliceK = 1024;                   // k of a slice: 16 boxes of 64 k
-constexpr int kBoxBytes = kRows * 128;          // 64 k of 64 rows in the 128-byte swizzle
-constexpr int kStageBytes = kSliceK / 64 * kBoxBytes;  // 128 KB
+constexpr int kMaxRows = 64;  // x rows a call: the widest wgmma's N
+constexpr int kSliceK = 1024;  // k of a slice: 16 boxes of 64 k
+// The x rows staged (the wgmma's N) for M rows: 32 or 64. Up to 32 rows the 32-column MMA and half
+// the staging took w13 from 49.6 to 41.5 us at 17 rows (docs/kernels/gemm.md, "At 17-64 rows").
+constexpr int staged_rows(int M) { return M <= 32 ? 32 : 64; }
+// A slice's x: kSliceK / 64 boxes of 64 k of NR rows in the 128-byte swizzle (128 KB at 64 rows).
+template <int NR>
+constexpr int kStageBytes = kSliceK / 64 * NR * 128;
 // Warpgroups a CTA (one CTA an SM): 4 at 128 registers, where a type's two tiles in flight fit
 // them; 3 for the wider ones (Q6_K needs 155 registers; Q8_0 and Q5_K spilled 40-48 bytes at 128).
 template <QType T>
@@ -65,7 +70,7 @@ constexpr int kWarpgroups = T == QType::Q6_K || T == QType::Q8_0 || T == QType::
 // part's first column; ld the matrix's N, plane the floats between planes). The grid is a
 // multiple of KS CTAs; CTA c takes slice c % KS and walks 64-row blocks c / KS, + C / KS, ...,
 // warpgroup w starting w C / KS further.
-template <QType T>
+template <QType T, int NR>
 __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
     gemv_quant_wgmma_kernel(const uint8_t* __restrict__ W, const bf16* __restrict__ x, float* __restrict__ planes,
                             int M, int rows, int K, int ld, size_t plane) {
@@ -85,18 +90,18 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
     // [0] the tile being decoded, [1] the next one, in flight during the decode.
     typename F::Raw lo[2], hi[2];
     w.next(lo[0], hi[0]);
-    qwgmma::stage_x<T, kRows, kSliceK>(xs, x, M, K, slice * kSliceK);
+    qwgmma::stage_x<T, NR, kSliceK>(xs, x, M, K, slice * kSliceK);
     hopper::fence_proxy_async_shared();
     __syncthreads();
     const uint64_t desc0 = hopper::sw128_descriptor(xs);
 
     for (int rb = rb0; rb < blocks; rb += step) {
-        float acc[32];
+        float acc[NR / 2];
 #pragma unroll
-        for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+        for (int i = 0; i < NR / 2; ++i) acc[i] = 0.f;
         // The loop walks the tile's descriptor itself (not a tile index it would scale): ptxas then
         // keeps it in a uniform register, with no R2UR between the wgmma.
-        constexpr uint32_t kStep = qwgmma::kTileDescUnits<kRows>;
+        constexpr uint32_t kStep = qwgmma::kTileDescUnits<NR>;
         const uint32_t desc_end = (uint32_t)desc0 + kTilesPerSlice * kStep;
         for (uint64_t desc_tile = desc0; (uint32_t)desc_tile != desc_end;
              desc_tile = hopper::descriptor_add(desc_tile, kStep)) {
@@ -105,12 +110,12 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
             for (int j = 0; j < F::kPieces; ++j)
 #pragma unroll
                 for (int c = 0; c < F::kChunks; ++c)
-                    qwgmma::chunk_mma<T, kRows, 1>(acc, lo[0], hi[0], t, j, c, desc_tile);
+                    qwgmma::chunk_mma<T, NR, 1>(acc, lo[0], hi[0], t, j, c, desc_tile);
             lo[0] = lo[1], hi[0] = hi[1];
         }
         hopper::wgmma_wait<0>();
         hopper::fence_accumulators(acc);
-        qwgmma::store_rows<kRows>(out, acc, M, ld, 64 * rb + 16 * warp + g, t);
+        qwgmma::store_rows<NR>(out, acc, M, ld, 64 * rb + 16 * warp + g, t);
     }
 #else
     __trap();  // built without sm_90a: the host never launches this (gemm_quant_available)
@@ -158,20 +163,27 @@ __global__ void planes_epilogue_kernel(const float* __restrict__ planes, int KS,
     }
 }
 
+template <QType T, int NR>
+void launch_part(const GemmWeightPart& w, const bf16* x, float* planes, int M, int N, int K, size_t plane, int sms,
+                 cudaStream_t stream) {
+    constexpr int WG = kWarpgroups<T>;
+    const int KS = K / kSliceK;
+    const int need = CEIL_DIV(w.rows / 64, WG) * KS;
+    const int grid = std::min(sms / KS * KS, need);
+    const size_t smem = kStageBytes<NR> + 1024;
+    auto kernel = gemv_quant_wgmma_kernel<T, NR>;
+    allow_dynamic_smem(kernel, smem);
+    kernel<<<grid, WG * 128, smem, stream>>>(static_cast<const uint8_t*>(w.data), x, planes + w.row0, M, w.rows, K,
+                                             N, plane);
+    CUDA_CHECK_LAUNCH("gemv_quant_wgmma_kernel");
+}
+
 template <QType T>
 struct LaunchPart {  // qlayout::by_type's Fn
     static void run(const GemmWeightPart& w, const bf16* x, float* planes, int M, int N, int K, size_t plane, int sms,
                     cudaStream_t stream) {
-        constexpr int WG = kWarpgroups<T>;
-        const int KS = K / kSliceK;
-        const int need = CEIL_DIV(w.rows / 64, WG) * KS;
-        const int grid = std::min(sms / KS * KS, need);
-        const size_t smem = kStageBytes + 1024;
-        auto kernel = gemv_quant_wgmma_kernel<T>;
-        allow_dynamic_smem(kernel, smem);
-        kernel<<<grid, WG * 128, smem, stream>>>(static_cast<const uint8_t*>(w.data), x, planes + w.row0, M, w.rows,
-                                                 K, N, plane);
-        CUDA_CHECK_LAUNCH("gemv_quant_wgmma_kernel");
+        if (staged_rows(M) == 32) launch_part<T, 32>(w, x, planes, M, N, K, plane, sms, stream);
+        else launch_part<T, 64>(w, x, planes, M, N, K, plane, sms, stream);
     }
 };
 
@@ -183,28 +195,23 @@ bool wgmma_type(int type) { return qlayout::tile_bytes(type) > 0; }
 size_t gemv_quant_wgmma_plane_floats(int M, int N, int K) { return (size_t)(K / kSliceK) * M * N; }
 
 bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int N, int K, size_t plane_floats) {
-    if (M <= tuning::kGemvMaxRows || M > kRows || K % kSliceK != 0 || K / kSliceK > device_facts().sm_count)
+    if (M <= tuning::kGemvMaxRows || M > kMaxRows || K % kSliceK != 0 || K / kSliceK > device_facts().sm_count)
         return false;
     if (gemv_quant_wgmma_plane_floats(M, N, K) > plane_floats) return false;
-    const bool beside_gemv = M <= tuning::kGemvQuantMaxRowsBesideGemm;
-    long long units = 0, need = tuning::kGemvQuantWgmmaMinUnits;  // work items: 64-row blocks x slices
+    long long units = 0;  // work items: 64-row blocks x slices
     for (int i = 0; i < n_parts; ++i) {
-        const QType type = (QType)parts[i].type;
         if (!wgmma_type(parts[i].type) || parts[i].rows % 64 != 0) return false;
-        if (beside_gemv && type == QType::Q6_K) return false;
-        if (beside_gemv && (type == QType::Q8_0 || type == QType::Q4_0))
-            need = std::max<long long>(need, tuning::kGemvQuantWgmmaMinUnitsBesideCheapGemv);
         units += (long long)(parts[i].rows / 64) * (K / kSliceK);
     }
-    return units >= need;
+    return units >= tuning::kGemvQuantWgmmaMinUnits;
 }
 
 void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, int M, int N, int K, Epilogue ep,
                       const EpilogueArgs& args, float* planes, size_t plane_floats, cudaStream_t stream) {
     BRRR_CHECK(parts != nullptr && n_parts >= 1 && n_parts <= kMaxWeightParts,
                "gemv_quant_wgmma: W must come as 1 to " << kMaxWeightParts << " parts, got " << n_parts);
-    BRRR_CHECK(M >= 1 && M <= kRows && N >= 1 && K >= kSliceK && K % kSliceK == 0,
-               "gemv_quant_wgmma: M=" << M << ", N=" << N << ", K=" << K << " (M in [1, " << kRows
+    BRRR_CHECK(M >= 1 && M <= kMaxRows && N >= 1 && K >= kSliceK && K % kSliceK == 0,
+               "gemv_quant_wgmma: M=" << M << ", N=" << N << ", K=" << K << " (M in [1, " << kMaxRows
                                       << "], K a positive multiple of " << kSliceK << ")");
     BRRR_CHECK(K / kSliceK <= device_facts().sm_count,
                "gemv_quant_wgmma: K=" << K << " takes more slices than the GPU has SMs");

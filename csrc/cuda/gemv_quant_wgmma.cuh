@@ -1,7 +1,8 @@
 // gemv_quant_wgmma.cuh — the device pieces of gemv_quant_wgmma.cu (W decoded into the A registers
 // of a register-sourced wgmma, x staged in shared memory as its B), shared with the kernel lab
 // (benchmarks/lab/cuda_gemv_quant_wgmma_lab.cu): a lane's chunk decode, the x staging in the
-// lanes' chunk order, the m64n64k16 wgmma and the stream of W tiles a lane walks.
+// lanes' chunk order, the m64nNRk16 wgmma (NR = 16, 32 or 64 staged x rows) and the stream of W
+// tiles a lane walks.
 //
 //   A lane (g, t) of warp w decodes rows 16 w + g and + 8 of a 64-row block, chunk c of piece j
 //   (quant_pieces.cuh; q = kChunks j + c, 0..7, the chunk's place in the lane's tile): 8 values
@@ -89,9 +90,25 @@ __device__ __forceinline__ void wgmma_m64n16k16_rs(float (&d)[8], const uint32_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
+// d += A B for one 64 x 32 x 16 step (32 x rows), as above.
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p_acc;\n"
+        "setp.ne.b32 p_acc, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p_acc, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+// The wgmma of NR staged x rows (16, 32 or 64).
 template <int NR>
 __device__ __forceinline__ void wgmma_rs(float (&d)[NR / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+    static_assert(NR == 16 || NR == 32 || NR == 64, "the staged x rows are 16, 32 or 64");
     if constexpr (NR == 16) wgmma_m64n16k16_rs(d, a, desc_b);
+    else if constexpr (NR == 32) wgmma_m64n32k16_rs(d, a, desc_b);
     else wgmma_m64n64k16_rs(d, a, desc_b);
 }
 

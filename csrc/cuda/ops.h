@@ -176,7 +176,7 @@ int gemm_sm90_width(int M, int width, Epilogue ep, int sm_count, long long* cost
 void gemm_sm90_quant(const GemmArgs& p, int splits, int sm_count, cudaStream_t stream);
 
 // ---- gemv_quant_wgmma.cu: decode batches of 17-64 rows on quantized weights (Hopper) ---------
-// Whether gemv_quant_wgmma serves this call: every part of a kept quantized type and a multiple of 64 rows, K a multiple of 1024 (at most one slice an SM), M in (tuning::kGemvMaxRows, 64], planes of plane_floats floats enough, and work for the GPU (tuning::kGemvQuantWgmmaMinUnits; beside the GEMV, up to tuning::kGemvQuantMaxRowsBesideGemm rows, no Q6_K part and more work where a part is Q8_0 or Q4_0).
+// Whether gemv_quant_wgmma serves this call: every part of a kept quantized type and a multiple of 64 rows, K a multiple of 1024 (at most one slice an SM), M in (tuning::kGemvMaxRows, 64], planes of plane_floats floats enough, and work for the GPU (tuning::kGemvQuantWgmmaMinUnits).
 bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int N, int K, size_t plane_floats);
 // The fp32 scratch gemv_quant_wgmma needs: one [M, N] plane per 1024 k.
 size_t gemv_quant_wgmma_plane_floats(int M, int N, int K);
