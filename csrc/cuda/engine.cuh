@@ -206,8 +206,8 @@ private:
     // is given, else x_bf16; M rows. bf16 matrices take the bf16 kernels as they are; quantized
     // ones run the quantized GEMV per part (matmul_parts, M <= 16), in chunks of at most 16 rows
     // where the matrix has several parts, up to gemv_quant_rows() rows (32 on Hopper, 64 off it),
-    // but on Hopper from 17 rows to 64 gemv_quant_wgmma where it takes the matrix (Q4_K parts,
-    // from 33 rows Q6_K too, with work enough; its slices' planes in deq_); then gemm_quant
+    // but on Hopper from 17 rows to 64 gemv_quant_wgmma where it takes the matrix (kept types,
+    // work enough; its slices' planes in deq_); then gemm_quant
     // (dequantizing tile by tile) up to tuning::kGemmQuantMaxRows rows (kGemmQuantMaxRowsInL2
     // where a bf16 copy of the matrix fits in L2); more rows (off Hopper every M past the chunks) dequantize W into deq_ a slice of
     // output columns at a time for the bf16 GEMM (gemm_dequant_slices).
