@@ -15,7 +15,8 @@
 //     16, the pieces gemv_quant_mma's lane t loads) straight into the A fragments of
 //     wgmma.m64nNRk16, whose B is x (NR = 32 staged rows up to M = 32, else 64): no W tile in
 //     shared memory, no barrier between warpgroups, the MMA asynchronous beside the next chunk's
-//     decode, each lane's next W tile in registers;
+//     decode, each lane's next one or two W tiles in flight in registers (kTilesAhead: the W
+//     stream's latency, not the decode, is what a tile waits for);
 //   * K is cut into slices of kSliceK: CTA c keeps slice c % KS, stages its NR x rows of the slice
 //     once (64 or 128 KB) in the 128-byte swizzle, with k permuted to the lanes' chunk order (a lane's
 //     chunk of 8 consecutive k fills mma slots 2t.. of two k16 steps), and its warpgroups walk the
@@ -61,10 +62,15 @@ constexpr int staged_rows(int M) { return M <= 32 ? 32 : 64; }
 // A slice's x: kSliceK / 64 boxes of 64 k of NR rows in the 128-byte swizzle (128 KB at 64 rows).
 template <int NR>
 constexpr int kStageBytes = kSliceK / 64 * NR * 128;
-// Warpgroups a CTA (one CTA an SM): 4 at 128 registers, where a type's two tiles in flight fit
-// them; 3 for the wider ones (Q6_K needs 155 registers; Q8_0 and Q5_K spilled 40-48 bytes at 128).
+// Warpgroups a CTA (one CTA an SM), and the W tiles a lane has in flight while it decodes one: the
+// stream of W, not the decode, sets the pace (docs/kernels/gemm.md, "At 17-64 rows"), so each type
+// takes the most tiles ahead that its registers hold without spilling. Two ahead: 3 warpgroups (168
+// registers) for the 32-value 4- and 5-bit types and Q4_K, 2 (255) for Q6_K, whose raw tile is
+// wider. One: Q8_0 and Q5_K at 3, which lost with two (Q8_0 at 2 warpgroups 1.09-1.21x slower).
 template <QType T>
-constexpr int kWarpgroups = T == QType::Q6_K || T == QType::Q8_0 || T == QType::Q5_K ? 3 : 4;
+constexpr int kWarpgroups = T == QType::Q6_K ? 2 : 3;
+template <QType T>
+constexpr int kTilesAhead = T == QType::Q8_0 || T == QType::Q5_K ? 1 : 2;
 
 // One part's partial sums: planes[slice][m][n] for its rows n (planes already offset to the
 // part's first column; ld the matrix's N, plane the floats between planes). The grid is a
@@ -76,7 +82,7 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
                             int M, int rows, int K, int ld, size_t plane) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using F = QM<T>;
-    constexpr int WG = kWarpgroups<T>;
+    constexpr int WG = kWarpgroups<T>, A = kTilesAhead<T>;
     constexpr int kTilesPerSlice = kSliceK / 256;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* xs = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
@@ -87,9 +93,10 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
     const int blocks = rows / 64, step = WG * ctas, rb0 = wg * ctas + cta;
     float* out = planes + (size_t)slice * plane;
     TileStream<T> w(W, rows, K, tile0, kTilesPerSlice, rb0, step, 16 * warp + g, t);
-    // [0] the tile being decoded, [1] the next one, in flight during the decode.
-    typename F::Raw lo[2], hi[2];
-    w.next(lo[0], hi[0]);
+    // [0] the tile being decoded, [1..A] the next ones, in flight during the decode.
+    typename F::Raw lo[A + 1], hi[A + 1];
+#pragma unroll
+    for (int a = 0; a < A; ++a) w.next(lo[a], hi[a]);
     qwgmma::stage_x<T, NR, kSliceK>(xs, x, M, K, slice * kSliceK);
     hopper::fence_proxy_async_shared();
     __syncthreads();
@@ -105,13 +112,14 @@ __global__ void __launch_bounds__(kWarpgroups<T> * 128, 1)
         const uint32_t desc_end = (uint32_t)desc0 + kTilesPerSlice * kStep;
         for (uint64_t desc_tile = desc0; (uint32_t)desc_tile != desc_end;
              desc_tile = hopper::descriptor_add(desc_tile, kStep)) {
-            w.next(lo[1], hi[1]);
+            w.next(lo[A], hi[A]);
 #pragma unroll
             for (int j = 0; j < F::kPieces; ++j)
 #pragma unroll
                 for (int c = 0; c < F::kChunks; ++c)
                     qwgmma::chunk_mma<T, NR, 1>(acc, lo[0], hi[0], t, j, c, desc_tile);
-            lo[0] = lo[1], hi[0] = hi[1];
+#pragma unroll
+            for (int a = 0; a < A; ++a) lo[a] = lo[a + 1], hi[a] = hi[a + 1];
         }
         hopper::wgmma_wait<0>();
         hopper::fence_accumulators(acc);

@@ -150,14 +150,14 @@ constexpr int kGemmSm80Stages = 3;
 // gemv_quant_wgmma takes a decode batch of 17-64 rows (on Hopper, in place of the GEMV up to
 // kGemvQuantMaxRowsBesideGemm rows and of gemm_quant past them) where its warpgroups' work items,
 // 64-row blocks of W times 1024-k slices, number at least this: the 8B's wqkv (384), w13, w2 and
-// LM head, of every kept type; not the 8B's wo (256), whose blocks leave the grid short (0.69-0.90x
-// the GEMV at 17-32 rows, 0.83-1.15x gemm_quant at 40 / 64). H200, against the path it replaces
-// (`benchmarks/lab/gemv_quant_wgmma_sweep.py`; docs/kernels/gemm.md, "At 17-64 rows"), with 32
-// staged x rows up to 32: at 17-32 rows Q4_K wqkv 1.32-1.55x, w13 1.68-1.95x, w2 1.29-1.54x, LM
-// head 1.80-2.03x; Q6_K 1.05-1.18x, 1.23-1.25x, 1.06-1.08x, 1.25-1.27x; at 24 / 32 rows Q8_0
-// 1.23-1.39x, Q4_0 1.05-1.94x, Q4_1 and Q5_K 1.40-2.08x; at 40 / 64 rows, every type, wqkv
-// 1.10-1.71x, w13 1.34-2.17x, w2 1.19-1.63x, the LM heads 1.32-2.45x. Up to 16 rows the GEMV's
-// single pass stays (the 16-column form lost there: Q4_K 0.62-0.95x, Q6_K 0.66-1.01x).
+// LM head, of every kept type; not the 8B's wo (256), whose blocks leave the grid short (0.81-1.01x
+// the GEMV at 17-32 rows for the 4- and 5-bit types, Q6_K 0.73x; 0.90-1.17x gemm_quant at 40 / 64).
+// H200, against the path it replaces (`benchmarks/lab/gemv_quant_wgmma_sweep.py`;
+// docs/kernels/gemm.md, "At 17-64 rows"): at 17-32 rows Q4_K wqkv 1.47-1.71x, w13 1.86-2.17x, w2
+// 1.34-1.58x, LM head 1.99-2.22x; at 24 / 32 rows Q6_K 1.03-1.34x; Q8_0 1.21-1.41x, Q4_0 1.11-2.23x,
+// Q4_1, Q5_0 and Q5_K 1.23-2.37x; at 40 / 64 rows, every type, wqkv 1.26-1.69x, w13 1.52-2.34x, w2
+// 1.25-1.70x, the LM heads 1.53-2.52x. Up to 16 rows the GEMV's single pass stays: there the kernel
+// is 0.75-1.07x of it on those matrices (Q8_0's w13 1.13x), and the 16-column form lost.
 constexpr int kGemvQuantWgmmaMinUnits = 384;
 // wgmma GEMM: ring depth per tile width, as deep as 227 KB of shared memory allows with staging.
 constexpr int kGemmSm90Stages256 = 4, kGemmSm90Stages192 = 5, kGemmSm90Stages128 = 6;
