@@ -13,6 +13,9 @@ durations, the median of --reps calls. Before any timing, each (type, matrix, M)
 wgmma result against the GEMV's (StoreF32: the same bf16 weights, sums in another order).
 
   PYTHONPATH=. python3 benchmarks/lab/gemv_quant_wgmma_sweep.py --types q8_0,q4_1 --rows 24,32,40,64 --json s.jsonl
+
+--wgmma-only times the kernel alone, unchecked (a module built with an ablation patch computes wrong
+results on purpose); --copies 1 leaves one weight copy, so W stays in L2 where it fits.
 """
 import argparse
 import json
@@ -42,6 +45,10 @@ def main():
     ap.add_argument("--rows", default="24,32,40,64")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", default="")
+    ap.add_argument("--wgmma-only", action="store_true",
+                    help="time the kernel alone, unchecked (ablation modules whose results are wrong on purpose)")
+    ap.add_argument("--copies", type=int, default=0,
+                    help="weight copies to rotate through (default: enough to defeat L2; 1 keeps W in L2 where it fits)")
     a = ap.parse_args()
     T = C.testing
     assert T.gemm_quant_available(), "gemv_quant_wgmma and gemm_quant need a Hopper GPU"
@@ -56,7 +63,7 @@ def main():
             N, K = MATRICES[mname]
             t = ids[tname]
             first = part(tname, N, K, rng)
-            n_copies = copies_to_defeat_l2(first.numel() * first.element_size())
+            n_copies = a.copies or copies_to_defeat_l2(first.numel() * first.element_size())
             copies = [first] + [first.clone() for _ in range(n_copies - 1)]
             x_all = torch.randn((max(rows), K), device="cuda").to(torch.bfloat16)
             y = torch.empty((max(rows), N), dtype=torch.bfloat16, device="cuda")
@@ -78,6 +85,15 @@ def main():
                                              out=y.data_ptr(), split=split)]
 
             for M in rows:
+                if a.wgmma_only:
+                    w_us = timed(lambda i: wgmma(i, M), a.reps)
+                    rec = {"type": tname, "matrix": mname, "M": M, "N": N, "K": K, "wgmma_us": round(w_us, 1),
+                           "copies": n_copies, "gpu": torch.cuda.get_device_name()}
+                    print(f"{tname:5s} {mname:8s} {M:3d} {'-':>10s} {'-':>8s} {w_us:9.1f}", flush=True)
+                    if out:
+                        out.write(json.dumps(rec) + "\n")
+                        out.flush()
+                    continue
                 got = torch.full((M, N), float("nan"), device="cuda")
                 for fn in wgmma(0, M, STORE_F32, got):
                     fn()
@@ -90,7 +106,7 @@ def main():
                 o_us = timed(lambda i: other(i, M), a.reps)
                 path = "gemv" if M <= GEMV_ROWS else "gemm_quant"
                 rec = {"type": tname, "matrix": mname, "M": M, "N": N, "K": K, "path": path, "path_us": round(o_us, 1),
-                       "wgmma_us": round(w_us, 1), "path_over_wgmma": round(o_us / w_us, 3),
+                       "wgmma_us": round(w_us, 1), "path_over_wgmma": round(o_us / w_us, 3), "copies": n_copies,
                        "gpu": torch.cuda.get_device_name()}
                 print(f"{tname:5s} {mname:8s} {M:3d} {path:>10s} {o_us:8.1f} {w_us:9.1f} {o_us / w_us:10.2f}",
                       flush=True)
