@@ -15,7 +15,13 @@ wgmma result against the GEMV's (StoreF32: the same bf16 weights, sums in anothe
   PYTHONPATH=. python3 benchmarks/lab/gemv_quant_wgmma_sweep.py --types q8_0,q4_1 --rows 24,32,40,64 --json s.jsonl
 
 --wgmma-only times the kernel alone, unchecked (a module built with an ablation patch computes wrong
-results on purpose); --copies 1 leaves one weight copy, so W stays in L2 where it fits.
+results on purpose); --copies 1 leaves one weight copy, so W stays in L2 where it fits. --ncu N
+only launches the kernel N times a case, untimed, for Nsight Compute (which cannot share CUPTI with
+torch.profiler; it flushes the caches before each pass by default):
+  ncu --clock-control none --kernel-name regex:gemv_quant_wgmma_kernel --launch-count 4 \
+      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
+      python3 benchmarks/lab/gemv_quant_wgmma_sweep.py --ncu 2 --types q4_k --matrices w13 --rows 17,32
 """
 import argparse
 import json
@@ -47,6 +53,7 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--wgmma-only", action="store_true",
                     help="time the kernel alone, unchecked (ablation modules whose results are wrong on purpose)")
+    ap.add_argument("--ncu", type=int, default=0, help="only launch the kernel this many times a case, untimed")
     ap.add_argument("--copies", type=int, default=0,
                     help="weight copies to rotate through (default: enough to defeat L2; 1 keeps W in L2 where it fits)")
     a = ap.parse_args()
@@ -63,7 +70,7 @@ def main():
             N, K = MATRICES[mname]
             t = ids[tname]
             first = part(tname, N, K, rng)
-            n_copies = a.copies or copies_to_defeat_l2(first.numel() * first.element_size())
+            n_copies = 1 if a.ncu else a.copies or copies_to_defeat_l2(first.numel() * first.element_size())
             copies = [first] + [first.clone() for _ in range(n_copies - 1)]
             x_all = torch.randn((max(rows), K), device="cuda").to(torch.bfloat16)
             y = torch.empty((max(rows), N), dtype=torch.bfloat16, device="cuda")
@@ -85,6 +92,13 @@ def main():
                                              out=y.data_ptr(), split=split)]
 
             for M in rows:
+                if a.ncu:
+                    for _ in range(a.ncu):
+                        for fn in wgmma(0, M):
+                            fn()
+                    torch.cuda.synchronize()
+                    print(f"{tname} {mname} M={M} launched {a.ncu}x", flush=True)
+                    continue
                 if a.wgmma_only:
                     w_us = timed(lambda i: wgmma(i, M), a.reps)
                     rec = {"type": tname, "matrix": mname, "M": M, "N": N, "K": K, "wgmma_us": round(w_us, 1),
