@@ -5,7 +5,8 @@ drains. The compiler is free to sink loads past the wait when nothing in the sou
 which costs ~9% of a Llama-3.2-1B decode token. The Hopper wgmma loops (the GEMM, prefill
 attention, gemv_quant_wgmma): their shared-memory descriptors live in uniform registers, where
 wgmma reads them, so no R2UR move sits between two wgmma of a k step (with the warpgroup index in
-a vector register there were up to 32 a k tile).
+a vector register there were up to 32 a k tile). gemv_quant_wgmma holds its W tiles in flight in
+registers, and no instance spills them.
 Needs cuobjdump (the CUDA toolkit's, or triton's)."""
 import re
 import shutil
@@ -86,3 +87,14 @@ def test_wgmma_descriptors_come_from_uniform_registers():
         # Neighbours in one k step's run of wgmma (a run's members are a few instructions apart).
         moves = sum(op.startswith("R2UR") for a, b in zip(at, at[1:]) if b - a < 24 for op in ops[a + 1:b])
         assert moves == 0, f"{name}: {moves} R2UR moves between the wgmma of its k steps"
+
+
+def test_gemv_quant_wgmma_keeps_its_tiles_in_registers():
+    # Each type's warpgroups a CTA and W tiles ahead a lane (kWarpgroups, kTilesAhead) are the most
+    # its registers hold: a spill puts the tiles in flight into local memory, which lost 4-37%.
+    functions = _module_sm90_functions()
+    kernels = {name: _opcodes(body) for name, body in functions.items() if "gemv_quant_wgmma_kernel" in name}
+    assert len(kernels) >= 16, f"{len(kernels)} gemv_quant_wgmma instances in the module's sm_90a code, expected 16"
+    for name, ops in kernels.items():
+        local = [op for op in ops if op.startswith(("STL", "LDL"))]
+        assert not local, f"{name}: {len(local)} local-memory accesses (a register spill)"
