@@ -49,6 +49,8 @@ def _opcodes(body: str) -> list[str]:
 def _module_sm90_functions() -> dict[str, str]:
     from llama_brrr import _C
 
+    if _C is None:
+        pytest.skip("llama_brrr._C is not built; run `python setup.py build_ext --inplace`")
     if not _C.cuda_compiled():
         pytest.skip("llama_brrr._C was built without CUDA")
     tool = _cuobjdump()
