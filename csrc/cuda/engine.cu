@@ -80,7 +80,7 @@ CudaEngine::CudaEngine(const Config& config, DType weight_dtype, int device,
         const std::vector<int64_t> shape = weight_shape(c, name);  // throws for unknown names
         BRRR_CHECK_ARG(shape.size() == 2, "quant_types: '" << name << "' is a norm weight, which "
                        "stays bf16; only matrices can be quantized");
-        BRRR_CHECK_ARG(quant::known_type(type_id) && qlayout::tile_bytes(type_id) > 0,
+        BRRR_CHECK_ARG(qlayout::has_layout(type_id),
                        "quant_types: '" << name << "' has GGML type " << type_id
                        << ", which is not a block format the CUDA engine keeps (q4_0, q4_1, q5_0, "
                        "q5_1, q8_0, q4_k, q5_k, q6_k)");

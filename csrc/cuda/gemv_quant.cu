@@ -1054,7 +1054,7 @@ __global__ void embed_quant_kernel(const int* __restrict__ tokens, const uint8_t
 }  // namespace
 
 void check_quant_weight(const char* op, int type, int K, const char* kname) {
-    BRRR_CHECK_ARG(quant::known_type(type) && qlayout::tile_bytes(type) > 0,
+    BRRR_CHECK_ARG(qlayout::has_layout(type),
                    op << ": GGML type id " << type << " is not a quantized type this kernel runs "
                       "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
     const QType t = static_cast<QType>(type);

@@ -195,9 +195,6 @@ struct LaunchPart {  // qlayout::by_type's Fn
     }
 };
 
-// Every type with a GPU layout (the kept quantized types).
-bool wgmma_type(int type) { return qlayout::tile_bytes(type) > 0; }
-
 }  // namespace
 
 size_t gemv_quant_wgmma_plane_floats(int M, int N, int K) { return (size_t)(K / kSliceK) * M * N; }
@@ -208,7 +205,7 @@ bool gemv_quant_wgmma_takes(const GemmWeightPart* parts, int n_parts, int M, int
     if (gemv_quant_wgmma_plane_floats(M, N, K) > plane_floats) return false;
     long long units = 0;  // work items: 64-row blocks x slices
     for (int i = 0; i < n_parts; ++i) {
-        if (!wgmma_type(parts[i].type) || parts[i].rows % 64 != 0) return false;
+        if (!qlayout::has_layout(parts[i].type) || parts[i].rows % 64 != 0) return false;
         units += (long long)(parts[i].rows / 64) * (K / kSliceK);
     }
     return units >= tuning::kGemvQuantWgmmaMinUnits;
@@ -226,7 +223,7 @@ void gemv_quant_wgmma(const GemmWeightPart* parts, int n_parts, const bf16* x, i
     int next_row = 0;
     for (int i = 0; i < n_parts; ++i) {
         const GemmWeightPart& w = parts[i];
-        BRRR_CHECK(wgmma_type(w.type) && w.row0 == next_row && w.rows >= 64 && w.rows % 64 == 0 && w.data != nullptr &&
+        BRRR_CHECK(qlayout::has_layout(w.type) && w.row0 == next_row && w.rows >= 64 && w.rows % 64 == 0 && w.data != nullptr &&
                        util::aligned_to(w.data, 16),
                    "gemv_quant_wgmma: part " << i << " (type " << w.type << ", rows [" << w.row0 << ", "
                                              << w.row0 + w.rows << ")) must be tiles of a kept quantized type "

@@ -78,7 +78,7 @@ void move_row(int type, int64_t K, uint8_t* file, uint8_t* tile, uint8_t* tail, 
 
 void check(const char* op, int type, int64_t first_row, int64_t n_rows, int64_t N, int64_t K, const void* a,
            const void* b) {
-    BRRR_CHECK(tile_bytes(type) > 0, op << ": GGML type id " << type << " has no GPU layout "
+    BRRR_CHECK(has_layout(type), op << ": GGML type id " << type << " has no GPU layout "
                "(q4_0=2, q4_1=3, q5_0=6, q5_1=7, q8_0=8, q4_k=12, q5_k=13, q6_k=14)");
     const quant::QType t = static_cast<quant::QType>(type);
     const int be = quant::block_elems(t);

@@ -47,8 +47,10 @@ constexpr int tile_bytes(int type) {
         default: return 0;
     }
 }
+// Whether a GGML type id has a GPU layout: the kept quantized types, the only ones the CUDA kernels run.
+constexpr bool has_layout(int type) { return tile_bytes(type) > 0; }
 constexpr bool has_tail(int type) { return type == 14; }
-// Fn<T>::run(args...) for the QType T of a type with a GPU layout (tile_bytes(type) > 0): the one
+// Fn<T>::run(args...) for the QType T of a type with a GPU layout (has_layout(type)): the one
 // switch from a runtime type id to a kernel instance; a launcher checks the type before it.
 template <template <quant::QType> class Fn, typename... Args>
 void by_type(int type, Args&&... args) {
